@@ -1,0 +1,241 @@
+"""Data loading: Penn Treebank (Mikolov's word-level preprocessing) and helpers.
+
+Data directory resolution (see `resolve_data_dir`): an explicit ``data_dir``
+(the CLI's ``--data_dir``), else ``$RHNZOO_DATA/<name>``, else the user cache
+``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<name>``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import pathlib
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from typing import Callable, Iterator, Mapping
+
+import numpy as np
+
+PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
+PTB_SHA256 = {
+    "ptb.train.txt": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+    "ptb.valid.txt": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+    "ptb.test.txt": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+}
+EOS = "<eos>"
+
+
+class DataError(Exception):
+    """Missing or corrupt data; the message is one line saying what and how to fix it."""
+
+
+def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """Directory holding data set `name`'s files: `data_dir` as is, else
+    ``$RHNZOO_DATA/<name>``, else ``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<name>``."""
+    if data_dir is not None:
+        return pathlib.Path(data_dir)
+    if os.environ.get("RHNZOO_DATA"):
+        return pathlib.Path(os.environ["RHNZOO_DATA"]) / name
+    cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(cache) / "rhnzoo" / name
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_sha256(path: pathlib.Path, expected: str) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise DataError(
+            f"{path}: sha256 mismatch (expected {expected[:12]}..., got {actual[:12]}...); "
+            "delete the file to re-download it, or replace it with the canonical copy"
+        )
+
+
+def ensure_files(
+    directory: str | os.PathLike,
+    files: Mapping[str, str],
+    *,
+    download: Callable[[pathlib.Path], None] | None,
+    offline_hint: str,
+    verify: bool = True,
+) -> pathlib.Path:
+    """Make sure `directory` holds every file in `files` (name -> sha256 hex).
+
+    Missing files are fetched by ``download(tmp)``, which must write them into
+    `tmp`, a temporary directory next to `directory`; they are checksummed
+    (always) and then moved into place with `os.replace`, so a failed download
+    leaves nothing behind. Files already present are checksummed if `verify`.
+
+    Returns: `directory` as a `pathlib.Path`.
+    Raises: DataError if files are missing and `download` is None or fails
+      (`OSError`, which includes `urllib.error.URLError`, or `tarfile.TarError`),
+      naming the files, the directory and `offline_hint` (e.g. where to get
+      them); DataError if a checksum does not match.
+    """
+    directory = pathlib.Path(directory)
+    missing = [name for name in files if not (directory / name).is_file()]
+    if missing:
+        reason = "download disabled"
+        if download is not None:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(
+                prefix=f".{directory.name}.", dir=directory.parent
+            ) as tmp:
+                try:
+                    download(pathlib.Path(tmp))
+                except (OSError, tarfile.TarError) as e:
+                    reason = f"download failed: {e}".replace("\n", " ")
+                else:
+                    for name in missing:
+                        if not (pathlib.Path(tmp) / name).is_file():
+                            raise DataError(f"download did not produce {name}; {offline_hint}")
+                        _check_sha256(pathlib.Path(tmp) / name, files[name])
+                    directory.mkdir(parents=True, exist_ok=True)
+                    for name in missing:
+                        os.replace(pathlib.Path(tmp) / name, directory / name)
+                    missing = []
+        if missing:
+            raise DataError(
+                f"missing {', '.join(missing)} in {directory} ({reason}); {offline_hint}; "
+                f"put the files there, or pass --data_dir DIR holding them, "
+                f"or set RHNZOO_DATA=DIR with them in DIR/{directory.name}"
+            )
+    if verify:
+        for name, expected in files.items():
+            _check_sha256(directory / name, expected)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Corpus:
+    """A tokenised corpus: int32 1-D id arrays per split; `vocab[i]` is the word of id i."""
+
+    train: np.ndarray
+    valid: np.ndarray
+    test: np.ndarray
+    vocab: tuple[str, ...]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+
+def _fetch(url: str, dest: pathlib.Path, timeout: float = 60.0) -> None:
+    """Download `url` to file `dest` (raises urllib.error.URLError / OSError)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as f:
+        shutil.copyfileobj(response, f)
+
+
+def _download_ptb(tmp: pathlib.Path) -> None:
+    """Fetch Mikolov's archive into `tmp` and extract the three PTB text files there."""
+    archive = tmp / "simple-examples.tgz"
+    _fetch(PTB_URL, archive)
+    with tarfile.open(archive, "r:gz") as tar:
+        members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
+        for name in PTB_SHA256:
+            member = members.get(f"simple-examples/data/{name}")
+            if member is None:
+                raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
+            with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    archive.unlink()
+
+
+def _read_words(path: pathlib.Path) -> list[str]:
+    """Equivalent to concatenating ``line.split() + ['<eos>']`` over the file's lines."""
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text.replace("\n", f" {EOS} ").split()
+
+
+def load_ptb(
+    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
+) -> Corpus:
+    """Load PTB ``ptb.{train,valid,test}.txt`` from `resolve_data_dir('ptb', data_dir)`.
+
+    Each line becomes ``line.split() + ['<eos>']``. The vocabulary is built from
+    train only, ids ordered by descending frequency, then by word. If files are
+    missing and `download` is true they are fetched from Mikolov's archive.
+    `verify=False` skips the sha256 check of files already on disk (for your own
+    or test corpora); downloaded files are always checked.
+
+    Returns: Corpus with int32 [N_split] id arrays (real data: 929589 / 73760 /
+      82430 tokens, vocab_size 10000).
+    Raises: DataError for missing files (and no download), checksum mismatch,
+      or a valid/test word absent from the train vocabulary.
+    """
+    directory = ensure_files(
+        resolve_data_dir("ptb", data_dir),
+        PTB_SHA256,
+        download=_download_ptb if download else None,
+        verify=verify,
+        offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",
+    )
+    splits = {
+        name: _read_words(directory / f"ptb.{name}.txt") for name in ("train", "valid", "test")
+    }
+    counts = collections.Counter(splits["train"])
+    vocab = tuple(sorted(counts, key=lambda w: (-counts[w], w)))
+    index = {word: i for i, word in enumerate(vocab)}
+    ids = {}
+    for name, words in splits.items():
+        try:
+            ids[name] = np.fromiter(map(index.__getitem__, words), dtype=np.int32, count=len(words))
+        except KeyError as e:
+            raise DataError(
+                f"{directory / f'ptb.{name}.txt'}: word {e.args[0]!r} is not in the "
+                "train vocabulary; the files do not belong together"
+            ) from None
+    return Corpus(vocab=vocab, **ids)
+
+
+def batchify(tokens: np.ndarray, batch_size: int) -> np.ndarray:
+    """Cut a token stream [N] into `batch_size` contiguous rows, dropping the remainder.
+
+    Returns: int32 [batch_size, N // batch_size]; row b is tokens[b*L:(b+1)*L].
+    Raises: ValueError if tokens is not 1-D, batch_size < 1 or N // batch_size < 2.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"batchify expects a 1-D token array, got shape {tokens.shape}")
+    if batch_size < 1 or tokens.shape[0] // batch_size < 2:
+        raise ValueError(
+            f"batch_size={batch_size} invalid for {tokens.shape[0]} tokens: "
+            "need 1 <= batch_size <= N // 2"
+        )
+    row_len = tokens.shape[0] // batch_size
+    return tokens[: batch_size * row_len].reshape(batch_size, row_len).astype(np.int32)
+
+
+def num_windows(row_len: int, num_steps: int) -> int:
+    """Truncated-BPTT windows per epoch, (row_len - 1) // num_steps; window i has
+    inputs rows[:, i*T:(i+1)*T] and targets rows[:, i*T+1:(i+1)*T+1].
+
+    Raises: ValueError if num_steps < 1 or there is no full window.
+    """
+    if num_steps < 1 or (row_len - 1) // num_steps < 1:
+        raise ValueError(
+            f"no training window: rows of length {row_len} need row_len >= num_steps + 1 "
+            f"with num_steps={num_steps} >= 1; use a smaller batch size or num_steps"
+        )
+    return (row_len - 1) // num_steps
+
+
+def windows(rows: np.ndarray, num_steps: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (x, y), both int32 [B, num_steps], for each window of rows [B, L]; y is x shifted by one."""
+    rows = np.asarray(rows, dtype=np.int32)
+    for i in range(num_windows(rows.shape[1], num_steps)):
+        start = i * num_steps
+        yield rows[:, start : start + num_steps], rows[:, start + 1 : start + num_steps + 1]

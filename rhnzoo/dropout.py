@@ -1,0 +1,106 @@
+"""Variational dropout (Gal & Ghahramani 2016), as used by RHNs (Zilly et al. 2017, sec. 4).
+
+Masks are drawn from an explicit PRNG key once per minibatch and shared by all
+time steps of that minibatch; they are drawn outside the time scan and passed
+in. Rates are drop probabilities (as in the reference code's ``drop_*`` flags);
+kept units are scaled by 1 / (1 - rate) ("inverted" dropout), so evaluation
+simply uses no masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def check_rate(name: str, rate: float) -> None:
+    """Raises ValueError unless ``0 <= rate < 1``."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{name} must be a drop probability in [0, 1), got {rate}")
+
+
+def mask(key: Array, shape: tuple[int, ...], rate: float, dtype=jnp.float32) -> Array:
+    """A Bernoulli keep-mask scaled by 1 / (1 - rate).
+
+    Args:
+      key: PRNG key.
+      shape: mask shape, e.g. ``(B, n)``; broadcast over time by the caller.
+      rate: drop probability in [0, 1).
+      dtype: mask dtype.
+
+    Returns:
+      ``shape`` array of 0 and 1 / (1 - rate).
+
+    Raises:
+      ValueError: if rate is outside [0, 1).
+    """
+    check_rate("rate", rate)
+    if rate == 0.0:
+        return jnp.ones(shape, dtype)
+    keep = jax.random.bernoulli(key, 1.0 - rate, shape)
+    return keep.astype(dtype) / (1.0 - rate)
+
+
+def word_mask(key: Array, tokens: Array, vocab_size: int, rate: float, dtype=jnp.float32) -> Array:
+    """Word (embedding) dropout: one mask per word type per batch row.
+
+    A word that occurs several times in a row of the minibatch is dropped at every
+    occurrence (the reference code's ``noise_x``).
+
+    Args:
+      key: PRNG key.
+      tokens: ``[B, T]`` int token ids.
+      vocab_size: V, number of word types.
+      rate: drop probability in [0, 1).
+
+    Returns:
+      ``[B, T]`` mask of 0 and 1 / (1 - rate).
+    """
+    per_type = mask(key, (tokens.shape[0], vocab_size), rate, dtype)
+    return jnp.take_along_axis(per_type, tokens, axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Drop probabilities of the four RHN dropout sites (reference code's flags).
+
+    x: word dropout on the embedding output; i: cell input; h: recurrent state
+    entering every micro-layer; o: cell output before the softmax.
+    """
+
+    x: float = 0.0
+    i: float = 0.0
+    h: float = 0.0
+    o: float = 0.0
+
+    def __post_init__(self):
+        for name in ("x", "i", "h", "o"):
+            check_rate(f"drop_{name}", getattr(self, name))
+
+
+def lm_masks(
+    key: Array, tokens: Array, vocab_size: int, input_size: int, hidden_size: int, rates: Rates
+) -> dict[str, Array]:
+    """All four masks of a language-model minibatch.
+
+    Args:
+      key: PRNG key for this minibatch.
+      tokens: ``[B, T]`` int input ids.
+      vocab_size, input_size, hidden_size: V, embedding size m, state size n.
+      rates: drop probabilities.
+
+    Returns:
+      ``{'x': [B, T], 'i': [B, m], 'h': [B, n], 'o': [B, n]}`` float32 masks.
+    """
+    kx, ki, kh, ko = jax.random.split(key, 4)
+    b = tokens.shape[0]
+    return {
+        "x": word_mask(kx, tokens, vocab_size, rates.x),
+        "i": mask(ki, (b, input_size), rates.i),
+        "h": mask(kh, (b, hidden_size), rates.h),
+        "o": mask(ko, (b, hidden_size), rates.o),
+    }

@@ -1,0 +1,155 @@
+"""Recurrent language model: embedding -> cell scanned over time -> softmax.
+
+The model of Zilly et al. (2017, sec. 5.2) and Shoham & Permuter: one recurrent
+cell (RHN, HSG(RHN), or any cell of :mod:`rhnzoo.cells`), variational dropout at
+four sites (:mod:`rhnzoo.dropout`), optional weight tying of the embedding and
+the softmax (Press & Wolf 2017; Inan et al. 2017).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rhnzoo import cells
+
+Array = jax.Array
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModel:
+    """Next-token model over a vocabulary of ``vocab_size`` symbols.
+
+    Attributes:
+      cell: the recurrent cell (``hidden_size`` n).
+      vocab_size: V.
+      embed_size: m, the embedding width; must equal n when ``tied``.
+      tied: share the embedding ``[V, n]`` as the softmax weights (transposed).
+      init_scale: half-width of the uniform initialisation of embedding/softmax.
+      unroll: time steps per ``lax.scan`` iteration.
+
+    Raises:
+      ValueError: if ``tied`` and ``embed_size != cell.hidden_size``.
+    """
+
+    cell: Any
+    vocab_size: int
+    embed_size: int
+    tied: bool = True
+    init_scale: float = 0.04
+    unroll: int = 1
+
+    def __post_init__(self):
+        if self.tied and self.embed_size != self.cell.hidden_size:
+            raise ValueError(
+                f"weight tying needs embed_size == hidden_size, got {self.embed_size} "
+                f"and {self.cell.hidden_size}"
+            )
+
+    def init(self, key: Array) -> Params:
+        """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n, V]``)."""
+        ke, kc, ks = jax.random.split(key, 3)
+        u = lambda k, shape: jax.random.uniform(
+            k, shape, jnp.float32, -self.init_scale, self.init_scale
+        )
+        params = {
+            "embed": u(ke, (self.vocab_size, self.embed_size)),
+            "cell": self.cell.init(kc, self.embed_size),
+            "softmax_b": u(jax.random.fold_in(ks, 1), (self.vocab_size,)),
+        }
+        if not self.tied:
+            params["softmax_w"] = u(ks, (self.cell.hidden_size, self.vocab_size))
+        return params
+
+    def initial_carry(self, batch_size: int) -> Any:
+        return self.cell.initial_carry(batch_size)
+
+    def softmax_weights(self, params: Params) -> Array:
+        """``[n, V]``: the softmax matrix (the tied embedding, transposed, if tied)."""
+        return params["embed"].T if self.tied else params["softmax_w"]
+
+    def hidden(
+        self, params: Params, carry: Any, tokens: Array, masks: dict[str, Array] | None = None
+    ) -> tuple[Any, Array]:
+        """Runs the cell over ``tokens [B, T]``; returns ``(carry, ys [T, B, n])``.
+
+        ``masks`` from :func:`rhnzoo.dropout.lm_masks` (training) or ``None``.
+        """
+        xs = params["embed"][tokens.T]  # [T, B, m]
+        if masks is not None:
+            xs = xs * (masks["x"].T[..., None] * masks["i"][None])
+        carry, ys = cells.unroll(
+            self.cell,
+            params["cell"],
+            carry,
+            xs,
+            None if masks is None else masks["h"],
+            unroll=self.unroll,
+        )
+        if masks is not None:
+            ys = ys * masks["o"][None]
+        return carry, ys
+
+    def logits(self, params: Params, ys: Array) -> Array:
+        """``ys [..., n] -> [..., V]`` unnormalised log-probabilities."""
+        return ys @ self.softmax_weights(params) + params["softmax_b"]
+
+    def nll(
+        self,
+        params: Params,
+        carry: Any,
+        tokens: Array,
+        targets: Array,
+        masks: dict[str, Array] | None = None,
+        weights: Array | None = None,
+    ) -> tuple[Array, Any]:
+        """Summed negative log-likelihood (nats) of ``targets [B, T]``.
+
+        Args:
+          weights: optional ``[B, T]`` 0/1 weights (padding in evaluation).
+
+        Returns:
+          ``(nll_sum, carry)``: the scalar sum over all B x T positions, and the
+          final carry for the next truncated-BPTT window.
+        """
+        carry, ys = self.hidden(params, carry, tokens, masks)
+        losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(params, ys), targets.T)
+        if weights is not None:
+            losses = losses * weights.T
+        return losses.sum(), carry
+
+
+def rhn_language_model(
+    vocab_size: int,
+    hidden_size: int,
+    depth: int,
+    *,
+    hsg: bool = False,
+    tied: bool = True,
+    coupled: bool = True,
+    init_scale: float = 0.04,
+    init_bias: float = -2.0,
+    hsg_init_bias: float = -2.5,
+    unroll: int = 1,
+) -> LanguageModel:
+    """The RHN language model of Zilly et al., optionally with the HSG gate.
+
+    The embedding width is the hidden size when tied, and otherwise
+    ``min(vocab_size, hidden_size)`` (the reference code's rule for character
+    vocabularies smaller than the state).
+
+    Raises:
+      ValueError: if depth < 1 or hidden_size < 1.
+    """
+    cell = cells.RHN(
+        hidden_size, depth, coupled=coupled, init_scale=init_scale, init_bias=init_bias
+    )
+    if hsg:
+        cell = cells.HSG(cell, init_scale=init_scale, init_bias=hsg_init_bias)
+    embed = hidden_size if tied else min(vocab_size, hidden_size)
+    return LanguageModel(cell, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll)

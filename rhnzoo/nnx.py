@@ -1,0 +1,108 @@
+"""A thin Flax NNX adapter: any rhnzoo cell as an ``nnx.Module``.
+
+rhnzoo cells are pure functions over a params pytree (:mod:`rhnzoo.cells`).
+:class:`Recurrent` holds a cell (static) and its params as ``nnx.Param``
+variables, one per array leaf, in the cell's own nested-dict layout, so that
+``nnx.split``, ``nnx.state``, ``nnx.grad`` and ``nnx.Optimizer`` see every leaf
+(state paths such as ``('params', 'cell', 'R')`` for ``HSG(RHN(...))``)::
+
+    rnn = Recurrent(RHN(256, depth=3), 128, rngs=nnx.Rngs(0))
+    carry, ys = rnn(xs)                 # xs [T, B, 128] -> ys [T, B, 256]
+    params = rnn.cell_params()          # back to the functional world
+    rnn.set_cell_params(params)         # and into the module again
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rhnzoo import cells
+
+Array = jax.Array
+Params = Any
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+class Recurrent(nnx.Module):
+    """An rhnzoo cell unrolled over time (:func:`rhnzoo.cells.unroll`) as an NNX module.
+
+    Args:
+      cell: any cell of the :class:`rhnzoo.cells.Cell` protocol (e.g. ``RHN``,
+        ``HSG(RHN(...))``); kept as a static attribute (it is a hashable frozen
+        dataclass, so it lives in the ``GraphDef``).
+      input_size: m, the width of the inputs ``xs [T, B, m]``.
+      rngs: ``nnx.Rngs``; the params are ``cell.init(rngs.params(), input_size)``.
+      params: optional existing functional params (from ``cell.init``, a
+        checkpoint, ...) to wrap instead of initialising; ``rngs`` is then unused.
+
+    Raises:
+      ValueError: if neither ``rngs`` nor ``params`` is given; whatever
+        ``cell.init`` raises (e.g. input_size < 1).
+    """
+
+    def __init__(
+        self,
+        cell: cells.Cell,
+        input_size: int,
+        *,
+        rngs: nnx.Rngs | None = None,
+        params: Params | None = None,
+    ):
+        if params is None:
+            if rngs is None:
+                raise ValueError("Recurrent needs rngs (to initialise the params) or params")
+            params = cell.init(rngs.params(), input_size)
+        self.cell = cell
+        self.input_size = input_size
+        # Flax >= 0.12 treats a plain dict attribute as static unless it is marked as
+        # data; nnx.data makes the nested dict of Params part of the module's state.
+        self.params = nnx.data(jax.tree.map(nnx.Param, params))
+
+    def cell_params(self) -> Params:
+        """The plain functional params (same pytree as ``cell.init``), as arrays."""
+        return jax.tree.map(lambda v: v.get_value(), self.params, is_leaf=_is_variable)
+
+    def set_cell_params(self, params: Params) -> None:
+        """Overwrites every Param in place with ``params`` (the same tree structure).
+
+        Raises:
+          ValueError: if ``params`` does not have the structure of ``cell_params()``.
+        """
+        own = jax.tree.structure(self.cell_params())
+        if jax.tree.structure(params) != own:
+            raise ValueError(f"params structure {jax.tree.structure(params)} != {own}")
+        jax.tree.map(lambda v, a: v.set_value(a), self.params, params, is_leaf=_is_variable)
+
+    def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> cells.Carry:
+        """The cell's initial (zero) carry, e.g. ``[B, n]``."""
+        return self.cell.initial_carry(batch_size, dtype)
+
+    def __call__(
+        self,
+        xs: Array,
+        carry: cells.Carry | None = None,
+        mask: Array | None = None,
+        *,
+        unroll: int = 1,
+    ) -> tuple[cells.Carry, Array]:
+        """Runs the cell over ``xs [T, B, m]``.
+
+        Args:
+          xs: time-major inputs ``[T, B, m]``.
+          carry: initial carry; ``None`` means the zero carry in ``xs.dtype``.
+          mask: the cell's recurrent dropout mask (``[B, n]``) or ``None``.
+          unroll: time steps per scan iteration.
+
+        Returns:
+          ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
+        """
+        if carry is None:
+            carry = self.cell.initial_carry(xs.shape[1], xs.dtype)
+        return cells.unroll(self.cell, self.cell_params(), carry, xs, mask, unroll=unroll)

@@ -1,0 +1,185 @@
+"""RHN and HSG cells against a NumPy transcription of the papers' equations."""
+
+import functools
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhnzoo import cells
+
+sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+
+
+def numpy_rhn_step(W, R, b, x, s, mask, coupled):
+    """Zilly et al. (2017), eqs. 6-9, written out with separate H, T, C blocks per micro-layer."""
+    n = s.shape[-1]
+    for l in range(R.shape[0]):
+        s_in = s * mask
+        pre = s_in @ R[l] + b[l] + (x @ W if l == 0 else 0.0)
+        h = np.tanh(pre[:, :n])
+        t = sigmoid(pre[:, n : 2 * n])
+        c = 1.0 - t if coupled else sigmoid(pre[:, 2 * n :])
+        s = h * t + s * c
+    return s
+
+
+def numpy_hsg_step(p, x, s_prev, mask, coupled):
+    """Shoham & Permuter, eqs. 5-6, around the NumPy RHN."""
+    c = p["cell"]
+    s_l = numpy_rhn_step(c["W"], c["R"], c["b"], x, s_prev, mask, coupled)
+    g = sigmoid(s_prev @ p["W_R"] + s_l @ p["W_F"] + p["b_G"])
+    return g * s_prev + (1.0 - g) * s_l
+
+
+def random_params(params, key, scale=0.5):
+    """Replaces every leaf by random values, so biases and gates are not at their init."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(
+        tree, [jax.random.normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
+    )
+
+
+def np_tree(t):
+    return jax.tree.map(lambda a: np.asarray(a, np.float64), t)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("coupled", [True, False])
+@pytest.mark.parametrize("hsg", [False, True])
+def test_step_matches_numpy(depth, coupled, hsg):
+    B, m, n, T = 3, 5, 4, 6
+    cell = cells.RHN(n, depth, coupled=coupled)
+    if hsg:
+        cell = cells.HSG(cell)
+    key = jax.random.PRNGKey(depth + 10 * coupled + 100 * hsg)
+    kp, kx, ks, km = jax.random.split(key, 4)
+    params = random_params(cell.init(kp, m), kp)
+    xs = jax.random.normal(kx, (T, B, m))
+    s0 = jax.random.normal(ks, (B, n))
+    mask = jax.random.bernoulli(km, 0.7, (B, n)) / 0.7
+
+    carry, ys = cells.unroll(cell, params, s0, xs, mask)
+
+    p = np_tree(params)
+    s = np.asarray(s0, np.float64)
+    expected = []
+    for t in range(T):
+        x = np.asarray(xs[t], np.float64)
+        if hsg:
+            s = numpy_hsg_step(p, x, s, np.asarray(mask), coupled)
+        else:
+            s = numpy_rhn_step(p["W"], p["R"], p["b"], x, s, np.asarray(mask), coupled)
+        expected.append(s)
+    np.testing.assert_allclose(ys, np.stack(expected), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(carry, expected[-1], rtol=2e-5, atol=2e-5)
+
+
+def test_init_follows_reference():
+    cell = cells.RHN(7, 4, init_scale=0.04, init_bias=-2.0)
+    p = cell.init(jax.random.PRNGKey(0), 5)
+    assert p["W"].shape == (5, 14) and p["R"].shape == (4, 7, 14) and p["b"].shape == (4, 14)
+    np.testing.assert_array_equal(p["b"][:, 7:], -2.0)  # T bias
+    for w in (p["W"], p["R"], p["b"][:, :7]):
+        assert float(jnp.abs(w).max()) <= 0.04 and float(jnp.abs(w).max()) > 0.02
+    u = cells.RHN(7, 2, coupled=False, init_bias=-3.0).init(jax.random.PRNGKey(0), 5)
+    assert u["R"].shape == (2, 7, 21)
+    np.testing.assert_array_equal(u["b"][:, 14:], 3.0)  # C bias starts near 1 - T
+    h = cells.HSG(cell).init(jax.random.PRNGKey(0), 5)
+    np.testing.assert_array_equal(h["b_G"], -2.5)  # paper's b_G
+
+
+def test_hsg_closed_gate_is_bare_rhn():
+    """b_G -> -inf makes g = 0, so ŝ_t = s_L,t: HSG(RHN) reduces to the RHN."""
+    rhn = cells.RHN(6, 3)
+    hsg = cells.HSG(rhn)
+    params = random_params(hsg.init(jax.random.PRNGKey(1), 4), jax.random.PRNGKey(2))
+    params["b_G"] = jnp.full_like(params["b_G"], -1e4)
+    xs = jax.random.normal(jax.random.PRNGKey(3), (5, 2, 4))
+    s0 = jnp.ones((2, 6))
+    _, ys_hsg = cells.unroll(hsg, params, s0, xs)
+    _, ys_rhn = cells.unroll(rhn, params["cell"], s0, xs)
+    np.testing.assert_allclose(ys_hsg, ys_rhn, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: cells.RHN(8, 1),
+        lambda: cells.RHN(8, 4, coupled=False),
+        lambda: cells.HSG(cells.RHN(8, 3)),
+    ],
+)
+def test_cell_in_user_written_scan_under_jit(make):
+    """A user's own lax.scan with nothing else from rhnzoo than the cell."""
+    cell = make()
+    params = cell.init(jax.random.PRNGKey(0), 3)
+    xs = jax.random.normal(jax.random.PRNGKey(1), (7, 2, 3))
+
+    @jax.jit
+    def run(params, xs):
+        x_proj = cell.project_inputs(params, xs)
+        return jax.lax.scan(functools.partial(cell.step, params), cell.initial_carry(2), x_proj)
+
+    carry, ys = run(params, xs)
+    assert ys.shape == (7, 2, 8) and carry.shape == (2, 8)
+    ref_carry, ref_ys = cells.unroll(cell, params, cell.initial_carry(2), xs)
+    np.testing.assert_allclose(ys, ref_ys, rtol=1e-6, atol=1e-6)
+    assert float(jnp.abs(ys).sum()) > 0
+
+
+@pytest.mark.parametrize("hsg", [False, True])
+def test_gradient_matches_finite_differences(hsg):
+    with jax.enable_x64(True):
+        cell = cells.RHN(4, 3, coupled=not hsg)
+        if hsg:
+            cell = cells.HSG(cell)
+        params = jax.tree.map(
+            lambda a: a.astype(jnp.float64),
+            random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(1)),
+        )
+        xs = jax.random.normal(jax.random.PRNGKey(2), (4, 2, 3), jnp.float64)
+        mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, 4)) / 0.8).astype(jnp.float64)
+        target = jax.random.normal(jax.random.PRNGKey(4), (4, 2, 4), jnp.float64)
+
+        def loss(p):
+            _, ys = cells.unroll(cell, p, cell.initial_carry(2, jnp.float64), xs, mask)
+            return jnp.sum((ys - target) ** 2)
+
+        grads = jax.grad(loss)(params)
+        flat, unravel = jax.flatten_util.ravel_pytree(params)
+        g_flat, _ = jax.flatten_util.ravel_pytree(grads)
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            d = rng.standard_normal(flat.shape)
+            eps = 1e-6
+            fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
+            np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)
+
+
+def test_invalid_depth_and_size():
+    with pytest.raises(ValueError, match="depth"):
+        cells.RHN(4, 0)
+    with pytest.raises(ValueError, match="hidden_size"):
+        cells.RHN(0, 2)
+
+
+def test_step_with_gates_returns_every_micro_layer():
+    cell = cells.RHN(5, 4)
+    params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(1))
+    s0 = jax.random.normal(jax.random.PRNGKey(2), (2, 5))
+    x_proj = cell.project_inputs(params, jax.random.normal(jax.random.PRNGKey(3), (2, 3)))
+    s, ts = cell.step_with_gates(params, s0, x_proj)
+    assert ts.shape == (4, 2, 5)
+    # Recompute each micro-layer's T gate from the NumPy transcription's pre-activation.
+    p = np_tree(params)
+    state = np.asarray(s0, np.float64)
+    for l in range(4):
+        pre = state @ p["R"][l] + p["b"][l] + (np.asarray(x_proj) if l == 0 else 0.0)
+        t = sigmoid(pre[:, 5:])
+        np.testing.assert_allclose(ts[l], t, rtol=1e-5, atol=1e-6)
+        state = state + t * (np.tanh(pre[:, :5]) - state)
+    np.testing.assert_allclose(s, state, rtol=1e-5, atol=1e-6)

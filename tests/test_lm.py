@@ -1,0 +1,98 @@
+"""The language model and its variational dropout masks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhnzoo import cells, dropout, lm
+
+
+def small_model(tied=True, hsg=False, vocab=11):
+    return lm.rhn_language_model(vocab, 8, 2, hsg=hsg, tied=tied)
+
+
+def test_word_mask_is_per_type_per_row():
+    tokens = jnp.array([[1, 2, 1, 3, 1, 2], [4, 4, 4, 4, 4, 4]])
+    m = dropout.word_mask(jax.random.PRNGKey(0), tokens, 5, 0.5)
+    m = np.asarray(m)
+    assert set(np.unique(m)) <= {0.0, 2.0}
+    for row, toks in zip(m, np.asarray(tokens)):
+        for w in set(toks):
+            assert len(set(row[toks == w])) == 1, "a repeated word must share its mask in a row"
+    # Over many keys, both outcomes occur for the same (row, word): the mask is random.
+    draws = np.stack(
+        [dropout.word_mask(jax.random.PRNGKey(k), tokens, 5, 0.5)[0, 0] for k in range(20)]
+    )
+    assert set(draws) == {0.0, 2.0}
+
+
+def test_mask_rate_and_scaling():
+    m = dropout.mask(jax.random.PRNGKey(0), (400, 500), 0.25)
+    np.testing.assert_allclose(np.unique(m), [0.0, 1 / 0.75], rtol=1e-6)
+    assert abs(float((m == 0).mean()) - 0.25) < 0.01
+    np.testing.assert_array_equal(dropout.mask(jax.random.PRNGKey(0), (3, 4), 0.0), 1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        dropout.mask(jax.random.PRNGKey(0), (2,), 1.0)
+    with pytest.raises(ValueError, match="drop_h"):
+        dropout.Rates(h=-0.1)
+
+
+def test_masks_are_shared_by_all_time_steps():
+    """A unit dropped by the output mask is zero at every time step; the state mask
+    is the same one at every step (equal to a manual unroll with that mask)."""
+    model = small_model()
+    params = model.init(jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 9), 0, 11)
+    masks = dropout.lm_masks(
+        jax.random.PRNGKey(2), tokens, 11, 8, 8, dropout.Rates(0.3, 0.3, 0.3, 0.5)
+    )
+    masks["o"] = masks["o"].at[1, 4].set(0.0).at[1, 5].set(2.0)
+    _, ys = model.hidden(params, model.initial_carry(3), tokens, masks)
+    np.testing.assert_array_equal(ys[:, 1, 4], 0.0)
+    assert np.all(np.asarray(ys[:, 1, 5]) != 0.0)
+    # Same computation by hand: embedding * x-mask * i-mask, then the cell with one h-mask.
+    xs = params["embed"][tokens.T] * masks["x"].T[..., None] * masks["i"][None]
+    s = model.initial_carry(3)
+    outs = []
+    for t in range(9):
+        s, y = model.cell.step(
+            params["cell"], s, model.cell.project_inputs(params["cell"], xs[t]), masks["h"]
+        )
+        outs.append(y * masks["o"])
+    np.testing.assert_allclose(ys, jnp.stack(outs), rtol=1e-6, atol=1e-6)
+
+
+def test_masks_differ_across_minibatches_and_repeat_for_same_key():
+    tokens = jnp.zeros((4, 5), jnp.int32)
+    rates = dropout.Rates(0.5, 0.5, 0.5, 0.5)
+    a = dropout.lm_masks(jax.random.fold_in(jax.random.PRNGKey(0), 0), tokens, 7, 16, 16, rates)
+    b = dropout.lm_masks(jax.random.fold_in(jax.random.PRNGKey(0), 1), tokens, 7, 16, 16, rates)
+    c = dropout.lm_masks(jax.random.fold_in(jax.random.PRNGKey(0), 0), tokens, 7, 16, 16, rates)
+    for k in "xiho":
+        assert not np.array_equal(a[k], b[k])
+        np.testing.assert_array_equal(a[k], c[k])
+
+
+def test_nll_is_cross_entropy_of_tied_softmax():
+    model = small_model(tied=True)
+    params = model.init(jax.random.PRNGKey(0))
+    assert "softmax_w" not in params
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 0, 11)
+    targets = jnp.roll(tokens, -1, axis=1)
+    nll, _ = model.nll(params, model.initial_carry(2), tokens, targets)
+    _, ys = cells.unroll(
+        model.cell, params["cell"], model.initial_carry(2), params["embed"][tokens.T]
+    )
+    logits = np.asarray(ys) @ np.asarray(params["embed"]).T + np.asarray(params["softmax_b"])
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -sum(logp[t, b, targets[b, t]] for t in range(6) for b in range(2))
+    np.testing.assert_allclose(float(nll), expected, rtol=1e-5)
+
+
+def test_untied_model_and_tying_error():
+    model = lm.rhn_language_model(5, 8, 1, tied=False)
+    params = model.init(jax.random.PRNGKey(0))
+    assert params["embed"].shape == (5, 5) and params["softmax_w"].shape == (8, 5)
+    with pytest.raises(ValueError, match="tying"):
+        lm.LanguageModel(cells.RHN(8, 1), 5, 6, tied=True)

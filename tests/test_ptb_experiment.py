@@ -1,0 +1,126 @@
+"""experiments/ptb.py as a user runs it: the headline command, bad flags, SIGTERM."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "ptb.py"
+PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
+needs_ptb = pytest.mark.skipif(
+    not (PTB_DIR / "ptb.train.txt").exists(),
+    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
+)
+TINY = [
+    "--hidden_size=16",
+    "--depth=2",
+    "--batch_size=4",
+    "--num_steps=10",
+    "--noprogress",
+    "--eval_batch_size=20",
+    "--eval_num_steps=200",
+]
+
+
+def ptb(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@needs_ptb
+@pytest.mark.parametrize(
+    "flag,message",
+    [
+        ("--depth=0", "depth must be an integer >= 1"),
+        ("--drop_h=1.0", "drop_h must be a drop probability in [0, 1)"),
+        ("--drop_x=-0.1", "drop_x must be a drop probability"),
+        ("--lr=0", "lr must be > 0"),
+        ("--batch_size=600000", "batch"),
+    ],
+)
+def test_invalid_flags_fail_fast_with_one_line(tmp_path, flag, message):
+    result = ptb(*TINY, flag, f"--workdir={tmp_path / 'w'}")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert not (tmp_path / "w").exists(), "nothing may be written for invalid flags"
+
+
+def test_missing_data_names_the_files(tmp_path):
+    result = ptb(
+        *TINY, f"--data_dir={tmp_path / 'nothing'}", "--nodownload", f"--workdir={tmp_path / 'w'}"
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    for name in (
+        "ptb.train.txt",
+        "ptb.valid.txt",
+        "ptb.test.txt",
+        str(tmp_path / "nothing"),
+        "RHNZOO_DATA",
+    ):
+        assert name in lines[0]
+    assert not (tmp_path / "nothing").exists() and not (tmp_path / "w").exists()
+
+
+@needs_ptb
+def test_incompatible_workdir_fails_before_work(tmp_path):
+    first = ptb(*TINY, "--max_steps=2", f"--workdir={tmp_path / 'w'}")
+    assert first.returncode == 0, first.stderr
+    second = ptb(*TINY, "--max_steps=2", "--depth=3", f"--workdir={tmp_path / 'w'}")
+    assert second.returncode != 0
+    assert second.stderr.strip().splitlines() == [second.stderr.strip()]
+    assert "incompatible" in second.stderr and "depth=2 there vs 3" in second.stderr
+
+
+@needs_ptb
+def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
+    """`python experiments/ptb.py --depth=40 --hsg --max_steps=...` at a CPU-sized width."""
+    result = ptb(
+        "--depth=40",
+        "--hsg",
+        "--hidden_size=32",
+        "--max_steps=3",
+        "--noprogress",
+        "--eval_batch_size=20",
+        "--eval_num_steps=200",
+        f"--workdir={tmp_path / 'w'}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "valid ppl" in result.stdout and "final (best checkpoint" in result.stdout
+    assert (tmp_path / "w" / "results.json").exists()
+
+
+@needs_ptb
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    workdir = tmp_path / "w"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *TINY, "--max_steps=100000", f"--workdir={workdir}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (workdir / "config.json").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(8)  # past start-up and compilation, into training
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by signal 15" in out
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved and max(saved) > 0
+    resumed = ptb(*TINY, f"--max_steps={max(saved) + 2}", f"--workdir={workdir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"step {max(saved) + 2:7d}" in resumed.stdout
