@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from rhnzoo import data
+from rhnzoo.data import common as data_common
+from rhnzoo.data import ptb as ptb_data
 
 PTB_FILES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
 
@@ -105,7 +107,7 @@ def test_missing_and_download_fails(monkeypatch, tmp_path, clean_env):
     def offline(url, dest, timeout=60.0):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(data, "_fetch", offline)
+    monkeypatch.setattr(data_common, "fetch", offline)
     target = tmp_path / "target"
     target.mkdir()
     for kwargs in ({"download": True}, {"download": False}):
@@ -127,7 +129,7 @@ def test_corrupt_file(tmp_path, clean_env):
 
 def test_corrupt_file_among_canonical(monkeypatch, tmp_path, clean_env):
     hashes = {name: sha256_text(text) for name, text in FIXTURE.items()}
-    monkeypatch.setattr(data, "PTB_SHA256", hashes)
+    monkeypatch.setattr(ptb_data, "PTB_SHA256", hashes)
     directory = write_fixture(tmp_path / "mine", {**FIXTURE, "ptb.valid.txt": " c b\n"})
     with pytest.raises(data.DataError) as info:
         data.load_ptb(directory, download=False)
@@ -154,8 +156,8 @@ def test_fake_download(monkeypatch, tmp_path, clean_env):
         urls.append(url)
         pathlib.Path(dest).write_bytes(archive)
 
-    monkeypatch.setattr(data, "_fetch", fake_fetch)
-    monkeypatch.setattr(data, "PTB_SHA256", {n: sha256_text(t) for n, t in FIXTURE.items()})
+    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    monkeypatch.setattr(ptb_data, "PTB_SHA256", {n: sha256_text(t) for n, t in FIXTURE.items()})
     check_fixture_corpus(data.load_ptb())
     assert urls == ["http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"]
     assert sorted(p.name for p in clean_env.iterdir()) == sorted(PTB_FILES)
@@ -166,8 +168,8 @@ def test_fake_download(monkeypatch, tmp_path, clean_env):
 
 def test_fake_download_bad_checksum(monkeypatch, tmp_path, clean_env):
     monkeypatch.setattr(
-        data,
-        "_fetch",
+        data_common,
+        "fetch",
         lambda url, dest, timeout=60.0: pathlib.Path(dest).write_bytes(make_tgz(FIXTURE)),
     )
     with pytest.raises(data.DataError, match="sha256"):

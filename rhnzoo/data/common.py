@@ -1,4 +1,4 @@
-"""Data loading: Penn Treebank (Mikolov's word-level preprocessing) and helpers.
+"""Shared data machinery: where data lives, download-verify-cache, token streams.
 
 Data directory resolution (see `resolve_data_dir`): an explicit ``data_dir``
 (the CLI's ``--data_dir``), else ``$RHNZOO_DATA/<name>``, else the user cache
@@ -7,7 +7,6 @@ Data directory resolution (see `resolve_data_dir`): an explicit ``data_dir``
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import os
@@ -19,14 +18,6 @@ import urllib.request
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
-
-PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
-PTB_SHA256 = {
-    "ptb.train.txt": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
-    "ptb.valid.txt": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
-    "ptb.test.txt": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
-}
-EOS = "<eos>"
 
 
 class DataError(Exception):
@@ -131,74 +122,10 @@ class Corpus:
         return len(self.vocab)
 
 
-def _fetch(url: str, dest: pathlib.Path, timeout: float = 60.0) -> None:
+def fetch(url: str, dest: pathlib.Path, timeout: float = 60.0) -> None:
     """Download `url` to file `dest` (raises urllib.error.URLError / OSError)."""
     with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as f:
         shutil.copyfileobj(response, f)
-
-
-def _download_ptb(tmp: pathlib.Path) -> None:
-    """Fetch Mikolov's archive into `tmp` and extract the three PTB text files there."""
-    archive = tmp / "simple-examples.tgz"
-    _fetch(PTB_URL, archive)
-    with tarfile.open(archive, "r:gz") as tar:
-        members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
-        for name in PTB_SHA256:
-            member = members.get(f"simple-examples/data/{name}")
-            if member is None:
-                raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
-            with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    archive.unlink()
-
-
-def _read_words(path: pathlib.Path) -> list[str]:
-    """Equivalent to concatenating ``line.split() + ['<eos>']`` over the file's lines."""
-    text = path.read_text(encoding="utf-8")
-    if text and not text.endswith("\n"):
-        text += "\n"
-    return text.replace("\n", f" {EOS} ").split()
-
-
-def load_ptb(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
-) -> Corpus:
-    """Load PTB ``ptb.{train,valid,test}.txt`` from `resolve_data_dir('ptb', data_dir)`.
-
-    Each line becomes ``line.split() + ['<eos>']``. The vocabulary is built from
-    train only, ids ordered by descending frequency, then by word. If files are
-    missing and `download` is true they are fetched from Mikolov's archive.
-    `verify=False` skips the sha256 check of files already on disk (for your own
-    or test corpora); downloaded files are always checked.
-
-    Returns: Corpus with int32 [N_split] id arrays (real data: 929589 / 73760 /
-      82430 tokens, vocab_size 10000).
-    Raises: DataError for missing files (and no download), checksum mismatch,
-      or a valid/test word absent from the train vocabulary.
-    """
-    directory = ensure_files(
-        resolve_data_dir("ptb", data_dir),
-        PTB_SHA256,
-        download=_download_ptb if download else None,
-        verify=verify,
-        offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",
-    )
-    splits = {
-        name: _read_words(directory / f"ptb.{name}.txt") for name in ("train", "valid", "test")
-    }
-    counts = collections.Counter(splits["train"])
-    vocab = tuple(sorted(counts, key=lambda w: (-counts[w], w)))
-    index = {word: i for i, word in enumerate(vocab)}
-    ids = {}
-    for name, words in splits.items():
-        try:
-            ids[name] = np.fromiter(map(index.__getitem__, words), dtype=np.int32, count=len(words))
-        except KeyError as e:
-            raise DataError(
-                f"{directory / f'ptb.{name}.txt'}: word {e.args[0]!r} is not in the "
-                "train vocabulary; the files do not belong together"
-            ) from None
-    return Corpus(vocab=vocab, **ids)
 
 
 def batchify(tokens: np.ndarray, batch_size: int) -> np.ndarray:
