@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rhnzoo import cells
+from rhnzoo import cells, fused
 
 Array = jax.Array
 Params = Any
@@ -32,9 +32,16 @@ class LanguageModel:
       tied: share the embedding ``[V, n]`` as the softmax weights (transposed).
       init_scale: half-width of the uniform initialisation of embedding/softmax.
       unroll: time steps per ``lax.scan`` iteration.
+      scan_impl: ``'fused'`` (:mod:`rhnzoo.fused`, hand-written backward pass;
+        coupled RHN and HSG(RHN) only) or ``'reference'`` (:func:`rhnzoo.cells.unroll`,
+        plain autodiff; any cell). They compute the same function.
+      remat: recompute each time step's activations in the backward pass.
+      dtype: matmul input dtype, ``'float32'`` or ``'bfloat16'`` (float32
+        parameters, state and accumulation); bfloat16 needs ``scan_impl='fused'``.
 
     Raises:
-      ValueError: if ``tied`` and ``embed_size != cell.hidden_size``.
+      ValueError: if ``tied`` and ``embed_size != cell.hidden_size``, for an
+        unknown ``scan_impl``/``dtype``, or bfloat16 with the reference scan.
     """
 
     cell: Any
@@ -43,8 +50,17 @@ class LanguageModel:
     tied: bool = True
     init_scale: float = 0.04
     unroll: int = 1
+    scan_impl: str = "reference"
+    remat: bool = False
+    dtype: str = "float32"
 
     def __post_init__(self):
+        if self.scan_impl not in ("reference", "fused"):
+            raise ValueError(f"scan_impl must be 'reference' or 'fused', got {self.scan_impl!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype == "bfloat16" and self.scan_impl != "fused":
+            raise ValueError("dtype=bfloat16 needs scan_impl='fused'")
         if self.tied and self.embed_size != self.cell.hidden_size:
             raise ValueError(
                 f"weight tying needs embed_size == hidden_size, got {self.embed_size} "
@@ -83,21 +99,31 @@ class LanguageModel:
         xs = params["embed"][tokens.T]  # [T, B, m]
         if masks is not None:
             xs = xs * (masks["x"].T[..., None] * masks["i"][None])
-        carry, ys = cells.unroll(
-            self.cell,
-            params["cell"],
-            carry,
-            xs,
-            None if masks is None else masks["h"],
-            unroll=self.unroll,
-        )
+        mask_h = None if masks is None else masks["h"]
+        if self.scan_impl == "fused":
+            carry, ys = fused.unroll(
+                self.cell,
+                params["cell"],
+                carry,
+                xs,
+                mask_h,
+                unroll=self.unroll,
+                remat=self.remat,
+                dtype=self.dtype,
+            )
+        else:
+            carry, ys = cells.unroll(self.cell, params["cell"], carry, xs, mask_h,
+                                     unroll=self.unroll, remat=self.remat)  # fmt: skip
         if masks is not None:
             ys = ys * masks["o"][None]
         return carry, ys
 
     def logits(self, params: Params, ys: Array) -> Array:
         """``ys [..., n] -> [..., V]`` unnormalised log-probabilities."""
-        return ys @ self.softmax_weights(params) + params["softmax_b"]
+        w = self.softmax_weights(params)
+        logits = jnp.dot(ys.astype(self.dtype), w.astype(self.dtype),
+                         preferred_element_type=jnp.float32)  # fmt: skip
+        return logits + params["softmax_b"]
 
     def nll(
         self,
@@ -136,6 +162,9 @@ def rhn_language_model(
     init_bias: float = -2.0,
     hsg_init_bias: float = -2.5,
     unroll: int = 1,
+    scan_impl: str = "reference",
+    remat: bool = False,
+    dtype: str = "float32",
 ) -> LanguageModel:
     """The RHN language model of Zilly et al., optionally with the HSG gate.
 
@@ -152,4 +181,5 @@ def rhn_language_model(
     if hsg:
         cell = cells.HSG(cell, init_scale=init_scale, init_bias=hsg_init_bias)
     embed = hidden_size if tied else min(vocab_size, hidden_size)
-    return LanguageModel(cell, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll)
+    return LanguageModel(cell, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll,
+                         scan_impl=scan_impl, remat=remat, dtype=dtype)  # fmt: skip

@@ -34,6 +34,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from rhnzoo import data, dropout
@@ -164,14 +166,20 @@ def init_state(
 
 
 def make_train_step(
-    model: LanguageModel, cfg: TrainConfig, tx: optax.GradientTransformation, steps_per_epoch: int
+    model: LanguageModel,
+    cfg: TrainConfig,
+    tx: optax.GradientTransformation,
+    steps_per_epoch: int,
+    state_sharding: Any = None,
 ):
     """Returns ``train_step(state, rows, key) -> (state, nll)``, jit-compiled, state donated.
 
     ``rows [B, N] int32`` is the batchified training stream on the device; the step
     trains on window ``state['step'] % steps_per_epoch`` with dropout masks drawn
     from ``fold_in(key, state['step'])``; ``nll`` is the window's summed
-    cross-entropy (nats, before weight decay).
+    cross-entropy (nats, before weight decay). ``state_sharding`` (from
+    :func:`shard_state`) pins the new state's layout for data-parallel runs; the
+    gradient all-reduce is inserted by XLA's SPMD partitioner.
     """
     T, B = cfg.num_steps, cfg.batch_size
     m, n = model.embed_size, model.cell.hidden_size
@@ -202,7 +210,32 @@ def make_train_step(
         )
         return state, nll
 
-    return jax.jit(train_step, donate_argnums=0)
+    out = None if state_sharding is None else (state_sharding, None)
+    return jax.jit(train_step, donate_argnums=0, out_shardings=out)
+
+
+def data_mesh(devices=None) -> jax.sharding.Mesh:
+    """A 1-D ``Mesh(("data",))`` over ``devices`` (default: every device of every host)."""
+    return jax.sharding.Mesh(np.asarray(devices or jax.devices()), ("data",))
+
+
+def shard_state(state: State, mesh: jax.sharding.Mesh) -> tuple[State, Any]:
+    """Places the state for data parallelism: the truncated-BPTT carry is sharded
+    by batch rows like the data, everything else is replicated.
+
+    Returns ``(state, shardings)``. Works across hosts: each process supplies its
+    addressable shards from its own (identical) host copy.
+    """
+    rows_sharding = NamedSharding(mesh, P("data"))
+    shardings = {k: jax.tree.map(lambda _: NamedSharding(mesh, P()), v) for k, v in state.items()}
+    shardings["carry"] = jax.tree.map(lambda _: rows_sharding, state["carry"])
+    return jax.tree.map(put, state, shardings), shardings
+
+
+def put(x: Any, sharding: NamedSharding) -> Array:
+    """``x`` (host or device array) as a global array with ``sharding``, multi-host safe."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
 def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
@@ -329,6 +362,7 @@ def train(
     workdir: str | os.PathLike,
     run_config: dict[str, Any] | None = None,
     metric_name: str = "ppl",
+    devices: list | None = None,
 ) -> dict[str, Any]:
     """Trains ``model`` on ``corpus`` and evaluates the best-validation params.
 
@@ -341,6 +375,8 @@ def train(
         ``results.json``. Rerunning with the same workdir resumes exactly.
       run_config: every setting of the run, checked on resume (``check_workdir``).
       metric_name: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
+      devices: devices for data-parallel training (default: all); batch rows are
+        sharded over a ``Mesh(("data",))``, parameters replicated.
 
     Returns:
       The final results dict (also written to ``results.json``).
@@ -350,6 +386,9 @@ def train(
       TrainingDiverged: if the loss becomes non-finite.
     """
     workdir = pathlib.Path(workdir)
+    mesh = data_mesh(devices)
+    if cfg.batch_size % mesh.size:
+        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the {mesh.size} devices")
     rows_np = data.batchify(corpus.train, cfg.batch_size)
     steps_per_epoch = data.num_windows(rows_np.shape[1], cfg.num_steps)
     data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
@@ -357,7 +396,7 @@ def train(
 
     tx = make_optimizer(cfg, steps_per_epoch)
     init_key, run_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    state = init_state(model, cfg, tx, init_key)
+    state, shardings = shard_state(init_state(model, cfg, tx, init_key), mesh)
     ckpt = _Checkpoints(workdir)
     restored = ckpt.restore_latest(state)
     if restored is not None:
@@ -366,9 +405,9 @@ def train(
     n_params = sum(p.size for p in jax.tree.leaves(state["params"]))
     logging.info("%d parameters, %d steps per epoch", n_params, steps_per_epoch)
 
-    train_step = make_train_step(model, cfg, tx, steps_per_epoch)
+    train_step = make_train_step(model, cfg, tx, steps_per_epoch, shardings)
     evaluate = make_evaluate(model)
-    rows = jnp.asarray(rows_np)
+    rows = put(rows_np, NamedSharding(mesh, P("data", None)))
     to_metric = (
         (lambda nll, cnt: perplexity(nll, cnt))
         if metric_name == "ppl"
@@ -449,7 +488,7 @@ def train(
             with open(workdir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             if valid < float(state["best_valid"]):
-                state["best_valid"] = jnp.asarray(valid, jnp.float32)
+                state["best_valid"] = put(np.float32(valid), shardings["best_valid"])
                 ckpt.save_best(state["params"], step)
             last_saved = ckpt.save(state)
         if stop["signal"] is not None:

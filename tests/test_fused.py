@@ -1,0 +1,90 @@
+"""The fused unroll (hand-written backward pass) against the reference cells."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhnzoo import cells, fused, lm
+
+
+def setup(depth, hsg, seed=0, B=3, m=5, n=6, T=7):
+    cell = cells.RHN(n, depth)
+    if hsg:
+        cell = cells.HSG(cell)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    # Random (not initial) parameters, so every gate is away from its init value.
+    params = cell.init(keys[0], m)
+    leaves, tree = jax.tree.flatten(params)
+    params = jax.tree.unflatten(
+        tree, [0.5 * jax.random.normal(k, l.shape) for k, l in
+               zip(jax.random.split(keys[1], len(leaves)), leaves)])  # fmt: skip
+    xs = jax.random.normal(keys[2], (T, B, m))
+    s0 = jax.random.normal(keys[3], (B, n))
+    mask = jax.random.bernoulli(keys[4], 0.7, (B, n)) / 0.7
+    return cell, params, xs, s0, mask
+
+
+def loss(unroll_fn, cell, params, s0, xs, mask, target):
+    carry, ys = unroll_fn(cell, params, s0, xs, mask)
+    return jnp.sum(jnp.sin(ys) * target) + jnp.sum(carry**2)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+@pytest.mark.parametrize("hsg", [False, True])
+@pytest.mark.parametrize("use_mask", [False, True])
+@pytest.mark.parametrize("remat", [False, True])
+def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat):
+    cell, params, xs, s0, mask = setup(depth, hsg, seed=depth)
+    mask = mask if use_mask else None
+    target = jax.random.normal(jax.random.PRNGKey(9), (xs.shape[0], xs.shape[1], cell.hidden_size))
+    ref = lambda *a: cells.unroll(*a)
+    fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2)
+    np.testing.assert_allclose(fast(cell, params, s0, xs, mask)[1],
+                               ref(cell, params, s0, xs, mask)[1], rtol=1e-5, atol=1e-5)  # fmt: skip
+    g_ref = jax.grad(loss, argnums=(2, 3, 4))(ref, cell, params, s0, xs, mask, target)
+    g_fast = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))(
+        fast, cell, params, s0, xs, mask, target
+    )
+    for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_language_model_gradients_agree_between_scan_impls():
+    kw = dict(vocab_size=13, hidden_size=8, depth=3, hsg=True)
+    ref, fast = lm.rhn_language_model(**kw), lm.rhn_language_model(**kw, scan_impl="fused")
+    params = ref.init(jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 13)
+    from rhnzoo import dropout
+
+    masks = dropout.lm_masks(
+        jax.random.PRNGKey(2), tokens, 13, 8, 8, dropout.Rates(0.2, 0.3, 0.2, 0.3)
+    )
+    f = lambda model: jax.grad(
+        lambda p: model.nll(p, model.initial_carry(4), tokens, jnp.roll(tokens, 1, 1), masks)[0]
+    )(params)
+    for a, b in zip(jax.tree.leaves(f(fast)), jax.tree.leaves(f(ref))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_matmuls_stay_close_to_float32():
+    """At the initial parameters (the regime training starts in) bf16 matmul inputs
+    perturb the outputs by about bf16's relative precision (2^-8), not more."""
+    cell = cells.HSG(cells.RHN(32, 3))
+    params = cell.init(jax.random.PRNGKey(0), 16)
+    xs = jax.random.normal(jax.random.PRNGKey(1), (20, 4, 16))
+    s0 = jnp.zeros((4, 32))
+    _, y32 = fused.unroll(cell, params, s0, xs)
+    _, y16 = fused.unroll(cell, params, s0, xs, dtype=jnp.bfloat16)
+    assert y16.dtype == jnp.float32
+    rel = float(jnp.abs(y16 - y32).max() / jnp.abs(y32).max())
+    assert 0 < rel < 2**-6, rel
+
+
+def test_fused_rejects_unsupported_cells():
+    with pytest.raises(ValueError, match="coupled"):
+        cell = cells.RHN(4, 2, coupled=False)
+        fused.unroll(cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)),
+                     jnp.zeros((5, 2, 3)))  # fmt: skip
+    with pytest.raises(ValueError, match="bfloat16 needs"):
+        lm.rhn_language_model(10, 8, 2, dtype="bfloat16")
