@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+import jax
 from absl import flags, logging
 
 from rhnzoo import cells, data, dropout, lm, train
@@ -31,7 +32,12 @@ def define_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -
     d = defaults
 
     def define(kind, name, default, help_):
-        getattr(flags, f"DEFINE_{kind}")(name, default, help_)
+        if kind == "enum_auto":
+            flags.DEFINE_enum(name, default, ["auto", "fused", "reference"], help_)
+        elif kind == "enum_dtype":
+            flags.DEFINE_enum(name, default, ["float32", "bfloat16"], help_)
+        else:
+            getattr(flags, f"DEFINE_{kind}")(name, default, help_)
         _FLAG_NAMES.append(name)
 
     flags.DEFINE_enum("preset", None, list(presets), "Named setting overriding the defaults "
@@ -58,6 +64,14 @@ def define_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -
     define("float", "drop_h", d["drop_h"], "Dropout probability on the recurrent state.")
     define("float", "drop_o", d["drop_o"], "Dropout probability on the cell output.")
     define("integer", "unroll", 1, "Time steps per lax.scan iteration.")
+    define("enum_auto", "scan_impl", "auto", "Time-scan implementation: 'fused' (hand-written "
+           "backward pass, coupled RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' "
+           "(fused where supported).")  # fmt: skip
+    define("boolean", "remat", False, "Recompute time steps in the backward pass (less memory).")
+    define("enum_dtype", "dtype", "float32", "Matmul input dtype (float32 accumulation); "
+           "bfloat16 needs the fused scan.")  # fmt: skip
+    define("boolean", "distributed", False, "Call jax.distributed.initialize() first "
+           "(multi-host: coordinator settings from the environment or the TPU/SLURM runtime).")  # fmt: skip
     define("integer", "seed", 0, "Random seed (initialisation and dropout).")
     define("string", "data_dir", None, "Directory with the data files (default: "
            "$RHNZOO_DATA/<dataset>, else the user cache; downloaded if absent).")  # fmt: skip
@@ -109,11 +123,17 @@ def run(dataset: str, load_corpus: Callable[..., data.Corpus], metric: str = "pp
             eval_batch_size=FLAGS.eval_batch_size, eval_num_steps=FLAGS.eval_num_steps,
             log_every=FLAGS.log_every, progress=FLAGS.progress,
         )  # fmt: skip
+        scan_impl = FLAGS.scan_impl
+        if scan_impl == "auto":
+            scan_impl = "fused" if FLAGS.coupled else "reference"
+        if FLAGS.distributed:
+            jax.distributed.initialize()
         corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download)
         model = lm.rhn_language_model(
             corpus.vocab_size, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied,
             coupled=FLAGS.coupled, init_scale=FLAGS.init_scale, init_bias=FLAGS.init_bias,
-            hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll,
+            hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll, scan_impl=scan_impl,
+            remat=FLAGS.remat, dtype=FLAGS.dtype,
         )  # fmt: skip
         workdir = FLAGS.workdir or (
             f"runs/{dataset}_{FLAGS.preset or 'default'}_d{FLAGS.depth}_n{FLAGS.hidden_size}"

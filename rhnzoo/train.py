@@ -47,20 +47,11 @@ State = dict[str, Any]
 # Flags that only change how long or how a run is reported; a workdir may be
 # resumed with different values of these (every other setting must match).
 RESUMABLE_KEYS = frozenset(
-    {
-        "max_steps",
-        "max_epochs",
-        "checkpoint_every_steps",
-        "log_every",
-        "eval_batch_size",
-        "eval_num_steps",
-        "batched_final_eval",
-        "data_dir",
-        "workdir",
-        "preset",
-        "progress",
-    }
-)
+    {"max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "eval_batch_size",
+     "eval_num_steps", "data_dir", "download", "workdir", "preset", "progress",
+     # Same function, other implementation: a run may switch these on resume.
+     "scan_impl", "remat", "unroll", "distributed"}
+)  # fmt: skip
 
 
 class TrainingDiverged(RuntimeError):
