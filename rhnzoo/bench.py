@@ -51,7 +51,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dty
 flags.DEFINE_boolean("remat", False, "Rematerialise time steps in the backward pass.")
 flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
 flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration.")
-flags.DEFINE_integer("steps", 20, "Timed train steps (median reported).")
+flags.DEFINE_integer("steps", 20, "Timed train steps (median reported); 0: compile only.")
 flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement.")
 FLAGS = flags.FLAGS
 
@@ -107,6 +107,9 @@ def bench(name: str, c: dict, *, scan_impl: str, dtype: str, remat: bool, unroll
     t = time.perf_counter()
     compiled = step_fn.lower(state, rows, key).compile()
     compile_s = time.perf_counter() - t
+    if steps == 0:  # compile-only: compile time and the compiler's memory estimate
+        return {"config": name, "scan_impl": scan_impl, "remat": remat, "dtype": dtype,
+                "num_steps": c["num_steps"], "compile_s": compile_s, **_memory(compiled)}  # fmt: skip
     for _ in range(2):
         state, nll = compiled(state, rows, key)
     nll.block_until_ready()
