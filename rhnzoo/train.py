@@ -418,7 +418,6 @@ def train(
         total_steps = min(total_steps, cfg.max_steps)
     step = int(state["step"])
     last_saved = step if restored is not None else None
-    history = []
     t_start = time.time()
     try:
         while step < total_steps and stop["signal"] is None:
@@ -454,21 +453,20 @@ def train(
                 break
             done = step - epoch * steps_per_epoch
             train_nll = _check_finite(state, f"in epoch {epoch + 1}", last_saved)
+            train_s = time.time() - t_epoch  # training only (compilation included in epoch 1)
             valid = to_metric(
                 *evaluate(state["params"], corpus.valid, cfg.batch_size, cfg.num_steps)
             )
-            elapsed = time.time() - t_epoch
             record = {
                 "epoch": epoch + 1,
                 "step": step,
                 "lr": lr,
                 f"train_{metric_name}": to_metric(train_nll, done * cfg.batch_size * cfg.num_steps),
                 f"valid_{metric_name}": valid,
-                "tokens_per_s": (step - first_step) * cfg.batch_size * cfg.num_steps / elapsed,
+                "tokens_per_s": (step - first_step) * cfg.batch_size * cfg.num_steps / train_s,
                 "elapsed_s": time.time() - t_start,
                 "epoch_complete": done == steps_per_epoch,
             }
-            history.append(record)
             print(
                 f"epoch {epoch + 1:3d} | step {step:7d} | lr {lr:.4f} | "
                 f"train {metric_name} {record[f'train_{metric_name}']:9.3f} | "

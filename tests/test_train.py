@@ -28,6 +28,20 @@ def ptb_slice(corpus, n_train, n_eval):
     )
 
 
+def train_losses(model, corpus, cfg, steps):
+    """Per-step training loss (nats/token) of ``steps`` train steps from initialisation."""
+    rows = data.batchify(corpus.train, cfg.batch_size)
+    spe = data.num_windows(rows.shape[1], cfg.num_steps)
+    tx = train.make_optimizer(cfg, spe)
+    state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
+    step = train.make_train_step(model, cfg, tx, spe)
+    losses = []
+    for _ in range(steps):
+        state, nll = step(state, rows, jax.random.PRNGKey(1))
+        losses.append(float(nll) / (cfg.batch_size * cfg.num_steps))
+    return losses
+
+
 def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
     """A small RHN trained for 300 steps on the start of PTB predicts the next word
     better than the slice's own unigram distribution, i.e. it uses context."""
@@ -37,16 +51,9 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
     unigram_entropy = float(-(p * np.log(p)).sum())  # nats, about 6.3 here
 
     model = lm.rhn_language_model(corpus.vocab_size, 64, 2)
-    cfg = train.TrainConfig(lr=1.0, batch_size=10, num_steps=20)
-    rows = data.batchify(corpus.train, cfg.batch_size)
-    spe = data.num_windows(rows.shape[1], cfg.num_steps)
-    tx = train.make_optimizer(cfg, spe)
-    state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
-    step = train.make_train_step(model, cfg, tx, spe)
-    losses = []
-    for _ in range(300):
-        state, nll = step(state, rows, jax.random.PRNGKey(1))
-        losses.append(float(nll) / (cfg.batch_size * cfg.num_steps))
+    losses = train_losses(
+        model, corpus, train.TrainConfig(lr=1.0, batch_size=10, num_steps=20), 300
+    )
     assert abs(losses[0] - np.log(corpus.vocab_size)) < 0.1  # starts near uniform
     assert np.mean(losses[-50:]) < unigram_entropy - 0.1, (np.mean(losses[-50:]), unigram_entropy)
 
@@ -164,18 +171,9 @@ def test_bfloat16_training_tracks_float32_on_real_ptb(ptb):
     step by ~0.4%, and SGD does not amplify that on this scale."""
     corpus = ptb_slice(ptb, 60_000, 1000)
     cfg = train.TrainConfig(lr=0.5, batch_size=10, num_steps=20, max_grad_norm=5.0)
-    rows = data.batchify(corpus.train, cfg.batch_size)
-    spe = data.num_windows(rows.shape[1], cfg.num_steps)
-    tx = train.make_optimizer(cfg, spe)
     final = {}
     for dtype in ("float32", "bfloat16"):
         model = lm.rhn_language_model(corpus.vocab_size, 64, 2, scan_impl="fused", dtype=dtype)
-        state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
-        step = train.make_train_step(model, cfg, tx, spe)
-        losses = []
-        for _ in range(300):
-            state, nll = step(state, rows, jax.random.PRNGKey(1))
-            losses.append(float(nll) / (cfg.batch_size * cfg.num_steps))
-        final[dtype] = np.mean(losses[-50:])
+        final[dtype] = np.mean(train_losses(model, corpus, cfg, 300)[-50:])
     assert final["float32"] < np.log(corpus.vocab_size) - 2  # both actually learned
     assert abs(final["bfloat16"] - final["float32"]) < 0.02 * final["float32"], final
