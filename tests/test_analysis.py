@@ -1,0 +1,370 @@
+"""Analysis tools on a tiny trained HSG(RHN) run: load_run, gates, lesions, MC dropout,
+the analyze/sweep CLIs and their PNGs.
+
+The run is trained by rhnzoo.train.train on a slice of real PTB when
+$RHNZOO_DATA/ptb exists, else on a generated corpus written as ptb.*.txt files.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from rhnzoo import analysis, data, dropout, lm, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
+HIDDEN, DEPTH = 16, 3
+RATES = dropout.Rates(0.1, 0.2, 0.1, 0.2)
+
+sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+
+
+def generated_ptb(directory):
+    """A 40-word corpus with sentence structure (each word mostly predicts the next)."""
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    successor = rng.permutation(40)
+    for split, n_lines in (("train", 300), ("valid", 60), ("test", 60)):
+        lines = []
+        for _ in range(n_lines):
+            w, line = int(rng.integers(40)), []
+            for _ in range(int(rng.integers(5, 15))):
+                line.append(words[w])
+                w = int(successor[w]) if rng.random() < 0.8 else int(rng.integers(40))
+            lines.append(" ".join(line))
+        (directory / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(workdir, data_dir, corpus): a few SGD steps of hidden 16, depth 3, HSG on."""
+    tmp = tmp_path_factory.mktemp("analysis")
+    if (PTB_DIR / "ptb.train.txt").exists():
+        data_dir = PTB_DIR
+    else:
+        data_dir = generated_ptb(tmp / "data")
+    full = data.load_ptb(data_dir, download=False, verify=False)
+    corpus = data.Corpus(full.train[:4000], full.valid[:400], full.test[:400], full.vocab)
+    model = lm.rhn_language_model(corpus.vocab_size, HIDDEN, DEPTH, hsg=True)
+    cfg = train.TrainConfig(
+        lr=0.5,
+        batch_size=4,
+        num_steps=10,
+        max_steps=6,
+        rates=RATES,
+        eval_batch_size=4,
+        eval_num_steps=50,
+        progress=False,
+    )
+    run_config = {
+        "hidden_size": HIDDEN,
+        "depth": DEPTH,
+        "hsg": True,
+        "tied": True,
+        "coupled": True,
+        "init_scale": 0.04,
+        "init_bias": -2.0,
+        "hsg_init_bias": -2.5,
+        "unroll": 1,
+        "drop_x": RATES.x,
+        "drop_i": RATES.i,
+        "drop_h": RATES.h,
+        "drop_o": RATES.o,
+        "data_dir": str(data_dir),
+    }
+    workdir = tmp / "run"
+    train.train(model, corpus, cfg, workdir, run_config=run_config)
+    return workdir, data_dir, corpus
+
+
+@pytest.fixture(scope="module")
+def loaded(run):
+    return analysis.load_run(run[0])
+
+
+def restore(directory):
+    mngr = ocp.CheckpointManager(directory)
+    tree = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore())
+    mngr.close()
+    return tree
+
+
+def perturbed(params, scale=0.5, seed=0):
+    """Random offsets on every leaf, so gates and layers differ from their init."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return jax.tree.unflatten(
+        tree, [p + scale * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)]
+    )
+
+
+def assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_load_run_round_trip(run, loaded, tmp_path):
+    workdir, _, corpus = run
+    model, params, config = loaded
+    assert model == lm.rhn_language_model(corpus.vocab_size, HIDDEN, DEPTH, hsg=True)
+    assert config["depth"] == DEPTH and config["hsg"] is True
+    assert_trees_equal(params, restore(workdir / "best"))
+    # Without best/, the latest training state's params are used.
+    shutil.copytree(workdir, tmp_path / "nobest", ignore=shutil.ignore_patterns("best"))
+    _, fallback, _ = analysis.load_run(tmp_path / "nobest")
+    assert_trees_equal(fallback, restore(workdir / "checkpoints")["params"])
+    # No checkpoint / no config: a one-line ValueError.
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty/config.json").write_text(json.dumps({"hidden_size": 8, "depth": 2}))
+    with pytest.raises(ValueError, match="no checkpoint") as e:
+        analysis.load_run(tmp_path / "empty")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="no config.json"):
+        analysis.load_run(tmp_path / "nothing")
+
+
+def numpy_gates(params, tokens, steps):
+    """Zilly et al. eqs. 6-8 and Shoham & Permuter eqs. 5-6, one row at a time, float64."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    c, r, n = p["cell"], p["cell"]["cell"], HIDDEN
+    t_all = np.zeros((steps, DEPTH, tokens.shape[0], n))
+    g_all = np.zeros((steps, tokens.shape[0], n))
+    for b, row in enumerate(tokens):
+        s_hat = np.zeros(n)
+        for t in range(steps):
+            x, s = p["embed"][row[t]], s_hat
+            for l in range(DEPTH):
+                pre = s @ r["R"][l] + r["b"][l] + (x @ r["W"] if l == 0 else 0.0)
+                h, gate = np.tanh(pre[:n]), sigmoid(pre[n : 2 * n])
+                s = h * gate + s * (1.0 - gate)
+                t_all[t, l, b] = gate
+            g = sigmoid(s_hat @ c["W_R"] + s @ c["W_F"] + c["b_G"])
+            g_all[t, b] = g
+            s_hat = g * s_hat + (1.0 - g) * s
+    return t_all, g_all
+
+
+def test_gate_activity_shapes_values_and_numpy(run, loaded):
+    _, _, corpus = run
+    model, params, _ = loaded
+    tokens = np.stack([corpus.valid[:25], corpus.valid[100:125]])
+    gates = analysis.gate_activity(model, params, tokens)
+    assert gates.t.shape == (25, DEPTH, 2, HIDDEN) and gates.g.shape == (25, 2, HIDDEN)
+    for a in (gates.t, gates.g):
+        assert np.all((np.asarray(a) > 0) & (np.asarray(a) < 1))
+    # Against NumPy, with perturbed params so that every layer and the HSG matter.
+    params = perturbed(params)
+    gates = analysis.gate_activity(model, params, tokens)
+    t_np, g_np = numpy_gates(params, tokens, 3)
+    np.testing.assert_allclose(gates.t[:3], t_np, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(gates.g[:3], g_np, rtol=2e-4, atol=1e-5)
+    assert np.std(t_np) > 0.05  # not a degenerate comparison
+    # An RHN without HSG has no g.
+    rhn_model = lm.rhn_language_model(corpus.vocab_size, HIDDEN, DEPTH)
+    rhn = analysis.gate_activity(rhn_model, dict(params, cell=params["cell"]["cell"]), tokens)
+    assert rhn.g is None and rhn.t.shape == (25, DEPTH, 2, HIDDEN)
+
+
+def bypassed(model, params, layer):
+    """The depth L - 1 model without micro-layer ``layer``; for layer 0 (the only one
+    the input enters) the next micro-layer becomes the first, with W = 0."""
+    rhn = model.cell.cell
+    keep = np.array([l for l in range(rhn.depth) if l != layer])
+    rp = params["cell"]["cell"]
+    reduced = dict(rp, R=rp["R"][keep], b=rp["b"][keep])
+    if layer == 0:
+        reduced["W"] = jnp.zeros_like(rp["W"])
+    cell = dataclasses.replace(model.cell, cell=dataclasses.replace(rhn, depth=rhn.depth - 1))
+    return dataclasses.replace(model, cell=cell), dict(
+        params, cell=dict(params["cell"], cell=reduced)
+    )
+
+
+def test_lesion_equals_removing_the_micro_layer(run, loaded):
+    _, _, corpus = run
+    model, params, _ = loaded
+    params = perturbed(params, scale=0.3)
+    tokens = corpus.train[:800]
+    result = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50)
+    base, count = train.make_evaluate(model)(params, tokens, 4, 50)
+    assert result.num_tokens == count == 4 * (200 - 1)
+    assert result.base_nll == pytest.approx(base / count, rel=1e-6)
+    for layer in range(DEPTH):
+        small_model, small_params = bypassed(model, params, layer)
+        nll, _ = train.make_evaluate(small_model)(small_params, tokens, 4, 50)
+        assert result.nll[layer] == pytest.approx(nll / count, rel=1e-6), layer
+        assert abs(result.delta_nll[layer]) > 1e-3, "the lesion must change the loss"
+    np.testing.assert_allclose(result.ppl, np.exp(result.nll))
+    gates = analysis.gate_activity(model, analysis.lesion_params(model, params, 1), tokens[None])
+    assert float(jnp.max(gates.t[:, 1])) == 0.0 and float(jnp.min(gates.t[:, 0])) > 0.0
+    with pytest.raises(ValueError, match="layer must be in"):
+        analysis.lesion_params(model, params, DEPTH)
+
+
+def test_lesion_uncoupled_rhn_bypasses_the_layer():
+    """Uncoupled (separate carry gate C): the lesion also opens C, so s^[l] = s^[l-1]."""
+    model = lm.rhn_language_model(11, 8, 3, coupled=False)
+    params = perturbed(model.init(jax.random.PRNGKey(0)))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 7), 0, 11)
+    _, ys = model.hidden(params, model.initial_carry(2), tokens)
+    _, lesioned = model.hidden(
+        analysis.lesion_params(model, params, 2), model.initial_carry(2), tokens
+    )
+    rhn, rp = model.cell, params["cell"]
+    small = dataclasses.replace(model, cell=dataclasses.replace(rhn, depth=2))
+    small_params = dict(params, cell=dict(rp, R=rp["R"][:2], b=rp["b"][:2]))
+    _, bypass = small.hidden(small_params, small.initial_carry(2), tokens)
+    np.testing.assert_allclose(lesioned, bypass, rtol=1e-6, atol=1e-7)
+    assert np.abs(np.asarray(lesioned - ys)).max() > 1e-2
+
+
+def test_mc_dropout(run, loaded):
+    _, _, corpus = run
+    model, params, _ = loaded
+    tokens = corpus.test[:300]
+    # K = 1 with all rates 0 is the deterministic batch-1 perplexity.
+    nll, count = train.make_evaluate(model)(params, tokens, 1, 50)
+    deterministic = np.exp(nll / count)
+    mc0 = analysis.mc_dropout_perplexity(model, params, tokens, dropout.Rates(), 1, num_steps=50)
+    assert mc0.num_tokens == count == 299
+    assert mc0.perplexity == pytest.approx(deterministic, rel=1e-5)
+    # Probabilities, not losses, are averaged: by Jensen the MC loss is below the
+    # mean single-pass loss when the passes differ.
+    params = perturbed(params, scale=0.2)
+    mc = analysis.mc_dropout_perplexity(model, params, tokens, RATES, 3, num_steps=50, seed=1)
+    single = np.log(mc.sample_perplexities)
+    assert len(set(mc.sample_perplexities)) == 3
+    assert mc.nll < single.mean() - 1e-4
+    assert len(mc.pass_s) == 3 and mc.seconds > 0
+    # Masks are drawn once per pass, not per window: the window length does not matter.
+    mc_long = analysis.mc_dropout_perplexity(model, params, tokens, RATES, 3, num_steps=299, seed=1)
+    assert mc_long.perplexity == pytest.approx(mc.perplexity, rel=1e-5)
+    with pytest.raises(ValueError, match="num_samples"):
+        analysis.mc_dropout_perplexity(model, params, tokens, RATES, 0)
+
+
+def cli(script, *args):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def png_shape(path):
+    assert path.is_file(), path
+    return matplotlib.image.imread(path).shape
+
+
+def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
+    workdir, data_dir, _ = run
+    out = cli(
+        "analyze.py",
+        f"--workdir={os.path.relpath(workdir, ROOT)}",  # relative: orbax needs it made absolute
+        f"--out={tmp_path}",
+        f"--data_dir={data_dir}",
+        "--noverify",
+        "--mc_samples=2",
+        "--max_eval_tokens=300",
+        "--lesion_tokens=1000",
+        "--lesion_batch_size=4",
+        "--heatmap_steps=30",
+        "--hist_tokens=200",
+        "--hist_times=50",
+    )
+    # Documented defaults: figsize (10, 4) / (6.4, 4) inches at 100 dpi.
+    assert png_shape(tmp_path / "gate_heatmap.png")[:2] == (400, 1000)
+    assert png_shape(tmp_path / "lesion.png")[:2] == (400, 640)
+    assert png_shape(tmp_path / "hsg_gates.png")[:2] == (400, 640)
+    assert out.count("lesion micro-layer") == DEPTH
+    assert "MC dropout K=2" in out
+    numbers = json.loads((tmp_path / "analysis.json").read_text())
+    assert len(numbers["lesion"]["ppl"]) == DEPTH
+    assert numbers["hsg_gate"]["num_values"] == 50 * HIDDEN
+    assert len(numbers["mc_dropout"]["sample_ppls"]) == 2
+    assert numbers["mc_dropout"]["rates"] == [RATES.x, RATES.i, RATES.h, RATES.o]
+    assert not (workdir / "gate_heatmap.png").exists(), "--out must be honoured"
+
+
+def test_plot_helpers_pixel_size(tmp_path):
+    records = [{"epoch": e, "valid_ppl": 300.0 / e} for e in (1, 2, 3)]
+    path = analysis.plot_learning_curves({"a": records}, tmp_path / "c.png", figsize=(5, 3), dpi=80)
+    assert png_shape(path)[:2] == (240, 400)
+    path = analysis.plot_ppl_vs_depth({"RHN": {10: 70.0}}, tmp_path / "d.png", dpi=50)
+    assert png_shape(path)[:2] == (200, 320)
+    path = analysis.plot_gate_histogram(np.linspace(0, 1, 100), tmp_path / "h.png", dpi=50)
+    assert png_shape(path)[:2] == (200, 320)
+
+
+def fake_run(root, name, depth, hsg, results=None, epochs=()):
+    workdir = root / name
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps({"depth": depth, "hsg": hsg}))
+    if results is not None:
+        (workdir / "results.json").write_text(json.dumps(results))
+    lines = [json.dumps({"epoch": e, "valid_ppl": v}) for e, v in epochs]
+    (workdir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def test_sweep_table_fills_only_measured_cells(tmp_path):
+    root = tmp_path / "sweep"
+    fake_run(root, "a", 10, False, {"valid_ppl": 68.04, "test_ppl": 65.96}, [(1, 200), (2, 120)])
+    fake_run(root, "b", 40, True, {"valid_ppl": 64.26, "test_ppl": 62.14}, [(1, 150), (2, 90)])
+    fake_run(root, "c", 20, True, None, [(1, 180)])  # still running: no results.json
+    fake_run(root, "d", 3, False, {"valid_ppl": 101.0, "test_ppl": 97.5})
+    out = cli("sweep.py", f"--root={root}", "--table")
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in out.splitlines()
+        if line.startswith("|")
+    ]
+    z, s = "65.4 (Zilly et al. 2017, RHN)", "61.7 (Shoham & Permuter, RHN+HSG)"
+    assert rows[2:] == [
+        ["3", "101.0", "97.5", "—", "—", "—"],
+        ["10", "68.0", "66.0", "—", "—", z],
+        ["20", "—", "—", "—", "—", "—"],
+        ["30", "—", "—", "—", "—", "—"],
+        ["40", "—", "—", "64.3", "62.1", s],
+    ]
+    assert "no results.json yet (not in the table): c" in out
+    assert png_shape(root / "learning_curves.png")[:2] == (400, 640)
+    assert png_shape(root / "ppl_vs_depth.png")[:2] == (400, 640)
+
+
+def test_sweep_dry_run_lists_eight_commands(tmp_path):
+    out = cli("sweep.py", f"--root={tmp_path}", "--dry_run", "--", "--preset=small", "--seed=3")
+    lines = out.strip().splitlines()
+    assert len(lines) == 8
+    seen = set()
+    for line in lines:
+        args = line.split()
+        assert args[1].endswith("experiments/ptb.py") and args[-2:] == [
+            "--preset=small",
+            "--seed=3",
+        ]
+        depth = next(int(a.split("=")[1]) for a in args if a.startswith("--depth="))
+        hsg = "--hsg" in args
+        assert ("--nohsg" in args) != hsg
+        seen.add((depth, hsg, next(a for a in args if a.startswith("--workdir="))))
+    assert {(d, h) for d, h, _ in seen} == {(d, h) for d in (10, 20, 30, 40) for h in (0, 1)}
+    assert len({w for *_, w in seen}) == 8
+    assert not any(tmp_path.iterdir()), "a dry run writes nothing"
