@@ -110,7 +110,7 @@ def run(dataset: str, load_corpus: Callable[..., data.Corpus], metric: str = "pp
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     _apply_preset()
-    config = {name: FLAGS[name].value for name in _FLAG_NAMES}
+    config = {"dataset": dataset, **{name: FLAGS[name].value for name in _FLAG_NAMES}}
     try:
         cells.RHN(FLAGS.hidden_size, FLAGS.depth)  # validates depth and size before any work
         rates = dropout.Rates(FLAGS.drop_x, FLAGS.drop_i, FLAGS.drop_h, FLAGS.drop_o)

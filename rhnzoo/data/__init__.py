@@ -16,6 +16,8 @@ from rhnzoo.data.common import (
     sha256_file,
     windows,
 )
+from rhnzoo.data.char import load_enwik8, load_ptb_char, load_text8
+from rhnzoo.data.music import load_jsb
 from rhnzoo.data.ptb import EOS, PTB_SHA256, PTB_URL, load_ptb
 
 __all__ = [
@@ -32,4 +34,8 @@ __all__ = [
     "PTB_SHA256",
     "PTB_URL",
     "load_ptb",
+    "load_enwik8",
+    "load_text8",
+    "load_ptb_char",
+    "load_jsb",
 ]

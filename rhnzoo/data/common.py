@@ -110,7 +110,8 @@ def ensure_files(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Corpus:
-    """A tokenised corpus: int32 1-D id arrays per split; `vocab[i]` is the word of id i."""
+    """A tokenised corpus: 1-D integer id arrays per split (int32 for words, uint8 for
+    byte-sized character vocabularies); `vocab[i]` is the symbol of id i."""
 
     train: np.ndarray
     valid: np.ndarray
