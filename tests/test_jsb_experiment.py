@@ -1,0 +1,107 @@
+"""experiments/jsb.py as a user runs it: a tiny study end to end, and bad flags."""
+
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "jsb.py"
+JSB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "jsb_chorales"
+
+
+def jsb(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def data_flags(tmp_path):
+    """The real pickle when RHNZOO_DATA has it, else a generated one in the same layout."""
+    if (JSB_DIR / "jsb_chorales.pickle").exists():
+        return [f"--data_dir={JSB_DIR}"]
+    rng = np.random.default_rng(0)
+    splits = {
+        split: [
+            [tuple(int(n) for n in rng.choice(np.arange(43, 97), 4)) for _ in range(length)]
+            for length in rng.integers(5, 20, k)
+        ]
+        for split, k in (("train", 12), ("valid", 4), ("test", 4))
+    }
+    (tmp_path / "jsb").mkdir()
+    (tmp_path / "jsb" / "jsb_chorales.pickle").write_bytes(pickle.dumps(splits, protocol=2))
+    return [f"--data_dir={tmp_path / 'jsb'}", "--noverify", "--nodownload"]
+
+
+def test_tiny_study_writes_results_table_and_plot(tmp_path):
+    workdir = tmp_path / "w"
+    args = [
+        *data_flags(tmp_path),
+        "--depths=1,2",
+        "--trials=2",
+        "--epochs=1",
+        "--width=6",
+        f"--workdir={workdir}",
+    ]
+    result = jsb(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    rows = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 2 * 2
+    assert {(r["arch"], r["depth"], r["trial"]) for r in rows} == {
+        (a, d, t) for a in ("rhn", "dtrnn", "dtsrnn") for d in (1, 2) for t in (0, 1)
+    }
+    # Same hyperparameter draw for every (arch, depth) of a trial; two trials differ.
+    for t in (0, 1):
+        assert len({r["lr"] for r in rows if r["trial"] == t}) == 1
+    assert rows[0]["lr"] != rows[-1]["lr"]
+    # Parameter counts matched across architectures at each depth: within 10 % at this tiny
+    # width, where one unit more or less is a 5 % step (e.g. DT(S)-RNN depth 2: 1,933 vs 1,840).
+    for d in (1, 2):
+        counts = [r["params"] for r in rows if r["depth"] == d]
+        assert max(counts) / min(counts) < 1.10
+    # Depth 1: DT(S)-RNN has no shortcut, so it is the DT-RNN (same width and init) exactly.
+    for t in (0, 1):
+        same = [
+            r["test_nll"]
+            for r in rows
+            if r["depth"] == 1 and r["trial"] == t and r["arch"] != "rhn"
+        ]
+        assert same[0] == same[1]
+
+    png = (workdir / "jsb_swarm.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    table = (workdir / "results.md").read_text()
+    body = [
+        line for line in table.splitlines() if line.startswith("| ") and "architecture" not in line
+    ]
+    labels = [tuple(c.strip() for c in line.split("|")[1:3]) for line in body]
+    assert labels == [
+        (arch, depth) for depth in ("1", "2") for arch in ("RHN", "DT-RNN", "DT(S)-RNN")
+    ]
+    for line in body:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[5] == "2"  # trials
+        assert float(cells[7]) > 0 and float(cells[8]) > 0  # best and median test NLL
+
+    # Rerunning with the same workdir skips the finished trials.
+    again = jsb(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len((workdir / "results.jsonl").read_text().splitlines()) == 12
+
+
+def test_bad_flags_fail_with_one_line(tmp_path):
+    for flag, message in [("--archs=lstm", "--archs"), ("--depths=0", "depth must be >= 1")]:
+        result = jsb(flag, f"--workdir={tmp_path / 'w'}", "--data_dir=/nonexistent", "--nodownload")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode != 0 and len(lines) == 1, result.stderr
+        assert lines[0].startswith("error: ") and message in lines[0]
+    assert not (tmp_path / "w").exists()
