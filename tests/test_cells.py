@@ -7,6 +7,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import np_tree, random_params
 
 from rhnzoo import cells
 
@@ -32,19 +33,6 @@ def numpy_hsg_step(p, x, s_prev, mask, coupled):
     s_l = numpy_rhn_step(c["W"], c["R"], c["b"], x, s_prev, mask, coupled)
     g = sigmoid(s_prev @ p["W_R"] + s_l @ p["W_F"] + p["b_G"])
     return g * s_prev + (1.0 - g) * s_l
-
-
-def random_params(params, key, scale=0.5):
-    """Replaces every leaf by random values, so biases and gates are not at their init."""
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(
-        tree, [jax.random.normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
-    )
-
-
-def np_tree(t):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64), t)
 
 
 @pytest.mark.parametrize("depth", [1, 3])

@@ -7,6 +7,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import np_tree, random_params
 
 from rhnzoo import cells
 
@@ -23,18 +24,6 @@ def numpy_dt_step(p, x, h_prev, mask, shortcuts):
             pre = pre + h_in @ p["S"][l - 1]
         h = np.tanh(pre)
     return h
-
-
-def random_params(params, key, scale=0.5):
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(
-        tree, [jax.random.normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
-    )
-
-
-def np_tree(t):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64), t)
 
 
 CELLS = {"dtrnn": (cells.DTRNN, False), "dtsrnn": (cells.DTSRNN, True)}

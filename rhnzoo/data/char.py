@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import tarfile
 import zipfile
 
 import numpy as np
 
 from rhnzoo.data import common
 from rhnzoo.data.common import Corpus, DataError, ensure_files, resolve_data_dir
+from rhnzoo.data import ptb
 from rhnzoo.data.ptb import PTB_URL
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
@@ -186,20 +186,7 @@ def load_text8(
 
 
 def _download_ptb_char(tmp: pathlib.Path) -> None:
-    """Fetch Mikolov's archive into `tmp` and extract the three PTB-char files there."""
-    archive = tmp / "simple-examples.tgz"
-    common.fetch(PTB_URL, archive)
-    try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
-            for name in PTB_CHAR_SHA256:
-                member = members.get(f"simple-examples/data/{name}")
-                if member is None:
-                    raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
-                with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-    finally:
-        archive.unlink(missing_ok=True)
+    ptb.download_simple_examples(tmp, PTB_CHAR_SHA256)
 
 
 def _read_symbols(path: pathlib.Path) -> list[str]:

@@ -22,19 +22,28 @@ PTB_SHA256 = {
 EOS = "<eos>"
 
 
-def _download_ptb(tmp: pathlib.Path) -> None:
-    """Fetch Mikolov's archive into `tmp` and extract the three PTB text files there."""
+def download_simple_examples(tmp: pathlib.Path, names) -> None:
+    """Fetch Mikolov's archive into `tmp` and extract `simple-examples/data/<name>` there.
+
+    Raises: tarfile.TarError if a member is missing; OSError if the download fails.
+    """
     archive = tmp / "simple-examples.tgz"
     common.fetch(PTB_URL, archive)
-    with tarfile.open(archive, "r:gz") as tar:
-        members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
-        for name in PTB_SHA256:
-            member = members.get(f"simple-examples/data/{name}")
-            if member is None:
-                raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
-            with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    archive.unlink()
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
+            for name in names:
+                member = members.get(f"simple-examples/data/{name}")
+                if member is None:
+                    raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
+                with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _download_ptb(tmp: pathlib.Path) -> None:
+    download_simple_examples(tmp, PTB_SHA256)
 
 
 def _read_words(path: pathlib.Path) -> list[str]:
