@@ -29,7 +29,8 @@ import time
 import jax
 from absl import app, flags, logging
 
-from rhnzoo import analysis, data, dropout, train
+from rhnzoo import analysis, data, dropout
+from rhnzoo.training import lm as lm_training
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
 flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
@@ -138,7 +139,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
     # Deterministic vs MC-dropout perplexity.
     if FLAGS.mc_samples:
         t0 = time.perf_counter()
-        nll, count = train.make_evaluate(model)(
+        nll, count = lm_training.make_evaluate(model)(
             params, stream, FLAGS.mc_batch_size, FLAGS.eval_num_steps
         )
         det_s = time.perf_counter() - t0
@@ -153,7 +154,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
             batch_size=FLAGS.mc_batch_size,
             num_steps=FLAGS.eval_num_steps,
         )
-        results["deterministic"] = {"ppl": train.perplexity(nll, count), "seconds": det_s}
+        results["deterministic"] = {"ppl": lm_training.perplexity(nll, count), "seconds": det_s}
         results["mc_dropout"] = {
             "samples": FLAGS.mc_samples,
             "rates": [rates.x, rates.i, rates.h, rates.o],
@@ -166,7 +167,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
         }
         print(
             f"{FLAGS.split} perplexity, batch {FLAGS.mc_batch_size}, {mc.num_tokens} tokens: "
-            f"deterministic {train.perplexity(nll, count):.3f} ({det_s:.1f} s incl. compile); "
+            f"deterministic {lm_training.perplexity(nll, count):.3f} ({det_s:.1f} s incl. compile); "
             f"MC dropout K={FLAGS.mc_samples} {mc.perplexity:.3f} "
             f"({mc.seconds:.1f} s: compile {mc.compile_s:.1f} s + "
             f"{sum(mc.pass_s) / len(mc.pass_s):.1f} s per pass)"

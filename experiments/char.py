@@ -12,8 +12,6 @@ The data are downloaded on first use (enwik8.zip 36 MB, text8.zip 31 MB, PTB fro
 ``<workdir>/results.json``.
 """
 
-import functools
-
 from absl import app, flags
 
 from rhnzoo import cli
@@ -44,16 +42,14 @@ PRESETS = {
 }  # fmt: skip
 
 flags.DEFINE_enum("dataset", "enwik8", list(LOADERS), "Character-level data set.")
-flags.DEFINE_boolean("verify_data", True, "Check the sha256 of data files already on disk "
-                     "(--noverify_data: files of your own; downloads are always checked).")  # fmt: skip
-cli.define_flags(ENWIK8_SOTA, PRESETS)
+cli.define_lm_flags(ENWIK8_SOTA, PRESETS)
+flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     del argv
-    load = functools.partial(LOADERS[FLAGS.dataset], verify=FLAGS.verify_data)
-    cli.run(FLAGS.dataset, load, metric="bpc")
+    cli.main(lambda: cli.run_lm(FLAGS.dataset, LOADERS[FLAGS.dataset], metric="bpc"))
 
 
 if __name__ == "__main__":

@@ -33,16 +33,15 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import sys
 import time
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
-from rhnzoo import cells, polyphonic
-from rhnzoo.data.common import DataError
+from rhnzoo import cells, cli
 from rhnzoo.data.music import load_jsb
+from rhnzoo.training import engine, polyphonic
 
 ARCHS = {
     "rhn": lambda n, depth, init_scale, init_bias: cells.RHN(
@@ -66,37 +65,28 @@ PRESETS = {
     "cpu": {"width": 32, "trials": 10, "epochs": 25, "batch_size": 16},
 }
 
-flags.DEFINE_enum(
-    "preset", None, list(PRESETS), "Named setting (flags given explicitly still win)."
-)
+cli.define_presets(PRESETS)
+cli.define_data_flags()
 flags.DEFINE_list("archs", ["rhn", "dtrnn", "dtsrnn"], f"Architectures, from {list(ARCHS)}.")
 flags.DEFINE_list("depths", ["1", "2", "4", "6"], "Recurrence (transition) depths.")
 flags.DEFINE_integer("trials", 20, "Random-search trials per (architecture, depth).")
-flags.DEFINE_integer("epochs", 40, "Epochs per trial (best validation epoch kept).")
+flags.DEFINE_integer("epochs", 40, "Epochs per trial (best validation epoch kept; alias "
+                     "--max_epochs).")
+flags.DEFINE_alias("max_epochs", "epochs")
+flags.DEFINE_integer("max_steps", None, "Stop every trial after this many steps (>= 1).")
 flags.DEFINE_integer(
     "width", 64, "RHN width defining the target parameter count at each depth (see above)."
 )
 flags.DEFINE_integer("batch_size", 16, "Sequences per SGD step (whole-sequence BPTT).")
 flags.DEFINE_integer("seed", 0, "Seed of the hyperparameter draws, initialisation, shuffling.")
-flags.DEFINE_string("workdir", None, "Output directory (default: runs/jsb_<preset or full>).")
-flags.DEFINE_string(
-    "data_dir",
-    None,
-    "Directory with jsb_chorales.pickle (default: $RHNZOO_DATA/jsb_chorales, else the "
-    "user cache; downloaded if absent).",
-)
-flags.DEFINE_boolean("download", True, "Download the pickle when it is absent.")
-flags.DEFINE_boolean("verify", True, "Check the sha256 of a pickle already on disk.")
+flags.DEFINE_string("workdir", None, "Output directory (default: runs/jsb_<preset or full>); "
+                    "rerunning with it skips the finished trials.")
+flags.DEFINE_alias("verify", "verify_data")
+flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 # Settings that must match for a rerun to extend an existing results.jsonl.
-RUN_KEYS = ("width", "epochs", "batch_size", "seed")
-
-
-def apply_preset() -> None:
-    for name, value in PRESETS.get(FLAGS.preset, {}).items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
+RUN_KEYS = ("width", "epochs", "batch_size", "seed", "max_steps")
 
 
 def sample_hparams(seed: int, trial: int) -> dict:
@@ -144,7 +134,11 @@ def plan(archs, depths, width) -> dict:
 def read_results(path: pathlib.Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:  # strict JSON stores a non-finite NLL as null
+        for key in ("valid_nll", "test_nll"):
+            row[key] = math.inf if row[key] is None else row[key]
+    return rows
 
 
 def summarise(rows: list[dict], archs, depths, sizes) -> str:
@@ -212,39 +206,28 @@ def swarm_plot(rows: list[dict], archs, depths, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main(argv) -> None:
-    del argv
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    apply_preset()
+def study() -> None:
+    cli.apply_preset()
+    unknown = [a for a in FLAGS.archs if a not in ARCHS]
+    if unknown or not FLAGS.archs:
+        raise ValueError(f"--archs must be a non-empty subset of {list(ARCHS)}, got {unknown}")
     try:
-        unknown = [a for a in FLAGS.archs if a not in ARCHS]
-        if unknown or not FLAGS.archs:
-            raise ValueError(f"--archs must be a non-empty subset of {list(ARCHS)}, got {unknown}")
-        try:
-            depths = [int(d) for d in FLAGS.depths]
-        except ValueError:
-            raise ValueError(f"--depths must be integers, got {FLAGS.depths}") from None
-        checks = [(name, FLAGS[name].value) for name in ("trials", "epochs", "width", "batch_size")]
-        for name, value in checks + [("depth", d) for d in depths]:
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        archs = list(dict.fromkeys(FLAGS.archs))
-        depths = list(dict.fromkeys(depths))
-        data = load_jsb(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify)
-        workdir = pathlib.Path(FLAGS.workdir or f"runs/jsb_{FLAGS.preset or 'full'}")
-        run = {k: FLAGS[k].value for k in RUN_KEYS}
-        config_path = workdir / "config.json"
-        if config_path.exists() and json.loads(config_path.read_text()) != run:
-            raise ValueError(
-                f"{workdir} holds a run with other settings ({config_path.read_text().strip()}); "
-                "use another --workdir"
-            )
-    except (ValueError, DataError) as e:
-        sys.exit(f"error: {e}")
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps(run) + "\n")
+        depths = [int(d) for d in FLAGS.depths]
+    except ValueError:
+        raise ValueError(f"--depths must be integers, got {FLAGS.depths}") from None
+    checks = [(name, FLAGS[name].value) for name in ("trials", "epochs", "width", "batch_size")]
+    checks += [("max_steps", FLAGS.max_steps)] if FLAGS.max_steps is not None else []
+    for name, value in checks + [("depth", d) for d in depths]:
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    archs = list(dict.fromkeys(FLAGS.archs))
+    depths = list(dict.fromkeys(depths))
+    data = load_jsb(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
+    workdir = engine.prepare_workdir(
+        FLAGS.workdir or f"runs/jsb_{FLAGS.preset or 'full'}",
+        {k: FLAGS[k].value for k in RUN_KEYS},
+        resumable_keys=(),
+    )
     results_path = workdir / "results.jsonl"
     rows = read_results(results_path)
     done = {(r["arch"], r["depth"], r["trial"]) for r in rows}
@@ -284,6 +267,7 @@ def main(argv) -> None:
                     epochs=FLAGS.epochs,
                     key=key,
                     params=init_model.init(jax.random.fold_in(key, 1)),
+                    max_steps=FLAGS.max_steps,
                 )
                 row = dict(
                     arch=arch,
@@ -301,7 +285,7 @@ def main(argv) -> None:
                 )
                 rows.append(row)
                 with open(results_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")  # inf/nan are written as Infinity/NaN
+                    f.write(json.dumps(engine.strict(row)) + "\n")  # inf/nan as null
                 print(
                     f"[{len(rows):4d}/{total}] {LABELS[arch]:>9} d{depth} t{trial}: "
                     f"lr {hp['lr']:.3g} mom {hp['momentum']:.3f} clip {hp['max_grad_norm']:.3g} "
@@ -324,6 +308,11 @@ def main(argv) -> None:
     print(table)
     print(f"wrote {workdir / 'results.md'}, {workdir / 'jsb_swarm.png'}, {results_path}")
     print(f"total {time.perf_counter() - start:.0f} s")
+
+
+def main(argv) -> None:
+    del argv
+    cli.main(study)
 
 
 if __name__ == "__main__":

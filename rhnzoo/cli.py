@@ -1,19 +1,34 @@
-"""absl flags and main function shared by the language-model experiments.
+"""absl flags and the main wrapper shared by every experiment in ``experiments/``.
 
-``experiments/ptb.py`` (word level) and ``experiments/char.py`` (character
-level) differ only in their data set, defaults, presets and metric; everything
-else (flags, validation, model construction, training) lives here.
+* :func:`define_run_flags`: the run engine's flags (``--workdir``, ``--seed``,
+  ``--max_steps``, ``--max_epochs``, ``--checkpoint_every_steps``, ``--log_every``,
+  ``--progress``, ``--tensorboard``, ``--divergence_factor``) and the data flags
+  (``--data_dir``, ``--download``, ``--verify_data``), the same names and meanings
+  in every script; :func:`run_config` turns them into an engine ``RunConfig``.
+* :func:`define_presets` / :func:`apply_preset`: ``--preset=NAME`` overrides
+  defaults; flags given explicitly still win.
+* :func:`main`: what every script's ``main`` runs in: signals caught first, orbax
+  logging quiet, and one ``error: ...`` line (exit 1) for any error a user can
+  cause; exit 128 + N after signal N (the state saved). ``RHNZOO_TRACEBACK=1``
+  shows the traceback instead.
+* :func:`define_lm_flags` / :func:`run_lm`: the language-model experiments
+  (``experiments/ptb.py``, ``experiments/char.py``).
+
+Scripts call ``flags.adopt_module_key_flags(cli)`` so that ``--help`` lists these
+flags with their own.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-import jax
 from absl import flags, logging
 
-from rhnzoo import cells, data, dropout, lm, train
+from rhnzoo.data.common import DataError
+from rhnzoo.training import engine
 
 FLAGS = flags.FLAGS
 
@@ -24,37 +39,119 @@ PTB_SOTA = dict(
     batch_size=20, drop_x=0.25, drop_i=0.75, drop_h=0.25, drop_o=0.75, tied=True,
 )  # fmt: skip
 
-_FLAG_NAMES: list[str] = []
+# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
+HSG_RHN_INIT_BIAS = -2.5
+
+RUN_FLAGS = ("workdir", "seed", "max_steps", "max_epochs", "checkpoint_every_steps",
+             "log_every", "progress", "tensorboard", "divergence_factor")  # fmt: skip
+DATA_FLAGS = ("data_dir", "download", "verify_data")
+_PRESETS: dict[str, dict[str, Any]] = {}
 
 
-def define_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -> None:
+def define_run_flags(*, log_every: int = 100, data: bool = True) -> None:
+    """Defines the run engine's flags (and the data flags); call once, at import."""
+    flags.DEFINE_string("workdir", None, "Run directory; rerunning with it resumes "
+                        "(default: runs/<dataset>_<settings>).")  # fmt: skip
+    flags.DEFINE_integer("seed", 0, "Random seed (initialisation, dropout, batch order).")
+    flags.DEFINE_integer("max_steps", None, "Stop after this many train steps in all "
+                         "(>= 1; evaluation is then batched unless --eval_batch_size).")  # fmt: skip
+    flags.DEFINE_integer("max_epochs", None, "Stop after this many epochs in all (>= 1).")
+    flags.DEFINE_integer("checkpoint_every_steps", 0, "Also checkpoint every N steps "
+                         "(0: at the end of every epoch only).")  # fmt: skip
+    flags.DEFINE_integer("log_every", log_every, "Steps between training-loss lines.")
+    flags.DEFINE_boolean("progress", True, "Show progress bars (training and evaluation).")
+    flags.DEFINE_boolean("tensorboard", False, "Also write TensorBoard event files to "
+                         "<workdir>/tensorboard (pip install 'rhnzoo[tensorboard]').")  # fmt: skip
+    flags.DEFINE_float("divergence_factor", 2.0, "Stop when the training loss exceeds this "
+                       "multiple of the chance-level loss (0: only on NaN/inf).")  # fmt: skip
+    if data:
+        define_data_flags()
+
+
+def define_data_flags() -> None:
+    """``--data_dir``, ``--download``, ``--verify_data`` (call once, at import)."""
+    flags.DEFINE_string("data_dir", None, "Directory with the data files (default: "
+                        "$RHNZOO_DATA/<dataset>, else the user cache).")  # fmt: skip
+    flags.DEFINE_boolean("download", True, "Download the data when the files are absent.")
+    flags.DEFINE_boolean("verify_data", True, "Check the sha256 of data files already on "
+                         "disk (--noverify_data: files of your own).")  # fmt: skip
+
+
+def run_config(epochs: int) -> engine.RunConfig:
+    """The engine settings from the run flags. Raises ValueError for a bad value."""
+    return engine.RunConfig(
+        epochs=epochs, seed=FLAGS.seed, max_steps=FLAGS.max_steps, max_epochs=FLAGS.max_epochs,
+        checkpoint_every_steps=FLAGS.checkpoint_every_steps, log_every=FLAGS.log_every,
+        progress=FLAGS.progress, tensorboard=FLAGS.tensorboard,
+        divergence_factor=FLAGS.divergence_factor,
+    )  # fmt: skip
+
+
+def define_presets(presets: dict[str, dict[str, Any]]) -> None:
+    flags.DEFINE_enum("preset", None, list(presets) or ["none"], "Named setting overriding "
+                      "the defaults (flags given explicitly still win).")  # fmt: skip
+    _PRESETS.clear()
+    _PRESETS.update(presets)
+
+
+def apply_preset() -> dict[str, Any]:
+    """Sets the preset's values on flags not given explicitly; returns the preset."""
+    preset = _PRESETS.get(FLAGS.preset, {})
+    for name, value in preset.items():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
+    return preset
+
+
+def main(fn: Callable[[], Any]) -> Any:
+    """Runs an experiment's body with the shared error, signal and logging handling."""
+    engine.catch_signals()
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    try:
+        return fn()
+    except (ValueError, DataError, engine.RunError) as e:
+        if os.environ.get("RHNZOO_TRACEBACK"):
+            raise
+        sys.exit(f"error: {' '.join(str(e).split())}")
+    except engine.Interrupted as e:
+        sys.exit(128 + e.signum)
+
+
+# ----------------------------------------------------------------- language models
+
+_LM_FLAGS: list[str] = []
+
+
+def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -> None:
     """Defines every language-model flag with the given defaults (call once, at import)."""
     d = defaults
 
-    def define(kind, name, default, help_):
-        if kind == "enum_auto":
-            flags.DEFINE_enum(name, default, ["auto", "fused", "reference"], help_)
-        elif kind == "enum_dtype":
-            flags.DEFINE_enum(name, default, ["float32", "bfloat16"], help_)
+    def define(kind, name, default, help_, enum_values=None):
+        if kind == "enum":
+            flags.DEFINE_enum(name, default, enum_values, help_)
         else:
             getattr(flags, f"DEFINE_{kind}")(name, default, help_)
-        _FLAG_NAMES.append(name)
+        _LM_FLAGS.append(name)
 
-    flags.DEFINE_enum("preset", None, list(presets), "Named setting overriding the defaults "
-                      "(flags given explicitly still win).")  # fmt: skip
-    _FLAG_NAMES.append("preset")
+    define_presets(presets)
+    define_run_flags()
     define("integer", "depth", d["depth"], "Recurrence depth L (micro-layers per time step).")
     define("integer", "hidden_size", d["hidden_size"], "Units per micro-layer.")
-    define("boolean", "hsg", False, "Add the Highway State Gate (Shoham & Permuter).")
+    define("boolean", "hsg", False, "Add the Highway State Gate (Shoham & Permuter); the RHN "
+           f"T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")  # fmt: skip
     define("float", "hsg_init_bias", -2.5, "Initial HSG gate bias b_G.")
     define("boolean", "coupled", True, "Coupled carry gate C = 1 - T.")
     define("boolean", "tied", d["tied"], "Tie the embedding and softmax weights.")
     define("float", "init_scale", d["init_scale"], "Uniform initialisation half-width.")
-    define("float", "init_bias", d["init_bias"], "Initial transform-gate bias.")
+    define("float", "init_bias", d["init_bias"], "Initial transform-gate bias (with --hsg: "
+           f"{HSG_RHN_INIT_BIAS} unless given).")  # fmt: skip
     define("float", "lr", d["lr"], "Initial SGD learning rate (loss summed over time / batch).")
     define("float", "lr_decay", d["lr_decay"], "Learning-rate divisor per epoch after max_epoch.")
     define("integer", "max_epoch", d["max_epoch"], "Epochs at constant learning rate.")
-    define("integer", "max_max_epoch", d["max_max_epoch"], "Total epochs.")
+    define("integer", "max_max_epoch", d["max_max_epoch"], "Total epochs of the schedule "
+           "(alias --epochs).")  # fmt: skip
+    flags.DEFINE_alias("epochs", "max_max_epoch")
     define("float", "weight_decay", d["weight_decay"], "L2 coefficient (on 0.5 ||theta||^2).")
     define("float", "max_grad_norm", d["max_grad_norm"], "Global-norm gradient clipping.")
     define("integer", "num_steps", d["num_steps"], "Truncated-BPTT window length.")
@@ -64,81 +161,66 @@ def define_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -
     define("float", "drop_h", d["drop_h"], "Dropout probability on the recurrent state.")
     define("float", "drop_o", d["drop_o"], "Dropout probability on the cell output.")
     define("integer", "unroll", 1, "Time steps per lax.scan iteration.")
-    define("enum_auto", "scan_impl", "auto", "Time-scan implementation: 'fused' (hand-written "
+    define("enum", "scan_impl", "auto", "Time-scan implementation: 'fused' (hand-written "
            "backward pass, coupled RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' "
-           "(fused where supported).")  # fmt: skip
+           "(fused where supported).", enum_values=["auto", "fused", "reference"])  # fmt: skip
     define("boolean", "remat", False, "Recompute time steps in the backward pass (less memory).")
-    define("enum_dtype", "dtype", "float32", "Matmul input dtype (float32 accumulation); "
-           "bfloat16 needs the fused scan.")  # fmt: skip
+    define("enum", "dtype", "float32", "Matmul input dtype (float32 accumulation); bfloat16 "
+           "needs the fused scan.", enum_values=["float32", "bfloat16"])  # fmt: skip
     define("boolean", "distributed", False, "Call jax.distributed.initialize() first "
            "(multi-host: coordinator settings from the environment or the TPU/SLURM runtime).")  # fmt: skip
-    define("integer", "seed", 0, "Random seed (initialisation and dropout).")
-    define("string", "data_dir", None, "Directory with the data files (default: "
-           "$RHNZOO_DATA/<dataset>, else the user cache; downloaded if absent).")  # fmt: skip
-    define("boolean", "download", True, "Download the data when the files are absent.")
-    define("string", "workdir", None, "Run directory (default: runs/<dataset>_<settings>).")
-    define("integer", "max_steps", None, "Stop after this many train steps.")
-    define("integer", "max_epochs", None, "Stop after this many epochs.")
-    define("integer", "checkpoint_every_steps", 0, "Also checkpoint every N steps.")
-    define("integer", "eval_batch_size", 1, "Final evaluation batch size (1: reference).")
+    define("integer", "eval_batch_size", None, "Final evaluation batch size (default: 1, the "
+           "reference protocol, for a full run; the training batch for a run cut short).")  # fmt: skip
     define("integer", "eval_num_steps", 100, "Window length of evaluation scans.")
-    define("integer", "log_every", 100, "Steps between loss readouts.")
-    define("boolean", "progress", True, "Show a progress bar.")
-    _PRESETS.update(presets)
 
 
-_PRESETS: dict[str, dict[str, Any]] = {}
-
-
-def _apply_preset() -> None:
-    for name, value in _PRESETS.get(FLAGS.preset, {}).items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
-
-
-def run(dataset: str, load_corpus: Callable[..., data.Corpus], metric: str = "ppl") -> None:
-    """The experiments' main: validate flags, load data, build the model, train.
+def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -> None:
+    """The language-model experiments' main: flags -> data -> model -> engine.
 
     Args:
-      dataset: name used in the default workdir, e.g. ``'ptb'``.
-      load_corpus: ``load_corpus(data_dir, download=...) -> Corpus``.
+      dataset: name used in the default workdir and config, e.g. ``'ptb'``.
+      load_corpus: ``load_corpus(data_dir, download=..., verify=...) -> Corpus``.
       metric: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
-
-    Exits with one ``error: ...`` line on stderr for invalid flags, missing data,
-    an incompatible workdir or a diverged run.
     """
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    _apply_preset()
-    config = {"dataset": dataset, **{name: FLAGS[name].value for name in _FLAG_NAMES}}
-    try:
-        cells.RHN(FLAGS.hidden_size, FLAGS.depth)  # validates depth and size before any work
-        rates = dropout.Rates(FLAGS.drop_x, FLAGS.drop_i, FLAGS.drop_h, FLAGS.drop_o)
-        cfg = train.TrainConfig(
-            lr=FLAGS.lr, lr_decay=FLAGS.lr_decay, max_epoch=FLAGS.max_epoch,
-            max_max_epoch=FLAGS.max_max_epoch, weight_decay=FLAGS.weight_decay,
-            max_grad_norm=FLAGS.max_grad_norm, batch_size=FLAGS.batch_size,
-            num_steps=FLAGS.num_steps, rates=rates, seed=FLAGS.seed, max_steps=FLAGS.max_steps,
-            max_epochs=FLAGS.max_epochs, checkpoint_every_steps=FLAGS.checkpoint_every_steps,
-            eval_batch_size=FLAGS.eval_batch_size, eval_num_steps=FLAGS.eval_num_steps,
-            log_every=FLAGS.log_every, progress=FLAGS.progress,
-        )  # fmt: skip
-        scan_impl = FLAGS.scan_impl
-        if scan_impl == "auto":
-            scan_impl = "fused" if FLAGS.coupled else "reference"
-        if FLAGS.distributed:
-            jax.distributed.initialize()
-        corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download)
-        model = lm.rhn_language_model(
-            corpus.vocab_size, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied,
-            coupled=FLAGS.coupled, init_scale=FLAGS.init_scale, init_bias=FLAGS.init_bias,
-            hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll, scan_impl=scan_impl,
-            remat=FLAGS.remat, dtype=FLAGS.dtype,
-        )  # fmt: skip
-        workdir = FLAGS.workdir or (
-            f"runs/{dataset}_{FLAGS.preset or 'default'}_d{FLAGS.depth}_n{FLAGS.hidden_size}"
-            f"{'_hsg' if FLAGS.hsg else ''}"
-        )
-        train.train(model, corpus, cfg, workdir, run_config=config, metric_name=metric)
-    except (ValueError, data.DataError, train.TrainingDiverged) as e:
-        sys.exit(f"error: {e}")
+    import jax  # noqa: F401  (imported late: --help stays fast)
+
+    from rhnzoo import cells, dropout
+    from rhnzoo.models import lm
+    from rhnzoo.training import lm as lm_training
+
+    preset = apply_preset()
+    if FLAGS.hsg and not FLAGS["init_bias"].present and "init_bias" not in preset:
+        FLAGS.init_bias = HSG_RHN_INIT_BIAS
+    config = {"dataset": dataset, **{name: FLAGS[name].value for name in _LM_FLAGS},
+              **{name: FLAGS[name].value for name in RUN_FLAGS + DATA_FLAGS}, "preset": FLAGS.preset}  # fmt: skip
+    cells.RHN(FLAGS.hidden_size, FLAGS.depth)  # validates depth and size before any work
+    rates = dropout.Rates(FLAGS.drop_x, FLAGS.drop_i, FLAGS.drop_h, FLAGS.drop_o)
+    cfg = lm_training.TrainConfig(
+        lr=FLAGS.lr, lr_decay=FLAGS.lr_decay, max_epoch=FLAGS.max_epoch,
+        max_max_epoch=FLAGS.max_max_epoch, weight_decay=FLAGS.weight_decay,
+        max_grad_norm=FLAGS.max_grad_norm, batch_size=FLAGS.batch_size,
+        num_steps=FLAGS.num_steps, rates=rates, eval_batch_size=FLAGS.eval_batch_size,
+        eval_num_steps=FLAGS.eval_num_steps,
+    )  # fmt: skip
+    run = run_config(FLAGS.max_max_epoch)
+    scan_impl = FLAGS.scan_impl
+    if scan_impl == "auto":
+        scan_impl = "fused" if FLAGS.coupled else "reference"
+    model = lm.rhn_language_model(
+        2, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied, coupled=FLAGS.coupled,
+        scan_impl=scan_impl, remat=FLAGS.remat, dtype=FLAGS.dtype,
+    )  # fmt: skip  (validates the model settings before the data are loaded)
+    if FLAGS.distributed:
+        jax.distributed.initialize()
+    corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
+    model = lm.rhn_language_model(
+        corpus.vocab_size, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied,
+        coupled=FLAGS.coupled, init_scale=FLAGS.init_scale, init_bias=FLAGS.init_bias,
+        hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll, scan_impl=scan_impl,
+        remat=FLAGS.remat, dtype=FLAGS.dtype,
+    )  # fmt: skip
+    workdir = FLAGS.workdir or (
+        f"runs/{dataset}_{FLAGS.preset or 'default'}_d{FLAGS.depth}_n{FLAGS.hidden_size}"
+        f"{'_hsg' if FLAGS.hsg else ''}"
+    )
+    lm_training.train(model, corpus, cfg, workdir, run, run_config=config, metric_name=metric)

@@ -1,7 +1,7 @@
 """Analysis tools on a tiny trained HSG(RHN) run: load_run, gates, lesions, MC dropout,
 the analyze/sweep CLIs and their PNGs.
 
-The run is trained by rhnzoo.train.train on a slice of real PTB when
+The run is trained by rhnzoo.training.lm.train on a slice of real PTB when
 $RHNZOO_DATA/ptb exists, else on a generated corpus written as ptb.*.txt files.
 """
 
@@ -20,7 +20,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import analysis, data, dropout, lm, train
+from rhnzoo import analysis, data, dropout
+from rhnzoo.models import lm
+from rhnzoo.training import engine
+from rhnzoo.training import lm as train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
@@ -63,12 +66,11 @@ def run(tmp_path_factory):
         lr=0.5,
         batch_size=4,
         num_steps=10,
-        max_steps=6,
         rates=RATES,
         eval_batch_size=4,
         eval_num_steps=50,
-        progress=False,
     )
+    run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=6, progress=False)
     run_config = {
         "hidden_size": HIDDEN,
         "depth": DEPTH,
@@ -86,7 +88,7 @@ def run(tmp_path_factory):
         "data_dir": str(data_dir),
     }
     workdir = tmp / "run"
-    train.train(model, corpus, cfg, workdir, run_config=run_config)
+    train.train(model, corpus, cfg, workdir, run, run_config=run_config)
     return workdir, data_dir, corpus
 
 
@@ -126,7 +128,7 @@ def test_load_run_round_trip(run, loaded, tmp_path):
     # Without best/, the latest training state's params are used.
     shutil.copytree(workdir, tmp_path / "nobest", ignore=shutil.ignore_patterns("best"))
     _, fallback, _ = analysis.load_run(tmp_path / "nobest")
-    assert_trees_equal(fallback, restore(workdir / "checkpoints")["params"])
+    assert_trees_equal(fallback, restore(workdir / "checkpoints")["state"]["task"]["params"])
     # No checkpoint / no config: a one-line ValueError.
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty/config.json").write_text(json.dumps({"hidden_size": 8, "depth": 2}))

@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo import cells, fused, lm
+from rhnzoo import cells
+from rhnzoo.cells import rhn_fused as fused
+from rhnzoo.models import lm
 
 
 def setup(depth, hsg, seed=0, B=3, m=5, n=6, T=7):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo.highway import Highway, Plain
+from rhnzoo.models.highway import Highway, Plain
 
 
 def np_sigmoid(z):

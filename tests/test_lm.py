@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo import cells, dropout, lm
+from rhnzoo import cells, dropout
+from rhnzoo.models import lm
 
 
 def small_model(tied=True, hsg=False, vocab=11):

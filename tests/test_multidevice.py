@@ -12,7 +12,9 @@ PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 
 SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
-    from rhnzoo import data, dropout, lm, train
+    from rhnzoo import data, dropout
+    from rhnzoo.models import lm
+    from rhnzoo.training import engine, lm as train
     assert jax.device_count() == 4, jax.devices()
     corpus = data.load_ptb(sys.argv[1])
     corpus = data.Corpus(corpus.train[:4000], corpus.valid[:800], corpus.test[:800], corpus.vocab)
@@ -20,22 +22,20 @@ SCRIPT = textwrap.dedent("""
     for n_dev in (1, 4):
         print("devices", n_dev, flush=True)
         model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True, scan_impl="fused")
-        cfg = train.TrainConfig(lr=0.5, batch_size=8, num_steps=10, progress=False, max_steps=60,
-                                eval_batch_size=4, rates=dropout.Rates(0.2, 0.3, 0.2, 0.3))
+        cfg = train.TrainConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
+                                rates=dropout.Rates(0.2, 0.3, 0.2, 0.3))
+        run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=60, progress=False)
         # One train step, compared parameter by parameter.
-        spe = data.num_windows(data.batchify(corpus.train, 8).shape[1], 10)
-        tx = train.make_optimizer(cfg, spe)
-        mesh = train.data_mesh(jax.devices()[:n_dev])
-        state, sh = train.shard_state(train.init_state(model, cfg, tx, jax.random.PRNGKey(0)), mesh)
-        rows = train.put(data.batchify(corpus.train, 8),
-                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None)))
-        state, nll = train.make_train_step(model, cfg, tx, spe, sh)(state, rows, jax.random.PRNGKey(1))
+        task = train.make_task(model, corpus, cfg, run, devices=jax.devices()[:n_dev])
+        state = task.init_state(jax.random.PRNGKey(0))
+        step = jax.jit(task.train_step, donate_argnums=0)
+        state, sums = step(state, task.get_batch(0, 0), jax.random.PRNGKey(1))
         assert len(state["carry"].sharding.device_set) == n_dev
         out[n_dev] = {"params": [np.asarray(p).tolist() for p in jax.tree.leaves(state["params"])],
-                      "nll": float(nll)}
+                      "nll": float(sums["loss"])}
         # A short run end to end.
-        res = train.train(model, corpus, cfg, sys.argv[2] + f"/d{n_dev}", devices=jax.devices()[:n_dev],
-                          run_config={})
+        res = train.train(model, corpus, cfg, sys.argv[2] + f"/d{n_dev}", run,
+                          devices=jax.devices()[:n_dev], run_config={})
         out[n_dev]["run"] = res
         out[n_dev]["metrics"] = open(sys.argv[2] + f"/d{n_dev}/metrics.jsonl").read()
     print("RESULT" + json.dumps(out), flush=True)

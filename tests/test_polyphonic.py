@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo import cells, polyphonic
+from rhnzoo import cells
+from rhnzoo.training import polyphonic
 
 
 def random_rolls(rng, lengths, density=0.08):

@@ -1,5 +1,6 @@
-"""The truncated-BPTT trainer on real PTB data: learning, determinism, exact resume."""
+"""Language modelling on the run engine with real PTB data: learning, determinism, exact resume."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,7 +11,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import data, dropout, lm, train
+from rhnzoo import data, dropout
+from rhnzoo.models import lm
+from rhnzoo.training import engine
+from rhnzoo.training import lm as train
 
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 
@@ -34,11 +38,12 @@ def train_losses(model, corpus, cfg, steps):
     spe = data.num_windows(rows.shape[1], cfg.num_steps)
     tx = train.make_optimizer(cfg, spe)
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
-    step = train.make_train_step(model, cfg, tx, spe)
-    losses = []
-    for _ in range(steps):
-        state, nll = step(state, rows, jax.random.PRNGKey(1))
-        losses.append(float(nll) / (cfg.batch_size * cfg.num_steps))
+    step = jax.jit(train.make_train_step(model, cfg, tx), donate_argnums=0)
+    rows, losses = jax.numpy.asarray(rows), []
+    for i in range(steps):
+        key = jax.random.fold_in(jax.random.PRNGKey(1), i)
+        state, sums = step(state, (rows, np.int32(i % spe)), key)
+        losses.append(float(sums["loss"]) / (cfg.batch_size * cfg.num_steps))
     return losses
 
 
@@ -58,32 +63,32 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
     assert np.mean(losses[-50:]) < unigram_entropy - 0.1, (np.mean(losses[-50:]), unigram_entropy)
 
 
+RUN_FIELDS = {f.name for f in dataclasses.fields(engine.RunConfig)}
+
+
+def configs(**kw):
+    """(TrainConfig, RunConfig) from keyword settings of either."""
+    cfg = train.TrainConfig(**{k: v for k, v in kw.items() if k not in RUN_FIELDS})
+    run = engine.RunConfig(epochs=cfg.max_max_epoch,
+                           **{k: v for k, v in kw.items() if k in RUN_FIELDS})  # fmt: skip
+    return cfg, run
+
+
 def run(tmp_path, name, corpus, **kw):
     model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True)
-    cfg = train.TrainConfig(
-        **{
-            **dict(
-                lr=0.5,
-                batch_size=4,
-                num_steps=10,
-                progress=False,
-                eval_batch_size=2,
-                eval_num_steps=50,
-                max_epoch=1,
-                lr_decay=2.0,
-                rates=dropout.Rates(0.2, 0.3, 0.2, 0.3),
-            ),
-            **kw,
-        }
-    )
-    return train.train(model, corpus, cfg, tmp_path / name, run_config={"test": 1})
+    cfg, run_cfg = configs(**{**dict(lr=0.5, batch_size=4, num_steps=10, progress=False,
+                                      eval_batch_size=2, eval_num_steps=50, max_epoch=1,
+                                      lr_decay=2.0, rates=dropout.Rates(0.2, 0.3, 0.2, 0.3)),
+                               **kw})  # fmt: skip
+    return train.train(model, corpus, cfg, tmp_path / name, run_cfg, run_config={"test": 1})
 
 
 def latest_state(workdir):
+    """The engine's checkpointed state: ``{'step', 'task': {'params', ...}}``."""
     mngr = ocp.CheckpointManager(workdir / "checkpoints")
     state = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore())
     mngr.close()
-    return state
+    return state["state"]
 
 
 def test_interrupted_run_resumes_exactly(tmp_path, ptb):
@@ -116,10 +121,10 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, ptb):
 
 def test_incompatible_workdir_is_refused(tmp_path, ptb):
     corpus = ptb_slice(ptb, 1200, 300)
-    train.check_workdir(tmp_path / "w", {"depth": 2, "max_steps": 5})
-    train.check_workdir(tmp_path / "w", {"depth": 2, "max_steps": 50})  # run length may change
+    engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 5})
+    engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 50})  # run length may change
     with pytest.raises(ValueError, match="incompatible.*depth"):
-        train.check_workdir(tmp_path / "w", {"depth": 3, "max_steps": 5})
+        engine.prepare_workdir(tmp_path / "w", {"depth": 3, "max_steps": 5})
     del corpus
 
 
@@ -140,18 +145,10 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
     corpus = ptb_slice(ptb, 1200, 300)
     base = lm.rhn_language_model(corpus.vocab_size, 8, 1)
     model = NaNAfterThreeSteps(base.cell, base.vocab_size, base.embed_size)
-    cfg = train.TrainConfig(
-        lr=1.0,
-        batch_size=4,
-        num_steps=10,
-        progress=False,
-        log_every=1,
-        checkpoint_every_steps=2,
-        weight_decay=0.0,
-        max_grad_norm=1e9,
-    )
-    with pytest.raises(train.TrainingDiverged, match=r"non-finite.*at step 4.*step 2\) is intact"):
-        train.train(model, corpus, cfg, tmp_path / "nan", run_config={})
+    cfg, run_cfg = configs(lr=1.0, batch_size=4, num_steps=10, progress=False, log_every=1,
+                           checkpoint_every_steps=2, weight_decay=0.0, max_grad_norm=1e9)
+    with pytest.raises(engine.TrainingDiverged, match=r"non-finite.*at step 4.*step 2\) is intact"):
+        train.train(model, corpus, cfg, tmp_path / "nan", run_cfg, run_config={})
     assert int(latest_state(tmp_path / "nan")["step"]) == 2
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import _check_positive
+from rhnzoo.cells import check_positive
 
 Array = jax.Array
 Params = Any
@@ -42,8 +42,8 @@ class _Stack:
     activation: Callable[[Array], Array] = jax.nn.relu
 
     def __post_init__(self):
-        _check_positive("size", self.size)
-        _check_positive("depth", self.depth)
+        check_positive("size", self.size)
+        check_positive("depth", self.depth)
 
     def _init(self, key: Array, biases: list[float]) -> Params:
         """Stacked ``{'W': [depth, n, k n], 'b': [depth, k n]}``; block i of b is biases[i]."""

@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rhnzoo.cells.rhn import HSG, RHN
+
 Array = jax.Array
 
 
@@ -154,13 +156,11 @@ def unroll(
     Raises:
       ValueError: for an uncoupled RHN or any other cell.
     """
-    from rhnzoo import cells  # local import: cells does not depend on this module
-
     hsg = None
-    if isinstance(cell, cells.HSG):
+    if isinstance(cell, HSG):
         hsg = (params["W_R"], params["W_F"], params["b_G"])
         cell, params = cell.cell, params["cell"]
-    if not isinstance(cell, cells.RHN) or not cell.coupled:
+    if not isinstance(cell, RHN) or not cell.coupled:
         raise ValueError(f"the fused unroll supports coupled RHN and HSG(RHN) cells, got {cell}")
     x_proj = _dot(xs, params["W"], dtype)
     mask = jnp.ones_like(carry) if mask is None else mask

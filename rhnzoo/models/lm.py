@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rhnzoo import cells, fused
+from rhnzoo import cells
+from rhnzoo.cells import rhn_fused
 
 Array = jax.Array
 Params = Any
@@ -32,7 +33,7 @@ class LanguageModel:
       tied: share the embedding ``[V, n]`` as the softmax weights (transposed).
       init_scale: half-width of the uniform initialisation of embedding/softmax.
       unroll: time steps per ``lax.scan`` iteration.
-      scan_impl: ``'fused'`` (:mod:`rhnzoo.fused`, hand-written backward pass;
+      scan_impl: ``'fused'`` (:mod:`rhnzoo.cells.rhn_fused`, hand-written backward pass;
         coupled RHN and HSG(RHN) only) or ``'reference'`` (:func:`rhnzoo.cells.unroll`,
         plain autodiff; any cell). They compute the same function.
       remat: recompute each time step's activations in the backward pass.
@@ -101,7 +102,7 @@ class LanguageModel:
             xs = xs * (masks["x"].T[..., None] * masks["i"][None])
         mask_h = None if masks is None else masks["h"]
         if self.scan_impl == "fused":
-            carry, ys = fused.unroll(
+            carry, ys = rhn_fused.unroll(
                 self.cell,
                 params["cell"],
                 carry,

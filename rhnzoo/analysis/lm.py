@@ -1,9 +1,9 @@
-"""Analysis of trained RHN / HSG language models: gates, lesions, MC dropout, curves.
+"""Analysis of trained RHN / HSG language models: gates, lesions, MC dropout.
 
-Pure functions over ``(model, params)`` pairs plus matplotlib plotting helpers:
+Pure functions over ``(model, params)`` pairs (plots: :mod:`rhnzoo.analysis.plots`):
 
 * :func:`load_run`: rebuild the :class:`~rhnzoo.lm.LanguageModel` of a training
-  workdir (:func:`rhnzoo.train.train`) and restore its best parameters;
+  workdir (:func:`rhnzoo.training.lm.train`) and restore its best parameters;
 * :func:`gate_activity`: every micro-layer's transform gate T (and the HSG gate
   g) over a token sequence; :func:`plot_gate_heatmap` draws the mean T-gate
   activity per micro-layer over time (Zilly et al. 2017, sec. 6, Fig. 5b);
@@ -12,14 +12,9 @@ Pure functions over ``(model, params)`` pairs plus matplotlib plotting helpers:
   measure the loss (Zilly et al. 2017, sec. 6); :func:`plot_lesion`;
 * :func:`hsg_gate_sample` / :func:`plot_gate_histogram`: HSG gate values at
   random time steps (Shoham & Permuter, Fig. 7);
-* :func:`read_metrics`, :func:`plot_learning_curves` (valid perplexity vs epoch,
-  Shoham & Permuter, Fig. 6) and :func:`plot_ppl_vs_depth` (Fig. 8);
 * :func:`mc_dropout_perplexity`: Monte-Carlo dropout evaluation as in the
   reference code's ``evaluate_mc`` (``rhn_train.py``, ``mc_steps``).
 
-Plots are drawn on a bare :class:`matplotlib.figure.Figure` (no pyplot, no
-global state, works headless) and saved without ``bbox_inches='tight'``, so a
-PNG is exactly ``figsize * dpi`` pixels.
 """
 
 from __future__ import annotations
@@ -37,14 +32,19 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
-from matplotlib.figure import Figure
 
-from rhnzoo import cells, dropout, lm, train
+from rhnzoo import cells, dropout
+from rhnzoo.models import lm
+from rhnzoo.training import engine
+from rhnzoo.training import lm as lm_training
 
 Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
+
+__all__ = ["LESION_BIAS", "load_run", "run_label", "Gates", "gate_activity", "hsg_gate_sample",
+           "lesion_params", "LesionResult", "lesion_layers", "MCResult", "make_mc_pass",
+           "mc_dropout_perplexity"]  # fmt: skip
 
 # config.json keys forwarded to lm.rhn_language_model when present.
 _MODEL_KEYS = ("tied", "coupled", "init_scale", "init_bias", "hsg_init_bias", "unroll")
@@ -55,18 +55,6 @@ LESION_BIAS = -1e4
 
 
 # ----------------------------------------------------------------------------- runs
-
-
-def _restore(directory: pathlib.Path) -> Any | None:
-    """The latest checkpoint of an orbax CheckpointManager directory, as saved; or None."""
-    if not directory.is_dir():
-        return None
-    mngr = ocp.CheckpointManager(directory.absolute())  # orbax needs absolute paths
-    try:
-        step = mngr.latest_step()
-        return None if step is None else mngr.restore(step, args=ocp.args.StandardRestore())
-    finally:
-        mngr.close()
 
 
 def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any]]:
@@ -81,7 +69,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
     ``checkpoints/`` (a run stopped before its first validation).
 
     Args:
-      workdir: a directory written by :func:`rhnzoo.train.train`.
+      workdir: a directory written by :func:`rhnzoo.training.lm.train`.
 
     Returns:
       ``(model, params, config)``: the model, its float32 parameter pytree (the
@@ -100,10 +88,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
     missing = [k for k in ("hidden_size", "depth") if k not in config]
     if missing:
         raise ValueError(f"{config_path} lacks {', '.join(missing)}; cannot rebuild the model")
-    params = _restore(workdir / "best")
-    if params is None:
-        state = _restore(workdir / "checkpoints")
-        params = None if state is None else state["params"]
+    params = engine.restore_params(workdir)
     if params is None:
         raise ValueError(
             f"{workdir} has no checkpoint (neither best/ nor checkpoints/ holds a step); "
@@ -131,23 +116,6 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
 def run_label(config: Mapping[str, Any]) -> str:
     """``'RHN depth 10'`` or ``'RHN+HSG depth 40'`` from a run's config."""
     return f"RHN{'+HSG' if config.get('hsg') else ''} depth {config.get('depth', '?')}"
-
-
-def read_metrics(workdir: PathLike) -> list[dict[str, Any]]:
-    """The per-epoch records of ``workdir/metrics.jsonl``, one per epoch, in order.
-
-    A resumed run may have reported an epoch twice (once when interrupted, once
-    completed); the last record of each epoch wins. A missing file gives ``[]``.
-    """
-    path = pathlib.Path(workdir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    by_epoch: dict[int, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_epoch[int(record["epoch"])] = record
-    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 # ---------------------------------------------------------------------------- gates
@@ -338,7 +306,7 @@ def lesion_layers(
 ) -> LesionResult:
     """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
 
-    Evaluation is :func:`rhnzoo.train.make_evaluate` (no dropout, ``batch_size``
+    Evaluation is :func:`rhnzoo.training.lm.make_evaluate` (no dropout, ``batch_size``
     rows, carry across windows of ``num_steps``), compiled once and reused for
     the intact and the L lesioned parameter sets.
 
@@ -355,7 +323,7 @@ def lesion_layers(
       ValueError: for another cell type, or ``tokens`` too short for ``batch_size``.
     """
     rhn, *_ = _rhn_parts(model, params)
-    evaluate = train.make_evaluate(model)
+    evaluate = lm_training.make_evaluate(model)
     base, count = evaluate(params, tokens, batch_size, num_steps)
     nll = [
         evaluate(lesion_params(model, params, layer, bias), tokens, batch_size, num_steps)[0]
@@ -396,7 +364,7 @@ class MCResult:
 def make_mc_pass(model: lm.LanguageModel, rates: dropout.Rates):
     """Returns ``mc_pass(params, x, y, key) -> log p [W, B, T]``, jit-compiled.
 
-    ``x, y [W, B, T]`` are the windows of :func:`rhnzoo.train.eval_windows`. One
+    ``x, y [W, B, T]`` are the windows of :func:`rhnzoo.training.lm.eval_windows`. One
     set of dropout masks (:func:`rhnzoo.dropout.lm_masks`, ``rates``) is drawn
     from ``key`` for the whole pass: the word mask per (row, word type), the
     input/state/output masks per row, shared by every window, as the reference
@@ -470,7 +438,7 @@ def mc_dropout_perplexity(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    x, y, w = train.eval_windows(np.asarray(tokens), batch_size, num_steps)
+    x, y, w = lm_training.eval_windows(np.asarray(tokens), batch_size, num_steps)
     x, y, w = jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)
     key = jax.random.PRNGKey(seed)
     t0 = time.perf_counter()
@@ -483,193 +451,14 @@ def mc_dropout_perplexity(
         logp = mc_pass(params, x, y, jax.random.fold_in(key, k))
         logp.block_until_ready()
         pass_s.append(time.perf_counter() - t0)
-        sample_ppl.append(train.perplexity(-float((logp * w).sum()), count))
+        sample_ppl.append(lm_training.perplexity(-float((logp * w).sum()), count))
         lse = logp if lse is None else jnp.logaddexp(lse, logp)
     nll = -float(((lse - math.log(num_samples)) * w).sum()) / count
     return MCResult(
-        perplexity=train.perplexity(nll, 1.0),
+        perplexity=lm_training.perplexity(nll, 1.0),
         nll=nll,
         sample_perplexities=tuple(sample_ppl),
         num_tokens=int(count),
         compile_s=compile_s,
         pass_s=tuple(pass_s),
     )
-
-
-# ---------------------------------------------------------------------------- plots
-
-
-def _save(fig: Figure, path: PathLike) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=fig.dpi)
-    return path
-
-
-def plot_gate_heatmap(
-    t_gates: Array,
-    path: PathLike,
-    *,
-    row: int = 0,
-    labels: Sequence[str] | None = None,
-    title: str | None = None,
-    figsize: tuple[float, float] = (10.0, 4.0),
-    dpi: int = 100,
-) -> pathlib.Path:
-    """Heatmap of the mean T-gate activity per micro-layer over time (Zilly et al. Fig. 5b).
-
-    Args:
-      t_gates: ``[T, L, B, n]`` transform gates (:func:`gate_activity`).
-      path: PNG file to write (parent directories are created).
-      row: which batch row (example sequence) to draw.
-      labels: optional ``[T]`` input tokens as strings, shown under the x axis.
-      title: figure title.
-      figsize, dpi: the PNG is ``figsize[0] * dpi`` x ``figsize[1] * dpi`` pixels.
-
-    Returns:
-      ``path`` as a :class:`pathlib.Path`.
-    """
-    t_gates = np.asarray(t_gates)
-    activity = t_gates[:, :, row, :].mean(-1).T  # [L, T], mean over the n units
-    num_layers, num_steps = activity.shape
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
-    image = ax.imshow(activity, aspect="auto", interpolation="nearest", cmap="viridis")
-    ticks = range(0, num_layers, max(1, num_layers // 10))
-    ax.set_yticks(ticks, [str(l + 1) for l in ticks])
-    ax.set_ylabel("micro-layer l")
-    if labels is not None:
-        ax.set_xticks(range(num_steps), list(labels), rotation=90, fontsize=7)
-        ax.set_xlabel("input token (time step t)")
-    else:
-        ax.set_xlabel("time step t")
-    fig.colorbar(image, ax=ax, label="mean transform gate T")
-    ax.set_title(title or "Mean T-gate activity per micro-layer")
-    return _save(fig, path)
-
-
-def plot_lesion(
-    result: LesionResult,
-    path: PathLike,
-    *,
-    title: str | None = None,
-    figsize: tuple[float, float] = (6.4, 4.0),
-    dpi: int = 100,
-) -> pathlib.Path:
-    """Bar plot of the loss change per lesioned micro-layer (Zilly et al. sec. 6).
-
-    Bars are Δ loss in nats/token (= log of the perplexity ratio, so a layer whose
-    lesion multiplies perplexity by 20 does not hide the others); each bar is
-    annotated with the lesioned perplexity. The PNG is ``figsize * dpi`` pixels.
-    """
-    delta = result.delta_nll
-    layers = np.arange(1, delta.size + 1)
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
-    bars = ax.bar(layers, delta, color="tab:red")
-    ax.bar_label(bars, [f"{p:.0f}" if p < 1e6 else f"{p:.1e}" for p in result.ppl], fontsize=7)
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xticks(layers)
-    ax.set_xlabel("lesioned micro-layer l (T gate bias set to -1e4)")
-    ax.set_ylabel("Δ loss (nats/token)")
-    ax.text(
-        0.99,
-        0.98,
-        "bar labels: lesioned perplexity",
-        transform=ax.transAxes,
-        ha="right",
-        va="top",
-        fontsize=7,
-    )
-    ax.set_title(title or f"Lesioning: intact perplexity {result.base_ppl:.1f}")
-    return _save(fig, path)
-
-
-def plot_gate_histogram(
-    values: np.ndarray,
-    path: PathLike,
-    *,
-    bins: int = 50,
-    title: str | None = None,
-    figsize: tuple[float, float] = (6.4, 4.0),
-    dpi: int = 100,
-) -> pathlib.Path:
-    """Histogram of HSG gate values in [0, 1] (Shoham & Permuter, Fig. 7).
-
-    ``values``: any-shape gate values (:func:`hsg_gate_sample`). The y axis is the
-    fraction of values per bin. The PNG is ``figsize * dpi`` pixels.
-    """
-    values = np.asarray(values).reshape(-1)
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
-    ax.hist(values, bins=bins, range=(0.0, 1.0), weights=np.full(values.size, 1.0 / values.size))
-    ax.set_xlim(0.0, 1.0)
-    ax.set_xlabel("HSG gate g (1: keep previous state, 0: take new RHN state)")
-    ax.set_ylabel("fraction of values")
-    ax.set_title(title or f"HSG gate values ({values.size} values, mean {values.mean():.3f})")
-    return _save(fig, path)
-
-
-def plot_learning_curves(
-    curves: Mapping[str, Sequence[Mapping[str, Any]]],
-    path: PathLike,
-    *,
-    key: str = "valid_ppl",
-    title: str | None = None,
-    figsize: tuple[float, float] = (6.4, 4.0),
-    dpi: int = 100,
-) -> pathlib.Path:
-    """Validation perplexity vs epoch, one line per run (Shoham & Permuter, Fig. 6).
-
-    Args:
-      curves: label (e.g. :func:`run_label`) -> per-epoch records
-        (:func:`read_metrics`); runs without records are skipped.
-      path: PNG file; the image is ``figsize * dpi`` pixels.
-      key: the record field on the y axis (log scale).
-    """
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
-    for label, records in curves.items():
-        records = [r for r in records if key in r]
-        if records:
-            ax.plot([r["epoch"] for r in records], [r[key] for r in records], label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(key.replace("_", " "))
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    ax.set_title(title or "Learning curves")
-    return _save(fig, path)
-
-
-def plot_ppl_vs_depth(
-    series: Mapping[str, Mapping[int, float]],
-    path: PathLike,
-    *,
-    reference: Mapping[str, Mapping[int, float]] | None = None,
-    ylabel: str = "test perplexity",
-    title: str | None = None,
-    figsize: tuple[float, float] = (6.4, 4.0),
-    dpi: int = 100,
-) -> pathlib.Path:
-    """Perplexity vs recurrence depth L (Shoham & Permuter, Fig. 8).
-
-    Args:
-      series: label -> {depth: perplexity} measured here (lines with dots).
-      path: PNG file; the image is ``figsize * dpi`` pixels.
-      reference: label -> {depth: perplexity} published numbers (star markers).
-    """
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
-    for label, points in series.items():
-        depths = sorted(points)
-        ax.plot(depths, [points[d] for d in depths], "o-", label=label)
-    for label, points in (reference or {}).items():
-        depths = sorted(points)
-        ax.plot(depths, [points[d] for d in depths], "*", markersize=12, label=label)
-    ax.set_xlabel("recurrence depth L")
-    ax.set_ylabel(ylabel)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    ax.set_title(title or "Perplexity vs recurrence depth")
-    return _save(fig, path)

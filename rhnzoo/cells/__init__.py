@@ -1,0 +1,18 @@
+"""Recurrent cells as pure functions, all in one protocol (see :mod:`rhnzoo.cells.base`).
+
+Every cell has ``init``, ``initial_carry``, ``project_inputs`` and ``step`` and
+drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
+
+* :mod:`rhnzoo.cells.rhn`: ``RHN`` (Zilly et al. 2017), ``HSG`` (Shoham & Permuter);
+  :mod:`rhnzoo.cells.rhn_fused`: their fast unroll with a hand-written backward pass.
+* :mod:`rhnzoo.cells.deep_transition`: ``DTRNN``, ``DTSRNN`` (Pascanu et al. 2014).
+"""
+
+from rhnzoo.cells.base import Carry, Cell, Params, check_positive, keep_state_after_end, unroll
+from rhnzoo.cells.deep_transition import DTRNN, DTSRNN
+from rhnzoo.cells.rhn import HSG, RHN
+
+__all__ = [
+    "Carry", "Cell", "Params", "check_positive", "keep_state_after_end", "unroll",
+    "RHN", "HSG", "DTRNN", "DTSRNN",
+]  # fmt: skip

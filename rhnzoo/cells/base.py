@@ -1,0 +1,123 @@
+"""The cell protocol shared by every rhnzoo cell, and ``unroll``.
+
+A cell is a small frozen dataclass that holds only static hyperparameters. Its
+parameters are a plain pytree of arrays, and it exposes four pure functions:
+
+* ``init(key, input_size) -> params``
+* ``initial_carry(batch_size, dtype=float32) -> carry``
+* ``project_inputs(params, xs [T, B, m]) -> x_proj [T, B, k]``: the input-to-hidden
+  matmul for every time step at once, outside the recurrence (one large matmul);
+* ``step(params, carry, x_proj_t [B, k], mask=None) -> (carry, y_t)``: one time step.
+
+so that a cell drops into a user's own scan with nothing else from rhnzoo::
+
+    x_proj = cell.project_inputs(params, xs)
+    carry, ys = jax.lax.scan(functools.partial(cell.step, params), carry, x_proj)
+
+``mask`` is the cell's variational-dropout mask on the recurrent state (shape of
+the state, ``[B, n]``), sampled once per minibatch and shared by all time steps
+(see :mod:`rhnzoo.dropout`); ``None`` means no dropout (evaluation).
+
+Every leaf of a carry has the batch as its leading axis, so that variable-length
+batches can freeze finished rows (:func:`keep_state_after_end`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Params = Any
+Carry = Any
+
+
+class Cell(Protocol):
+    """The protocol every rhnzoo cell follows (RHN, HSG, DT-RNN, LSTM, GRU, RRN, ...)."""
+
+    hidden_size: int
+
+    def init(self, key: Array, input_size: int) -> Params: ...
+
+    def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> Carry: ...
+
+    def project_inputs(self, params: Params, xs: Array) -> Array: ...
+
+    def step(
+        self, params: Params, carry: Carry, x_proj: Array, mask: Array | None = None
+    ) -> tuple[Carry, Array]: ...
+
+
+def unroll(
+    cell: Cell,
+    params: Params,
+    carry: Carry,
+    xs: Array,
+    mask: Array | None = None,
+    *,
+    lengths: Array | None = None,
+    unroll: int = 1,
+    remat: bool = False,
+) -> tuple[Carry, Array]:
+    """Runs ``cell`` over a time-major sequence with ``jax.lax.scan``.
+
+    Args:
+      cell: any cell of the protocol above.
+      params: the cell's parameters (``cell.init``).
+      carry: initial carry, e.g. ``cell.initial_carry(B)`` (``[B, n]`` for RHN).
+      xs: ``[T, B, m]`` float inputs, time-major.
+      mask: the cell's recurrent dropout mask (``[B, n]``) or ``None``.
+      lengths: optional ``[B]`` int number of real steps per row (the rest is
+        padding): padded steps leave the carry unchanged and output zeros, so the
+        final carry of row b is its state after step ``lengths[b]``.
+      unroll: time steps per scan iteration (``lax.scan``'s ``unroll``).
+      remat: recompute each time step in the backward pass (less memory).
+
+    Returns:
+      ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
+    """
+    x_proj = cell.project_inputs(params, xs)
+    step = functools.partial(cell.step, params, mask=mask)
+    inputs = x_proj
+    if lengths is not None:
+        step = keep_state_after_end(step)
+        inputs = (x_proj, jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
+    step = jax.checkpoint(step) if remat else step
+    return jax.lax.scan(step, carry, inputs, unroll=unroll)
+
+
+def keep_state_after_end(step):
+    """Wraps ``step(carry, x_t) -> (carry, y_t)`` for padded batches.
+
+    The wrapped step takes ``(carry, (x_t, valid_t))`` with ``valid_t [B]`` bool:
+    rows where ``valid_t`` is false keep their carry and output zeros. Use it in
+    your own ``lax.scan`` with ``valid = arange(T)[:, None] < lengths[None, :]``.
+    """
+
+    def masked(carry, inputs):
+        x_t, valid = inputs
+        new, y = step(carry, x_t)
+
+        def pick(a, b):
+            v = valid.reshape(valid.shape + (1,) * (a.ndim - valid.ndim))
+            return jnp.where(v, a, b)
+
+        return jax.tree.map(pick, new, carry), pick(y, jnp.zeros_like(y))
+
+    return masked
+
+
+def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
+    """float32 ``shape`` array uniform in [-scale, scale]."""
+    return jax.random.uniform(key, shape, jnp.float32, -scale, scale)
+
+
+def check_positive(name: str, value: int) -> None:
+    """Raises ValueError unless ``value`` is an integer >= 1."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+

@@ -1,0 +1,91 @@
+"""Pieces shared by the classification tasks (feed-forward highway nets, sequence
+classifiers): shuffled minibatches as a pure function of (seed, epoch, index),
+softmax cross-entropy sums for the engine, and batched evaluation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Array = jax.Array
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order of ``n`` examples in ``epoch``: a permutation drawn from ``(seed, epoch)``
+    only, so batch k of epoch e is the same in a resumed run."""
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
+
+
+def batch_indices(seed: int, epoch: int, index: int, n: int, batch_size: int) -> np.ndarray:
+    """``[batch_size]`` example indices of batch ``index`` of ``epoch`` (the last partial
+    batch of an epoch is dropped: ``n // batch_size`` batches per epoch)."""
+    return epoch_permutation(seed, epoch, n)[index * batch_size : (index + 1) * batch_size]
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """``n // batch_size``. Raises ValueError if there is no full batch."""
+    if batch_size < 1 or n < batch_size:
+        raise ValueError(f"batch_size must be in [1, {n}] for {n} training examples, got {batch_size}")
+    return n // batch_size
+
+
+def xent_sums(logits: Array, labels: Array, weights: Array | None = None) -> dict[str, Array]:
+    """Softmax cross-entropy sums for the engine: ``{'loss': Σ CE (nats), 'count': Σ w,
+    'correct': Σ w 1[argmax = label]}`` over ``logits [B, C]``, ``labels [B]`` int."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    w = jnp.ones_like(ce) if weights is None else weights.astype(ce.dtype)
+    return {"loss": jnp.sum(ce * w), "count": jnp.sum(w), "correct": jnp.sum(hit * w)}
+
+
+def train_metrics(sums) -> dict[str, float]:
+    """Reported training metrics from summed ``xent_sums``: cross-entropy and accuracy."""
+    count = max(sums["count"], 1.0)
+    return {"train_xent": sums["loss"] / count, "train_acc": sums.get("correct", math.nan) / count}
+
+
+def evaluate(
+    sums_fn: Callable[..., dict[str, Array]],
+    params: Any,
+    arrays: tuple[np.ndarray, ...],
+    batch_size: int,
+    track: Callable | None = None,
+    desc: str = "",
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
+
+    Args:
+      sums_fn: jit-compiled ``sums_fn(params, *batch_arrays, weights) -> xent_sums``.
+      arrays: the dataset, each ``[N, ...]`` (e.g. ``(images, labels)``); the last
+        batch is zero-padded with weight 0, so every call has one shape.
+      batch_size: rows per call.
+      track: the engine's progress/signal iterator, if any.
+
+    Returns:
+      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}``.
+    """
+    n = len(arrays[0])
+    starts = range(0, n, batch_size)
+    if track is not None:
+        starts = track(starts, total=-(-n // batch_size), desc=desc)
+    totals = None
+    for start in starts:
+        part = [a[start : start + batch_size] for a in arrays]
+        pad = batch_size - len(part[0])
+        weights = np.concatenate([np.ones(len(part[0]), np.float32), np.zeros(pad, np.float32)])
+        part = [np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a
+                for a in part]  # fmt: skip
+        sums = sums_fn(params, *part, weights)
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = {k: float(v) for k, v in totals.items()}
+    return {"loss": totals["loss"] / totals["count"],
+            "accuracy": totals["correct"] / totals["count"], "count": int(totals["count"])}  # fmt: skip

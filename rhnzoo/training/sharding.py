@@ -1,0 +1,47 @@
+"""Data parallelism over a 1-D ``Mesh(("data",))``, multi-host safe.
+
+Batch rows (and anything per row, such as a truncated-BPTT carry) are sharded
+over the ``"data"`` axis; parameters and optimizer state are replicated; XLA's
+SPMD partitioner inserts the gradient all-reduce. Arrays are built with
+``jax.make_array_from_callback``, so each process supplies only its addressable
+shards from its own (identical) host copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def data_mesh(devices=None) -> jax.sharding.Mesh:
+    """A 1-D ``Mesh(("data",))`` over ``devices`` (default: every device of every host)."""
+    return jax.sharding.Mesh(np.asarray(devices or jax.devices()), ("data",))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def by_rows(mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Leading axis split over the ``"data"`` devices."""
+    return NamedSharding(mesh, P("data"))
+
+
+def put(x: Any, sharding: NamedSharding) -> jax.Array:
+    """``x`` (host or device array) as a global array with ``sharding``, multi-host safe."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def put_tree(tree: Any, sharding: NamedSharding) -> Any:
+    return jax.tree.map(lambda x: put(x, sharding), tree)
+
+
+def check_divisible(batch_size: int, mesh: jax.sharding.Mesh) -> None:
+    """Raises ValueError unless the batch splits evenly over the mesh's devices."""
+    if batch_size % mesh.size:
+        raise ValueError(f"batch_size {batch_size} is not divisible by the {mesh.size} devices")
