@@ -1,8 +1,8 @@
 r"""Train-step benchmark: tokens/s and model-FLOPs utilisation (MFU).
 
-  python -m rhnzoo.bench                                   # every configuration
-  python -m rhnzoo.bench --configs=ptb_sota --scan_impl=reference
-  python -m rhnzoo.bench --configs=ptb_d40_hsg --num_steps=200 --remat
+  python -m rhnzoo.bench.lm                                   # every configuration
+  python -m rhnzoo.bench.lm --configs=ptb_sota --scan_impl=reference
+  python -m rhnzoo.bench.lm --configs=ptb_d40_hsg --num_steps=200 --remat
 
 Times the full jit-compiled train step of :mod:`rhnzoo.train` (dropout masks,
 forward, backward, clipping, SGD update) after compilation, on whatever device
@@ -32,6 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from rhnzoo import data, dropout
+from rhnzoo.bench import matmul_peak
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 
@@ -64,20 +65,6 @@ def flops_per_token(c: dict) -> float:
     m = n if c["tied"] else min(V, n)
     forward = 2 * m * 2 * n + L * 2 * n * 2 * n + (4 * n * n if c["hsg"] else 0) + 2 * n * V
     return 3.0 * forward
-
-
-def matmul_peak(dtype=jnp.float32, size: int | None = None, reps: int = 5) -> float:
-    """Best FLOP/s of a large square matmul on the default device."""
-    size = size or (2048 if jax.default_backend() == "cpu" else 8192)
-    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
-    f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best
 
 
 def _memory(compiled) -> dict:
