@@ -168,10 +168,29 @@ def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]
     define("enum", "dtype", "float32", "Matmul input dtype (float32 accumulation); bfloat16 "
            "needs the fused scan.", enum_values=["float32", "bfloat16"])  # fmt: skip
     define("boolean", "distributed", False, "Call jax.distributed.initialize() first "
-           "(multi-host: coordinator settings from the environment or the TPU/SLURM runtime).")  # fmt: skip
+           "(several processes/hosts: settings from --coordinator_address, --num_processes, "
+           "--process_id when given, else from the TPU/SLURM/MPI/Kubernetes runtime).")  # fmt: skip
+    define("string", "coordinator_address", None, "With --distributed: host:port of process 0.")
+    define("integer", "num_processes", None, "With --distributed: number of processes.")
+    define("integer", "process_id", None, "With --distributed: this process's index.")
     define("integer", "eval_batch_size", None, "Final evaluation batch size (default: 1, the "
            "reference protocol, for a full run; the training batch for a run cut short).")  # fmt: skip
     define("integer", "eval_num_steps", 100, "Window length of evaluation scans.")
+
+
+def initialize_distributed() -> None:
+    """``jax.distributed.initialize`` with the --coordinator_address / --num_processes /
+    --process_id flags that are given (the rest from the cluster runtime). On CPU the
+    cross-process collectives use gloo."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    given = {k: FLAGS[k].value for k in ("coordinator_address", "num_processes", "process_id")
+             if FLAGS[k].value is not None}  # fmt: skip
+    try:
+        jax.distributed.initialize(**given)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"--distributed: jax.distributed.initialize failed: {e}") from None
 
 
 def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -> None:
@@ -211,7 +230,7 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -
         scan_impl=scan_impl, remat=FLAGS.remat, dtype=FLAGS.dtype,
     )  # fmt: skip  (validates the model settings before the data are loaded)
     if FLAGS.distributed:
-        jax.distributed.initialize()
+        initialize_distributed()
     corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
     model = lm.rhn_language_model(
         corpus.vocab_size, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied,

@@ -325,3 +325,31 @@ def test_experiment_on_own_enwik8_file(tmp_path):
     valid, test = final_bpc(result.stdout)
     vocab = len(set(raw))
     assert 0 < valid < 2 * math.log2(vocab) and 0 < test < 2 * math.log2(vocab)
+
+
+# --- one-line errors for bad files (issue 11 §2) --------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE))
+def test_ptb_char_empty_file_is_reported_as_empty(tmp_path, clean_env, name):
+    directory = write_fixture(tmp_path / "d", {**FIXTURE, name: ""})
+    with pytest.raises(data.DataError) as info:  # was: "symbol 'c' is not in the train vocabulary"
+        char.load_ptb_char(directory, download=False, verify=False)
+    assert str(info.value) == f"{directory / name} is empty"
+
+
+def test_ptb_char_non_utf8_file(tmp_path, clean_env):
+    directory = write_fixture(tmp_path / "d")
+    (directory / "ptb.char.train.txt").write_bytes(b"a _ b \n \xff \n ")  # 0xff: byte 8
+    with pytest.raises(data.DataError) as info:
+        char.load_ptb_char(directory, download=False, verify=False)
+    assert str(info.value) == (
+        f"{directory / 'ptb.char.train.txt'} is not UTF-8 text (byte 0xff at offset 8)"
+    )
+
+
+def test_missing_hint_names_the_data_set_subdirectory(tmp_path, clean_env):
+    with pytest.raises(data.DataError, match="with them in DIR/ptb_char$"):
+        char.load_ptb_char(tmp_path / "nonexistent", download=False)
+    with pytest.raises(data.DataError, match="with them in DIR/text8$"):
+        char.load_text8(tmp_path / "elsewhere", download=False)

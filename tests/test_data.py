@@ -211,3 +211,35 @@ def test_num_windows_errors():
     rows = data.batchify(np.arange(20), 10)  # rows of length 2
     with pytest.raises(ValueError):
         next(data.windows(rows, 2))
+
+
+# --- one-line errors for bad files (issue 11 §2) --------------------------------------
+
+
+def test_missing_hint_names_the_data_set_subdirectory(tmp_path, clean_env):
+    """--data_dir=/somewhere/nonexistent: the RHNZOO_DATA hint says DIR/ptb, not DIR/nonexistent."""
+    with pytest.raises(data.DataError) as info:
+        data.load_ptb(tmp_path / "nonexistent", download=False)
+    message = str(info.value)
+    assert "RHNZOO_DATA=DIR with them in DIR/ptb" in message
+    assert "DIR/nonexistent" not in message
+
+
+@pytest.mark.parametrize("name", PTB_FILES)
+@pytest.mark.parametrize("content", [b"", b" \n\n"])
+def test_empty_file_is_reported_as_empty(tmp_path, clean_env, name, content):
+    directory = write_fixture(tmp_path / "mine")
+    (directory / name).write_bytes(content)
+    with pytest.raises(data.DataError) as info:
+        data.load_ptb(directory, download=False, verify=False)
+    assert str(info.value) == f"{directory / name} is empty"
+
+
+def test_non_utf8_file_names_the_file_byte_and_offset(tmp_path, clean_env):
+    directory = write_fixture(tmp_path / "mine")
+    (directory / "ptb.valid.txt").write_bytes(b" c a\n \x93quoted\x94 a\n")  # cp1252 quotes
+    with pytest.raises(data.DataError) as info:
+        data.load_ptb(directory, download=False, verify=False)
+    assert str(info.value) == (
+        f"{directory / 'ptb.valid.txt'} is not UTF-8 text (byte 0x93 at offset 6)"
+    )

@@ -1,11 +1,11 @@
 """experiments/ptb.py as a user runs it: the headline command, bad flags, SIGTERM."""
 
+import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -103,24 +103,73 @@ def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
 
 @needs_ptb
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    """Waits for the first training-loss line (no sleeping past compilation), then SIGTERM."""
     workdir = tmp_path / "w"
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *TINY, "--max_steps=100000", f"--workdir={workdir}"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while not (workdir / "config.json").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(8)  # past start-up and compilation, into training
+        [sys.executable, str(SCRIPT), *TINY, "--max_steps=100000", "--log_every=1",
+         f"--workdir={workdir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("  step "):
+            break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by signal 15" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("stopped by signal 15 in training at step ") and err.strip() == "", err
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
-    assert saved and max(saved) > 0
+    assert saved and max(saved) > 0 and f"at step {max(saved)};" in last
     resumed = ptb(*TINY, f"--max_steps={max(saved) + 2}", f"--workdir={workdir}")
     assert resumed.returncode == 0, resumed.stderr
     assert f"step {max(saved) + 2:7d}" in resumed.stdout
+
+
+@needs_ptb
+@pytest.mark.parametrize(
+    "flag,message",
+    [
+        ("--max_steps=0", "--max_steps must be an integer >= 1"),
+        ("--max_epochs=-1", "--max_epochs must be an integer >= 1"),
+        ("--max_epochs=0", "--max_epochs must be an integer >= 1"),
+        ("--checkpoint_every_steps=-1", "--checkpoint_every_steps must be an integer >= 0"),
+        ("--log_every=0", "--log_every must be an integer >= 1"),
+    ],
+)
+def test_run_length_flags_are_validated(tmp_path, flag, message):
+    result = ptb(*TINY, flag, f"--workdir={tmp_path / 'w'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and lines == [f"error: {message}" + lines[0].split(message)[1]]
+    assert not (tmp_path / "w").exists()
+
+
+@needs_ptb
+def test_unusable_workdir_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    for workdir, message in [(tmp_path / "file", "exists and is not a directory"),
+                             (tmp_path / "file" / "sub", "cannot create workdir")]:  # fmt: skip
+        result = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
+
+
+@needs_ptb
+def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
+    tiny = [a for a in TINY if not a.startswith("--eval_batch_size")]
+    result = ptb(*tiny, "--max_steps=3", f"--workdir={tmp_path / 'w'}")
+    assert result.returncode == 0, result.stderr
+    final = [l for l in result.stdout.splitlines() if l.startswith("final")]
+    assert final and "eval batch 4, batched because the run was cut short" in final[0]
+    results = json.loads((tmp_path / "w" / "results.json").read_text())
+    assert results["eval_batch_size"] == 4 and results["eval_protocol"] == "batched"
+
+
+@needs_ptb
+@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5), (["--nohsg"], -2.0),
+                                         (["--hsg", "--init_bias=-1.0"], -1.0)])  # fmt: skip
+def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
+    """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates"."""
+    result = ptb(*TINY, *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert config["init_bias"] == bias and config["hsg_init_bias"] == -2.5

@@ -23,9 +23,8 @@ import zipfile
 
 import numpy as np
 
-from rhnzoo.data import common
+from rhnzoo.data import common, ptb
 from rhnzoo.data.common import Corpus, DataError, ensure_files, resolve_data_dir
-from rhnzoo.data import ptb
 from rhnzoo.data.ptb import PTB_URL
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
@@ -98,6 +97,7 @@ def _load_byte_corpus(
     directory = ensure_files(
         resolve_data_dir(name, data_dir),
         sha256,
+        name=name,
         download=_download_zip_member(url, member) if download else None,
         verify=verify,
         offline_hint=f"{member} is the member of {url} (unzip it there)",
@@ -192,7 +192,7 @@ def _download_ptb_char(tmp: pathlib.Path) -> None:
 def _read_symbols(path: pathlib.Path) -> list[str]:
     """``line.split() + [EOL]`` for each line; trailing whitespace after the last
     newline (the real files end with ``"\\n "``) is not a line."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = common.read_text(path).split("\n")
     if not lines[-1].strip():
         lines.pop()
     symbols: list[str] = []
@@ -220,12 +220,13 @@ def load_ptb_char(
       than 256 symbols); real data: 5,017,482 / 393,042 / 442,423 symbols,
       vocab_size 50.
     Raises:
-      DataError: missing files (and no download), checksum mismatch, or a
-        valid/test symbol absent from the train vocabulary.
+      DataError: missing files (and no download), checksum mismatch, an empty
+        or non-UTF-8 file, or a valid/test symbol absent from the train vocabulary.
     """
     directory = ensure_files(
         resolve_data_dir("ptb_char", data_dir),
         PTB_CHAR_SHA256,
+        name="ptb_char",
         download=_download_ptb_char if download else None,
         verify=verify,
         offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",

@@ -15,7 +15,7 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
-from typing import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -55,13 +55,19 @@ def _check_sha256(path: pathlib.Path, expected: str) -> None:
 
 def ensure_files(
     directory: str | os.PathLike,
-    files: Mapping[str, str],
+    files: Mapping[str, str | None],
     *,
+    name: str,
     download: Callable[[pathlib.Path], None] | None,
     offline_hint: str,
     verify: bool = True,
 ) -> pathlib.Path:
-    """Make sure `directory` holds every file in `files` (name -> sha256 hex).
+    """Make sure `directory` holds every file in `files` (file name -> sha256 hex, or
+    None for a file with no published checksum: then it is never checked).
+
+    `name` is the data set's name in `resolve_data_dir` (e.g. ``'ptb'``); the
+    missing-files message tells the user to put the files in ``DIR/<name>`` when
+    using ``RHNZOO_DATA=DIR``, whatever `directory` is.
 
     Missing files are fetched by ``download(tmp)``, which must write them into
     `tmp`, a temporary directory next to `directory`; they are checksummed
@@ -75,7 +81,7 @@ def ensure_files(
       them); DataError if a checksum does not match.
     """
     directory = pathlib.Path(directory)
-    missing = [name for name in files if not (directory / name).is_file()]
+    missing = [file for file in files if not (directory / file).is_file()]
     if missing:
         reason = "download disabled"
         if download is not None:
@@ -88,23 +94,25 @@ def ensure_files(
                 except (OSError, tarfile.TarError) as e:
                     reason = f"download failed: {e}".replace("\n", " ")
                 else:
-                    for name in missing:
-                        if not (pathlib.Path(tmp) / name).is_file():
-                            raise DataError(f"download did not produce {name}; {offline_hint}")
-                        _check_sha256(pathlib.Path(tmp) / name, files[name])
+                    for file in missing:
+                        if not (pathlib.Path(tmp) / file).is_file():
+                            raise DataError(f"download did not produce {file}; {offline_hint}")
+                        if files[file] is not None:
+                            _check_sha256(pathlib.Path(tmp) / file, files[file])
                     directory.mkdir(parents=True, exist_ok=True)
-                    for name in missing:
-                        os.replace(pathlib.Path(tmp) / name, directory / name)
+                    for file in missing:
+                        os.replace(pathlib.Path(tmp) / file, directory / file)
                     missing = []
         if missing:
             raise DataError(
                 f"missing {', '.join(missing)} in {directory} ({reason}); {offline_hint}; "
                 f"put the files there, or pass --data_dir DIR holding them, "
-                f"or set RHNZOO_DATA=DIR with them in DIR/{directory.name}"
+                f"or set RHNZOO_DATA=DIR with them in DIR/{name}"
             )
     if verify:
-        for name, expected in files.items():
-            _check_sha256(directory / name, expected)
+        for file, expected in files.items():
+            if expected is not None:
+                _check_sha256(directory / file, expected)
     return directory
 
 
@@ -127,6 +135,103 @@ def fetch(url: str, dest: pathlib.Path, timeout: float = 60.0) -> None:
     """Download `url` to file `dest` (raises urllib.error.URLError / OSError)."""
     with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as f:
         shutil.copyfileobj(response, f)
+
+
+def fetch_first(urls: Sequence[str], dest: pathlib.Path) -> None:
+    """Download to `dest` from the first of `urls` (mirrors, tried in order) that works.
+
+    Raises: the last mirror's OSError (urllib.error.URLError is one) if all fail.
+    """
+    error: OSError | None = None
+    for url in urls:
+        try:
+            fetch(url, dest)
+            return
+        except OSError as e:
+            error = e
+    raise error if error is not None else OSError("no URL to download from")
+
+
+def extract_members(
+    archive: pathlib.Path, members: Mapping[str, pathlib.Path], source: str
+) -> None:
+    """Copy tar members (normalised names, e.g. ``'simple-examples/data/ptb.train.txt'``)
+    of `archive` to the given paths, streaming.
+
+    Raises: tarfile.TarError naming `source` if a member is missing (or the archive
+      is corrupt), OSError if writing fails.
+    """
+    with tarfile.open(archive, "r:*") as tar:
+        found = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
+        for member, dest in members.items():
+            if member not in found:
+                raise tarfile.TarError(f"{source} has no member {member}")
+            with tar.extractfile(found[member]) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def decode_text(raw: bytes, where: str | os.PathLike) -> str:
+    """`raw` decoded as UTF-8, for a file (or archive member) named `where`.
+
+    Raises: DataError "WHERE is empty" if `raw` is empty or only whitespace, and
+      "WHERE is not UTF-8 text (byte 0x93 at offset 1234)" if it does not decode.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        ) from None
+    if not text.strip():
+        raise DataError(f"{where} is empty")
+    return text
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of file `path`; DataError (one line naming the file) if it is
+    empty / whitespace only or not UTF-8, as `decode_text`."""
+    return decode_text(pathlib.Path(path).read_bytes(), path)
+
+
+def import_tfds():
+    """`tensorflow_datasets`, imported on first use (the optional extra ``rhnzoo[tfds]``;
+    TensorFlow itself is not needed for ``tfds.data_source``).
+
+    Raises: DataError (one line) if it is not installed.
+    """
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise DataError(
+            f"--data_source=tfds needs tensorflow-datasets ({e}); "
+            "pip install 'rhnzoo[tfds]', or use the default data source"
+        ) from None
+    return tfds
+
+
+def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = None):
+    """All examples of TFDS data set `name`'s `split`, read with ``tfds.data_source``
+    (ArrayRecord files, random access, no TensorFlow), and the source's features.
+
+    `data_dir` is TFDS's own data directory (default: TFDS's, ``~/tensorflow_datasets``).
+    Reading a prepared data set does not need TensorFlow, but preparing one does
+    (TFDS's extraction step imports it; tensorflow-datasets 4.9.10): prepare it once
+    where TensorFlow is installed, ``tfds build NAME --file_format=array_record``.
+
+    Returns: (list of example dicts of NumPy values, ``FeaturesDict``).
+    Raises: DataError (one line) if tensorflow-datasets is missing or TFDS fails.
+    """
+    tfds = import_tfds()
+    try:
+        source = tfds.data_source(name, split=split, data_dir=data_dir)
+        return [source[i] for i in range(len(source))], source.dataset_info.features
+    except Exception as e:  # noqa: BLE001 - any TFDS failure becomes one line
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        raise DataError(
+            f"tfds.data_source({name!r}, split={split!r}) failed ({message}); TFDS needs "
+            f"the set prepared as array_record (preparing needs TensorFlow: "
+            f"tfds build {name} --file_format=array_record)"
+        ) from None
 
 
 def batchify(tokens: np.ndarray, batch_size: int) -> np.ndarray:

@@ -59,14 +59,7 @@ class _ScalarsOnlyUnpickler(pickle.Unpickler):
 
 def _download_jsb(tmp: pathlib.Path) -> None:
     """Fetch the pickle into `tmp`, trying each of JSB_URLS; re-raises the last OSError."""
-    error: OSError | None = None
-    for url in JSB_URLS:
-        try:
-            common.fetch(url, tmp / JSB_FILE)
-            return
-        except OSError as e:
-            error = e
-    raise error
+    common.fetch_first(JSB_URLS, tmp / JSB_FILE)
 
 
 def _piano_roll(path: pathlib.Path, split: str, index: int, sequence) -> np.ndarray:
@@ -110,6 +103,7 @@ def load_jsb(
     directory = ensure_files(
         resolve_data_dir("jsb_chorales", data_dir),
         JSB_SHA256,
+        name="jsb_chorales",
         download=_download_jsb if download else None,
         verify=verify,
         offline_hint=f"it is polyphonic/{JSB_FILE} of github.com/pyro-ppl/datasets",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import collections
 import os
 import pathlib
-import shutil
-import tarfile
 
 import numpy as np
 
@@ -30,14 +28,9 @@ def download_simple_examples(tmp: pathlib.Path, names) -> None:
     archive = tmp / "simple-examples.tgz"
     common.fetch(PTB_URL, archive)
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
-            for name in names:
-                member = members.get(f"simple-examples/data/{name}")
-                if member is None:
-                    raise tarfile.TarError(f"{PTB_URL} has no member simple-examples/data/{name}")
-                with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+        common.extract_members(
+            archive, {f"simple-examples/data/{name}": tmp / name for name in names}, PTB_URL
+        )
     finally:
         archive.unlink(missing_ok=True)
 
@@ -48,7 +41,7 @@ def _download_ptb(tmp: pathlib.Path) -> None:
 
 def _read_words(path: pathlib.Path) -> list[str]:
     """Equivalent to concatenating ``line.split() + ['<eos>']`` over the file's lines."""
-    text = path.read_text(encoding="utf-8")
+    text = common.read_text(path)
     if text and not text.endswith("\n"):
         text += "\n"
     return text.replace("\n", f" {EOS} ").split()
@@ -68,11 +61,13 @@ def load_ptb(
     Returns: Corpus with int32 [N_split] id arrays (real data: 929589 / 73760 /
       82430 tokens, vocab_size 10000).
     Raises: DataError for missing files (and no download), checksum mismatch,
-      or a valid/test word absent from the train vocabulary.
+      an empty or non-UTF-8 file, or a valid/test word absent from the train
+      vocabulary.
     """
     directory = ensure_files(
         resolve_data_dir("ptb", data_dir),
         PTB_SHA256,
+        name="ptb",
         download=_download_ptb if download else None,
         verify=verify,
         offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",

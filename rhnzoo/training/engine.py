@@ -43,6 +43,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import sys
 import time
@@ -67,7 +68,8 @@ RESUMABLE_KEYS = frozenset(
      "tensorboard", "workdir", "data_dir", "download", "verify_data", "preset",
      "eval_batch_size", "eval_num_steps", "divergence_factor",
      # Same function, other implementation: a run may switch these on resume.
-     "scan_impl", "remat", "unroll", "distributed"}
+     "scan_impl", "remat", "unroll", "distributed", "coordinator_address", "num_processes",
+     "process_id"}
 )  # fmt: skip
 
 
@@ -275,7 +277,9 @@ def _one_line(e: BaseException) -> str:
             return f"{cause.strerror}{where}"
         cause = cause.__cause__ or cause.__context__
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    first = text[0] if text else ""
+    first = first if len(first) <= 160 else first[:157] + "..."
+    return f"{type(e).__name__}: {first}"
 
 
 def write_json(path: pathlib.Path, obj: Any) -> None:
@@ -312,6 +316,8 @@ def prepare_workdir(
 ) -> pathlib.Path:
     """Creates ``workdir`` with ``config.json``, or checks a resumed run's config.
 
+    In a multi-process run only process 0 creates and writes; every process checks.
+
     Returns:
       The workdir as an absolute path.
 
@@ -337,6 +343,8 @@ def prepare_workdir(
                 "use another --workdir or the same settings"
             )
         return workdir
+    if jax.process_index() != 0:
+        return workdir
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -358,7 +366,7 @@ class Checkpoints:
     def __init__(self, workdir: pathlib.Path):
         self.workdir = workdir
         self.latest = self._manager("checkpoints", 3)
-        self.best = self._manager("best", 1)
+        self.best = self._manager("best", 2)
 
     def _manager(self, name: str, keep: int) -> ocp.CheckpointManager:
         opts = ocp.CheckpointManagerOptions(
@@ -374,8 +382,13 @@ class Checkpoints:
                 manager.save(step, args=ocp.args.StandardSave(tree))
                 manager.wait_until_finished()
             except Exception as e:  # orbax wraps OSErrors in several exception types
+                for tmp in pathlib.Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
+                reason = _one_line(e)
+                if "RESOURCE_EXHAUSTED" in reason or "No space left" in reason:
+                    reason = "no space left on device"
                 raise RunError(
-                    f"cannot save checkpoint {manager.directory / str(step)}: {_one_line(e)}"
+                    f"cannot save checkpoint {manager.directory / str(step)}: {reason}"
                 ) from None
 
     def save(self, step: int, tree: Any) -> None:
@@ -399,8 +412,13 @@ class Checkpoints:
             except Exception as e:  # any failure to read: truncated, missing files, structure
                 bad = self.latest.directory / str(step)
                 aside = self.workdir / "corrupt" / f"checkpoints_{step}_{int(time.time())}"
-                aside.parent.mkdir(exist_ok=True)
-                os.replace(bad, aside)
+                if jax.process_index() == 0:
+                    aside.parent.mkdir(exist_ok=True)
+                    os.replace(bad, aside)
+                if jax.process_count() > 1:
+                    from jax.experimental import multihost_utils
+
+                    multihost_utils.sync_global_devices(f"rhnzoo moved checkpoint {step}")
                 self.latest.reload()
                 older = self.latest.latest_step()
                 warn(
@@ -409,10 +427,22 @@ class Checkpoints:
                                     else "starting from scratch")  # fmt: skip
                 )
 
-    def restore_best(self, like: Params) -> Params | None:
-        step = self.best.latest_step()
-        if step is None:
+    def drop_best_after(self, step: int) -> None:
+        """Deletes best checkpoints newer than ``step`` (left by a run that died after
+        them): the resumed run re-derives its own from the restored state."""
+        for s in self.best.all_steps():
+            if s > step:
+                self.best.delete(s)
+
+    def restore_best(self, step: int, like: Params) -> Params | None:
+        """The best parameters saved at ``step`` (None if ``step`` < 0)."""
+        if step < 0:
             return None
+        if step not in self.best.all_steps():
+            raise RunError(
+                f"{self.best.directory} lacks the best checkpoint of step {step} that the "
+                "latest state refers to; delete the workdir's checkpoints to retrain"
+            )
         try:
             with _quiet_orbax():
                 return self.best.restore(step, args=ocp.args.StandardRestore(like))
@@ -445,6 +475,8 @@ class MetricsLog:
     """``metrics.jsonl`` (and optional TensorBoard events); in-memory when no workdir."""
 
     def __init__(self, workdir: pathlib.Path | None, tensorboard: bool, purge_step: int):
+        if jax.process_index() != 0:  # one writer in a multi-process run
+            workdir = None
         self.path = None if workdir is None else workdir / "metrics.jsonl"
         self.records: list[dict] = []
         self.tb = None
@@ -627,12 +659,17 @@ def run(
       Interrupted: a SIGTERM/SIGINT arrived; the state was saved first.
       RunError: a checkpoint or file could not be written.
     """
-    say = log or (lambda line: None)
+    primary = jax.process_index() == 0  # prints and writes files in a multi-process run
+    say = log if log is not None and primary else (lambda line: None)
     installed_here = not _signals["installed"]
     catch_signals()
     spe = task.steps_per_epoch
     total = cfg.total_steps(spe)
     workdir = None if workdir is None else prepare_workdir(workdir, config or {}, resumable_keys)
+    if workdir is not None and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("rhnzoo workdir ready")
     ckpt = None if workdir is None else Checkpoints(workdir)
     metrics = None
     try:
@@ -657,6 +694,8 @@ def run(
                 state, meta = restored["state"], restored["meta"]
         step = int(state["step"])
         metrics = MetricsLog(workdir, cfg.tensorboard, purge_step=step)
+        if ckpt is not None:
+            ckpt.drop_best_after(step)
         if step:
             metrics.cut_back(step, int(meta["validated"]))
             say(f"resumed {workdir} at step {step}")
@@ -769,7 +808,7 @@ def run(
 
         def _tracker(desc: str):
             def tracker(iterable, total=None, desc=desc):
-                return track(iterable, total=total, desc=desc, progress=cfg.progress)
+                return track(iterable, total=total, desc=desc, progress=cfg.progress and primary)
 
             return tracker
 
@@ -803,7 +842,8 @@ def run(
                 if index == 0:
                     meta["epoch_sums"], meta["window_sums"] = zeros(), zeros()
                 if bar is None:
-                    bar = tqdm(total=min(spe, total - epoch * spe), initial=index, desc=f"epoch {epoch + 1}", disable=not cfg.progress,
+                    bar = tqdm(total=min(spe, total - epoch * spe), initial=index,
+                               desc=f"epoch {epoch + 1}", disable=not (cfg.progress and primary),
                                leave=False, dynamic_ncols=True)  # fmt: skip
                 state, sums = step_fn(state, task.get_batch(epoch, index), run_key)
                 pending.append((step, sums))
@@ -833,11 +873,8 @@ def run(
 
         # Final evaluation of the best parameters.
         params = state["task"]["params"]
-        if ckpt is not None:
-            best = ckpt.restore_best(params)
-        else:
-            best = best_params
         best_step = int(meta["best_step"])
+        best = ckpt.restore_best(best_step, params) if ckpt is not None else best_params
         if best is None:
             best, best_step = (None, -1) if diverged else (params, step)
         results = {"step": step, "best_step": best_step, f"best_{task.select}": float(meta["best"]),
@@ -849,7 +886,7 @@ def run(
                 results.update(task.final_evaluate(best, _tracker("final evaluation")))
             except Interrupted as e:
                 raise _stopped(e.signum, step, "during the final evaluation") from None
-        if workdir is not None:
+        if workdir is not None and primary:
             write_json(workdir / "results.json", results)
         label = f"best checkpoint, step {best_step}" + (
             f", {task.final_label}" if task.final_label else ""

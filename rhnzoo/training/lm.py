@@ -165,13 +165,18 @@ def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
     return split(x), split(y), split(w)
 
 
-def make_evaluate(model: LanguageModel):
+def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
     """Returns ``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
 
     One jit-compiled call per window of ``num_steps`` (the state carried across
     windows, at most two in flight), so a long evaluation shows progress and stops
     promptly on a signal when given the engine's ``track``; no dropout.
     Perplexity is ``exp(nll_sum / count)``; nats per symbol ``nll_sum / count``.
+
+    With a ``mesh`` (the params' devices, possibly spread over processes) the
+    windows' rows are sharded over its ``"data"`` axis when ``batch_size`` divides
+    evenly, else replicated (e.g. the batch-1 protocol); every process passes the
+    same tokens.
     """
 
     @jax.jit
@@ -181,12 +186,19 @@ def make_evaluate(model: LanguageModel):
 
     def evaluate(params, tokens, batch_size, num_steps, track=None):
         x, y, w = eval_windows(tokens, batch_size, num_steps)
-        carry, total = model.initial_carry(batch_size), jnp.zeros((), jnp.float32)
+        carry, total = model.initial_carry(batch_size), np.zeros((), np.float32)
+        place = lambda a, where: a
+        if mesh is not None:
+            rows = sharding.by_rows(mesh) if batch_size % mesh.size == 0 else sharding.replicated(mesh)
+            place = lambda a, where: sharding.put(a, rows if where == "rows" else sharding.replicated(mesh))
+            carry = jax.tree.map(lambda c: place(c, "rows"), carry)
+        total = place(total, "scalar")
         indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
         for i in indices:
             previous = total
-            carry, total = window(params, carry, total, x[i], y[i], w[i])
-            previous.block_until_ready()
+            carry, total = window(params, carry, total,
+                                  *(place(a[i], "rows") for a in (x, y, w)))  # fmt: skip
+            jax.block_until_ready(previous)
         return float(total), float(w.sum())
 
     return evaluate
@@ -229,7 +241,7 @@ def make_task(
     data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
     tx = make_optimizer(cfg, spe)
     rows = sharding.put(rows_np, sharding.by_rows(mesh))
-    evaluate = make_evaluate(model)
+    evaluate = make_evaluate(model, mesh)
     cut = run.cut_short(spe)
     eval_batch = cfg.eval_batch_size or (cfg.batch_size if cut else 1)
     protocol = "reference batch-1" if eval_batch == 1 else "batched"

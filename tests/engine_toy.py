@@ -1,0 +1,121 @@
+"""A model-free task for the run-engine tests: linear regression by SGD on shuffled data.
+
+Used in-process (``make_task``) and as a script run in a subprocess by the signal
+and kill tests::
+
+    python tests/engine_toy.py --workdir=DIR [--max_steps=N] [--slow_eval] [--lr=...]
+
+Batch k of epoch e is ``classify.batch_indices(seed, e, k, ...)``, a shuffled order,
+so exact resume also checks that the batch order is a pure function of (seed,
+epoch, index). The script prints ``validation started`` (flushed) when a
+validation begins, so a test can signal it mid-evaluation without sleeping.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from rhnzoo.training import classify, engine  # noqa: E402
+
+N_TRAIN, N_VALID, DIM, BATCH = 96, 32, 5, 8
+
+
+def dataset(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(DIM,)).astype(np.float32)
+    x = rng.normal(size=(N_TRAIN + 2 * N_VALID, DIM)).astype(np.float32)
+    y = x @ w + 0.1 * rng.normal(size=len(x)).astype(np.float32)
+    cut = (N_TRAIN, N_TRAIN + N_VALID)
+    return (x[: cut[0]], y[: cut[0]]), (x[cut[0] : cut[1]], y[cut[0] : cut[1]]), (x[cut[1] :], y[cut[1] :])
+
+
+def _sq_error(params, x, y):
+    return jnp.sum(jnp.square(x @ params["w"] + params["b"] - y))
+
+
+def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
+              announce: bool = False, on_batch=None) -> engine.Task:  # fmt: skip
+    """The toy task: ``sums = {'loss': Σ squared error, 'count': B}``; valid/test MSE.
+
+    ``on_batch(epoch, index)``, if given, is called whenever a batch is made (tests use
+    it to send a signal at a chosen step).
+    """
+    (xt, yt), (xv, yv), (xs, ys) = dataset()
+    tx = optax.sgd(lr, momentum=0.9)
+    spe = classify.steps_per_epoch(N_TRAIN, BATCH)
+
+    def init_state(key):
+        params = {"w": 0.1 * jax.random.normal(key, (DIM,)), "b": jnp.zeros(())}
+        # A carried state big enough that orbax stores it in data files, not inline.
+        return {"params": params, "opt_state": tx.init(params), "trace": jnp.zeros((4096,))}
+
+    def train_step(state, batch, key):
+        x, y = batch
+        noise = 1e-3 * jax.random.normal(key, y.shape)  # uses the engine's per-step key
+        loss, grads = jax.value_and_grad(_sq_error)(state["params"], x, y + noise)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        trace = 0.5 * state["trace"] + loss * jax.random.normal(key, (4096,))  # incompressible
+        state = {"params": params, "opt_state": opt_state, "trace": trace}
+        return state, {"loss": loss, "count": jnp.float32(len(y))}
+
+    def get_batch(epoch, index):
+        if on_batch is not None:
+            on_batch(epoch, index)
+        idx = classify.batch_indices(seed, epoch, index, N_TRAIN, BATCH)
+        return xt[idx], yt[idx]
+
+    mse = jax.jit(lambda p, x, y: _sq_error(p, x, y) / len(y))
+
+    def validate(params, track):
+        if announce:
+            print("validation started", flush=True)
+        chunks = range(10**7 if slow_eval else 4)
+        for _ in track(chunks, total=len(chunks), desc="valid"):
+            value = mse(params, xv, yv)
+        value = float(value)
+        return {"valid_mse": value, "valid_loss": value}
+
+    def final_evaluate(params, track):
+        return {"valid_mse": float(mse(params, xv, yv)), "test_mse": float(mse(params, xs, ys))}
+
+    return engine.Task(
+        init_state=init_state, train_step=train_step, get_batch=get_batch, steps_per_epoch=spe,
+        validate=validate, final_evaluate=final_evaluate, select="valid_mse",
+        train_metrics=lambda s: {"train_mse": s["loss"] / max(s["count"], 1.0)}, unit="ex",
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    from absl import app, flags
+
+    from rhnzoo import cli
+
+    cli.define_run_flags(log_every=1, data=False)
+    flags.DEFINE_float("lr", 0.01, "SGD learning rate.")
+    flags.DEFINE_integer("epochs", 1000, "Epochs of the schedule.")
+    flags.DEFINE_boolean("slow_eval", False, "Make every validation practically endless.")
+
+    def body(_):
+        F = flags.FLAGS
+
+        def run():
+            task = make_task(F.lr, F.seed, F.slow_eval, announce=True)
+            config = {"lr": F.lr, "seed": F.seed, "epochs": F.epochs}
+            engine.run(task, cli.run_config(F.epochs), F.workdir, config)
+
+        cli.main(run)
+
+    app.run(body, argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
