@@ -12,7 +12,7 @@ The data are downloaded on first use (enwik8.zip 36 MB, text8.zip 31 MB, PTB fro
 ``<workdir>/results.json``.
 """
 
-from absl import app, flags
+from absl import flags
 
 from rhnzoo import cli
 from rhnzoo.data import char
@@ -53,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

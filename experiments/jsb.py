@@ -37,7 +37,7 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from rhnzoo import cells, cli
 from rhnzoo.data.music import load_jsb
@@ -316,4 +316,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

@@ -8,7 +8,7 @@ Defaults are the reference code's ``ptb_sota`` configuration. Rerunning with the
 same ``--workdir`` resumes; results land in ``<workdir>/results.json``.
 """
 
-from absl import app, flags
+from absl import flags
 
 from rhnzoo import cli, data
 
@@ -31,4 +31,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

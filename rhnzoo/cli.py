@@ -2,7 +2,7 @@
 
 * :func:`define_run_flags`: the run engine's flags (``--workdir``, ``--seed``,
   ``--max_steps``, ``--max_epochs``, ``--checkpoint_every_steps``, ``--log_every``,
-  ``--progress``, ``--tensorboard``, ``--divergence_factor``) and the data flags
+  ``--progress``, ``--tensorboard``, ``--divergence_factor``, ``--patience``) and the data flags
   (``--data_dir``, ``--download``, ``--verify_data``), the same names and meanings
   in every script; :func:`run_config` turns them into an engine ``RunConfig``.
 * :func:`define_presets` / :func:`apply_preset`: ``--preset=NAME`` overrides
@@ -43,7 +43,7 @@ PTB_SOTA = dict(
 HSG_RHN_INIT_BIAS = -2.5
 
 RUN_FLAGS = ("workdir", "seed", "max_steps", "max_epochs", "checkpoint_every_steps",
-             "log_every", "progress", "tensorboard", "divergence_factor")  # fmt: skip
+             "log_every", "progress", "tensorboard", "divergence_factor", "patience")  # fmt: skip
 DATA_FLAGS = ("data_dir", "download", "verify_data")
 _PRESETS: dict[str, dict[str, Any]] = {}
 
@@ -64,6 +64,8 @@ def define_run_flags(*, log_every: int = 100, data: bool = True) -> None:
                          "<workdir>/tensorboard (pip install 'rhnzoo[tensorboard]').")  # fmt: skip
     flags.DEFINE_float("divergence_factor", 2.0, "Stop when the training loss exceeds this "
                        "multiple of the chance-level loss (0: only on NaN/inf).")  # fmt: skip
+    flags.DEFINE_integer("patience", None, "Early stopping: end training after this many "
+                         "epochs without a better validation metric (default: never).")  # fmt: skip
     if data:
         define_data_flags()
 
@@ -83,7 +85,7 @@ def run_config(epochs: int) -> engine.RunConfig:
         epochs=epochs, seed=FLAGS.seed, max_steps=FLAGS.max_steps, max_epochs=FLAGS.max_epochs,
         checkpoint_every_steps=FLAGS.checkpoint_every_steps, log_every=FLAGS.log_every,
         progress=FLAGS.progress, tensorboard=FLAGS.tensorboard,
-        divergence_factor=FLAGS.divergence_factor,
+        divergence_factor=FLAGS.divergence_factor, patience=FLAGS.patience,
     )  # fmt: skip
 
 
@@ -101,6 +103,20 @@ def apply_preset() -> dict[str, Any]:
         if not FLAGS[name].present:
             FLAGS[name].value = value
     return preset
+
+
+def run_app(main_fn: Callable[[list[str]], Any]) -> None:
+    """``absl.app.run(main_fn)`` whose flag errors (an unknown enum value, a malformed
+    number) are one ``error: ...`` line and exit status 1, like every other error."""
+    from absl import app
+
+    def parse(argv):
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            sys.exit(f"error: {' '.join(str(e).split())}")
+
+    app.run(main_fn, flags_parser=parse)
 
 
 def main(fn: Callable[[], Any]) -> Any:

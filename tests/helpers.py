@@ -1,5 +1,9 @@
 """Shared test helpers (imported by test modules as ``helpers``)."""
 
+import gzip
+import pathlib
+import struct
+
 import jax
 import numpy as np
 
@@ -16,3 +20,19 @@ def random_params(params, key, scale=0.5):
 def np_tree(t):
     """The pytree as float64 NumPy arrays (for NumPy transcriptions of the equations)."""
     return jax.tree.map(lambda a: np.asarray(a, np.float64), t)
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The idx encoding written independently of the reader: struct '>I' fields."""
+    header = struct.pack(">I", 0x0800 | array.ndim) + b"".join(
+        struct.pack(">I", d) for d in array.shape
+    )
+    return header + np.ascontiguousarray(array, np.uint8).tobytes()
+
+
+def write_mnist(directory: pathlib.Path, arrays) -> dict[str, bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    payloads = {name: gzip.compress(idx_bytes(a)) for name, a in arrays.items()}
+    for name, payload in payloads.items():
+        (directory / name).write_bytes(payload)
+    return payloads

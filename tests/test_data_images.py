@@ -12,6 +12,7 @@ import tarfile
 import urllib.error
 
 import numpy as np
+from helpers import idx_bytes, write_mnist
 import pytest
 
 from rhnzoo import data
@@ -42,14 +43,6 @@ def clean_env(monkeypatch, tmp_path):
 # ------------------------------------------------------------------------------ MNIST
 
 
-def idx_bytes(array: np.ndarray) -> bytes:
-    """The idx encoding written independently of the reader: struct '>I' fields."""
-    header = struct.pack(">I", 0x0800 | array.ndim) + b"".join(
-        struct.pack(">I", d) for d in array.shape
-    )
-    return header + np.ascontiguousarray(array, np.uint8).tobytes()
-
-
 def small_mnist(rng=None):
     rng = rng or np.random.default_rng(1)
     return {
@@ -58,14 +51,6 @@ def small_mnist(rng=None):
         "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (3, 28, 28), dtype=np.uint8),
         "t10k-labels-idx1-ubyte.gz": np.array([7, 2, 1], np.uint8),
     }
-
-
-def write_mnist(directory: pathlib.Path, arrays) -> dict[str, bytes]:
-    directory.mkdir(parents=True, exist_ok=True)
-    payloads = {name: gzip.compress(idx_bytes(a)) for name, a in arrays.items()}
-    for name, payload in payloads.items():
-        (directory / name).write_bytes(payload)
-    return payloads
 
 
 def test_real_mnist():

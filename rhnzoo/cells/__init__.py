@@ -6,13 +6,21 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
 * :mod:`rhnzoo.cells.rhn`: ``RHN`` (Zilly et al. 2017), ``HSG`` (Shoham & Permuter);
   :mod:`rhnzoo.cells.rhn_fused`: their fast unroll with a hand-written backward pass.
 * :mod:`rhnzoo.cells.deep_transition`: ``DTRNN``, ``DTSRNN`` (Pascanu et al. 2014).
+* :mod:`rhnzoo.cells.lstm`: ``LSTM``, ``GRU`` (Cho et al. 2014) and ``SCLSTM``, the
+  skip-connected LSTM (Wang & Tian 2016).
+* :mod:`rhnzoo.cells.residual`: ``RRN``, the recurrent residual network, and
+  ``Parallel``, cells side by side with averaged outputs (``Parallel((LSTM(n), RRN(n)))``
+  is Wang & Tian's HRL).
 """
 
 from rhnzoo.cells.base import Carry, Cell, Params, check_positive, keep_state_after_end, unroll
 from rhnzoo.cells.deep_transition import DTRNN, DTSRNN
+from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, LSTMState, SCLSTMState
+from rhnzoo.cells.residual import RRN, Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
 __all__ = [
     "Carry", "Cell", "Params", "check_positive", "keep_state_after_end", "unroll",
     "RHN", "HSG", "DTRNN", "DTSRNN",
+    "LSTM", "GRU", "SCLSTM", "LSTMState", "SCLSTMState", "RRN", "Parallel",
 ]  # fmt: skip

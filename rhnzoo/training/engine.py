@@ -66,7 +66,7 @@ PathLike = str | os.PathLike
 RESUMABLE_KEYS = frozenset(
     {"max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
      "tensorboard", "workdir", "data_dir", "download", "verify_data", "preset",
-     "eval_batch_size", "eval_num_steps", "divergence_factor",
+     "eval_batch_size", "eval_num_steps", "divergence_factor", "patience",
      # Same function, other implementation: a run may switch these on resume.
      "scan_impl", "remat", "unroll", "distributed", "coordinator_address", "num_processes",
      "process_id"}
@@ -189,8 +189,10 @@ class Task:
         ``{'train_ppl': ...}``) from sums over any span of steps.
       chance_loss: loss per unit of a uniform guess (log V, log C, 88 log 2); the
         divergence threshold is a multiple of it (None: of the first step's loss).
-      count_key: the key of ``sums`` counting loss units; also the throughput unit.
-      unit: name of one ``count_key`` unit in the log (``'tok'``, ``'img'``, ...).
+      count_key: the key of ``sums`` counting loss units.
+      unit: name of one throughput unit in the log (``'tok'``, ``'img'``, ...).
+      throughput_key: the key of ``sums`` counted for the throughput (default
+        ``count_key``), e.g. ``'tokens'`` when the loss is per sequence.
       learning_rate: ``step -> lr`` for the log, or None.
       final_label: shown in the final line, e.g. ``'eval batch 1'``.
     """
@@ -209,6 +211,7 @@ class Task:
     chance_loss: float | None = None
     count_key: str = "count"
     unit: str = "ex"
+    throughput_key: str | None = None
     learning_rate: Callable[[int], float] | None = None
     final_label: str = ""
 
@@ -228,6 +231,8 @@ class RunConfig:
       tensorboard: also write TensorBoard event files (needs ``tensorboardX``).
       divergence_factor: stop when the loss exceeds this multiple of the
         chance-level loss (0: only non-finite losses stop the run).
+      patience: early stopping: end training when the validation ``select`` metric
+        has not improved for this many epochs (None: never).
 
     Raises:
       ValueError: for a value outside its range (one line naming the flag).
@@ -242,11 +247,12 @@ class RunConfig:
     progress: bool = True
     tensorboard: bool = False
     divergence_factor: float = 2.0
+    patience: int | None = None
 
     def __post_init__(self):
         checks = [("epochs", self.epochs, 1), ("log_every", self.log_every, 1),
                   ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
-        checks += [(k, getattr(self, k), 1) for k in ("max_steps", "max_epochs")
+        checks += [(k, getattr(self, k), 1) for k in ("max_steps", "max_epochs", "patience")
                    if getattr(self, k) is not None]  # fmt: skip
         for name, value, low in checks:
             if not isinstance(value, int) or value < low:
@@ -746,8 +752,8 @@ def run(
                 for acc in (meta["epoch_sums"], meta["window_sums"]):
                     for k, v in values.items():
                         acc[k] = np.array(acc[k] + v)
-                clock["window_count"] += values[task.count_key]
-                clock["epoch_count"] += values[task.count_key]
+                clock["window_count"] += values[task.throughput_key or task.count_key]
+                clock["epoch_count"] += values[task.throughput_key or task.count_key]
                 recent.append((values["loss"], values[task.count_key]))
                 if not math.isfinite(loss):
                     explode("training", loss, at + 1)
@@ -837,6 +843,11 @@ def run(
                     drain()
                     end_of_epoch(step)
                 if step >= total:
+                    break
+                best_epoch = -(-int(meta["best_step"]) // spe)
+                if cfg.patience and step % spe == 0 and step // spe - best_epoch >= cfg.patience:
+                    say(f"early stopping: {task.select} has not improved for {cfg.patience} "
+                        f"epochs (best at epoch {best_epoch})")  # fmt: skip
                     break
                 epoch, index = divmod(step, spe)
                 if index == 0:

@@ -1,0 +1,300 @@
+"""Gated baselines of Wang & Tian ("Recurrent Residual Learning for Sequence
+Classification", EMNLP 2016) as cells of the :mod:`rhnzoo.cells` protocol: the LSTM
+(their eq. 1), the GRU (Cho et al. 2014) and the skip-connected LSTM, SC-LSTM (their
+eq. 5).
+
+All three share one parameter layout (row-vector convention ``x @ W``): ``W [m, k n]``
+input weights, applied to every time step at once in ``project_inputs`` (one large
+matmul outside the recurrence), ``U [n, k n]`` recurrent weights and ``b [k n]``
+biases, the k gate blocks fused into one matrix. The bias is added inside the step,
+where it fuses with the gate nonlinearities; adding it to the ``[T, B, k n]``
+projection instead costs one more pass over that array (the LSTM's forward pass was
+25% slower on CPU that way). Weights are initialised uniform in
+[-init_scale, init_scale] like every other rhnzoo cell; biases are zero, except the
+LSTM forget-gate bias (``forget_bias``). Each step runs under
+:func:`rhnzoo.cells.base.save_matmuls_only`: the backward pass keeps the matmul outputs and recomputes the
+gate nonlinearities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rhnzoo.cells.base import Array, Params, check_positive, save_matmuls_only, uniform
+
+
+class LSTMState(NamedTuple):
+    """Carry of :class:`LSTM`: hidden state h and memory cell c, both ``[B, n]``."""
+
+    h: Array
+    c: Array
+
+
+class SCLSTMState(NamedTuple):
+    """Carry of :class:`SCLSTM`.
+
+    ``h``, ``c``: the LSTM state ``[B, n]``; ``h_anchor [B, n]``: h at the row's last
+    skip point (the last step τ with τ ≡ 1 mod L), zeros before the first step;
+    ``t [B] int32``: steps this row has taken (τ - 1 for the step about to run).
+    """
+
+    h: Array
+    c: Array
+    h_anchor: Array
+    t: Array
+
+
+def _init_gated(key: Array, input_size: int, n: int, k: int, init_scale: float) -> Params:
+    """``{'W': [m, k n], 'U': [n, k n], 'b': [k n] zeros}``, weights uniform ±init_scale."""
+    check_positive("input_size", input_size)
+    kw, ku = jax.random.split(key)
+    return {
+        "W": uniform(kw, (input_size, k * n), init_scale),
+        "U": uniform(ku, (n, k * n), init_scale),
+        "b": jnp.zeros((k * n,), jnp.float32),
+    }
+
+
+def _project(params: Params, xs: Array) -> Array:
+    """``xs [..., m] -> [..., k n]``: W x for all time steps in one matmul."""
+    return xs @ params["W"].astype(xs.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTM:
+    """Long short-term memory cell, as written by Wang & Tian (2016, eq. 1)
+    (Hochreiter & Schmidhuber 1997 with the forget gate of Gers et al. 2000)::
+
+      i_t = σ(W_i x_t + U_i h_{t-1} + b_i)
+      f_t = σ(W_f x_t + U_f h_{t-1} + b_f)
+      o_t = σ(W_o x_t + U_o h_{t-1} + b_o)
+      c̃_t = tanh(W_c x_t + U_c h_{t-1} + b_c)
+      c_t = f_t ⊙ c_{t-1} + i_t ⊙ c̃_t
+      h_t = o_t ⊙ tanh(c_t)
+
+    σ is the logistic sigmoid. No peepholes.
+
+    Parameters (a dict): ``W [m, 4n]``, ``U [n, 4n]``, ``b [4n]``, the blocks in the
+    order i | f | o | c̃ (the three sigmoid gates first, so one sigmoid covers them).
+    W and U uniform in [-init_scale, init_scale]; b zero except b_f = ``forget_bias``
+    (default 1.0: the forget gate starts mostly open, Gers et al. 2000; Jozefowicz,
+    Zaremba & Sutskever 2015). Parameter count 4(m n + n² + n).
+
+    Carry: :class:`LSTMState` ``(h [B, n], c [B, n])``; output h_t ``[B, n]``. The
+    recurrent dropout ``mask`` ([B, n]) multiplies h_{t-1} where it enters U.
+
+    Attributes:
+      hidden_size: n.
+      forget_bias: initial forget-gate bias.
+      init_scale: half-width of the uniform weight initialisation.
+
+    Raises:
+      ValueError: if hidden_size < 1.
+    """
+
+    hidden_size: int
+    forget_bias: float = 1.0
+    init_scale: float = 0.04
+
+    def __post_init__(self):
+        check_positive("hidden_size", self.hidden_size)
+
+    def init(self, key: Array, input_size: int) -> Params:
+        """Returns ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` float32.
+
+        Raises ValueError if input_size < 1.
+        """
+        n = self.hidden_size
+        params = _init_gated(key, input_size, n, 4, self.init_scale)
+        params["b"] = params["b"].at[n : 2 * n].set(self.forget_bias)
+        return params
+
+    def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> LSTMState:
+        """Returns zero ``(h, c)``, each ``[B, n]``."""
+        zeros = jnp.zeros((batch_size, self.hidden_size), dtype)
+        return LSTMState(zeros, zeros)
+
+    def project_inputs(self, params: Params, xs: Array) -> Array:
+        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul."""
+        return _project(params, xs)
+
+    def step(
+        self, params: Params, carry: LSTMState, x_proj: Array, mask: Array | None = None
+    ) -> tuple[LSTMState, Array]:
+        """One time step: ``carry (h, c)``, ``x_proj [B, 4n]`` -> ``((h_t, c_t), h_t)``,
+        computed in the dtype of ``h``."""
+        return save_matmuls_only(self._step)(params, carry, x_proj, mask)
+
+    def _step(self, params, carry, x_proj, mask):
+        h, c = carry
+        n, dt = self.hidden_size, h.dtype
+        h_in = h if mask is None else h * mask
+        z = x_proj.astype(dt) + h_in @ params["U"].astype(dt) + params["b"].astype(dt)
+        gates = jax.nn.sigmoid(z[..., : 3 * n])
+        i, f, o = gates[..., :n], gates[..., n : 2 * n], gates[..., 2 * n :]
+        c = f * c + i * jnp.tanh(z[..., 3 * n :])
+        h = o * jnp.tanh(c)
+        return LSTMState(h, c), h
+
+
+@dataclasses.dataclass(frozen=True)
+class GRU:
+    """Gated recurrent unit (Cho et al., "Learning Phrase Representations using RNN
+    Encoder-Decoder for Statistical Machine Translation", EMNLP 2014, eqs. 5-8)::
+
+      r_t = σ(W_r x_t + U_r h_{t-1} + b_r)                       (eq. 5)
+      z_t = σ(W_z x_t + U_z h_{t-1} + b_z)                       (eq. 6)
+      h̃_t = tanh(W_h x_t + U_h (r_t ⊙ h_{t-1}) + b_h)            (eq. 8)
+      h_t = z_t ⊙ h_{t-1} + (1 - z_t) ⊙ h̃_t                      (eq. 7)
+
+    Sign convention: Cho et al.'s original eq. 7, z is the fraction of h_{t-1} kept
+    (also PyTorch's and Flax's ``GRUCell``); Chung et al. (2014) write the same cell
+    with z and 1 - z swapped. The reset gate multiplies h_{t-1} before U_h, as in the
+    paper (not after, as cuDNN's variant does). Cho et al. have no biases; we add them
+    (zero at init).
+
+    Parameters: ``W [m, 3n]``, ``U [n, 3n]``, ``b [3n]``, blocks in the order
+    r | z | h̃; weights uniform in [-init_scale, init_scale]. Per step: one fused
+    matmul for r and z, then one for h̃ (which needs r first). Parameter count
+    3(m n + n² + n).
+
+    Carry: h ``[B, n]``; output h_t. The dropout ``mask`` ([B, n]) multiplies h_{t-1}
+    where it enters U (both matmuls); the interpolation of eq. 7 uses the undropped
+    h_{t-1}.
+
+    Attributes:
+      hidden_size: n.
+      init_scale: half-width of the uniform weight initialisation.
+
+    Raises:
+      ValueError: if hidden_size < 1.
+    """
+
+    hidden_size: int
+    init_scale: float = 0.04
+
+    def __post_init__(self):
+        check_positive("hidden_size", self.hidden_size)
+
+    def init(self, key: Array, input_size: int) -> Params:
+        """Returns ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n]}`` float32.
+
+        Raises ValueError if input_size < 1.
+        """
+        return _init_gated(key, input_size, self.hidden_size, 3, self.init_scale)
+
+    def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> Array:
+        """Returns the zero state ``[B, n]``."""
+        return jnp.zeros((batch_size, self.hidden_size), dtype)
+
+    def project_inputs(self, params: Params, xs: Array) -> Array:
+        """``xs [..., m] -> [..., 3n]``: W x for all time steps in one matmul."""
+        return _project(params, xs)
+
+    def step(
+        self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
+    ) -> tuple[Array, Array]:
+        """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, 3n]`` -> ``(h_t, h_t)``."""
+        return save_matmuls_only(self._step)(params, carry, x_proj, mask)
+
+    def _step(self, params, carry, x_proj, mask):
+        n, dt = self.hidden_size, carry.dtype
+        U = params["U"].astype(dt)
+        x_proj = x_proj.astype(dt) + params["b"].astype(dt)
+        h_in = carry if mask is None else carry * mask
+        rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + h_in @ U[:, : 2 * n])
+        r, z = rz[..., :n], rz[..., n:]
+        h_tilde = jnp.tanh(x_proj[..., 2 * n :] + (r * h_in) @ U[:, 2 * n :])
+        h = h_tilde + z * (carry - h_tilde)
+        return h, h
+
+
+@dataclasses.dataclass(frozen=True)
+class SCLSTM:
+    """Skip-connected LSTM, SC-LSTM (Wang & Tian 2016, eq. 5).
+
+    An :class:`LSTM` whose hidden state gets an identity (SC-LSTM-I) or scaled
+    (SC-LSTM-P) skip connection from L steps back, every L steps. With time steps
+    numbered τ = 1, 2, ... and L = ``skip``::
+
+      h_τ = o_τ ⊙ tanh(c_τ) + α h_{τ-L}     if τ = 1 + kL for some k >= 1
+      h_τ = o_τ ⊙ tanh(c_τ)                 otherwise
+
+    so skips land at τ = L+1, 2L+1, ..., and each comes from the previous skip point
+    (τ - L = 1 + (k-1)L), whose h includes its own skip. τ = 1 has no skip (there is no
+    h_{1-L}); h_1 is the first anchor. The memory cell c is never skipped, and the gates
+    at τ + 1 see the skipped h_τ. With L = 1 every step from τ = 2 on adds α h_{τ-1}.
+
+    SC-LSTM-I (``learn_alpha=False``): α = 1, fixed. SC-LSTM-P (``learn_alpha=True``):
+    α is a learned scalar ``params['alpha']``, initialised to 1.0 (so both variants
+    start as the same function). The paper uses L = 20 and finds results insensitive to
+    L over 10-75 on permuted MNIST.
+
+    Parameters: those of :class:`LSTM` (``W``, ``U``, ``b``, same layout and init), plus
+    ``alpha`` (a float32 scalar) for SC-LSTM-P.
+
+    Carry: :class:`SCLSTMState` ``(h, c, h_anchor, t)``: only the h of the last skip
+    point is kept, not L past states. ``t [B]`` counts the steps of each row separately,
+    so under ``unroll(..., lengths=...)`` padded steps of a finished row freeze its
+    whole carry, counter included, and it continues with the right phase. Output h_τ.
+    The dropout ``mask`` ([B, n]) multiplies h_{τ-1} where it enters U; the skip adds
+    the undropped h_{τ-L}.
+
+    Attributes:
+      hidden_size: n.
+      skip: skip length L (>= 1).
+      learn_alpha: learn α (SC-LSTM-P) instead of fixing α = 1 (SC-LSTM-I).
+      forget_bias: initial forget-gate bias, as in :class:`LSTM`.
+      init_scale: half-width of the uniform weight initialisation.
+
+    Raises:
+      ValueError: if hidden_size < 1 or skip < 1.
+    """
+
+    hidden_size: int
+    skip: int = 20
+    learn_alpha: bool = False
+    forget_bias: float = 1.0
+    init_scale: float = 0.04
+
+    def __post_init__(self):
+        check_positive("hidden_size", self.hidden_size)
+        check_positive("skip", self.skip)
+
+    @property
+    def lstm(self) -> LSTM:
+        """The underlying LSTM (same parameters, no skips)."""
+        return LSTM(self.hidden_size, self.forget_bias, self.init_scale)
+
+    def init(self, key: Array, input_size: int) -> Params:
+        """Returns the LSTM's ``{'W', 'U', 'b'}`` (+ ``'alpha': 1.0`` float32 scalar if
+        ``learn_alpha``). Raises ValueError if input_size < 1."""
+        params = self.lstm.init(key, input_size)
+        if self.learn_alpha:
+            params["alpha"] = jnp.ones((), jnp.float32)
+        return params
+
+    def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> SCLSTMState:
+        """Zero h, c and h_anchor ``[B, n]`` in ``dtype``, and t = 0 ``[B]`` int32."""
+        h, c = self.lstm.initial_carry(batch_size, dtype)
+        return SCLSTMState(h, c, jnp.zeros_like(h), jnp.zeros((batch_size,), jnp.int32))
+
+    def project_inputs(self, params: Params, xs: Array) -> Array:
+        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul."""
+        return _project(params, xs)
+
+    def step(
+        self, params: Params, carry: SCLSTMState, x_proj: Array, mask: Array | None = None
+    ) -> tuple[SCLSTMState, Array]:
+        """One time step τ = t + 1: ``carry``, ``x_proj [B, 4n]`` -> ``(carry, h_τ [B, n])``."""
+        (h, c), _ = self.lstm.step(params, LSTMState(carry.h, carry.c), x_proj, mask)
+        alpha = params["alpha"].astype(h.dtype) if self.learn_alpha else 1.0
+        on_grid = (carry.t % self.skip == 0)[:, None]  # τ ≡ 1 (mod L)
+        skipped = on_grid & (carry.t > 0)[:, None]  # ... and τ > 1
+        h = jnp.where(skipped, h + alpha * carry.h_anchor, h)
+        h_anchor = jnp.where(on_grid, h, carry.h_anchor)
+        return SCLSTMState(h, c, h_anchor, carry.t + 1), h

@@ -1,0 +1,107 @@
+"""Sequence classifier: embedding (or raw features) -> one recurrent layer -> final
+state -> dropout -> softmax regression (Wang & Tian, EMNLP 2016, sec. 4).
+
+Any cell of :mod:`rhnzoo.cells` fits: LSTM, GRU, RRN, SC-LSTM, ``Parallel`` (HRL), RHN,
+... The representation of a sequence is the cell's output at the sequence's last real
+step (for ``Parallel`` the mean of its cells' hidden states, eq. 7); padded steps do not
+change the state (``cells.unroll(..., lengths=...)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rhnzoo import cells, dropout
+
+Array = jax.Array
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceClassifier:
+    """``logits(params, inputs, lengths) -> [B, C]``.
+
+    Attributes:
+      cell: the recurrent cell (hidden size n).
+      num_classes: C.
+      input_size: m: the embedding width (text) or the features per step (P-MNIST: 1).
+      vocab_size: V for token inputs (learned embedding ``[V, m]``); None for float
+        features ``[B, T, m]``.
+      drop: dropout probability on the final representation (Wang & Tian sec. 4).
+      init_scale: half-width of the uniform initialisation of the embedding and the
+        output layer (the cell initialises itself).
+      unroll: time steps per ``lax.scan`` iteration; remat: recompute time steps in
+        the backward pass (long sequences).
+      project_per_step: project the inputs inside the time scan (see
+        :func:`rhnzoo.cells.unroll`); None: when the input is at most 8 wide (P-MNIST).
+
+    Raises:
+      ValueError: for num_classes < 2, input_size < 1, vocab_size < 2 or a drop
+        probability outside [0, 1).
+    """
+
+    cell: Any
+    num_classes: int
+    input_size: int
+    vocab_size: int | None = None
+    drop: float = 0.0
+    init_scale: float = 0.1
+    unroll: int = 1
+    remat: bool = False
+    project_per_step: bool | None = None
+
+    def __post_init__(self):
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        cells.check_positive("input_size", self.input_size)
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
+        dropout.check_rate("drop", self.drop)
+
+    def init(self, key: Array) -> Params:
+        """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
+        ke, kc, ko = jax.random.split(key, 3)
+        u = lambda k, shape: jax.random.uniform(k, shape, jnp.float32, -self.init_scale,
+                                                self.init_scale)  # fmt: skip
+        params = {
+            "cell": self.cell.init(kc, self.input_size),
+            "W_out": u(ko, (self.cell.hidden_size, self.num_classes)),
+            "b_out": jnp.zeros((self.num_classes,), jnp.float32),
+        }
+        if self.vocab_size is not None:
+            params["embed"] = u(ke, (self.vocab_size, self.input_size))
+        return params
+
+    def features(self, params: Params, inputs: Array, lengths: Array) -> Array:
+        """The sequence representations ``[B, n]``.
+
+        Args:
+          inputs: ``[B, T]`` int token ids (``vocab_size`` set) or ``[B, T, m]`` float.
+          lengths: ``[B]`` int real steps per row (0 allowed: the zero vector).
+        """
+        if self.vocab_size is not None:
+            xs = params["embed"][inputs.T]  # [T, B, m]
+        else:
+            xs = jnp.swapaxes(inputs, 0, 1)
+        batch = xs.shape[1]
+        carry = self.cell.initial_carry(batch, xs.dtype)
+        per_step = self.input_size <= 8 if self.project_per_step is None else self.project_per_step
+        _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
+                             unroll=self.unroll, remat=self.remat,
+                             project_per_step=per_step)  # fmt: skip
+        last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
+        return jnp.where((lengths > 0)[:, None], last, 0.0)
+
+    def logits(
+        self, params: Params, inputs: Array, lengths: Array, key: Array | None = None
+    ) -> Array:
+        """``[B, C]`` unnormalised log-probabilities; dropout on the representation when
+        ``key`` is given (training), none otherwise."""
+        h = self.features(params, inputs, lengths)
+        if key is not None and self.drop:
+            h = h * dropout.mask(key, h.shape, self.drop, h.dtype)
+        return h @ params["W_out"] + params["b_out"]

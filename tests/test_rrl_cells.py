@@ -1,0 +1,367 @@
+"""LSTM, GRU, SC-LSTM, RRN and Parallel (HRL) cells against NumPy transcriptions of
+Wang & Tian (2016, eqs. 1, 3-7) and Cho et al. (2014, eqs. 5-8)."""
+
+import functools
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import np_tree
+
+from rhnzoo import cells
+
+sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+
+# One jitted unroll for the whole module (the cell is static: frozen dataclasses hash).
+UNROLL = jax.jit(cells.unroll, static_argnums=0)
+
+B, M, N = 3, 4, 5  # batch, input size, hidden size
+
+CELLS = {
+    "lstm": lambda: cells.LSTM(N),
+    "gru": lambda: cells.GRU(N),
+    "rrn1": lambda: cells.RRN(N, 1),
+    "rrn3": lambda: cells.RRN(N, 3),
+    "rrn2_tanh": lambda: cells.RRN(N, 2, activation="tanh"),
+    "sclstm_i": lambda: cells.SCLSTM(N, skip=2),
+    "sclstm_p": lambda: cells.SCLSTM(N, skip=3, learn_alpha=True),
+    "hrl": lambda: cells.Parallel((cells.LSTM(N), cells.RRN(N))),
+    "lstm_gru": lambda: cells.Parallel([cells.LSTM(N), cells.GRU(N)]),
+}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def unroll_keeping_carries(cell, params, carry, xs, mask):
+    """A plain scan that keeps every step's carry: ``(carries [T, ...], ys [T, B, n])``."""
+
+    def step(carry, x_t):
+        carry, y = cell.step(params, carry, x_t, mask)
+        return carry, (carry, y)
+
+    return jax.lax.scan(step, carry, cell.project_inputs(params, xs))[1]
+
+
+# ---------------------------------------------------------------------------------------
+# NumPy float64 transcriptions, one gate block at a time.
+
+
+def blocks(a, k):
+    """Splits the last axis of ``a`` into k equal blocks."""
+    return np.split(a, k, axis=-1)
+
+
+def np_lstm_step(p, x, h, c, mask):
+    """Wang & Tian eq. 1; blocks i | f | o | c̃."""
+    Wi, Wf, Wo, Wc = blocks(p["W"], 4)
+    Ui, Uf, Uo, Uc = blocks(p["U"], 4)
+    bi, bf, bo, bc = blocks(p["b"], 4)
+    hm = h * mask
+    i = sigmoid(x @ Wi + hm @ Ui + bi)
+    f = sigmoid(x @ Wf + hm @ Uf + bf)
+    o = sigmoid(x @ Wo + hm @ Uo + bo)
+    c_tilde = np.tanh(x @ Wc + hm @ Uc + bc)
+    c = f * c + i * c_tilde
+    return o * np.tanh(c), c
+
+
+def np_gru_step(p, x, h, mask):
+    """Cho et al. (2014) eqs. 5-8, h_t = z h_{t-1} + (1 - z) h̃; blocks r | z | h̃."""
+    Wr, Wz, Wh = blocks(p["W"], 3)
+    Ur, Uz, Uh = blocks(p["U"], 3)
+    br, bz, bh = blocks(p["b"], 3)
+    hm = h * mask
+    r = sigmoid(x @ Wr + hm @ Ur + br)
+    z = sigmoid(x @ Wz + hm @ Uz + bz)
+    h_tilde = np.tanh(x @ Wh + (r * hm) @ Uh + bh)
+    return z * h + (1.0 - z) * h_tilde
+
+
+def np_rrn_step(p, x, h, mask, act):
+    """Wang & Tian eqs. 3-4: h_t = tanh(h_{t-1} + y_K), x_t entering every layer."""
+    K = p["U"].shape[0]
+    W, b = blocks(p["W"], K), blocks(p["b"], K)
+    y = act(x @ W[0] + (h * mask) @ p["U"][0] + b[0])
+    for k in range(1, K):
+        y = act(x @ W[k] + y @ p["U"][k] + b[k])
+    return np.tanh(h + y)
+
+
+def np_run(cell, p, xs, carry, mask):
+    """Runs the NumPy transcription of ``cell`` over ``xs [T, B, m]``.
+
+    Returns (ys [T, B, n], final carry as a tuple of arrays / nested tuples).
+    """
+    T = xs.shape[0]
+    if isinstance(cell, cells.Parallel):
+        runs = [np_run(c, pi, xs, ci, mask) for c, pi, ci in zip(cell.cells, p, carry)]
+        return np.mean([ys for ys, _ in runs], axis=0), tuple(c for _, c in runs)
+    if isinstance(cell, cells.SCLSTM):
+        return np_sclstm(p, xs, carry, mask, cell.skip, cell.learn_alpha)
+    ys = []
+    if isinstance(cell, cells.LSTM):
+        h, c = carry
+        for t in range(T):
+            h, c = np_lstm_step(p, xs[t], h, c, mask)
+            ys.append(h)
+        return np.stack(ys), (h, c)
+    h = carry
+    for t in range(T):
+        if isinstance(cell, cells.GRU):
+            h = np_gru_step(p, xs[t], h, mask)
+        else:
+            act = sigmoid if cell.activation == "sigmoid" else np.tanh
+            h = np_rrn_step(p, xs[t], h, mask, act)
+        ys.append(h)
+    return np.stack(ys), h
+
+
+def np_sclstm(p, xs, carry, mask, L, learn_alpha):
+    """Wang & Tian eq. 5, written with the full history of h (1-indexed τ):
+    h_τ = o_τ tanh(c_τ) + α h_{τ-L} exactly when τ - 1 is a positive multiple of L."""
+    alpha = p["alpha"] if learn_alpha else 1.0
+    h, c = carry[0], carry[1]
+    history = {}  # τ -> h_τ
+    for tau in range(1, xs.shape[0] + 1):
+        h, c = np_lstm_step(p, xs[tau - 1], h, c, mask)
+        if tau > 1 and (tau - 1) % L == 0:
+            h = h + alpha * history[tau - L]
+        history[tau] = h
+    T = xs.shape[0]
+    last_anchor = 1 + ((T - 1) // L) * L
+    return np.stack([history[t] for t in range(1, T + 1)]), (h, c, history[last_anchor], T)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def abstract_params(cell):
+    """``cell.init(key, M)``'s tree of ``jax.ShapeDtypeStruct`` (nothing is computed)."""
+    return jax.eval_shape(lambda key: cell.init(key, M), jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
+def random_params_np(cell, seed, scale=0.5):
+    """Random (non-init) float32 params of ``cell``'s shapes, drawn with NumPy.
+
+    Like ``helpers.random_params``, but without running ``cell.init``: only its shapes
+    (``jax.eval_shape``), so that no threefry kernel is compiled per shape.
+    """
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(
+        lambda s: jnp.asarray(scale * rng.standard_normal(s.shape), s.dtype), abstract_params(cell)
+    )
+
+
+def random_carry(cell, rng, batch=B):
+    """The initial carry with every float leaf random (int leaves, SC-LSTM's t, kept)."""
+
+    def fill(leaf):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            return jnp.asarray(rng.standard_normal(leaf.shape), leaf.dtype)
+        return leaf
+
+    return jax.tree.map(fill, cell.initial_carry(batch))
+
+
+def setup(cell, seed, T, with_mask=True):
+    """Random params, inputs ``[T, B, M]``, initial carry and dropout mask ``[B, N]``."""
+    rng = np.random.default_rng(seed)
+    params = random_params_np(cell, seed + 1000)
+    xs = jnp.asarray(rng.standard_normal((T, B, M)), jnp.float32)
+    carry = random_carry(cell, rng)
+    mask = jnp.asarray((rng.random((B, N)) < 0.7) / 0.7, jnp.float32) if with_mask else None
+    return params, xs, carry, mask
+
+
+def assert_tree_close(actual, expected, **kw):
+    a, e = jax.tree.leaves(actual), jax.tree.leaves(expected)
+    assert len(a) == len(e)
+    for x, y in zip(a, e):
+        np.testing.assert_allclose(np.asarray(x, np.float64), y, **kw)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matches_numpy(name):
+    cell = CELLS[name]()
+    T = 7
+    params, xs, carry0, mask = setup(cell, 1, T)
+    carry, ys = UNROLL(cell, params, carry0, xs, mask)
+    expected_ys, expected_carry = np_run(
+        cell, np_tree(params), np.asarray(xs, np.float64), np_tree(carry0), np.asarray(mask)
+    )
+    assert ys.shape == (T, B, N)
+    np.testing.assert_allclose(ys, expected_ys, rtol=2e-5, atol=2e-5)
+    assert_tree_close(carry, expected_carry, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "T, L, learn_alpha",
+    [(7, 3, False), (7, 3, True), (6, 3, True), (6, 1, True), (4, 10, False), (9, 2, False)],
+)
+def test_sclstm_matches_numpy(T, L, learn_alpha):
+    """Several T and L (T a multiple of L or not, L = 1, L > T), α fixed and learned."""
+    cell = cells.SCLSTM(N, skip=L, learn_alpha=learn_alpha)
+    params, xs, carry0, mask = setup(cell, 10 * T + L, T)
+    if learn_alpha:  # random_params_np made α ~ N(0, 0.25): make sure it is far from 1
+        params["alpha"] = jnp.float32(-0.7)
+    carry, ys = UNROLL(cell, params, carry0, xs, mask)
+    p = np_tree(params)
+    expected_ys, expected_carry = np_sclstm(
+        p, np.asarray(xs, np.float64), np_tree(carry0), np.asarray(mask), L, learn_alpha
+    )
+    np.testing.assert_allclose(ys, expected_ys, rtol=2e-5, atol=2e-5)
+    assert_tree_close(carry, expected_carry, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(carry.t, T)
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_sclstm_skips_exactly_at_one_plus_kL(L):
+    """Same params as a plain LSTM: equal for τ <= L; at τ = L + 1 the SC-LSTM adds
+    α h_1 to the LSTM's h_{L+1} (same state up to τ = L, so the same LSTM step), then
+    the two differ. α = 0 (learned) is the plain LSTM at every step."""
+    T = L + 3
+    sc, lstm = cells.SCLSTM(N, skip=L, learn_alpha=True), cells.LSTM(N)
+    params, xs, _, _ = setup(sc, L, T, with_mask=False)
+    params["alpha"] = jnp.float32(0.6)
+    lstm_params = {k: params[k] for k in ("W", "U", "b")}
+    _, ys_sc = UNROLL(sc, params, sc.initial_carry(B), xs)
+    _, ys_lstm = UNROLL(lstm, lstm_params, lstm.initial_carry(B), xs)
+    np.testing.assert_allclose(ys_sc[:L], ys_lstm[:L], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ys_sc[L], ys_lstm[L] + 0.6 * ys_lstm[0], rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(ys_sc[L] - ys_lstm[L]).max()) > 1e-2
+    params["alpha"] = jnp.float32(0.0)
+    _, ys_zero = UNROLL(sc, params, sc.initial_carry(B), xs)
+    np.testing.assert_allclose(ys_zero, ys_lstm, rtol=1e-6, atol=1e-7)
+
+
+def test_sclstm_carry_resumes_with_the_right_phase():
+    """Unrolling T1 then T2 steps from the returned carry equals unrolling T1 + T2."""
+    cell = cells.SCLSTM(N, skip=3, learn_alpha=True)
+    params, xs, _, mask = setup(cell, 5, 8)
+    full, ys = UNROLL(cell, params, cell.initial_carry(B), xs, mask)
+    mid, ys1 = UNROLL(cell, params, cell.initial_carry(B), xs[:4], mask)
+    end, ys2 = UNROLL(cell, params, mid, xs[4:], mask)
+    np.testing.assert_allclose(jnp.concatenate([ys1, ys2]), ys, rtol=1e-6, atol=1e-6)
+    assert_tree_close(end, np_tree(full), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_cell_in_user_written_scan_under_jit(name):
+    """A user's own lax.scan with nothing from rhnzoo but the cell equals ``unroll``."""
+    cell = CELLS[name]()
+    params, xs, carry0, mask = setup(cell, 2, 7)
+
+    @jax.jit
+    def run(params, carry, xs, mask):
+        x_proj = cell.project_inputs(params, xs)
+        step = functools.partial(cell.step, params, mask=mask)
+        return jax.lax.scan(step, carry, x_proj)
+
+    carry, ys = run(params, carry0, xs, mask)
+    ref_carry, ref_ys = UNROLL(cell, params, carry0, xs, mask)
+    assert ys.shape == (7, B, N)
+    np.testing.assert_allclose(ys, ref_ys, rtol=1e-6, atol=1e-6)
+    assert_tree_close(carry, np_tree(ref_carry), rtol=1e-6, atol=1e-6)
+    assert float(jnp.abs(ys).sum()) > 0
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_padding_leaves_final_carry_unchanged(name):
+    """Row b padded with garbage after lengths[b] steps ends in the carry it has after
+    lengths[b] real steps (for SC-LSTM: its step counter too), and outputs zeros there."""
+    cell = CELLS[name]()
+    T, lengths = 7, jnp.array([7, 2, 5])
+    params, xs, carry0, mask = setup(cell, 3, T)
+    valid = (jnp.arange(T)[:, None] < lengths[None, :])[..., None]
+    padded = jnp.where(valid, xs, 100.0 * xs[::-1] + 3.0)
+    carry, ys = UNROLL(cell, params, carry0, padded, mask, lengths=lengths)
+    np.testing.assert_array_equal(jnp.where(valid, 0.0, ys), 0.0)
+    # Reference: every row unpadded, every step's carry kept.
+    ref_carries, ref_ys = unroll_keeping_carries(cell, params, carry0, xs, mask)
+    np.testing.assert_allclose(jnp.where(valid, ref_ys, 0.0), ys, rtol=1e-6, atol=1e-6)
+    for b, n_b in enumerate(lengths.tolist()):
+        row = jax.tree.map(lambda a, b=b: a[b], carry)
+        ref = jax.tree.map(lambda a, b=b, t=n_b - 1: a[t, b], ref_carries)
+        assert_tree_close(row, np_tree(ref), rtol=1e-6, atol=1e-6)
+    if isinstance(cell, cells.SCLSTM):
+        np.testing.assert_array_equal(carry.t, lengths)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3", "sclstm_p", "hrl"])
+def test_gradient_matches_finite_differences(name):
+    with jax.enable_x64(True):
+        cell = CELLS[name]()
+        T = 5
+        rng = np.random.default_rng(0)
+        params = jax.tree.map(lambda a: a.astype(jnp.float64), random_params_np(cell, 1))
+        xs = jnp.asarray(rng.standard_normal((T, 2, M)))
+        mask = jnp.asarray((rng.random((2, N)) < 0.8) / 0.8)
+        target = jnp.asarray(rng.standard_normal((T, 2, N)))
+
+        @jax.jit
+        def loss(p):
+            _, ys = cells.unroll(cell, p, cell.initial_carry(2, jnp.float64), xs, mask)
+            return jnp.sum((ys - target) ** 2)
+
+        grads = jax.grad(loss)(params)
+        flat, unravel = jax.flatten_util.ravel_pytree(params)
+        g_flat, _ = jax.flatten_util.ravel_pytree(grads)
+        assert g_flat.dtype == jnp.float64
+        eps = 1e-6
+        for _ in range(4):
+            d = rng.standard_normal(flat.shape)
+            fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
+            np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)
+        if "alpha" in params:  # SC-LSTM-P: dL/dα on its own (T = 5, L = 3: one skip, τ = 4)
+            shifted = lambda e: loss({**params, "alpha": params["alpha"] + e})
+            fd = (shifted(eps) - shifted(-eps)) / (2 * eps)
+            assert abs(float(grads["alpha"])) > 1e-3
+            np.testing.assert_allclose(float(grads["alpha"]), float(fd), rtol=1e-6, atol=1e-8)
+
+
+def test_init_shapes_biases_and_parameter_counts():
+    key = jax.random.PRNGKey(0)
+    lstm = jax.jit(cells.LSTM(N, forget_bias=1.5, init_scale=0.1).init, static_argnums=1)(key, M)
+    assert lstm["W"].shape == (M, 4 * N) and lstm["U"].shape == (N, 4 * N)
+    np.testing.assert_array_equal(lstm["b"][N : 2 * N], 1.5)  # forget gate
+    np.testing.assert_array_equal(lstm["b"][:N], 0.0)
+    np.testing.assert_array_equal(lstm["b"][2 * N :], 0.0)
+    for w in (lstm["W"], lstm["U"]):
+        assert w.dtype == jnp.float32 and 0.05 < float(jnp.abs(w).max()) <= 0.1
+    sc = jax.jit(cells.SCLSTM(N, learn_alpha=True, init_scale=0.1).init, static_argnums=1)(key, M)
+    assert sc["alpha"].shape == () and float(sc["alpha"]) == 1.0  # SC-LSTM-P starts as -I
+    np.testing.assert_array_equal(sc["W"], lstm["W"])
+
+    shapes = lambda cell: jax.tree.map(lambda s: s.shape, abstract_params(cell))
+    count = lambda cell: sum(int(np.prod(s.shape)) for s in jax.tree.leaves(abstract_params(cell)))
+
+    assert count(cells.LSTM(N)) == 4 * (M * N + N * N + N)
+    assert count(cells.GRU(N)) == 3 * (M * N + N * N + N)
+    assert shapes(cells.RRN(N, 3)) == {"W": (M, 3 * N), "U": (3, N, N), "b": (3 * N,)}
+    assert count(cells.RRN(N, 2)) == 2 * (M * N + N * N + N)  # half an LSTM
+    assert "alpha" not in shapes(cells.SCLSTM(N))
+    assert count(cells.Parallel((cells.LSTM(N), cells.RRN(N)))) == 6 * (M * N + N * N + N)
+    carry = cells.SCLSTM(N).initial_carry(2, jnp.bfloat16)
+    assert carry.h.dtype == jnp.bfloat16 and carry.t.dtype == jnp.int32 and carry.t.shape == (2,)
+
+
+def test_bad_hyperparameters_raise():
+    for make, match in [
+        (lambda: cells.LSTM(0), "hidden_size"),
+        (lambda: cells.GRU(-1), "hidden_size"),
+        (lambda: cells.RRN(0), "hidden_size"),
+        (lambda: cells.RRN(4, depth=0), "depth"),
+        (lambda: cells.RRN(4, activation="relu"), "activation"),
+        (lambda: cells.SCLSTM(0), "hidden_size"),
+        (lambda: cells.SCLSTM(4, skip=0), "skip"),
+        (lambda: cells.SCLSTM(4, skip=2.5), "skip"),
+        (lambda: cells.Parallel((cells.LSTM(4), cells.RRN(5))), "same hidden_size"),
+        (lambda: cells.Parallel(()), "at least one"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make()
+    for cell in (cells.LSTM(4), cells.GRU(4), cells.RRN(4), cells.SCLSTM(4, learn_alpha=True),
+                 cells.Parallel((cells.LSTM(4), cells.GRU(4)))):  # fmt: skip
+        with pytest.raises(ValueError, match="input_size"):
+            cell.init(jax.random.PRNGKey(0), 0)
