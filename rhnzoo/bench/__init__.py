@@ -5,8 +5,9 @@ peer's (the code a user would otherwise write, or Flax's built-in), timed
 alternately, each reported as the minimum (and median) over rounds, with the
 device's dense-matmul throughput read between rounds so that a figure can be
 set against the best peak seen in the same run. Absolute numbers on a shared
-machine drift by tens of percent within minutes; ratios of interleaved minima do
-not.
+machine drift by tens of percent within minutes; ratios of interleaved minima
+drift much less, but under heavy load still by up to ~20% between runs (see
+``docs/bench_cpu_2core_noisy.jsonl``), so quote them as ranges over runs.
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
@@ -16,6 +17,7 @@ not.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -25,12 +27,29 @@ import jax
 import jax.numpy as jnp
 
 
-def matmul_peak(dtype=jnp.float32, size: int | None = None, reps: int = 5) -> float:
-    """Best FLOP/s of a large square matmul on the default device (float32 accumulation)."""
-    size = size or (2048 if jax.default_backend() == "cpu" else 8192)
-    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
+@functools.lru_cache(maxsize=None)
+def _square(dtype_name: str, size: int):
+    """A compiled ``a @ a`` (float32 accumulation) and its ``[size, size]`` operand, made once."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.dtype(dtype_name))
     f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     f(a).block_until_ready()
+    return f, a
+
+
+def matmul_peak(dtype=jnp.float32, size: int | None = None, reps: int = 5) -> float:
+    """Best FLOP/s of a large square matmul on the default device (float32 accumulation).
+
+    Args:
+      dtype: input dtype of the matmul (float32 or bfloat16).
+      size: side of the square matrices (default 2048 on CPU, 8192 otherwise).
+      reps: timed repetitions; the fastest one is reported.
+
+    Returns:
+      ``2 size**3 / (fastest seconds)``, FLOP/s. The function and operand are
+      compiled and made once per (dtype, size), so repeated reads are cheap.
+    """
+    size = size or (2048 if jax.default_backend() == "cpu" else 8192)
+    f, a = _square(jnp.dtype(dtype).name, size)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
@@ -45,33 +64,53 @@ def alternate(
     rounds: int = 5,
     repeats: int = 1,
     peak_dtype: Any | None = jnp.float32,
+    peak_size: int | None = None,
+    peak_reps: int = 3,
 ) -> dict[str, Any]:
-    """Times ``candidates`` in interleaved rounds: A, B, ..., [peak], A, B, ...
+    """Times ``candidates`` in interleaved rounds: A, B, ..., [peak], B, ..., A, [peak], ...
 
     Each callable runs one unit of work and returns something to block on (a jax
     array or pytree); it is called once untimed first (warm-up and compilation).
+    Round r times the candidates in their order rotated by r (so that no
+    candidate always runs right after the peak read or after a given rival),
+    each ``repeats`` times in a row, then reads the matmul peak.
 
     Args:
       candidates: name -> zero-argument callable.
       rounds: timed rounds; each round times every candidate ``repeats`` times.
+      repeats: consecutive timed calls of a candidate per round.
       peak_dtype: dtype of the matmul peak read after every round (None: skip).
+      peak_size: side of the peak's square matmul (default: :func:`matmul_peak`'s).
+      peak_reps: repetitions per peak read (the fastest counts).
 
     Returns:
       ``{'seconds': {name: {'min', 'median', 'all': [...]}}, 'peak_flops_per_s':
-      {'max', 'min', 'all': [...]}}`` (``peak_flops_per_s`` only if measured).
+      {'max', 'min', 'all': [...]}}``: wall seconds per call (``all`` has
+      ``rounds * repeats`` entries, in time order) and one peak per round
+      (FLOP/s; ``peak_flops_per_s`` only if measured).
+
+    Raises:
+      ValueError: if there are no candidates, or rounds or repeats < 1.
     """
+    if not candidates or rounds < 1 or repeats < 1:
+        raise ValueError(
+            f"alternate needs candidates, rounds >= 1 and repeats >= 1, got "
+            f"{len(candidates)} candidates, rounds={rounds}, repeats={repeats}"
+        )
     for fn in candidates.values():
         jax.block_until_ready(fn())
-    times: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    times: dict[str, list[float]] = {name: [] for name in names}
     peaks: list[float] = []
-    for _ in range(rounds):
-        for name, fn in candidates.items():
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = candidates[name]
             for _ in range(repeats):
                 t = time.perf_counter()
                 jax.block_until_ready(fn())
                 times[name].append(time.perf_counter() - t)
         if peak_dtype is not None:
-            peaks.append(matmul_peak(peak_dtype, reps=2))
+            peaks.append(matmul_peak(peak_dtype, size=peak_size, reps=peak_reps))
     out: dict[str, Any] = {
         "seconds": {name: {"min": min(ts), "median": statistics.median(ts), "all": ts}
                     for name, ts in times.items()}  # fmt: skip

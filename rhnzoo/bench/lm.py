@@ -1,15 +1,32 @@
-r"""Train-step benchmark: tokens/s and model-FLOPs utilisation (MFU).
+r"""Train-step benchmark of the RHN / HSG language model, against a plain-JAX peer.
 
-  python -m rhnzoo.bench.lm                                   # every configuration
-  python -m rhnzoo.bench.lm --configs=ptb_sota --scan_impl=reference
-  python -m rhnzoo.bench.lm --configs=ptb_d40_hsg --num_steps=200 --remat
+  python -m rhnzoo.bench.lm                                  # the configurations of record
+  python -m rhnzoo.bench.lm --configs=ptb_sota --dtype=bfloat16 --steps=8
+  python -m rhnzoo.bench.lm --configs=ptb_d40_hsg --nopeer --remat --num_steps=200 --steps=0
 
-Times the full jit-compiled train step of :mod:`rhnzoo.train` (dropout masks,
-forward, backward, clipping, SGD update) after compilation, on whatever device
-JAX sees, and prints one JSON object per configuration with the device, tokens/s,
-the analytic model FLOPs per token, the achieved FLOP/s, the same device's
-dense-matmul throughput measured in the same run, their ratio (MFU), the compile
-time, the compiler's memory estimate, and evaluation speed.
+Prints one JSON object per configuration. What is timed is the full jit-compiled
+train step (window slicing, dropout masks, forward, backward, weight decay,
+clipping, SGD update; state donated) of :func:`rhnzoo.training.lm.make_train_step`
+and, with ``--peer`` (the default), of :func:`make_peer_step`, on random tokens,
+after compilation, on whatever device JAX sees.
+
+Method (so that the figures survive a shared, noisy machine):
+
+* rhnzoo's step and the peer's run alternately in the same process, in rounds
+  (:func:`rhnzoo.bench.alternate`: one untimed warm-up call each, then per round
+  one timed call each, order rotated every round, then a dense-matmul peak read
+  in the run's dtype). ``*_step_ms_min`` is the fastest call, the least disturbed
+  by other processes; ``*_step_ms_median`` the typical one.
+* ``speedup`` = peer min / rhnzoo min (> 1: rhnzoo is faster); both minima come
+  from the same stretch of time, so the ratio is what survives the noise.
+  ``speedup_median`` is the ratio of the medians, ``speedup_paired_median`` the
+  median over rounds of the ratio of the two calls timed back to back in a round.
+* tokens/s and achieved FLOP/s are taken at the minimum step time; ``mfu`` is the
+  achieved FLOP/s over the BEST peak read in the run (``peak_flops_per_s_max``);
+  ``peak_flops_per_s_min`` shows how far the peak itself moved.
+* The number of rounds is ``--steps``, lowered (to no fewer than 3) so that the
+  timed rounds of a configuration take about ``--budget_s`` seconds, estimated
+  from a first call of each step.
 
 Model FLOPs per token (matmuls only; a multiply-add counts 2; training = 3 x
 forward, as the backward pass does two matmuls per forward matmul):
@@ -18,26 +35,56 @@ forward, as the backward pass does two matmuls per forward matmul):
             + L 2 n k n            recurrent micro-layers
             + [HSG] 2 (2 n n)      HSG gate (W_R, W_F)
             + 2 n V                softmax
+
+The peer (:func:`peer_loss`, :func:`make_peer_step`) is the RHN / HSG-RHN
+language model as a competent JAX user writes it from the papers (Zilly et al.
+2017, eqs. 6-9, coupled C = 1 - T; Shoham & Permuter, eqs. 5-6), without any of
+rhnzoo's cells or models: embedding lookup; the input projection W x of all time
+steps as one matmul outside the scan, H and T fused in one ``[m, 2n]`` matrix;
+``jax.lax.scan`` over time whose body runs the L micro-layers in a Python ``for``
+loop over per-layer weights (as the reference TensorFlow code does; unrolled at
+trace time; ``--peer_layers=scan`` uses an inner ``lax.scan`` instead), each one
+fused ``[n, 2n]`` matmul with s^[l] = h T + s^[l-1] (1 - T); the HSG gate after
+the last micro-layer; tied (or untied) softmax; the same loss (summed
+cross-entropy / B + weight decay * 0.5 ||theta||^2); gradients by ``jax.grad``
+(autodiff through the scan); the same optax optimizer (global-norm clipping +
+SGD); ``jax.jit`` with the state donated. It reads rhnzoo's parameter pytree and
+training state as they are (``{'embed', 'cell': {'W', 'R' [L, n, 2n], 'b'}, ...}``),
+splitting the stacked recurrent weights per layer once per step outside the time
+scan, and draws its dropout masks with :func:`rhnzoo.dropout.lm_masks` from the
+same key, so both steps compute the same function (tested in
+``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every matmul's
+inputs to bfloat16 with float32 accumulation (``preferred_element_type``), as
+rhnzoo's forward pass does; its backward pass is what ``jax.grad`` makes of
+those matmuls (float32 matmuls, as the cotangents are float32), whereas
+rhnzoo's hand-written recurrent backward runs its matmuls in bfloat16 too.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import app, flags
 
 from rhnzoo import data, dropout
-from rhnzoo.bench import matmul_peak
+from rhnzoo.bench import alternate, matmul_peak
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 
+Array = jax.Array
+
 CONFIGS = {
-    # The reference code's ptb_sota and enwik8_sota settings, HSG's deepest, and the CPU preset.
+    # The reference code's ptb_sota and enwik8_sota settings, HSG's deepest, the CPU
+    # preset, and a tiny one for tests and smoke runs.
     "ptb_sota": dict(vocab=10000, hidden=830, depth=10, batch=20, num_steps=35, tied=True,
                      hsg=False, rates=(0.25, 0.75, 0.25, 0.75)),
     "ptb_d40_hsg": dict(vocab=10000, hidden=830, depth=40, batch=20, num_steps=35, tied=True,
@@ -46,16 +93,23 @@ CONFIGS = {
                         hsg=False, rates=(0.10, 0.40, 0.10, 0.40)),
     "cpu_small": dict(vocab=10000, hidden=256, depth=3, batch=20, num_steps=35, tied=True,
                       hsg=False, rates=(0.1, 0.3, 0.1, 0.3)),
+    "tiny": dict(vocab=50, hidden=16, depth=2, batch=4, num_steps=6, tied=True,
+                 hsg=True, rates=(0.1, 0.3, 0.1, 0.3)),
 }  # fmt: skip
+RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
-flags.DEFINE_list("configs", list(CONFIGS), "Configurations to run.")
-flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "Time-scan implementation.")
+flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
+flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "rhnzoo's time scan.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dtype.")
-flags.DEFINE_boolean("remat", False, "Rematerialise time steps in the backward pass.")
+flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
 flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
-flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration.")
-flags.DEFINE_integer("steps", 20, "Timed train steps (median reported); 0: compile only.")
-flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement.")
+flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
+flags.DEFINE_boolean("peer", True, "Also time the plain-JAX peer step, alternating.")
+flags.DEFINE_enum("peer_layers", "python", ["python", "scan"],
+                  "The peer's loop over micro-layers: Python for loop or lax.scan.")
+flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
+flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
+flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
 FLAGS = flags.FLAGS
 
 
@@ -67,19 +121,191 @@ def flops_per_token(c: dict) -> float:
     return 3.0 * forward
 
 
-def _memory(compiled) -> dict:
+# ---------------------------------------------------------------------------- the peer
+
+
+def peer_loss(
+    params: dict,
+    carry: Array,
+    x: Array,
+    y: Array,
+    masks: dict[str, Array],
+    *,
+    hsg: bool,
+    tied: bool,
+    batch_size: int,
+    weight_decay: float,
+    dtype: str = "float32",
+    layers: str = "python",
+) -> tuple[Array, tuple[Array, Array]]:
+    """The plain-JAX RHN / HSG-RHN language-model loss (see the module docstring).
+
+    Args:
+      params: rhnzoo's LM parameters: ``embed [V, m]``, ``softmax_b [V]``
+        (+ ``softmax_w [n, V]`` if not tied), ``cell``: ``{'W' [m, 2n], 'R'
+        [L, n, 2n], 'b' [L, 2n]}`` (H | T fused), or for HSG ``{'cell': that,
+        'W_R' [n, n], 'W_F' [n, n], 'b_G' [n]}``; float32.
+      carry: ``[B, n]`` float32 state entering the window.
+      x, y: ``[B, T]`` int32 inputs and targets.
+      masks: :func:`rhnzoo.dropout.lm_masks` (``x [B, T]``, ``i [B, m]``,
+        ``h [B, n]``, ``o [B, n]``).
+      dtype: matmul input dtype, accumulation float32.
+      layers: the loop over micro-layers 2..L inside the time step: ``'python'``
+        (a Python ``for`` loop, unrolled when traced; the default) or ``'scan'``
+        (``jax.lax.scan`` over the stacked weights).
+
+    Returns:
+      ``(loss, (nll, carry))``: loss = nll / B + weight_decay * 0.5 ||params||^2,
+      nll the summed cross-entropy (nats) over the window, carry ``[B, n]``.
+
+    Raises:
+      ValueError: for an unknown ``layers``.
+    """
+
+    if layers not in ("python", "scan"):
+        raise ValueError(f"layers must be 'python' or 'scan', got {layers!r}")
+
+    def mm(a, b):
+        return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+    rhn = params["cell"]["cell"] if hsg else params["cell"]
+    n = rhn["R"].shape[1]
+    # The weights are split per micro-layer once, outside the time scan (as separate
+    # per-layer variables would be): indexing the [L, n, 2n] stack inside the scan
+    # body would make autodiff add a padded [L, n, 2n] cotangent per micro-layer
+    # and time step. 'scan' keeps layers 2..L stacked: R = (R_1, R_2..L).
+    if layers == "python":
+        R, b = list(rhn["R"]), list(rhn["b"])
+    else:
+        R, b = (rhn["R"][0], rhn["R"][1:]), (rhn["b"][0], rhn["b"][1:])
+    emb = params["embed"]
+    xs = emb[x.T] * masks["x"].T[..., None] * masks["i"]  # [T, B, m]
+    xw = mm(xs, rhn["W"])  # [T, B, 2n]: W_H x | W_T x for every time step at once
+    m_h = masks["h"]
+
+    def micro_layer(s, R_l, b_l):  # eqs. 6-8 with C = 1 - T, H|T fused
+        z = mm(s * m_h, R_l) + b_l
+        h, t = jnp.tanh(z[:, :n]), jax.nn.sigmoid(z[:, n:])
+        return h * t + s * (1.0 - t)
+
+    def time_step(s_prev, xw_t):
+        s = micro_layer(s_prev, R[0], b[0] + xw_t)  # the input enters micro-layer 1 only
+        if layers == "python":
+            for R_l, b_l in zip(R[1:], b[1:]):
+                s = micro_layer(s, R_l, b_l)
+        else:
+            s, _ = jax.lax.scan(lambda s, Rb: (micro_layer(s, *Rb), None), s, (R[1], b[1]))
+        if hsg:
+            cp = params["cell"]
+            g = jax.nn.sigmoid(mm(s_prev, cp["W_R"]) + mm(s, cp["W_F"]) + cp["b_G"])  # eq. 6
+            s = g * s_prev + (1.0 - g) * s  # eq. 5
+        return s, s
+
+    carry, ys = jax.lax.scan(time_step, carry, xw)  # ys [T, B, n]
+    ys = ys * masks["o"]
+    w_out = emb.T if tied else params["softmax_w"]
+    logits = mm(ys, w_out) + params["softmax_b"]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, y.T).sum()
+    l2 = sum(0.5 * jnp.sum(p * p) for p in jax.tree.leaves(params))
+    return nll / batch_size + weight_decay * l2, (nll, carry)
+
+
+def make_peer_step(
+    cfg: train.TrainConfig,
+    tx: optax.GradientTransformation,
+    *,
+    vocab_size: int,
+    hsg: bool,
+    tied: bool,
+    dtype: str = "float32",
+    layers: str = "python",
+):
+    """The peer's ``train_step(state, (rows, window), key) -> (state, sums)``.
+
+    Same contract and state as :func:`rhnzoo.training.lm.make_train_step`
+    (``state = {'params', 'opt_state', 'carry'}``, ``rows [B, N] int32``, carry
+    zeroed at window 0, masks from ``key``), with the model and its gradient
+    written in plain JAX (:func:`peer_loss`). Wrap it in ``jax.jit(...,
+    donate_argnums=0)``.
+    """
+    T, B = cfg.num_steps, cfg.batch_size
+
+    def train_step(state, batch, key):
+        rows, window = batch
+        xy = jax.lax.dynamic_slice_in_dim(rows, window * T, T + 1, axis=1)
+        x, y = xy[:, :-1], xy[:, 1:]
+        m, n = state["params"]["embed"].shape[1], state["carry"].shape[1]
+        masks = dropout.lm_masks(key, x, vocab_size, m, n, cfg.rates)
+        carry = jnp.where(window == 0, 0.0, state["carry"])
+        grads, (nll, carry) = jax.grad(peer_loss, has_aux=True)(
+            state["params"], carry, x, y, masks, hsg=hsg, tied=tied, batch_size=B,
+            weight_decay=cfg.weight_decay, dtype=dtype, layers=layers,
+        )  # fmt: skip
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        state = {"params": optax.apply_updates(state["params"], updates),
+                 "opt_state": opt_state, "carry": carry}  # fmt: skip
+        return state, {"loss": nll, "count": jnp.float32(B * T)}
+
+    return train_step
+
+
+# ---------------------------------------------------------------------------- the benchmark
+
+
+def _memory(compiled, prefix: str = "") -> dict:
     try:
         m = compiled.memory_analysis()
         est = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-        return {"temp_bytes": int(m.temp_size_in_bytes),
-                "peak_bytes_estimate": int(est - m.alias_size_in_bytes)}  # fmt: skip
+        return {f"{prefix}temp_bytes": int(m.temp_size_in_bytes),
+                f"{prefix}peak_bytes_estimate": int(est - m.alias_size_in_bytes)}  # fmt: skip
     except Exception:  # not every backend reports it
         return {}
 
 
-def bench(name: str, c: dict, *, scan_impl: str, dtype: str, remat: bool, unroll: int,
-          steps: int, eval_tokens: int, peak: float) -> dict:  # fmt: skip
-    """Compiles and times the train step (and evaluation) of configuration ``c``."""
+def _host() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "jax": jax.__version__,
+            "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None}  # fmt: skip
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def _stepper(compiled, state, batch, key):
+    """``(call, box)``: ``call()`` runs one donated train step on the state in ``box[0]``."""
+    box = [state]
+
+    def call():
+        box[0], sums = compiled(box[0], batch, key)
+        return box[0], sums
+
+    return call, box
+
+
+def _compile(step, state, batch, key):
+    t = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=0).lower(state, batch, key).compile()
+    return compiled, time.perf_counter() - t
+
+
+def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32",
+          remat: bool = False, unroll: int = 1, peer: bool = True, peer_layers: str = "python",
+          steps: int = 10, budget_s: float = 120.0, eval_tokens: int = 2000) -> dict:  # fmt: skip
+    """Compiles and times configuration ``c`` (an entry of :data:`CONFIGS`).
+
+    Returns the JSON record (see the module docstring; the flags of the same names
+    document the arguments). ``steps=0`` returns after compilation.
+    """
     model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
                                   tied=c["tied"], scan_impl=scan_impl, remat=remat,
                                   dtype=dtype, unroll=unroll)  # fmt: skip
@@ -88,45 +314,72 @@ def bench(name: str, c: dict, *, scan_impl: str, dtype: str, remat: bool, unroll
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32)
     rows = jnp.asarray(data.batchify(tokens, c["batch"]))
-    spe = data.num_windows(rows.shape[1], c["num_steps"])
-    tx = train.make_optimizer(cfg, spe)
+    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], c["num_steps"]))
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
-    key = jax.random.PRNGKey(1)
-    step_fn = jax.jit(train.make_train_step(model, cfg, tx), donate_argnums=0)
-    batch = (rows, jnp.int32(1))
-    t = time.perf_counter()
-    compiled = step_fn.lower(state, batch, key).compile()
-    compile_s = time.perf_counter() - t
-    if steps == 0:  # compile-only: compile time and the compiler's memory estimate
-        return {"config": name, "scan_impl": scan_impl, "remat": remat, "dtype": dtype,
-                "num_steps": c["num_steps"], "compile_s": compile_s, **_memory(compiled)}  # fmt: skip
-    for _ in range(2):
-        state, sums = compiled(state, batch, key)
-    sums['loss'].block_until_ready()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        state, sums = compiled(state, batch, key)
-        sums['loss'].block_until_ready()
-        times.append(time.perf_counter() - t)
-    step_s = statistics.median(times)
-    tok_s = c["batch"] * c["num_steps"] / step_s
-    fpt = flops_per_token(c)
-    result = {
-        "config": name, "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-        "scan_impl": scan_impl, "dtype": dtype, "remat": remat, "unroll": unroll,
-        **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab")},
-        "step_ms": 1e3 * step_s, "tokens_per_s": tok_s, "model_flops_per_token": fpt,
-        "achieved_flops_per_s": fpt * tok_s, "matmul_peak_flops_per_s": peak,
-        "mfu": fpt * tok_s / peak, "compile_s": compile_s, **_memory(compiled),
+    batch, key = (rows, jnp.int32(1)), jax.random.PRNGKey(1)
+    result: dict[str, Any] = {
+        "config": name, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dtype": dtype, "scan_impl": scan_impl, "remat": remat, "unroll": unroll,
+        **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
+        **_host(),
     }  # fmt: skip
+    step = train.make_train_step(model, cfg, tx)
+    compiled, result["compile_s"] = _compile(step, state, batch, key)
+    result.update(_memory(compiled))
+    candidates, boxes = {}, {}
+    candidates["rhnzoo"], boxes["rhnzoo"] = _stepper(compiled, state, batch, key)
+    if peer:
+        peer_step = make_peer_step(cfg, tx, vocab_size=c["vocab"], hsg=c["hsg"], tied=c["tied"],
+                                   dtype=dtype, layers=peer_layers)  # fmt: skip
+        result["peer_layers"] = peer_layers
+        peer_state = jax.tree.map(jnp.copy, state)  # its own buffers (both are donated)
+        peer_compiled, result["peer_compile_s"] = _compile(peer_step, peer_state, batch, key)
+        result.update(_memory(peer_compiled, "peer_"))
+        candidates["peer"], boxes["peer"] = _stepper(peer_compiled, peer_state, batch, key)
+    if steps == 0:  # compile only: compile time and the compiler's memory estimate
+        return result
+
+    # One call each (warm-up) to size the rounds to the time budget.
+    t = time.perf_counter()
+    for fn in candidates.values():
+        jax.block_until_ready(fn())
+    peak_dtype = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    matmul_peak(peak_dtype, reps=3)
+    round_s = time.perf_counter() - t
+    rounds = max(min(steps, 3), min(steps, int(budget_s // round_s)))
+    result["loadavg_1m_before"] = _loadavg()
+    timing = alternate(candidates, rounds=rounds, peak_dtype=peak_dtype)
+    result["loadavg_1m_after"] = _loadavg()
+
+    secs, peaks = timing["seconds"], timing["peak_flops_per_s"]
+    fpt, tokens_per_step = flops_per_token(c), c["batch"] * c["num_steps"]
+    result.update(rounds=rounds, peak_dtype=jnp.dtype(peak_dtype).name,
+                  peak_flops_per_s_max=peaks["max"], peak_flops_per_s_min=peaks["min"],
+                  peak_gflops_all=[round(p / 1e9, 1) for p in peaks["all"]],
+                  model_flops_per_token=fpt)  # fmt: skip
+    for who, s in secs.items():
+        result[f"{who}_step_ms_min"] = 1e3 * s["min"]
+        result[f"{who}_step_ms_median"] = 1e3 * s["median"]
+        result[f"{who}_step_ms_all"] = [round(1e3 * x, 1) for x in s["all"]]
+    for who, s in secs.items():
+        pre = "" if who == "rhnzoo" else "peer_"
+        result[f"{pre}tokens_per_s"] = tokens_per_step / s["min"]
+        result[f"{pre}achieved_flops_per_s"] = fpt * tokens_per_step / s["min"]
+        result[f"{pre}mfu"] = fpt * tokens_per_step / s["min"] / peaks["max"]
+    if peer:
+        result["speedup"] = secs["peer"]["min"] / secs["rhnzoo"]["min"]
+        result["speedup_median"] = secs["peer"]["median"] / secs["rhnzoo"]["median"]
+        paired = [p / r for p, r in zip(secs["peer"]["all"], secs["rhnzoo"]["all"])]
+        result["speedup_paired_median"] = statistics.median(paired)
+
     if eval_tokens:
         evaluate = train.make_evaluate(model)
+        params = boxes["rhnzoo"][0]["params"]
         for b in (1, c["batch"]):
             toks = tokens[: max(eval_tokens, 2 * b)]
-            evaluate(state["params"], toks, b, 100)  # compile
+            evaluate(params, tokens[: 2 * b], b, 100)  # compiles the same [b, 100] window
             t = time.perf_counter()
-            evaluate(state["params"], toks, b, 100)
+            evaluate(params, toks, b, 100)
             result[f"eval_batch{b}_tokens_per_s"] = len(toks) / (time.perf_counter() - t)
     return result
 
@@ -136,14 +389,17 @@ def main(argv):
     unknown = set(FLAGS.configs) - set(CONFIGS)
     if unknown:
         raise SystemExit(f"error: unknown configs {sorted(unknown)}; choose from {list(CONFIGS)}")
-    peak = matmul_peak(jnp.bfloat16 if FLAGS.dtype == "bfloat16" else jnp.float32)
+    if FLAGS.steps < 0 or FLAGS.budget_s <= 0:
+        raise SystemExit(f"error: need --steps >= 0 and --budget_s > 0, got {FLAGS.steps}, "
+                         f"{FLAGS.budget_s}")  # fmt: skip
     for name in FLAGS.configs:
         c = dict(CONFIGS[name])
         if FLAGS.num_steps:
             c["num_steps"] = FLAGS.num_steps
         result = bench(name, c, scan_impl=FLAGS.scan_impl, dtype=FLAGS.dtype, remat=FLAGS.remat,
-                       unroll=FLAGS.unroll, steps=FLAGS.steps, eval_tokens=FLAGS.eval_tokens,
-                       peak=peak)  # fmt: skip
+                       unroll=FLAGS.unroll, peer=FLAGS.peer, peer_layers=FLAGS.peer_layers,
+                       steps=FLAGS.steps, budget_s=FLAGS.budget_s,
+                       eval_tokens=FLAGS.eval_tokens)  # fmt: skip
         print(json.dumps(result), flush=True)
 
 

@@ -1,0 +1,189 @@
+"""rhnzoo.bench: the plain-JAX peer computes rhnzoo's function; ``alternate``'s structure; the CLI.
+
+No timing assertions (performance is shown by running the benchmark, not by tests).
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from rhnzoo import data, dropout
+from rhnzoo.bench import alternate, lm as bench_lm
+from rhnzoo.models import lm
+from rhnzoo.training import lm as train
+
+V, N, B, T = 23, 8, 3, 5
+RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)
+
+
+def setup(hsg, tied, dtype="float32", depth=2):
+    model = lm.rhn_language_model(V, N, depth, hsg=hsg, tied=tied, scan_impl="fused", dtype=dtype)
+    cfg = train.TrainConfig(batch_size=B, num_steps=T, rates=RATES)
+    params = helpers.random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    return model, cfg, params
+
+
+def inputs(model, seed=2):
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    x = jax.random.randint(k[0], (B, T), 0, V)
+    y = jax.random.randint(k[1], (B, T), 0, V)
+    carry = 0.5 * jax.random.normal(k[2], (B, N))
+    masks = dropout.lm_masks(k[3], x, V, model.embed_size, N, RATES)
+    return carry, x, y, masks
+
+
+def rhnzoo_loss(model, cfg):
+    """rhnzoo's training loss, as ``make_train_step`` defines it."""
+
+    def loss(params, carry, x, y, masks):
+        nll, carry = model.nll(params, carry, x, y, masks)
+        return nll / B + cfg.weight_decay * train.l2_penalty(params), (nll, carry)
+
+    return loss
+
+
+def peer_loss(model, cfg, dtype="float32", layers="python"):
+    def loss(params, carry, x, y, masks):
+        return bench_lm.peer_loss(params, carry, x, y, masks, hsg="W_R" in params["cell"],
+                                  tied=model.tied, batch_size=B, weight_decay=cfg.weight_decay,
+                                  dtype=dtype, layers=layers)  # fmt: skip
+
+    return loss
+
+
+def assert_trees_close(a, b, rtol, atol):
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=rtol, atol=atol), a, b)
+
+
+def value_and_grad(loss):
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+@pytest.mark.parametrize("hsg,tied,layers", [(False, True, "python"), (True, False, "scan")])
+def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
+    model, cfg, params = setup(hsg, tied)
+    carry, x, y, masks = inputs(model)
+    assert float(masks["h"].min()) == 0.0  # dropout is active, so the masks matter
+    (l1, (n1, c1)), g1 = value_and_grad(rhnzoo_loss(model, cfg))(params, carry, x, y, masks)
+    peer = value_and_grad(peer_loss(model, cfg, layers=layers))
+    (l2, (n2, c2)), g2 = peer(params, carry, x, y, masks)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5)
+    np.testing.assert_allclose(n2, n1, rtol=1e-5)
+    np.testing.assert_allclose(c2, c1, rtol=1e-5, atol=1e-6)
+    assert jax.tree.structure(g2) == jax.tree.structure(g1)
+    assert_trees_close(g2, g1, rtol=1e-4, atol=1e-5)
+    # The comparison can fail: other dropout masks change the gradient.
+    other = dict(masks, h=masks["h"][::-1])
+    _, g3 = peer(params, carry, x, y, other)
+    assert not np.allclose(g3["embed"], g1["embed"], rtol=1e-4, atol=1e-5)
+
+
+def test_peer_bfloat16_matches_rhnzoo_bfloat16():
+    """Both cast at the same matmuls, so the bfloat16 losses agree closely; the
+    gradients differ only by bfloat16 rounding (autodiff vs the fused backward)."""
+    model, cfg, params = setup(True, True, dtype="bfloat16")
+    carry, x, y, masks = inputs(model)
+    (l1, _), g1 = value_and_grad(rhnzoo_loss(model, cfg))(params, carry, x, y, masks)
+    (l2, _), g2 = value_and_grad(peer_loss(model, cfg, "bfloat16"))(params, carry, x, y, masks)
+    l32, _ = jax.jit(peer_loss(model, cfg))(params, carry, x, y, masks)
+    np.testing.assert_allclose(l2, l1, rtol=2e-3)
+    assert abs(float(l2) - float(l32)) > 0  # bfloat16 really was used
+    flat1, flat2 = (jnp.concatenate([a.ravel() for a in jax.tree.leaves(g)]) for g in (g1, g2))
+    assert float(jnp.linalg.norm(flat2 - flat1) / jnp.linalg.norm(flat1)) < 3e-2
+
+
+def test_peer_train_step_matches_rhnzoo_train_step():
+    """The whole step (window slicing, carry reset, masks from the key, update) agrees."""
+    model, cfg, params = setup(True, True)
+    rows = jnp.asarray(data.batchify(np.arange(B * (2 * T + 1)) % V, B))
+    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], T))
+    state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
+    state["params"] = params
+    state["carry"] = 0.5 * jnp.ones((B, N))
+    ours = jax.jit(train.make_train_step(model, cfg, tx))
+    peer = jax.jit(bench_lm.make_peer_step(cfg, tx, vocab_size=V, hsg=True, tied=True))
+    key = jax.random.PRNGKey(7)
+    for window in (0, 1):
+        batch = (rows, jnp.int32(window))
+        s1, sums1 = ours(state, batch, key)
+        s2, sums2 = peer(state, batch, key)
+        np.testing.assert_allclose(sums2["loss"], sums1["loss"], rtol=1e-5)
+        assert float(sums2["count"]) == float(sums1["count"]) == B * T
+        np.testing.assert_allclose(s2["carry"], s1["carry"], rtol=1e-5, atol=1e-6)
+        assert_trees_close(s2["params"], s1["params"], rtol=1e-5, atol=1e-6)
+        moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), s2["params"], params)
+        assert min(jax.tree.leaves(moved)) > 0  # every parameter was updated
+
+
+def test_peer_rejects_unknown_layer_loop():
+    model, cfg, params = setup(False, True, depth=1)
+    with pytest.raises(ValueError, match="layers must be"):
+        peer_loss(model, cfg, layers="while")(params, *inputs(model))
+
+
+def test_flops_per_token_ptb_sota():
+    # ptb_sota by hand: input 2*830*1660, 10 micro-layers 10*2*830*1660, softmax 2*830*10000.
+    c = bench_lm.CONFIGS["ptb_sota"]
+    assert bench_lm.flops_per_token(c) == 3 * (11 * 2 * 830 * 1660 + 2 * 830 * 10000)
+    hsg = dict(c, hsg=True)
+    assert bench_lm.flops_per_token(hsg) - bench_lm.flops_per_token(c) == 3 * 4 * 830 * 830
+
+
+def test_alternate_structure():
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+            return jnp.ones(3) * calls[name]
+
+        return fn
+
+    out = alternate({"a": make("a"), "b": make("b")}, rounds=3, repeats=2, peak_size=64)
+    assert calls == {"a": 7, "b": 7}  # warm-up + rounds * repeats
+    assert set(out) == {"seconds", "peak_flops_per_s"}
+    for name in ("a", "b"):
+        s = out["seconds"][name]
+        assert len(s["all"]) == 6 and s["min"] == min(s["all"]) and s["min"] <= s["median"]
+    p = out["peak_flops_per_s"]
+    assert len(p["all"]) == 3 and p["max"] == max(p["all"]) >= p["min"] == min(p["all"]) > 0
+    assert set(alternate({"a": make("a")}, rounds=1, peak_dtype=None)) == {"seconds"}
+    with pytest.raises(ValueError, match="rounds"):
+        alternate({"a": make("a")}, rounds=0)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "rhnzoo.bench.lm", *args],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_cli_tiny_prints_one_json_record():
+    proc = run_cli("--configs=tiny", "--steps=1", "--eval_tokens=30")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert r["config"] == "tiny" and r["dtype"] == "float32" and r["rounds"] == 1
+    for who in ("rhnzoo", "peer"):
+        assert len(r[f"{who}_step_ms_all"]) == 1
+        assert 0 < r[f"{who}_step_ms_min"] <= r[f"{who}_step_ms_median"]
+    assert r["speedup"] == pytest.approx(r["peer_step_ms_min"] / r["rhnzoo_step_ms_min"])
+    assert r["speedup_paired_median"] == pytest.approx(r["speedup"])  # one round: one pair
+    tok_s = r["batch"] * r["num_steps"] / (r["rhnzoo_step_ms_min"] / 1e3)
+    assert r["tokens_per_s"] == pytest.approx(tok_s)
+    assert r["mfu"] == pytest.approx(tok_s * r["model_flops_per_token"] / r["peak_flops_per_s_max"])
+    assert r["peak_flops_per_s_max"] >= r["peak_flops_per_s_min"] > 0
+    assert r["eval_batch1_tokens_per_s"] > 0 and r["compile_s"] > 0 and r["peer_compile_s"] > 0
+
+
+def test_cli_unknown_config_is_a_one_line_error():
+    proc = run_cli("--configs=nope")
+    assert proc.returncode != 0
+    assert "unknown configs ['nope']" in proc.stderr
+    assert proc.stdout == ""
