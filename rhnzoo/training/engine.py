@@ -416,6 +416,8 @@ class Checkpoints:
                 with _quiet_orbax():
                     return self.latest.restore(step, args=ocp.args.StandardRestore(like))
             except Exception as e:  # any failure to read: truncated, missing files, structure
+                reason = _one_line(e)
+            with _quiet_orbax(collect=True):  # the exception is released: its leftovers go now
                 bad = self.latest.directory / str(step)
                 aside = self.workdir / "corrupt" / f"checkpoints_{step}_{int(time.time())}"
                 if jax.process_index() == 0:
@@ -428,7 +430,7 @@ class Checkpoints:
                 self.latest.reload()
                 older = self.latest.latest_step()
                 warn(
-                    f"warning: checkpoint {bad} is unreadable ({_one_line(e)}); moved to "
+                    f"warning: checkpoint {bad} is unreadable ({reason}); moved to "
                     f"{aside}; " + (f"resuming from step {older}" if older is not None
                                     else "starting from scratch")  # fmt: skip
                 )
@@ -464,17 +466,32 @@ class Checkpoints:
 
 
 class _quiet_orbax:
-    """Mutes absl logging (orbax logs tracebacks at ERROR before raising)."""
+    """Mutes what orbax prints around a failing save or restore: absl logging (it logs
+    tracebacks at ERROR before raising), the coroutines and worker threads it leaves
+    behind (Python's unraisable-exception and thread hooks), collected before unmuting."""
+
+    def __init__(self, collect: bool = False):
+        self.collect = collect  # also collect garbage before unmuting, failure or not
 
     def __enter__(self):
+        import threading
+
         from absl import logging
 
         self.logger = logging.get_absl_logger()
-        self.level = self.logger.level
+        self.saved = (self.logger.level, sys.unraisablehook, threading.excepthook)
         self.logger.setLevel(60)
+        sys.unraisablehook = lambda unraisable: None
+        threading.excepthook = lambda args: None
 
     def __exit__(self, *exc):
-        self.logger.setLevel(self.level)
+        import gc
+        import threading
+
+        if exc[0] is not None or self.collect:
+            gc.collect()  # abandoned coroutines report here, muted
+        level, sys.unraisablehook, threading.excepthook = self.saved
+        self.logger.setLevel(level)
 
 
 class MetricsLog:
