@@ -228,7 +228,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "save", no_space)
     with pytest.raises(engine.RunError) as info:
         run(tmp_path / "w", max_steps=5, checkpoint_every_steps=2)
-    assert "No space left on device" in str(info.value) and "\n" not in str(info.value)
+    assert "no space left on device" in str(info.value) and "\n" not in str(info.value)
     assert "checkpoints/2" in str(info.value)
 
 
