@@ -17,6 +17,20 @@ With ``--mc_samples=K`` the ``--split`` stream is also evaluated with dropout
 ON (the run's rates), K mask draws, probabilities averaged (the reference
 code's MC evaluation), next to the deterministic batch-1 perplexity, with the
 time each takes.
+
+``--flow`` draws the information-flow figures instead (:mod:`rhnzoo.analysis.flow`):
+
+* ``gradient_flow.png``: ``‖∂L_T/∂s_{T-k}‖`` against k for every cell family at
+  initialisation on the same random input (RHN depth 1/5/10, HSG-RHN, DT-RNN, LSTM,
+  GRU, RRN, SC-LSTM, HRL; ``--flow_hidden`` units), plus, with ``--workdir``, the run's
+  cell at initialisation and trained, on the first ``--flow_tokens`` tokens of ``--split``;
+* ``gersgorin.png`` (with ``--workdir``): Gersgorin discs and eigenvalues of the run's
+  temporal Jacobian after reading ``--flow_tokens`` tokens, at initialisation and
+  trained (Zilly et al. 2017, Fig. 2), with spectral radii along the sequence in
+  ``flow.json``.
+
+  python experiments/analyze.py --flow --out=runs/flow                    # cells at init
+  python experiments/analyze.py --flow --workdir=runs/ptb_small_d3_n256   # + a trained run
 """
 
 from __future__ import annotations
@@ -27,9 +41,11 @@ import sys
 import time
 
 import jax
-from absl import app, flags, logging
+import numpy as np
+from absl import flags
 
-from rhnzoo import analysis, data, dropout
+from rhnzoo import analysis, cells, cli, data, dropout
+from rhnzoo.analysis import flow
 from rhnzoo.training import lm as lm_training
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
@@ -47,7 +63,79 @@ flags.DEFINE_integer("hist_times", 200, "Random time steps in the HSG histogram.
 flags.DEFINE_integer("seed", 0, "Seed of the MC masks and the histogram's time steps.")
 flags.DEFINE_string("data_dir", None, "PTB directory (default: the run's data_dir setting).")
 flags.DEFINE_boolean("verify", True, "Check the PTB files' sha256 (off for your own corpora).")
+flags.DEFINE_boolean("flow", False, "Draw the information-flow figures (gradient_flow.png, and "
+                     "gersgorin.png for a --workdir) instead of the gate analysis.")
+flags.DEFINE_integer("flow_hidden", 64, "Units of the cells compared at initialisation.")
+flags.DEFINE_integer("flow_steps", 100, "Time steps T of the gradient-flow sequences.")
+flags.DEFINE_integer("flow_tokens", 50, "Tokens read before the Gersgorin Jacobian is taken.")
 FLAGS = flags.FLAGS
+
+# The cell families compared at initialisation (each with its own default initialisation).
+FAMILIES = {
+    "RHN depth 1": lambda n: cells.RHN(n, 1),
+    "RHN depth 5": lambda n: cells.RHN(n, 5),
+    "RHN depth 10": lambda n: cells.RHN(n, 10),
+    "HSG-RHN depth 5": lambda n: cells.HSG(cells.RHN(n, 5)),
+    "DT-RNN depth 5": lambda n: cells.DTRNN(n, 5),
+    "LSTM": lambda n: cells.LSTM(n),
+    "GRU": lambda n: cells.GRU(n),
+    "RRN": lambda n: cells.RRN(n),
+    "SC-LSTM (L=20)": lambda n: cells.SCLSTM(n, skip=20),
+    "HRL": lambda n: cells.Parallel((cells.LSTM(n), cells.RRN(n))),
+}
+
+
+def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path) -> dict:
+    """gradient_flow.png (and gersgorin.png for a run); returns the numbers."""
+    n, steps, batch, m = FLAGS.flow_hidden, FLAGS.flow_steps, 4, 32
+    xs = jax.random.normal(jax.random.PRNGKey(FLAGS.seed), (steps, batch, m))
+    curves, results = {}, {"hidden": n, "steps": steps, "batch": batch, "input": m}
+    for label, make in FAMILIES.items():
+        cell = make(n)
+        params = cell.init(jax.random.PRNGKey(FLAGS.seed + 1), m)
+        curves[label] = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
+        print(f"{label:>16}: gradient norm {curves[label][10]:.2e} at 10 steps back, "
+              f"{curves[label][-1]:.2e} at {steps}")
+    results["gradient_norms_at_init"] = {k: v.tolist() for k, v in curves.items()}
+    if workdir is not None:
+        model, trained, config = analysis.load_run(workdir)
+        corpus = data.load_ptb(FLAGS.data_dir or config.get("data_dir"), download=False,
+                               verify=FLAGS.verify)  # fmt: skip
+        init = model.init(jax.random.split(jax.random.PRNGKey(int(config.get("seed", 0))))[0])
+        label = analysis.run_label(config)
+        tokens = getattr(corpus, FLAGS.split)[: max(FLAGS.flow_tokens, steps) + 1]
+        panels, run_numbers = [], {}
+        for name, params in (("initialisation", init), ("trained", trained)):
+            cell, cp = model.cell, params["cell"]
+            embed = lambda toks: params["embed"][np.asarray(toks)][:, None, :]  # [T, 1, m]
+            curves[f"{label}, {name} (PTB {FLAGS.split})"] = flow.gradient_norms_through_time(
+                cell, cp, model.initial_carry(1), embed(tokens[:steps]))
+            a = flow.jacobians_along(cell, cp, model.initial_carry(1),
+                                     embed(tokens[: FLAGS.flow_tokens + 1]))[:, 0]  # fmt: skip
+            last = np.asarray(a[-1])
+            centres, radii = flow.gersgorin_discs(last)
+            panels.append({"title": f"{label}, {name}: after {FLAGS.flow_tokens} tokens",
+                           "centres": centres, "radii": radii,
+                           "eigenvalues": flow.eigenvalues(last)})  # fmt: skip
+            run_numbers[name] = {
+                "spectral_radius": flow.spectral_radius(a).tolist(),
+                "largest_singular_value": flow.largest_singular_value(a).tolist(),
+                "disc_radius_mean": float(radii.mean()), "disc_centre_mean": float(centres.mean()),
+            }  # fmt: skip
+            rho = np.asarray(run_numbers[name]["spectral_radius"])
+            print(f"{label}, {name}: spectral radius along {len(rho)} tokens: mean {rho.mean():.3f}, "
+                  f"max {rho.max():.3f}; mean disc radius {radii.mean():.3f}")
+        results["run"] = {"workdir": str(workdir), "label": label, **run_numbers}
+        path = analysis.plot_gersgorin(panels, out / "gersgorin.png",
+                                       title="Gersgorin discs of the temporal Jacobian")  # fmt: skip
+        print(f"wrote {path}")
+    path = analysis.plot_gradient_flow(
+        curves, out / "gradient_flow.png",
+        title=f"Gradient flow through time ({n} units, T = {steps}; cells at initialisation)",
+    )  # fmt: skip
+    print(f"wrote {path}")
+    (out / "flow.json").write_text(json.dumps(results, indent=1))
+    return results
 
 
 def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
@@ -179,20 +267,23 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
     return results
 
 
+def run() -> None:
+    workdir = pathlib.Path(FLAGS.workdir) if FLAGS.workdir else None
+    if workdir is None and not (FLAGS.flow and FLAGS.out):
+        raise ValueError("--workdir is required (or --flow with --out)")
+    out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
+    out.mkdir(parents=True, exist_ok=True)
+    if FLAGS.flow:
+        flow_figures(workdir, out)
+    else:
+        analyze(workdir, out)
+
+
 def main(argv) -> None:
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    if not FLAGS.workdir:
-        sys.exit("error: --workdir is required")
-    workdir = pathlib.Path(FLAGS.workdir)
-    out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
-    try:
-        analyze(workdir, out)
-    except (ValueError, data.DataError) as e:
-        sys.exit(f"error: {e}")
+    cli.main(run)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

@@ -307,6 +307,26 @@ def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
     assert not (workdir / "gate_heatmap.png").exists(), "--out must be honoured"
 
 
+def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
+    """--flow: every cell family at initialisation, plus the run's cell at init and trained;
+    the Gersgorin panel's eigenvalues lie in its discs (checked on the numbers written)."""
+    workdir, data_dir, _ = run
+    out = cli("analyze.py", "--flow", f"--workdir={workdir}", f"--out={tmp_path}",
+              f"--data_dir={data_dir}", "--noverify", "--flow_hidden=6", "--flow_steps=12",
+              "--flow_tokens=8")  # fmt: skip
+    assert png_shape(tmp_path / "gradient_flow.png")[:2] == (450, 700)
+    assert png_shape(tmp_path / "gersgorin.png")[:2] == (450, 900)  # two 4.5-inch panels
+    numbers = json.loads((tmp_path / "flow.json").read_text())
+    curves = numbers["gradient_norms_at_init"]
+    assert len(curves) == 10 and all(len(c) == 13 and c[0] == pytest.approx(1.0)
+                                     for c in curves.values())  # fmt: skip
+    for name in ("initialisation", "trained"):
+        rho = numbers["run"][name]["spectral_radius"]
+        sigma = numbers["run"][name]["largest_singular_value"]
+        assert len(rho) == 9 and all(r <= s + 1e-6 for r, s in zip(rho, sigma))
+    assert "wrote" in out and (tmp_path / "flow.json").is_file()
+
+
 def test_plot_helpers_pixel_size(tmp_path):
     records = [{"epoch": e, "valid_ppl": 300.0 / e} for e in (1, 2, 3)]
     path = analysis.plot_learning_curves({"a": records}, tmp_path / "c.png", figsize=(5, 3), dpi=80)
