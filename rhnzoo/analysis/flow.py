@@ -16,8 +16,9 @@ differentiates a cell's ``step``, so the same functions serve every cell:
   :func:`eigenvalues`, :func:`spectral_radius`, :func:`largest_singular_value`.
 * :func:`gradient_norms_through_time`: ``‖∂L_T / ∂s_{T-k}‖`` for k = 0..T in one
   backward pass (zero perturbations added to every carry are the inputs
-  differentiated); :func:`layer_gradient_norms`: per-layer gradient norms of a
-  feed-forward stack (Srivastava et al.; the highway paper's Fig. 7).
+  differentiated); :func:`layer_gradient_norms` / :func:`per_layer_norms`: per-layer
+  gradient norms of a feed-forward stack through depth (Srivastava et al.; the highway
+  experiments' Fig. 7 uses them).
 
 Integer carry leaves (SC-LSTM's step counter) are not state a gradient can flow
 through; they are held fixed and left out of s.
@@ -186,20 +187,36 @@ def gradient_norms_through_time(
     return per_row.mean(-1)[::-1]
 
 
+def per_layer_norms(groups: Any) -> Array:
+    """L2 norm of every layer's slice of a stack's gradients (traceable, for use under jit).
+
+    Args:
+      groups: a pytree whose leaves all have the layer as their leading axis (e.g.
+        ``{'W': [L, n, k n], 'b': [L, k n]}``), or a list of such pytrees, concatenated in
+        order (e.g. an input layer ``[1, ...]`` followed by the stack).
+
+    Returns:
+      ``[L]`` (summed over groups): entry l is ``sqrt(Σ_leaves ‖leaf[l]‖²)``.
+    """
+    groups = groups if isinstance(groups, list | tuple) else [groups]
+    norms = [jnp.sqrt(sum(jnp.sum(jnp.square(leaf.reshape(leaf.shape[0], -1)), axis=-1)
+                          for leaf in jax.tree.leaves(group)))  # fmt: skip
+             for group in groups]
+    return jnp.concatenate(norms)
+
+
 def layer_gradient_norms(loss_fn: Callable[[Params], Array], params: Params,
                          layered: Callable[[Params], Any]) -> np.ndarray:  # fmt: skip
-    """Per-layer L2 norms of ``∇ loss_fn(params)`` for a stack with stacked weights.
+    """Per-layer L2 norms ``‖∂loss/∂θ_l‖`` of a feed-forward stack (through depth).
 
     Args:
       loss_fn: ``params -> scalar`` loss.
       params: the parameters.
-      layered: ``grads -> pytree`` whose leaves all have the layer as their leading
-        axis (e.g. ``lambda g: g['stack']`` for ``{'W': [L, n, k n], 'b': [L, k n]}``).
+      layered: ``grads -> groups`` for :func:`per_layer_norms` (the stacked layers'
+        gradients, e.g. ``lambda g: g['layers']``).
 
     Returns:
-      float64 ``[L]``: the norm over every leaf's slice l, i.e. ``‖∂loss/∂θ_l‖``.
+      ``[L]`` float64 norms, one per layer.
     """
-    grads = layered(jax.grad(loss_fn)(params))
-    squares = [np.square(np.asarray(g, np.float64)).reshape(g.shape[0], -1).sum(-1)
-               for g in jax.tree.leaves(grads)]  # fmt: skip
-    return np.sqrt(np.sum(squares, axis=0))
+    norms = jax.jit(lambda p: per_layer_norms(layered(jax.grad(loss_fn)(p))))(params)
+    return np.asarray(norms, np.float64)

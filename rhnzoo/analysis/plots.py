@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 if TYPE_CHECKING:
     from rhnzoo.analysis.lm import LesionResult
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike
 
 __all__ = ["plot_gate_heatmap", "plot_lesion", "plot_gate_histogram", "plot_learning_curves",
-           "plot_ppl_vs_depth"]  # fmt: skip
+           "plot_ppl_vs_depth", "plot_curve_panels", "plot_highway_gates", "plot_lesion_curve",
+           "plot_layer_statistics", "plot_gersgorin", "plot_gradient_flow"]  # fmt: skip
 
 
 def _save(fig: Figure, path: PathLike) -> pathlib.Path:
@@ -30,6 +32,45 @@ def _save(fig: Figure, path: PathLike) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=fig.dpi)
     return path
+
+
+def _heatmap(
+    fig: Figure,
+    ax,
+    matrix: np.ndarray,
+    *,
+    ylabel: str,
+    xlabel: str,
+    colorbar: str,
+    cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> None:
+    """``matrix [layers, columns]`` as an image, layer 1 on top, with 1-based layer
+    ticks (at most about ten) and a colour bar: the gate heatmaps of both papers."""
+    num_layers = matrix.shape[0]
+    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin,
+                      vmax=vmax)  # fmt: skip
+    ticks = range(0, num_layers, max(1, num_layers // 10))
+    ax.set_yticks(ticks, [str(l + 1) for l in ticks])
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    fig.colorbar(image, ax=ax, label=colorbar)
+
+
+def _curves(ax, curves: Mapping[str, Sequence[Mapping[str, Any]]], key: str, **style) -> None:
+    """One line per label of ``key`` vs ``epoch`` (records without ``key`` skipped),
+    log-scale y, legend if any line."""
+    for label, records in curves.items():
+        records = [r for r in records if r.get(key) is not None]
+        if records:
+            ax.plot([r["epoch"] for r in records], [r[key] for r in records], label=label,
+                    **style.get(label, {}))  # fmt: skip
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def plot_gate_heatmap(
@@ -57,19 +98,14 @@ def plot_gate_heatmap(
     """
     t_gates = np.asarray(t_gates)
     activity = t_gates[:, :, row, :].mean(-1).T  # [L, T], mean over the n units
-    num_layers, num_steps = activity.shape
+    num_steps = activity.shape[1]
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
-    image = ax.imshow(activity, aspect="auto", interpolation="nearest", cmap="viridis")
-    ticks = range(0, num_layers, max(1, num_layers // 10))
-    ax.set_yticks(ticks, [str(l + 1) for l in ticks])
-    ax.set_ylabel("micro-layer l")
+    xlabel = "input token (time step t)" if labels is not None else "time step t"
+    _heatmap(fig, ax, activity, ylabel="micro-layer l", xlabel=xlabel,
+             colorbar="mean transform gate T")  # fmt: skip
     if labels is not None:
         ax.set_xticks(range(num_steps), list(labels), rotation=90, fontsize=7)
-        ax.set_xlabel("input token (time step t)")
-    else:
-        ax.set_xlabel("time step t")
-    fig.colorbar(image, ax=ax, label="mean transform gate T")
     ax.set_title(title or "Mean T-gate activity per micro-layer")
     return _save(fig, path)
 
@@ -155,15 +191,8 @@ def plot_learning_curves(
     """
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
-    for label, records in curves.items():
-        records = [r for r in records if key in r]
-        if records:
-            ax.plot([r["epoch"] for r in records], [r[key] for r in records], label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
+    _curves(ax, curves, key)
     ax.set_ylabel(key.replace("_", " "))
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
     ax.set_title(title or "Learning curves")
     return _save(fig, path)
 
@@ -198,4 +227,231 @@ def plot_ppl_vs_depth(
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.set_title(title or "Perplexity vs recurrence depth")
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------- feed-forward highway nets
+
+_KIND_STYLE = {"plain": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
+               "highway": {"color": "tab:red", "marker": "o", "markersize": 2.5}}
+
+
+def plot_curve_panels(
+    panels: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+    path: PathLike,
+    *,
+    key: str = "train_xent",
+    ylabel: str | None = None,
+    title: str | None = None,
+    panel_size: tuple[float, float] = (3.2, 3.0),
+    dpi: int = 100,
+) -> pathlib.Path:
+    """Learning curves in side-by-side panels (Srivastava et al. Fig. 1: one panel per
+    depth, plain vs highway, mean training cross-entropy on a log scale).
+
+    Args:
+      panels: panel title (e.g. ``'depth 10'``) -> label (e.g. ``'plain'``) ->
+        per-epoch records (:func:`read_metrics`); labels ``'plain'`` and
+        ``'highway'`` get fixed colours in every panel.
+      path: PNG file; the image is ``(len(panels) * panel_size[0], panel_size[1]) * dpi``.
+      key: the record field on the y axis.
+    """
+    fig = Figure(figsize=(panel_size[0] * max(len(panels), 1), panel_size[1]), dpi=dpi,
+                 layout="constrained")  # fmt: skip
+    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
+    for ax, (name, curves) in zip(axes, panels.items()):
+        _curves(ax, curves, key, **_KIND_STYLE)
+        ax.set_title(name, fontsize=10)
+    axes[0].set_ylabel(ylabel or key.replace("_", " "))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_highway_gates(
+    rows: Mapping[str, Any],
+    path: PathLike,
+    *,
+    title: str | None = None,
+    panel_size: tuple[float, float] = (3.2, 3.0),
+    dpi: int = 100,
+) -> pathlib.Path:
+    """The four gate heatmaps of a trained highway net per row (Srivastava et al. Fig. 2).
+
+    Columns: trained T biases, mean T over many images, T for one image, the layer
+    outputs for that image; rows of each panel are highway layers (1 = the first
+    highway layer, network layer 2), columns units.
+
+    Args:
+      rows: row label (e.g. ``'MNIST'`` or ``'depth 50'``) ->
+        :class:`rhnzoo.analysis.highway.GateStats` (``t_bias``, ``mean_t``,
+        ``sample_t``, ``sample_output``, each ``[layers, units]``).
+      path: PNG file; the image is ``(4 * panel_size[0], len(rows) * panel_size[1]) * dpi``.
+    """
+    columns = [("t_bias", "transform gate biases", "coolwarm", None, None),
+               ("mean_t", "mean transform gate T", "viridis", 0.0, 1.0),
+               ("sample_t", "T, one example", "viridis", 0.0, 1.0),
+               ("sample_output", "block outputs, one example", "coolwarm", None, None)]  # fmt: skip
+    fig = Figure(figsize=(4 * panel_size[0], panel_size[1] * max(len(rows), 1)), dpi=dpi,
+                 layout="constrained")  # fmt: skip
+    axes = fig.subplots(max(len(rows), 1), 4, squeeze=False)
+    for r, (name, stats) in enumerate(rows.items()):
+        for c, (field, label, cmap, vmin, vmax) in enumerate(columns):
+            matrix = np.asarray(getattr(stats, field))
+            if vmin is None:  # symmetric around 0 for biases and outputs
+                bound = float(np.abs(matrix).max()) or 1.0
+                vmin, vmax = -bound, bound
+            _heatmap(fig, axes[r, c], matrix, ylabel=f"{name}: highway layer" if c == 0 else "",
+                     xlabel="unit (block)", colorbar="", cmap=cmap, vmin=vmin,
+                     vmax=vmax)  # fmt: skip
+            axes[r, c].set_title(label, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_lesion_curve(
+    results: Mapping[str, LesionResult],
+    path: PathLike,
+    *,
+    ylabel: str = "mean cross-entropy on the training images (nats)",
+    title: str | None = None,
+    figsize: tuple[float, float] = (6.4, 4.0),
+    dpi: int = 100,
+) -> pathlib.Path:
+    """Loss when each highway layer in turn is removed, the intact net as a dotted line
+    of the same colour (Srivastava et al. Fig. 4); log scale when the values span more
+    than a factor of 10.
+
+    Args:
+      results: label -> :class:`LesionResult` (``nll [layers]``: loss with highway
+        layer l removed; ``base_nll``: intact).
+      path: PNG file; the image is ``figsize * dpi`` pixels.
+    """
+    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    ax = fig.add_subplot()
+    values = np.concatenate([np.append(r.nll, r.base_nll) for r in results.values()])
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size and values.max() > 10 * values.min():
+        ax.set_yscale("log")
+    for label, result in results.items():
+        layers = np.arange(1, result.nll.size + 1)
+        (line,) = ax.plot(layers, result.nll, "o-", markersize=3, linewidth=0.8,
+                          label=f"{label}: one layer removed")  # fmt: skip
+        ax.axhline(result.base_nll, color=line.get_color(), linestyle=":",
+                   label=f"{label}: intact ({result.base_nll:.3g})")  # fmt: skip
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("removed highway layer (T forced to 0: identity)")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "Lesioning", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_layer_statistics(
+    stats: Mapping[str, Mapping[str, np.ndarray]],
+    path: PathLike,
+    *,
+    title: str | None = None,
+    panel_size: tuple[float, float] = (4.0, 3.4),
+    dpi: int = 100,
+) -> pathlib.Path:
+    """Per-layer mean and variance of the activations and L2 norm of the gradient,
+    one line per net (the ECBM4040 report's plain-net diagnostics).
+
+    Args:
+      stats: label (e.g. ``'tanh, Glorot'``) -> ``{'mean': [depth], 'variance':
+        [depth], 'grad_norm': [depth]}`` (:func:`plain_diagnostics`).
+      path: PNG file; the image is ``(3 * panel_size[0], panel_size[1]) * dpi``.
+    """
+    panels = [("mean", "mean activation", "linear"), ("variance", "variance of activations", "log"),
+              ("grad_norm", "gradient L2 norm", "log")]  # fmt: skip
+    fig = Figure(figsize=(3 * panel_size[0], panel_size[1]), dpi=dpi, layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, (key, label, scale) in zip(axes, panels):
+        for name, values in stats.items():
+            v = np.asarray(values[key], np.float64)
+            ax.plot(np.arange(1, v.size + 1), v, label=name, linewidth=1.0)
+        ax.set_yscale(scale)
+        ax.set_xlabel("layer")
+        ax.set_title(label, fontsize=10)
+    axes[-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_gersgorin(
+    panels: Sequence[Mapping[str, Any]],
+    path: PathLike,
+    *,
+    title: str | None = None,
+    figsize_per_panel: float = 4.5,
+    dpi: int = 100,
+) -> pathlib.Path:
+    """Gersgorin discs and eigenvalues of temporal Jacobians (Zilly et al. 2017, Fig. 2).
+
+    Args:
+      panels: one dict per panel with ``'title'``, ``'centres' [d]``, ``'radii' [d]``
+        (:func:`rhnzoo.analysis.flow.gersgorin_discs` of one Jacobian) and
+        ``'eigenvalues' [d]`` complex; discs are shaded, eigenvalues marked x, the unit
+        circle dashed.
+      path: PNG file; ``len(panels) * figsize_per_panel`` x ``figsize_per_panel`` inches.
+    """
+    from matplotlib.patches import Circle
+
+    fig = Figure(figsize=(figsize_per_panel * len(panels), figsize_per_panel), dpi=dpi,
+                 layout="constrained")  # fmt: skip
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    reach = max(1.1, *(float(np.max(np.abs(p["centres"]) + p["radii"])) * 1.05 for p in panels),
+                *(float(np.max(np.abs(p["eigenvalues"]))) * 1.05 for p in panels))  # fmt: skip
+    for ax, panel in zip(axes, panels):
+        for c, r in zip(np.real(panel["centres"]), panel["radii"]):
+            ax.add_patch(Circle((c, 0.0), r, color="tab:blue", alpha=0.08, lw=0))
+            ax.add_patch(Circle((c, 0.0), r, fill=False, color="tab:blue", alpha=0.4, lw=0.5))
+        ev = np.asarray(panel["eigenvalues"])
+        ax.plot(np.real(ev), np.imag(ev), "x", color="tab:red", ms=4, label="eigenvalues")
+        ax.plot(np.real(panel["centres"]), np.zeros(len(panel["centres"])), ".", color="tab:blue",
+                ms=2, label="disc centres")  # fmt: skip
+        ax.add_patch(Circle((0, 0), 1.0, fill=False, ls="--", color="k", lw=0.8))
+        ax.set_xlim(-reach, reach)
+        ax.set_ylim(-reach, reach)
+        ax.set_aspect("equal")
+        ax.axhline(0, color="k", lw=0.3)
+        ax.axvline(0, color="k", lw=0.3)
+        ax.set_xlabel("real")
+        ax.set_ylabel("imaginary")
+        ax.set_title(panel["title"], fontsize=9)
+    axes[0].legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_gradient_flow(
+    curves: Mapping[str, np.ndarray],
+    path: PathLike,
+    *,
+    title: str | None = None,
+    figsize: tuple[float, float] = (7.0, 4.5),
+    dpi: int = 100,
+) -> pathlib.Path:
+    """Gradient norm vs steps back in time, one line per cell (log scale).
+
+    Args:
+      curves: label -> ``[K + 1]`` norms ``‖∂L_T/∂s_{T-k}‖`` for k = 0..K
+        (:func:`rhnzoo.analysis.flow.gradient_norms_through_time`).
+      path: PNG file; the image is ``figsize * dpi`` pixels.
+    """
+    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    ax = fig.add_subplot()
+    for label, norms in curves.items():
+        norms = np.asarray(norms, np.float64)
+        ax.plot(np.arange(len(norms)), np.maximum(norms, 1e-30), label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("steps back in time k")
+    ax.set_ylabel("‖∂L_T / ∂s_{T-k}‖")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    ax.set_title(title or "Gradient flow through time")
     return _save(fig, path)

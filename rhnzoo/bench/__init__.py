@@ -11,8 +11,10 @@ drift much less, but under heavy load still by up to ~20% between runs (see
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
-* ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step
-  (``python -m rhnzoo.bench`` runs it too).
+* ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step against a
+  plain-JAX peer (``python -m rhnzoo.bench`` runs it too);
+* ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX;
+* ``python -m rhnzoo.bench.rnn``: the LSTM step against ``flax.linen.OptimizedLSTMCell``.
 """
 
 from __future__ import annotations

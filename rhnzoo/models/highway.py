@@ -1,7 +1,8 @@
-"""Feed-forward Highway layers and their plain counterpart (Srivastava et al.).
+"""Feed-forward Highway networks and their plain counterpart (Srivastava et al.).
 
-Srivastava, Greff & Schmidhuber, "Training Very Deep Networks" (NeurIPS 2015).
-Each Highway layer maps ``x [..., n] -> y [..., n]`` with (eq. 3)
+Srivastava, Greff & Schmidhuber, "Highway Networks" (arXiv:1505.00387, 2015) and
+"Training Very Deep Networks" (NeurIPS 2015). Each Highway layer maps
+``x [..., n] -> y [..., n]`` with (eq. 3)
 
   H = activation(x W_H + b_H),  T = sigmoid(x W_T + b_T)
   y = H * T + x * (1 - T)
@@ -11,14 +12,23 @@ Like the cells of :mod:`rhnzoo.cells`, a layer stack is a frozen dataclass of
 hyperparameters with pure ``init``/``apply`` functions over a params dict. The
 ``depth`` layers' weights are stacked (``W [depth, n, k n]``, ``b [depth, k n]``)
 and the depth loop is a ``jax.lax.scan``, so compile time does not grow with
-depth. Weights are He-normal (truncated normal, variance 2 / n, fan-in of each
-layer's matrix, ``jax.nn.initializers.he_normal``); biases are 0 except the T
-bias, which starts at ``init_bias`` (negative: layers start close to identity).
+depth. Weights are He-normal by default (truncated normal, variance 2 / n, the
+fan-in of each layer's matrix) or Glorot-uniform (``kernel_init='glorot_uniform'``:
+U(-a, a), a = sqrt(6 / (n + n)), per n x n block H, T, C, as Keras initialises
+each of a layer's matrices); biases are 0 except the T bias, which starts at
+``init_bias`` (negative: layers start close to identity).
+
+:class:`FeedForwardNet` is the fully connected classifier of the papers' depth
+experiments ("Training Very Deep Networks", sec. 3.1 and Fig. 1; the ECBM4040
+reproduction by Yarali & Kostic 2021): a plain layer from
+the flattened input to the width, ``depth - 1`` highway (or plain) layers, and
+a linear softmax output layer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
@@ -29,8 +39,25 @@ from rhnzoo.cells import check_positive
 Array = jax.Array
 Params = Any
 
-# batch_axis=0: the layer axis of [depth, n, k n] is not part of the fan-in.
-_kernel_init = jax.nn.initializers.he_normal(batch_axis=0)
+# Weight initialisers by name. Stacked weights are drawn as [depth, k, n, n] with the
+# layer and block axes as batch axes (fan-in = fan-out = n), then laid out H|T(|C).
+INITS = {
+    "he_normal": jax.nn.initializers.he_normal,  # truncated normal, variance 2 / fan-in
+    "glorot_uniform": jax.nn.initializers.glorot_uniform,  # U(+-sqrt(6 / (fan-in + fan-out)))
+}
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}
+
+
+def check_choice(name: str, value: str, choices) -> None:
+    """Raises ValueError (one line) unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _init_matrix(init: str, key: Array, shape: tuple[int, ...]) -> Array:
+    """Weights of ``shape`` [..., fan_in, fan_out]; leading axes are batch axes."""
+    batch = tuple(range(len(shape) - 2))
+    return INITS[init](in_axis=-2, out_axis=-1, batch_axis=batch)(key, shape, jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +67,37 @@ class _Stack:
     size: int
     depth: int = 1
     activation: Callable[[Array], Array] = jax.nn.relu
+    kernel_init: str = "he_normal"
 
     def __post_init__(self):
         check_positive("size", self.size)
         check_positive("depth", self.depth)
+        check_choice("kernel_init", self.kernel_init, INITS)
 
     def _init(self, key: Array, biases: list[float]) -> Params:
         """Stacked ``{'W': [depth, n, k n], 'b': [depth, k n]}``; block i of b is biases[i]."""
         n, k = self.size, len(biases)
         b = jnp.repeat(jnp.asarray(biases, jnp.float32), n)
+        w = _init_matrix(self.kernel_init, key, (self.depth, k, n, n))  # block j: [n, n]
         return {
-            "W": _kernel_init(key, (self.depth, n, k * n), jnp.float32),
+            "W": w.transpose(0, 2, 1, 3).reshape(self.depth, n, k * n),
             "b": jnp.tile(b, (self.depth, 1)),
         }
 
     def _scan(self, params: Params, x: Array) -> tuple[Array, Any]:
         """Applies ``self.layer(x, W_l, b_l) -> (x, aux)`` for l = 1..depth (``lax.scan``)."""
         return jax.lax.scan(lambda x, wb: self.layer(x, *wb), x, (params["W"], params["b"]))
+
+    def apply_with_outputs(self, params: Params, x: Array) -> tuple[Array, tuple[Array, Any]]:
+        """``x [..., n] -> (y [..., n], (ys [depth, ..., n], aux))``: every layer's
+        output (``ys[-1] = y``) and its aux (T gates ``[depth, ..., n]`` for Highway,
+        None for Plain)."""
+
+        def body(x, wb):
+            y, aux = self.layer(x, *wb)
+            return y, (y, aux)
+
+        return jax.lax.scan(body, x, (params["W"], params["b"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +110,10 @@ class Plain(_Stack):
       size: n, the width of every layer (input and output).
       depth: number of layers (>= 1).
       activation: elementwise nonlinearity (default ReLU).
+      kernel_init: ``'he_normal'`` (default) or ``'glorot_uniform'`` (see the module docstring).
 
     Raises:
-      ValueError: if size < 1 or depth < 1.
+      ValueError: if size < 1, depth < 1 or kernel_init is unknown.
     """
 
     def init(self, key: Array) -> Params:
@@ -99,12 +141,12 @@ class Highway(_Stack):
     fused into one matmul per layer; k = 2 if coupled, 3 otherwise.
 
     Attributes:
-      size, depth, activation: as for :class:`Plain`.
+      size, depth, activation, kernel_init: as for :class:`Plain`.
       init_bias: initial T bias (paper: -1 to -3; -inf makes every layer identity).
       coupled: use C = 1 - T.
 
     Raises:
-      ValueError: if size < 1 or depth < 1.
+      ValueError: if size < 1, depth < 1 or kernel_init is unknown.
     """
 
     init_bias: float = -2.0
@@ -136,3 +178,117 @@ class Highway(_Stack):
     def apply(self, params: Params, x: Array) -> Array:
         """``x [..., n] -> y [..., n]`` through all ``depth`` layers."""
         return self.apply_with_gates(params, x)[0]
+
+
+KINDS = ("highway", "plain")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedForwardNet:
+    """The fully connected classifier of the papers' depth experiments.
+
+    Srivastava et al., "Training Very Deep Networks", sec. 3.1 (and the ECBM4040
+    reproduction): ``x [B, m] -> logits [B, C]`` with
+
+      h_1 = activation(x W_in + b_in)            plain layer, m -> n
+      h_l = layer(h_{l-1}),  l = 2 .. depth      highway (eq. 3) or plain, n -> n
+      logits = h_depth W_out + b_out             linear, n -> C (softmax in the loss)
+
+    Parameters (float32): ``{'input': {'W': [m, n], 'b': [n]}, 'layers': {'W':
+    [depth - 1, n, k n], 'b': [depth - 1, k n]}, 'output': {'W': [n, C], 'b': [C]}}``
+    with k = 2 (H|T, see :class:`Highway`) or 1 (plain). Every weight matrix is drawn
+    by ``kernel_init``; biases are 0 except the T biases, ``transform_bias``.
+
+    Attributes:
+      kind: ``'highway'`` or ``'plain'``.
+      depth: hidden layers in all, >= 2: the first (plain) layer and ``depth - 1``
+        highway or plain layers (the paper's 10, 20, 50, 100 = 1 + 9, 19, 49, 99).
+      width: n (the paper: 50 for highway, 71 for plain, about 5,000 parameters per
+        layer either way).
+      input_size: m, the flattened input (784 for MNIST, 3072 for CIFAR).
+      num_classes: C >= 2.
+      activation: ``'tanh'``, ``'relu'`` or ``'sigmoid'``: H and every plain layer,
+        the first included.
+      kernel_init: ``'glorot_uniform'`` or ``'he_normal'``.
+      transform_bias: initial T bias b_T (papers: -1 to -10); unused for plain.
+
+    Raises:
+      ValueError: (one line) for an unknown kind, activation or kernel_init, depth <
+        2, width or input_size < 1, or num_classes < 2.
+    """
+
+    kind: str = "highway"
+    depth: int = 10
+    width: int = 50
+    input_size: int = 784
+    num_classes: int = 10
+    activation: str = "tanh"
+    kernel_init: str = "glorot_uniform"
+    transform_bias: float = -2.0
+
+    def __post_init__(self):
+        check_choice("kind", self.kind, KINDS)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_choice("kernel_init", self.kernel_init, INITS)
+        if not isinstance(self.depth, int) or self.depth < 2:
+            raise ValueError(f"depth must be an integer >= 2 (a first layer and at least one "
+                             f"{self.kind} layer), got {self.depth!r}")  # fmt: skip
+        check_positive("width", self.width)
+        check_positive("input_size", self.input_size)
+        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {self.num_classes!r}")
+
+    @property
+    def stack(self) -> Highway | Plain:
+        """The ``depth - 1`` highway or plain layers after the first."""
+        act = ACTIVATIONS[self.activation]
+        if self.kind == "highway":
+            return Highway(self.width, self.depth - 1, act, self.kernel_init,
+                           init_bias=self.transform_bias)  # fmt: skip
+        return Plain(self.width, self.depth - 1, act, self.kernel_init)
+
+    def init(self, key: Array) -> Params:
+        """Returns the parameter dict (see the class docstring)."""
+        k_in, k_layers, k_out = jax.random.split(key, 3)
+        m, n, c = self.input_size, self.width, self.num_classes
+        return {
+            "input": {"W": _init_matrix(self.kernel_init, k_in, (m, n)),
+                      "b": jnp.zeros((n,), jnp.float32)},
+            "layers": self.stack.init(k_layers),
+            "output": {"W": _init_matrix(self.kernel_init, k_out, (n, c)),
+                       "b": jnp.zeros((c,), jnp.float32)},
+        }  # fmt: skip
+
+    def num_params(self) -> int:
+        """Number of scalar parameters (no allocation)."""
+        shapes = jax.eval_shape(self.init, jax.random.key(0))
+        return sum(math.prod(a.shape) for a in jax.tree.leaves(shapes))
+
+    def _first(self, params: Params, x: Array) -> Array:
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"inputs must be [B, {self.input_size}], got {x.shape}")
+        p = params["input"]
+        return ACTIVATIONS[self.activation](x @ p["W"] + p["b"])
+
+    def _output(self, params: Params, h: Array) -> Array:
+        return h @ params["output"]["W"] + params["output"]["b"]
+
+    def apply(self, params: Params, x: Array) -> Array:
+        """``x [B, m] float -> logits [B, C]`` (unnormalised log-probabilities)."""
+        h = self.stack.apply(params["layers"], self._first(params, x))
+        return self._output(params, h)
+
+    def apply_with_stats(self, params: Params, x: Array) -> tuple[Array, dict[str, Array]]:
+        """``x [B, m] -> (logits [B, C], stats)`` for the analyses (gate heatmaps,
+        activation statistics).
+
+        ``stats['hidden']``: ``[depth, B, n]``, every hidden layer's output h_1 ..
+        h_depth; ``stats['gates']`` (highway only): ``[depth - 1, B, n]``, the T gate
+        of layers 2 .. depth.
+        """
+        h1 = self._first(params, x)
+        h, (hs, gates) = self.stack.apply_with_outputs(params["layers"], h1)
+        stats = {"hidden": jnp.concatenate([h1[None], hs])}
+        if gates is not None:
+            stats["gates"] = gates
+        return self._output(params, h), stats

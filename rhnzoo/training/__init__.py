@@ -5,4 +5,8 @@
 * :mod:`rhnzoo.training.sharding`: data parallelism over ``Mesh(("data",))``.
 * :mod:`rhnzoo.training.lm`: language modelling with truncated BPTT.
 * :mod:`rhnzoo.training.polyphonic`: piano-roll models (JSB Chorales).
+* :mod:`rhnzoo.training.highway`: feed-forward highway / plain nets (MNIST, CIFAR-100).
+* :mod:`rhnzoo.training.rrl`: sequence classification (IMDB, P-MNIST, AG News, 20NG).
+* :mod:`rhnzoo.training.classify`: batches, cross-entropy sums and evaluation shared by
+  the two classification tasks.
 """

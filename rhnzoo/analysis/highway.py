@@ -1,0 +1,484 @@
+"""Analysis of the fully connected highway and plain nets (Srivastava et al.).
+
+Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plots`):
+
+* :func:`gate_statistics`: the four columns of the gate heatmaps ("Training Very
+  Deep Networks", Fig. 2; the ECBM4040 report's heatmaps): trained T biases, mean
+  T over many training images, T and the block outputs for one image, per
+  highway layer x unit;
+* :func:`highway_lesion_params` / :func:`highway_lesions`: remove one highway
+  layer at a time by forcing its transform gate to 0 (y = x: the layer becomes
+  the identity) and measure the training cross-entropy (Fig. 4);
+* :func:`activation_statistics`, :func:`gradient_norms`, :func:`plain_diagnostics`:
+  mean and variance of every layer's activations and the L2 norm of every
+  layer's gradient, for plain nets with several activations and
+  initialisations (the report's figures on why plain nets fail);
+* :func:`load_highway_run`, :func:`sweep_report`: rebuild a trained net from its
+  workdir; the depth sweep's table and figures.
+
+Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.training.highway.split_data`
+gives them); the nets see pixel / 255.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rhnzoo.analysis import flow, plots
+from rhnzoo.analysis.lm import LESION_BIAS, LesionResult
+from rhnzoo.models.highway import FeedForwardNet
+from rhnzoo.training import classify, engine
+from rhnzoo.training import highway as hw_training
+
+Array = jax.Array
+Params = Any
+PathLike = str | os.PathLike
+
+__all__ = ["NET_KEYS", "net_from_config", "load_highway_run", "GateStats", "gate_statistics",
+           "highway_lesion_params", "highway_lesions", "activation_statistics",
+           "gradient_norms", "plain_diagnostics", "sweep_table", "sweep_report"]  # fmt: skip
+
+# config.json keys that define the net (FeedForwardNet's fields).
+NET_KEYS = ("kind", "depth", "width", "input_size", "num_classes", "activation", "kernel_init",
+            "transform_bias")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
+    """The :class:`FeedForwardNet` of a run's ``config.json`` (keys :data:`NET_KEYS`).
+
+    Raises:
+      ValueError: if a key is missing or a value is invalid.
+    """
+    missing = [k for k in NET_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"config lacks {', '.join(missing)}; is it a highway-net run?")
+    return FeedForwardNet(**{k: config[k] for k in NET_KEYS})
+
+
+def load_highway_run(workdir: PathLike) -> tuple[FeedForwardNet, Params, dict[str, Any]]:
+    """``(net, params, config)`` of a trained run: the best-validation parameters
+    (else the latest checkpoint's) as jax arrays.
+
+    Raises:
+      ValueError: (one line) no config.json, not a highway-net config, no checkpoint,
+        or checkpoint shapes that do not match the config.
+    """
+    workdir = pathlib.Path(workdir)
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{workdir} has no config.json; is it a training workdir?")
+    config = json.loads(path.read_text())
+    net = net_from_config(config)
+    params = engine.restore_params(workdir)
+    if params is None:
+        raise ValueError(f"{workdir} has no checkpoint; train it first")
+    params = jax.tree.map(jnp.asarray, params)
+    shapes = lambda tree: jax.tree.map(lambda a: tuple(a.shape), tree)
+    if shapes(jax.eval_shape(net.init, jax.random.key(0))) != shapes(params):
+        raise ValueError(f"the checkpoint in {workdir} does not match its config.json")
+    return net, params, config
+
+
+# ---------------------------------------------------------------------------- gates
+
+
+class GateStats(NamedTuple):
+    """Per highway layer (rows, layers 2 .. depth) x unit (columns), float32 numpy.
+
+    Attributes:
+      t_bias: ``[depth - 1, n]`` the T-gate biases b_T.
+      mean_t: ``[depth - 1, n]`` T averaged over ``num_examples`` images.
+      sample_t: ``[depth - 1, n]`` T for one image.
+      sample_output: ``[depth - 1, n]`` the layer outputs y for that image.
+      num_examples: images averaged in ``mean_t``.
+    """
+
+    t_bias: np.ndarray
+    mean_t: np.ndarray
+    sample_t: np.ndarray
+    sample_output: np.ndarray
+    num_examples: int
+
+
+@functools.lru_cache(maxsize=8)
+def _stats_fn(net: FeedForwardNet):
+    def f(params, images):
+        return net.apply_with_stats(params, hw_training.inputs(images))[1]
+
+    return jax.jit(f)
+
+
+@functools.lru_cache(maxsize=8)
+def _gate_sum_fn(net: FeedForwardNet):
+    def f(params, images, weights):
+        gates = net.apply_with_stats(params, hw_training.inputs(images))[1]["gates"]
+        return jnp.einsum("lbn,b->ln", gates, weights)
+
+    return jax.jit(f)
+
+
+def gate_statistics(
+    net: FeedForwardNet, params: Params, images: np.ndarray, *, sample: int = 0,
+    batch_size: int = 1000,
+) -> GateStats:  # fmt: skip
+    """The four heatmap columns of Srivastava et al. Fig. 2 for a trained highway net.
+
+    Args:
+      net, params: a highway :class:`FeedForwardNet` and its parameters.
+      images: ``uint8 [N, m]``; T is averaged over all N (the papers: 10,000
+        training images).
+      sample: index in ``images`` of the single image of columns 3 and 4.
+      batch_size: images per jit call (the last batch is padded, weight 0).
+
+    Returns:
+      :class:`GateStats`.
+
+    Raises:
+      ValueError: for a plain net, no images, or ``sample`` outside [0, N).
+    """
+    if net.kind != "highway":
+        raise ValueError("gate statistics need a highway net")
+    images = np.asarray(images)
+    if not 0 <= sample < len(images):
+        raise ValueError(f"sample must be in [0, {len(images)}), got {sample}")
+    total = None
+    for start in range(0, len(images), batch_size):
+        part = images[start : start + batch_size]
+        pad = batch_size - len(part)
+        w = np.concatenate([np.ones(len(part), np.float32), np.zeros(pad, np.float32)])
+        part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)]) if pad else part
+        s = _gate_sum_fn(net)(params, part, w)
+        total = s if total is None else total + s
+    one = _stats_fn(net)(params, images[sample : sample + 1])
+    n = net.width
+    return GateStats(
+        t_bias=np.asarray(params["layers"]["b"][:, n : 2 * n]),
+        mean_t=np.asarray(total) / len(images),
+        sample_t=np.asarray(one["gates"][:, 0]),
+        sample_output=np.asarray(one["hidden"][1:, 0]),
+        num_examples=len(images),
+    )
+
+
+# -------------------------------------------------------------------------- lesions
+
+
+def highway_lesion_params(
+    net: FeedForwardNet, params: Params, layer: int | Array, bias: float = LESION_BIAS
+) -> Params:
+    """Parameters with highway layer ``layer`` removed: its T bias set to ``bias``.
+
+    With the default -1e4, T = sigmoid(x W_T - 1e4) is exactly 0 in float32 for
+    any moderate x W_T, so y = x + T (H - x) = x: the layer is the identity, as
+    when Srivastava et al. (Fig. 4) and the report remove it. The same bias closes
+    the RHN micro-layers in :func:`rhnzoo.analysis.lm.lesion_params`.
+
+    Args:
+      net: a highway :class:`FeedForwardNet`; params: its parameters (not modified).
+      layer: 0-based index among the ``depth - 1`` highway layers (network layer
+        ``layer + 2``); may be a traced integer.
+      bias: the T bias of the removed layer.
+
+    Raises:
+      ValueError: for a plain net or a (concrete) layer outside [0, depth - 1).
+    """
+    if net.kind != "highway":
+        raise ValueError("lesioning needs a highway net (plain layers have no gate)")
+    if isinstance(layer, int) and not 0 <= layer < net.depth - 1:
+        raise ValueError(f"layer must be in [0, {net.depth - 1}), got {layer}")
+    n = net.width
+    b = params["layers"]["b"]
+    row = jax.lax.dynamic_update_slice(b[layer], jnp.full((n,), bias, b.dtype), (n,))
+    return {**params, "layers": {**params["layers"], "b": b.at[layer].set(row)}}
+
+
+@functools.lru_cache(maxsize=8)
+def _lesioned_sums_fn(net: FeedForwardNet):
+    def f(params, layer, images, labels, weights):
+        p = highway_lesion_params(net, params, layer)
+        return classify.xent_sums(net.apply(p, hw_training.inputs(images)), labels, weights)
+
+    return jax.jit(f)
+
+
+def highway_lesions(
+    net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
+    batch_size: int = 1000, track=None,
+) -> LesionResult:  # fmt: skip
+    """Removes each highway layer in turn and measures the mean cross-entropy on
+    ``split`` (Srivastava et al. Fig. 4: the training set).
+
+    One jit-compiled evaluation, the removed layer a traced argument, serves the
+    ``depth - 1`` lesions; the intact net is evaluated the same way.
+
+    Args:
+      net, params: a highway :class:`FeedForwardNet` and its parameters.
+      split: ``(images uint8 [N, m], labels [N])``.
+      batch_size: images per call.
+      track: the engine's progress/signal iterator over the lesions, if any.
+
+    Returns:
+      :class:`rhnzoo.analysis.lm.LesionResult`: ``base_nll`` the intact net's and
+      ``nll [depth - 1]`` each lesion's mean cross-entropy (nats per image),
+      ``num_tokens`` = N images.
+    """
+    if net.kind != "highway":
+        raise ValueError("lesioning needs a highway net (plain layers have no gate)")
+    base = hw_training.evaluate(net, params, split, batch_size)
+    fn = _lesioned_sums_fn(net)
+    layers = range(net.depth - 1)
+    if track is not None:
+        layers = track(layers, total=net.depth - 1, desc="lesions")
+    losses = []
+    for layer in layers:
+        sums_fn = functools.partial(lambda l, p, x, y, w: fn(p, l, x, y, w), jnp.int32(layer))
+        losses.append(classify.evaluate(sums_fn, params, split, batch_size)["loss"])
+    return LesionResult(base["loss"], np.asarray(losses), base["count"])
+
+
+# --------------------------------------------------------- activations and gradients
+
+
+@functools.lru_cache(maxsize=16)
+def _layer_stats_fn(net: FeedForwardNet):
+    def f(params, images, labels):
+        x = hw_training.inputs(images)
+        hidden = net.apply_with_stats(params, x)[1]["hidden"]  # [depth, B, n]
+        grads = jax.grad(
+            lambda p: classify.xent_sums(net.apply(p, x), labels)["loss"] / labels.shape[0]
+        )(params)
+        # The input layer, then the depth - 1 stacked layers (rhnzoo.analysis.flow).
+        norms = flow.per_layer_norms([jax.tree.map(lambda a: a[None], grads["input"]),
+                                      grads["layers"]])  # fmt: skip
+        return {"mean": hidden.mean(axis=(1, 2)), "variance": hidden.var(axis=(1, 2)),
+                "grad_norm": norms}  # fmt: skip
+
+    return jax.jit(f)
+
+
+@functools.lru_cache(maxsize=16)
+def _init_fn(net: FeedForwardNet):
+    return jax.jit(net.init)
+
+
+def activation_statistics(
+    net: FeedForwardNet, params: Params, images: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of each hidden layer's activations over the images and units.
+
+    Args:
+      net, params: any :class:`FeedForwardNet`; images: ``uint8 [B, m]``, one batch.
+
+    Returns:
+      ``(mean [depth], variance [depth])`` float32: for layer l, the mean and
+      (population) variance of h_l over all B x n values.
+    """
+    labels = np.zeros(len(images), np.int32)
+    out = _layer_stats_fn(net)(params, np.asarray(images), labels)
+    return np.asarray(out["mean"]), np.asarray(out["variance"])
+
+
+def gradient_norms(
+    net: FeedForwardNet, params: Params, images: np.ndarray, labels: np.ndarray
+) -> np.ndarray:
+    """L2 norm of each hidden layer's gradient of the batch's mean cross-entropy.
+
+    Layer 1 is the input layer (W_in, b_in); layer l >= 2 the l-th layer's W and
+    b (for highway, H and T together). Returns ``[depth]`` float32.
+    """
+    out = _layer_stats_fn(net)(params, np.asarray(images), np.asarray(labels, np.int32))
+    return np.asarray(out["grad_norm"])
+
+
+def plain_diagnostics(
+    images: np.ndarray,
+    labels: np.ndarray,
+    *,
+    depth: int,
+    width: int = 71,
+    num_classes: int = 10,
+    activations: Sequence[str] = ("relu", "sigmoid", "tanh"),
+    kernel_inits: Sequence[str] = ("glorot_uniform", "he_normal"),
+    seed: int = 0,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Layer statistics of freshly initialised plain nets, activation x initialisation.
+
+    The ECBM4040 report's diagnosis of plain nets (mean and variance of every
+    layer's activations, L2 norm of every layer's gradient, for relu, sigmoid and
+    tanh with Glorot or He initialisation), computed here at initialisation on
+    one batch: a net that starts with vanishing or exploding activations and
+    gradients cannot be rescued by a small learning rate.
+
+    Args:
+      images, labels: one batch, ``uint8 [B, m]`` and ``int [B]``.
+      depth, width, num_classes: the plain nets' shape.
+      activations, kernel_inits: the grid.
+      seed: every net is initialised from ``PRNGKey(seed)``.
+
+    Returns:
+      ``{'<activation>, <init>': {'mean': [depth], 'variance': [depth],
+      'grad_norm': [depth]}}``.
+    """
+    images = np.asarray(images)
+    out = {}
+    for act in activations:
+        for init in kernel_inits:
+            net = FeedForwardNet("plain", depth, width, images.shape[1], num_classes, act, init)
+            # One compilation per initialisation (the activation does not enter init) and
+            # one per activation (the statistics do not depend on how params were drawn).
+            params = _init_fn(dataclasses.replace(net, activation="tanh"))(jax.random.key(seed))
+            same = dataclasses.replace(net, kernel_init=kernel_inits[0])
+            stats = _layer_stats_fn(same)(params, images, np.asarray(labels, np.int32))
+            out[f"{act}, {init.split('_')[0].capitalize()}"] = {
+                k: np.asarray(v) for k, v in stats.items()
+            }
+    return out
+
+
+# ---------------------------------------------------------------------------- sweep
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "—" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of a depth sweep: one row per depth, plain and highway side by side.
+
+    Each run: ``{'kind', 'depth', 'width', 'params', 'lr', 'history' (epoch records),
+    'results' (results.json or None)}``. Columns: epochs run, final training
+    cross-entropy (mean over the last epoch, the curves' last point), and the test
+    accuracy of the best-validation parameters. Unfinished runs show "—".
+    """
+    cells = {(r["kind"], r["depth"]): r for r in runs}
+    depths = sorted({r["depth"] for r in runs})
+    head = ["depth"]
+    for kind in ("plain", "highway"):
+        head += [f"{kind} params", f"{kind} lr", f"{kind} epochs", f"{kind} train CE",
+                 f"{kind} test acc"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for depth in depths:
+        row = [str(depth)]
+        for kind in ("plain", "highway"):
+            r = cells.get((kind, depth))
+            if r is None:
+                row += ["—"] * 5
+                continue
+            hist, res = r.get("history") or [], r.get("results") or {}
+            last = hist[-1] if hist else {}
+            acc = res.get("test_acc")
+            row += [f"{r['params']:,}", f"{r['lr']:g}", str(last.get("epoch", 0)),
+                    _fmt(last.get("train_xent"), ".4f"),
+                    "—" if acc is None else f"{100 * acc:.2f}%"
+                    + (" (diverged)" if res.get("diverged") else "")]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def sweep_report(
+    root: PathLike,
+    runs: Sequence[Mapping[str, Any]],
+    train_split: tuple[np.ndarray, np.ndarray],
+    *,
+    header: str = "",
+    dataset: str = "MNIST",
+    heatmap_examples: int = 10000,
+    lesion_examples: int = 10000,
+    diagnostics_depth: int | None = 50,
+    diagnostics_examples: int = 1000,
+    num_classes: int = 10,
+    seed: int = 0,
+    track=None,
+    log=print,
+) -> list[pathlib.Path]:
+    """Writes the sweep's table and figures into ``root``; returns the paths.
+
+    * ``results.md``: ``header`` and :func:`sweep_table`;
+    * ``training_curves.png``: mean training cross-entropy vs epoch, one panel per
+      depth, plain vs highway (Srivastava et al. Fig. 1);
+    * per finished highway run: ``gate_heatmaps_d<depth>.png`` (Fig. 2, on the first
+      ``heatmap_examples`` training images) and ``lesion_d<depth>.png`` (Fig. 4, on
+      the first ``lesion_examples``);
+    * ``plain_diagnostics.png``: activation mean / variance and gradient norms per
+      layer of plain nets of ``diagnostics_depth`` at initialisation (None: skip);
+    * ``analysis.json``: every number drawn.
+
+    Args:
+      runs: as for :func:`sweep_table`, plus ``'workdir'``.
+      train_split: ``(images uint8 [N, m], labels [N])``, the training split.
+    """
+    root = pathlib.Path(root)
+    written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
+    table = sweep_table(runs)
+    path = root / "results.md"
+    path.write_text((header + "\n\n" if header else "") + table + "\n")
+    written.append(path)
+    log(table)
+
+    panels: dict[str, dict[str, list]] = {}
+    for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
+        if r.get("history"):
+            panels.setdefault(f"depth {r['depth']}", {})[r["kind"]] = r["history"]
+        numbers["runs"].append({k: r.get(k) for k in ("kind", "depth", "width", "params", "lr",
+                                                      "results")})  # fmt: skip
+    if panels:
+        written.append(plots.plot_curve_panels(
+            panels, root / "training_curves.png", key="train_xent",
+            ylabel="mean training cross-entropy (nats)",
+            title=f"{dataset}: plain vs highway, mean training cross-entropy per epoch",
+        ))  # fmt: skip
+
+    images, labels = train_split
+    for r in runs:
+        if r["kind"] != "highway" or not r.get("results"):
+            continue
+        net, params, _ = load_highway_run(r["workdir"])
+        depth = net.depth
+        gates = gate_statistics(net, params, images[:heatmap_examples])
+        numbers["gates"][depth] = {"mean_t_per_layer": gates.mean_t.mean(1).tolist(),
+                                   "t_bias_per_layer": gates.t_bias.mean(1).tolist()}  # fmt: skip
+        written.append(plots.plot_highway_gates(
+            {f"depth {depth}": gates}, root / f"gate_heatmaps_d{depth}.png",
+            title=f"Highway net, depth {depth}: transform gates (mean over "
+                  f"{gates.num_examples:,} training images; sample = image 0)"))  # fmt: skip
+        split = (images[:lesion_examples], labels[:lesion_examples])
+        lesion = highway_lesions(net, params, split, track=track)
+        numbers["lesions"][depth] = {"intact": lesion.base_nll, "lesioned": lesion.nll.tolist(),
+                                     "num_images": lesion.num_tokens}  # fmt: skip
+        worst = int(np.argmax(lesion.nll))
+        log(f"lesions, depth {depth} ({lesion.num_tokens:,} training images): intact "
+            f"{lesion.base_nll:.4f} nats; largest {lesion.nll[worst]:.4f} (layer {worst + 2}); "
+            f"median {np.median(lesion.nll):.4f}")  # fmt: skip
+        written.append(plots.plot_lesion_curve(
+            {f"depth {depth}": lesion}, root / f"lesion_d{depth}.png",
+            title=f"Lesioning, highway net of depth {depth} "
+                  f"({lesion.num_tokens:,} training images)"))  # fmt: skip
+
+    if diagnostics_depth:
+        diag = plain_diagnostics(images[:diagnostics_examples], labels[:diagnostics_examples],
+                                 depth=diagnostics_depth, num_classes=num_classes,
+                                 seed=seed)  # fmt: skip
+        numbers["plain_diagnostics"] = {"depth": diagnostics_depth, **{
+            k: {s: v.tolist() for s, v in d.items()} for k, d in diag.items()}}  # fmt: skip
+        written.append(plots.plot_layer_statistics(
+            diag, root / "plain_diagnostics.png",
+            title=f"Plain nets of depth {diagnostics_depth} at initialisation "
+                  f"({diagnostics_examples:,} training images)"))  # fmt: skip
+    path = root / "analysis.json"
+    engine.write_json(path, numbers)
+    written.append(path)
+    return written

@@ -1,0 +1,198 @@
+r"""One MNIST epoch of a deep highway net: rhnzoo vs a straightforward Flax NNX net.
+
+  python -m rhnzoo.bench.highway                      # depth 100, compile at 10 and 100
+  python -m rhnzoo.bench.highway --depth=50 --rounds=5
+
+Both train the same net and math (the fully connected highway net of Srivastava et
+al.: tanh, width 50, Glorot-uniform weights, T bias -4, softmax cross-entropy, SGD
+with momentum 0.9, batches of 128 gathered on the device from the uint8 training
+split, pixel / 255):
+
+* **rhnzoo**: :class:`rhnzoo.models.highway.FeedForwardNet`, the ``depth - 1``
+  layers' weights stacked and the depth loop a ``lax.scan``, H and T in one matmul
+  per layer; the train step of :mod:`rhnzoo.training.highway` under ``jax.jit``
+  (state donated), as the run engine runs it;
+* **nnx**: what a Flax user would write: an ``nnx.Module`` with a Python loop over
+  ``nnx.Linear`` layers (one for H, one for T per highway layer), ``nnx.Optimizer``
+  and an ``nnx.jit`` train step; **nnx_cached**: the same step through
+  ``nnx.cached_partial`` (no module-graph traversal per call), which separates
+  Flax's per-call Python cost from the compiled program's speed.
+
+An epoch is the 390 steps of the 50,000-image training split (real MNIST when the
+files are found, else random images of the same shape, said in the output). The
+two epochs are timed alternately in one process (:func:`rhnzoo.bench.alternate`,
+minimum and median over ``--rounds``, after an untimed warm-up epoch). Compile
+time = time of the first step (tracing, compilation, one step) minus the median
+step time, for each net at each of ``--compile_depths``. Prints one JSON object.
+On a 2-core CPU at depth 100 the whole run takes about 8 minutes, most of it the
+NNX net (its compilation of 99 unrolled layers, and its epochs).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import nnx
+
+from rhnzoo.bench import alternate
+from rhnzoo.models.highway import FeedForwardNet
+from rhnzoo.training import classify
+from rhnzoo.training import highway as hw
+
+flags.DEFINE_integer("depth", 100, "Depth of the timed epoch.")
+flags.DEFINE_list("compile_depths", ["10", "100"], "Depths whose compile time is measured.")
+flags.DEFINE_integer("rounds", 2, "Timed rounds (one epoch of each per round).")
+flags.DEFINE_integer("steps", None, "Steps per timed epoch (default: a full epoch, 390).")
+FLAGS = flags.FLAGS
+
+WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
+
+
+class NNXHighwayNet(nnx.Module):
+    """The fully connected highway net written the plain Flax NNX way (Python loop)."""
+
+    def __init__(self, depth: int, width: int, input_size: int, num_classes: int,
+                 transform_bias: float, *, rngs: nnx.Rngs):  # fmt: skip
+        glorot = nnx.initializers.glorot_uniform()
+        linear = lambda m, n, **kw: nnx.Linear(m, n, kernel_init=glorot, rngs=rngs, **kw)
+        self.first = linear(input_size, width)
+        self.h = nnx.List([linear(width, width) for _ in range(depth - 1)])
+        self.t = nnx.List([linear(width, width, bias_init=nnx.initializers.constant(transform_bias))
+                           for _ in range(depth - 1)])  # fmt: skip
+        self.out = linear(width, num_classes)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.first(x))
+        for H, T in zip(self.h, self.t):
+            t = jax.nn.sigmoid(T(h))
+            h = jnp.tanh(H(h)) * t + h * (1.0 - t)  # y = H T + x (1 - T)
+        return self.out(h)
+
+
+def _schedule():
+    return optax.exponential_decay(LR, 100_000, 0.96, staircase=True)
+
+
+def data() -> tuple[dict, str]:
+    """The 50,000 / 10,000 split of real MNIST if found, else random uint8 images."""
+    try:
+        from rhnzoo.data import load_mnist
+
+        d = load_mnist(download=False)
+        return hw.split_data(d.train_images, d.train_labels, d.test_images, d.test_labels,
+                             10000), "MNIST"  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any reason: fall back to random images
+        rng = np.random.default_rng(0)
+        x, y = rng.integers(0, 256, (60000, 28, 28), np.uint8), rng.integers(0, 10, 60000)
+        return hw.split_data(x, y, x[:10000], y[:10000], 10000), f"random ({e})"
+
+
+def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
+    """``{'rhnzoo': epoch, 'one': step}``: zero-argument callables running ``steps`` (one)
+    train steps of the rhnzoo net, returning the last loss sums."""
+    net = FeedForwardNet("highway", depth, WIDTH, transform_bias=T_BIAS)
+    task = hw.make_task(net, splits, hw.TrainConfig(lr=LR, momentum=MOMENTUM, batch_size=BATCH))
+    step = jax.jit(task.train_step, donate_argnums=0)
+    state = {"s": task.init_state(jax.random.key(0))}
+    batches = [task.get_batch(0, i) for i in range(steps)]
+    key = jax.random.key(1)
+
+    def run(n):
+        sums = None
+        for batch in batches[:n]:
+            state["s"], sums = step(state["s"], batch, key)
+        return sums
+
+    return {"rhnzoo": lambda: run(steps), "one": lambda: run(1)}
+
+
+def nnx_epoch(depth: int, splits, steps: int) -> dict:
+    """The same for the Flax NNX net: ``{'nnx': epoch, 'nnx_cached': epoch, 'one': step}``;
+    ``nnx_cached`` calls the same step through ``nnx.cached_partial(step, model,
+    optimizer)`` (Flax's remedy for the Python cost of traversing the module graph at
+    every call); both train the same model."""
+    x_train, y_train = splits["train"]
+    model = NNXHighwayNet(depth, WIDTH, 784, 10, T_BIAS, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(_schedule(), momentum=MOMENTUM), wrt=nnx.Param)
+    images, labels = jnp.asarray(x_train), jnp.asarray(y_train)
+
+    @nnx.jit
+    def train_step(model, optimizer, images, labels, idx):
+        x, y = hw.inputs(images[idx]), labels[idx]
+
+        def loss_fn(model):
+            return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    idx = [classify.batch_indices(0, 0, i, len(x_train), BATCH).astype(np.int32)
+           for i in range(steps)]  # fmt: skip
+    cached = nnx.cached_partial(train_step, model, optimizer)
+
+    def run(n, call):
+        loss = None
+        for i in idx[:n]:
+            loss = call(i)
+        return loss
+
+    plain = lambda i: train_step(model, optimizer, images, labels, i)
+    fast = lambda i: cached(images, labels, i)
+    return {"nnx": lambda: run(steps, plain), "nnx_cached": lambda: run(steps, fast),
+            "one": lambda: run(1, plain)}
+
+
+def compile_seconds(one) -> float:
+    """Time of the first call of ``one`` (trace + compile + a step) minus the median of
+    5 later calls."""
+    t = time.perf_counter()
+    jax.block_until_ready(one())
+    first = time.perf_counter() - t
+    later = []
+    for _ in range(5):
+        t = time.perf_counter()
+        jax.block_until_ready(one())
+        later.append(time.perf_counter() - t)
+    return first - statistics.median(later)
+
+
+def main(argv):
+    del argv
+    splits, source = data()
+    steps = FLAGS.steps or classify.steps_per_epoch(len(splits["train"][0]), BATCH)
+    out = {"bench": "highway_mnist_epoch", "device": jax.devices()[0].device_kind,
+           "backend": jax.default_backend(), "data": source, "depth": FLAGS.depth,
+           "width": WIDTH, "batch": BATCH, "steps": steps}  # fmt: skip
+    depths = sorted({int(d) for d in FLAGS.compile_depths} | {FLAGS.depth})
+    # Every net compiles once, on its first step (timed); the timed depth's functions
+    # are then reused for the epochs.
+    candidates, compile_s = {}, {"rhnzoo": {}, "nnx": {}}
+    for name, make in (("rhnzoo", rhnzoo_epoch), ("nnx", nnx_epoch)):
+        for depth in depths:
+            fns = make(depth, splits, steps)
+            compile_s[name][depth] = compile_seconds(fns.pop("one"))
+            if depth == FLAGS.depth:
+                candidates.update(fns)
+    out["compile_s"] = {name: {d: c for d, c in v.items() if str(d) in FLAGS.compile_depths}
+                        for name, v in compile_s.items()}  # fmt: skip
+    timed = alternate(candidates, rounds=FLAGS.rounds)
+    sec = timed["seconds"]
+    out["epoch_s"] = {k: {"min": v["min"], "median": v["median"]} for k, v in sec.items()}
+    for name in ("nnx", "nnx_cached"):
+        out[f"{name}_over_rhnzoo"] = sec[name]["min"] / sec["rhnzoo"]["min"]
+    out["rhnzoo_img_per_s"] = steps * BATCH / sec["rhnzoo"]["min"]
+    if "peak_flops_per_s" in timed:
+        out["matmul_peak_flops_per_s"] = timed["peak_flops_per_s"]["max"]
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,93 @@
+"""experiments/highway.py as a user runs it: bad flags, a small sweep end to end on real
+MNIST (every figure and the table written; a rerun skips the finished runs), one net."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "highway.py"
+MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
+needs_mnist = pytest.mark.skipif(
+    not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
+    reason=f"real MNIST files not found in {MNIST_DIR} (set RHNZOO_DATA)",
+)
+# A CPU-sized sweep: depth 3 (plain and highway), 20 steps each, small analyses.
+SMALL = ["--depths=3", "--plain_lrs=3:1e-3", "--max_steps=20", "--noprogress",
+         "--heatmap_examples=300", "--lesion_examples=300", "--diagnostics_depth=4",
+         "--log_every=10"]  # fmt: skip
+
+
+def highway(*args, timeout=300):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)  # fmt: skip
+
+
+def png_shape(path):
+    return matplotlib.image.imread(path).shape
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--depth=1"], "depth must be an integer >= 2"),
+        (["--width=0"], "width must be an integer >= 1"),
+        (["--dataset=svhn"], "--dataset must be one of mnist, cifar100"),
+        (["--activation=gelu"], "activation must be one of tanh, relu, sigmoid"),
+        (["--kind=plain", "--depth=30"], "no plain learning rate for depth 30"),
+        (["--sweep", "--depths=10,x"], "--depths must be integers"),
+        (["--lr=-1"], "--lr must be > 0"),
+        (["--valid_size=60000"], "--valid_size must be in [1, 59999]"),
+        (["--data_dir={tmp}/nothing", "--nodownload"], "train-images-idx3-ubyte.gz"),
+    ],
+)
+def test_bad_flags_fail_with_one_line_before_writing(tmp_path, flags, message):
+    if "valid_size" in flags[0] and not MNIST_DIR.exists():
+        pytest.skip("needs the real MNIST files")
+    result = highway(*[f.format(tmp=tmp_path) for f in flags], f"--workdir={tmp_path / 'w'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "nothing").exists()
+
+
+@needs_mnist
+def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
+    root = tmp_path / "sweep"
+    result = highway("--sweep", *SMALL, f"--workdir={root}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("results.md", "analysis.json", "training_curves.png", "plain_diagnostics.png",
+                 "gate_heatmaps_d3.png", "lesion_d3.png"):  # fmt: skip
+        assert (root / name).is_file(), name
+    for kind in ("plain", "highway"):
+        results = json.loads((root / f"{kind}_d3" / "results.json").read_text())
+        assert results["step"] == 20 and 0 <= results["test_acc"] <= 1
+    rows = [line for line in (root / "results.md").read_text().splitlines()
+            if line.startswith("| 3 ")]  # fmt: skip
+    assert len(rows) == 1 and "—" not in rows[0], rows
+    assert png_shape(root / "training_curves.png")[:2] == (300, 320)  # 1 panel of 3.2 x 3 in
+    assert png_shape(root / "gate_heatmaps_d3.png")[:2] == (300, 1280)
+    numbers = json.loads((root / "analysis.json").read_text())
+    assert len(numbers["lesions"]["3"]["lesioned"]) == 2  # depth 3: two highway layers
+    assert numbers["plain_diagnostics"]["depth"] == 4 and len(numbers["plain_diagnostics"]) == 7
+
+    again = highway("--sweep", *SMALL, "--diagnostics_depth=0", f"--workdir={root}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("has results.json, skipped") == 2
+    changed = highway("--sweep", *SMALL, "--activation=relu", f"--workdir={root}")
+    assert changed.returncode == 1 and "incompatible" in changed.stderr
+
+
+@needs_mnist
+def test_single_highway_run_writes_its_figures(tmp_path):
+    result = highway("--depth=2", "--max_steps=10", "--noprogress", "--lesion_examples=100",
+                     "--heatmap_examples=100", f"--workdir={tmp_path / 'w'}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "highway net, depth 2, width 50: 44,860 parameters" in result.stdout
+    for name in ("results.json", "gate_heatmaps.png", "lesion.png"):
+        assert (tmp_path / "w" / name).is_file(), name
