@@ -131,7 +131,8 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path) -> dict:
         print(f"wrote {path}")
     path = analysis.plot_gradient_flow(
         curves, out / "gradient_flow.png",
-        title=f"Gradient flow through time ({n} units, T = {steps}; cells at initialisation)",
+        title=f"Gradient flow: cells at initialisation ({n} units)"
+        + (" and a PTB run" if workdir is not None else ""),
     )  # fmt: skip
     print(f"wrote {path}")
     (out / "flow.json").write_text(json.dumps(results, indent=1))

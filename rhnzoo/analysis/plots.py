@@ -443,11 +443,16 @@ def plot_gradient_flow(
         (:func:`rhnzoo.analysis.flow.gradient_norms_through_time`).
       path: PNG file; the image is ``figsize * dpi`` pixels.
     """
+    import matplotlib
+
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
-    for label, norms in curves.items():
+    colors = matplotlib.colormaps["tab20"].colors
+    for i, (label, norms) in enumerate(curves.items()):
         norms = np.asarray(norms, np.float64)
-        ax.plot(np.arange(len(norms)), np.maximum(norms, 1e-30), label=label)
+        style = "--" if "trained" in label else "-"
+        ax.plot(np.arange(len(norms)), np.maximum(norms, 1e-30), style, label=label,
+                color=colors[(2 * i) % 20 + (i // 10) % 2])  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("steps back in time k")
     ax.set_ylabel("‖∂L_T / ∂s_{T-k}‖")
