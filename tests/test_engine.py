@@ -259,3 +259,26 @@ def test_run_length_settings_are_validated(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=f"--{name} must be an integer >= "):
         cfg(**bad)
+
+
+def test_tensorboard_event_files_hold_the_metrics(tmp_path):
+    """--tensorboard: tensorboardX event files (no TensorFlow) with the epoch and step
+    records' scalars, read back with tensorboardX's bundled Event protobuf."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    run(tmp_path / "w", max_steps=15, log_every=5, tensorboard=True)
+    (events_file,) = (tmp_path / "w" / "tensorboard").glob("events.out.tfevents.*")
+    data, tags = events_file.read_bytes(), {}
+    while data:  # TFRecord: length, crc, payload, crc
+        (length,) = struct.unpack("<Q", data[:8])
+        event = Event.FromString(data[12 : 12 + length])
+        data = data[16 + length :]
+        for value in event.summary.value:
+            tags.setdefault(value.tag, []).append((event.step, value.simple_value))
+    assert [s for s, _ in tags["train/train_mse"]] == [5, 10, 15]
+    assert [s for s, _ in tags["epoch/valid_mse"]] == [12, 15]
+    metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    epoch_valid = [m["valid_mse"] for m in metrics if m["kind"] == "epoch"]
+    assert [v for _, v in tags["epoch/valid_mse"]] == pytest.approx(epoch_valid, rel=1e-6)
