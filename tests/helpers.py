@@ -5,7 +5,9 @@ import pathlib
 import struct
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 
 def random_params(params, key, scale=0.5):
@@ -36,3 +38,30 @@ def write_mnist(directory: pathlib.Path, arrays) -> dict[str, bytes]:
     for name, payload in payloads.items():
         (directory / name).write_bytes(payload)
     return payloads
+
+
+def unroll_loss(cell, xs, mask, target):
+    """``params -> Σ (ys - target)²`` of ``cell`` unrolled over ``xs`` from the zero carry
+    with recurrent dropout ``mask`` (float64 under ``jax.enable_x64``), jit-compiled."""
+    from rhnzoo import cells
+
+    @jax.jit
+    def loss(p):
+        _, ys = cells.unroll(cell, p, cell.initial_carry(xs.shape[1], jnp.float64), xs, mask)
+        return jnp.sum((ys - target) ** 2)
+
+    return loss
+
+
+def check_gradient_by_finite_differences(loss, params, *, directions=4, seed=0, eps=1e-6):
+    """``jax.grad(loss)`` against central differences along random directions in parameter
+    space (float64: call under ``jax.enable_x64(True)`` with float64 params)."""
+    grads = jax.grad(loss)(params)
+    flat, unravel = ravel_pytree(params)
+    g_flat, _ = ravel_pytree(grads)
+    assert g_flat.dtype == jnp.float64
+    rng = np.random.default_rng(seed)
+    for _ in range(directions):
+        d = rng.standard_normal(flat.shape)
+        fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
+        np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)

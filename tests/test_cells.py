@@ -7,7 +7,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import np_tree, random_params
+from helpers import check_gradient_by_finite_differences, np_tree, random_params, unroll_loss
 
 from rhnzoo import cells
 
@@ -133,19 +133,8 @@ def test_gradient_matches_finite_differences(hsg):
         mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, 4)) / 0.8).astype(jnp.float64)
         target = jax.random.normal(jax.random.PRNGKey(4), (4, 2, 4), jnp.float64)
 
-        def loss(p):
-            _, ys = cells.unroll(cell, p, cell.initial_carry(2, jnp.float64), xs, mask)
-            return jnp.sum((ys - target) ** 2)
-
-        grads = jax.grad(loss)(params)
-        flat, unravel = jax.flatten_util.ravel_pytree(params)
-        g_flat, _ = jax.flatten_util.ravel_pytree(grads)
-        rng = np.random.default_rng(0)
-        for _ in range(5):
-            d = rng.standard_normal(flat.shape)
-            eps = 1e-6
-            fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
-            np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)
+        check_gradient_by_finite_differences(unroll_loss(cell, xs, mask, target), params,
+                                             directions=5)
 
 
 def test_invalid_depth_and_size():

@@ -16,17 +16,6 @@ from rhnzoo.data import common as data_common
 from rhnzoo.data import text
 
 
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    """No RHNZOO_DATA, cache under tmp_path/cache, no network."""
-
-    def offline(url, dest, timeout=60.0):
-        raise urllib.error.URLError(f"no network for {url}")
-
-    monkeypatch.delenv("RHNZOO_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(data_common, "fetch", offline)
-    return tmp_path / "cache" / "rhnzoo"
 
 
 def words(data_set, doc):

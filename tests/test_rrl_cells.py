@@ -8,7 +8,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import np_tree
+from helpers import check_gradient_by_finite_differences, np_tree, unroll_loss
 
 from rhnzoo import cells
 
@@ -299,20 +299,9 @@ def test_gradient_matches_finite_differences(name):
         mask = jnp.asarray((rng.random((2, N)) < 0.8) / 0.8)
         target = jnp.asarray(rng.standard_normal((T, 2, N)))
 
-        @jax.jit
-        def loss(p):
-            _, ys = cells.unroll(cell, p, cell.initial_carry(2, jnp.float64), xs, mask)
-            return jnp.sum((ys - target) ** 2)
-
+        loss, eps = unroll_loss(cell, xs, mask, target), 1e-6
+        check_gradient_by_finite_differences(loss, params, eps=eps)
         grads = jax.grad(loss)(params)
-        flat, unravel = jax.flatten_util.ravel_pytree(params)
-        g_flat, _ = jax.flatten_util.ravel_pytree(grads)
-        assert g_flat.dtype == jnp.float64
-        eps = 1e-6
-        for _ in range(4):
-            d = rng.standard_normal(flat.shape)
-            fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
-            np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)
         if "alpha" in params:  # SC-LSTM-P: dL/dα on its own (T = 5, L = 3: one skip, τ = 4)
             shifted = lambda e: loss({**params, "alpha": params["alpha"] + e})
             fd = (shifted(eps) - shifted(-eps)) / (2 * eps)
