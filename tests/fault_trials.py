@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import random
 import shutil
@@ -45,8 +44,6 @@ def outputs(workdir):
 
 
 def same(a, b) -> bool:
-    import jax
-    import numpy as np
 
     try:
         from test_engine import assert_same_outputs

@@ -4,7 +4,6 @@ Wang & Tian (2016, eqs. 1, 3-7) and Cho et al. (2014, eqs. 5-8)."""
 import functools
 
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -26,7 +26,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
