@@ -37,8 +37,8 @@ def png_shape(path):
     [
         (["--depth=1"], "depth must be an integer >= 2"),
         (["--width=0"], "width must be an integer >= 1"),
-        (["--dataset=svhn"], "--dataset must be one of mnist, cifar100"),
-        (["--activation=gelu"], "activation must be one of tanh, relu, sigmoid"),
+        (["--dataset=svhn"], "flag --dataset=svhn: value should be one of <mnist|cifar100>"),
+        (["--activation=gelu"], "flag --activation=gelu: value should be one of"),
         (["--kind=plain", "--depth=30"], "no plain learning rate for depth 30"),
         (["--sweep", "--depths=10,x"], "--depths must be integers"),
         (["--lr=-1"], "--lr must be > 0"),
