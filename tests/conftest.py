@@ -1,10 +1,26 @@
-"""Fixtures shared by several test modules."""
+"""Session set-up and fixtures shared by several test modules.
 
+Compiled XLA programs are cached on disk for the session (JAX's persistent compilation
+cache, in a temporary directory): the many subprocess tests that run the same small
+models compile each program once. Set before JAX is imported; subprocesses inherit it.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
 import urllib.error
 
-import pytest
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="rhnzoo-test-jax-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # fmt: skip
 
-from rhnzoo.data import common as data_common
+import pytest  # noqa: E402
+
+from rhnzoo.data import common as data_common  # noqa: E402
 
 
 @pytest.fixture

@@ -286,6 +286,7 @@ def final_bpc(stdout: str) -> tuple[float, float]:
 
 
 @needs_ptb_char
+@pytest.mark.slow
 def test_experiment_ptb_char_prints_finite_bpc(tmp_path):
     result = run_char(
         "--dataset=ptb_char",
@@ -303,6 +304,7 @@ def test_experiment_ptb_char_prints_finite_bpc(tmp_path):
     assert 0 < valid < 2 * math.log2(50) and 0 < test < 2 * math.log2(50)
 
 
+@pytest.mark.slow
 def test_experiment_on_own_enwik8_file(tmp_path):
     directory = tmp_path / "own"
     directory.mkdir()

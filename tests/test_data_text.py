@@ -255,6 +255,7 @@ def real_imdb():
     return data.load_imdb(REAL_IMDB, download=False)
 
 
+@pytest.mark.slow
 def test_real_imdb(real_imdb):
     imdb = real_imdb
     assert (len(imdb.train), len(imdb.test)) == (25000, 25000)

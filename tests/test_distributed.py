@@ -35,6 +35,7 @@ def records(workdir):
 
 @pytest.mark.skipif(not (PTB_DIR / "ptb.train.txt").exists(),
                     reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)")  # fmt: skip
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     one = subprocess.run([sys.executable, str(SCRIPT), *RUN, f"--workdir={tmp_path / 'one'}"],

@@ -57,6 +57,7 @@ def test_bad_flags_fail_with_one_line_before_writing(tmp_path, flags, message):
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
     root = tmp_path / "sweep"
     result = highway("--sweep", *SMALL, f"--workdir={root}")

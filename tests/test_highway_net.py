@@ -261,6 +261,7 @@ def test_split_and_config_errors():
 
 @pytest.mark.skipif(not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
                     reason=f"real MNIST not found in {MNIST_DIR} (set RHNZOO_DATA)")  # fmt: skip
+@pytest.mark.slow
 def test_depth10_highway_learns_real_mnist():
     """300 SGD steps (batch 64, lr 0.1, T bias -2) on 6,400 real MNIST images: the
     cross-entropy falls from chance level at initialisation (> 2, log 10 = 2.30) to a

@@ -46,6 +46,7 @@ SCRIPT = textwrap.dedent("""
     not (PTB_DIR / "ptb.train.txt").exists(),
     reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
 )
+@pytest.mark.slow
 def test_four_devices_match_one(tmp_path):
     import json
 

@@ -84,6 +84,7 @@ def test_incompatible_workdir_fails_before_work(tmp_path):
 
 
 @needs_ptb
+@pytest.mark.slow
 def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
     """`python experiments/ptb.py --depth=40 --hsg --max_steps=...` at a CPU-sized width."""
     result = ptb(

@@ -47,6 +47,7 @@ def train_losses(model, corpus, cfg, steps):
     return losses
 
 
+@pytest.mark.slow
 def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
     """A small RHN trained for 300 steps on the start of PTB predicts the next word
     better than the slice's own unigram distribution, i.e. it uses context."""
@@ -162,6 +163,7 @@ def test_eval_windows_cover_every_prediction_once():
     assert w.sum() == 20
 
 
+@pytest.mark.slow
 def test_bfloat16_training_tracks_float32_on_real_ptb(ptb):
     """300 steps with bfloat16 matmuls (float32 params, state and accumulation)
     end within 2% of the float32 run's loss: bf16's 8-bit mantissa perturbs each
