@@ -2,6 +2,8 @@
 
 * :mod:`rhnzoo.training.engine`: the loop (workdir, checkpoints, exact resume,
   signals, divergence stop, metrics, progress, final evaluation).
+* :mod:`rhnzoo.training.workdir`: a run's directory: config check, checkpoints,
+  metrics log, strict JSON.
 * :mod:`rhnzoo.training.sharding`: data parallelism over ``Mesh(("data",))``.
 * :mod:`rhnzoo.training.lm`: language modelling with truncated BPTT.
 * :mod:`rhnzoo.training.polyphonic`: piano-roll models (JSB Chorales).

@@ -23,6 +23,9 @@ once, for all of them:
 * the final evaluation of the best parameters, written to ``results.json``
   (strict JSON: non-finite numbers become ``null``).
 
+The workdir's files, checkpoints and metrics log are :mod:`rhnzoo.training.workdir`;
+its public names are re-exported here.
+
 Exactness under interruption: the step's PRNG key is ``fold_in(run_key, step)``,
 batch k of epoch e is ``task.get_batch(e, k)`` (a pure function), and the
 checkpoint holds the step, the task state (parameters, optimizer state, any
@@ -39,11 +42,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import json
 import math
 import os
-import pathlib
-import shutil
 import signal
 import sys
 import time
@@ -53,29 +53,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from tqdm import tqdm
+
+from rhnzoo.training.workdir import (  # noqa: F401  (re-exported: engine.RunError, ...)
+    RESUMABLE_KEYS,
+    Checkpoints,
+    MetricsLog,
+    RunError,
+    prepare_workdir,
+    read_metrics,
+    restore_params,
+    strict,
+    write_json,
+)
 
 Array = jax.Array
 State = Any
 Params = Any
 PathLike = str | os.PathLike
-
-# Settings that only change how long a run is or how it reports; a workdir may be
-# resumed with other values of these (every other setting must match).
-RESUMABLE_KEYS = frozenset(
-    {"max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-     "tensorboard", "workdir", "data_dir", "download", "verify_data", "preset",
-     "eval_batch_size", "eval_num_steps", "divergence_factor", "patience",
-     # Same function, other implementation: a run may switch these on resume.
-     "scan_impl", "remat", "unroll", "distributed", "coordinator_address", "num_processes",
-     "process_id"}
-)  # fmt: skip
-
-
-class RunError(RuntimeError):
-    """A run cannot go on (disk full, unreadable checkpoint, ...); the message is one line."""
-
 
 class TrainingDiverged(RunError):
     """The training (or validation) loss became non-finite or exploded."""
@@ -268,332 +263,6 @@ class RunConfig:
     def cut_short(self, steps_per_epoch: int) -> bool:
         """Whether --max_steps / --max_epochs end the run before its schedule does."""
         return self.total_steps(steps_per_epoch) < self.epochs * steps_per_epoch
-
-
-# --------------------------------------------------------------------------- files
-
-
-def _one_line(e: BaseException) -> str:
-    """The innermost OSError's text if there is one in the chain, else the message."""
-    seen, cause = set(), e
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.strerror:
-            where = f" ({cause.filename})" if cause.filename else ""
-            return f"{cause.strerror}{where}"
-        cause = cause.__cause__ or cause.__context__
-    text = str(e).strip().splitlines()
-    first = text[0] if text else ""
-    first = first if len(first) <= 160 else first[:157] + "..."
-    return f"{type(e).__name__}: {first}"
-
-
-def write_json(path: pathlib.Path, obj: Any) -> None:
-    """Writes strict JSON (NaN/inf become null) atomically (temporary file + rename).
-
-    Raises:
-      RunError: if the file cannot be written (one line naming it).
-    """
-    text = json.dumps(strict(obj), indent=1, sort_keys=True, allow_nan=False) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise RunError(f"cannot write {path}: {_one_line(e)}") from None
-
-
-def strict(obj: Any) -> Any:
-    """``obj`` with every non-finite float replaced by None (JSON has no NaN/inf)."""
-    if isinstance(obj, float | np.floating):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [strict(v) for v in obj]
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
-def prepare_workdir(
-    workdir: PathLike, config: Mapping[str, Any], resumable_keys=RESUMABLE_KEYS
-) -> pathlib.Path:
-    """Creates ``workdir`` with ``config.json``, or checks a resumed run's config.
-
-    In a multi-process run only process 0 creates and writes; every process checks.
-
-    Returns:
-      The workdir as an absolute path.
-
-    Raises:
-      ValueError: if ``workdir`` is a file, cannot be created, or holds a run
-        whose settings differ in anything but ``resumable_keys`` (one line).
-    """
-    workdir = pathlib.Path(workdir).absolute()
-    path = workdir / "config.json"
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"workdir {workdir} exists and is not a directory")
-    if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} is unreadable ({_one_line(e)}); use another --workdir")
-        keys = (set(old) | set(config)) - set(resumable_keys)
-        diff = sorted(k for k in keys if old.get(k) != strict(config.get(k)))
-        if diff:
-            shown = ", ".join(f"{k}={old.get(k)!r} there vs {config.get(k)!r}" for k in diff[:4])
-            raise ValueError(
-                f"workdir {workdir} holds an incompatible run ({shown}); "
-                "use another --workdir or the same settings"
-            )
-        return workdir
-    if jax.process_index() != 0:
-        return workdir
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create workdir {workdir}: {_one_line(e)}") from None
-    try:
-        write_json(path, dict(config))
-    except RunError as e:
-        raise ValueError(str(e)) from None
-    return workdir
-
-
-class Checkpoints:
-    """orbax managers for the latest states (resume) and the best-validation params.
-
-    Saves are synchronous, so an error (disk full) surfaces at the call as one
-    :class:`RunError` line; orbax's own error logging is muted meanwhile.
-    """
-
-    def __init__(self, workdir: pathlib.Path):
-        self.workdir = workdir
-        self.latest = self._manager("checkpoints", 3)
-        self.best = self._manager("best", 2)
-
-    def _manager(self, name: str, keep: int) -> ocp.CheckpointManager:
-        opts = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False
-        )
-        return ocp.CheckpointManager(self.workdir / name, options=opts)
-
-    def _save(self, manager: ocp.CheckpointManager, step: int, tree: Any) -> None:
-        with _quiet_orbax():
-            try:
-                if step in manager.all_steps():
-                    manager.delete(step)
-                manager.save(step, args=ocp.args.StandardSave(tree))
-                manager.wait_until_finished()
-            except Exception as e:  # orbax wraps OSErrors in several exception types
-                for tmp in pathlib.Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
-                    shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
-                reason = _one_line(e)
-                if "RESOURCE_EXHAUSTED" in reason or "No space left" in reason:
-                    reason = "no space left on device"
-                raise RunError(
-                    f"cannot save checkpoint {manager.directory / str(step)}: {reason}"
-                ) from None
-
-    def save(self, step: int, tree: Any) -> None:
-        self._save(self.latest, step, tree)
-
-    def save_best(self, step: int, params: Params) -> None:
-        self._save(self.best, step, params)
-
-    def restore_latest(self, like: Any, warn: Callable[[str], None]) -> Any | None:
-        """The newest readable checkpoint (restored like ``like``), or None.
-
-        An unreadable one is moved to ``<workdir>/corrupt/`` with one warning line.
-        """
-        while True:
-            step = self.latest.latest_step()
-            if step is None:
-                return None
-            try:
-                with _quiet_orbax():
-                    return self.latest.restore(step, args=ocp.args.StandardRestore(like))
-            except Exception as e:  # any failure to read: truncated, missing files, structure
-                reason = _one_line(e)
-            with _quiet_orbax(collect=True):  # the exception is released: its leftovers go now
-                bad = self.latest.directory / str(step)
-                aside = self.workdir / "corrupt" / f"checkpoints_{step}_{int(time.time())}"
-                if jax.process_index() == 0:
-                    aside.parent.mkdir(exist_ok=True)
-                    os.replace(bad, aside)
-                if jax.process_count() > 1:
-                    from jax.experimental import multihost_utils
-
-                    multihost_utils.sync_global_devices(f"rhnzoo moved checkpoint {step}")
-                self.latest.reload()
-                older = self.latest.latest_step()
-                warn(
-                    f"warning: checkpoint {bad} is unreadable ({reason}); moved to "
-                    f"{aside}; " + (f"resuming from step {older}" if older is not None
-                                    else "starting from scratch")  # fmt: skip
-                )
-
-    def drop_best_after(self, step: int) -> None:
-        """Deletes best checkpoints newer than ``step`` (left by a run that died after
-        them): the resumed run re-derives its own from the restored state."""
-        for s in self.best.all_steps():
-            if s > step:
-                self.best.delete(s)
-
-    def restore_best(self, step: int, like: Params) -> Params | None:
-        """The best parameters saved at ``step`` (None if ``step`` < 0)."""
-        if step < 0:
-            return None
-        if step not in self.best.all_steps():
-            raise RunError(
-                f"{self.best.directory} lacks the best checkpoint of step {step} that the "
-                "latest state refers to; delete the workdir's checkpoints to retrain"
-            )
-        try:
-            with _quiet_orbax():
-                return self.best.restore(step, args=ocp.args.StandardRestore(like))
-        except Exception as e:
-            raise RunError(
-                f"best checkpoint {self.best.directory / str(step)} is unreadable "
-                f"({_one_line(e)}); delete {self.best.directory} and rerun to re-select it"
-            ) from None
-
-    def close(self) -> None:
-        self.latest.close()
-        self.best.close()
-
-
-class _quiet_orbax:
-    """Mutes what orbax prints around a failing save or restore: absl logging (it logs
-    tracebacks at ERROR before raising), the coroutines and worker threads it leaves
-    behind (Python's unraisable-exception and thread hooks), collected before unmuting."""
-
-    def __init__(self, collect: bool = False):
-        self.collect = collect  # also collect garbage before unmuting, failure or not
-
-    def __enter__(self):
-        import threading
-
-        from absl import logging
-
-        self.logger = logging.get_absl_logger()
-        self.saved = (self.logger.level, sys.unraisablehook, threading.excepthook)
-        self.logger.setLevel(60)
-        sys.unraisablehook = lambda unraisable: None
-        threading.excepthook = lambda args: None
-
-    def __exit__(self, *exc):
-        import gc
-        import threading
-
-        if exc[0] is not None or self.collect:
-            gc.collect()  # abandoned coroutines report here, muted
-        level, sys.unraisablehook, threading.excepthook = self.saved
-        self.logger.setLevel(level)
-
-
-class MetricsLog:
-    """``metrics.jsonl`` (and optional TensorBoard events); in-memory when no workdir."""
-
-    def __init__(self, workdir: pathlib.Path | None, tensorboard: bool, purge_step: int):
-        if jax.process_index() != 0:  # one writer in a multi-process run
-            workdir = None
-        self.path = None if workdir is None else workdir / "metrics.jsonl"
-        self.records: list[dict] = []
-        self.tb = None
-        if tensorboard and workdir is not None:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:
-                raise ValueError(
-                    "--tensorboard needs tensorboardX: pip install 'rhnzoo[tensorboard]'"
-                ) from None
-            self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=purge_step)
-
-    def cut_back(self, step: int, validated: int) -> None:
-        """Drops records after checkpoint ``step`` (and its epoch record unless the
-        checkpoint says that epoch was validated), so a resumed run rewrites them."""
-        if self.path is None or not self.path.is_file():
-            return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except ValueError:  # a line cut by a kill
-                continue
-            if r["step"] < step or (
-                r["step"] == step and (r.get("kind") != "epoch" or validated == step)
-            ):
-                keep.append(line + "\n")
-        tmp = self.path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, self.path)
-
-    def write(self, record: dict) -> None:
-        self.records.append(record)
-        if self.path is not None:
-            try:
-                with open(self.path, "a") as f:
-                    f.write(json.dumps(strict(record), allow_nan=False) + "\n")
-            except OSError as e:
-                raise RunError(f"cannot write {self.path}: {_one_line(e)}") from None
-        if self.tb is not None:
-            for k, v in record.items():
-                if isinstance(v, float | int) and k not in ("step", "epoch"):
-                    self.tb.add_scalar(f"{record['kind']}/{k}", v, record["step"])
-            self.tb.flush()
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
-def restore_params(workdir: PathLike) -> Params | None:
-    """The parameters of a run: ``best/`` if it has a step, else the latest state in
-    ``checkpoints/`` (a run stopped before its first validation); None if neither.
-
-    Reads checkpoints as saved (host arrays), in the engine's layout or the
-    pre-engine one (``{'params': ...}`` at the top of the state).
-    """
-
-    def latest(directory: pathlib.Path) -> Any | None:
-        if not directory.is_dir():
-            return None
-        manager = ocp.CheckpointManager(directory.absolute())
-        try:
-            step = manager.latest_step()
-            with _quiet_orbax():
-                return None if step is None else manager.restore(step, args=ocp.args.StandardRestore())
-        finally:
-            manager.close()
-
-    workdir = pathlib.Path(workdir)
-    params = latest(workdir / "best")
-    if params is None:
-        state = latest(workdir / "checkpoints")
-        if state is not None:
-            params = state["state"]["task"]["params"] if "state" in state else state["params"]
-    return params
-
-
-def read_metrics(workdir: PathLike, kind: str = "epoch") -> list[dict[str, Any]]:
-    """The ``kind`` records (``'epoch'`` or ``'train'``) of ``workdir/metrics.jsonl``, in order.
-
-    For ``'epoch'``, one record per epoch: if a resumed run reported an epoch twice
-    (cut short, then completed), the last record wins. Records of runs that predate
-    the ``kind`` field count as epoch records. A missing file gives ``[]``.
-    """
-    path = pathlib.Path(workdir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    records = [r for r in records if r.get("kind", "epoch") == kind]
-    if kind != "epoch":
-        return records
-    by_epoch = {int(r["epoch"]): r for r in records}
-    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 # ----------------------------------------------------------------------------- run
