@@ -13,7 +13,9 @@ OWN_FLAGS = {
     "ptb.py": ["--depth", "--hsg", "--max_steps", "--max_epochs", "--workdir", "--verify_data"],
     "char.py": ["--dataset", "--depth", "--max_steps", "--verify_data"],
     "jsb.py": ["--archs", "--depths", "--max_steps", "--max_epochs", "--verify_data"],
-    "analyze.py": ["--workdir", "--mc_samples"],
+    "highway.py": ["--kind", "--depth", "--transform_bias", "--sweep", "--max_epochs"],
+    "rrl.py": ["--dataset", "--model", "--table", "--skip", "--patience", "--verify_data"],
+    "analyze.py": ["--workdir", "--mc_samples", "--flow"],
     "sweep.py": ["--depths", "--root", "--table"],
 }
 
@@ -23,7 +25,8 @@ def test_help_lists_the_scripts_own_flags_with_defaults(script):
     result = subprocess.run([sys.executable, str(ROOT / "experiments" / script), "--help"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 1  # absl's convention for --help (README says so)
-    for flag in OWN_FLAGS.get(script, []):
+    assert script in OWN_FLAGS, f"add {script}'s own flags to OWN_FLAGS"
+    for flag in OWN_FLAGS[script]:
         assert f"  {flag}" in result.stdout or f"  --[no]{flag[2:]}" in result.stdout, flag
     assert "(default:" in result.stdout
     assert "--logtostderr" not in result.stdout  # absl's own flags stay in --helpfull
