@@ -1,7 +1,7 @@
 r"""Optimisation study on JSB Chorales: RHN vs DT-RNN vs DT(S)-RNN (Zilly et al. 2017, Fig. 4).
 
   python experiments/jsb.py                          # full study (see FLAGS for its size)
-  python experiments/jsb.py --preset=cpu             # 2-core CPU, about 15 minutes
+  python experiments/jsb.py --preset=cpu             # 2-core CPU, about 9 minutes
   python experiments/jsb.py --archs=rhn,dtrnn --depths=1,4 --trials=10 --epochs=20
 
 Zilly et al. (sec. 5.1): networks of recurrence depth 1, 2, 4 and 6 are trained with
@@ -61,7 +61,7 @@ SEARCH_SPACE = {
     "init_bias": (-4.0, 0.0),
 }
 PRESETS = {
-    # 2-core CPU, about 15 minutes: small widths, few trials and epochs.
+    # 2-core CPU, about 9 minutes (8.7 measured): small widths, few trials and epochs.
     "cpu": {"width": 32, "trials": 10, "epochs": 25, "batch_size": 16},
 }
 
