@@ -2,7 +2,7 @@ r"""Character-level language models with a Recurrent Highway Network (bits per c
 
   python experiments/char.py --dataset=enwik8                      # Zilly et al. Table 3
   python experiments/char.py --dataset=text8                       # Zilly et al. Table 3
-  python experiments/char.py --dataset=ptb_char --preset=small     # 2-core CPU, 20-25 min
+  python experiments/char.py --dataset=ptb_char --preset=small     # 2-core CPU, 15-25 min
 
 Defaults are the reference code's ``enwik8_sota`` configuration (``text8_sota``
 is identical; jzilly/RecurrentHighwayNetworks ``rhn_train.py``, test BPC 1.27).
@@ -31,7 +31,7 @@ ENWIK8_SOTA = dict(
 )  # fmt: skip
 
 PRESETS = {
-    # --dataset=ptb_char on a 2-core CPU in 20-25 minutes (4 epochs of ~1570 steps); tuned
+    # --dataset=ptb_char on a 2-core CPU in 15-25 minutes (4 epochs of ~1570 steps); tuned
     # briefly: lr 1.0 diverges and 0.2-0.3 learns slowly; init_bias -1 and windows of 50
     # learned faster than -2 and 100; no dropout (the model underfits in 4 epochs).
     "small": dict(

@@ -39,7 +39,7 @@ DATASETS = {"mnist": (784, 10), "cifar100": (3072, 100)}  # input size, classes
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}
 PRESETS = {
     # The whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in about
-    # 30 minutes (about 13 s per epoch of all 8 nets); measured results in BUILD_NOTES.md.
+    # 35 minutes (36.1 measured, shared cores); measured results in BUILD_NOTES.md.
     # T bias -4 as for the papers' depth curves; the plain rates are the reproduction's.
     "cpu": dict(epochs=120, transform_bias=-4.0,
                 plain_lrs=["10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"]),
