@@ -35,7 +35,6 @@ time each takes.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 import time
@@ -46,6 +45,7 @@ from absl import flags
 
 from rhnzoo import analysis, cells, cli, data, dropout
 from rhnzoo.analysis import flow
+from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
@@ -135,7 +135,7 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path) -> dict:
         + (" and a PTB run" if workdir is not None else ""),
     )  # fmt: skip
     print(f"wrote {path}")
-    (out / "flow.json").write_text(json.dumps(results, indent=1))
+    engine.write_json(out / "flow.json", results)
     return results
 
 
@@ -263,7 +263,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path) -> dict:
         )
         print("  single-pass perplexities:", " ".join(f"{p:.2f}" for p in mc.sample_perplexities))
 
-    (out / "analysis.json").write_text(json.dumps(results, indent=1))
+    engine.write_json(out / "analysis.json", results)
     print(f"wrote {out / 'analysis.json'}")
     return results
 

@@ -95,21 +95,22 @@ def root() -> pathlib.Path:
     return pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
 
 
-def train(dataset: rrl.Dataset, name: str) -> dict:
-    from rhnzoo.data.word2vec import load_word2vec
-    from rhnzoo.models.classifier import SequenceClassifier
-
-    cell = rrl.make_cell(name, FLAGS.hidden_size, FLAGS.hybrid_hidden_size,
+def make_cell(name: str):
+    return rrl.make_cell(name, FLAGS.hidden_size, FLAGS.hybrid_hidden_size,
                          rrn_depth=FLAGS.rrn_depth, rrn_activation=FLAGS.rrn_activation,
                          skip=FLAGS.skip, forget_bias=FLAGS.forget_bias,
                          init_scale=FLAGS.init_scale)  # fmt: skip
+
+
+def train(dataset: rrl.Dataset, name: str, cell, cfg: rrl.TrainConfig,
+          run: engine.RunConfig) -> dict:  # fmt: skip
+    from rhnzoo.data.word2vec import load_word2vec
+    from rhnzoo.models.classifier import SequenceClassifier
+
     vocab = dataset.vocab
     model = SequenceClassifier(cell, dataset.num_classes, dataset.input_size or FLAGS.embed_size,
                                None if vocab is None else len(vocab), drop=FLAGS.drop,
                                init_scale=FLAGS.init_scale)  # fmt: skip
-    cfg = rrl.TrainConfig(batch_size=FLAGS.batch_size, max_len=FLAGS.max_len, keep=FLAGS.keep,
-                          buckets=FLAGS.buckets, lr=FLAGS.lr, max_grad_norm=FLAGS.max_grad_norm,
-                          epochs=FLAGS.epochs)  # fmt: skip
     vectors = None
     if FLAGS.embeddings and vocab is not None:
         vectors = load_word2vec(FLAGS.embeddings, vocab, FLAGS.embed_size)
@@ -118,7 +119,6 @@ def train(dataset: rrl.Dataset, name: str) -> dict:
                          vectors)  # fmt: skip
     config = {"model": name, **{k: FLAGS[k].value for k in MODEL_FLAGS},
               **{k: FLAGS[k].value for k in cli.RUN_FLAGS + cli.DATA_FLAGS}}  # fmt: skip
-    run = cli.run_config(FLAGS.epochs)
     print(f"{rrl.LABELS[name]} on {FLAGS.dataset}: {len(dataset.train.labels):,} train / "
           f"{len(dataset.dev.labels):,} dev / {len(dataset.test.labels):,} test sequences")
     return engine.run(task, run, root() / name, config).results
@@ -143,23 +143,19 @@ def table(models) -> str:
 
 
 def experiment() -> None:
-    preset = {"paper": PAPER, "cpu": CPU}.get(FLAGS.preset, {}).get(FLAGS.dataset, {})
-    for name, value in preset.items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
+    cli.apply_preset({"paper": PAPER, "cpu": CPU}.get(FLAGS.preset, {}).get(FLAGS.dataset, {}))
     if FLAGS.dataset == "pmnist" and not FLAGS["embed_size"].present:
         FLAGS.embed_size = 1
     models = list(dict.fromkeys(FLAGS.models if FLAGS.table else [FLAGS.model]))
     unknown = [m for m in models if m not in rrl.MODELS]
     if unknown:
         raise ValueError(f"--models: unknown {unknown}; choose from {', '.join(rrl.MODELS)}")
-    for name in models:  # validates every setting before the data are loaded
-        rrl.make_cell(name, FLAGS.hidden_size, FLAGS.hybrid_hidden_size, rrn_depth=FLAGS.rrn_depth,
-                      rrn_activation=FLAGS.rrn_activation, skip=FLAGS.skip)  # fmt: skip
-    rrl.TrainConfig(batch_size=FLAGS.batch_size, max_len=FLAGS.max_len, keep=FLAGS.keep,
-                    buckets=FLAGS.buckets,
-                    lr=FLAGS.lr, max_grad_norm=FLAGS.max_grad_norm, epochs=FLAGS.epochs)  # fmt: skip
-    cli.run_config(FLAGS.epochs)
+    # Every setting is validated before the data are loaded.
+    cell_of = {name: make_cell(name) for name in models}
+    cfg = rrl.TrainConfig(batch_size=FLAGS.batch_size, max_len=FLAGS.max_len, keep=FLAGS.keep,
+                          buckets=FLAGS.buckets, lr=FLAGS.lr, max_grad_norm=FLAGS.max_grad_norm,
+                          epochs=FLAGS.epochs)  # fmt: skip
+    run = cli.run_config(FLAGS.epochs)
     todo = [m for m in models if not (root() / m / "results.json").is_file()]
     if todo and (FLAGS.run_missing or not FLAGS.table):
         dataset = rrl.load_dataset(
@@ -168,7 +164,7 @@ def experiment() -> None:
             dev_seed=FLAGS.dev_seed, permute=FLAGS.permute,
         )  # fmt: skip
         for name in models if not FLAGS.table else todo:
-            train(dataset, name)
+            train(dataset, name, cell_of[name], cfg, run)
     if FLAGS.table:
         text = table(models)
         (root() / "table.md").parent.mkdir(parents=True, exist_ok=True)

@@ -96,9 +96,10 @@ def define_presets(presets: dict[str, dict[str, Any]]) -> None:
     _PRESETS.update(presets)
 
 
-def apply_preset() -> dict[str, Any]:
-    """Sets the preset's values on flags not given explicitly; returns the preset."""
-    preset = _PRESETS.get(FLAGS.preset, {})
+def apply_preset(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Sets the preset's values (``values``, or those `define_presets` registered for
+    ``--preset``) on flags not given explicitly; returns them."""
+    preset = _PRESETS.get(FLAGS.preset, {}) if values is None else values
     for name, value in preset.items():
         if not FLAGS[name].present:
             FLAGS[name].value = value

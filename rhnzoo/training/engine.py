@@ -427,6 +427,8 @@ def run(
                     f"{ref:.4g} nats, {level}); {intact}; try a lower --lr"
                 )
 
+        throughput_key = task.throughput_key or task.count_key
+
         def drain(keep: int = 0) -> None:
             """Reads the loss sums of all but ``keep`` dispatched steps (one host sync)."""
             while len(pending) > keep:
@@ -438,8 +440,8 @@ def run(
                 for acc in (meta["epoch_sums"], meta["window_sums"]):
                     for k, v in values.items():
                         acc[k] = np.array(acc[k] + v)
-                clock["window_count"] += values[task.throughput_key or task.count_key]
-                clock["epoch_count"] += values[task.throughput_key or task.count_key]
+                clock["window_count"] += values[throughput_key]
+                clock["epoch_count"] += values[throughput_key]
                 recent.append((values["loss"], values[task.count_key]))
                 if not math.isfinite(loss):
                     explode("training", loss, at + 1)
@@ -530,11 +532,12 @@ def run(
                     end_of_epoch(step)
                 if step >= total:
                     break
-                best_epoch = -(-int(meta["best_step"]) // spe)
-                if cfg.patience and step % spe == 0 and step // spe - best_epoch >= cfg.patience:
-                    say(f"early stopping: {task.select} has not improved for {cfg.patience} "
-                        f"epochs (best at epoch {best_epoch})")  # fmt: skip
-                    break
+                if cfg.patience and step % spe == 0:
+                    best_epoch = -(-int(meta["best_step"]) // spe)
+                    if step // spe - best_epoch >= cfg.patience:
+                        say(f"early stopping: {task.select} has not improved for "
+                            f"{cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
+                        break
                 epoch, index = divmod(step, spe)
                 if index == 0:
                     meta["epoch_sums"], meta["window_sums"] = zeros(), zeros()
