@@ -173,8 +173,7 @@ def gradient_norms_through_time(
         def body(c, inputs):
             xp, delta = inputs
             s, unflat = flatten_carry(c)
-            c = jax.tree.map(lambda new, old: new if _is_float(old) else old,
-                             unflat(s + delta), c)  # fmt: skip
+            c = unflat(s + delta)  # integer leaves (step counters) come back from c itself
             return cell.step(params, c, xp)[0], None
 
         c, _ = jax.lax.scan(body, carry, (x_proj, deltas[:-1]))

@@ -155,14 +155,8 @@ def gate_statistics(
     images = np.asarray(images)
     if not 0 <= sample < len(images):
         raise ValueError(f"sample must be in [0, {len(images)}), got {sample}")
-    total = None
-    for start in range(0, len(images), batch_size):
-        part = images[start : start + batch_size]
-        pad = batch_size - len(part)
-        w = np.concatenate([np.ones(len(part), np.float32), np.zeros(pad, np.float32)])
-        part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)]) if pad else part
-        s = _gate_sum_fn(net)(params, part, w)
-        total = s if total is None else total + s
+    sum_fn = _gate_sum_fn(net)
+    total = classify.add_up(sum_fn(params, *b) for b in classify.padded_slices((images,), batch_size))
     one = _stats_fn(net)(params, images[sample : sample + 1])
     n = net.width
     return GateStats(

@@ -65,8 +65,7 @@ class SequenceClassifier:
     def init(self, key: Array) -> Params:
         """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
         ke, kc, ko = jax.random.split(key, 3)
-        u = lambda k, shape: jax.random.uniform(k, shape, jnp.float32, -self.init_scale,
-                                                self.init_scale)  # fmt: skip
+        u = lambda k, shape: cells.base.uniform(k, shape, self.init_scale)
         params = {
             "cell": self.cell.init(kc, self.input_size),
             "W_out": u(ko, (self.cell.hidden_size, self.num_classes)),

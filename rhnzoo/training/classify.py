@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -77,15 +77,32 @@ def evaluate(
     starts = range(0, n, batch_size)
     if track is not None:
         starts = track(starts, total=-(-n // batch_size), desc=desc)
-    totals = None
-    for start in starts:
+    return means(add_up(sums_fn(params, *b) for b in padded_slices(arrays, batch_size, starts)))
+
+
+def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
+    """Yields ``(*parts, weights)`` for the rows ``start : start + batch_size`` of every
+    array (default starts: every batch), the last one zero-padded to ``batch_size``
+    rows with weight 0, so that a jit-compiled function sees one shape."""
+    for start in range(0, len(arrays[0]), batch_size) if starts is None else starts:
         part = [a[start : start + batch_size] for a in arrays]
         pad = batch_size - len(part[0])
         weights = np.concatenate([np.ones(len(part[0]), np.float32), np.zeros(pad, np.float32)])
         part = [np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a
                 for a in part]  # fmt: skip
-        sums = sums_fn(params, *part, weights)
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        yield (*part, weights)
+
+
+def add_up(sums: Iterable[Any]) -> Any:
+    """The element-wise sum of a stream of equal pytrees (of device arrays)."""
+    totals = None
+    for s in sums:
+        totals = s if totals is None else jax.tree.map(jnp.add, totals, s)
+    return totals
+
+
+def means(totals: dict[str, Array]) -> dict[str, float]:
+    """``{'loss', 'accuracy', 'count'}`` from summed :func:`xent_sums`."""
     totals = {k: float(v) for k, v in totals.items()}
     return {"loss": totals["loss"] / totals["count"],
             "accuracy": totals["correct"] / totals["count"], "count": int(totals["count"])}  # fmt: skip

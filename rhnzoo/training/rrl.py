@@ -203,12 +203,10 @@ def make_task(
 
     def evaluate(params, split, track, desc):
         batches = plan(split, cfg, None)
-        totals = None
-        for length, rows in track(batches, total=len(batches), desc=desc):
-            sums = eval_sums(params, *pad(split, rows, cfg.batch_size, length, cfg.keep))
-            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        totals = {k: float(v) for k, v in totals.items()}
-        return totals["correct"] / totals["count"], totals["loss"] / totals["count"]
+        m = classify.means(classify.add_up(
+            eval_sums(params, *pad(split, rows, cfg.batch_size, length, cfg.keep))
+            for length, rows in track(batches, total=len(batches), desc=desc)))  # fmt: skip
+        return m["accuracy"], m["loss"]
 
     def validate(params, track):
         acc, xent = evaluate(params, dev, track, "dev")
