@@ -54,15 +54,25 @@ class RRN:
       depth: K, layers in F (>= 1; paper: 2).
       activation: the inner σ, ``'sigmoid'`` or ``'tanh'``.
       init_scale: half-width of the uniform weight initialisation.
+      recurrent_init: ``'uniform'`` (the default: U like W) or ``'orthogonal'`` (each
+        U_k a random orthogonal matrix). Not specified by the paper; a flag of the RRN
+        recipe study (BUILD_NOTES.md).
+      f_bias: initial bias b_K of F's last layer (default 0, eq. 4 as written). A
+        negative value (highway-style) starts F near 0 with σ, so h_t ≈ h_{t-1} at
+        initialisation instead of drifting to tanh's flat region. A deviation from
+        the paper when non-zero (BUILD_NOTES.md).
 
     Raises:
-      ValueError: if hidden_size < 1, depth < 1 or activation is unknown.
+      ValueError: if hidden_size < 1, depth < 1, or activation or recurrent_init is
+        unknown.
     """
 
     hidden_size: int
     depth: int = 2
     activation: str = "sigmoid"
     init_scale: float = 0.04
+    recurrent_init: str = "uniform"
+    f_bias: float = 0.0
 
     def __post_init__(self):
         check_positive("hidden_size", self.hidden_size)
@@ -70,6 +80,10 @@ class RRN:
         if self.activation not in _ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if self.recurrent_init not in ("uniform", "orthogonal"):
+            raise ValueError(
+                f"recurrent_init must be 'uniform' or 'orthogonal', got {self.recurrent_init!r}"
             )
 
     def init(self, key: Array, input_size: int) -> Params:
@@ -80,10 +94,15 @@ class RRN:
         check_positive("input_size", input_size)
         n, K = self.hidden_size, self.depth
         kw, ku = jax.random.split(key)
+        if self.recurrent_init == "orthogonal":
+            ortho = jax.nn.initializers.orthogonal()
+            U = jax.vmap(lambda k: ortho(k, (n, n), jnp.float32))(jax.random.split(ku, K))
+        else:
+            U = uniform(ku, (K, n, n), self.init_scale)
         return {
             "W": uniform(kw, (input_size, K * n), self.init_scale),
-            "U": uniform(ku, (K, n, n), self.init_scale),
-            "b": jnp.zeros((K * n,), jnp.float32),
+            "U": U,
+            "b": jnp.zeros((K * n,), jnp.float32).at[(K - 1) * n :].set(self.f_bias),
         }
 
     def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> Array:

@@ -31,6 +31,12 @@ def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None) -> pa
         return pathlib.Path(data_dir)
     if os.environ.get("RHNZOO_DATA"):
         return pathlib.Path(os.environ["RHNZOO_DATA"]) / name
+    return user_cache_dir(name)
+
+
+def user_cache_dir(name: str) -> pathlib.Path:
+    """``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<name>``: downloads, and what rhnzoo derives
+    from a data set (e.g. word vectors), which never go into a shared data directory."""
     cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
     return pathlib.Path(cache) / "rhnzoo" / name
 

@@ -1,9 +1,12 @@
-"""Pretrained word vectors in Mikolov's word2vec formats, for initialising an embedding.
+"""Word2Vec vectors for initialising an embedding: trained here, or loaded from a file.
 
-Wang & Tian (2016) initialise their embeddings with Word2Vec vectors trained on
-Wikipedia, which were not published; rhnzoo learns embeddings from scratch by
-default, and ``--embeddings=PATH`` loads vectors of your own in either format that
-the original ``word2vec`` tool writes (and gensim's ``save_word2vec_format``):
+Wang & Tian (2016, sec. 4) feed "word embedding vectors pre-trained by Word2Vec
+(Mikolov et al., 2013) on Wikipedia"; those vectors were not published. By default
+rhnzoo trains Word2Vec itself (gensim, CBOW, on the *training split's* text only, never
+dev or test) and caches the vectors under ``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<data
+set>/word2vec/`` (:func:`train_word2vec`). ``--embeddings=PATH`` loads vectors of your
+own in either format that the original ``word2vec`` tool writes (and gensim's
+``save_word2vec_format``):
 
 * text: a header line ``<count> <dim>`` (optional here, so GloVe files work too),
   then one line per word: ``word v_1 ... v_dim`` separated by spaces;
@@ -13,13 +16,83 @@ the original ``word2vec`` tool writes (and gensim's ``save_word2vec_format``):
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from rhnzoo.data.common import DataError
+from rhnzoo.data.common import DataError, user_cache_dir
+
+# gensim's Word2Vec settings (Mikolov et al. 2013's defaults but CBOW's 5 epochs);
+# part of the cache key.
+W2V_SETTINGS = dict(sg=0, window=5, negative=5, sample=1e-3, epochs=5, min_count=1)
+
+
+def _stable_hash(text: str) -> int:
+    """Seeds gensim's initial vectors independently of Python's hash randomisation."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def train_word2vec(
+    docs: Sequence[np.ndarray], vocab: Sequence[str], dim: int, *, dataset: str,
+    seed: int = 0, cache: bool = True, log=print,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Word2Vec vectors of ``vocab`` trained on ``docs`` (token ids), cached.
+
+    One worker thread and a fixed hash make the training deterministic, so the same
+    documents, vocabulary, width and seed give the same vectors on any machine; the
+    cache file's name is a digest of all of them and :data:`W2V_SETTINGS`.
+
+    Args:
+      docs: the training split's documents, ``[T_i]`` int ids into ``vocab`` (rare
+        words already ``'<unk>'``; ``'<pad>'``, id 0, never occurs).
+      vocab: id -> word.
+      dim: vector width (the model's embedding size).
+      dataset: the data set's name (the cache directory).
+      seed: gensim's seed.
+      cache: read / write ``<user cache>/<dataset>/word2vec/<digest>.bin``.
+      log: receives one line when vectors are trained or read.
+
+    Returns:
+      ``(vectors [V, dim] float32, found [V] bool)`` as :func:`load_word2vec`: every
+      word occurring in ``docs`` is found.
+
+    Raises:
+      DataError: gensim is not installed, or no document has a word.
+    """
+    digest = hashlib.sha256(repr((dim, seed, sorted(W2V_SETTINGS.items()))).encode())
+    digest.update("\n".join(vocab).encode("utf-8"))
+    for doc in docs:
+        digest.update(np.asarray(doc, np.int32).tobytes() + b"|")
+    path = user_cache_dir(dataset) / "word2vec" / f"{dim}d_{digest.hexdigest()[:16]}.bin"
+    if cache and path.is_file():
+        log(f"word2vec: {path} (cached, trained on the training split)")
+        return load_word2vec(path, vocab, dim)
+    try:
+        from gensim.models import Word2Vec
+    except ImportError:
+        raise DataError("word2vec embeddings need gensim: pip install gensim "
+                        "(or --embeddings=random to learn them from scratch)") from None  # fmt: skip
+    sentences = [[vocab[i] for i in doc] for doc in docs if len(doc)]
+    if not sentences:
+        raise DataError("word2vec: the training split has no words")
+    model = Word2Vec(sentences, vector_size=dim, seed=seed, workers=1, hashfxn=_stable_hash,
+                     **W2V_SETTINGS)  # fmt: skip
+    vectors, found = np.zeros((len(vocab), dim), np.float32), np.zeros(len(vocab), bool)
+    for i, word in enumerate(vocab):
+        if word in model.wv.key_to_index:
+            vectors[i], found[i] = model.wv[word], True
+    log(f"word2vec: trained {dim}-d vectors for {found.sum():,} words on "
+        f"{sum(map(len, sentences)):,} training tokens")  # fmt: skip
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        model.wv.save_word2vec_format(str(tmp), binary=True)
+        os.replace(tmp, path)
+    return vectors, found
 
 
 def load_word2vec(

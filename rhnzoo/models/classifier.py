@@ -32,6 +32,9 @@ class SequenceClassifier:
       vocab_size: V for token inputs (learned embedding ``[V, m]``); None for float
         features ``[B, T, m]``.
       drop: dropout probability on the final representation (Wang & Tian sec. 4).
+      input_drop: dropout probability on the inputs (the embedded words or the
+        features), drawn independently per step and unit: the paper's "dropout on
+        non-recurrent layers" (Zaremba et al. 2014) also covers this layer.
       init_scale: half-width of the uniform initialisation of the embedding and the
         output layer (the cell initialises itself).
       unroll: time steps per ``lax.scan`` iteration; remat: recompute time steps in
@@ -49,6 +52,7 @@ class SequenceClassifier:
     input_size: int
     vocab_size: int | None = None
     drop: float = 0.0
+    input_drop: float = 0.0
     init_scale: float = 0.1
     unroll: int = 1
     remat: bool = False
@@ -61,6 +65,7 @@ class SequenceClassifier:
         if self.vocab_size is not None and self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         dropout.check_rate("drop", self.drop)
+        dropout.check_rate("input_drop", self.input_drop)
 
     def init(self, key: Array) -> Params:
         """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
@@ -75,17 +80,22 @@ class SequenceClassifier:
             params["embed"] = u(ke, (self.vocab_size, self.input_size))
         return params
 
-    def features(self, params: Params, inputs: Array, lengths: Array) -> Array:
+    def features(
+        self, params: Params, inputs: Array, lengths: Array, key: Array | None = None
+    ) -> Array:
         """The sequence representations ``[B, n]``.
 
         Args:
           inputs: ``[B, T]`` int token ids (``vocab_size`` set) or ``[B, T, m]`` float.
           lengths: ``[B]`` int real steps per row (0 allowed: the zero vector).
+          key: PRNG key of the input dropout (training); None: no dropout.
         """
         if self.vocab_size is not None:
             xs = params["embed"][inputs.T]  # [T, B, m]
         else:
             xs = jnp.swapaxes(inputs, 0, 1)
+        if key is not None and self.input_drop:
+            xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
         carry = self.cell.initial_carry(batch, xs.dtype)
         per_step = self.input_size <= 8 if self.project_per_step is None else self.project_per_step
@@ -100,7 +110,9 @@ class SequenceClassifier:
     ) -> Array:
         """``[B, C]`` unnormalised log-probabilities; dropout on the representation when
         ``key`` is given (training), none otherwise."""
-        h = self.features(params, inputs, lengths)
+        # Without input dropout the output mask uses the key itself (as before it existed).
+        k_in, k_out = jax.random.split(key) if key is not None and self.input_drop else (None, key)
+        h = self.features(params, inputs, lengths, k_in)
         if key is not None and self.drop:
-            h = h * dropout.mask(key, h.shape, self.drop, h.dtype)
+            h = h * dropout.mask(k_out, h.shape, self.drop, h.dtype)
         return h @ params["W_out"] + params["b_out"]

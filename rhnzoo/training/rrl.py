@@ -21,12 +21,14 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rhnzoo import dropout
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import classify, engine
 
@@ -234,34 +236,24 @@ LABELS = {"lstm": "LSTM", "gru": "GRU", "rrn": "RRN", "sc_lstm_i": "SC-LSTM-I",
 
 
 def make_cell(name: str, hidden: int, hybrid_hidden: int, *, rrn_depth: int = 2,
-              rrn_activation: str = "sigmoid", skip: int = 20, forget_bias: float = 1.0,
+              rrn_activation: str = "sigmoid", rrn_recurrent_init: str = "uniform",
+              rrn_f_bias: float = 0.0, skip: int = 20, forget_bias: float = 1.0,
               init_scale: float = 0.1):  # fmt: skip
-    """The recurrent layer of model ``name`` (one of :data:`MODELS`), Wang & Tian Table 2:
-    the two hybrids (HRL, LSTM + GRU) use ``hybrid_hidden`` units per cell, the rest
-    ``hidden``.
+    """The recurrent layer of model ``name``: any cell of the registry
+    (:func:`rhnzoo.cells.make`; :data:`MODELS` are Wang & Tian's, Table 2). The two
+    hybrids (HRL, LSTM + GRU) use ``hybrid_hidden`` units per cell, the rest ``hidden``;
+    ``rrn_depth`` is the depth of every cell that has one.
 
     Raises:
-      ValueError: an unknown name or a bad size.
+      ValueError: an unknown name or a bad size (one line).
     """
     from rhnzoo import cells
 
-    lstm = lambda n: cells.LSTM(n, forget_bias=forget_bias, init_scale=init_scale)
-    rrn = lambda n: cells.RRN(n, depth=rrn_depth, activation=rrn_activation, init_scale=init_scale)
-    make = {
-        "lstm": lambda: lstm(hidden),
-        "gru": lambda: cells.GRU(hidden, init_scale=init_scale),
-        "rrn": lambda: rrn(hidden),
-        "sc_lstm_i": lambda: cells.SCLSTM(hidden, skip=skip, forget_bias=forget_bias,
-                                          init_scale=init_scale),  # fmt: skip
-        "sc_lstm_p": lambda: cells.SCLSTM(hidden, skip=skip, learn_alpha=True,
-                                          forget_bias=forget_bias, init_scale=init_scale),  # fmt: skip
-        "hrl": lambda: cells.Parallel((lstm(hybrid_hidden), rrn(hybrid_hidden))),
-        "lstm_gru": lambda: cells.Parallel((lstm(hybrid_hidden),
-                                            cells.GRU(hybrid_hidden, init_scale=init_scale))),  # fmt: skip
-    }
-    if name not in make:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-    return make[name]()
+    settings = dict(depth=rrn_depth, activation=rrn_activation, skip=skip,
+                    recurrent_init=rrn_recurrent_init, f_bias=rrn_f_bias,
+                    forget_bias=forget_bias, init_scale=init_scale)  # fmt: skip
+    n = hybrid_hidden if name in ("hrl", "lstm_gru") else hidden
+    return cells.make(name, n, **cells.applicable(name, settings))
 
 
 DATASETS = ("imdb", "pmnist", "agnews", "20ng")
@@ -322,3 +314,186 @@ def load_dataset(name: str, *, data_dir=None, download: bool = True, verify: boo
     keep, held_out = text.dev_split(len(train_all.labels), dev_fraction, dev_seed)
     return Dataset(train_all.subset(keep), train_all.subset(held_out), test, classes, vocab,
                    None if vocab is not None else 1)  # fmt: skip
+
+
+# ------------------------------------------------------- experiments from one config dict
+
+# Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell).
+PAPER_SIZES = {
+    "imdb": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
+    "agnews": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
+    "20ng": dict(embed_size=500, hidden_size=768, hybrid_hidden_size=512),
+    "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784,
+                   buckets=1),
+}  # fmt: skip
+# 2-core CPU, about 7-30 minutes per model (measured times in README / BUILD_NOTES.md):
+# smaller widths than Table 2, the last 400 steps of a review, fewer epochs.
+CPU_SIZES = {
+    "imdb": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
+                 epochs=10, patience=3, batch_size=32),
+    "agnews": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=64,
+                   epochs=3, batch_size=64),
+    "20ng": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
+                 epochs=10, patience=3, batch_size=32),
+    "pmnist": dict(embed_size=1, hidden_size=64, hybrid_hidden_size=48, max_len=784,
+                   buckets=1, epochs=8, batch_size=100),
+}  # fmt: skip
+PRESETS = {"paper": PAPER_SIZES, "cpu": CPU_SIZES}
+
+# Wang & Tian 2016, Table 3 (test accuracy, %), ../shared/papers/004_b303ba294415a388.txt.
+PAPER_TABLE3: dict[tuple[str, str], float] = {
+    (model, dataset): acc
+    for model, row in {
+        "lstm": (91.76, 88.88, 79.21, 90.64),
+        "rrn": (91.19, 89.13, 79.76, 88.63),
+        "sc_lstm_p": (92.01, 90.74, 82.98, 94.46),
+        "sc_lstm_i": (92.05, 90.67, 81.85, 94.80),
+        "lstm_gru": (91.05, 89.23, 80.12, 90.28),
+        "hrl": (91.90, 90.92, 81.73, 90.33),
+    }.items()
+    for dataset, acc in zip(("agnews", "imdb", "20ng", "pmnist"), row)
+}
+
+# Studies (issue 15): what the paper leaves open, screened at a reduced budget on dev.
+# (study, dataset) -> the model, the budget (config overrides), and the settings
+# (setting name -> config overrides). `rrn`: the RRN recipe (eqs. 3-4 and sec. 4 leave
+# initialisation, the bias of F, input scale, Adadelta's eps, clipping and dropout
+# placement open); `skip`: SC-LSTM's skip length L, which the paper tuned on dev (sec. 4).
+_W2V = {"embeddings": "word2vec"}
+_RRN_SETTINGS = {
+    "paper": {},
+    "fbias-3": {"rrn_f_bias": -3.0},
+    "fbias-1": {"rrn_f_bias": -1.0},
+    "orth": {"rrn_recurrent_init": "orthogonal"},
+    "orth_fbias-3": {"rrn_recurrent_init": "orthogonal", "rrn_f_bias": -3.0},
+    "init0.3": {"init_scale": 0.3},
+    "eps1e-4": {"adadelta_eps": 1e-4},
+    "clip1": {"max_grad_norm": 1.0},
+    "clip50": {"max_grad_norm": 50.0},
+    "tanh": {"rrn_activation": "tanh"},
+}
+_SCREEN = {"imdb": dict(max_len=100, epochs=3, patience=None, buckets=2, divergence_factor=5.0),
+           "pmnist": dict(subset=12000, epochs=3, divergence_factor=5.0)}  # fmt: skip
+STUDIES = {
+    ("rrn", "imdb"): dict(model="rrn", budget=_SCREEN["imdb"], settings={
+        "paper_random_emb": {"embeddings": "random"},
+        **{("paper_w2v" if k == "paper" else f"w2v_{k}"): {**_W2V, **v}
+           for k, v in _RRN_SETTINGS.items()},
+        "w2v_indrop0.25": {**_W2V, "input_drop": 0.25},
+    }),
+    ("rrn", "pmnist"): dict(model="rrn", budget=_SCREEN["pmnist"], settings=_RRN_SETTINGS),
+    ("skip", "imdb"): dict(model="sc_lstm_i", budget=dict(epochs=3, patience=None),
+                           settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
+    ("skip", "pmnist"): dict(model="sc_lstm_i", budget=dict(subset=12000, epochs=3),
+                             settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
+}
+
+
+def cell_from_config(name: str, c) -> Any:
+    """``make_cell`` from a run's config dict (the flags of ``experiments/rrl.py``)."""
+    return make_cell(name, c["hidden_size"], c["hybrid_hidden_size"], rrn_depth=c["rrn_depth"],
+                     rrn_activation=c["rrn_activation"],
+                     rrn_recurrent_init=c["rrn_recurrent_init"], rrn_f_bias=c["rrn_f_bias"],
+                     skip=c["skip"], forget_bias=c["forget_bias"],
+                     init_scale=c["init_scale"])  # fmt: skip
+
+
+def train_config(c) -> TrainConfig:
+    """The optimisation settings of a run's config dict. Raises ValueError for a bad one."""
+    return TrainConfig(batch_size=c["batch_size"], max_len=c["max_len"], keep=c["keep"],
+                       buckets=c["buckets"], lr=c["lr"], eps=c["adadelta_eps"],
+                       max_grad_norm=c["max_grad_norm"], epochs=c["epochs"])  # fmt: skip
+
+
+def check_config(models: Sequence[str], c) -> None:
+    """Builds every cell and the optimiser settings, so a bad setting is one line before
+    any data is read. Raises ValueError."""
+    for name in models:
+        cell_from_config(name, c)
+    train_config(c)
+    dropout.check_rate("--drop", c["drop"])
+    dropout.check_rate("--input_drop", c["input_drop"])
+    if c.get("subset") is not None and c["subset"] < 1:
+        raise ValueError(f"--subset must be >= 1, got {c['subset']}")
+
+
+def embeddings_for(c, dataset: Dataset, log=print):
+    """The initial embedding of a text data set: ``(vectors, found)`` or None.
+
+    ``c['embeddings']``: ``'word2vec'`` (trained on the training split, cached; the
+    default, as the paper fed pre-trained Word2Vec vectors), ``'random'`` (learned from
+    scratch) or a word2vec file. Float inputs (P-MNIST) have no embedding: None.
+    """
+    from rhnzoo.data import word2vec
+
+    spec = c["embeddings"]
+    if dataset.vocab is None or spec in (None, "random"):
+        return None
+    if spec == "word2vec":
+        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab, c["embed_size"],
+                                       dataset=c["dataset"], log=log)  # fmt: skip
+    vectors = word2vec.load_word2vec(spec, dataset.vocab, c["embed_size"])
+    log(f"{spec}: vectors for {vectors[1].sum():,} of {len(dataset.vocab):,} words")
+    return vectors
+
+
+def subset(dataset: Dataset, n: int | None) -> Dataset:
+    """The first ``n`` training sequences of a fixed shuffle (screening runs); None: all."""
+    if n is None or n >= len(dataset.train.labels):
+        return dataset
+    index = np.sort(np.random.default_rng(0xD5).permutation(len(dataset.train.labels))[:n])
+    return dataclasses.replace(dataset, train=dataset.train.subset(index))
+
+
+def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
+                on_divergence: str = "raise", log=print) -> dict:  # fmt: skip
+    """Trains model ``name`` (a cell name) under config ``c`` in ``workdir``; its results
+    (``on_divergence``: see :func:`rhnzoo.training.engine.run`)."""
+    data = subset(dataset, c.get("subset"))
+    model = SequenceClassifier(cell_from_config(name, c), data.num_classes,
+                               data.input_size or c["embed_size"],
+                               None if data.vocab is None else len(data.vocab), drop=c["drop"],
+                               input_drop=c["input_drop"], init_scale=c["init_scale"])  # fmt: skip
+    log(f"{LABELS.get(name, name)} on {c['dataset']}: {len(data.train.labels):,} train / "
+        f"{len(data.dev.labels):,} dev / {len(data.test.labels):,} test sequences")
+    vectors = embeddings_for(c, data, log)
+    task = make_task(model, data.train, data.dev, data.test, train_config(c), run.seed, vectors)
+    return engine.run(task, run, workdir, {"model": name, **c}, on_divergence=on_divergence,
+                      log=log).results  # fmt: skip
+
+
+def table(root, models: Sequence[str], dataset: str, title: str) -> str:
+    """Table 3's layout from the workdirs ``root/<model>``: the paper's test accuracy
+    beside our dev and test accuracy, parameters, epochs and minutes."""
+    from rhnzoo.training import sweep
+
+    rows = []
+    for name, run in sweep.collect(root, models).items():
+        r = run and run["results"]
+        paper = PAPER_TABLE3.get((name, dataset))
+        measured = [None] * 5
+        if r:
+            hist = run["history"]
+            measured = [f"{100 * r['dev_acc']:.2f}", f"{100 * r['test_acc']:.2f}",
+                        f"{r['parameters']:,}", len(hist),
+                        f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None]  # fmt: skip
+        rows.append([LABELS.get(name, name), "n/a" if paper is None else f"{paper:.2f}",
+                     *measured])  # fmt: skip
+    header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
+              "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
+    return sweep.markdown(header, rows)
+
+
+def study_table(root, names: Sequence[str], title: str) -> str:
+    """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes."""
+    from rhnzoo.training import sweep
+
+    rows = []
+    for name, run in sweep.collect(root, names).items():
+        r, hist = (run or {}).get("results"), (run or {}).get("history") or []
+        best = max((h.get("dev_acc", float("nan")) for h in hist), default=None)
+        rows.append([name, None if best is None else f"{100 * best:.2f}",
+                     None if not r else f"{100 * r['test_acc']:.2f}", len(hist) or None,
+                     f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None])  # fmt: skip
+    return sweep.markdown([f"setting ({title})", "best dev acc", "test acc", "epochs",
+                           "minutes"], rows)  # fmt: skip

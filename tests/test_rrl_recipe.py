@@ -1,0 +1,196 @@
+"""Issue 15: the paper's Table 3, Word2Vec trained on the training split, the RRN recipe
+options (orthogonal U, bias of F), input dropout, the studies of experiments/rrl.py."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import write_mnist
+
+from rhnzoo import cells
+from rhnzoo.data import word2vec
+from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.training import rrl
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAPER = ROOT.parent / "shared" / "papers" / "004_b303ba294415a388.txt"
+
+
+@pytest.mark.skipif(not PAPER.is_file(), reason=f"{PAPER} (the paper's text) is not here")
+def test_paper_table3_is_the_papers_table():
+    """PAPER_TABLE3 against the rows of Table 3 as the paper's text file prints them."""
+    labels = {"LSTM": "lstm", "RRN": "rrn", "SC-LSTM-P": "sc_lstm_p", "SC-LSTM-I": "sc_lstm_i",
+              "LSTM+GRU": "lstm_gru", "HRL": "hrl"}  # fmt: skip
+    text = PAPER.read_text().split("Table 2: Model Sizes")[1].split("Table 3:")[0]
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if parts[0] in labels:
+            rows[labels[parts[0]]] = [float(p.rstrip("%")) for p in parts[1:]]
+    assert len(rows) == 6
+    for model, accs in rows.items():
+        for dataset, acc in zip(("agnews", "imdb", "20ng", "pmnist"), accs):
+            assert rrl.PAPER_TABLE3[(model, dataset)] == acc
+    assert len(rrl.PAPER_TABLE3) == 24
+
+
+def test_rrn_recurrent_init_and_f_bias():
+    n, K = 16, 3
+    plain = cells.RRN(n, depth=K).init(jax.random.PRNGKey(0), 5)
+    np.testing.assert_array_equal(plain["b"], 0.0)  # eq. 4 as written: zero biases
+    assert float(jnp.abs(plain["U"]).max()) <= 0.04
+    p = cells.RRN(n, depth=K, recurrent_init="orthogonal", f_bias=-3.0).init(
+        jax.random.PRNGKey(0), 5)
+    for k in range(K):
+        np.testing.assert_allclose(p["U"][k] @ p["U"][k].T, np.eye(n), atol=1e-5)
+    assert not np.allclose(p["U"][0], p["U"][1])
+    np.testing.assert_array_equal(p["b"][: (K - 1) * n], 0.0)
+    np.testing.assert_array_equal(p["b"][(K - 1) * n :], -3.0)  # only F's last layer, b_K
+    with pytest.raises(ValueError, match="recurrent_init"):
+        cells.RRN(n, recurrent_init="identity")
+
+
+def test_the_rrn_options_reach_the_hybrid():
+    hrl = rrl.make_cell("hrl", 8, 6, rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0)
+    rrn = hrl.cells[1]
+    assert (rrn.recurrent_init, rrn.f_bias, rrn.hidden_size) == ("orthogonal", -2.0, 6)
+
+
+class _Echo:
+    """A cell whose state and output are its last input (any protocol user accepts it)."""
+
+    hidden_size = 50
+
+    def init(self, key, input_size):
+        return {}
+
+    def initial_carry(self, batch_size, dtype=jnp.float32):
+        return jnp.zeros((batch_size, self.hidden_size), dtype)
+
+    def project_inputs(self, params, xs):
+        return xs
+
+    def step(self, params, carry, x, mask=None):
+        return x, x
+
+
+def test_input_dropout_drops_input_units_only_in_training():
+    model = SequenceClassifier(_Echo(), 2, 50, vocab_size=9, input_drop=0.5)
+    params = model.init(jax.random.PRNGKey(0))
+    inputs, lengths = jnp.tile(jnp.arange(2, 8), (40, 1)), jnp.full(40, 6)
+    embedded = np.asarray(params["embed"][7])  # the last step's word
+    np.testing.assert_array_equal(model.features(params, inputs, lengths),
+                                  np.broadcast_to(embedded, (40, 50)))  # no key: no dropout
+    h = np.asarray(model.features(params, inputs, lengths, jax.random.PRNGKey(3)))
+    kept = h != 0
+    assert 0.4 < kept.mean() < 0.6  # element-wise, rate 0.5
+    np.testing.assert_allclose(h[kept], 2 * np.broadcast_to(embedded, h.shape)[kept], rtol=1e-6)
+    # Without input dropout, the output mask is drawn from the key itself (as before).
+    from rhnzoo import dropout
+
+    key = jax.random.PRNGKey(5)
+    no_input = SequenceClassifier(_Echo(), 2, 50, vocab_size=9, drop=0.5)
+    h = no_input.features(params, inputs, lengths)
+    expect = (h * dropout.mask(key, h.shape, 0.5)) @ params["W_out"] + params["b_out"]
+    np.testing.assert_allclose(no_input.logits(params, inputs, lengths, key), expect, rtol=1e-6)
+
+
+def _topic_corpus(rng, n_docs=300):
+    """Two topics with disjoint words (ids 2-11 and 12-21): a doc uses one topic."""
+    vocab = ("<pad>", "<unk>") + tuple(f"w{i}" for i in range(2, 22))
+    docs = []
+    for d in range(n_docs):
+        low = 2 if d % 2 else 12
+        docs.append(rng.integers(low, low + 10, 30).astype(np.int32))
+    return docs, vocab
+
+
+def test_word2vec_learns_the_training_text_deterministically_and_caches(tmp_path, monkeypatch):
+    pytest.importorskip("gensim")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    docs, vocab = _topic_corpus(np.random.default_rng(0))
+    lines = []
+    vectors, found = word2vec.train_word2vec(docs, vocab, 8, dataset="toy", log=lines.append)
+    assert found[2:].all() and not found[:2].any()  # <pad>, <unk> never occur
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+    cos = unit @ unit.T
+    same = np.mean([cos[i, j] for i in range(2, 12) for j in range(2, 12) if i != j])
+    across = np.mean([cos[i, j] for i in range(2, 12) for j in range(12, 22)])
+    assert same > across + 0.3, (same, across)
+    cached = list((tmp_path / "rhnzoo" / "toy" / "word2vec").glob("8d_*.bin"))
+    assert len(cached) == 1 and "trained" in lines[0]
+    again, found2 = word2vec.train_word2vec(docs, vocab, 8, dataset="toy", log=lines.append)
+    assert "cached" in lines[1]
+    np.testing.assert_array_equal(again, vectors)
+    np.testing.assert_array_equal(found2, found)
+    fresh, _ = word2vec.train_word2vec(docs, vocab, 8, dataset="toy", cache=False, log=print)
+    np.testing.assert_array_equal(fresh, vectors)  # deterministic: the same on a fresh run
+    other, _ = word2vec.train_word2vec(docs[:-1], vocab, 8, dataset="toy", log=lines.append)
+    assert "trained" in lines[2]  # other documents: another cache entry
+
+
+def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
+    pytest.importorskip("gensim")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    docs, vocab = _topic_corpus(np.random.default_rng(1))
+    train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
+    split = lambda ds: rrl.Split(ds, np.zeros(len(ds), np.int32))
+    data = rrl.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
+    config = {"embeddings": "word2vec", "embed_size": 6, "dataset": "toy"}
+    vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
+    assert found[2:20].all() and not found[20:].any()
+    assert rrl.embeddings_for({**config, "embeddings": "random"}, data) is None
+    pixels = rrl.Dataset(*(split([np.zeros((3, 1), np.float32)]),) * 3, 10, None, 1)
+    assert rrl.embeddings_for(config, pixels) is None
+
+
+def test_every_study_setting_is_a_valid_config():
+    base = dict(dataset="imdb", embed_size=8, hidden_size=8, hybrid_hidden_size=6, rrn_depth=2,
+                rrn_activation="sigmoid", rrn_recurrent_init="uniform", rrn_f_bias=0.0,
+                skip=20, forget_bias=1.0, init_scale=0.1, drop=0.5, input_drop=0.0,
+                batch_size=4, max_len=40, keep="last", buckets=2, lr=1.0, adadelta_eps=1e-6,
+                max_grad_norm=5.0, epochs=2, subset=None, embeddings="word2vec",
+                patience=None, divergence_factor=2.0)  # fmt: skip
+    for (study, dataset), spec in rrl.STUDIES.items():
+        for name, overrides in spec["settings"].items():
+            assert set(overrides) | set(spec["budget"]) <= set(base), (study, name)
+            rrl.check_config([spec["model"]], {**base, **spec["budget"], **overrides})
+
+
+def test_subset_is_a_fixed_sample_of_the_training_split():
+    split = rrl.Split([np.full(2, i, np.int32) for i in range(50)], np.arange(50) % 2)
+    data = rrl.Dataset(split, split, split, 2, ("<pad>", "<unk>"), None)
+    a, b = rrl.subset(data, 20), rrl.subset(data, 20)
+    assert len(a.train.labels) == 20 and a.dev is data.dev
+    assert [x[0] for x in a.train.inputs] == [x[0] for x in b.train.inputs]
+    assert len({int(x[0]) for x in a.train.inputs}) == 20
+    assert rrl.subset(data, None) is data and rrl.subset(data, 80) is data
+
+
+def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
+    rng = np.random.default_rng(0)
+    write_mnist(tmp_path / "mnist", {
+        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (60, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 60).astype(np.uint8),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 10).astype(np.uint8),
+    })  # fmt: skip
+    args = [sys.executable, str(ROOT / "experiments" / "rrl.py"), "--dataset=pmnist",
+            "--study=skip", "--hidden_size=4", "--max_len=16", "--batch_size=20", "--max_steps=1",
+            "--noprogress", f"--data_dir={tmp_path / 'mnist'}", "--noverify_data",
+            "--nodownload", f"--workdir={tmp_path / 'root'}"]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [l for l in out.stdout.splitlines() if re.match(r"\| L\d+ \|", l)]
+    assert [r.split("|")[1].strip() for r in rows] == ["L10", "L20", "L50"], out.stdout
+    assert all("—" not in r.split("|")[3] for r in rows)  # a test accuracy in every row
+    for L in (10, 20, 50):
+        config = json.loads((tmp_path / "root" / "study_skip" / f"L{L}" / "config.json").read_text())
+        assert (config["model"], config["skip"], config["subset"]) == ("sc_lstm_i", L, 12000)
+    assert (tmp_path / "root" / "study_skip" / "table.md").read_text().count("| L") == 3
