@@ -70,18 +70,19 @@ flags.DEFINE_integer("flow_steps", 100, "Time steps T of the gradient-flow seque
 flags.DEFINE_integer("flow_tokens", 50, "Tokens read before the Gersgorin Jacobian is taken.")
 FLAGS = flags.FLAGS
 
-# The cell families compared at initialisation (each with its own default initialisation).
+# The cell families compared at initialisation: label -> (registered cell, its settings),
+# each with its own default initialisation (rhnzoo.cells.make).
 FAMILIES = {
-    "RHN depth 1": lambda n: cells.RHN(n, 1),
-    "RHN depth 5": lambda n: cells.RHN(n, 5),
-    "RHN depth 10": lambda n: cells.RHN(n, 10),
-    "HSG-RHN depth 5": lambda n: cells.HSG(cells.RHN(n, 5)),
-    "DT-RNN depth 5": lambda n: cells.DTRNN(n, 5),
-    "LSTM": lambda n: cells.LSTM(n),
-    "GRU": lambda n: cells.GRU(n),
-    "RRN": lambda n: cells.RRN(n),
-    "SC-LSTM (L=20)": lambda n: cells.SCLSTM(n, skip=20),
-    "HRL": lambda n: cells.Parallel((cells.LSTM(n), cells.RRN(n))),
+    "RHN depth 1": ("rhn", {"depth": 1}),
+    "RHN depth 5": ("rhn", {"depth": 5}),
+    "RHN depth 10": ("rhn", {"depth": 10}),
+    "HSG-RHN depth 5": ("hsg_rhn", {"depth": 5}),
+    "DT-RNN depth 5": ("dtrnn", {"depth": 5}),
+    "LSTM": ("lstm", {}),
+    "GRU": ("gru", {}),
+    "RRN": ("rrn", {}),
+    "SC-LSTM (L=20)": ("sc_lstm_i", {"skip": 20}),
+    "HRL": ("hrl", {}),
 }
 
 
@@ -90,8 +91,8 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path) -> dict:
     n, steps, batch, m = FLAGS.flow_hidden, FLAGS.flow_steps, 4, 32
     xs = jax.random.normal(jax.random.PRNGKey(FLAGS.seed), (steps, batch, m))
     curves, results = {}, {"hidden": n, "steps": steps, "batch": batch, "input": m}
-    for label, make in FAMILIES.items():
-        cell = make(n)
+    for label, (name, settings) in FAMILIES.items():
+        cell = cells.make(name, n, **settings)
         params = cell.init(jax.random.PRNGKey(FLAGS.seed + 1), m)
         curves[label] = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
         print(f"{label:>16}: gradient norm {curves[label][10]:.2e} at 10 steps back, "

@@ -43,14 +43,16 @@ from rhnzoo import cells, cli
 from rhnzoo.data.music import load_jsb
 from rhnzoo.training import engine, polyphonic
 
-ARCHS = {
-    "rhn": lambda n, depth, init_scale, init_bias: cells.RHN(
-        n, depth, init_scale=init_scale, init_bias=init_bias
-    ),
-    "dtrnn": lambda n, depth, init_scale, init_bias: cells.DTRNN(n, depth, init_scale=init_scale),
-    "dtsrnn": lambda n, depth, init_scale, init_bias: cells.DTSRNN(n, depth, init_scale=init_scale),
-}
-LABELS = {"rhn": "RHN", "dtrnn": "DT-RNN", "dtsrnn": "DT(S)-RNN"}
+
+
+def make_cell(arch: str, n: int, depth: int, init_scale: float, init_bias: float):
+    """Any registered cell (rhnzoo.cells.make) with the settings it takes of these."""
+    settings = dict(depth=depth, init_scale=init_scale, init_bias=init_bias)
+    return cells.make(arch, n, **cells.applicable(arch, settings))
+
+
+ARCHS = cells.ALL_NAMES
+LABELS = {name: cells.label(name) for name in ARCHS}
 COLORS = {"rhn": "tab:red", "dtrnn": "tab:blue", "dtsrnn": "tab:green"}
 SEARCH_SPACE = {
     "log10_lr": (-2.5, 0.0),
@@ -67,7 +69,8 @@ PRESETS = {
 
 cli.define_presets(PRESETS)
 cli.define_data_flags()
-flags.DEFINE_list("archs", ["rhn", "dtrnn", "dtsrnn"], f"Architectures, from {list(ARCHS)}.")
+flags.DEFINE_list("archs", ["rhn", "dtrnn", "dtsrnn"], "Architectures: any registered cell "
+                  f"({', '.join(ARCHS)}).")
 flags.DEFINE_list("depths", ["1", "2", "4", "6"], "Recurrence (transition) depths.")
 flags.DEFINE_integer("trials", 20, "Random-search trials per (architecture, depth).")
 flags.DEFINE_integer("epochs", 40, "Epochs per trial (best validation epoch kept; alias "
@@ -105,7 +108,7 @@ def sample_hparams(seed: int, trial: int) -> dict:
 
 
 def count(arch: str, n: int, depth: int) -> int:
-    return polyphonic.num_params(polyphonic.PianoRollModel(ARCHS[arch](n, depth, 0.04, -2.0)))
+    return polyphonic.num_params(polyphonic.PianoRollModel(make_cell(arch, n, depth, 0.04, -2.0)))
 
 
 def matched_width(arch: str, depth: int, target: int) -> int:
@@ -193,7 +196,8 @@ def swarm_plot(rows: list[dict], archs, depths, path: pathlib.Path) -> None:
             if ys.size:
                 xs = x0 + rng.uniform(-0.35, 0.35, ys.size) * width
                 label = LABELS[arch] if d == 0 else None
-                ax.scatter(xs, ys, s=14, color=COLORS[arch], alpha=0.8, lw=0, label=label)
+                color = COLORS.get(arch, f"C{a}")
+                ax.scatter(xs, ys, s=14, color=color, alpha=0.8, lw=0, label=label)
                 ax.hlines(np.median(ys), x0 - 0.4 * width, x0 + 0.4 * width, color="k", lw=1)
     ax.set_xticks(range(len(depths)), [str(d) for d in depths])
     ax.set_xlabel("recurrence depth")
@@ -252,23 +256,29 @@ def study() -> None:
                 n = sizes[arch, depth]["hidden"]
                 # The static model uses fixed init settings so that every trial reuses one
                 # compiled step; the trial's init_scale / init_bias only shape the params.
-                model = polyphonic.PianoRollModel(ARCHS[arch](n, depth, 0.04, -2.0))
+                model = polyphonic.PianoRollModel(make_cell(arch, n, depth, 0.04, -2.0))
                 init_model = polyphonic.PianoRollModel(
-                    ARCHS[arch](n, depth, hp["init_scale"], hp["init_bias"])
+                    make_cell(arch, n, depth, hp["init_scale"], hp["init_bias"])
                 )
                 key = jax.random.fold_in(jax.random.PRNGKey(FLAGS.seed), trial)
-                result = polyphonic.train(
-                    model,
-                    data,
-                    lr=hp["lr"],
-                    momentum=hp["momentum"],
-                    max_grad_norm=hp["max_grad_norm"],
-                    batch_size=FLAGS.batch_size,
-                    epochs=FLAGS.epochs,
-                    key=key,
-                    params=init_model.init(jax.random.fold_in(key, 1)),
-                    max_steps=FLAGS.max_steps,
-                )
+                try:
+                    result = polyphonic.train(
+                        model,
+                        data,
+                        lr=hp["lr"],
+                        momentum=hp["momentum"],
+                        max_grad_norm=hp["max_grad_norm"],
+                        batch_size=FLAGS.batch_size,
+                        epochs=FLAGS.epochs,
+                        key=key,
+                        params=init_model.init(jax.random.fold_in(key, 1)),
+                        max_steps=FLAGS.max_steps,
+                    )
+                except engine.Interrupted as e:
+                    print(f"stopped by signal {e.signum} in trial {trial} ({LABELS[arch]}, depth "
+                          f"{depth}); {len(rows)} finished trials are in {results_path}; rerun "
+                          "with the same --workdir to continue", flush=True)  # fmt: skip
+                    raise
                 row = dict(
                     arch=arch,
                     depth=depth,
@@ -290,7 +300,7 @@ def study() -> None:
                     f"[{len(rows):4d}/{total}] {LABELS[arch]:>9} d{depth} t{trial}: "
                     f"lr {hp['lr']:.3g} mom {hp['momentum']:.3f} clip {hp['max_grad_norm']:.3g} "
                     f"scale {hp['init_scale']:.3g}"
-                    + (f" bias {hp['init_bias']:.2f}" if arch == "rhn" else "")
+                    + (f" bias {hp['init_bias']:.2f}" if "init_bias" in cells.options(arch) else "")
                     + f" -> valid {result.best_valid:.3f} test {result.test_at_best:.3f} "
                     f"(epoch {result.best_epoch}{', diverged' if result.diverged else ''}) "
                     f"{result.seconds:.1f} s | {time.perf_counter() - start:.0f} s",

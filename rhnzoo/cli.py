@@ -79,14 +79,16 @@ def define_data_flags() -> None:
                          "disk (--noverify_data: files of your own).")  # fmt: skip
 
 
-def run_config(epochs: int) -> engine.RunConfig:
-    """The engine settings from the run flags. Raises ValueError for a bad value."""
-    return engine.RunConfig(
+def run_config(epochs: int, **overrides: Any) -> engine.RunConfig:
+    """The engine settings from the run flags (``overrides`` win, e.g. a sweep's
+    ``patience``). Raises ValueError for a bad value."""
+    settings = dict(
         epochs=epochs, seed=FLAGS.seed, max_steps=FLAGS.max_steps, max_epochs=FLAGS.max_epochs,
         checkpoint_every_steps=FLAGS.checkpoint_every_steps, log_every=FLAGS.log_every,
         progress=FLAGS.progress, tensorboard=FLAGS.tensorboard,
         divergence_factor=FLAGS.divergence_factor, patience=FLAGS.patience,
     )  # fmt: skip
+    return engine.RunConfig(**{**settings, **overrides})
 
 
 def define_presets(presets: dict[str, dict[str, Any]]) -> None:
@@ -153,15 +155,20 @@ def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]
 
     define_presets(presets)
     define_run_flags()
-    define("integer", "depth", d["depth"], "Recurrence depth L (micro-layers per time step).")
+    from rhnzoo.cells import registry
+
+    flags.DEFINE_enum("cell", "rhn", list(registry.NAMES), "Recurrent cell (rhnzoo.cells "
+                      "registry); RHN uses the fused scan, the others the reference scan.")  # fmt: skip
+    define("integer", "depth", d["depth"], "Recurrence depth L (micro-layers per time step; "
+           "cells with a depth: rhn, dtrnn, dtsrnn, rrn, hrl).")  # fmt: skip
     define("integer", "hidden_size", d["hidden_size"], "Units per micro-layer.")
-    define("boolean", "hsg", False, "Add the Highway State Gate (Shoham & Permuter); the RHN "
-           f"T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")  # fmt: skip
+    define("boolean", "hsg", False, "Add the Highway State Gate (Shoham & Permuter) around "
+           f"--cell; the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")  # fmt: skip
     define("float", "hsg_init_bias", -2.5, "Initial HSG gate bias b_G.")
-    define("boolean", "coupled", True, "Coupled carry gate C = 1 - T.")
+    define("boolean", "coupled", True, "Coupled carry gate C = 1 - T (RHN).")
     define("boolean", "tied", d["tied"], "Tie the embedding and softmax weights.")
     define("float", "init_scale", d["init_scale"], "Uniform initialisation half-width.")
-    define("float", "init_bias", d["init_bias"], "Initial transform-gate bias (with --hsg: "
+    define("float", "init_bias", d["init_bias"], "Initial RHN transform-gate bias (with --hsg: "
            f"{HSG_RHN_INIT_BIAS} unless given).")  # fmt: skip
     define("float", "lr", d["lr"], "Initial SGD learning rate (loss summed over time / batch).")
     define("float", "lr_decay", d["lr_decay"], "Learning-rate divisor per epoch after max_epoch.")
@@ -229,7 +236,14 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -
         FLAGS.init_bias = HSG_RHN_INIT_BIAS
     config = {"dataset": dataset, **{name: FLAGS[name].value for name in _LM_FLAGS},
               **{name: FLAGS[name].value for name in RUN_FLAGS + DATA_FLAGS}, "preset": FLAGS.preset}  # fmt: skip
-    cells.RHN(FLAGS.hidden_size, FLAGS.depth)  # validates depth and size before any work
+    if FLAGS.cell != "rhn":  # absent for RHN, so that earlier RHN workdirs still resume
+        config["cell"] = FLAGS.cell
+    cell_flags = ("depth", "coupled", "init_bias")
+    options = cells.applicable(FLAGS.cell, {k: FLAGS[k].value for k in cell_flags})
+    given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in options]
+    if given:
+        raise ValueError(f"{', '.join(given)} does not apply to --cell={FLAGS.cell} (its "
+                         f"options: {', '.join(cells.options(FLAGS.cell))})")  # fmt: skip
     rates = dropout.Rates(FLAGS.drop_x, FLAGS.drop_i, FLAGS.drop_h, FLAGS.drop_o)
     cfg = lm_training.TrainConfig(
         lr=FLAGS.lr, lr_decay=FLAGS.lr_decay, max_epoch=FLAGS.max_epoch,
@@ -241,22 +255,24 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -
     run = run_config(FLAGS.max_max_epoch)
     scan_impl = FLAGS.scan_impl
     if scan_impl == "auto":
-        scan_impl = "fused" if FLAGS.coupled else "reference"
-    model = lm.rhn_language_model(
-        2, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied, coupled=FLAGS.coupled,
-        scan_impl=scan_impl, remat=FLAGS.remat, dtype=FLAGS.dtype,
-    )  # fmt: skip  (validates the model settings before the data are loaded)
+        scan_impl = "fused" if FLAGS.cell == "rhn" and FLAGS.coupled else "reference"
+
+    def model(vocab_size):
+        return lm.language_model(
+            FLAGS.cell, vocab_size, FLAGS.hidden_size, hsg=FLAGS.hsg, tied=FLAGS.tied,
+            init_scale=FLAGS.init_scale, hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll,
+            scan_impl=scan_impl, remat=FLAGS.remat, dtype=FLAGS.dtype, **options,
+        )  # fmt: skip
+
+    model(2)  # validates the model settings before the data are loaded
     if FLAGS.distributed:
         initialize_distributed()
     corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
-    model = lm.rhn_language_model(
-        corpus.vocab_size, FLAGS.hidden_size, FLAGS.depth, hsg=FLAGS.hsg, tied=FLAGS.tied,
-        coupled=FLAGS.coupled, init_scale=FLAGS.init_scale, init_bias=FLAGS.init_bias,
-        hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll, scan_impl=scan_impl,
-        remat=FLAGS.remat, dtype=FLAGS.dtype,
-    )  # fmt: skip
+    cell_part = "" if FLAGS.cell == "rhn" else f"_{FLAGS.cell}"
+    depth_part = f"_d{FLAGS.depth}" if "depth" in options else ""
     workdir = FLAGS.workdir or (
-        f"runs/{dataset}_{FLAGS.preset or 'default'}_d{FLAGS.depth}_n{FLAGS.hidden_size}"
+        f"runs/{dataset}_{FLAGS.preset or 'default'}{cell_part}{depth_part}_n{FLAGS.hidden_size}"
         f"{'_hsg' if FLAGS.hsg else ''}"
     )
-    lm_training.train(model, corpus, cfg, workdir, run, run_config=config, metric_name=metric)
+    lm_training.train(model(corpus.vocab_size), corpus, cfg, workdir, run, run_config=config,
+                      metric_name=metric)  # fmt: skip

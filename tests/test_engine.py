@@ -252,6 +252,25 @@ def test_unusable_workdirs_are_refused_with_one_line(tmp_path):
     assert not (tmp_path / "file" / "sub").exists()
 
 
+def test_resuming_a_workdir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A resumed run whose workdir became read-only: one error line, no traceback (it was a
+    PermissionError from metrics.cut_back). Root may write anywhere, so the failures are
+    made by hand: a directory where cut_back writes its temporary file, then a workdir
+    where no file can be created."""
+    run(tmp_path / "w", max_steps=15)
+    (tmp_path / "w" / ".metrics.jsonl.tmp").mkdir()
+    with pytest.raises(engine.RunError, match="cannot write .*metrics.jsonl") as e:
+        run(tmp_path / "w", max_steps=20)
+    assert "\n" not in str(e.value)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.TemporaryFile", read_only)
+    with pytest.raises(ValueError, match="workdir .* is not writable: .*Permission denied"):
+        engine.prepare_workdir(tmp_path / "w", {"toy": 1})
+
+
 @pytest.mark.parametrize("bad", [dict(max_steps=0), dict(max_epochs=-1), dict(max_epochs=0),
                                  dict(checkpoint_every_steps=-1), dict(log_every=0),
                                  dict(epochs=0)])  # fmt: skip

@@ -99,9 +99,31 @@ def test_tiny_study_writes_results_table_and_plot(tmp_path):
 
 
 def test_bad_flags_fail_with_one_line(tmp_path):
-    for flag, message in [("--archs=lstm", "--archs"), ("--depths=0", "depth must be >= 1")]:
+    for flag, message in [("--archs=transformer", "--archs"), ("--depths=0", "depth must be >= 1")]:
         result = jsb(flag, f"--workdir={tmp_path / 'w'}", "--data_dir=/nonexistent", "--nodownload")
         lines = result.stderr.strip().splitlines()
         assert result.returncode != 0 and len(lines) == 1, result.stderr
         assert lines[0].startswith("error: ") and message in lines[0]
     assert not (tmp_path / "w").exists()
+
+
+def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
+    """SIGINT during a trial: one line saying where it stopped, exit 130 (it printed nothing)."""
+    import signal
+
+    workdir = tmp_path / "w"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *data_flags(tmp_path), "--archs=rhn", "--depths=1",
+         "--trials=50", "--epochs=200", "--width=6", f"--workdir={workdir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stdout:  # wait until a trial has finished: training is under way
+        if line.startswith("[   1/"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    stopped = [l for l in (out + err).splitlines() if l.startswith("stopped by signal 2")]
+    assert len(stopped) == 1 and "rerun with the same --workdir" in stopped[0], out + err
+    assert "Traceback" not in err
+    assert len((workdir / "results.jsonl").read_text().splitlines()) >= 1

@@ -174,3 +174,24 @@ def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     assert config["init_bias"] == bias and config["hsg_init_bias"] == -2.5
+
+
+@needs_ptb
+def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
+    """--cell picks any cell of the registry (reference scan); --hsg wraps it; the run's
+    config names it and analysis.load_run rebuilds that model."""
+    from rhnzoo import analysis, cells
+
+    tiny = [a for a in TINY if a != "--depth=2"]
+    result = ptb(*tiny, "--cell=gru", "--hsg", "--max_steps=2", f"--workdir={tmp_path / 'w'}")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert config["cell"] == "gru" and config["hsg"]
+    model, _, _ = analysis.load_run(tmp_path / "w")
+    assert model.cell == cells.HSG(cells.GRU(16), init_scale=0.04) and model.scan_impl == "reference"
+    for flags_, message in [(["--cell=lstm", "--depth=3"], "--depth does not apply to --cell=lstm"),
+                            (["--cell=lstm", "--hsg"], "HSG needs a cell whose carry is one")]:  # fmt: skip
+        result = ptb(*tiny, *flags_, f"--workdir={tmp_path / 'x'}")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "x").exists()

@@ -104,7 +104,7 @@ def test_every_model_of_the_paper_builds_with_table_2_sizes():
     assert [type(c).__name__ for c in hrl.cells] == ["LSTM", "RRN"]
     assert rrl.make_cell("sc_lstm_p", 12, 8).learn_alpha and not rrl.make_cell(
         "sc_lstm_i", 12, 8).learn_alpha
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="unknown cell"):
         rrl.make_cell("transformer", 12, 8)
 
 
@@ -163,7 +163,9 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
 
 
 @pytest.mark.parametrize("flag,message", [
-    ("--models=lstm,transformer", "--models: unknown ['transformer']"),
+    ("--models=lstm,transformer", "unknown cell 'transformer'"),
+    ("--model=rrn --input_drop=1.5", "--input_drop must be a drop probability"),
+    ("--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews", "no rrn study on agnews"),
     ("--max_len=0", "max_len must be >= 1"),
     ("--dataset=cifar10", "flag --dataset=cifar10: value should be one of"),
     ("--model=sc_lstm_i --skip=0", "skip must be"),

@@ -2,7 +2,7 @@
 
 Pure functions over ``(model, params)`` pairs (plots: :mod:`rhnzoo.analysis.plots`):
 
-* :func:`load_run`: rebuild the :class:`~rhnzoo.lm.LanguageModel` of a training
+* :func:`load_run`: rebuild the :class:`~rhnzoo.models.lm.LanguageModel` of a training
   workdir (:func:`rhnzoo.training.lm.train`) and restore its best parameters;
 * :func:`gate_activity`: every micro-layer's transform gate T (and the HSG gate
   g) over a token sequence; :func:`plot_gate_heatmap` draws the mean T-gate
@@ -46,8 +46,10 @@ __all__ = ["LESION_BIAS", "load_run", "run_label", "Gates", "gate_activity", "hs
            "lesion_params", "LesionResult", "lesion_layers", "MCResult", "make_mc_pass",
            "mc_dropout_perplexity"]  # fmt: skip
 
-# config.json keys forwarded to lm.rhn_language_model when present.
-_MODEL_KEYS = ("tied", "coupled", "init_scale", "init_bias", "hsg_init_bias", "unroll")
+# config.json keys forwarded to lm.language_model when present (cell options only when
+# the run's cell takes them).
+_MODEL_KEYS = ("tied", "init_scale", "hsg_init_bias", "unroll")
+_CELL_KEYS = ("depth", "coupled", "init_bias")
 
 # Bias that closes a transform gate: sigmoid(-1e4 + anything moderate) is exactly
 # 0.0 in float32, so the lesioned micro-layer passes its input through unchanged.
@@ -60,10 +62,10 @@ LESION_BIAS = -1e4
 def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any]]:
     """Rebuilds a trained model from its workdir and restores its best parameters.
 
-    The model comes from ``config.json`` (the run's flag values: ``hidden_size``,
-    ``depth``, ``hsg`` and, when present, ``tied``, ``coupled``, ``init_scale``,
-    ``init_bias``, ``hsg_init_bias``, ``unroll``) through
-    :func:`rhnzoo.lm.rhn_language_model`; the vocabulary size V is read from the
+    The model comes from ``config.json`` (the run's flag values: ``cell`` (default
+    ``rhn``), ``hidden_size``, ``depth``, ``hsg`` and, when present, ``tied``,
+    ``coupled``, ``init_scale``, ``init_bias``, ``hsg_init_bias``, ``unroll``) through
+    :func:`rhnzoo.models.lm.language_model`; the vocabulary size V is read from the
     checkpointed embedding ``[V, m]``, so no data is needed. Parameters come from
     ``best/`` (best validation perplexity), else from the latest state in
     ``checkpoints/`` (a run stopped before its first validation).
@@ -95,12 +97,14 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
             "train it first"
         )
     params = jax.tree.map(jnp.asarray, params)
-    model = lm.rhn_language_model(
+    cell = config.get("cell", "rhn")
+    model = lm.language_model(
+        cell,
         int(params["embed"].shape[0]),
         int(config["hidden_size"]),
-        int(config["depth"]),
         hsg=bool(config.get("hsg", False)),
         **{k: config[k] for k in _MODEL_KEYS if k in config},
+        **cells.applicable(cell, {k: config[k] for k in _CELL_KEYS if k in config}),
     )
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     shapes = lambda tree: jax.tree.map(lambda a: tuple(a.shape), tree)
@@ -114,8 +118,10 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
 
 
 def run_label(config: Mapping[str, Any]) -> str:
-    """``'RHN depth 10'`` or ``'RHN+HSG depth 40'`` from a run's config."""
-    return f"RHN{'+HSG' if config.get('hsg') else ''} depth {config.get('depth', '?')}"
+    """``'RHN depth 10'``, ``'RHN+HSG depth 40'`` or ``'LSTM'`` from a run's config."""
+    cell = config.get("cell", "rhn")
+    name = cells.label(cell) + ("+HSG" if config.get("hsg") else "")
+    return f"{name} depth {config.get('depth', '?')}" if "depth" in cells.options(cell) else name
 
 
 # ---------------------------------------------------------------------------- gates

@@ -11,6 +11,8 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
 * :mod:`rhnzoo.cells.residual`: ``RRN``, the recurrent residual network, and
   ``Parallel``, cells side by side with averaged outputs (``Parallel((LSTM(n), RRN(n)))``
   is Wang & Tian's HRL).
+* :mod:`rhnzoo.cells.registry`: every cell by name, ``make(name, hidden_size, **kwargs)``
+  (``NAMES``; ``hsg_<name>`` wraps one in HSG), the one registry every task uses.
 """
 
 from rhnzoo.cells.base import Carry, Cell, Params, check_positive, keep_state_after_end, unroll
@@ -18,9 +20,11 @@ from rhnzoo.cells.deep_transition import DTRNN, DTSRNN
 from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, LSTMState, SCLSTMState
 from rhnzoo.cells.residual import RRN, Parallel
 from rhnzoo.cells.rhn import HSG, RHN
+from rhnzoo.cells.registry import ALL_NAMES, HSG_NAMES, NAMES, applicable, label, make, options
 
 __all__ = [
     "Carry", "Cell", "Params", "check_positive", "keep_state_after_end", "unroll",
     "RHN", "HSG", "DTRNN", "DTSRNN",
     "LSTM", "GRU", "SCLSTM", "LSTMState", "SCLSTMState", "RRN", "Parallel",
+    "make", "NAMES", "HSG_NAMES", "ALL_NAMES", "options", "applicable", "label",
 ]  # fmt: skip

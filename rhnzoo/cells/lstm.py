@@ -115,8 +115,8 @@ class LSTM:
 
     def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> LSTMState:
         """Returns zero ``(h, c)``, each ``[B, n]``."""
-        zeros = jnp.zeros((batch_size, self.hidden_size), dtype)
-        return LSTMState(zeros, zeros)
+        zeros = lambda: jnp.zeros((batch_size, self.hidden_size), dtype)
+        return LSTMState(zeros(), zeros())  # two buffers: a donated carry may not alias
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
         """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul."""

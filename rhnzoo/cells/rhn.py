@@ -152,6 +152,16 @@ class HSG:
     init_scale: float = 0.04
     init_bias: float = -2.5
 
+    def __post_init__(self):
+        carry = jax.eval_shape(lambda: self.cell.initial_carry(1))
+        if not (isinstance(carry, jax.ShapeDtypeStruct) and carry.shape == (1, self.hidden_size)):
+            kind = type(carry).__name__
+            raise ValueError(
+                f"HSG needs a cell whose carry is one [B, n] vector; {type(self.cell).__name__}'s "
+                f"carry is a {kind} of {len(jax.tree.leaves(carry))} arrays (HSG wraps RHN, "
+                "DT-RNN, DT(S)-RNN, GRU, RRN)"
+            )
+
     @property
     def hidden_size(self) -> int:
         return self.cell.hidden_size

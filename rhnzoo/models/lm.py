@@ -62,6 +62,9 @@ class LanguageModel:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.dtype == "bfloat16" and self.scan_impl != "fused":
             raise ValueError("dtype=bfloat16 needs scan_impl='fused'")
+        if self.scan_impl == "fused" and not fused_supported(self.cell):
+            raise ValueError("scan_impl='fused' supports coupled RHN and HSG(RHN) cells only; "
+                             "use scan_impl='reference' for this cell")
         if self.tied and self.embed_size != self.cell.hidden_size:
             raise ValueError(
                 f"weight tying needs embed_size == hidden_size, got {self.embed_size} "
@@ -151,6 +154,47 @@ class LanguageModel:
         return losses.sum(), carry
 
 
+def language_model(
+    cell: str,
+    vocab_size: int,
+    hidden_size: int,
+    *,
+    hsg: bool = False,
+    tied: bool = True,
+    init_scale: float = 0.04,
+    hsg_init_bias: float = -2.5,
+    unroll: int = 1,
+    scan_impl: str = "reference",
+    remat: bool = False,
+    dtype: str = "float32",
+    **cell_options: Any,
+) -> LanguageModel:
+    """A language model over any registered cell (:func:`rhnzoo.cells.make`).
+
+    ``cell`` is a name of :data:`rhnzoo.cells.ALL_NAMES` (``hsg=True`` or an ``hsg_``
+    prefix adds the Highway State Gate, with bias ``hsg_init_bias``);
+    ``cell_options`` are the cell's own settings (``depth``, ``init_bias``...). The
+    embedding width is the hidden size when tied, and otherwise
+    ``min(vocab_size, hidden_size)`` (the reference code's rule for character
+    vocabularies smaller than the state).
+
+    Raises:
+      ValueError: an unknown cell or option, or a bad size (one line).
+    """
+    wrapped = hsg or cell.startswith("hsg_")
+    extra = {"hsg_init_bias": hsg_init_bias} if wrapped else {}
+    rnn = cells.make(cell, hidden_size, hsg=hsg, init_scale=init_scale, **extra, **cell_options)
+    embed = hidden_size if tied else min(vocab_size, hidden_size)
+    return LanguageModel(rnn, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll,
+                         scan_impl=scan_impl, remat=remat, dtype=dtype)  # fmt: skip
+
+
+def fused_supported(cell: Any) -> bool:
+    """Whether :mod:`rhnzoo.cells.rhn_fused` can unroll ``cell`` (coupled RHN, HSG(RHN))."""
+    inner = cell.cell if isinstance(cell, cells.HSG) else cell
+    return isinstance(inner, cells.RHN) and inner.coupled
+
+
 def rhn_language_model(
     vocab_size: int,
     hidden_size: int,
@@ -167,20 +211,14 @@ def rhn_language_model(
     remat: bool = False,
     dtype: str = "float32",
 ) -> LanguageModel:
-    """The RHN language model of Zilly et al., optionally with the HSG gate.
-
-    The embedding width is the hidden size when tied, and otherwise
-    ``min(vocab_size, hidden_size)`` (the reference code's rule for character
-    vocabularies smaller than the state).
+    """The RHN language model of Zilly et al., optionally with the HSG gate
+    (:func:`language_model` with ``cell='rhn'``).
 
     Raises:
       ValueError: if depth < 1 or hidden_size < 1.
     """
-    cell = cells.RHN(
-        hidden_size, depth, coupled=coupled, init_scale=init_scale, init_bias=init_bias
-    )
-    if hsg:
-        cell = cells.HSG(cell, init_scale=init_scale, init_bias=hsg_init_bias)
-    embed = hidden_size if tied else min(vocab_size, hidden_size)
-    return LanguageModel(cell, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll,
-                         scan_impl=scan_impl, remat=remat, dtype=dtype)  # fmt: skip
+    return language_model(
+        "rhn", vocab_size, hidden_size, hsg=hsg, tied=tied, init_scale=init_scale,
+        hsg_init_bias=hsg_init_bias, unroll=unroll, scan_impl=scan_impl, remat=remat,
+        dtype=dtype, depth=depth, coupled=coupled, init_bias=init_bias,
+    )  # fmt: skip

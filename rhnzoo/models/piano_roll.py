@@ -39,7 +39,7 @@ class PianoRollModel:
     [88]}``; ``W_out`` uniform in ±``cell.init_scale`` (like the cell), ``b_out`` zero.
 
     Attributes:
-      cell: any cell of the :mod:`rhnzoo.cells` protocol whose carry is ``[B, n]`` and
+      cell: any cell of the :mod:`rhnzoo.cells` protocol (e.g. ``cells.make(name, n)``)
         whose output is ``[B, n]`` with n = ``cell.hidden_size``.
       num_notes: piano-roll width (88).
     """

@@ -20,6 +20,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -122,6 +123,11 @@ def prepare_workdir(
                 f"workdir {workdir} holds an incompatible run ({shown}); "
                 "use another --workdir or the same settings"
             )
+        try:  # a resumed run must be able to write (os.access says yes to root, so try)
+            with tempfile.TemporaryFile(dir=workdir):
+                pass
+        except OSError as e:
+            raise ValueError(f"workdir {workdir} is not writable: {_one_line(e)}") from None
         return workdir
     if jax.process_index() != 0:
         return workdir
@@ -302,8 +308,11 @@ class MetricsLog:
             ):
                 keep.append(line + "\n")
         tmp = self.path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text("".join(keep))
+            os.replace(tmp, self.path)
+        except OSError as e:  # e.g. a workdir that became read-only
+            raise RunError(f"cannot write {self.path}: {_one_line(e)}") from None
 
     def write(self, record: dict) -> None:
         self.records.append(record)

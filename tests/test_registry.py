@@ -1,0 +1,108 @@
+"""rhnzoo.cells.make: every registered cell builds, steps and trains in every task."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhnzoo import cells, data, dropout
+from rhnzoo.models import lm
+from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training import polyphonic, rrl
+
+SETTINGS = dict(depth=2, init_scale=0.1, init_bias=-1.0)
+# Every base cell, and HSG around two of them (all HSG variants step in test_every_name...).
+IN_TASKS = cells.NAMES + ("hsg_rhn", "hsg_gru")
+
+
+def build(name, n=4):
+    return cells.make(name, n, **cells.applicable(name, SETTINGS))
+
+
+@pytest.mark.parametrize("name", cells.ALL_NAMES)
+def test_every_name_builds_and_steps(name):
+    cell = build(name)
+    assert cell.hidden_size == 4
+    params = cell.init(jax.random.PRNGKey(0), 3)
+    carry = cell.initial_carry(2)
+    x_proj = cell.project_inputs(params, jnp.ones((1, 2, 3)))
+    _, y = cell.step(params, carry, jax.tree.map(lambda a: a[0], x_proj), jnp.ones((2, 4)))
+    assert y.shape == (2, 4) and bool(jnp.all(jnp.isfinite(y)))
+    assert cells.label(name)
+
+
+def test_registry_matches_the_cells():
+    assert cells.make("rhn", 8, depth=3, init_bias=-2.5) == cells.RHN(8, 3, init_bias=-2.5)
+    assert cells.make("hsg_rhn", 8, depth=3) == cells.HSG(cells.RHN(8, 3))
+    assert cells.make("gru", 8, hsg=True, hsg_init_bias=-1.0) == cells.HSG(cells.GRU(8), init_bias=-1.0)
+    assert cells.make("hrl", 8) == cells.Parallel((cells.LSTM(8), cells.RRN(8)))
+    assert cells.make("sc_lstm_p", 8, skip=5) == cells.SCLSTM(8, skip=5, learn_alpha=True)
+    assert set(cells.NAMES) == {"rhn", "dtrnn", "dtsrnn", "lstm", "gru", "rrn", "sc_lstm_i",
+                                "sc_lstm_p", "hrl", "lstm_gru"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: cells.make("transformer", 8), "unknown cell 'transformer'; choose from rhn,"),
+        (lambda: cells.make("lstm", 8, depth=2), "takes no depth; its options are forget_bias"),
+        (lambda: cells.make("lstm", 8, hsg=True), "HSG needs a cell whose carry is one [B, n]"),
+        (lambda: cells.make("hsg_hrl", 8), "HSG needs a cell whose carry is one [B, n]"),
+        (lambda: cells.HSG(cells.LSTM(8)), "HSG needs a cell whose carry is one [B, n]"),
+        (lambda: cells.make("rhn", 0), "hidden_size must be an integer >= 1"),
+    ],
+)
+def test_registry_errors_are_one_line(make, message):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def two_steps_finite(step, state, batches):
+    step = jax.jit(step, donate_argnums=0)
+    losses = []
+    for i, batch in enumerate(batches):
+        state, sums = step(state, batch, jax.random.PRNGKey(i))
+        losses.append(float(sums["loss"]))
+    assert all(math.isfinite(v) for v in losses), losses
+
+
+@pytest.mark.parametrize("name", IN_TASKS)
+def test_every_cell_trains_in_the_language_model(name):
+    rng = np.random.default_rng(0)
+    corpus = data.Corpus(rng.integers(0, 7, 200), rng.integers(0, 7, 50),
+                         rng.integers(0, 7, 50), tuple("abcdefg"))  # fmt: skip
+    opts = cells.applicable(name, dict(depth=2, init_bias=-1.0))
+    model = lm.language_model(name, corpus.vocab_size, 4, **opts)
+    cfg = lm_training.TrainConfig(lr=0.5, batch_size=2, num_steps=5,
+                                  rates=dropout.Rates(0.1, 0.2, 0.2, 0.2))  # fmt: skip
+    tx = lm_training.make_optimizer(cfg, 10)
+    state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(0))
+    rows = jnp.asarray(data.batchify(corpus.train, cfg.batch_size))
+    two_steps_finite(lm_training.make_train_step(model, cfg, tx), state,
+                     [(rows, np.int32(0)), (rows, np.int32(1))])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", IN_TASKS)
+def test_every_cell_trains_on_piano_rolls(name):
+    model = polyphonic.PianoRollModel(build(name))
+    params = model.init(jax.random.PRNGKey(0))
+    state = {"params": params, "opt_state": polyphonic.sgd(0.1, 0.9, 1.0).init(params)}
+    rng = np.random.default_rng(0)
+    x = jnp.asarray((rng.uniform(size=(6, 2, 88)) < 0.1).astype(np.float32))
+    mask = jnp.ones((6, 2), jnp.float32)
+    two_steps_finite(polyphonic._engine_step(model), state, [(x, mask), (x, mask)])
+
+
+@pytest.mark.parametrize("name", IN_TASKS)
+def test_every_cell_trains_as_a_sequence_classifier(name):
+    model = SequenceClassifier(build(name), num_classes=3, input_size=1)
+    rng = np.random.default_rng(0)
+    split = rrl.Split([rng.uniform(size=(int(t), 1)).astype(np.float32) for t in (5, 8, 3, 6)],
+                      np.array([0, 1, 2, 1], np.int32))  # fmt: skip
+    task = rrl.make_task(model, split, split, split, rrl.TrainConfig(batch_size=2, max_len=8, buckets=1))
+    state = task.init_state(jax.random.PRNGKey(0))
+    two_steps_finite(task.train_step, state, [task.get_batch(0, 0), task.get_batch(0, 1)])
