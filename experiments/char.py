@@ -14,14 +14,9 @@ The data are downloaded on first use (enwik8.zip 36 MB, text8.zip 31 MB, PTB fro
 
 from absl import flags
 
-from rhnzoo import cli
-from rhnzoo.data import char
+from rhnzoo import cli, data
 
-LOADERS = {
-    "enwik8": char.load_enwik8,
-    "text8": char.load_text8,
-    "ptb_char": char.load_ptb_char,
-}
+CHAR_SETS = [name for name in data.names("lm") if data.DATASETS[name].metric == "bpc"]
 
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(
@@ -41,7 +36,7 @@ PRESETS = {
     ),
 }  # fmt: skip
 
-flags.DEFINE_enum("dataset", "enwik8", list(LOADERS), "Character-level data set.")
+flags.DEFINE_enum("dataset", "enwik8", CHAR_SETS, "Character-level data set.")
 cli.define_lm_flags(ENWIK8_SOTA, PRESETS)
 flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
@@ -49,7 +44,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    cli.main(lambda: cli.run_lm(FLAGS.dataset, LOADERS[FLAGS.dataset], metric="bpc"))
+    cli.main(lambda: cli.run_lm(FLAGS.dataset, data.DATASETS[FLAGS.dataset].load, metric="bpc"))
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ import time
 
 from absl import flags
 
-from rhnzoo import cli
+from rhnzoo import cli, data
 
-DATASETS = {"mnist": (784, 10), "cifar100": (3072, 100)}  # input size, classes
+DATASETS = data.names("images")  # mnist, cifar100 (rhnzoo.data registry: sizes, loader)
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}
 PRESETS = {
     # The whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in about
@@ -112,8 +112,7 @@ def _load(dataset: str):
 
     if FLAGS.data_source == "tfds":
         return images.load_tfds_images(dataset, FLAGS.data_dir)
-    load = {"mnist": images.load_mnist, "cifar100": images.load_cifar100}[dataset]
-    return load(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
+    return data.load(dataset, FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
 
 
 def experiment() -> None:
@@ -130,7 +129,7 @@ def experiment() -> None:
             raise ValueError(f"--depths must be integers, got {','.join(FLAGS.depths)}") from None
     else:
         plan = [(kind, FLAGS.depth)]
-    input_size, num_classes = DATASETS[dataset]
+    input_size, num_classes = data.DATASETS[dataset].input_size, data.DATASETS[dataset].num_classes
     run_cfg = cli.run_config(FLAGS.epochs)
     runs = []
     for k, depth in plan:  # every setting is checked before the data are read
@@ -147,9 +146,9 @@ def experiment() -> None:
     if FLAGS.diagnostics_depth == 1 or FLAGS.diagnostics_depth < 0:
         raise ValueError(f"--diagnostics_depth must be 0 or >= 2, got {FLAGS.diagnostics_depth}")
 
-    data = _load(dataset)
-    splits = hw.split_data(data.train_images, data.train_labels, data.test_images,
-                           data.test_labels, FLAGS.valid_size)  # fmt: skip
+    images = _load(dataset)
+    splits = hw.split_data(images.train_images, images.train_labels, images.test_images,
+                           images.test_labels, FLAGS.valid_size)  # fmt: skip
     classify.steps_per_epoch(len(splits["train"][0]), FLAGS.batch_size)  # batch fits
     if FLAGS.sweep:
         root = pathlib.Path(FLAGS.workdir or f"runs/highway_{dataset}_{FLAGS.preset or 'full'}")
@@ -221,7 +220,7 @@ def _sweep(root: pathlib.Path, runs, splits, run_cfg) -> None:
         root, done, splits["train"], header=header, dataset=FLAGS.dataset.upper(),
         heatmap_examples=FLAGS.heatmap_examples,
         lesion_examples=FLAGS.lesion_examples, diagnostics_depth=FLAGS.diagnostics_depth,
-        num_classes=DATASETS[FLAGS.dataset][1], seed=FLAGS.seed,
+        num_classes=data.DATASETS[FLAGS.dataset].num_classes, seed=FLAGS.seed,
         track=_track,
     ):  # fmt: skip
         print(f"wrote {path}")

@@ -3,6 +3,9 @@
 Each loader looks in ``--data_dir``, else ``$RHNZOO_DATA/<name>``, else the user
 cache, downloads from the standard source when the files are absent, checks
 sha256 sums, and otherwise fails with one line naming the missing files.
+
+:mod:`rhnzoo.data.registry` names every set (``DATASETS``: loader, files, sha256, task,
+metric, sizes); ``load(name)`` and ``ensure_files(name)`` go through it.
 """
 
 from rhnzoo.data.char import load_enwik8, load_ptb_char, load_text8
@@ -10,7 +13,6 @@ from rhnzoo.data.common import (
     Corpus,
     DataError,
     batchify,
-    ensure_files,
     fetch,
     num_windows,
     resolve_data_dir,
@@ -26,6 +28,7 @@ from rhnzoo.data.images import (
     pixel_sequences,
 )
 from rhnzoo.data.music import load_jsb
+from rhnzoo.data.registry import DATASETS, DataSet, ensure_files, load, names
 from rhnzoo.data.ptb import EOS, PTB_SHA256, PTB_URL, load_ptb
 from rhnzoo.data.text import (
     TextData,
@@ -40,6 +43,10 @@ from rhnzoo.data.text import (
 )
 
 __all__ = [
+    "DATASETS",
+    "DataSet",
+    "load",
+    "names",
     "EOS",
     "PMNIST_PERMUTATION_SEED",
     "PTB_SHA256",

@@ -1,0 +1,154 @@
+"""Every data set by name: its loader, files, sha256 sums and what a task needs of it.
+
+    from rhnzoo import data
+    data.DATASETS["ptb"].task                 # 'lm'
+    corpus = data.load("ptb")                 # = data.load_ptb()
+    directory = data.ensure_files("mnist")    # finds / downloads / checks the files
+
+``ensure_files(name, data_dir=None)`` resolves the set's own directory (``--data_dir``,
+else ``$RHNZOO_DATA/<dir>``, else the user cache), downloads what is missing and checks
+the sha256 sums, exactly as the loader does before reading.
+
+Tasks (:attr:`DataSet.task`): ``'lm'`` (a :class:`~rhnzoo.data.Corpus` of token ids;
+``metric`` ``'ppl'`` for words, ``'bpc'`` for characters), ``'polyphonic'`` (JSB piano
+rolls), ``'images'`` (:class:`~rhnzoo.data.ImageData`; ``input_size``, ``num_classes``
+for a feed-forward net) and ``'sequences'`` (labelled sequences for the sequence
+classifier; :func:`rhnzoo.training.rrl.load_dataset` adds the dev split).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rhnzoo.data import char, common, images, music, ptb, text
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSet:
+    """One registered data set.
+
+    Attributes:
+      name: the registry name (``--dataset``).
+      task: ``'lm'``, ``'polyphonic'``, ``'images'`` or ``'sequences'``.
+      load: ``load(data_dir=None, *, download=True, verify=True, **options)``.
+      directory: the folder name under ``$RHNZOO_DATA`` / the user cache.
+      files: file name -> sha256 (None: no published checksum).
+      download: ``download(tmp)`` writing the files into ``tmp``; None: none.
+      offline_hint: where to get the files by hand (in the missing-files error).
+      ensure: ``ensure(directory, download, verify)`` when the loader accepts more than
+        ``files`` (IMDB: the archive, another tarball or an extracted folder).
+      metric: the task's metric (``'ppl'``, ``'bpc'``, ``'nats'``, ``'accuracy'``).
+      input_size: features per example (images) or per step (P-MNIST: 1); None: tokens.
+      num_classes: classes of a classification set.
+    """
+
+    name: str
+    task: str
+    load: Callable[..., Any]
+    directory: str
+    files: Mapping[str, str | None]
+    download: Callable[[pathlib.Path], None] | None
+    offline_hint: str
+    metric: str
+    input_size: int | None = None
+    num_classes: int | None = None
+    ensure: Callable[[pathlib.Path, bool, bool], Any] | None = None  # a loader's own lookup
+
+
+_SIMPLE_EXAMPLES = f"they are in simple-examples/data/ of {ptb.PTB_URL}"
+
+
+def _zip(url: str, sha: Mapping[str, str]) -> tuple[Callable, str]:
+    (member,) = sha
+    return char._download_zip_member(url, member), f"{member} is the member of {url} (unzip it there)"
+
+
+def _pmnist(data_dir=None, **kwargs):
+    from rhnzoo.training import rrl
+
+    return rrl.load_dataset("pmnist", data_dir=data_dir, **kwargs)
+
+
+DATASETS: dict[str, DataSet] = {
+    d.name: d
+    for d in (
+        DataSet("ptb", "lm", ptb.load_ptb, "ptb", ptb.PTB_SHA256, ptb._download_ptb,
+                _SIMPLE_EXAMPLES, "ppl"),
+        DataSet("ptb_char", "lm", char.load_ptb_char, "ptb_char", char.PTB_CHAR_SHA256,
+                char._download_ptb_char, _SIMPLE_EXAMPLES, "bpc"),
+        DataSet("enwik8", "lm", char.load_enwik8, "enwik8", char.ENWIK8_SHA256,
+                *_zip(char.ENWIK8_URL, char.ENWIK8_SHA256), "bpc"),
+        DataSet("text8", "lm", char.load_text8, "text8", char.TEXT8_SHA256,
+                *_zip(char.TEXT8_URL, char.TEXT8_SHA256), "bpc"),
+        DataSet("jsb_chorales", "polyphonic", music.load_jsb, "jsb_chorales", music.JSB_SHA256,
+                music._download_jsb,
+                f"it is polyphonic/{music.JSB_FILE} of github.com/pyro-ppl/datasets", "nats"),
+        DataSet("mnist", "images", images.load_mnist, "mnist", images.MNIST_SHA256,
+                images._download_mnist, f"they are at {images.MNIST_MIRRORS[0]}<file>",
+                "accuracy", 784, 10),
+        DataSet("cifar100", "images", images.load_cifar100, "cifar100", images.CIFAR100_SHA256,
+                images._download_cifar100,
+                f"it is {images.CIFAR100_URL} (keep the .tar.gz, do not extract it)",
+                "accuracy", 3072, 100),
+        DataSet("pmnist", "sequences", _pmnist, "mnist", images.MNIST_SHA256,
+                images._download_mnist, f"they are at {images.MNIST_MIRRORS[0]}<file>",
+                "accuracy", 1, 10),
+        DataSet("imdb", "sequences", text.load_imdb, "imdb", text.IMDB_SHA256,
+                lambda tmp: common.fetch(text.IMDB_URL, tmp / text.IMDB_FILE),
+                f"it is {text.IMDB_URL}; an extracted aclImdb/ folder, or a tarball of "
+                "aclImdb/{train,test}/{neg,pos}/*.txt, there works too", "accuracy", None, 2,
+                text._imdb_source),  # the archive, another tarball or an aclImdb/ folder
+        DataSet("agnews", "sequences", text.load_agnews, "ag_news", text.AGNEWS_SHA256,
+                text._download_agnews, f"they are ag_news_csv/*.csv of {text.AGNEWS_TGZ_URL}",
+                "accuracy", None, 4),
+        DataSet("20ng", "sequences", text.load_20ng, "20ng", text.NG20_FILES,
+                text._download_20ng, f"they are at {text.NG20_MIRRORS[0]}<file>",
+                "accuracy", None, 20),
+    )
+}  # fmt: skip
+NAMES: tuple[str, ...] = tuple(DATASETS)
+
+
+def names(task: str | None = None) -> tuple[str, ...]:
+    """The registered names, or those of one ``task``."""
+    return tuple(n for n, d in DATASETS.items() if task is None or d.task == task)
+
+
+def get(name: str, task: str | None = None) -> DataSet:
+    """The entry of ``name``; ValueError (one line) for an unknown name or another task."""
+    valid = names(task)
+    if name not in valid:
+        raise ValueError(f"unknown {'' if task is None else task + ' '}data set {name!r}; "
+                         f"choose from {', '.join(valid)}")  # fmt: skip
+    return DATASETS[name]
+
+
+def load(name: str, data_dir: str | os.PathLike | None = None, *, download: bool = True,
+         verify: bool = True, **options: Any) -> Any:  # fmt: skip
+    """Loads data set ``name`` with its loader (``options``: the loader's own)."""
+    return get(name).load(data_dir, download=download, verify=verify, **options)
+
+
+def ensure_files(name: str, data_dir: str | os.PathLike | None = None, *,
+                 download: bool = True, verify: bool = True) -> pathlib.Path:  # fmt: skip
+    """Makes sure the files of ``name`` are in its directory (``data_dir``, else
+    ``$RHNZOO_DATA/<directory>``, else the user cache): downloads the missing ones,
+    checks sha256 sums. Returns the directory.
+
+    Raises:
+      ValueError: an unknown name.
+      rhnzoo.data.DataError: files missing (and no download) or corrupt.
+    """
+    d = get(name)
+    if d.ensure is not None:
+        directory = common.resolve_data_dir(d.directory, data_dir)
+        d.ensure(directory, download, verify)
+        return directory
+    return common.ensure_files(
+        common.resolve_data_dir(d.directory, data_dir), d.files, name=d.directory,
+        download=d.download if download else None, verify=verify, offline_hint=d.offline_hint,
+    )  # fmt: skip
