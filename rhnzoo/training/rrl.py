@@ -256,7 +256,7 @@ def make_cell(name: str, hidden: int, hybrid_hidden: int, *, rrn_depth: int = 2,
     return cells.make(name, n, **cells.applicable(name, settings))
 
 
-DATASETS = ("imdb", "pmnist", "agnews", "20ng")
+DATASETS = ("imdb", "pmnist", "agnews", "20ng")  # = rhnzoo.data.names("sequences")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -287,10 +287,9 @@ def load_dataset(name: str, *, data_dir=None, download: bool = True, verify: boo
       ValueError: an unknown name or source (20NG has no TFDS version).
       rhnzoo.data.DataError: missing or corrupt files.
     """
-    from rhnzoo.data import images, text
+    from rhnzoo.data import images, registry, text
 
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    registry.get(name, task="sequences")  # one line for an unknown name
     if source not in ("files", "tfds"):
         raise ValueError(f"--data_source must be 'files' or 'tfds', got {source!r}")
     if name == "pmnist":
@@ -307,8 +306,7 @@ def load_dataset(name: str, *, data_dir=None, download: bool = True, verify: boo
                 raise ValueError(f"{name} is not in TensorFlow Datasets; use --data_source=files")
             data = text.load_tfds_text(tfds_name, data_dir, **opts)
         else:
-            load = {"imdb": text.load_imdb, "agnews": text.load_agnews, "20ng": text.load_20ng}
-            data = load[name](data_dir, download=download, verify=verify, **opts)
+            data = registry.load(name, data_dir, download=download, verify=verify, **opts)
         train_all = Split(data.train, data.train_labels)
         test, vocab, classes = Split(data.test, data.test_labels), data.vocab, data.num_classes
     keep, held_out = text.dev_split(len(train_all.labels), dev_fraction, dev_seed)
