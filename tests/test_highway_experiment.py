@@ -92,3 +92,11 @@ def test_single_highway_run_writes_its_figures(tmp_path):
     assert "highway net, depth 2, width 50: 44,860 parameters" in result.stdout
     for name in ("results.json", "gate_heatmaps.png", "lesion.png"):
         assert (tmp_path / "w" / name).is_file(), name
+    # analyze.py reads the data set and the net from the run's config.json.
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "analyze.py"),
+                             f"--workdir={tmp_path / 'w'}", f"--out={tmp_path / 'a'}",
+                             "--lesion_examples=100", "--heatmap_examples=100"],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("gate_heatmaps.png", "lesion.png", "analysis.json"):
+        assert (tmp_path / "a" / name).is_file(), name

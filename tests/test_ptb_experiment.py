@@ -189,6 +189,11 @@ def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
     assert config["cell"] == "gru" and config["hsg"]
     model, _, _ = analysis.load_run(tmp_path / "w")
     assert model.cell == cells.HSG(cells.GRU(16), init_scale=0.04) and model.scan_impl == "reference"
+    from rhnzoo.analysis import report
+
+    numbers = report.analyze(tmp_path / "w", tmp_path / "a", report.Options(max_eval_tokens=200))
+    assert numbers["model"] == "GRU+HSG" and numbers["dataset"] == "ptb"
+    assert (tmp_path / "a" / "analysis.json").is_file()
     for flags_, message in [(["--cell=lstm", "--depth=3"], "--depth does not apply to --cell=lstm"),
                             (["--cell=lstm", "--hsg"], "HSG needs a cell whose carry is one")]:  # fmt: skip
         result = ptb(*tiny, *flags_, f"--workdir={tmp_path / 'x'}")
