@@ -62,6 +62,7 @@ def unroll(
     unroll: int = 1,
     remat: bool = False,
     project_per_step: bool = False,
+    save_matmuls: bool = False,
 ) -> tuple[Carry, Array]:
     """Runs ``cell`` over a time-major sequence with ``jax.lax.scan``.
 
@@ -80,6 +81,9 @@ def unroll(
         time, instead of once for all steps. Faster when the input is much narrower
         than the projection (P-MNIST: 1 pixel -> 4n gate inputs), where projecting
         first writes (and backpropagates) an array 4n times the input's size.
+      save_matmuls: run every step under :func:`save_matmuls_only` (the backward pass
+        keeps the matmul outputs and recomputes the elementwise gates); ignored with
+        ``remat``. The cells' ``step`` functions are plain: this is where a scan opts in.
 
     Returns:
       ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
@@ -94,7 +98,10 @@ def unroll(
     if lengths is not None:
         step = keep_state_after_end(step)
         inputs = (inputs, jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
-    step = jax.checkpoint(step) if remat else step
+    if remat:
+        step = jax.checkpoint(step)
+    elif save_matmuls:
+        step = save_matmuls_only(step)
     return jax.lax.scan(step, carry, inputs, unroll=unroll)
 
 
@@ -122,12 +129,13 @@ def keep_state_after_end(step):
 def save_matmuls_only(fn):
     """``fn`` under ``jax.checkpoint``, saving only matmul outputs for the backward pass.
 
-    Used around every step of these cells: the backward pass recomputes the cheap gate
-    nonlinearities from the saved ``h U`` products instead of reading several stored
-    ``[T, B, n]`` residuals back (an LSTM keeps 6n floats per row and step instead of
-    11n). No effect without differentiation. Measured with single-threaded XLA on CPU,
-    train step: 9-11% faster for LSTM, GRU and RRN at the P-MNIST shape (m = 1,
-    n = 100, B = 100, T = 784, memory-bound), unchanged within noise at the IMDB shape.
+    ``unroll(..., save_matmuls=True)`` puts every time step under it (the classifier's
+    reference path does): the backward pass recomputes the cheap gate nonlinearities
+    from the saved ``h U`` products instead of reading several stored ``[T, B, n]``
+    residuals back (an LSTM keeps 6n floats per row and step instead of 11n). No effect
+    without differentiation. Measured with single-threaded XLA on CPU, train step: 9-11%
+    faster for LSTM, GRU and RRN at the P-MNIST shape (m = 1, n = 100, B = 100, T = 784,
+    memory-bound), unchanged within noise at the IMDB shape.
     """
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
 

@@ -11,9 +11,10 @@ where it fuses with the gate nonlinearities; adding it to the ``[T, B, k n]``
 projection instead costs one more pass over that array (the LSTM's forward pass was
 25% slower on CPU that way). Weights are initialised uniform in
 [-init_scale, init_scale] like every other rhnzoo cell; biases are zero, except the
-LSTM forget-gate bias (``forget_bias``). Each step runs under
-:func:`rhnzoo.cells.base.save_matmuls_only`: the backward pass keeps the matmul outputs and recomputes the
-gate nonlinearities.
+LSTM forget-gate bias (``forget_bias``). ``step`` is the plain function: a scan that
+wants the backward pass to keep only the matmul outputs opts in with
+``cells.unroll(..., save_matmuls=True)``; :mod:`rhnzoo.cells.gated_fused` is the fast
+unroll with a hand-written backward pass.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells.base import Array, Params, check_positive, save_matmuls_only, uniform
+from rhnzoo.cells.base import Array, Params, check_positive, uniform
 
 
 class LSTMState(NamedTuple):
@@ -127,9 +128,6 @@ class LSTM:
     ) -> tuple[LSTMState, Array]:
         """One time step: ``carry (h, c)``, ``x_proj [B, 4n]`` -> ``((h_t, c_t), h_t)``,
         computed in the dtype of ``h``."""
-        return save_matmuls_only(self._step)(params, carry, x_proj, mask)
-
-    def _step(self, params, carry, x_proj, mask):
         h, c = carry
         n, dt = self.hidden_size, h.dtype
         h_in = h if mask is None else h * mask
@@ -199,9 +197,6 @@ class GRU:
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
         """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, 3n]`` -> ``(h_t, h_t)``."""
-        return save_matmuls_only(self._step)(params, carry, x_proj, mask)
-
-    def _step(self, params, carry, x_proj, mask):
         n, dt = self.hidden_size, carry.dtype
         U = params["U"].astype(dt)
         x_proj = x_proj.astype(dt) + params["b"].astype(dt)

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells.base import Array, Carry, Params, check_positive, save_matmuls_only, uniform
+from rhnzoo.cells.base import Array, Carry, Params, check_positive, uniform
 
 _ACTIVATIONS = {"sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh}
 
@@ -43,8 +43,9 @@ class RRN:
     in :mod:`rhnzoo.cells.lstm`); ``U [K, n, n]`` stacked so that layers 2..K are one
     ``lax.scan`` (compile time does not grow with K). Weights uniform in
     [-init_scale, init_scale], biases zero. Parameter count K(m n + n² + n), i.e. half
-    an LSTM's for K = 2. Matmul outputs only are saved for the backward pass
-    (:func:`rhnzoo.cells.base.save_matmuls_only`).
+    an LSTM's for K = 2. ``step`` is the plain function (``cells.unroll(...,
+    save_matmuls=True)`` keeps only matmul outputs for the backward pass;
+    :mod:`rhnzoo.cells.gated_fused` has the fast unroll).
 
     Carry: h ``[B, n]``; output h_t. The recurrent dropout ``mask`` ([B, n]) multiplies
     h_{t-1} where it enters U_1; the residual term of eq. 3 uses the undropped h_{t-1}.
@@ -119,9 +120,6 @@ class RRN:
     ) -> tuple[Array, Array]:
         """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, K n]`` -> ``(h_t, h_t)``,
         computed in the dtype of ``carry``."""
-        return save_matmuls_only(self._step)(params, carry, x_proj, mask)
-
-    def _step(self, params, carry, x_proj, mask):
         n, K, dt = self.hidden_size, self.depth, carry.dtype
         act = _ACTIVATIONS[self.activation]
         U = params["U"].astype(dt)

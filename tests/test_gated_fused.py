@@ -1,0 +1,205 @@
+"""The fused gated-cell unroll (hand-written backward pass) against the reference
+``cells.unroll`` (lax.scan + autodiff) and finite differences, and the classifier's
+scan_impl / dtype options."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import check_gradient_by_finite_differences, random_params
+
+from rhnzoo import cells
+from rhnzoo.cells import gated_fused
+from rhnzoo.models.classifier import SequenceClassifier
+
+B, N, T = 4, 5, 9
+LENGTHS = np.array([9, 0, 4, 7])  # a full row, an empty one, two padded ones
+
+CELLS = {
+    "lstm": lambda: cells.LSTM(N),
+    "gru": lambda: cells.GRU(N),
+    "rrn1": lambda: cells.RRN(N, 1),
+    "rrn3_tanh": lambda: cells.RRN(N, 3, activation="tanh", f_bias=-1.0),
+    "sclstm_i": lambda: cells.SCLSTM(N, skip=2),
+    "sclstm_p": lambda: cells.SCLSTM(N, skip=3, learn_alpha=True),
+    "hrl": lambda: cells.Parallel((cells.LSTM(N), cells.RRN(N))),
+    "lstm_gru": lambda: cells.Parallel((cells.LSTM(N), cells.GRU(N))),
+}
+
+
+def setup(cell, m, dtype, seed=0):
+    """Random (not initial) parameters and carry, inputs, a dropout mask and a target."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    params = jax.tree.map(lambda a: a.astype(dtype), random_params(cell.init(keys[0], m), keys[1]))
+    xs = jax.random.normal(keys[2], (T, B, m), dtype)
+
+    def rand(a, k):  # the SC-LSTM step counter stays an int (a random phase per row)
+        if jnp.issubdtype(a.dtype, jnp.integer):
+            return jax.random.randint(k, a.shape, 0, 5)
+        return 0.5 * jax.random.normal(k, a.shape, dtype)
+
+    leaves, tree = jax.tree.flatten(cell.initial_carry(B, dtype))
+    carry = jax.tree.unflatten(tree, [rand(a, k) for a, k in
+                                      zip(leaves, jax.random.split(keys[3], len(leaves)))])  # fmt: skip
+    mask = (jax.random.bernoulli(keys[4], 0.8, (B, N)) / 0.8).astype(dtype)
+    target = jax.random.normal(keys[5], (T, B, N), dtype)
+    return params, carry, xs, mask, target
+
+
+def loss(unroll, params, carry, xs, target):
+    """Depends on every output and every float leaf of the final carry."""
+    carry, ys = unroll(params, carry, xs)
+    floats = [c for c in jax.tree.leaves(carry) if jnp.issubdtype(c.dtype, jnp.floating)]
+    return jnp.sum(jnp.sin(ys) * target) + sum(jnp.sum(c**2) for c in floats)
+
+
+def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol):
+    params, carry, xs, mask, target = setup(cell, m, dtype)
+    mask = mask if use_mask else None
+    ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
+    fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, unroll=2,
+                             project_per_step=per_step)  # fmt: skip
+    out_ref, out_fast = ref(params, carry, xs), jax.jit(fast)(params, carry, xs)
+    for a, b in zip(jax.tree.leaves(out_fast), jax.tree.leaves(out_ref)):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, **tol)
+    grad = lambda f: jax.grad(loss, argnums=(1, 2, 3), allow_int=True)(f, params, carry, xs, target)
+    g_ref = grad(ref)
+    g_fast = jax.jit(jax.grad(loss, argnums=(1, 2, 3), allow_int=True), static_argnums=0)(
+        fast, params, carry, xs, target)  # fmt: skip
+    for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
+        if a.dtype != jax.dtypes.float0:  # the SC-LSTM step counter
+            np.testing.assert_allclose(a, b, **tol)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
+    compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
+            tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
+    with jax.enable_x64(True):
+        compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
+                tol=dict(rtol=1e-10, atol=1e-12))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["lstm", "sclstm_i"])
+def test_without_lengths_every_step_is_real(name):
+    compare(CELLS[name](), 2, jnp.float32, lengths=None, use_mask=False, per_step=True,
+            tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p"])
+def test_gradient_matches_finite_differences(name):
+    with jax.enable_x64(True):
+        cell = CELLS[name]()
+        params, carry, xs, mask, target = setup(cell, 2, jnp.float64, seed=1)
+        f = jax.jit(lambda p: loss(functools.partial(gated_fused.unroll, cell, mask=mask,
+                                                     lengths=LENGTHS), p, carry, xs, target))  # fmt: skip
+        check_gradient_by_finite_differences(f, params)
+        if "alpha" in params:  # dL/dα on its own: the skips must carry it
+            g = jax.grad(f)(params)["alpha"]
+            e = 1e-6
+            fd = (f({**params, "alpha": params["alpha"] + e})
+                  - f({**params, "alpha": params["alpha"] - e})) / (2 * e)  # fmt: skip
+            assert abs(float(g)) > 1e-3
+            np.testing.assert_allclose(float(g), float(fd), rtol=1e-6, atol=1e-8)
+
+
+def test_unsupported_cells_raise():
+    assert not gated_fused.supports(cells.RHN(N, 2))
+    assert not gated_fused.supports(cells.Parallel((cells.LSTM(N), cells.RHN(N, 2))))
+    with pytest.raises(ValueError, match="no fused unroll"):
+        gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rrn1", "sclstm_p"])
+def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
+    """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
+    computes the same gradients."""
+    cell = CELLS[name]()
+    params, carry, xs, mask, target = setup(cell, 3, jnp.float32)
+    x_proj = cell.project_inputs(params, xs)
+    step_jaxpr = str(jax.make_jaxpr(lambda p, c, x: cell.step(p, c, x, mask))(params, carry, x_proj[0]))
+    assert "checkpoint" not in step_jaxpr and "remat" not in step_jaxpr
+    plain = functools.partial(cells.unroll, cell, mask=mask, lengths=LENGTHS)
+    saving = functools.partial(cells.unroll, cell, mask=mask, lengths=LENGTHS, save_matmuls=True)
+    assert "remat" in str(jax.make_jaxpr(saving)(params, carry, xs))  # jax.checkpoint's primitive
+    g = lambda f: jax.grad(loss, argnums=1)(f, params, carry, xs, target)
+    for a, b in zip(jax.tree.leaves(g(saving)), jax.tree.leaves(g(plain))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------- the classifier
+
+
+def classifier_batch(vocab=11, T_max=9, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, vocab, (B, T_max)), jnp.int32)
+    labels = jnp.asarray(rng.integers(0, 3, B), jnp.int32)
+    return tokens, jnp.asarray(LENGTHS), labels
+
+
+def classifier_loss(model, params, tokens, lengths, labels):
+    logits = model.logits(params, tokens, lengths)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+@pytest.mark.parametrize("name", ["lstm", "sclstm_p", "hrl", "lstm_gru"])
+def test_classifier_fused_equals_reference_on_padded_batches(name):
+    """The fused classifier scans without the padding mask and reads each row's output
+    at its last real step (0 for an empty row): same logits and gradients as the
+    masked reference scan."""
+    kw = dict(cell=CELLS[name](), num_classes=3, input_size=6, vocab_size=11)
+    ref = SequenceClassifier(**kw, scan_impl="reference")
+    fused = SequenceClassifier(**kw)
+    assert fused.fused and not ref.fused
+    params = random_params(ref.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
+    batch = classifier_batch()
+    np.testing.assert_allclose(fused.logits(params, *batch[:2]), ref.logits(params, *batch[:2]),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    g_ref = jax.grad(classifier_loss, argnums=1)(ref, params, *batch)
+    g_fused = jax.jit(jax.grad(classifier_loss, argnums=1), static_argnums=0)(fused, params, *batch)
+    for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1), ("rrn1", 8)])
+def test_classifier_bfloat16_stays_close_to_float32(name, m):
+    """bf16 matmul inputs (float32 accumulation and state) at the initial parameters
+    (the regime training starts in): logits within 2% of their scale, gradients within
+    5% (relative norm of the difference), over 64 steps."""
+    kw = dict(cell=CELLS[name](), num_classes=3, input_size=m)
+    f32, bf16 = SequenceClassifier(**kw), SequenceClassifier(**kw, dtype="bfloat16")
+    params = f32.init(jax.random.PRNGKey(0))
+    params["cell"] = jax.tree.map(lambda a: 4 * a, params["cell"])  # 0.16: gates in use
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.standard_normal((B, 64, m)), jnp.float32)
+    lengths, labels = jnp.asarray([64, 0, 30, 50]), jnp.asarray([0, 1, 2, 1])
+    l32, lbf = f32.logits(params, xs, lengths), bf16.logits(params, xs, lengths)
+    assert lbf.dtype == jnp.float32
+    np.testing.assert_allclose(lbf, l32, atol=0.02 * float(jnp.abs(l32).max()))
+    g32 = jax.grad(classifier_loss, argnums=1)(f32, params, xs, lengths, labels)
+    gbf = jax.grad(classifier_loss, argnums=1)(bf16, params, xs, lengths, labels)
+    for a, b in zip(jax.tree.leaves(gbf), jax.tree.leaves(g32)):
+        assert a.dtype == jnp.float32
+        assert float(jnp.linalg.norm(a - b)) <= 0.05 * float(jnp.linalg.norm(b)) + 1e-7
+
+
+def test_classifier_options_are_checked():
+    with pytest.raises(ValueError, match="scan_impl"):
+        SequenceClassifier(cells.LSTM(N), 2, 3, scan_impl="fast")
+    with pytest.raises(ValueError, match="no fused scan"):
+        SequenceClassifier(cells.RHN(N, 2), 2, 3, scan_impl="fused")
+    with pytest.raises(ValueError, match="dtype"):
+        SequenceClassifier(cells.LSTM(N), 2, 3, dtype="float16")
+    with pytest.raises(ValueError, match="bfloat16"):
+        SequenceClassifier(cells.LSTM(N), 2, 3, scan_impl="reference", dtype="bfloat16")
+    with pytest.raises(ValueError, match="bfloat16"):
+        SequenceClassifier(cells.RHN(N, 2), 2, 3, dtype="bfloat16")
+    assert not SequenceClassifier(cells.RHN(N, 2), 2, 3).fused  # auto: the reference scan
