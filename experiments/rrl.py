@@ -63,6 +63,11 @@ flags.DEFINE_boolean("permute", True, "P-MNIST: the fixed pixel permutation (--n
                      "sequential MNIST).")
 flags.DEFINE_string("embeddings", "word2vec", "Text: 'word2vec' (trained on the training "
                     "split, cached), 'random' (learned from scratch) or a word2vec file.")
+flags.DEFINE_enum("scan_impl", "auto", ["auto", "fused", "reference"], "Time scan: 'fused' "
+                  "(hand-written backward pass, rhnzoo.cells.gated_fused), 'reference' "
+                  "(lax.scan + autodiff); auto: fused where the cell has it.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul inputs of the "
+                  "recurrent layer (bfloat16: float32 accumulation, state and parameters).")
 cli.define_presets({"paper": {}, "cpu": {}})
 cli.define_run_flags()
 flags.adopt_module_key_flags(cli)
@@ -80,6 +85,9 @@ def experiment() -> None:
         FLAGS.embed_size = 1
     root = pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
     base = {k: FLAGS[k].value for k in CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS}
+    # In the config only when not the default, so that earlier workdirs still resume.
+    base.update({k: FLAGS[k].value for k in ("scan_impl", "dtype")
+                 if FLAGS[k].value != FLAGS[k].default})  # fmt: skip
     if FLAGS.study:
         study = rrl.STUDIES.get((FLAGS.study, FLAGS.dataset))
         if study is None:

@@ -403,11 +403,18 @@ def train_config(c) -> TrainConfig:
                        max_grad_norm=c["max_grad_norm"], epochs=c["epochs"])  # fmt: skip
 
 
+def scan_options(c) -> dict:
+    """The classifier's ``scan_impl`` and ``dtype`` from a run's config (keys absent in
+    configs written before they existed: auto and float32)."""
+    impl = c.get("scan_impl", "auto")
+    return {"scan_impl": None if impl == "auto" else impl, "dtype": c.get("dtype", "float32")}
+
+
 def check_config(models: Sequence[str], c) -> None:
     """Builds every cell and the optimiser settings, so a bad setting is one line before
     any data is read. Raises ValueError."""
     for name in models:
-        cell_from_config(name, c)
+        SequenceClassifier(cell_from_config(name, c), 2, 1, **scan_options(c))
     train_config(c)
     dropout.check_rate("--drop", c["drop"])
     dropout.check_rate("--input_drop", c["input_drop"])
@@ -451,7 +458,8 @@ def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
     model = SequenceClassifier(cell_from_config(name, c), data.num_classes,
                                data.input_size or c["embed_size"],
                                None if data.vocab is None else len(data.vocab), drop=c["drop"],
-                               input_drop=c["input_drop"], init_scale=c["init_scale"])  # fmt: skip
+                               input_drop=c["input_drop"], init_scale=c["init_scale"],
+                               **scan_options(c))  # fmt: skip
     log(f"{LABELS.get(name, name)} on {c['dataset']}: {len(data.train.labels):,} train / "
         f"{len(data.dev.labels):,} dev / {len(data.test.labels):,} test sequences")
     vectors = embeddings_for(c, data, log)
