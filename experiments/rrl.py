@@ -20,7 +20,7 @@ import pathlib
 from absl import flags
 
 from rhnzoo import cli
-from rhnzoo.training import rrl, sweep
+from rhnzoo.training import rrl
 
 flags.DEFINE_enum("dataset", "imdb", list(rrl.DATASETS), "Data set.")
 flags.DEFINE_string("model", "lstm", "Recurrent layer: a cell of rhnzoo.cells (Wang & "
@@ -47,6 +47,7 @@ flags.DEFINE_float("forget_bias", 1.0, "Initial LSTM forget-gate bias.")
 flags.DEFINE_float("init_scale", 0.1, "Uniform initialisation half-width.")
 flags.DEFINE_float("drop", 0.5, "Dropout probability on the final representation.")
 flags.DEFINE_float("input_drop", 0.0, "Dropout probability on the embedded inputs.")
+flags.DEFINE_boolean("freeze_embeddings", False, "Keep the (pre-trained) embedding fixed.")
 flags.DEFINE_integer("batch_size", 32, "Sequences per step.")
 flags.DEFINE_integer("max_len", 400, "Steps kept per sequence.")
 flags.DEFINE_enum("keep", "last", ["last", "first"], "Which steps a longer sequence keeps.")
@@ -76,7 +77,7 @@ CONFIG_FLAGS = ("dataset", "embed_size", "hidden_size", "hybrid_hidden_size", "r
                 "rrn_activation", "rrn_recurrent_init", "rrn_f_bias", "skip", "forget_bias",
                 "init_scale", "drop", "input_drop", "batch_size", "max_len", "keep", "buckets",
                 "lr", "adadelta_eps", "max_grad_norm", "epochs", "subset", "coverage",
-                "dev_seed", "permute", "embeddings", "data_source")  # fmt: skip
+                "dev_seed", "permute", "embeddings", "freeze_embeddings", "data_source")  # fmt: skip
 
 
 def experiment() -> None:
@@ -88,32 +89,13 @@ def experiment() -> None:
     # In the config only when not the default, so that earlier workdirs still resume.
     base.update({k: FLAGS[k].value for k in ("scan_impl", "dtype")
                  if FLAGS[k].value != FLAGS[k].default})  # fmt: skip
-    if FLAGS.study:
-        study = rrl.STUDIES.get((FLAGS.study, FLAGS.dataset))
-        if study is None:
-            raise ValueError(f"no {FLAGS.study} study on {FLAGS.dataset}; studies: "
-                             f"{', '.join('/'.join(k) for k in rrl.STUDIES)}")  # fmt: skip
-        configs = {s: {**base, **study["budget"], **o} for s, o in study["settings"].items()}
-        root, models = root / f"study_{FLAGS.study}", [study["model"]] * len(configs)
-    else:
-        models = list(dict.fromkeys(FLAGS.models if FLAGS.table else [FLAGS.model]))
-        configs = {m: base for m in models}
-    for c, model in zip(configs.values(), models):
-        rrl.check_config([model], c)  # every setting checked before any data is read
-    several = FLAGS.table or FLAGS.study  # a diverging run is recorded, the others go on
-    runs = [sweep.Run(name, {"model": model, **c}, lambda wd, m=model, c=c: rrl.train_model(
-        m, c, dataset(), cli.run_config(c["epochs"], patience=c["patience"],
-                                          divergence_factor=c["divergence_factor"]), wd,
-        on_divergence="stop" if several else "raise"))
-        for (name, c), model in zip(configs.items(), models)]  # fmt: skip
-    if FLAGS.run_missing or not several:
-        sweep.run_all(runs, root)
-    if several:
-        title = f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}"
-        text = (rrl.study_table(root, list(configs), f"{models[0]} {title}") if FLAGS.study
-                else rrl.table(root, models, FLAGS.dataset, title))  # fmt: skip
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "table.md").write_text(text + "\n")
+    models = FLAGS.models if FLAGS.table else [FLAGS.model]
+    text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
+                              run_missing=FLAGS.run_missing, load=dataset,
+                              run_config=lambda c: cli.run_config(c["epochs"], **{
+                                  k: c[k] for k in ("patience", "divergence_factor")}),
+                              title=f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}")  # fmt: skip
+    if text:
         print(text)
 
 

@@ -156,11 +156,14 @@ def test_every_study_setting_is_a_valid_config():
                 skip=20, forget_bias=1.0, init_scale=0.1, drop=0.5, input_drop=0.0,
                 batch_size=4, max_len=40, keep="last", buckets=2, lr=1.0, adadelta_eps=1e-6,
                 max_grad_norm=5.0, epochs=2, subset=None, embeddings="word2vec",
+                freeze_embeddings=False,
                 patience=None, divergence_factor=2.0)  # fmt: skip
     for (study, dataset), spec in rrl.STUDIES.items():
         for name, overrides in spec["settings"].items():
+            overrides = dict(overrides)
+            model = overrides.pop("model", spec["model"])
             assert set(overrides) | set(spec["budget"]) <= set(base), (study, name)
-            rrl.check_config([spec["model"]], {**base, **spec["budget"], **overrides})
+            rrl.check_config([model], {**base, **spec["budget"], **overrides})
 
 
 def test_subset_is_a_fixed_sample_of_the_training_split():
@@ -194,3 +197,24 @@ def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
         config = json.loads((tmp_path / "root" / "study_skip" / f"L{L}" / "config.json").read_text())
         assert (config["model"], config["skip"], config["subset"]) == ("sc_lstm_i", L, 12000)
     assert (tmp_path / "root" / "study_skip" / "table.md").read_text().count("| L") == 3
+
+
+def test_frozen_embeddings_do_not_move_and_the_rest_trains():
+    import optax
+
+    params = {"embed": jnp.ones((4, 3)), "W": jnp.ones((3, 2))}
+    grads = {"embed": jnp.full((4, 3), 100.0), "W": jnp.full((3, 2), 0.5)}
+    for freeze in (False, True):
+        tx = rrl.TrainConfig(freeze_embeddings=freeze, max_grad_norm=1.0).optimizer()
+        updates, _ = tx.update(grads, tx.init(params), params)
+        new = optax.apply_updates(params, updates)
+        moved = lambda k: float(jnp.abs(new[k] - params[k]).max())
+        assert moved("W") > 0 and (moved("embed") == 0) == freeze
+    # Frozen: the clipping norm ignores the embedding's (large) gradient, so W's update is
+    # the one it gets when it is the only parameter.
+    alone = rrl.TrainConfig(max_grad_norm=1.0).optimizer()
+    w_only = {"W": params["W"]}
+    u_alone, _ = alone.update({"W": grads["W"]}, alone.init(w_only), w_only)
+    tx = rrl.TrainConfig(freeze_embeddings=True, max_grad_norm=1.0).optimizer()
+    u, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(u["W"], u_alone["W"], rtol=1e-6)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,6 +65,8 @@ class TrainConfig:
       rho, eps: Adadelta's decay and epsilon.
       max_grad_norm: global-norm clipping threshold.
       epochs: epochs of the schedule.
+      freeze_embeddings: keep the embedding (``params['embed']``) at its initial
+        value (e.g. pre-trained vectors); default False: fine-tuned with the rest.
 
     Raises:
       ValueError: for a setting outside its range.
@@ -78,6 +81,7 @@ class TrainConfig:
     eps: float = 1e-6
     max_grad_norm: float = 5.0
     epochs: int = 10
+    freeze_embeddings: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "max_len", "buckets", "epochs"):
@@ -96,10 +100,15 @@ class TrainConfig:
         return tuple(sorted(x for x in lengths if x <= self.max_len))
 
     def optimizer(self) -> optax.GradientTransformation:
-        return optax.chain(
+        tx = optax.chain(
             optax.clip_by_global_norm(self.max_grad_norm),
             optax.adadelta(learning_rate=self.lr, rho=self.rho, eps=self.eps),
         )
+        if not self.freeze_embeddings:
+            return tx
+        # The frozen embedding neither moves nor counts in the clipped gradient norm.
+        label = lambda params: {k: "frozen" if k == "embed" else "trained" for k in params}
+        return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, label)
 
 
 def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
@@ -354,7 +363,8 @@ PAPER_TABLE3: dict[tuple[str, str], float] = {
 
 # Studies (issue 15): what the paper leaves open, screened at a reduced budget on dev.
 # (study, dataset) -> the model, the budget (config overrides), and the settings
-# (setting name -> config overrides). `rrn`: the RRN recipe (eqs. 3-4 and sec. 4 leave
+# (setting name -> config overrides; a ``model`` key runs another model, e.g. the LSTM
+# as a reference at the same budget). `rrn`: the RRN recipe (eqs. 3-4 and sec. 4 leave
 # initialisation, the bias of F, input scale, Adadelta's eps, clipping and dropout
 # placement open); `skip`: SC-LSTM's skip length L, which the paper tuned on dev (sec. 4).
 _W2V = {"embeddings": "word2vec"}
@@ -369,18 +379,24 @@ _RRN_SETTINGS = {
     "clip1": {"max_grad_norm": 1.0},
     "clip50": {"max_grad_norm": 50.0},
     "tanh": {"rrn_activation": "tanh"},
+    "lstm_reference": {"model": "lstm"},
 }
 _SCREEN = {"imdb": dict(max_len=100, epochs=3, patience=None, buckets=2, divergence_factor=5.0),
            "pmnist": dict(subset=12000, epochs=3, divergence_factor=5.0)}  # fmt: skip
 STUDIES = {
     ("rrn", "imdb"): dict(model="rrn", budget=_SCREEN["imdb"], settings={
         "paper_random_emb": {"embeddings": "random"},
-        **{("paper_w2v" if k == "paper" else f"w2v_{k}"): {**_W2V, **v}
+        **{("paper_w2v" if k == "paper" else k if "model" in v else f"w2v_{k}"): {**_W2V, **v}
            for k, v in _RRN_SETTINGS.items()},
         "w2v_indrop0.25": {**_W2V, "input_drop": 0.25},
+        "w2v_frozen": {**_W2V, "freeze_embeddings": True},
     }),
-    ("rrn", "pmnist"): dict(model="rrn", budget=_SCREEN["pmnist"], settings=_RRN_SETTINGS),
-    ("skip", "imdb"): dict(model="sc_lstm_i", budget=dict(epochs=3, patience=None),
+    ("rrn", "pmnist"): dict(model="rrn", budget=_SCREEN["pmnist"], settings={
+        **_RRN_SETTINGS,
+        "tanh_init0.03": {"rrn_activation": "tanh", "init_scale": 0.03},
+        "tanh_clip1": {"rrn_activation": "tanh", "max_grad_norm": 1.0},
+    }),
+    ("skip", "imdb"): dict(model="sc_lstm_i", budget=dict(subset=8000, epochs=3, patience=None),
                            settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
     ("skip", "pmnist"): dict(model="sc_lstm_i", budget=dict(subset=12000, epochs=3),
                              settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
@@ -400,7 +416,8 @@ def train_config(c) -> TrainConfig:
     """The optimisation settings of a run's config dict. Raises ValueError for a bad one."""
     return TrainConfig(batch_size=c["batch_size"], max_len=c["max_len"], keep=c["keep"],
                        buckets=c["buckets"], lr=c["lr"], eps=c["adadelta_eps"],
-                       max_grad_norm=c["max_grad_norm"], epochs=c["epochs"])  # fmt: skip
+                       max_grad_norm=c["max_grad_norm"], epochs=c["epochs"],
+                       freeze_embeddings=c["freeze_embeddings"])  # fmt: skip
 
 
 def scan_options(c) -> dict:
@@ -468,7 +485,7 @@ def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
                       log=log).results  # fmt: skip
 
 
-def table(root, models: Sequence[str], dataset: str, title: str) -> str:
+def table_text(root, models: Sequence[str], dataset: str, title: str) -> str:
     """Table 3's layout from the workdirs ``root/<model>``: the paper's test accuracy
     beside our dev and test accuracy, parameters, epochs and minutes."""
     from rhnzoo.training import sweep
@@ -478,7 +495,9 @@ def table(root, models: Sequence[str], dataset: str, title: str) -> str:
         r = run and run["results"]
         paper = PAPER_TABLE3.get((name, dataset))
         measured = [None] * 5
-        if r:
+        if r and r.get("diverged"):
+            measured = [None, "diverged", f"{r['parameters']:,}", None, None]
+        elif r:
             hist = run["history"]
             measured = [f"{100 * r['dev_acc']:.2f}", f"{100 * r['test_acc']:.2f}",
                         f"{r['parameters']:,}", len(hist),
@@ -498,8 +517,59 @@ def study_table(root, names: Sequence[str], title: str) -> str:
     for name, run in sweep.collect(root, names).items():
         r, hist = (run or {}).get("results"), (run or {}).get("history") or []
         best = max((h.get("dev_acc", float("nan")) for h in hist), default=None)
+        test = r.get("test_acc") if r else None
         rows.append([name, None if best is None else f"{100 * best:.2f}",
-                     None if not r else f"{100 * r['test_acc']:.2f}", len(hist) or None,
+                     "diverged" if r and r.get("diverged") else
+                     None if test is None else f"{100 * test:.2f}", len(hist) or None,
                      f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None])  # fmt: skip
-    return sweep.markdown([f"setting ({title})", "best dev acc", "test acc", "epochs",
-                           "minutes"], rows)  # fmt: skip
+    return sweep.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
+                           "epochs", "minutes"], rows)  # fmt: skip
+
+
+def run_experiment(base, root, models: Sequence[str], *, study: str | None, table: bool,
+                   run_missing: bool, load, run_config, title: str) -> str | None:  # fmt: skip
+    """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
+
+    Every run's settings are checked before any data is read (``load()`` loads the data
+    set, once, when a run trains); a model trains in ``root/<model>``, a study's setting
+    in ``root/study_<study>/<setting>``. With several runs a diverging one is recorded
+    and the others go on. Returns the table (also written to ``table.md``) for
+    ``table`` or ``study``, else None.
+
+    Args:
+      base: the run's config (the script's flags).
+      run_config: ``config -> engine.RunConfig``.
+
+    Raises:
+      ValueError: a bad setting or an unknown study (one line).
+    """
+    from rhnzoo.training import sweep
+
+    root = pathlib.Path(root)
+    if study:
+        spec = STUDIES.get((study, base["dataset"]))
+        if spec is None:
+            raise ValueError(f"no {study} study on {base['dataset']}; studies: "
+                             f"{', '.join('/'.join(k) for k in STUDIES)}")  # fmt: skip
+        configs = {s: {**base, **spec["budget"], **o} for s, o in spec["settings"].items()}
+        models = [c.pop("model", spec["model"]) for c in configs.values()]
+        root = root / f"study_{study}"
+    else:
+        models = list(dict.fromkeys(models))
+        configs = {m: base for m in models}
+    for c, model in zip(configs.values(), models):
+        check_config([model], c)
+    several = bool(table or study)
+    runs = [sweep.Run(name, {"model": model, **c}, functools.partial(
+        lambda model, c, wd: train_model(model, c, load(), run_config(c), wd,
+                                         on_divergence="stop" if several else "raise"),
+        model, c)) for (name, c), model in zip(configs.items(), models)]  # fmt: skip
+    if run_missing or not several:
+        sweep.run_all(runs, root)
+    if not several:
+        return None
+    text = (study_table(root, list(configs), f"{models[0]} {title}") if study
+            else table_text(root, models, base["dataset"], title))  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "table.md").write_text(text + "\n")
+    return text
