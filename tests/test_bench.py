@@ -187,3 +187,27 @@ def test_cli_unknown_config_is_a_one_line_error():
     assert proc.returncode != 0
     assert "unknown configs ['nope']" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_nnx_scan_highway_peer_computes_rhnzoo_function():
+    """The nnx.vmap / nnx.scan highway peer, its stacked weights copied into rhnzoo's
+    FeedForwardNet layout (H|T fused), gives the same logits."""
+    from flax import nnx
+
+    from rhnzoo.bench.highway import NNXScanHighwayNet
+    from rhnzoo.models.highway import FeedForwardNet
+
+    depth, width = 4, 6
+    peer = NNXScanHighwayNet(depth, width, 7, 3, -1.0, rngs=nnx.Rngs(0))
+    assert peer.blocks.h.kernel.value.shape == (depth - 1, width, width)
+    net = FeedForwardNet("highway", depth, width, input_size=7, num_classes=3, transform_bias=-1.0)
+    b = peer.blocks
+    params = {
+        "input": {"W": peer.first.kernel.value, "b": peer.first.bias.value},
+        "layers": {"W": jnp.concatenate([b.h.kernel.value, b.t.kernel.value], -1),
+                   "b": jnp.concatenate([b.h.bias.value, b.t.bias.value], -1)},
+        "output": {"W": peer.out.kernel.value, "b": peer.out.bias.value},
+    }  # fmt: skip
+    assert jax.tree.structure(params) == jax.tree.structure(net.init(jax.random.key(0)))
+    x = jax.random.normal(jax.random.key(1), (5, 7))
+    np.testing.assert_allclose(peer(x), net.apply(params, x), rtol=1e-5, atol=1e-6)

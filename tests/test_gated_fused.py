@@ -56,12 +56,12 @@ def loss(unroll, params, carry, xs, target):
     return jnp.sum(jnp.sin(ys) * target) + sum(jnp.sum(c**2) for c in floats)
 
 
-def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol):
+def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, in_scan=False):
     params, carry, xs, mask, target = setup(cell, m, dtype)
     mask = mask if use_mask else None
     ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
     fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, unroll=2,
-                             project_per_step=per_step)  # fmt: skip
+                             project_per_step=per_step, weight_grads_in_scan=in_scan)  # fmt: skip
     out_ref, out_fast = ref(params, carry, xs), jax.jit(fast)(params, carry, xs)
     for a, b in zip(jax.tree.leaves(out_fast), jax.tree.leaves(out_ref)):
         assert a.dtype == b.dtype
@@ -86,6 +86,12 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
     with jax.enable_x64(True):
         compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
                 tol=dict(rtol=1e-10, atol=1e-12))  # fmt: skip
+
+
+@pytest.mark.parametrize("name,m", [("lstm", 1), ("gru", 3), ("rrn3_tanh", 1), ("sclstm_p", 3)])
+def test_weight_gradients_summed_in_the_scan_match_the_reference(name, m):
+    compare(CELLS[name](), m, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=True,
+            in_scan=True, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["lstm", "sclstm_i"])

@@ -13,8 +13,10 @@ drift much less, but under heavy load still by up to ~20% between runs (see
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
 * ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step against a
   plain-JAX peer (``python -m rhnzoo.bench`` runs it too);
-* ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX;
-* ``python -m rhnzoo.bench.rnn``: the LSTM step against ``flax.linen.OptimizedLSTMCell``.
+* ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX (a
+  Python loop of layers, and ``nnx.vmap`` + ``nnx.scan``);
+* ``python -m rhnzoo.bench.rnn``: the gated cells' classifier step (fused scan) against Flax
+  (``OptimizedLSTMCell``, ``GRUCell``) and their own reference scan.
 """
 
 from __future__ import annotations

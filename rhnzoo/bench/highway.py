@@ -16,7 +16,12 @@ split, pixel / 255):
   ``nnx.Linear`` layers (one for H, one for T per highway layer), ``nnx.Optimizer``
   and an ``nnx.jit`` train step; **nnx_cached**: the same step through
   ``nnx.cached_partial`` (no module-graph traversal per call), which separates
-  Flax's per-call Python cost from the compiled program's speed.
+  Flax's per-call Python cost from the compiled program's speed;
+* **nnx_scan**: what a competent Flax user writes for a deep stack: one highway block
+  module, its ``depth - 1`` copies created by ``nnx.vmap`` (stacked parameters, split
+  RNG streams) and applied by ``nnx.scan`` (compile time flat in depth, like
+  rhnzoo's); same optimizer and step (**nnx_scan_cached** through
+  ``nnx.cached_partial``).
 
 An epoch is the 390 steps of the 50,000-image training split (real MNIST when the
 files are found, else random images of the same shape, said in the output). The
@@ -46,11 +51,18 @@ from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.training import classify
 from rhnzoo.training import highway as hw
 
-flags.DEFINE_integer("depth", 100, "Depth of the timed epoch.")
-flags.DEFINE_list("compile_depths", ["10", "100"], "Depths whose compile time is measured.")
-flags.DEFINE_integer("rounds", 2, "Timed rounds (one epoch of each per round).")
-flags.DEFINE_integer("steps", None, "Steps per timed epoch (default: a full epoch, 390).")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command line's flags (defined only when run as a script, so that the nets
+    can be imported beside other benchmarks' flags)."""
+    flags.DEFINE_integer("depth", 100, "Depth of the timed epoch.")
+    flags.DEFINE_list("compile_depths", ["10", "100"], "Depths whose compile time is measured.")
+    flags.DEFINE_integer("rounds", 2, "Timed rounds (one epoch of each per round).")
+    flags.DEFINE_integer("steps", None, "Steps per timed epoch (default: a full epoch, 390).")
+    flags.DEFINE_list("peers", ["nnx", "nnx_scan"], "Flax NNX peers: nnx (Python loop over "
+                      "layers), nnx_scan (nnx.vmap init + nnx.scan apply).")
 
 WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 
@@ -74,6 +86,47 @@ class NNXHighwayNet(nnx.Module):
             t = jax.nn.sigmoid(T(h))
             h = jnp.tanh(H(h)) * t + h * (1.0 - t)  # y = H T + x (1 - T)
         return self.out(h)
+
+
+class NNXHighwayBlock(nnx.Module):
+    """One highway layer, y = H T + x (1 - T), as an NNX module (H and T one
+    ``nnx.Linear`` each)."""
+
+    def __init__(self, width: int, transform_bias: float, *, rngs: nnx.Rngs):
+        glorot = nnx.initializers.glorot_uniform()
+        self.h = nnx.Linear(width, width, kernel_init=glorot, rngs=rngs)
+        self.t = nnx.Linear(width, width, kernel_init=glorot, rngs=rngs,
+                            bias_init=nnx.initializers.constant(transform_bias))  # fmt: skip
+
+    def __call__(self, x):
+        t = jax.nn.sigmoid(self.t(x))
+        return jnp.tanh(self.h(x)) * t + x * (1.0 - t)
+
+
+class NNXScanHighwayNet(nnx.Module):
+    """The same net the way the Flax guides write deep stacks: ``nnx.vmap`` creates the
+    ``depth - 1`` blocks with stacked parameters (``nnx.split_rngs``: one RNG stream per
+    layer), ``nnx.scan`` applies them with the activation as the carry."""
+
+    def __init__(self, depth: int, width: int, input_size: int, num_classes: int,
+                 transform_bias: float, *, rngs: nnx.Rngs):  # fmt: skip
+        glorot = nnx.initializers.glorot_uniform()
+        self.first = nnx.Linear(input_size, width, kernel_init=glorot, rngs=rngs)
+
+        @nnx.split_rngs(splits=depth - 1)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs):
+            return NNXHighwayBlock(width, transform_bias, rngs=rngs)
+
+        self.blocks = blocks(rngs)
+        self.out = nnx.Linear(width, num_classes, kernel_init=glorot, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def apply(h, block):
+            return block(h)
+
+        return self.out(apply(jnp.tanh(self.first(x)), self.blocks))
 
 
 def _schedule():
@@ -113,13 +166,15 @@ def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
     return {"rhnzoo": lambda: run(steps), "one": lambda: run(1)}
 
 
-def nnx_epoch(depth: int, splits, steps: int) -> dict:
+def nnx_epoch(depth: int, splits, steps: int, scan: bool = False) -> dict:
     """The same for the Flax NNX net: ``{'nnx': epoch, 'nnx_cached': epoch, 'one': step}``;
     ``nnx_cached`` calls the same step through ``nnx.cached_partial(step, model,
     optimizer)`` (Flax's remedy for the Python cost of traversing the module graph at
-    every call); both train the same model."""
+    every call); both train the same model. ``scan``: :class:`NNXScanHighwayNet`, keys
+    ``nnx_scan`` and ``nnx_scan_cached``."""
     x_train, y_train = splits["train"]
-    model = NNXHighwayNet(depth, WIDTH, 784, 10, T_BIAS, rngs=nnx.Rngs(0))
+    net = NNXScanHighwayNet if scan else NNXHighwayNet
+    model = net(depth, WIDTH, 784, 10, T_BIAS, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.sgd(_schedule(), momentum=MOMENTUM), wrt=nnx.Param)
     images, labels = jnp.asarray(x_train), jnp.asarray(y_train)
 
@@ -146,7 +201,8 @@ def nnx_epoch(depth: int, splits, steps: int) -> dict:
 
     plain = lambda i: train_step(model, optimizer, images, labels, i)
     fast = lambda i: cached(images, labels, i)
-    return {"nnx": lambda: run(steps, plain), "nnx_cached": lambda: run(steps, fast),
+    name = "nnx_scan" if scan else "nnx"
+    return {name: lambda: run(steps, plain), f"{name}_cached": lambda: run(steps, fast),
             "one": lambda: run(1, plain)}
 
 
@@ -174,8 +230,14 @@ def main(argv):
     depths = sorted({int(d) for d in FLAGS.compile_depths} | {FLAGS.depth})
     # Every net compiles once, on its first step (timed); the timed depth's functions
     # are then reused for the epochs.
-    candidates, compile_s = {}, {"rhnzoo": {}, "nnx": {}}
-    for name, make in (("rhnzoo", rhnzoo_epoch), ("nnx", nnx_epoch)):
+    makers = {"rhnzoo": rhnzoo_epoch, "nnx": nnx_epoch,
+              "nnx_scan": lambda *a: nnx_epoch(*a, scan=True)}  # fmt: skip
+    unknown = set(FLAGS.peers) - {"nnx", "nnx_scan"}
+    if unknown:
+        raise SystemExit(f"error: unknown peers {sorted(unknown)}; choose from nnx, nnx_scan")
+    candidates, compile_s = {}, {name: {} for name in ["rhnzoo", *FLAGS.peers]}
+    for name in compile_s:
+        make = makers[name]
         for depth in depths:
             fns = make(depth, splits, steps)
             compile_s[name][depth] = compile_seconds(fns.pop("one"))
@@ -186,8 +248,10 @@ def main(argv):
     timed = alternate(candidates, rounds=FLAGS.rounds)
     sec = timed["seconds"]
     out["epoch_s"] = {k: {"min": v["min"], "median": v["median"]} for k, v in sec.items()}
-    for name in ("nnx", "nnx_cached"):
-        out[f"{name}_over_rhnzoo"] = sec[name]["min"] / sec["rhnzoo"]["min"]
+    for peer in FLAGS.peers:
+        for name in (peer, f"{peer}_cached"):
+            out[f"{name}_over_rhnzoo"] = sec[name]["min"] / sec["rhnzoo"]["min"]
+            out[f"{name}_over_rhnzoo_median"] = sec[name]["median"] / sec["rhnzoo"]["median"]
     out["rhnzoo_img_per_s"] = steps * BATCH / sec["rhnzoo"]["min"]
     if "peak_flops_per_s" in timed:
         out["matmul_peak_flops_per_s"] = timed["peak_flops_per_s"]["max"]
@@ -195,4 +259,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -1,26 +1,31 @@
-r"""LSTM classifier train-step benchmark: rhnzoo's LSTM against Flax's.
+r"""Gated-cell classifier train-step benchmarks: rhnzoo's fused scan against Flax and
+against its own reference path.
 
-  python -m rhnzoo.bench.rnn                          # every configuration
-  python -m rhnzoo.bench.rnn --configs=imdb_cpu,pmnist --rounds=7
+  python -m rhnzoo.bench.rnn                                   # every cell and shape
+  python -m rhnzoo.bench.rnn --cells=lstm --configs=imdb_cpu,pmnist --rounds=7
+  python -m rhnzoo.bench.rnn --cells=lstm --bfloat16           # adds rhnzoo in bfloat16
 
-Both sides compute the same function, the forward and backward pass of a sequence
-classifier: an LSTM over ``xs [T, B, m]`` float32 (time-major), its final h through a
+Every candidate computes the forward and backward pass of a sequence classifier: a
+recurrent layer over ``xs [T, B, m]`` float32 (time-major), its last output through a
 linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit``:
 
-* rhnzoo: :class:`rhnzoo.cells.LSTM` through :func:`rhnzoo.cells.unroll` (input
-  projection W x for all steps in one matmul before the scan; per step one fused
-  ``[B, n] x [n, 4n]`` matmul, the bias and the gates);
-* rhnzoo, projecting per step: the same cell in a plain ``lax.scan`` whose body calls
-  ``cell.project_inputs`` on x_t (the protocol allows it: ``project_inputs`` takes any
-  leading axes). It never materialises the ``[T, B, 4n]`` projection and its gradient,
-  which on a CPU pays off when m is much smaller than 4n (P-MNIST: m = 1);
-* Flax: ``nn.RNN(nn.OptimizedLSTMCell(n), time_major=True)`` (linen), which does its
-  input matmul inside the scan, one step at a time.
+* **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
+  hand-written backward pass; as in the classifier, when m <= 8 the input is projected
+  inside the scan and the weight gradients are summed in the reverse scan);
+  **rhnzoo_bf16** (``--bfloat16``) the same with bfloat16 matmul inputs;
+* **reference**: :func:`rhnzoo.cells.unroll` (``lax.scan`` + autodiff, every step under
+  ``save_matmuls_only``: the classifier's ``scan_impl='reference'``);
+* **flax** (LSTM and GRU): ``nn.RNN(nn.OptimizedLSTMCell(n))`` with rhnzoo's LSTM
+  weights copied in (the losses are checked to agree before anything is timed), and
+  ``nn.RNN(nn.GRUCell(n))`` with its own initialisation: Flax's GRU applies the reset
+  gate after its recurrent matmul (cuDNN's variant), ours before (Cho et al. 2014), the
+  same FLOPs but not the same function, so the GRU losses are reported, not compared.
 
-Flax's parameters are set from rhnzoo's, and the two losses are checked to agree before
-anything is timed. The steps are timed with :func:`rhnzoo.bench.alternate` (interleaved
-rounds, min and median, matmul peak between rounds), and one JSON line per
-configuration gives the times and the ratios flax / rhnzoo (> 1: rhnzoo is faster).
+Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
+steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
+matmul peak between rounds); one JSON line per (cell, shape) gives the times and the
+ratios peer / rhnzoo (> 1: rhnzoo is faster), the peer being Flax for LSTM and GRU and
+the reference path for SC-LSTM and RRN.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from absl import app, flags
 
 from rhnzoo import cells
 from rhnzoo.bench import alternate
+from rhnzoo.cells import gated_fused
 
 CONFIGS = {
     # Wang & Tian's IMDB shape (embedding 256 -> LSTM 512, reviews cut to 400 words),
@@ -45,8 +51,16 @@ CONFIGS = {
     "imdb_cpu": {"input": 256, "hidden": 512, "batch": 32, "steps": 100, "classes": 2},
     "pmnist": {"input": 1, "hidden": 100, "batch": 100, "steps": 784, "classes": 10},
 }  # fmt: skip
+CELLS = {
+    "lstm": lambda n: cells.LSTM(n),
+    "gru": lambda n: cells.GRU(n),
+    "sc_lstm": lambda n: cells.SCLSTM(n, skip=20, learn_alpha=True),
+    "rrn": lambda n: cells.RRN(n, 2),
+}
 
-flags.DEFINE_list("configs", list(CONFIGS), "Configurations to run.")
+flags.DEFINE_list("configs", ["imdb_cpu", "pmnist"], f"Shapes, of {list(CONFIGS)}.")
+flags.DEFINE_list("cells", list(CELLS), "Cells.")
+flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
 flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
 FLAGS = flags.FLAGS
@@ -66,21 +80,30 @@ class FlaxLSTMClassifier(nn.Module):
         return nn.Dense(self.classes)(h)
 
 
-def rhnzoo_logits(cell: cells.LSTM, params, xs):
-    """rhnzoo's LSTM over ``xs [T, B, m]`` -> final h -> linear layer ``[B, classes]``."""
-    (h, _), _ = cells.unroll(cell, params["cell"], cell.initial_carry(xs.shape[1]), xs)
-    return h @ params["out"]["kernel"] + params["out"]["bias"]
+class FlaxGRUClassifier(nn.Module):
+    """Flax's GRU (``nn.RNN(nn.GRUCell)``) -> final h -> ``nn.Dense``."""
+
+    hidden: int
+    classes: int
+
+    @nn.compact
+    def __call__(self, xs):
+        h, _ = nn.RNN(nn.GRUCell(self.hidden), time_major=True, return_carry=True)(xs)
+        return nn.Dense(self.classes)(h)
 
 
-def rhnzoo_logits_per_step(cell: cells.LSTM, params, xs):
-    """As :func:`rhnzoo_logits`, with the input projection done inside the scan."""
-    p = params["cell"]
-
-    def step(carry, x_t):
-        return cell.step(p, carry, cell.project_inputs(p, x_t))
-
-    (h, _), _ = jax.lax.scan(step, cell.initial_carry(xs.shape[1]), xs)
-    return h @ params["out"]["kernel"] + params["out"]["bias"]
+def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None):
+    """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
+    with the classifier's choices (input projected inside the scan when m <= 8)."""
+    per_step = xs.shape[-1] <= 8
+    carry = cell.initial_carry(xs.shape[1])
+    if scan_impl == "fused":
+        _, ys = gated_fused.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
+                                   dtype=dtype, weight_grads_in_scan=per_step)  # fmt: skip
+    else:
+        _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
+                             save_matmuls=True)  # fmt: skip
+    return ys[-1] @ params["out"]["kernel"] + params["out"]["bias"]
 
 
 def flax_params(params, n: int):
@@ -98,10 +121,11 @@ def flax_params(params, n: int):
     return {"params": {"OptimizedLSTMCell_0": cell, "Dense_0": dict(params["out"])}}
 
 
-def bench(name: str, c: dict, *, rounds: int, repeats: int) -> dict:
-    """Times rhnzoo's and Flax's train step (value and grad) on configuration ``c``."""
+def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
+          bfloat16: bool = False) -> dict:  # fmt: skip
+    """Times rhnzoo's train step (value and grad) against its peers on shape ``c``."""
     m, n, B, T, C = c["input"], c["hidden"], c["batch"], c["steps"], c["classes"]
-    cell = cells.LSTM(n)
+    cell = CELLS[cell_name](n)
     k_cell, k_out, k_x, k_y = jax.random.split(jax.random.PRNGKey(0), 4)
     params = {
         "cell": cell.init(k_cell, m),
@@ -110,26 +134,31 @@ def bench(name: str, c: dict, *, rounds: int, repeats: int) -> dict:
     xs = jax.random.normal(k_x, (T, B, m), jnp.float32)
     labels = jax.random.randint(k_y, (B,), 0, C)
     xent = optax.softmax_cross_entropy_with_integer_labels
-    model = FlaxLSTMClassifier(n, C)
 
-    def rhnzoo_loss(params, xs, labels):
-        return xent(rhnzoo_logits(cell, params, xs), labels).mean()
+    def loss_of(logits_fn):
+        return jax.jit(jax.value_and_grad(lambda p, xs, y: xent(logits_fn(p, xs), y).mean()))
 
-    def per_step_loss(params, xs, labels):
-        return xent(rhnzoo_logits_per_step(cell, params, xs), labels).mean()
-
-    def flax_loss(variables, xs, labels):
-        return xent(model.apply(variables, xs), labels).mean()
-
-    variables = flax_params(params, n)
     steps = {
-        "rhnzoo": (jax.jit(jax.value_and_grad(rhnzoo_loss)), params),
-        "rhnzoo_per_step": (jax.jit(jax.value_and_grad(per_step_loss)), params),
-        "flax": (jax.jit(jax.value_and_grad(flax_loss)), variables),
+        "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
+        "reference": (loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="reference")),
+                      params),  # fmt: skip
     }
+    if bfloat16:
+        steps["rhnzoo_bf16"] = (loss_of(functools.partial(rhnzoo_logits, cell,
+                                                          dtype=jnp.bfloat16)), params)  # fmt: skip
+    peer = "reference"
+    if cell_name == "lstm":
+        model = FlaxLSTMClassifier(n, C)
+        steps["flax"] = (loss_of(model.apply), flax_params(params, n))
+        peer = "flax"
+    elif cell_name == "gru":
+        model = FlaxGRUClassifier(n, C)
+        steps["flax"] = (loss_of(model.apply), model.init(jax.random.PRNGKey(1), xs))
+        peer = "flax"
     losses = {k: float(f(p, xs, labels)[0]) for k, (f, p) in steps.items()}
-    if not np.allclose(list(losses.values()), losses["rhnzoo"], rtol=1e-4):
-        raise AssertionError(f"{name}: the losses differ: {losses}")
+    same = [k for k in losses if k != "rhnzoo_bf16" and not (k == "flax" and cell_name == "gru")]
+    if not np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4):
+        raise AssertionError(f"{cell_name} {name}: the losses differ: {losses}")
 
     timed = alternate(
         {k: functools.partial(f, p, xs, labels) for k, (f, p) in steps.items()},
@@ -137,25 +166,32 @@ def bench(name: str, c: dict, *, rounds: int, repeats: int) -> dict:
         repeats=repeats,
     )
     s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
-    ratio = lambda k: {q: s["flax"][q] / s[k][q] for q in ("min", "median")}
-    return {
-        "config": name, "device": str(jax.devices()[0].device_kind),
-        "backend": jax.default_backend(), **c, "loss": losses["rhnzoo"], "seconds": s,
-        "ratio_flax_over_rhnzoo": ratio("rhnzoo"),
-        "ratio_flax_over_rhnzoo_per_step": ratio("rhnzoo_per_step"),
+    ratio = lambda a, b: {q: s[a][q] / s[b][q] for q in ("min", "median")}
+    out = {
+        "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
+        "backend": jax.default_backend(), **c, "losses": losses, "seconds": s, "peer": peer,
+        f"ratio_{peer}_over_rhnzoo": ratio(peer, "rhnzoo"),
         "peak_flops_per_s": {k: timed["peak_flops_per_s"][k] for k in ("max", "min")},
         "rounds": rounds, "repeats": repeats,
     }  # fmt: skip
+    if peer != "reference":
+        out["ratio_reference_over_rhnzoo"] = ratio("reference", "rhnzoo")
+    if bfloat16:
+        out[f"ratio_{peer}_over_rhnzoo_bf16"] = ratio(peer, "rhnzoo_bf16")
+    return out
 
 
 def main(argv):
     del argv
-    unknown = set(FLAGS.configs) - set(CONFIGS)
-    if unknown:
-        raise SystemExit(f"error: unknown configs {sorted(unknown)}; choose from {list(CONFIGS)}")
-    for name in FLAGS.configs:
-        result = bench(name, CONFIGS[name], rounds=FLAGS.rounds, repeats=FLAGS.repeats)
-        print(json.dumps(result), flush=True)
+    for what, chosen, known in (("configs", FLAGS.configs, CONFIGS), ("cells", FLAGS.cells, CELLS)):
+        unknown = set(chosen) - set(known)
+        if unknown:
+            raise SystemExit(f"error: unknown {what} {sorted(unknown)}; choose from {list(known)}")
+    for cell_name in FLAGS.cells:
+        for name in FLAGS.configs:
+            result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
+                           repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16)  # fmt: skip
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

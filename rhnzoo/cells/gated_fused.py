@@ -249,19 +249,21 @@ def _run(kern, unroll, w, W, carry0, xs, aux, mask):
     return (carry_T, ys), saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _scan(kern, unroll, w, W, carry0, xs, aux, mask):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _scan(kern, unroll, in_scan, w, W, carry0, xs, aux, mask):
     return _run(kern, unroll, w, W, carry0, xs, aux, mask)[0]
 
 
-def _scan_fwd(kern, unroll, w, W, carry0, xs, aux, mask):
+def _scan_fwd(kern, unroll, in_scan, w, W, carry0, xs, aux, mask):
     out, saved = _run(kern, unroll, w, W, carry0, xs, aux, mask)
     return out, (w, W, xs, aux, mask, saved)
 
 
-def _scan_bwd(kern, unroll, res, cotangents):
+def _scan_bwd(kern, unroll, in_scan, res, cotangents):
     w, W, xs, aux, mask, saved = res
     dcarry_T, dys = cotangents
+    if in_scan:
+        return _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, dys)
 
     def step(dcarry, inputs):
         dy, saved_t, aux_t = inputs
@@ -288,6 +290,37 @@ def _scan_bwd(kern, unroll, res, cotangents):
     return dw, dW, dcarry0, dxs, None, dmask
 
 
+def _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, dys):
+    """The backward pass with the weight gradients summed inside the reverse scan (a
+    rank-B update per step, as autodiff does) and no ``[T, B, k n]`` cotangent written:
+    for small n, with W x_t computed in the scan (``W`` not None)."""
+    first = lambda t: jax.tree.map(lambda a: a[None], t)
+
+    def step(carry, inputs):
+        dcarry, dw, dW = carry
+        dy, saved_t, aux_t, x_t = inputs
+        dprev, dz, extra = kern.backward(w, dcarry, dy, saved_t, aux_t, mask)
+        v = aux_t.get("valid")
+        if v is not None:
+            dprev = jax.tree.map(lambda a, b: jnp.where(v[:, None], a, b), dprev, dcarry)
+            dz = jnp.where(v[:, None], dz, 0.0)
+            extra = None if extra is None else jnp.where(v, extra, 0.0)
+        dw_t = kern.weight_grads(w, first(saved_t), dz[None], None if extra is None else
+                                 extra[None], mask)  # fmt: skip
+        dw = jax.tree.map(jnp.add, dw, dw_t)
+        if W.shape[0] == 1:
+            dW, dx = dW + jnp.sum(x_t * dz, axis=0, keepdims=True), dz @ W[0][:, None]
+        else:
+            dW = dW + _dot(x_t.T, dz, kern.dtype).astype(W.dtype)
+            dx = _dot(dz, W.T, kern.dtype).astype(x_t.dtype)
+        return (dprev, dw, dW), dx
+
+    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), jnp.zeros_like(W))
+    (dcarry0, dw, dW), dxs = jax.lax.scan(step, zeros, (dys, saved, aux, xs), reverse=True,
+                                          unroll=unroll)  # fmt: skip
+    return dw, dW, dcarry0, dxs, None, None if mask is None else jnp.zeros_like(mask)
+
+
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
@@ -310,6 +343,7 @@ def unroll(
     unroll: int = 1,
     project_per_step: bool = False,
     dtype: Any = None,
+    weight_grads_in_scan: bool = False,
 ) -> tuple[Any, Array]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
@@ -330,6 +364,10 @@ def unroll(
         instead of one ``[T, B, k n]`` projection before it.
       dtype: ``None`` (matmuls in the carry's dtype) or ``jnp.bfloat16`` (bf16 matmul
         inputs, float32 accumulation; state, parameters and gates stay float32).
+      weight_grads_in_scan: with ``project_per_step``, sum the weight gradients inside
+        the reverse scan (a rank-B update per step, like autodiff) instead of writing
+        every step's ``dz`` and forming them as one matmul afterwards; for small n, where
+        the accumulator stays in cache. Ignored without ``project_per_step``.
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`.
@@ -337,7 +375,8 @@ def unroll(
     Raises:
       ValueError: for a cell without a fused path (see :func:`supports`).
     """
-    kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype)
+    kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype,
+              weight_grads_in_scan=weight_grads_in_scan)  # fmt: skip
     if isinstance(cell, Parallel):
         outs = [globals()["unroll"](c, p, k, xs, mask, **kw)
                 for c, p, k in zip(cell.cells, params, carry)]  # fmt: skip
@@ -372,7 +411,8 @@ def unroll(
         x_in = xs
     else:
         x_in, W = _dot(xs, W, dtype).astype(cdt), None
-    carry_T, ys = _scan(kern, unroll, w, W, carry0, x_in, aux, mask)
+    in_scan = bool(weight_grads_in_scan and project_per_step)
+    carry_T, ys = _scan(kern, unroll, in_scan, w, W, carry0, x_in, aux, mask)
     if isinstance(cell, SCLSTM):
         steps = T if lengths is None else jnp.sum(aux["valid"], axis=0).astype(carry.t.dtype)
         carry_T = SCLSTMState(*carry_T, carry.t + steps)

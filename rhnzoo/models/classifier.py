@@ -49,6 +49,9 @@ class SequenceClassifier:
         it. The fused path runs the recurrence without the padding mask: padding only
         follows a row's real steps and only the output at its last real step is read, so
         values and gradients are those of the masked scan (tested) at less work per step.
+        With ``project_per_step`` (narrow inputs, small n: P-MNIST) the fused backward
+        pass sums the weight gradients inside its reverse scan (measured faster there
+        than one matmul over all positions; BUILD_NOTES.md, issue 17).
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
@@ -132,7 +135,8 @@ class SequenceClassifier:
         if self.fused:
             dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
             _, ys = gated_fused.unroll(self.cell, params["cell"], carry, xs, unroll=self.unroll,
-                                       project_per_step=per_step, dtype=dtype)  # fmt: skip
+                                       project_per_step=per_step, dtype=dtype,
+                                       weight_grads_in_scan=per_step)  # fmt: skip
         else:
             _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
                                  unroll=self.unroll, remat=self.remat,
