@@ -293,7 +293,7 @@ def _scan_bwd(kern, unroll, in_scan, res, cotangents):
 def _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, dys):
     """The backward pass with the weight gradients summed inside the reverse scan (a
     rank-B update per step, as autodiff does) and no ``[T, B, k n]`` cotangent written:
-    for small n, with W x_t computed in the scan (``W`` not None)."""
+    for small n (with ``W`` None, the projection's cotangent dz is still written)."""
     first = lambda t: jax.tree.map(lambda a: a[None], t)
 
     def step(carry, inputs):
@@ -308,14 +308,16 @@ def _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, d
         dw_t = kern.weight_grads(w, first(saved_t), dz[None], None if extra is None else
                                  extra[None], mask)  # fmt: skip
         dw = jax.tree.map(jnp.add, dw, dw_t)
-        if W.shape[0] == 1:
+        if W is None:  # the projection was done before the scan: its cotangent is dz
+            dx = dz
+        elif W.shape[0] == 1:
             dW, dx = dW + jnp.sum(x_t * dz, axis=0, keepdims=True), dz @ W[0][:, None]
         else:
             dW = dW + _dot(x_t.T, dz, kern.dtype).astype(W.dtype)
             dx = _dot(dz, W.T, kern.dtype).astype(x_t.dtype)
         return (dprev, dw, dW), dx
 
-    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), jnp.zeros_like(W))
+    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W))
     (dcarry0, dw, dW), dxs = jax.lax.scan(step, zeros, (dys, saved, aux, xs), reverse=True,
                                           unroll=unroll)  # fmt: skip
     return dw, dW, dcarry0, dxs, None, None if mask is None else jnp.zeros_like(mask)
@@ -364,10 +366,10 @@ def unroll(
         instead of one ``[T, B, k n]`` projection before it.
       dtype: ``None`` (matmuls in the carry's dtype) or ``jnp.bfloat16`` (bf16 matmul
         inputs, float32 accumulation; state, parameters and gates stay float32).
-      weight_grads_in_scan: with ``project_per_step``, sum the weight gradients inside
-        the reverse scan (a rank-B update per step, like autodiff) instead of writing
-        every step's ``dz`` and forming them as one matmul afterwards; for small n, where
-        the accumulator stays in cache. Ignored without ``project_per_step``.
+      weight_grads_in_scan: sum the recurrent weight gradients inside the reverse scan
+        (a rank-B update per step, like autodiff) instead of forming them as one matmul
+        over all positions afterwards: faster for small n, where the accumulator stays
+        in cache; with ``project_per_step`` no ``[T, B, k n]`` cotangent is written.
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`.
@@ -411,7 +413,7 @@ def unroll(
         x_in = xs
     else:
         x_in, W = _dot(xs, W, dtype).astype(cdt), None
-    in_scan = bool(weight_grads_in_scan and project_per_step)
+    in_scan = bool(weight_grads_in_scan)
     carry_T, ys = _scan(kern, unroll, in_scan, w, W, carry0, x_in, aux, mask)
     if isinstance(cell, SCLSTM):
         steps = T if lengths is None else jnp.sum(aux["valid"], axis=0).astype(carry.t.dtype)
