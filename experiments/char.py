@@ -44,7 +44,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    cli.main(lambda: cli.run_lm(FLAGS.dataset, data.DATASETS[FLAGS.dataset].load, metric="bpc"))
+    cli.main(lambda: cli.run_lm(FLAGS.dataset))
 
 
 if __name__ == "__main__":

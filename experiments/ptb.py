@@ -10,7 +10,7 @@ same ``--workdir`` resumes; results land in ``<workdir>/results.json``.
 
 from absl import flags
 
-from rhnzoo import cli, data
+from rhnzoo import cli
 
 PRESETS = {
     # A 2-core CPU in about 30 minutes; see BUILD_NOTES.md for its measured result.
@@ -27,7 +27,7 @@ flags.adopt_module_key_flags(cli)
 
 def main(argv):
     del argv
-    cli.main(lambda: cli.run_lm("ptb", data.load_ptb, metric="ppl"))
+    cli.main(lambda: cli.run_lm("ptb"))
 
 
 if __name__ == "__main__":

@@ -217,18 +217,18 @@ def initialize_distributed() -> None:
         raise ValueError(f"--distributed: jax.distributed.initialize failed: {e}") from None
 
 
-def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -> None:
-    """The language-model experiments' main: flags -> data -> model -> engine.
+def run_lm(dataset: str, load_corpus: Callable[..., Any] | None = None) -> None:
+    """The language-model experiments' main: the flags as one config dict ->
+    :func:`rhnzoo.training.lm.experiment` (checked before any data is read) -> data ->
+    engine.
 
     Args:
-      dataset: name used in the default workdir and config, e.g. ``'ptb'``.
-      load_corpus: ``load_corpus(data_dir, download=..., verify=...) -> Corpus``.
-      metric: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
+      dataset: a registered language-model data set (``'ptb'``, ``'enwik8'``...); it
+        gives the metric (perplexity or bits per character) and the default workdir.
+      load_corpus: ``load_corpus(data_dir, download=..., verify=...) -> Corpus``
+        (default: the data set's registered loader).
     """
-    import jax  # noqa: F401  (imported late: --help stays fast)
-
-    from rhnzoo import cells, dropout
-    from rhnzoo.models import lm
+    from rhnzoo import cells, data
     from rhnzoo.training import lm as lm_training
 
     preset = apply_preset()
@@ -239,40 +239,13 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any], metric: str = "ppl") -
     if FLAGS.cell != "rhn":  # absent for RHN, so that earlier RHN workdirs still resume
         config["cell"] = FLAGS.cell
     cell_flags = ("depth", "coupled", "init_bias")
-    options = cells.applicable(FLAGS.cell, {k: FLAGS[k].value for k in cell_flags})
-    given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in options]
+    given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in cells.options(FLAGS.cell)]
     if given:
         raise ValueError(f"{', '.join(given)} does not apply to --cell={FLAGS.cell} (its "
                          f"options: {', '.join(cells.options(FLAGS.cell))})")  # fmt: skip
-    rates = dropout.Rates(FLAGS.drop_x, FLAGS.drop_i, FLAGS.drop_h, FLAGS.drop_o)
-    cfg = lm_training.TrainConfig(
-        lr=FLAGS.lr, lr_decay=FLAGS.lr_decay, max_epoch=FLAGS.max_epoch,
-        max_max_epoch=FLAGS.max_max_epoch, weight_decay=FLAGS.weight_decay,
-        max_grad_norm=FLAGS.max_grad_norm, batch_size=FLAGS.batch_size,
-        num_steps=FLAGS.num_steps, rates=rates, eval_batch_size=FLAGS.eval_batch_size,
-        eval_num_steps=FLAGS.eval_num_steps,
-    )  # fmt: skip
-    run = run_config(FLAGS.max_max_epoch)
-    scan_impl = FLAGS.scan_impl
-    if scan_impl == "auto":
-        scan_impl = "fused" if FLAGS.cell == "rhn" and FLAGS.coupled else "reference"
-
-    def model(vocab_size):
-        return lm.language_model(
-            FLAGS.cell, vocab_size, FLAGS.hidden_size, hsg=FLAGS.hsg, tied=FLAGS.tied,
-            init_scale=FLAGS.init_scale, hsg_init_bias=FLAGS.hsg_init_bias, unroll=FLAGS.unroll,
-            scan_impl=scan_impl, remat=FLAGS.remat, dtype=FLAGS.dtype, **options,
-        )  # fmt: skip
-
-    model(2)  # validates the model settings before the data are loaded
+    experiment = lm_training.experiment(config)
     if FLAGS.distributed:
         initialize_distributed()
-    corpus = load_corpus(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
-    cell_part = "" if FLAGS.cell == "rhn" else f"_{FLAGS.cell}"
-    depth_part = f"_d{FLAGS.depth}" if "depth" in options else ""
-    workdir = FLAGS.workdir or (
-        f"runs/{dataset}_{FLAGS.preset or 'default'}{cell_part}{depth_part}_n{FLAGS.hidden_size}"
-        f"{'_hsg' if FLAGS.hsg else ''}"
-    )
-    lm_training.train(model(corpus.vocab_size), corpus, cfg, workdir, run, run_config=config,
-                      metric_name=metric)  # fmt: skip
+    load = load_corpus or data.DATASETS[dataset].load
+    corpus = load(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
+    experiment.train(corpus)

@@ -301,3 +301,39 @@ def test_tensorboard_event_files_hold_the_metrics(tmp_path):
     metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     epoch_valid = [m["valid_mse"] for m in metrics if m["kind"] == "epoch"]
     assert [v for _, v in tags["epoch/valid_mse"]] == pytest.approx(epoch_valid, rel=1e-6)
+
+
+def test_a_finished_run_is_not_trained_or_evaluated_again(tmp_path):
+    """Rerunning a finished workdir: one line 'already finished: <final line>' and the
+    stored results; a longer run extends it; a run stopped by patience stays stopped."""
+    import dataclasses
+
+    calls = []
+
+    def counted(task):
+        def final_evaluate(params, track):
+            calls.append(1)
+            return task.final_evaluate(params, track)
+
+        return dataclasses.replace(task, final_evaluate=final_evaluate)
+
+    task, lines = counted(engine_toy.make_task()), []
+    first = run(tmp_path / "w", task, log=lines.append, epochs=2)
+    assert first.results["stopped"] == "end" and len(calls) == 1
+    final = [l for l in lines if l.startswith("final (")]
+    lines.clear()
+    again = run(tmp_path / "w", task, log=lines.append, epochs=2)
+    assert lines == [f"already finished: {final[0]}"] and len(calls) == 1
+    assert again.results == json.loads((tmp_path / "w" / "results.json").read_text())
+    assert [r["step"] for r in again.history] == [SPE, 2 * SPE]
+    longer = run(tmp_path / "w", task, log=lines.append, epochs=3)
+    assert longer.results["step"] == 3 * SPE and len(calls) == 2
+
+    # Patience: the stop is final, whatever the run length.
+    stalled = counted(engine_toy.make_task(lr=0.0))
+    run(tmp_path / "p", stalled, patience=1, epochs=5)
+    stored = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert stored["stopped"] == "patience" and stored["step"] < 5 * SPE
+    lines.clear()
+    run(tmp_path / "p", stalled, log=lines.append, patience=1, epochs=8)
+    assert len(lines) == 1 and lines[0].startswith("already finished: final (")

@@ -79,7 +79,7 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
 
     again = highway("--sweep", *SMALL, "--diagnostics_depth=0", f"--workdir={root}")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("has results.json, skipped") == 2
+    assert again.stdout.count("already finished: final (") == 2
     changed = highway("--sweep", *SMALL, "--activation=relu", f"--workdir={root}")
     assert changed.returncode == 1 and "incompatible" in changed.stderr
 

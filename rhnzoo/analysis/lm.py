@@ -377,13 +377,11 @@ def make_mc_pass(model: lm.LanguageModel, rates: dropout.Rates):
     code draws them once per pass over the data. The carry runs across windows.
     Output: log-probability (nats) of each target under that mask draw.
     """
-    m, n = model.embed_size, model.cell.hidden_size
-
     @jax.jit
     def mc_pass(params, x, y, key):
         num_windows, batch, num_steps = x.shape
         rows = x.transpose(1, 0, 2).reshape(batch, num_windows * num_steps)
-        masks = dropout.lm_masks(key, rows, model.vocab_size, m, n, rates)
+        masks = model.dropout_masks(key, rows, rates)
         mask_x = masks["x"].reshape(batch, num_windows, num_steps).transpose(1, 0, 2)
 
         def body(carry, window):

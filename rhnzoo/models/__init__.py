@@ -6,4 +6,20 @@
 * :mod:`rhnzoo.models.highway`: feed-forward highway and plain layer stacks and the
   fully connected ``FeedForwardNet`` (Srivastava et al. 2015).
 * :mod:`rhnzoo.models.classifier`: sequence classifier (Wang & Tian 2016).
+
+:func:`num_params` counts the parameters of any of them (or of a params pytree).
 """
+
+import math
+from typing import Any
+
+
+def num_params(model_or_params: Any) -> int:
+    """Number of scalar parameters: of a model (anything with ``init(key)``; from shapes
+    only, nothing is allocated) or of a parameter pytree."""
+    import jax
+
+    tree = model_or_params
+    if hasattr(tree, "init") and callable(tree.init):
+        tree = jax.eval_shape(tree.init, jax.random.PRNGKey(0))
+    return int(sum(math.prod(getattr(a, "shape", ())) for a in jax.tree.leaves(tree)))

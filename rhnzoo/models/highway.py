@@ -28,7 +28,6 @@ a linear softmax output layer.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
@@ -261,8 +260,9 @@ class FeedForwardNet:
 
     def num_params(self) -> int:
         """Number of scalar parameters (no allocation)."""
-        shapes = jax.eval_shape(self.init, jax.random.key(0))
-        return sum(math.prod(a.shape) for a in jax.tree.leaves(shapes))
+        from rhnzoo.models import num_params
+
+        return num_params(self)
 
     def _first(self, params: Params, x: Array) -> Array:
         if x.shape[-1] != self.input_size:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rhnzoo import cells
+from rhnzoo import cells, dropout
 from rhnzoo.cells import rhn_fused
 
 Array = jax.Array
@@ -88,6 +88,12 @@ class LanguageModel:
 
     def initial_carry(self, batch_size: int) -> Any:
         return self.cell.initial_carry(batch_size)
+
+    def dropout_masks(self, key: Array, tokens: Array, rates: dropout.Rates) -> dict[str, Array]:
+        """The variational-dropout masks of a training minibatch ``tokens [B, T]``, drawn
+        from ``key`` (:func:`rhnzoo.dropout.lm_masks`; the model knows its own sizes)."""
+        return dropout.lm_masks(key, tokens, self.vocab_size, self.embed_size,
+                                self.cell.hidden_size, rates)  # fmt: skip
 
     def softmax_weights(self, params: Params) -> Array:
         """``[n, V]``: the softmax matrix (the tied embedding, transposed, if tied)."""

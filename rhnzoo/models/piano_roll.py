@@ -16,7 +16,6 @@ uses whole-sequence BPTT on zero-padded minibatches; padded steps are masked out
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -65,9 +64,10 @@ class PianoRollModel:
 
 
 def num_params(model: PianoRollModel) -> int:
-    """Number of scalar parameters of ``model`` (from shapes only; nothing is initialised)."""
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    return sum(math.prod(s.shape) for s in jax.tree.leaves(shapes))
+    """Number of scalar parameters of ``model`` (:func:`rhnzoo.models.num_params`)."""
+    from rhnzoo.models import num_params as count
+
+    return count(model)
 
 
 def nll_sums(model: PianoRollModel, params: Params, x: Array, mask: Array) -> tuple[Array, Array]:

@@ -42,12 +42,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import math
 import os
-import signal
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -55,6 +54,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from rhnzoo.models import num_params  # noqa: F401  (re-exported: one count for every model)
+from rhnzoo.training import signals
+from rhnzoo.training.signals import (  # noqa: F401  (re-exported: engine.Interrupted, ...)
+    Interrupted,
+    Track,
+    catch_signals,
+    release_signals,
+    stop_requested,
+    track,
+)
 from rhnzoo.training.workdir import (  # noqa: F401  (re-exported: engine.RunError, ...)
     RESUMABLE_KEYS,
     Checkpoints,
@@ -76,83 +85,6 @@ class TrainingDiverged(RunError):
     """The training (or validation) loss became non-finite or exploded."""
 
 
-class Interrupted(Exception):
-    """The run stopped on a signal after saving its state; ``signum`` says which."""
-
-    def __init__(self, signum: int, message: str = ""):
-        super().__init__(message or f"stopped by signal {signum}")
-        self.signum = signum
-
-
-# --------------------------------------------------------------------------- signals
-
-_signals = {"received": None, "installed": False, "previous": {}}
-
-
-def _on_signal(signum, frame):
-    del frame
-    if _signals["received"] is not None:  # a second signal: leave now, without saving
-        print(f"second signal {signum}: exiting without saving", file=sys.stderr, flush=True)
-        os._exit(128 + signum)
-    _signals["received"] = signum
-
-
-def catch_signals() -> None:
-    """Installs the SIGTERM/SIGINT handlers that ask the run to stop (idempotent).
-
-    The experiments call it first thing, so a signal during start-up (data loading,
-    compilation) is remembered and honoured as soon as the engine can save. Only
-    the main thread can install handlers; elsewhere this does nothing.
-    """
-    if _signals["installed"] or not _is_main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        _signals["previous"][signum] = signal.signal(signum, _on_signal)
-    _signals["installed"] = True
-
-
-def release_signals() -> None:
-    """Restores the handlers that were there before :func:`catch_signals`; clears a
-    received signal."""
-    if _signals["installed"]:
-        for signum, handler in _signals["previous"].items():
-            signal.signal(signum, handler)
-    _signals.update(received=None, installed=False, previous={})
-
-
-def stop_requested() -> int | None:
-    """The signal number received since :func:`catch_signals`, or None."""
-    return _signals["received"]
-
-
-def _is_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def track(
-    iterable: Iterable, *, total: int | None = None, desc: str = "", progress: bool = True
-) -> Iterator:
-    """Iterates with a tqdm bar (ETA) when ``progress``, checking for SIGTERM/SIGINT
-    before every item.
-
-    Raises:
-      Interrupted: when a signal was received; the caller's work since the last item
-        is abandoned.
-    """
-    bar = tqdm(iterable, total=total, desc=desc, disable=not progress, leave=False,
-               dynamic_ncols=True)  # fmt: skip
-    try:
-        for item in bar:
-            if stop_requested() is not None:
-                raise Interrupted(stop_requested())
-            yield item
-    finally:
-        bar.close()
-
-
-Track = Callable[..., Iterator]
 
 
 # ------------------------------------------------------------------------ task, config
@@ -303,10 +235,6 @@ def _scalar_like(tree: Any) -> Array:
     return jnp.zeros((), jnp.int32)
 
 
-def num_params(params: Params) -> int:
-    return int(sum(np.size(p) for p in jax.tree.leaves(params)))
-
-
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) >= 1e5 or (v != 0 and abs(v) < 1e-3) else f"{v:.3f}"
@@ -315,6 +243,306 @@ def _fmt(v: Any) -> str:
 
 def _label(key: str) -> str:
     return key.replace("_", " ")
+
+
+class LossBook:
+    """The running loss sums of the epoch and of the log window, and the divergence check.
+
+    The sums live in ``meta`` (checkpointed with the state, so a resumed epoch reports the
+    same means); ``meta['ref_loss']`` is the chance-level loss, or the first step's loss
+    when the task gives none.
+    """
+
+    def __init__(self, task: Task, cfg: RunConfig, meta: dict, sums_keys):
+        self.task, self.cfg, self.meta, self.keys = task, cfg, meta, tuple(sums_keys)
+        self.recent: collections.deque = collections.deque(maxlen=10)
+        self.last_saved: int | None = None  # named in divergence messages
+        self.throughput_key = task.throughput_key or task.count_key
+        now = time.time()
+        # Units trained by this process since the last log line / epoch start (throughput).
+        self.clock = {"window": now, "epoch": now, "window_count": 0.0, "epoch_count": 0.0}
+
+    def zeros(self) -> dict:
+        return {k: np.zeros((), np.float64) for k in self.keys}
+
+    def add(self, at: int, sums: Mapping[str, Any]) -> None:
+        """Adds step ``at``'s sums; raises TrainingDiverged for a non-finite loss or a mean
+        of the last 10 steps' losses above the bound."""
+        values = {k: float(v) for k, v in sums.items()}
+        loss = values["loss"] / max(values[self.task.count_key], 1.0)
+        if not math.isfinite(float(self.meta["ref_loss"])):
+            self.meta["ref_loss"] = np.array(loss)
+        for acc in (self.meta["epoch_sums"], self.meta["window_sums"]):
+            for k, v in values.items():
+                acc[k] = np.array(acc[k] + v)
+        self.clock["window_count"] += values[self.throughput_key]
+        self.clock["epoch_count"] += values[self.throughput_key]
+        self.recent.append((values["loss"], values[self.task.count_key]))
+        if not math.isfinite(loss):
+            self.check("training", loss, at + 1)
+        loss_sum, count = (sum(x) for x in zip(*self.recent))  # the last 10 steps
+        self.check("training", loss_sum / max(count, 1.0), at + 1)
+
+    def check(self, what: str, loss: float, at: int) -> None:
+        """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite or exploded."""
+        ref, factor = float(self.meta["ref_loss"]), self.cfg.divergence_factor
+        intact = (f"the last good checkpoint (step {self.last_saved}) is intact"
+                  if self.last_saved is not None else "no checkpoint was written")  # fmt: skip
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"non-finite {what} loss at step {at}; {intact}; "
+                                   "try a lower --lr")  # fmt: skip
+        if factor and math.isfinite(ref) and loss > factor * ref:
+            level = "the chance level" if self.task.chance_loss else "the first step's loss"
+            raise TrainingDiverged(
+                f"{what} loss {loss:.4g} at step {at} exploded (> {factor:g} x "
+                f"{ref:.4g} nats, {level}); {intact}; try a lower --lr"
+            )
+
+    def take(self, kind: str) -> tuple[dict[str, float], float]:
+        """The ``'window'`` / ``'epoch'`` sums as floats and the units per second since its
+        start; restarts the window's clock (the epoch's with :meth:`restart_clocks`)."""
+        sums = {k: float(v) for k, v in self.meta[f"{kind}_sums"].items()}
+        rate = self.clock[f"{kind}_count"] / max(time.time() - self.clock[kind], 1e-9)
+        if kind == "window":
+            self.meta["window_sums"] = self.zeros()
+            self.clock.update(window=time.time(), window_count=0.0)
+        return sums, rate
+
+    def reset_sums(self) -> None:
+        """At an epoch's first step: zero the epoch's and the window's sums."""
+        self.meta["epoch_sums"], self.meta["window_sums"] = self.zeros(), self.zeros()
+
+    def restart_clocks(self) -> None:
+        now = time.time()
+        self.clock.update(epoch=now, epoch_count=0.0, window=now, window_count=0.0)
+
+
+def final_line(task: Task, results: Mapping[str, Any]) -> str:
+    """The run's last printed line, from its results."""
+    label = f"best checkpoint, step {results['best_step']}" + (
+        f", {task.final_label}" if task.final_label else "")  # fmt: skip
+    shown = {k: v for k, v in results.items()
+             if isinstance(v, float) and not k.endswith("_s") and not k.startswith("best_")}  # fmt: skip
+    return f"final ({label}): " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
+
+
+def _finished(workdir, total: int) -> dict | None:
+    """The stored results of a run that is over at this run length, else None: it reached
+    ``total`` steps, or stopped early (patience, divergence), which more steps won't undo."""
+    try:
+        results = json.loads((workdir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if results.get("stopped") in ("patience", "diverged") or "diverged" in results:
+        return results
+    return results if int(results.get("step", -1)) >= total else None
+
+
+class _Run:
+    """One run's state and the steps of :func:`run` (start-up, the loop, the end)."""
+
+    def __init__(self, task: Task, cfg: RunConfig, workdir, ckpt, say, primary: bool):
+        self.task, self.cfg, self.workdir, self.ckpt, self.say = task, cfg, workdir, ckpt, say
+        self.primary, self.spe, self.total = primary, task.steps_per_epoch, cfg.total_steps(task.steps_per_epoch)
+        self.metrics = self.bar = None
+        self.best_params = None  # in-memory runs keep a host copy of the best parameters
+
+    def start(self) -> None:
+        """Initial (or restored) state, the compiled step, the metrics log."""
+        task = self.task
+        init_key, self.run_key = jax.random.split(jax.random.PRNGKey(self.cfg.seed))
+        task_state = task.init_state(init_key)
+        state = {"step": _scalar_like(task_state), "task": task_state}
+        shardings = jax.tree.map(lambda a: a.sharding, state)
+        jitted = jax.jit(_engine_step, static_argnums=0, donate_argnums=1,
+                         out_shardings=(shardings, None))  # fmt: skip
+        self.step_fn = functools.partial(jitted, task.train_step)
+        sums_shape = jax.eval_shape(functools.partial(_engine_step, task.train_step), state,
+                                    task.get_batch(0, 0), self.run_key)[1]  # fmt: skip
+        worst = -math.inf if task.higher_is_better else math.inf
+        meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
+                "epoch_sums": None, "window_sums": None, "elapsed": np.array(0.0),
+                "ref_loss": np.array(task.chance_loss or math.nan)}  # fmt: skip
+        self.book = LossBook(task, self.cfg, meta, sums_shape)
+        meta["epoch_sums"], meta["window_sums"] = self.book.zeros(), self.book.zeros()
+        if self.ckpt is not None:
+            restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say)
+            if restored is not None:
+                state, meta = restored["state"], restored["meta"]
+                self.book.meta = meta
+        self.state, self.meta = state, meta
+        self.step = step = int(state["step"])
+        self.metrics = MetricsLog(self.workdir, self.cfg.tensorboard, purge_step=step)
+        if self.ckpt is not None:
+            self.ckpt.drop_best_after(step)
+        if step:
+            self.metrics.cut_back(step, int(meta["validated"]))
+            self.say(f"resumed {self.workdir} at step {step}")
+        self.params_count = num_params(state["task"]["params"])
+        self.say(f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
+                 f"{self.total:,} steps in this run")  # fmt: skip
+        self.book.last_saved = step if step else None
+        self.pending: collections.deque = collections.deque()
+        self.t_start, self.elapsed0 = time.time(), float(meta["elapsed"])
+        self.book.restart_clocks()
+
+    def train(self) -> str:
+        """The training loop; returns why it ended: ``'end'``, ``'patience'``."""
+        cfg, spe, total = self.cfg, self.spe, self.total
+        while True:
+            if stop_requested() is not None:
+                self.close_bar()
+                self.drain()
+                if self.book.last_saved != self.step:
+                    self.save(self.step)
+                raise self.stopped(stop_requested(), "in training" if self.step else "at start-up")
+            step = self.step
+            boundary = step > 0 and (step % spe == 0 or step == total)
+            if boundary and int(self.meta["validated"]) != step:
+                self.close_bar()
+                self.drain()
+                self.end_of_epoch(step)
+            if step >= total:
+                return "end"
+            if cfg.patience and step % spe == 0 and self.out_of_patience(step):
+                return "patience"
+            epoch, index = divmod(step, spe)
+            if index == 0:
+                self.book.reset_sums()
+            if self.bar is None:
+                self.bar = tqdm(total=min(spe, total - epoch * spe), initial=index,
+                                desc=f"epoch {epoch + 1}", disable=not (cfg.progress and self.primary),
+                                leave=False, dynamic_ncols=True)  # fmt: skip
+            self.state, sums = self.step_fn(self.state, self.task.get_batch(epoch, index), self.run_key)
+            self.pending.append((step, sums))
+            self.step = step = step + 1
+            self.drain(keep=1)
+            self.bar.update(1)
+            if step % cfg.log_every == 0:
+                self.drain()
+                self.log_train(step)
+            end = step % spe == 0 or step == total
+            if end:
+                self.close_bar()
+            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and not end:
+                self.drain()
+                self.save(step)
+
+    def out_of_patience(self, step: int) -> bool:
+        best_epoch = -(-int(self.meta["best_step"]) // self.spe)
+        if step // self.spe - best_epoch < self.cfg.patience:
+            return False
+        self.say(f"early stopping: {self.task.select} has not improved for "
+                 f"{self.cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
+        return True
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def drain(self, keep: int = 0) -> None:
+        """Reads the loss sums of all but ``keep`` dispatched steps (one host sync)."""
+        while len(self.pending) > keep:
+            self.book.add(*self.pending.popleft())
+
+    def save(self, at: int) -> None:
+        if self.ckpt is not None:
+            meta = dict(self.meta, elapsed=np.array(self.elapsed0 + time.time() - self.t_start))
+            self.ckpt.save(at, {"state": self.state, "meta": meta})
+            self.book.last_saved = at
+
+    def lr_fields(self, at: int) -> dict:
+        return {} if self.task.learning_rate is None else {"lr": float(self.task.learning_rate(at))}
+
+    def log_train(self, at: int) -> None:
+        sums, rate = self.book.take("window")
+        shown = self.task.train_metrics(sums)
+        record = {"kind": "train", "epoch": at // self.spe + (at % self.spe > 0), "step": at,
+                  **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
+        self.metrics.write(record)
+        self.say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
+                 + f" | {rate:,.0f} {self.task.unit}/s")  # fmt: skip
+        if self.bar is not None:
+            self.bar.set_postfix(self.task.train_metrics(
+                {k: float(v) for k, v in self.meta["epoch_sums"].items()}))  # fmt: skip
+
+    def end_of_epoch(self, at: int) -> None:
+        """Validate -> (if better) best checkpoint -> metrics record -> latest checkpoint."""
+        task, meta, spe = self.task, self.meta, self.spe
+        epoch = (at - 1) // spe + 1
+        done = at - (epoch - 1) * spe
+        sums, rate = self.book.take("epoch")  # throughput without validation
+        params = self.state["task"]["params"]
+        try:
+            valid = task.validate(params, self.tracker(f"valid (epoch {epoch})"))
+        except Interrupted as e:
+            self.save(at)
+            raise self.stopped(e.signum, "during validation", at) from None
+        if "valid_loss" in valid:
+            self.book.check(f"validation (epoch {epoch})", valid["valid_loss"], at)
+        value = valid[task.select]
+        if value > meta["best"] if task.higher_is_better else value < meta["best"]:
+            if self.ckpt is not None:
+                self.ckpt.save_best(at, params)
+            else:
+                self.best_params = jax.device_get(params)
+            meta["best"], meta["best_step"] = np.array(value), np.array(at)
+        shown = task.train_metrics(sums)
+        record = {"kind": "epoch", "epoch": epoch, "step": at, **self.lr_fields(at - 1), **shown,
+                  **valid, f"{task.unit}_per_s": rate,
+                  "elapsed_s": self.elapsed0 + time.time() - self.t_start,
+                  "epoch_complete": done == spe}  # fmt: skip
+        self.metrics.write(record)
+        fields = [f"{_label(k)} {_fmt(v)}" for k, v in {**self.lr_fields(at - 1), **shown,
+                  **valid}.items() if k != "valid_loss"]  # fmt: skip
+        self.say(f"epoch {epoch:3d} | step {at:7d} | " + " | ".join(fields)
+                 + f" | {rate:,.0f} {task.unit}/s | {record['elapsed_s']:.1f} s"
+                 + ("" if done == spe else f" (partial epoch: {done}/{spe} steps)"))  # fmt: skip
+        meta["validated"] = np.array(at)
+        self.save(at)
+        self.book.restart_clocks()
+
+    def tracker(self, desc: str) -> Track:
+        def tracker(iterable, total=None, desc=desc):
+            return track(iterable, total=total, desc=desc,
+                         progress=self.cfg.progress and self.primary)  # fmt: skip
+
+        return tracker
+
+    def stopped(self, signum: int, where: str, at: int | None = None) -> Interrupted:
+        at = self.step if at is None else at
+        saved = (f"checkpoint saved at step {at} in {self.ckpt.latest.directory}; rerun with "
+                 "the same --workdir to resume" if self.ckpt is not None else "nothing saved")  # fmt: skip
+        message = f"stopped by signal {signum} {where} at step {at}; {saved}"
+        self.say(message)
+        return Interrupted(signum, message)
+
+    def finish(self, stopped: str, diverged: str | None) -> RunResult:
+        """The final evaluation of the best parameters -> results.json and the final line."""
+        task, step = self.task, self.step
+        params = self.state["task"]["params"]
+        best_step = int(self.meta["best_step"])
+        best = self.ckpt.restore_best(best_step, params) if self.ckpt is not None else self.best_params
+        if best is None:
+            best, best_step = (None, -1) if diverged else (params, step)
+        results = {"step": step, "best_step": best_step,
+                   f"best_{task.select}": float(self.meta["best"]),
+                   "parameters": self.params_count, "stopped": stopped}  # fmt: skip
+        if diverged:
+            results["diverged"] = diverged
+        if best is not None:
+            try:
+                results.update(task.final_evaluate(best, self.tracker("final evaluation")))
+            except Interrupted as e:
+                raise self.stopped(e.signum, "during the final evaluation") from None
+        results["final"] = final_line(task, results)  # shown again by an "already finished"
+        if self.workdir is not None and self.primary:
+            write_json(self.workdir / "results.json", results)
+        self.say(results["final"])
+        history = [r for r in self.metrics.records if r["kind"] == "epoch"]
+        host_best = None if best is None else jax.device_get(best)
+        return RunResult(results, history, host_best, diverged is not None)
 
 
 def run(
@@ -328,6 +556,11 @@ def run(
     log: Callable[[str], None] | None = print,
 ) -> RunResult:
     """Trains ``task`` and evaluates its best parameters (see the module docstring).
+
+    A workdir whose run is already over at this run length (``results.json`` at the
+    total number of steps, or stopped early by patience or divergence) is not trained
+    or evaluated again: one line ``already finished: <its final line>`` and its stored
+    results. A longer ``--max_steps`` / ``--max_epochs`` / ``epochs`` extends it.
 
     Args:
       task: the experiment's step, batches and evaluation.
@@ -343,7 +576,8 @@ def run(
         warnings, the final line); None: silent.
 
     Returns:
-      :class:`RunResult`.
+      :class:`RunResult` (``results['stopped']``: ``'end'``, ``'patience'`` or
+      ``'diverged'``).
 
     Raises:
       ValueError: an incompatible or unusable workdir.
@@ -353,253 +587,37 @@ def run(
     """
     primary = jax.process_index() == 0  # prints and writes files in a multi-process run
     say = log if log is not None and primary else (lambda line: None)
-    installed_here = not _signals["installed"]
+    installed_here = not signals.installed()
     catch_signals()
-    spe = task.steps_per_epoch
-    total = cfg.total_steps(spe)
     workdir = None if workdir is None else prepare_workdir(workdir, config or {}, resumable_keys)
+    done = None if workdir is None else _finished(workdir, cfg.total_steps(task.steps_per_epoch))
+    if done is not None:
+        say(f"already finished: {done.get('final') or final_line(task, done)}")
+        if installed_here:
+            release_signals()
+        return RunResult(done, read_metrics(workdir), restore_params(workdir), "diverged" in done)
     if workdir is not None and jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("rhnzoo workdir ready")
     ckpt = None if workdir is None else Checkpoints(workdir)
-    metrics = None
+    r = _Run(task, cfg, workdir, ckpt, say, primary)
     try:
-        init_key, run_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-        task_state = task.init_state(init_key)
-        state = {"step": _scalar_like(task_state), "task": task_state}
-        shardings = jax.tree.map(lambda a: a.sharding, state)
-
-        jitted = jax.jit(_engine_step, static_argnums=0, donate_argnums=1,
-                         out_shardings=(shardings, None))  # fmt: skip
-        step_fn = functools.partial(jitted, task.train_step)
-        sums_shape = jax.eval_shape(functools.partial(_engine_step, task.train_step), state,
-                                    task.get_batch(0, 0), run_key)[1]  # fmt: skip
-        zeros = lambda: {k: np.zeros((), np.float64) for k in sums_shape}
-        worst = -math.inf if task.higher_is_better else math.inf
-        meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
-                "epoch_sums": zeros(), "window_sums": zeros(), "elapsed": np.array(0.0),
-                "ref_loss": np.array(task.chance_loss or math.nan)}  # fmt: skip
-        if ckpt is not None:
-            restored = ckpt.restore_latest({"state": state, "meta": meta}, say)
-            if restored is not None:
-                state, meta = restored["state"], restored["meta"]
-        step = int(state["step"])
-        metrics = MetricsLog(workdir, cfg.tensorboard, purge_step=step)
-        if ckpt is not None:
-            ckpt.drop_best_after(step)
-        if step:
-            metrics.cut_back(step, int(meta["validated"]))
-            say(f"resumed {workdir} at step {step}")
-        params_count = num_params(state["task"]["params"])
-        say(f"{params_count:,} parameters, {spe:,} steps per epoch, {total:,} steps in this run")
-
-        best_params = None  # in-memory runs keep a host copy of the best parameters
-        last_saved = step if step else None
-        pending: collections.deque = collections.deque()
-        recent: collections.deque = collections.deque(maxlen=10)
-        t_start, elapsed0 = time.time(), float(meta["elapsed"])
-        # Units trained by this process since the last log line / epoch start (throughput).
-        clock = {"window": t_start, "epoch": t_start, "window_count": 0.0, "epoch_count": 0.0}
+        r.start()
         diverged = None
-
-        def meta_now():
-            return dict(meta, elapsed=np.array(elapsed0 + time.time() - t_start))
-
-        def save(at: int) -> None:
-            nonlocal last_saved
-            if ckpt is not None:
-                ckpt.save(at, {"state": state, "meta": meta_now()})
-                last_saved = at
-
-        def explode(what: str, loss: float, at: int) -> None:
-            """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite or exploded."""
-            ref = float(meta["ref_loss"])
-            intact = (f"the last good checkpoint (step {last_saved}) is intact"
-                      if last_saved is not None else "no checkpoint was written")  # fmt: skip
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"non-finite {what} loss at step {at}; {intact}; "
-                                       "try a lower --lr")  # fmt: skip
-            if cfg.divergence_factor and math.isfinite(ref) and loss > cfg.divergence_factor * ref:
-                level = "the chance level" if task.chance_loss else "the first step's loss"
-                raise TrainingDiverged(
-                    f"{what} loss {loss:.4g} at step {at} exploded (> {cfg.divergence_factor:g} x "
-                    f"{ref:.4g} nats, {level}); {intact}; try a lower --lr"
-                )
-
-        throughput_key = task.throughput_key or task.count_key
-
-        def drain(keep: int = 0) -> None:
-            """Reads the loss sums of all but ``keep`` dispatched steps (one host sync)."""
-            while len(pending) > keep:
-                at, sums = pending.popleft()
-                values = {k: float(v) for k, v in sums.items()}
-                loss = values["loss"] / max(values[task.count_key], 1.0)
-                if not math.isfinite(float(meta["ref_loss"])):
-                    meta["ref_loss"] = np.array(loss)
-                for acc in (meta["epoch_sums"], meta["window_sums"]):
-                    for k, v in values.items():
-                        acc[k] = np.array(acc[k] + v)
-                clock["window_count"] += values[throughput_key]
-                clock["epoch_count"] += values[throughput_key]
-                recent.append((values["loss"], values[task.count_key]))
-                if not math.isfinite(loss):
-                    explode("training", loss, at + 1)
-                loss_sum, count = (sum(x) for x in zip(*recent))  # the last 10 steps
-                explode("training", loss_sum / max(count, 1.0), at + 1)
-
-        def lr_fields(at: int) -> dict:
-            return {} if task.learning_rate is None else {"lr": float(task.learning_rate(at))}
-
-        def log_train(at: int) -> None:
-            sums = {k: float(v) for k, v in meta["window_sums"].items()}
-            rate = clock["window_count"] / max(time.time() - clock["window"], 1e-9)
-            shown = task.train_metrics(sums)
-            record = {"kind": "train", "epoch": at // spe + (at % spe > 0), "step": at,
-                      **lr_fields(at - 1), **shown, f"{task.unit}_per_s": rate}  # fmt: skip
-            metrics.write(record)
-            say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
-                + f" | {rate:,.0f} {task.unit}/s")  # fmt: skip
-            meta["window_sums"] = zeros()
-            clock.update(window=time.time(), window_count=0.0)
-
-        def end_of_epoch(at: int) -> None:
-            nonlocal best_params
-            epoch = (at - 1) // spe + 1
-            done = at - (epoch - 1) * spe
-            rate = clock["epoch_count"] / max(time.time() - clock["epoch"], 1e-9)  # no validation
-            sums = {k: float(v) for k, v in meta["epoch_sums"].items()}
-            params = state["task"]["params"]
-            try:
-                valid = task.validate(params, _tracker(f"valid (epoch {epoch})"))
-            except Interrupted as e:
-                save(at)
-                raise _stopped(e.signum, at, "during validation") from None
-            if "valid_loss" in valid:
-                explode(f"validation (epoch {epoch})", valid["valid_loss"], at)
-            value = valid[task.select]
-            better = value > meta["best"] if task.higher_is_better else value < meta["best"]
-            if better:
-                if ckpt is not None:
-                    ckpt.save_best(at, params)
-                else:
-                    best_params = jax.device_get(params)
-                meta["best"], meta["best_step"] = np.array(value), np.array(at)
-            shown = task.train_metrics(sums)
-            record = {"kind": "epoch", "epoch": epoch, "step": at, **lr_fields(at - 1), **shown,
-                      **valid, f"{task.unit}_per_s": rate,
-                      "elapsed_s": elapsed0 + time.time() - t_start,
-                      "epoch_complete": done == spe}  # fmt: skip
-            metrics.write(record)
-            fields = [f"{_label(k)} {_fmt(v)}" for k, v in {**lr_fields(at - 1), **shown,
-                      **valid}.items() if k != "valid_loss"]  # fmt: skip
-            say(f"epoch {epoch:3d} | step {at:7d} | " + " | ".join(fields)
-                + f" | {rate:,.0f} {task.unit}/s | {record['elapsed_s']:.1f} s"
-                + ("" if done == spe else f" (partial epoch: {done}/{spe} steps)"))  # fmt: skip
-            meta["validated"] = np.array(at)
-            save(at)
-            clock.update(epoch=time.time(), epoch_count=0.0, window=time.time(), window_count=0.0)
-
-        def _tracker(desc: str):
-            def tracker(iterable, total=None, desc=desc):
-                return track(iterable, total=total, desc=desc, progress=cfg.progress and primary)
-
-            return tracker
-
-        def _stopped(signum: int, at: int, where: str) -> Interrupted:
-            saved = (f"checkpoint saved at step {at} in {ckpt.latest.directory}; rerun with the "
-                     "same --workdir to resume" if ckpt is not None else "nothing saved")  # fmt: skip
-            message = f"stopped by signal {signum} {where} at step {at}; {saved}"
-            say(message)
-            return Interrupted(signum, message)
-
-        bar = None
         try:
-            while True:
-                if stop_requested() is not None:
-                    if bar is not None:
-                        bar.close()
-                    drain()
-                    if last_saved != step:
-                        save(step)
-                    raise _stopped(stop_requested(), step, "in training" if step else "at start-up")
-                boundary = step > 0 and (step % spe == 0 or step == total)
-                if boundary and int(meta["validated"]) != step:
-                    if bar is not None:
-                        bar.close()
-                        bar = None
-                    drain()
-                    end_of_epoch(step)
-                if step >= total:
-                    break
-                if cfg.patience and step % spe == 0:
-                    best_epoch = -(-int(meta["best_step"]) // spe)
-                    if step // spe - best_epoch >= cfg.patience:
-                        say(f"early stopping: {task.select} has not improved for "
-                            f"{cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
-                        break
-                epoch, index = divmod(step, spe)
-                if index == 0:
-                    meta["epoch_sums"], meta["window_sums"] = zeros(), zeros()
-                if bar is None:
-                    bar = tqdm(total=min(spe, total - epoch * spe), initial=index,
-                               desc=f"epoch {epoch + 1}", disable=not (cfg.progress and primary),
-                               leave=False, dynamic_ncols=True)  # fmt: skip
-                state, sums = step_fn(state, task.get_batch(epoch, index), run_key)
-                pending.append((step, sums))
-                step += 1
-                drain(keep=1)
-                bar.update(1)
-                if step % cfg.log_every == 0:
-                    drain()
-                    log_train(step)
-                    bar.set_postfix(task.train_metrics(
-                        {k: float(v) for k, v in meta["epoch_sums"].items()}))  # fmt: skip
-                end = step % spe == 0 or step == total
-                if end and bar is not None:
-                    bar.close()
-                    bar = None
-                if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and not end:
-                    drain()
-                    save(step)
+            stopped = r.train()
         except TrainingDiverged as e:
             if on_divergence != "stop":
                 raise
-            diverged = str(e)
+            diverged, stopped = str(e), "diverged"
             say(f"stopped: {e}")
         finally:
-            if bar is not None:
-                bar.close()
-
-        # Final evaluation of the best parameters.
-        params = state["task"]["params"]
-        best_step = int(meta["best_step"])
-        best = ckpt.restore_best(best_step, params) if ckpt is not None else best_params
-        if best is None:
-            best, best_step = (None, -1) if diverged else (params, step)
-        results = {"step": step, "best_step": best_step, f"best_{task.select}": float(meta["best"]),
-                   "parameters": params_count}  # fmt: skip
-        if diverged:
-            results["diverged"] = diverged
-        if best is not None:
-            try:
-                results.update(task.final_evaluate(best, _tracker("final evaluation")))
-            except Interrupted as e:
-                raise _stopped(e.signum, step, "during the final evaluation") from None
-        if workdir is not None and primary:
-            write_json(workdir / "results.json", results)
-        label = f"best checkpoint, step {best_step}" + (
-            f", {task.final_label}" if task.final_label else ""
-        )
-        shown = {k: v for k, v in results.items()
-                 if isinstance(v, float) and not k.endswith("_s") and not k.startswith("best_")}  # fmt: skip
-        say(f"final ({label}): " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items()))
-        history = [r for r in metrics.records if r["kind"] == "epoch"]
-        host_best = None if best is None else jax.device_get(best)
-        return RunResult(results, history, host_best, diverged is not None)
+            r.close_bar()
+        return r.finish(stopped, diverged)
     finally:
-        if metrics is not None:
-            metrics.close()
+        if r.metrics is not None:
+            r.metrics.close()
         if ckpt is not None:
             ckpt.close()
         if installed_here:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import pathlib
 from collections.abc import Callable, Mapping
@@ -124,21 +123,12 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
     the update.
     """
 
-    def step(state, batch, key):
+    def forward(params, batch, key):
         del key  # no dropout
         images, labels, idx = batch
-        x, y = inputs(images[idx]), labels[idx]
+        return net.apply(params, inputs(images[idx])), labels[idx], None, {}
 
-        def loss_fn(params):
-            sums = classify.xent_sums(net.apply(params, x), y)
-            return sums["loss"] / sums["count"], sums
-
-        grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state}, sums  # fmt: skip
-
-    return step
+    return classify.make_train_step(forward, tx)
 
 
 @functools.lru_cache(maxsize=16)
@@ -245,11 +235,11 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """Trains ``runs`` one after another, in-process, each in its own workdir.
 
-    A run whose ``results.json`` exists is skipped (after checking that its
-    ``config.json`` matches); an interrupted one resumes from its checkpoint. A
+    On the multi-run runner (:mod:`rhnzoo.training.sweep`): a finished run says
+    ``already finished`` (the engine), an interrupted one resumes from its checkpoint. A
     run that diverges stops there and is reported (``results['diverged']``), the
     sweep goes on. Every workdir is checked before the first run starts, so an
-    incompatible one fails the sweep before any training.
+    incompatible one fails the sweep before any training. The workdirs share one root.
 
     Returns:
       Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'workdir', 'results'
@@ -259,22 +249,21 @@ def sweep(
       ValueError: an incompatible workdir; Interrupted: SIGTERM/SIGINT (the current
       run's state saved); RunError: a file could not be written.
     """
-    say = log or (lambda line: None)
-    for r in runs:  # fail before any training if any workdir holds another run
-        if (pathlib.Path(r.workdir) / "config.json").is_file():
-            engine.prepare_workdir(r.workdir, r.config)
-    out = []
-    for i, r in enumerate(runs, 1):
-        name = (f"[{i}/{len(runs)}] {r.net.kind} depth {r.net.depth} "
-                f"({r.net.num_params():,} params, lr {r.cfg.lr:g})")
-        results_path = pathlib.Path(r.workdir) / "results.json"
-        if results_path.is_file():
-            say(f"{name}: {r.workdir} has results.json, skipped")
-        else:
-            say(f"{name} -> {r.workdir}")
-            train(r.net, splits, r.cfg, run, r.workdir, r.config, on_divergence="stop", log=log)
-        out.append({"kind": r.net.kind, "depth": r.net.depth, "width": r.net.width,
-                    "params": r.net.num_params(), "lr": r.cfg.lr, "workdir": r.workdir,
-                    "results": json.loads(results_path.read_text()),
-                    "history": engine.read_metrics(r.workdir)})  # fmt: skip
-    return out
+    from rhnzoo.training import sweep as runner
+
+    roots = {pathlib.Path(r.workdir).parent for r in runs}
+    if len(roots) != 1:
+        raise ValueError(f"the runs of a sweep share one root, got {sorted(map(str, roots))}")
+    (root,) = roots
+
+    def trainer(r: SweepRun):
+        return lambda workdir: train(r.net, splits, r.cfg, run, workdir, r.config,
+                                     on_divergence="stop", log=log).results  # fmt: skip
+
+    plan = [runner.Run(pathlib.Path(r.workdir).name, r.config, trainer(r)) for r in runs]
+    runner.run_all(plan, root, log=log)
+    done = runner.collect(root, [p.name for p in plan])
+    return [{"kind": r.net.kind, "depth": r.net.depth, "width": r.net.width,
+             "params": r.net.num_params(), "lr": r.cfg.lr, "workdir": r.workdir,
+             "results": done[p.name]["results"], "history": done[p.name]["history"]}
+            for r, p in zip(runs, plan)]  # fmt: skip

@@ -128,7 +128,6 @@ def make_train_step(model: LanguageModel, cfg: TrainConfig, tx: optax.GradientTr
     ``jax.jit(..., donate_argnums=0)``.
     """
     T, B = cfg.num_steps, cfg.batch_size
-    m, n = model.embed_size, model.cell.hidden_size
 
     def loss_fn(params, carry, x, y, masks):
         nll, carry = model.nll(params, carry, x, y, masks)
@@ -138,7 +137,7 @@ def make_train_step(model: LanguageModel, cfg: TrainConfig, tx: optax.GradientTr
         rows, window = batch
         xy = jax.lax.dynamic_slice_in_dim(rows, window * T, T + 1, axis=1)
         x, y = xy[:, :-1], xy[:, 1:]
-        masks = dropout.lm_masks(key, x, model.vocab_size, m, n, cfg.rates)
+        masks = model.dropout_masks(key, x, cfg.rates)
         carry = jax.tree.map(lambda c: jnp.where(window == 0, jnp.zeros_like(c), c), state["carry"])
         grads, (nll, carry) = jax.grad(loss_fn, has_aux=True)(state["params"], carry, x, y, masks)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -323,3 +322,79 @@ def train(
     run = run or engine.RunConfig(epochs=cfg.max_max_epoch)
     task = make_task(model, corpus, cfg, run, metric_name, devices)
     return engine.run(task, run, workdir, run_config, log=log).results
+
+
+# ------------------------------------------------------------ the experiments' body
+
+_RUN_KEYS = ("seed", "max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
+             "tensorboard", "divergence_factor", "patience")  # fmt: skip
+_CELL_KEYS = ("depth", "coupled", "init_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A language-model run from its settings: ``experiments/ptb.py`` / ``char.py``'s
+    flags as one dict (the run's ``config.json``). :func:`experiment` checks them before
+    any data is read; :meth:`train` runs it on a corpus.
+
+    Config keys: ``dataset`` (a registered LM data set), ``cell`` (default ``'rhn'``),
+    ``hsg``, ``hidden_size``, ``depth``, ``coupled``, ``init_bias`` (those the cell
+    takes), ``init_scale``, ``hsg_init_bias``, ``tied``, ``unroll``, ``scan_impl``
+    (``'auto'``: fused for a coupled RHN), ``remat``, ``dtype``, the optimisation
+    settings of :class:`TrainConfig` and ``drop_{x,i,h,o}``, the engine's run settings,
+    ``workdir`` (None: ``runs/<dataset>_<preset>[_<cell>][_d<depth>]_n<size>[_hsg]``).
+    """
+
+    config: dict[str, Any]
+    cfg: TrainConfig
+    run: engine.RunConfig
+    metric: str
+    workdir: str
+
+    def model(self, vocab_size: int) -> LanguageModel:
+        from rhnzoo import cells
+        from rhnzoo.models import lm
+
+        c = self.config
+        cell = c.get("cell", "rhn")
+        scan_impl = c.get("scan_impl", "auto")
+        if scan_impl == "auto":
+            scan_impl = "fused" if cell == "rhn" and c.get("coupled", True) else "reference"
+        return lm.language_model(
+            cell, vocab_size, c["hidden_size"], hsg=c.get("hsg", False), tied=c["tied"],
+            init_scale=c["init_scale"], hsg_init_bias=c.get("hsg_init_bias", -2.5),
+            unroll=c.get("unroll", 1), scan_impl=scan_impl, remat=c.get("remat", False),
+            dtype=c.get("dtype", "float32"),
+            **cells.applicable(cell, {k: c[k] for k in _CELL_KEYS if k in c}),
+        )  # fmt: skip
+
+    def train(self, corpus: data.Corpus, *, devices: list | None = None, log=print) -> dict:
+        return train(self.model(corpus.vocab_size), corpus, self.cfg, self.workdir, self.run,
+                     run_config=self.config, metric_name=self.metric, devices=devices, log=log)  # fmt: skip
+
+
+def experiment(config: dict[str, Any]) -> Experiment:
+    """The :class:`Experiment` of ``config``, every setting checked (one-line ValueError)."""
+    from rhnzoo import cells
+
+    c = config
+    d = data.registry.get(c["dataset"], task="lm")
+    rates = dropout.Rates(c["drop_x"], c["drop_i"], c["drop_h"], c["drop_o"])
+    cfg = TrainConfig(
+        lr=c["lr"], lr_decay=c["lr_decay"], max_epoch=c["max_epoch"],
+        max_max_epoch=c["max_max_epoch"], weight_decay=c["weight_decay"],
+        max_grad_norm=c["max_grad_norm"], batch_size=c["batch_size"], num_steps=c["num_steps"],
+        rates=rates, eval_batch_size=c.get("eval_batch_size"),
+        eval_num_steps=c.get("eval_num_steps", 100),
+    )  # fmt: skip
+    run = engine.RunConfig(epochs=c["max_max_epoch"], **{k: c[k] for k in _RUN_KEYS if k in c})
+    cell = c.get("cell", "rhn")
+    options = cells.applicable(cell, {k: c[k] for k in _CELL_KEYS if k in c})
+    workdir = c.get("workdir") or (
+        f"runs/{c['dataset']}_{c.get('preset') or 'default'}{'' if cell == 'rhn' else '_' + cell}"
+        f"{'_d' + str(c['depth']) if 'depth' in options else ''}_n{c['hidden_size']}"
+        f"{'_hsg' if c.get('hsg') else ''}"
+    )
+    exp = Experiment(dict(config), cfg, run, d.metric, workdir)
+    exp.model(2)  # validates the model settings
+    return exp

@@ -187,18 +187,12 @@ def make_task(
             params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
         return {"params": params, "opt_state": tx.init(params)}
 
-    def train_step(state, batch, key):
+    def forward(params, batch, key):
         inputs, lengths, labels, weights = batch
+        logits = model.logits(params, inputs, lengths, key)
+        return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
 
-        def loss_fn(params):
-            logits = model.logits(params, inputs, lengths, key)
-            sums = classify.xent_sums(logits, labels, weights)
-            return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
-
-        grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-        return state, dict(sums, tokens=jnp.sum(lengths * weights))
+    train_step = classify.make_train_step(forward, tx)
 
     @functools.lru_cache(maxsize=2)
     def epoch_plan(epoch):
