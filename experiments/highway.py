@@ -178,19 +178,11 @@ def _track(iterable, total=None, desc=""):
 
 
 def _figures(workdir: pathlib.Path, train_split) -> None:
-    from rhnzoo.analysis import highway as analysis
-    from rhnzoo.analysis import plots
+    from rhnzoo.analysis import report
 
-    net, params, _ = analysis.load_highway_run(workdir)
-    images, labels = train_split
-    gates = analysis.gate_statistics(net, params, images[: FLAGS.heatmap_examples])
-    path = plots.plot_highway_gates({f"depth {net.depth}": gates}, workdir / "gate_heatmaps.png")
-    print(f"wrote {path}")
-    n = FLAGS.lesion_examples
-    lesion = analysis.highway_lesions(net, params, (images[:n], labels[:n]), track=_track)
-    path = plots.plot_lesion_curve({f"depth {net.depth}": lesion}, workdir / "lesion.png")
-    print(f"lesions: intact {lesion.base_nll:.4f} nats, removed layers "
-          f"{lesion.nll.min():.4f} .. {lesion.nll.max():.4f}; wrote {path}")
+    opts = report.Options(heatmap_examples=FLAGS.heatmap_examples,
+                          lesion_examples=FLAGS.lesion_examples, track=_track)  # fmt: skip
+    report.analyze_highway(workdir, workdir, opts, train_split)
 
 
 def _sweep(root: pathlib.Path, runs, splits, run_cfg) -> None:

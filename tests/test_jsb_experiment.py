@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -95,7 +96,14 @@ def test_tiny_study_writes_results_table_and_plot(tmp_path):
     # Rerunning with the same workdir skips the finished trials.
     again = jsb(*args)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "12 of 12 trials already finished" in again.stdout
     assert len((workdir / "results.jsonl").read_text().splitlines()) == 12
+    # A study from before the runner (results.jsonl only) is read, not run again.
+    before = (workdir / "results.jsonl").read_text()
+    shutil.rmtree(workdir / "trials")
+    old = jsb(*args)
+    assert old.returncode == 0 and "12 of 12 trials already finished" in old.stdout, old.stderr
+    assert (workdir / "results.jsonl").read_text() == before
 
 
 def test_bad_flags_fail_with_one_line(tmp_path):
@@ -125,5 +133,6 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     stopped = [l for l in (out + err).splitlines() if l.startswith("stopped by signal 2")]
     assert len(stopped) == 1 and "rerun with the same --workdir" in stopped[0], out + err
+    assert "finished trials are in" in stopped[0]
     assert "Traceback" not in err
-    assert len((workdir / "results.jsonl").read_text().splitlines()) >= 1
+    assert len(list((workdir / "trials").glob("*/results.json"))) >= 1

@@ -215,17 +215,21 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
     return results
 
 
-def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
-    """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only)."""
+def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
+                    train_split=None) -> dict:  # fmt: skip
+    """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only),
+    on the run's training images (``train_split``: ``(images, labels)`` already loaded)."""
     from rhnzoo.analysis import highway as hw_analysis
     from rhnzoo.training import highway as hw
 
     net, params, config = hw_analysis.load_highway_run(workdir)
-    images = data.load(config["dataset"], _data_dir(config, opts), download=False,
-                       verify=opts.verify)  # fmt: skip
-    splits = hw.split_data(images.train_images, images.train_labels, images.test_images,
-                           images.test_labels, int(config.get("valid_size", 10000)))  # fmt: skip
-    x, y = splits["train"]
+    if train_split is None:
+        images = data.load(config["dataset"], _data_dir(config, opts), download=False,
+                           verify=opts.verify)  # fmt: skip
+        train_split = hw.split_data(images.train_images, images.train_labels,
+                                    images.test_images, images.test_labels,
+                                    int(config.get("valid_size", 10000)))["train"]  # fmt: skip
+    x, y = train_split
     results = {"workdir": str(workdir), "model": f"{net.kind} depth {net.depth}"}
     if net.kind == "highway":
         gates = hw_analysis.gate_statistics(net, params, x[: opts.heatmap_examples])

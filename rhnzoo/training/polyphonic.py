@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -251,3 +252,192 @@ def train(
                        "seconds": r["elapsed_s"]} for r in out.history),  # fmt: skip
         seconds=time.perf_counter() - start,
     )
+
+
+# ----------------------------------------------- the JSB optimisation study (Zilly et al.)
+
+# Random search (one draw per trial index, shared by every architecture and depth, so the
+# comparison is paired): learning rate log-uniform in [10^-2.5, 10^0]; momentum 0 (plain
+# SGD) with probability 1/2, else 1 - 10^U(-2, -1); global-norm clip log-uniform in
+# [1, 100]; uniform init half-width log-uniform in [0.01, 0.3]; RHN T bias U[-4, 0].
+SEARCH_SPACE = {
+    "log10_lr": (-2.5, 0.0),
+    "p_momentum": 0.5,
+    "log10_one_minus_momentum": (-2.0, -1.0),
+    "log10_max_grad_norm": (0.0, 2.0),
+    "log10_init_scale": (-2.0, math.log10(0.3)),
+    "init_bias": (-4.0, 0.0),
+}
+# Settings that must match for a rerun to extend a study.
+STUDY_KEYS = ("width", "epochs", "batch_size", "seed", "max_steps")
+
+
+def sample_hparams(seed: int, trial: int) -> dict:
+    """The hyperparameters of trial ``trial``: a function of (seed, trial) only."""
+    rng = np.random.default_rng([seed, trial])
+    s = SEARCH_SPACE
+    plain = rng.uniform() < s["p_momentum"]
+    one_minus = 10 ** rng.uniform(*s["log10_one_minus_momentum"])
+    return {
+        "lr": float(10 ** rng.uniform(*s["log10_lr"])),
+        "momentum": 0.0 if plain else float(1.0 - one_minus),
+        "max_grad_norm": float(10 ** rng.uniform(*s["log10_max_grad_norm"])),
+        "init_scale": float(10 ** rng.uniform(*s["log10_init_scale"])),
+        "init_bias": float(rng.uniform(*s["init_bias"])),
+    }
+
+
+def make_cell(arch: str, n: int, depth: int, init_scale: float = 0.04, init_bias: float = -2.0):
+    """Any registered cell (:func:`rhnzoo.cells.make`) with those of these settings it takes."""
+    from rhnzoo import cells
+
+    settings = dict(depth=depth, init_scale=init_scale, init_bias=init_bias)
+    return cells.make(arch, n, **cells.applicable(arch, settings))
+
+
+def count(arch: str, n: int, depth: int) -> int:
+    """Parameters of the whole model (cell + 88-way output layer)."""
+    return num_params(PianoRollModel(make_cell(arch, n, depth)))
+
+
+def matched_width(arch: str, depth: int, target: int) -> int:
+    """Width n >= 1 whose model parameter count is closest to ``target`` (counts grow with n)."""
+    lo, hi = 1, 1
+    while count(arch, hi, depth) < target:
+        hi *= 2
+    while lo < hi:  # smallest n with count >= target
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(arch, mid, depth) < target else (lo, mid)
+    below = max(lo - 1, 1)
+    return min((below, lo), key=lambda n: (abs(count(arch, n, depth) - target), n))
+
+
+def plan(archs, depths, width) -> dict:
+    """{(arch, depth): dict(hidden, params, target)}: the target count at depth L is that
+    of an RHN of ``width``; the RHN gets ``width``, the others the closest count."""
+    out = {}
+    for depth in depths:
+        target = count("rhn", width, depth)
+        for arch in archs:
+            n = width if arch == "rhn" else matched_width(arch, depth, target)
+            out[arch, depth] = {"hidden": n, "params": count(arch, n, depth), "target": target}
+    return out
+
+
+def study_table(rows: list[dict], archs, depths, sizes) -> str:
+    """Markdown table: per (arch, depth) the test NLL of the best-validation trial and the
+    median over trials (failed trials count as +inf)."""
+    from rhnzoo import cells
+
+    lines = [
+        "| architecture | depth | hidden | params | target | trials | failed | "
+        "test NLL (best valid trial) | median test NLL | best valid NLL |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    fmt = lambda v: f"{v:.3f}" if math.isfinite(v) else "inf"
+    for depth in depths:
+        for arch in archs:
+            mine = [r for r in rows if r["arch"] == arch and r["depth"] == depth]
+            tests = [r["test_nll"] if math.isfinite(r["valid_nll"]) else math.inf for r in mine]
+            failed = sum(not math.isfinite(t) for t in tests)
+            best = min(mine, key=lambda r: r["valid_nll"]) if mine else None
+            s = sizes[arch, depth]
+            lines.append(
+                f"| {cells.label(arch)} | {depth} | {s['hidden']} | {s['params']:,} | "
+                f"{s['target']:,} | {len(mine)} | {failed} | "
+                f"{fmt(best['test_nll']) if best else '-'} | "
+                f"{fmt(float(np.median(tests))) if tests else '-'} | "
+                f"{fmt(best['valid_nll']) if best else '-'} |"
+            )
+    return "\n".join(lines)
+
+
+def _finite(row: dict) -> dict:
+    """Strict JSON stores a non-finite NLL as null: back to inf."""
+    return {**row, **{k: math.inf if row.get(k) is None else row[k]
+                      for k in ("valid_nll", "test_nll")}}  # fmt: skip
+
+
+def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: int,
+          batch_size: int, seed: int, max_steps: int | None = None, log=print) -> list[dict]:  # fmt: skip
+    """The JSB random search on the multi-run runner: one trial = one (arch, depth, trial)
+    workdir ``root/trials/<arch>_d<depth>_t<trial>`` holding its config.json and
+    results.json (trials train in memory: no checkpoints; a finished trial is not run
+    again, an interrupted study goes on from the finished ones). Trials outermost, so a
+    study cut short has every (arch, depth) with some trials. Returns every trial's row
+    (also ``root/results.jsonl``)."""
+    import pathlib
+
+    from rhnzoo import cells
+    from rhnzoo.training import sweep
+
+    root = pathlib.Path(root)
+    settings = dict(width=width, epochs=epochs, batch_size=batch_size, seed=seed,
+                    max_steps=max_steps)  # fmt: skip
+    sizes = plan(archs, depths, width)
+    _import_results_jsonl(root, settings)
+    runs, total, start = [], len(archs) * len(depths) * trials, time.perf_counter()
+    finished = [0]
+
+    def trial_fn(arch, depth, trial, hp):
+        def compute():
+            n = sizes[arch, depth]["hidden"]
+            # The static model uses fixed init settings so that every trial reuses one
+            # compiled step; the trial's init_scale / init_bias only shape the params.
+            model = PianoRollModel(make_cell(arch, n, depth))
+            init_model = PianoRollModel(make_cell(arch, n, depth, hp["init_scale"], hp["init_bias"]))
+            key = jax.random.fold_in(jax.random.PRNGKey(seed), trial)
+            r = train(model, data, lr=hp["lr"], momentum=hp["momentum"],
+                      max_grad_norm=hp["max_grad_norm"], batch_size=batch_size, epochs=epochs,
+                      key=key, params=init_model.init(jax.random.fold_in(key, 1)),
+                      max_steps=max_steps)  # fmt: skip
+            finished[0] += 1
+            log(f"[{finished[0]:4d}/{total}] {cells.label(arch):>9} d{depth} t{trial}: lr {hp['lr']:.3g} "
+                f"mom {hp['momentum']:.3f} clip {hp['max_grad_norm']:.3g} scale "
+                f"{hp['init_scale']:.3g}"
+                + (f" bias {hp['init_bias']:.2f}" if "init_bias" in cells.options(arch) else "")
+                + f" -> valid {r.best_valid:.3f} test {r.test_at_best:.3f} (epoch "
+                f"{r.best_epoch}{', diverged' if r.diverged else ''}) {r.seconds:.1f} s | "
+                f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+            return {"valid_nll": r.best_valid, "test_nll": r.test_at_best,
+                    "best_epoch": r.best_epoch, "epochs_run": r.epochs_run,
+                    "diverged": r.diverged, "seconds": round(r.seconds, 2)}  # fmt: skip
+
+        return compute
+
+    for trial in range(trials):
+        hp = sample_hparams(seed, trial)
+        for depth in depths:
+            for arch in archs:
+                s = sizes[arch, depth]
+                config = {"arch": arch, "depth": depth, "trial": trial, "hidden": s["hidden"],
+                          "params": s["params"], **hp, **settings}  # fmt: skip
+                compute = trial_fn(arch, depth, trial, hp)
+                runs.append(sweep.Run(f"{arch}_d{depth}_t{trial}", config,
+                                      sweep.in_memory(compute, config)))  # fmt: skip
+    finished[0] = sum((root / "trials" / r.name / "results.json").is_file() for r in runs)
+    if finished[0]:
+        log(f"{finished[0]} of {total} trials already finished")
+    sweep.run_all(runs, root / "trials", log=None)
+    done = sweep.collect(root / "trials", [r.name for r in runs])
+    rows = [_finite({**d["config"], **d["results"]}) for d in done.values()]
+    with open(root / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(engine.strict(row)) + "\n" for row in rows)
+    return rows
+
+
+def _import_results_jsonl(root, settings) -> None:
+    """A study from before the runner kept its trials in ``root/results.jsonl``: each row
+    becomes its trial's workdir (once), so those trials are not run again."""
+    path = root / "results.jsonl"
+    if not path.is_file() or (root / "trials").is_dir():
+        return
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        keys = ("valid_nll", "test_nll", "best_epoch", "epochs_run", "diverged", "seconds")
+        config = {k: v for k, v in row.items() if k not in keys} | settings
+        workdir = root / "trials" / f"{row['arch']}_d{row['depth']}_t{row['trial']}"
+        engine.prepare_workdir(workdir, config)
+        engine.write_json(workdir / "results.json", {k: row[k] for k in keys if k in row})

@@ -72,6 +72,26 @@ def run_all(
     return out
 
 
+def in_memory(compute: Callable[[], Mapping[str, Any]], config: Mapping[str, Any],
+              resumable_keys=engine.RESUMABLE_KEYS) -> Callable[[pathlib.Path], Mapping[str, Any]]:  # fmt: skip
+    """A :attr:`Run.train` for a run that keeps nothing but its results (a random-search
+    trial trained in memory, no checkpoints): a workdir holding ``results.json`` is
+    finished and its results are returned; otherwise ``compute()`` runs and then
+    ``config.json`` and ``results.json`` are written (a run killed midway leaves nothing
+    and runs again)."""
+
+    def train(workdir: pathlib.Path) -> Mapping[str, Any]:
+        path = pathlib.Path(workdir) / "results.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        results = compute()
+        engine.prepare_workdir(workdir, config, resumable_keys)
+        engine.write_json(path, results)
+        return results
+
+    return train
+
+
 def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | None]:
     """What the workdirs ``root/<name>`` hold: ``{name: {'config', 'results', 'history'}}``
     (``results`` None while unfinished); None for a workdir that does not exist."""
