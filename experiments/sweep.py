@@ -4,10 +4,13 @@ r"""Depth sweep with and without the Highway State Gate (Shoham & Permuter, Tabl
   python experiments/sweep.py --root=runs/sweep -- --preset=small     # run them in turn
   python experiments/sweep.py --root=runs/sweep --table               # the table + PNGs
 
-Runs ``experiments/ptb.py`` once per (depth in ``--depths``) x (no HSG, HSG), one
-after another, each in its own workdir ``<root>/d<depth>_{rhn,hsg}``; flags after
-``--`` go to every run. A run whose ``results.json`` exists is skipped, and an
-interrupted run resumes from its checkpoint when the sweep is started again.
+Trains the PTB language model of ``experiments/ptb.py`` once per (depth in ``--depths``)
+x (no HSG, HSG), one after another in this process (the corpus read once), each in its
+own workdir ``<root>/d<depth>_{rhn,hsg}``, on the multi-run runner
+(``rhnzoo.training.sweep``); ptb.py's flags after ``--`` go to every run (``--dry_run``
+prints the equivalent ptb.py commands, e.g. for a cluster). Every workdir is checked
+first; a finished run says ``already finished``, an interrupted one resumes; a run that
+diverges is reported and the sweep goes on.
 
 ``--table`` reads the workdirs (their ``config.json`` says depth and HSG) and
 prints a markdown table laid out like Shoham & Permuter's Table 1: one row per
@@ -24,10 +27,11 @@ from __future__ import annotations
 import json
 import pathlib
 import shlex
-import subprocess
 import sys
 
 from absl import app, flags
+
+from rhnzoo import cli
 
 PTB_SCRIPT = pathlib.Path(__file__).resolve().parent / "ptb.py"
 BLANK = "—"
@@ -45,6 +49,7 @@ flags.DEFINE_string("root", "runs/sweep", "Directory holding one workdir per run
 flags.DEFINE_boolean("dry_run", False, "Print the commands, one per line, and exit.")
 flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run nothing.")
 flags.DEFINE_string("out", None, "Where --table writes its PNGs (default: --root).")
+cli.define_lm_flags(cli.PTB_SOTA, cli.PTB_PRESETS)  # ptb.py's flags, for every run
 FLAGS = flags.FLAGS
 
 
@@ -183,25 +188,50 @@ def main(argv) -> None:
         return
 
     owned = [a for a in extra if a.split("=")[0].lstrip("-") in SWEEP_OWNED]
+    owned += [f"--{k}" for k in ("depth", "hsg", "workdir") if FLAGS[k].present]
     if owned:
         sys.exit(f"error: the sweep sets --depth, --hsg and --workdir itself; drop {owned}")
-    runs = commands(depths, root, extra)
     if FLAGS.dry_run:
-        for _, cmd in runs:
+        for _, cmd in commands(depths, root, extra):
             print(shlex.join(cmd))
         return
+    try:
+        FLAGS([sys.argv[0], *extra])  # ptb.py's flags after --
+    except flags.Error as e:
+        sys.exit(f"error: {' '.join(str(e).split())}")
+    cli.main(lambda: train_all(depths, root))
+
+
+def train_all(depths: list[int], root: pathlib.Path) -> None:
+    """The runs in this process on the multi-run runner (see the module docstring)."""
+    from rhnzoo import data
+    from rhnzoo.training import engine, sweep
+    from rhnzoo.training import lm as lm_training
+
+    plan = []
+    for depth in depths:
+        for hsg in (False, True):
+            name = workdir_name(depth, hsg)
+            config = cli.lm_config("ptb", depth=depth, hsg=hsg, workdir=str(root / name))
+            plan.append((name, config, lm_training.experiment(config)))  # checked up front
+    corpus = data.load("ptb", FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
     failed = []
-    for i, (workdir, cmd) in enumerate(runs, 1):
-        if (workdir / "results.json").is_file():
-            print(f"[{i}/{len(runs)}] {workdir}: results.json exists, skipped", flush=True)
-            continue
-        print(f"[{i}/{len(runs)}] {shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd, check=False).returncode
-        if rc != 0:
-            print(f"[{i}/{len(runs)}] {workdir}: exit status {rc}", flush=True)
-            failed.append(str(workdir))
+
+    def trainer(name, experiment):
+        def train(workdir):
+            try:
+                return experiment.train(corpus)
+            except engine.TrainingDiverged as e:
+                print(f"{name}: {e}", flush=True)
+                failed.append(name)
+                return None
+
+        return train
+
+    sweep.run_all([sweep.Run(name, config, trainer(name, exp)) for name, config, exp in plan],
+                  root)  # fmt: skip
     if failed:
-        sys.exit(f"error: {len(failed)} run(s) failed: {', '.join(failed)}")
+        raise engine.RunError(f"{len(failed)} run(s) diverged: {', '.join(failed)}")
     print(f"done; summarise with: python {sys.argv[0]} --root={root} --table")
 
 
