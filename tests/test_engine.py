@@ -337,3 +337,16 @@ def test_a_finished_run_is_not_trained_or_evaluated_again(tmp_path):
     lines.clear()
     run(tmp_path / "p", stalled, log=lines.append, patience=1, epochs=8)
     assert len(lines) == 1 and lines[0].startswith("already finished: final (")
+
+
+def test_whole_run_estimate_and_eta(monkeypatch):
+    """Once, after the first steps, the whole run's estimated time and the device; every
+    training-log line ends with the whole run's ETA."""
+    monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
+    lines = []
+    engine.run(engine_toy.make_task(), cfg(epochs=3), None, log=lines.append)
+    estimates = [l for l in lines if l.startswith("estimated ")]
+    assert len(estimates) == 1 and "steps left" in estimates[0] and "per step on CPU" in estimates[0]
+    assert all("| run ETA " in l for l in lines if l.startswith("  step") and "step      35" not in l)
+    assert engine._duration(40) == "40 s" and engine._duration(7 * 3600 + 300) == "7 h 5 min"
+    assert engine._duration(3 * 86400 + 4 * 3600) == "3 d 4 h"

@@ -241,6 +241,24 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+ESTIMATE_MIN_S = 60.0  # a run expected to take less gets no estimate line
+
+
+def _duration(seconds: float) -> str:
+    """``'3 d 4 h'``, ``'2 h 5 min'``, ``'7 min'``, ``'40 s'``."""
+    m, h, d = seconds / 60, seconds / 3600, seconds / 86400
+    if d >= 1:
+        return f"{int(d)} d {int(h % 24)} h"
+    if h >= 1:
+        return f"{int(h)} h {int(m % 60)} min"
+    return f"{int(m)} min" if m >= 1 else f"{seconds:.0f} s"
+
+
+def _device() -> str:
+    d = jax.devices()[0]
+    return f"{jax.device_count()} x {d.device_kind}" if d.platform != "cpu" else "CPU"
+
+
 def _label(key: str) -> str:
     return key.replace("_", " ")
 
@@ -260,7 +278,8 @@ class LossBook:
         self.throughput_key = task.throughput_key or task.count_key
         now = time.time()
         # Units trained by this process since the last log line / epoch start (throughput).
-        self.clock = {"window": now, "epoch": now, "window_count": 0.0, "epoch_count": 0.0}
+        self.clock = {"window": now, "epoch": now, "window_count": 0.0, "epoch_count": 0.0,
+                      "window_steps": 0}
 
     def zeros(self) -> dict:
         return {k: np.zeros((), np.float64) for k in self.keys}
@@ -276,6 +295,7 @@ class LossBook:
             for k, v in values.items():
                 acc[k] = np.array(acc[k] + v)
         self.clock["window_count"] += values[self.throughput_key]
+        self.clock["window_steps"] += 1
         self.clock["epoch_count"] += values[self.throughput_key]
         self.recent.append((values["loss"], values[self.task.count_key]))
         if not math.isfinite(loss):
@@ -305,7 +325,7 @@ class LossBook:
         rate = self.clock[f"{kind}_count"] / max(time.time() - self.clock[kind], 1e-9)
         if kind == "window":
             self.meta["window_sums"] = self.zeros()
-            self.clock.update(window=time.time(), window_count=0.0)
+            self.clock.update(window=time.time(), window_count=0.0, window_steps=0)
         return sums, rate
 
     def reset_sums(self) -> None:
@@ -314,7 +334,13 @@ class LossBook:
 
     def restart_clocks(self) -> None:
         now = time.time()
-        self.clock.update(epoch=now, epoch_count=0.0, window=now, window_count=0.0)
+        self.clock.update(epoch=now, epoch_count=0.0, window=now, window_count=0.0,
+                          window_steps=0)
+
+    def seconds_per_step(self) -> float | None:
+        """Training seconds per step in the current log window (None before a step)."""
+        steps = self.clock["window_steps"]
+        return (time.time() - self.clock["window"]) / steps if steps else None
 
 
 def final_line(task: Task, results: Mapping[str, Any]) -> str:
@@ -371,7 +397,7 @@ class _Run:
                 state, meta = restored["state"], restored["meta"]
                 self.book.meta = meta
         self.state, self.meta = state, meta
-        self.step = step = int(state["step"])
+        self.step = self.state_step0 = step = int(state["step"])
         self.metrics = MetricsLog(self.workdir, self.cfg.tensorboard, purge_step=step)
         if self.ckpt is not None:
             self.ckpt.drop_best_after(step)
@@ -385,6 +411,7 @@ class _Run:
         self.pending: collections.deque = collections.deque()
         self.t_start, self.elapsed0 = time.time(), float(meta["elapsed"])
         self.book.restart_clocks()
+        self.timing: tuple[int, float] | None = None  # (steps done, time) after compilation
 
     def train(self) -> str:
         """The training loop; returns why it ended: ``'end'``, ``'patience'``."""
@@ -417,6 +444,7 @@ class _Run:
             self.pending.append((step, sums))
             self.step = step = step + 1
             self.drain(keep=1)
+            self.estimate(step - 1)
             self.bar.update(1)
             if step % cfg.log_every == 0:
                 self.drain()
@@ -427,6 +455,22 @@ class _Run:
             if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and not end:
                 self.drain()
                 self.save(step)
+
+    def estimate(self, done: int, steps: int = 10) -> None:
+        """Once, after ``steps`` steps past the compiled first one: the whole run's time."""
+        if self.timing is None:
+            self.timing = (done, time.time()) if done > int(self.state_step0) else None
+            return
+        if self.timing is False or done - self.timing[0] < steps:
+            return
+        per_step = (time.time() - self.timing[1]) / (done - self.timing[0])
+        left, self.timing = self.total - done, False
+        seconds = per_step * left
+        if seconds >= ESTIMATE_MIN_S:
+            hint = ("; at this size a GPU/TPU job: the scripts' CPU presets (--preset=small, "
+                    "--preset=cpu) fit a CPU" if _device() == "CPU" and seconds > 6 * 3600 else "")  # fmt: skip
+            self.say(f"estimated {_duration(seconds)} for the {left:,} steps left ({per_step:.3g} s "
+                     f"per step on {_device()}; validation not included){hint}")  # fmt: skip
 
     def out_of_patience(self, step: int) -> bool:
         best_epoch = -(-int(self.meta["best_step"]) // self.spe)
@@ -456,13 +500,16 @@ class _Run:
         return {} if self.task.learning_rate is None else {"lr": float(self.task.learning_rate(at))}
 
     def log_train(self, at: int) -> None:
+        per_step = self.book.seconds_per_step()
+        eta = (f" | run ETA {_duration(per_step * (self.total - at))}"
+               if per_step and self.total > at else "")  # fmt: skip
         sums, rate = self.book.take("window")
         shown = self.task.train_metrics(sums)
         record = {"kind": "train", "epoch": at // self.spe + (at % self.spe > 0), "step": at,
                   **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
         self.metrics.write(record)
         self.say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
-                 + f" | {rate:,.0f} {self.task.unit}/s")  # fmt: skip
+                 + f" | {rate:,.0f} {self.task.unit}/s{eta}")  # fmt: skip
         if self.bar is not None:
             self.bar.set_postfix(self.task.train_metrics(
                 {k: float(v) for k, v in self.meta["epoch_sums"].items()}))  # fmt: skip
