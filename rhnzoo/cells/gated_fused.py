@@ -26,6 +26,9 @@ is a constant here: it receives a zero gradient.
 
 Options: ``project_per_step=True`` computes W x_t inside the scan (for 1-wide inputs,
 an outer product: no ``[T, B, k n]`` projection is written in the forward pass);
+``weight_grads_in_scan=True`` sums the weight gradients inside the reverse scan instead
+(rank-B updates, as autodiff does: faster for small n, whose accumulator stays in cache;
+the classifier uses it for narrow inputs, BUILD_NOTES.md issue 17);
 ``dtype=jnp.bfloat16`` runs every matmul with bfloat16 inputs and float32 accumulation
 (``preferred_element_type``), keeping parameters, state and gate arithmetic in
 float32.
