@@ -88,33 +88,39 @@ def test_mnist_checksum_is_checked_unless_verify_false(tmp_path, clean_env):
         data.load_mnist(tmp_path / "m", download=False)
 
 
+def _gz(payload):
+    """Gzip with a fixed mtime, so the bytes (and test ids) do not depend on the clock."""
+    return gzip.compress(payload, mtime=0)
+
+
 @pytest.mark.parametrize(
     "name, payload, message",
     [
         (
             "train-labels-idx1-ubyte.gz",
-            gzip.compress(idx_bytes(np.zeros((7, 1), np.uint8))),
+            _gz(idx_bytes(np.zeros((7, 1), np.uint8))),
             "magic number 2050, expected 2049",
         ),
         (
             "t10k-images-idx3-ubyte.gz",
-            gzip.compress(idx_bytes(np.zeros((3, 28, 28)))[:-5]),
+            _gz(idx_bytes(np.zeros((3, 28, 28)))[:-5]),
             "payload is 2347 bytes",
         ),
         (
             "t10k-images-idx3-ubyte.gz",
-            gzip.compress(idx_bytes(np.zeros((3, 28, 28))))[:-9],
+            _gz(idx_bytes(np.zeros((3, 28, 28))))[:-9],
             "not a complete gzip",
         ),
         ("train-images-idx3-ubyte.gz", b"not gzip at all", "not a complete gzip"),
-        ("train-labels-idx1-ubyte.gz", gzip.compress(b"\x00\x00\x08"), "magic number none"),
-        ("train-labels-idx1-ubyte.gz", gzip.compress(idx_bytes(np.zeros(6, np.uint8))), "6 labels"),
+        ("train-labels-idx1-ubyte.gz", _gz(b"\x00\x00\x08"), "magic number none"),
+        ("train-labels-idx1-ubyte.gz", _gz(idx_bytes(np.zeros(6, np.uint8))), "6 labels"),
         (
             "train-labels-idx1-ubyte.gz",
-            gzip.compress(idx_bytes(np.full(7, 10, np.uint8))),
+            _gz(idx_bytes(np.full(7, 10, np.uint8))),
             r"outside 0\.\.9",
         ),
     ],
+    ids=["bad-magic", "short-payload", "truncated-gzip", "not-gzip", "short-header", "count-mismatch", "label-range"],
 )
 def test_mnist_bad_files_are_one_line_errors(tmp_path, clean_env, name, payload, message):
     write_mnist(tmp_path / "m", small_mnist())
