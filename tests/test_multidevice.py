@@ -83,3 +83,81 @@ def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and lines == ["error: batch_size 12 is not divisible by the 8 devices"]
     assert not (tmp_path / "w").exists()
+
+
+CLASSIFIER_SCRIPT = textwrap.dedent("""
+    import json, sys, jax, numpy as np
+    from rhnzoo import cells
+    from rhnzoo.models.classifier import SequenceClassifier
+    from rhnzoo.models.highway import FeedForwardNet
+    from rhnzoo.training import engine, highway as hw, rrl
+    assert jax.device_count() == 8, jax.devices()
+    rng = np.random.default_rng(0)
+
+    def seqs(n):  # ragged token sequences, so the length masks are exercised
+        s = [rng.integers(1, 20, int(rng.integers(3, 12))).astype(np.int32) for _ in range(n)]
+        return rrl.Split(s, rng.integers(0, 3, n).astype(np.int32))
+
+    def images(n):
+        return rng.integers(0, 256, (n, 12)).astype(np.uint8), rng.integers(0, 3, n).astype(np.int32)
+
+    text = {k: seqs(n) for k, n in (("train", 64), ("dev", 24), ("test", 20))}
+    splits = {k: images(n) for k, n in (("train", 96), ("valid", 40), ("test", 30))}
+    tasks = {
+        "rrl": lambda devices: rrl.make_task(
+            SequenceClassifier(cells.LSTM(8), 3, 6, vocab_size=20, drop=0.3, input_drop=0.2),
+            text["train"], text["dev"], text["test"],
+            rrl.TrainConfig(batch_size=16, max_len=10, buckets=2, epochs=2), devices=devices),
+        "highway": lambda devices: hw.make_task(
+            FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3), splits,
+            hw.TrainConfig(batch_size=16, eval_batch_size=8, lr=0.1), devices=devices),
+    }
+    out = {}
+    for name, make in tasks.items():
+        for n_dev in (1, 8):
+            task = make(jax.devices()[:n_dev])
+            state = task.init_state(jax.random.PRNGKey(0))
+            batch = task.get_batch(0, 0)
+            assert len(jax.tree.leaves(batch)[-1].sharding.device_set) == n_dev
+            state, sums = jax.jit(task.train_step, donate_argnums=0)(state, batch, jax.random.PRNGKey(1))
+            run = engine.run(make(jax.devices()[:n_dev]), engine.RunConfig(epochs=2, progress=False),
+                             log=None)
+            out[f"{name}{n_dev}"] = {
+                "params": [np.asarray(p).tolist() for p in jax.tree.leaves(state["params"])],
+                "loss": float(sums["loss"]), "history": run.history, "results": run.results}
+    try:
+        tasks["rrl"](jax.devices()[:3])
+    except ValueError as e:
+        out["error"] = str(e)
+    print("RESULT" + json.dumps(out), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_classifiers_on_eight_devices_match_one():
+    """The sequence classifier (LSTM, ragged lengths, both dropouts) and the highway net:
+    one data-parallel step on 8 devices gives the 1-device loss and parameters, and two
+    epochs through the engine the same validation and test metrics."""
+    import json
+
+    import numpy as np
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", CLASSIFIER_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert out["error"] == "batch_size 16 is not divisible by the 3 devices"
+    for name in ("rrl", "highway"):
+        one, eight = out[f"{name}1"], out[f"{name}8"]
+        assert one["loss"] == pytest.approx(eight["loss"], rel=1e-5)
+        for a, b in zip(one["params"], eight["params"], strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert len(one["history"]) == 2
+        for a, b in zip(one["history"], eight["history"], strict=True):
+            for key, value in a.items():
+                if isinstance(value, float) and key not in ("elapsed_s", "tok_per_s", "img_per_s"):
+                    assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (name, key)
+        for key in ("test_acc",):
+            assert one["results"][key] == pytest.approx(eight["results"][key], abs=1e-9), name

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rhnzoo.training import sharding
+
 Array = jax.Array
 
 
@@ -84,6 +86,7 @@ def evaluate(
     batch_size: int,
     track: Callable | None = None,
     desc: str = "",
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, float]:
     """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
 
@@ -93,6 +96,8 @@ def evaluate(
         batch is zero-padded with weight 0, so every call has one shape.
       batch_size: rows per call.
       track: the engine's progress/signal iterator, if any.
+      mesh: the params' ``Mesh(("data",))``: each batch's rows are split over it
+        (:func:`rhnzoo.training.sharding.put_rows`); None: default placement.
 
     Returns:
       ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}``.
@@ -101,7 +106,9 @@ def evaluate(
     starts = range(0, n, batch_size)
     if track is not None:
         starts = track(starts, total=-(-n // batch_size), desc=desc)
-    return means(add_up(sums_fn(params, *b) for b in padded_slices(arrays, batch_size, starts)))
+    place = (lambda b: b) if mesh is None else (lambda b: sharding.put_rows(b, mesh))
+    batches = padded_slices(arrays, batch_size, starts)
+    return means(add_up(sums_fn(params, *place(b)) for b in batches))
 
 
 def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from rhnzoo.models.highway import FeedForwardNet
-from rhnzoo.training import classify, engine
+from rhnzoo.training import classify, engine, sharding
 
 Array = jax.Array
 Params = Any
@@ -139,10 +139,10 @@ def make_sums_fn(net: FeedForwardNet) -> Callable[..., dict[str, Array]]:
 
 
 def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int = 1000,
-             track=None, desc: str = "") -> dict[str, float]:  # fmt: skip
+             track=None, desc: str = "", mesh=None) -> dict[str, float]:  # fmt: skip
     """Mean cross-entropy (nats) and accuracy of ``params`` on ``split``:
     ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.training.classify.evaluate`)."""
-    return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc)
+    return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
 
 
 def make_task(
@@ -151,16 +151,19 @@ def make_task(
     cfg: TrainConfig,
     *,
     seed: int = 0,
+    devices: list | None = None,
 ) -> engine.Task:
     """The classification task for the run engine.
 
     Args:
       net: the model; splits: :func:`split_data`; cfg: optimisation; seed: the batch
-        order (the engine's ``--seed`` seeds the initialisation).
+        order (the engine's ``--seed`` seeds the initialisation); devices: data
+        parallelism over these (default: all): the training split and parameters
+        are replicated, each batch's rows split over a ``Mesh(("data",))``.
 
     Raises:
-      ValueError: if the training split has fewer images than a batch, or the
-        images are not ``[N, net.input_size]``.
+      ValueError: if the training split has fewer images than a batch, the images
+        are not ``[N, net.input_size]``, or the devices do not divide the batch.
     """
     x_train, y_train = splits["train"]
     for name, (x, _) in splits.items():
@@ -168,20 +171,25 @@ def make_task(
             raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
                              f"{net.input_size} inputs")  # fmt: skip
     spe = classify.steps_per_epoch(len(x_train), cfg.batch_size)
+    mesh = sharding.data_mesh(devices)
+    sharding.check_divisible(cfg.batch_size, mesh)
     tx, schedule = make_optimizer(cfg)
-    images, labels = jnp.asarray(x_train), jnp.asarray(y_train)  # on the default device
+    images, labels = sharding.put_tree((x_train, y_train), sharding.replicated(mesh))
 
     @jax.jit  # one compilation instead of one per random array shape
-    def init_state(key):
+    def init(key):
         params = net.init(key)
         return {"params": params, "opt_state": tx.init(params)}
 
+    def init_state(key):
+        return sharding.put_tree(init(key), sharding.replicated(mesh))
+
     def get_batch(epoch: int, index: int):
         idx = classify.batch_indices(seed, epoch, index, len(x_train), cfg.batch_size)
-        return images, labels, idx.astype(np.int32)
+        return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
 
     def metrics(params, split, track, desc):
-        r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, desc)
+        r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, desc, mesh)
         return {f"{split}_xent": r["loss"], f"{split}_acc": r["accuracy"]}
 
     def validate(params, track):

@@ -186,17 +186,14 @@ def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
     def evaluate(params, tokens, batch_size, num_steps, track=None):
         x, y, w = eval_windows(tokens, batch_size, num_steps)
         carry, total = model.initial_carry(batch_size), np.zeros((), np.float32)
-        place = lambda a, where: a
+        rows = lambda a: a
         if mesh is not None:
-            rows = sharding.by_rows(mesh) if batch_size % mesh.size == 0 else sharding.replicated(mesh)
-            place = lambda a, where: sharding.put(a, rows if where == "rows" else sharding.replicated(mesh))
-            carry = jax.tree.map(lambda c: place(c, "rows"), carry)
-        total = place(total, "scalar")
+            rows = lambda a: sharding.put_rows(a, mesh)
+            carry, total = rows(carry), sharding.put(total, sharding.replicated(mesh))
         indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
         for i in indices:
             previous = total
-            carry, total = window(params, carry, total,
-                                  *(place(a[i], "rows") for a in (x, y, w)))  # fmt: skip
+            carry, total = window(params, carry, total, *rows((x[i], y[i], w[i])))
             jax.block_until_ready(previous)
         return float(total), float(w.sum())
 

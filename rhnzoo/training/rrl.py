@@ -31,7 +31,7 @@ import optax
 
 from rhnzoo import dropout
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine
+from rhnzoo.training import classify, engine, sharding
 
 Array = jax.Array
 
@@ -163,6 +163,7 @@ def plan(split: Split, cfg: TrainConfig, shuffle_seed: tuple[int, int] | None):
 def make_task(
     model: SequenceClassifier, train: Split, dev: Split, test: Split, cfg: TrainConfig,
     seed: int = 0, embeddings: tuple[np.ndarray, np.ndarray] | None = None,
+    devices: list | None = None,
 ) -> engine.Task:  # fmt: skip
     """The classification task of ``model`` for the run engine.
 
@@ -170,13 +171,17 @@ def make_task(
       embeddings: optional ``(vectors [V, m], found [V] bool)``
         (:func:`rhnzoo.data.word2vec.load_word2vec`): found rows replace the random
         initial embedding.
+      devices: data parallelism over these (default: all): every batch's rows are
+        split over a ``Mesh(("data",))``, parameters and optimizer state replicated.
 
     Raises:
-      ValueError: an empty split.
+      ValueError: an empty split, or a batch the devices do not divide.
     """
     for name, split in (("train", train), ("dev", dev), ("test", test)):
         if not len(split.labels):
             raise ValueError(f"the {name} split is empty")
+    mesh = sharding.data_mesh(devices)
+    sharding.check_divisible(cfg.batch_size, mesh)
     tx = cfg.optimizer()
     steps_per_epoch = len(plan(train, cfg, None))
 
@@ -185,7 +190,8 @@ def make_task(
         if embeddings is not None:
             vectors, found = embeddings
             params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
-        return {"params": params, "opt_state": tx.init(params)}
+        return sharding.put_tree({"params": params, "opt_state": tx.init(params)},
+                                 sharding.replicated(mesh))  # fmt: skip
 
     def forward(params, batch, key):
         inputs, lengths, labels, weights = batch
@@ -200,7 +206,7 @@ def make_task(
 
     def get_batch(epoch, index):
         length, rows = epoch_plan(epoch)[index]
-        return pad(train, rows, cfg.batch_size, length, cfg.keep)
+        return sharding.put_rows(pad(train, rows, cfg.batch_size, length, cfg.keep), mesh)
 
     @jax.jit
     def eval_sums(params, inputs, lengths, labels, weights):
@@ -209,7 +215,8 @@ def make_task(
     def evaluate(params, split, track, desc):
         batches = plan(split, cfg, None)
         m = classify.means(classify.add_up(
-            eval_sums(params, *pad(split, rows, cfg.batch_size, length, cfg.keep))
+            eval_sums(params, *sharding.put_rows(pad(split, rows, cfg.batch_size, length,
+                                                     cfg.keep), mesh))
             for length, rows in track(batches, total=len(batches), desc=desc)))  # fmt: skip
         return m["accuracy"], m["loss"]
 
@@ -479,25 +486,31 @@ def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
                       log=log).results  # fmt: skip
 
 
+def _measured(run: dict | None) -> list:
+    """``[best dev acc %, test acc % (or 'diverged'), epochs, minutes]`` of a collected
+    run (:func:`rhnzoo.training.sweep.collect`); None where not measured (yet)."""
+    r, hist = (run or {}).get("results"), (run or {}).get("history") or []
+    best = max((h.get("dev_acc", math.nan) for h in hist), default=None)
+    best = r["dev_acc"] if r and "dev_acc" in r else best
+    test = "diverged" if r and r.get("diverged") else r and r.get("test_acc")
+    pct = lambda v: v if v is None or isinstance(v, str) else f"{100 * v:.2f}"
+    return [pct(best), pct(test), len(hist) or None,
+            f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None]  # fmt: skip
+
+
 def table_text(root, models: Sequence[str], dataset: str, title: str) -> str:
     """Table 3's layout from the workdirs ``root/<model>``: the paper's test accuracy
-    beside our dev and test accuracy, parameters, epochs and minutes."""
+    beside our dev and test accuracy, parameters, epochs and minutes (a run not yet
+    finished: its best dev accuracy so far)."""
     from rhnzoo.training import sweep
 
     rows = []
     for name, run in sweep.collect(root, models).items():
-        r = run and run["results"]
         paper = PAPER_TABLE3.get((name, dataset))
-        measured = [None] * 5
-        if r and r.get("diverged"):
-            measured = [None, "diverged", f"{r['parameters']:,}", None, None]
-        elif r:
-            hist = run["history"]
-            measured = [f"{100 * r['dev_acc']:.2f}", f"{100 * r['test_acc']:.2f}",
-                        f"{r['parameters']:,}", len(hist),
-                        f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None]  # fmt: skip
+        r = (run or {}).get("results") or {}
+        params = f"{r['parameters']:,}" if "parameters" in r else None
         rows.append([LABELS.get(name, name), "n/a" if paper is None else f"{paper:.2f}",
-                     *measured])  # fmt: skip
+                     *_measured(run)[:2], params, *_measured(run)[2:]])  # fmt: skip
     header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
               "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
     return sweep.markdown(header, rows)
@@ -507,15 +520,7 @@ def study_table(root, names: Sequence[str], title: str) -> str:
     """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes."""
     from rhnzoo.training import sweep
 
-    rows = []
-    for name, run in sweep.collect(root, names).items():
-        r, hist = (run or {}).get("results"), (run or {}).get("history") or []
-        best = max((h.get("dev_acc", float("nan")) for h in hist), default=None)
-        test = r.get("test_acc") if r else None
-        rows.append([name, None if best is None else f"{100 * best:.2f}",
-                     "diverged" if r and r.get("diverged") else
-                     None if test is None else f"{100 * test:.2f}", len(hist) or None,
-                     f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None])  # fmt: skip
+    rows = [[name, *_measured(run)] for name, run in sweep.collect(root, names).items()]
     return sweep.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
                            "epochs", "minutes"], rows)  # fmt: skip
 
@@ -554,10 +559,11 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
     for c, model in zip(configs.values(), models):
         check_config([model], c)
     several = bool(table or study)
-    runs = [sweep.Run(name, {"model": model, **c}, functools.partial(
-        lambda model, c, wd: train_model(model, c, load(), run_config(c), wd,
-                                         on_divergence="stop" if several else "raise"),
-        model, c)) for (name, c), model in zip(configs.items(), models)]  # fmt: skip
+    stop = "stop" if several else "raise"
+    runs = [sweep.Run(name, {"model": model, **c},
+                      lambda wd, model=model, c=c: train_model(model, c, load(), run_config(c),
+                                                               wd, on_divergence=stop))
+            for (name, c), model in zip(configs.items(), models)]  # fmt: skip
     if run_missing or not several:
         sweep.run_all(runs, root)
     if not several:

@@ -45,3 +45,13 @@ def check_divisible(batch_size: int, mesh: jax.sharding.Mesh) -> None:
     """Raises ValueError unless the batch splits evenly over the mesh's devices."""
     if batch_size % mesh.size:
         raise ValueError(f"batch_size {batch_size} is not divisible by the {mesh.size} devices")
+
+
+def put_rows(arrays: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Every array of the pytree ``arrays`` with its leading (batch) axis split over the
+    ``"data"`` devices when their count divides it, else replicated (e.g. an evaluation
+    batch of 1)."""
+    leaves = jax.tree.leaves(arrays)
+    rows = len(leaves[0]) if leaves else 0
+    where = by_rows(mesh) if rows % mesh.size == 0 else replicated(mesh)
+    return put_tree(arrays, where)
