@@ -492,7 +492,7 @@ def _measured(run: dict | None) -> list:
     r, hist = (run or {}).get("results"), (run or {}).get("history") or []
     best = max((h.get("dev_acc", math.nan) for h in hist), default=None)
     best = r["dev_acc"] if r and "dev_acc" in r else best
-    test = "diverged" if r and r.get("diverged") else r and r.get("test_acc")
+    test = "diverged" if r and r.get("diverged") else (r or {}).get("test_acc")
     pct = lambda v: v if v is None or isinstance(v, str) else f"{100 * v:.2f}"
     return [pct(best), pct(test), len(hist) or None,
             f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None]  # fmt: skip
@@ -509,8 +509,9 @@ def table_text(root, models: Sequence[str], dataset: str, title: str) -> str:
         paper = PAPER_TABLE3.get((name, dataset))
         r = (run or {}).get("results") or {}
         params = f"{r['parameters']:,}" if "parameters" in r else None
+        dev, test, epochs, minutes = _measured(run)
         rows.append([LABELS.get(name, name), "n/a" if paper is None else f"{paper:.2f}",
-                     *_measured(run)[:2], params, *_measured(run)[2:]])  # fmt: skip
+                     dev, test, params, epochs, minutes])  # fmt: skip
     header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
               "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
     return sweep.markdown(header, rows)
