@@ -10,6 +10,12 @@ import pytest
 
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 
+
+def eight_devices_env() -> dict:
+    """The environment of a subprocess that sees 8 virtual CPU devices."""
+    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                JAX_PLATFORMS="cpu")  # fmt: skip
+
 SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo import data, dropout
@@ -52,21 +58,20 @@ def test_eight_devices_match_one(tmp_path):
 
     import numpy as np
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")  # fmt: skip
+    env = eight_devices_env()
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(PTB_DIR), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
-    one, four = out["1"], out["8"]
-    assert abs(one["nll"] - four["nll"]) < 1e-4 * abs(one["nll"])
-    for a, b in zip(one["params"], four["params"]):
+    one, eight = out["1"], out["8"]
+    assert abs(one["nll"] - eight["nll"]) < 1e-4 * abs(one["nll"])
+    for a, b in zip(one["params"], eight["params"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    for a, b in zip(one["metrics"].splitlines(), four["metrics"].splitlines()):
+    for a, b in zip(one["metrics"].splitlines(), eight["metrics"].splitlines()):
         a, b = json.loads(a), json.loads(b)
         assert a["train_ppl"] == pytest.approx(b["train_ppl"], rel=1e-4)
         assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-4)
-    assert one["run"]["test_ppl"] == pytest.approx(four["run"]["test_ppl"], rel=1e-4)
+    assert one["run"]["test_ppl"] == pytest.approx(eight["run"]["test_ppl"], rel=1e-4)
 
 
 @pytest.mark.skipif(
@@ -74,8 +79,7 @@ def test_eight_devices_match_one(tmp_path):
     reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
 )
 def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")  # fmt: skip
+    env = eight_devices_env()
     script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "ptb.py"
     proc = subprocess.run([sys.executable, str(script), "--preset=small", "--batch_size=12",
                            "--max_steps=1", f"--workdir={tmp_path / 'w'}"], env=env,
@@ -142,8 +146,7 @@ def test_classifiers_on_eight_devices_match_one():
 
     import numpy as np
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")  # fmt: skip
+    env = eight_devices_env()
     proc = subprocess.run([sys.executable, "-c", CLASSIFIER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
