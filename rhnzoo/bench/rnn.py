@@ -11,7 +11,8 @@ linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit
 
 * **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
   hand-written backward pass; as in the classifier, when m <= 8 the input is projected
-  inside the scan and the weight gradients are summed in the reverse scan);
+  inside the scan and the weight gradients are summed in the reverse scan, the GRU's
+  excepted: ``gated_fused.unroll``'s default);
   **rhnzoo_bf16** (``--bfloat16``) the same with bfloat16 matmul inputs;
 * **reference**: :func:`rhnzoo.cells.unroll` (``lax.scan`` + autodiff, every step under
   ``save_matmuls_only``: the classifier's ``scan_impl='reference'``);
@@ -99,7 +100,7 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None):
     carry = cell.initial_carry(xs.shape[1])
     if scan_impl == "fused":
         _, ys = gated_fused.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
-                                   dtype=dtype, weight_grads_in_scan=per_step)  # fmt: skip
+                                   dtype=dtype)
     else:
         _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
                              save_matmuls=True)  # fmt: skip

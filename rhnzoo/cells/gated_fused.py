@@ -28,7 +28,8 @@ Options: ``project_per_step=True`` computes W x_t inside the scan (for 1-wide in
 an outer product: no ``[T, B, k n]`` projection is written in the forward pass);
 ``weight_grads_in_scan=True`` sums the weight gradients inside the reverse scan instead
 (rank-B updates, as autodiff does: faster for small n, whose accumulator stays in cache;
-the classifier uses it for narrow inputs, BUILD_NOTES.md issue 17);
+by default chosen with ``project_per_step``, except for the GRU, measured in
+BUILD_NOTES.md issue 17);
 ``dtype=jnp.bfloat16`` runs every matmul with bfloat16 inputs and float32 accumulation
 (``preferred_element_type``), keeping parameters, state and gate arithmetic in
 float32.
@@ -96,11 +97,12 @@ class _LSTMKernel:
         n = self.n
         h, c = carry[0], carry[1]
         z = xp + _dot(_masked(h, mask), w["U"], self.dtype) + w["b"]
-        gates = jnp.concatenate([jax.nn.sigmoid(z[:, : 3 * n]), jnp.tanh(z[:, 3 * n :])], axis=-1)
-        i, f, o, g = (gates[:, k * n : (k + 1) * n] for k in range(4))
+        sig = jax.nn.sigmoid(z[:, : 3 * n])
+        i, f, o = (sig[:, k * n : (k + 1) * n] for k in range(3))
+        g = jnp.tanh(z[:, 3 * n :])
         c_new = f * c + i * g
         h_new = o * jnp.tanh(c_new)
-        saved = {"h": h, "c": c, "gates": gates}
+        saved = {"h": h, "c": c, "i": i, "f": f, "o": o, "g": g}
         if not self.skip:
             return (h_new, c_new), h_new, saved
         anchor = carry[2]
@@ -124,8 +126,7 @@ class _LSTMKernel:
             danchor_prev = jnp.where(on_grid, 0.0, danchor) + jnp.where(skipped, alpha * dh, 0.0)
             if self.learn_alpha:
                 extra = jnp.where(skipped, dh * saved["anchor"], 0.0).sum(axis=-1)  # [B]
-        h, c, gates = saved["h"], saved["c"], saved["gates"]
-        i, f, o, g = (gates[:, k * n : (k + 1) * n] for k in range(4))
+        h, c, i, f, o, g = (saved[k] for k in "h c i f o g".split())
         tc = jnp.tanh(f * c + i * g)
         dc = dc + dh * o * (1 - tc * tc)
         dz = jnp.concatenate(
@@ -158,12 +159,11 @@ class _GRUKernel:
         r, z = rz[:, :n], rz[:, n:]
         ht = jnp.tanh(xp[:, 2 * n :] + _dot(r * hm, U[:, 2 * n :], self.dtype))
         h_new = ht + z * (h - ht)
-        return h_new, h_new, {"h": h, "rz": rz, "ht": ht}
+        return h_new, h_new, {"h": h, "r": r, "z": z, "ht": ht}
 
     def backward(self, w, dh, dy, saved, aux, mask):
         n, U = self.n, w["U"]
-        h, rz, ht = saved["h"], saved["rz"], saved["ht"]
-        r, z = rz[:, :n], rz[:, n:]
+        h, r, z, ht = saved["h"], saved["r"], saved["z"], saved["ht"]
         hm = _masked(h, mask)
         dh = dh + dy
         dp_h = dh * (1 - z) * (1 - ht * ht)  # eq. 8's pre-activation
@@ -177,7 +177,7 @@ class _GRUKernel:
         n = self.n
         hm = _masked(saved["h"], mask)
         dU_rz = _outer_sum(hm, dZ[..., : 2 * n], self.dtype)
-        dU_h = _outer_sum(saved["rz"][..., :n] * hm, dZ[..., 2 * n :], self.dtype)
+        dU_h = _outer_sum(saved["r"] * hm, dZ[..., 2 * n :], self.dtype)
         return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ.sum(axis=(0, 1))}
 
 
@@ -348,7 +348,7 @@ def unroll(
     unroll: int = 1,
     project_per_step: bool = False,
     dtype: Any = None,
-    weight_grads_in_scan: bool = False,
+    weight_grads_in_scan: bool | None = None,
 ) -> tuple[Any, Array]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
@@ -373,6 +373,8 @@ def unroll(
         (a rank-B update per step, like autodiff) instead of forming them as one matmul
         over all positions afterwards: faster for small n, where the accumulator stays
         in cache; with ``project_per_step`` no ``[T, B, k n]`` cotangent is written.
+        ``None`` (default): in the scan when ``project_per_step``, except for the GRU
+        (whose per-step update of two weight blocks measured slower than one matmul).
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`.
@@ -416,6 +418,8 @@ def unroll(
         x_in = xs
     else:
         x_in, W = _dot(xs, W, dtype).astype(cdt), None
+    if weight_grads_in_scan is None:  # measured at P-MNIST's shape (BUILD_NOTES issue 17)
+        weight_grads_in_scan = project_per_step and not isinstance(kern, _GRUKernel)
     in_scan = bool(weight_grads_in_scan)
     carry_T, ys = _scan(kern, unroll, in_scan, w, W, carry0, x_in, aux, mask)
     if isinstance(cell, SCLSTM):

@@ -135,8 +135,7 @@ class SequenceClassifier:
         if self.fused:
             dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
             _, ys = gated_fused.unroll(self.cell, params["cell"], carry, xs, unroll=self.unroll,
-                                       project_per_step=per_step, dtype=dtype,
-                                       weight_grads_in_scan=per_step)  # fmt: skip
+                                       project_per_step=per_step, dtype=dtype)
         else:
             _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
                                  unroll=self.unroll, remat=self.remat,
