@@ -211,3 +211,35 @@ def test_nnx_scan_highway_peer_computes_rhnzoo_function():
     assert jax.tree.structure(params) == jax.tree.structure(net.init(jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (5, 7))
     np.testing.assert_allclose(peer(x), net.apply(params, x), rtol=1e-5, atol=1e-6)
+
+
+def test_rnn_bench_candidates_compute_the_same_loss():
+    """bench.rnn times nothing until rhnzoo's fused step, its reference scan and (LSTM)
+    Flax's ``OptimizedLSTMCell`` with rhnzoo's weights agree on the loss (it raises
+    otherwise); run as its CLI (its flags would clash with bench.lm's in this process)."""
+    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny",
+                          "--cells=lstm,gru,sc_lstm,rrn", "--rounds=1", "--bfloat16"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["cell"] for r in records] == ["lstm", "gru", "sc_lstm", "rrn"]
+    for r in records:
+        losses = r["losses"]
+        assert ("flax" in losses) == (r["cell"] in ("lstm", "gru"))
+        np.testing.assert_allclose(losses["reference"], losses["rhnzoo"], rtol=1e-5)
+        np.testing.assert_allclose(losses["rhnzoo_bf16"], losses["rhnzoo"], rtol=2e-2)
+        if r["cell"] == "lstm":
+            np.testing.assert_allclose(losses["flax"], losses["rhnzoo"], rtol=1e-5)
+        assert r[f"ratio_{r['peer']}_over_rhnzoo"]["min"] > 0
+
+
+def test_trace_cli_lists_the_steps_xla_ops():
+    """``rhnzoo.bench.trace`` prints per-op times of a train step, largest first; the
+    time scan's ops run once per step (T = 6 for the tiny shape)."""
+    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.trace", "--cell=lstm",
+                          "--config=tiny", "--steps=1", "--top=200"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    rows = [line.split() for line in out.splitlines()[1:]]
+    ms = [float(r[0]) for r in rows]
+    assert len(rows) > 5 and ms == sorted(ms, reverse=True) and ms[0] > 0
+    assert any(r[2].startswith(("while", "fusion", "ynn_fusion", "dot")) for r in rows)
+    assert any(int(r[1]) == 6 for r in rows)  # a per-time-step op

@@ -56,12 +56,12 @@ def loss(unroll, params, carry, xs, target):
     return jnp.sum(jnp.sin(ys) * target) + sum(jnp.sum(c**2) for c in floats)
 
 
-def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, in_scan=False):
+def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None):
     params, carry, xs, mask, target = setup(cell, m, dtype)
     mask = mask if use_mask else None
     ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
     fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, unroll=2,
-                             project_per_step=per_step, weight_grads_in_scan=in_scan)  # fmt: skip
+                             project_per_step=per_step, weight_grad_chunk=chunk)  # fmt: skip
     out_ref, out_fast = ref(params, carry, xs), jax.jit(fast)(params, carry, xs)
     for a, b in zip(jax.tree.leaves(out_fast), jax.tree.leaves(out_ref)):
         assert a.dtype == b.dtype
@@ -88,11 +88,32 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
                 tol=dict(rtol=1e-10, atol=1e-12))  # fmt: skip
 
 
+@pytest.mark.parametrize("chunk", [1, 3, T])  # per step, in chunks of 3 steps, all at once
 @pytest.mark.parametrize("name,m,per_step", [("lstm", 1, True), ("gru", 3, True),
                                              ("rrn3_tanh", 3, False), ("sclstm_p", 3, False)])
-def test_weight_gradients_summed_in_the_scan_match_the_reference(name, m, per_step):
+def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk):
     compare(CELLS[name](), m, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=per_step,
-            in_scan=True, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+            chunk=chunk, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_output_of_the_final_carry_is_each_rows_last_output(name):
+    cell = CELLS[name]()
+    params, carry, xs, mask, _ = setup(cell, 2, jnp.float32)
+    carry_T, ys = gated_fused.unroll(cell, params, carry, xs, mask, lengths=LENGTHS)
+    last = ys[np.maximum(LENGTHS - 1, 0), np.arange(B)]
+    out = gated_fused.output_of(cell, carry_T)
+    real = LENGTHS > 0
+    np.testing.assert_allclose(out[real], last[real], rtol=1e-6, atol=1e-7)
+    assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
+
+
+@pytest.mark.parametrize("chunk", [0, 2, 10, 3.0])
+def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
+    cell = cells.LSTM(N)
+    params, carry, xs, _, _ = setup(cell, 2, jnp.float32)
+    with pytest.raises(ValueError, match=f"divisor of the {T} time steps"):
+        gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
 @pytest.mark.parametrize("name", ["lstm", "sclstm_i"])

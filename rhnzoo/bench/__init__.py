@@ -16,7 +16,8 @@ drift much less, but under heavy load still by up to ~20% between runs (see
 * ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX (a
   Python loop of layers, and ``nnx.vmap`` + ``nnx.scan``);
 * ``python -m rhnzoo.bench.rnn``: the gated cells' classifier step (fused scan) against Flax
-  (``OptimizedLSTMCell``, ``GRUCell``) and their own reference scan.
+  (``OptimizedLSTMCell``, ``GRUCell``) and their own reference scan;
+* ``python -m rhnzoo.bench.trace``: that step's time per XLA op, from a profiler trace.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ recurrent layer over ``xs [T, B, m]`` float32 (time-major), its last output thro
 linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit``:
 
 * **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
-  hand-written backward pass; as in the classifier, when m <= 8 the input is projected
-  inside the scan and the weight gradients are summed in the reverse scan, the GRU's
-  excepted: ``gated_fused.unroll``'s default);
+  hand-written backward pass), as the classifier calls it: with ``lengths`` (here all
+  T), the output read from the final carry, ``gated_fused.unroll``'s defaults (the
+  input projected inside the scan, the weight gradients formed per chunk of up to 16
+  steps);
   **rhnzoo_bf16** (``--bfloat16``) the same with bfloat16 matmul inputs;
 * **reference**: :func:`rhnzoo.cells.unroll` (``lax.scan`` + autodiff, every step under
   ``save_matmuls_only``: the classifier's ``scan_impl='reference'``);
@@ -51,6 +52,7 @@ CONFIGS = {
     "imdb": {"input": 256, "hidden": 512, "batch": 32, "steps": 400, "classes": 2},
     "imdb_cpu": {"input": 256, "hidden": 512, "batch": 32, "steps": 100, "classes": 2},
     "pmnist": {"input": 1, "hidden": 100, "batch": 100, "steps": 784, "classes": 10},
+    "tiny": {"input": 3, "hidden": 8, "batch": 4, "steps": 6, "classes": 3},  # for tests
 }  # fmt: skip
 CELLS = {
     "lstm": lambda n: cells.LSTM(n),
@@ -95,16 +97,18 @@ class FlaxGRUClassifier(nn.Module):
 
 def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None):
     """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
-    with the classifier's choices (input projected inside the scan when m <= 8)."""
-    per_step = xs.shape[-1] <= 8
-    carry = cell.initial_carry(xs.shape[1])
-    if scan_impl == "fused":
-        _, ys = gated_fused.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
-                                   dtype=dtype)
+    as the classifier computes it (the reference scan projects inside the scan when m <= 8)."""
+    T, B = xs.shape[:2]
+    carry = cell.initial_carry(B)
+    if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
+        carry, _ = gated_fused.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
+                                      dtype=dtype)  # fmt: skip
+        last = gated_fused.output_of(cell, carry)
     else:
-        _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=per_step,
+        _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,
                              save_matmuls=True)  # fmt: skip
-    return ys[-1] @ params["out"]["kernel"] + params["out"]["bias"]
+        last = ys[-1]
+    return last @ params["out"]["kernel"] + params["out"]["bias"]
 
 
 def flax_params(params, n: int):

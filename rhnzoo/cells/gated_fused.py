@@ -10,29 +10,35 @@ every time step adds a rank-B outer product into the recurrent weight gradient
 times. Here the forward scan keeps what the backward pass needs (the state entering
 each step and the gate values), the backward scan runs the recurrence once in reverse
 for the state cotangents only and emits the pre-activation gradients dz_t, and the
-weight gradients are formed afterwards as one large matmul over all T x B positions::
+weight gradients are formed as large matmuls over many T x B positions at once::
 
-    dU = sum_t (h_{t-1} m)^T dz_t        one [n, T B] x [T B, k n] matmul
+    dU = sum_t (h_{t-1} m)^T dz_t        one [n, C B] x [C B, k n] matmul per chunk
     db = sum_t sum_b dz_t                one reduction
-    dW = sum_t x_t^T dz_t                one matmul (or autodiff of x W outside the scan)
+    dW = sum_t x_t^T dz_t                likewise (or autodiff of x W outside the scan)
 
-(Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8, differentiated; the
-derivatives are written out in each kernel below.)
+where a chunk is C consecutive steps: a divisor of T up to 16 when the input is
+projected in the scan (the default: the chunk's dz stays in cache and no ``[T, B, k n]``
+cotangent is written), C = T (one matmul after the reverse scan) for a projection done
+before the scan. (Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8,
+differentiated; the derivatives are written out in each kernel below.)
+
+Inside the scans every per-step array is feature-major, ``[features, B]`` (see the
+kernels' comment: the weight matrix on the left of each per-step matmul measured
+1.4x faster on CPU); :func:`unroll` takes and returns the usual batch-major arrays.
+Without ``lengths`` the forward scan writes no output stack of its own (the outputs
+are the saved states h_{t-1}, shifted by one step).
 
 Variable-length batches follow :func:`rhnzoo.cells.unroll`'s ``lengths`` semantics
 exactly: padded steps keep the carry and output zeros (their cotangents pass through
 unchanged and contribute nothing to the weight gradients). The recurrent dropout mask
 is a constant here: it receives a zero gradient.
 
-Options: ``project_per_step=True`` computes W x_t inside the scan (for 1-wide inputs,
-an outer product: no ``[T, B, k n]`` projection is written in the forward pass);
-``weight_grads_in_scan=True`` sums the weight gradients inside the reverse scan instead
-(rank-B updates, as autodiff does: faster for small n, whose accumulator stays in cache;
-by default chosen with ``project_per_step``, except for the GRU, measured in
-BUILD_NOTES.md issue 17);
+Options: ``project_per_step`` (default True) computes W x_t inside the scan (for 1-wide
+inputs an outer product; no ``[T, B, k n]`` projection is written in the forward pass);
+``weight_grad_chunk`` sets C (1: a rank-B update per step, as autodiff does);
 ``dtype=jnp.bfloat16`` runs every matmul with bfloat16 inputs and float32 accumulation
 (``preferred_element_type``), keeping parameters, state and gate arithmetic in
-float32.
+float32. The float32 gate nonlinearities are :mod:`rhnzoo.cells.fastmath`'s.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rhnzoo.cells import fastmath
 from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState
 from rhnzoo.cells.residual import RRN, Parallel
 
@@ -57,11 +64,11 @@ def _dot(a: Array, b: Array, dtype: Any) -> Array:
     return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _outer_sum(a: Array, b: Array, dtype: Any) -> Array:
-    """``sum_{t,b} a[t,b,:]^T b[t,b,:]``: ``[T, B, i] x [T, B, j] -> [i, j]``, one matmul
-    over all T x B positions."""
-    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    return _dot(a2.T, b2, dtype).astype(b.dtype)
+def _einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
+    """``jnp.einsum``; with ``dtype`` set, inputs cast to it and float32 accumulation."""
+    if dtype is None:
+        return jnp.einsum(spec, a, b)
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def _masked(h: Array, mask: Array | None) -> Array:
@@ -70,12 +77,63 @@ def _masked(h: Array, mask: Array | None) -> Array:
 
 # ------------------------------------------------------------------------------ kernels
 #
+# Inside the fused scan every per-step array is feature-major, ``[features, B]``: the
+# carry is h^T, a step's gate pre-activations are z^T = U^T h^T + W^T x_t^T + b, and the
+# gate blocks are row blocks (contiguous). Putting the weight matrix on the left of
+# each per-step matmul is what makes this layout fast on CPU: XLA:CPU's matmul library
+# re-packs its right-hand operand on every call, and with the batch on the left (h U,
+# as the cells' ``step`` and autodiff compute it) that operand is the whole [n, k n]
+# weight matrix, every step. Measured on the 2-core development machine (BUILD_NOTES
+# issue 17): a 100-step scan of [32, 512] x [512, 2048] 59 ms, of [2048, 512] x
+# [512, 32] 42 ms; the backward [100, 400] x [400, 100] product 101 -> 70 ms.
+#
 # A kernel is a static (hashable) description of one cell's time step:
-#   forward(w, carry, xp, aux_t, mask) -> (new carry, output y, saved)
-#   backward(w, dcarry, dy, saved, aux_t, mask) -> (dcarry_prev, dz, extra)
-#   weight_grads(w, saved [T, ...], dZ [T, B, k], extra [T, ...], mask) -> dw
-# where xp is the step's input projection W x_t ([B, k]) and dz its cotangent. The
-# driver (_scan) applies the padding masks around both.
+#   prepare(w) -> p: the weights as the step uses them (transposed once per call)
+#   forward(p, carry, xp, aux_t, mask) -> (new carry, output y, saved)
+#   backward(p, dcarry, dy, saved, aux_t, mask) -> (dcarry_prev, dz, extra)
+#   weight_grads(w, saved [C, ...], dZ [C, k n, B], extra [C, B], mask) -> dw, the
+#     weight gradients of C consecutive steps (a chunk, see _scan_bwd)
+# where xp is the step's input projection W^T x_t^T ([k n, B]) and dz its cotangent;
+# ``aux_t`` holds [B] per-row flags and ``mask`` is [n, B]. The driver (_scan) applies
+# the padding masks around both.
+
+
+def _outer_sum(a: Array, b: Array, dtype: Any) -> Array:
+    """``sum_{t,b} a[t,:,b] b[t,:,b]^T``: ``[C, i, B] x [C, j, B] -> [i, j]``, one matmul
+    contracting all C x B positions."""
+    dims = (((0, 2), (0, 2)), ((), ()))
+    if dtype is None:
+        return jax.lax.dot_general(a, b, dims)
+    out = jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
+                              preferred_element_type=jnp.float32)  # fmt: skip
+    return out.astype(b.dtype)
+
+
+def _rows(blocks: list[Array]) -> Array:
+    """Row blocks ``[n_i, B]`` -> one ``[sum n_i, B]`` array, each block written in place
+    (``dynamic_update_slice``). A ``jnp.concatenate`` of the same blocks let XLA:CPU fuse
+    their elementwise work into the concatenation, evaluated one output element at a
+    time, unvectorised: the LSTM's dz at P-MNIST's shape cost 48 ms per train step that
+    way, ~14 ms written block by block (the trace in BUILD_NOTES issue 17)."""
+    out = jnp.zeros((sum(b.shape[0] for b in blocks),) + blocks[0].shape[1:], blocks[0].dtype)
+    start = 0
+    for b in blocks:
+        out = jax.lax.dynamic_update_slice_in_dim(out, b, start, axis=0)
+        start += b.shape[0]
+    return out
+
+
+def _plus(d: Array, dy: Array | None) -> Array:
+    return d if dy is None else d + dy
+
+
+def _cast(a: Array, dtype: Any) -> Array:
+    """A matmul weight in the matmul dtype, cast once per call (not once per step)."""
+    return a if dtype is None else a.astype(dtype)
+
+
+def _bias(b: Array) -> Array:
+    return b[:, None]  # [k n] -> [k n, 1], broadcast over the batch columns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +142,9 @@ class _LSTMKernel:
 
     Carry ``(h, c)`` or, with skips, ``(h, c, h_anchor)`` (the step counter is turned
     into the per-step ``aux`` flags ``on_grid`` / ``skipped`` outside the scan).
-    Saved per step: h_{t-1}, c_{t-1}, the gates i | f | o | c̃ (and h_anchor when α is
-    learned).
+    Saved per step: h_{t-1}, c_{t-1} and the gates i, f, o, c̃, each its own [n, B] stack
+    (one [4n, B] stack measured slower: one 125 MB zero-fill at P-MNIST's shape), and
+    h_anchor when α is learned.
     """
 
     n: int
@@ -93,52 +152,56 @@ class _LSTMKernel:
     skip: bool = False
     learn_alpha: bool = False
 
-    def forward(self, w, carry, xp, aux, mask):
+    def prepare(self, w):
+        U = _cast(w["U"], self.dtype)
+        p = {"UT": U.T, "U": U, "b": _bias(w["b"])}
+        if self.learn_alpha:
+            p["alpha"] = w["alpha"]
+        return p
+
+    def forward(self, p, carry, xp, aux, mask):
         n = self.n
         h, c = carry[0], carry[1]
-        z = xp + _dot(_masked(h, mask), w["U"], self.dtype) + w["b"]
-        sig = jax.nn.sigmoid(z[:, : 3 * n])
-        i, f, o = (sig[:, k * n : (k + 1) * n] for k in range(3))
-        g = jnp.tanh(z[:, 3 * n :])
+        z = xp + _dot(p["UT"], _masked(h, mask), self.dtype) + p["b"]
+        sig = fastmath.sigmoid(z[: 3 * n])
+        g = fastmath.tanh(z[3 * n :])
+        i, f, o = sig[:n], sig[n : 2 * n], sig[2 * n :]
         c_new = f * c + i * g
-        h_new = o * jnp.tanh(c_new)
+        h_new = o * fastmath.tanh(c_new)
         saved = {"h": h, "c": c, "i": i, "f": f, "o": o, "g": g}
         if not self.skip:
             return (h_new, c_new), h_new, saved
         anchor = carry[2]
-        alpha = w["alpha"] if self.learn_alpha else 1.0
-        h_new = jnp.where(aux["skipped"][:, None], h_new + alpha * anchor, h_new)
-        anchor_new = jnp.where(aux["on_grid"][:, None], h_new, anchor)
+        alpha = p["alpha"] if self.learn_alpha else 1.0
+        h_new = jnp.where(aux["skipped"][None, :], h_new + alpha * anchor, h_new)
+        anchor_new = jnp.where(aux["on_grid"][None, :], h_new, anchor)
         if self.learn_alpha:
             saved["anchor"] = anchor
         return (h_new, c_new, anchor_new), h_new, saved
 
-    def backward(self, w, dcarry, dy, saved, aux, mask):
+    def backward(self, p, dcarry, dy, saved, aux, mask):
         n = self.n
-        dh, dc = dcarry[0] + dy, dcarry[1]
+        dh, dc = _plus(dcarry[0], dy), dcarry[1]
         extra = None
         if self.skip:
             # anchor' = on_grid ? h' : anchor;  h' = h_lstm + skipped α anchor.
-            on_grid, skipped = aux["on_grid"][:, None], aux["skipped"][:, None]
+            on_grid, skipped = aux["on_grid"][None, :], aux["skipped"][None, :]
             danchor = dcarry[2]
             dh = dh + jnp.where(on_grid, danchor, 0.0)
-            alpha = w["alpha"] if self.learn_alpha else 1.0
+            alpha = p["alpha"] if self.learn_alpha else 1.0
             danchor_prev = jnp.where(on_grid, 0.0, danchor) + jnp.where(skipped, alpha * dh, 0.0)
             if self.learn_alpha:
-                extra = jnp.where(skipped, dh * saved["anchor"], 0.0).sum(axis=-1)  # [B]
-        h, c, i, f, o, g = (saved[k] for k in "h c i f o g".split())
-        tc = jnp.tanh(f * c + i * g)
+                extra = jnp.where(skipped, dh * saved["anchor"], 0.0).sum(axis=0)  # [B]
+        c, i, f, o, g = (saved[k] for k in "c i f o g".split())
+        tc = fastmath.tanh(f * c + i * g)
         dc = dc + dh * o * (1 - tc * tc)
-        dz = jnp.concatenate(
-            [dc * g * i * (1 - i), dc * c * f * (1 - f), dh * tc * o * (1 - o), dc * i * (1 - g * g)],
-            axis=-1,
-        )
-        dh_prev = _masked(_dot(dz, w["U"].T, self.dtype).astype(dh.dtype), mask)
+        dz = _rows([dc * g * i * (1 - i), dc * c * f * (1 - f), dh * tc * o * (1 - o), dc * i * (1 - g * g)])
+        dh_prev = _masked(_dot(p["U"], dz, self.dtype).astype(dh.dtype), mask)
         dcarry_prev = (dh_prev, dc * f) + ((danchor_prev,) if self.skip else ())
         return dcarry_prev, dz, extra
 
     def weight_grads(self, w, saved, dZ, extra, mask):
-        dw = {"U": _outer_sum(_masked(saved["h"], mask), dZ, self.dtype), "b": dZ.sum(axis=(0, 1))}
+        dw = {"U": _outer_sum(_masked(saved["h"], mask), dZ, self.dtype), "b": dZ.sum(axis=(0, 2))}
         if self.learn_alpha:
             dw["alpha"] = extra.sum().astype(w["alpha"].dtype)
         return dw
@@ -151,39 +214,46 @@ class _GRUKernel:
     n: int
     dtype: Any
 
-    def forward(self, w, h, xp, aux, mask):
-        n, U = self.n, w["U"]
-        xp = xp + w["b"]
-        hm = _masked(h, mask)
-        rz = jax.nn.sigmoid(xp[:, : 2 * n] + _dot(hm, U[:, : 2 * n], self.dtype))
-        r, z = rz[:, :n], rz[:, n:]
-        ht = jnp.tanh(xp[:, 2 * n :] + _dot(r * hm, U[:, 2 * n :], self.dtype))
-        h_new = ht + z * (h - ht)
-        return h_new, h_new, {"h": h, "r": r, "z": z, "ht": ht}
+    def prepare(self, w):
+        U, n = _cast(w["U"], self.dtype), self.n
+        U_rz, U_h = U[:, : 2 * n], U[:, 2 * n :]
+        return {"UT_rz": U_rz.T, "UT_h": U_h.T, "U_rz": U_rz, "U_h": U_h, "b": _bias(w["b"])}
 
-    def backward(self, w, dh, dy, saved, aux, mask):
-        n, U = self.n, w["U"]
-        h, r, z, ht = saved["h"], saved["r"], saved["z"], saved["ht"]
+    def forward(self, p, h, xp, aux, mask):
+        n = self.n
+        xp = xp + p["b"]
         hm = _masked(h, mask)
-        dh = dh + dy
+        rz = fastmath.sigmoid(xp[: 2 * n] + _dot(p["UT_rz"], hm, self.dtype))
+        r, z = rz[:n], rz[n:]
+        ht = fastmath.tanh(xp[2 * n :] + _dot(p["UT_h"], r * hm, self.dtype))
+        h_new = ht + z * (h - ht)
+        return h_new, h_new, {"h": h, "rz": rz, "ht": ht}
+
+    def backward(self, p, dh, dy, saved, aux, mask):
+        n = self.n
+        h, rz, ht = saved["h"], saved["rz"], saved["ht"]
+        r, z = rz[:n], rz[n:]
+        hm = _masked(h, mask)
+        dh = _plus(dh, dy)
         dp_h = dh * (1 - z) * (1 - ht * ht)  # eq. 8's pre-activation
-        da = _dot(dp_h, U[:, 2 * n :].T, self.dtype).astype(dh.dtype)  # a = r ⊙ h m
-        dp_rz = jnp.concatenate([da * hm * r * (1 - r), dh * (h - ht) * z * (1 - z)], axis=-1)
-        dhm = da * r + _dot(dp_rz, U[:, : 2 * n].T, self.dtype).astype(dh.dtype)
+        da = _dot(p["U_h"], dp_h, self.dtype).astype(dh.dtype)  # a = r ⊙ h m
+        dp_rz = _rows([da * hm * r * (1 - r), dh * (h - ht) * z * (1 - z)])
+        dhm = da * r + _dot(p["U_rz"], dp_rz, self.dtype).astype(dh.dtype)
         dh_prev = dh * z + _masked(dhm, mask)
-        return dh_prev, jnp.concatenate([dp_rz, dp_h], axis=-1), None
+        return dh_prev, _rows([dp_rz, dp_h]), None
 
     def weight_grads(self, w, saved, dZ, extra, mask):
         n = self.n
         hm = _masked(saved["h"], mask)
-        dU_rz = _outer_sum(hm, dZ[..., : 2 * n], self.dtype)
-        dU_h = _outer_sum(saved["r"] * hm, dZ[..., 2 * n :], self.dtype)
-        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ.sum(axis=(0, 1))}
+        dU_rz = _outer_sum(hm, dZ[:, : 2 * n], self.dtype)
+        dU_h = _outer_sum(saved["rz"][:, :n] * hm, dZ[:, 2 * n :], self.dtype)
+        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ.sum(axis=(0, 2))}
 
 
 @dataclasses.dataclass(frozen=True)
 class _RRNKernel:
-    """RRN (Wang & Tian eqs. 3-4), K layers. Saved per step: h_{t-1} and y_1..y_K."""
+    """RRN (Wang & Tian eqs. 3-4), K layers. Saved per step: h_{t-1} and y_1..y_K (one
+    [K n, B] block)."""
 
     n: int
     depth: int
@@ -191,139 +261,143 @@ class _RRNKernel:
     dtype: Any
 
     def _act(self, x):
-        return jax.nn.sigmoid(x) if self.activation == "sigmoid" else jnp.tanh(x)
+        return fastmath.sigmoid(x) if self.activation == "sigmoid" else fastmath.tanh(x)
 
     def _dact(self, y):  # the activation's derivative from its output
         return y * (1 - y) if self.activation == "sigmoid" else 1 - y * y
 
-    def forward(self, w, h, xp, aux, mask):
-        n, U = self.n, w["U"]
-        xp = xp + w["b"]
-        y = self._act(xp[:, :n] + _dot(_masked(h, mask), U[0], self.dtype))
+    def prepare(self, w):
+        U = _cast(w["U"], self.dtype)
+        return {"UT": jnp.swapaxes(U, 1, 2), "U": U, "b": _bias(w["b"])}
+
+    def forward(self, p, h, xp, aux, mask):
+        n, UT = self.n, p["UT"]
+        xp = xp + p["b"]
+        y = self._act(xp[:n] + _dot(UT[0], _masked(h, mask), self.dtype))
         ys = [y]
         for k in range(1, self.depth):
-            y = self._act(xp[:, k * n : (k + 1) * n] + _dot(y, U[k], self.dtype))
+            y = self._act(xp[k * n : (k + 1) * n] + _dot(UT[k], y, self.dtype))
             ys.append(y)
-        h_new = jnp.tanh(h + y)
-        return h_new, h_new, {"h": h, "y": jnp.stack(ys)}
+        h_new = fastmath.tanh(h + y)
+        return h_new, h_new, {"h": h, "y": _rows(ys)}
 
-    def backward(self, w, dh, dy, saved, aux, mask):
-        U, Y = w["U"], saved["y"]
-        h_new = jnp.tanh(saved["h"] + Y[-1])
-        dpre = (dh + dy) * (1 - h_new * h_new)  # eq. 3's pre-activation
+    def backward(self, p, dh, dy, saved, aux, mask):
+        n, U, Y = self.n, p["U"], saved["y"]
+        h_new = fastmath.tanh(saved["h"] + Y[(self.depth - 1) * n :])
+        dpre = _plus(dh, dy) * (1 - h_new * h_new)  # eq. 3's pre-activation
         dys, dzs = dpre, []
         for k in range(self.depth - 1, -1, -1):
-            dz = dys * self._dact(Y[k])
+            dz = dys * self._dact(Y[k * n : (k + 1) * n])
             dzs.append(dz)
-            dys = _dot(dz, U[k].T, self.dtype).astype(dpre.dtype)
-        return dpre + _masked(dys, mask), jnp.concatenate(dzs[::-1], axis=-1), None
+            dys = _dot(U[k], dz, self.dtype).astype(dpre.dtype)
+        return dpre + _masked(dys, mask), _rows(dzs[::-1]), None
 
     def weight_grads(self, w, saved, dZ, extra, mask):
         n, K = self.n, self.depth
-        ins = [_masked(saved["h"], mask)] + [saved["y"][:, k] for k in range(K - 1)]
-        dU = jnp.stack([_outer_sum(ins[k], dZ[..., k * n : (k + 1) * n], self.dtype)
+        ins = [_masked(saved["h"], mask)] + [saved["y"][:, k * n : (k + 1) * n] for k in range(K - 1)]
+        dU = jnp.stack([_outer_sum(ins[k], dZ[:, k * n : (k + 1) * n], self.dtype)
                         for k in range(K)])  # fmt: skip
-        return {"U": dU, "b": dZ.sum(axis=(0, 1))}
+        return {"U": dU, "b": dZ.sum(axis=(0, 2))}
 
 
 # ------------------------------------------------------------------------------ driver
 
 
-def _project_step(W, x_t, dtype):
-    """W x_t for one step: an outer product for a 1-wide input (no matmul)."""
-    if W.shape[0] == 1:
-        return x_t * W[0]
-    return _dot(x_t, W, dtype).astype(x_t.dtype)
+def _project_step(WT, x_t, dtype):
+    """W^T x_t^T for one step, ``[k n, m] x [m, B]``: an outer product for a 1-wide
+    input (no matmul)."""
+    if WT.shape[1] == 1:
+        return WT * x_t
+    return _dot(WT, x_t, dtype).astype(x_t.dtype)
+
+
+def _keep_padded(valid, new, old):
+    """Rows (columns here) whose step is padding keep ``old``."""
+    return jax.tree.map(lambda a, b: jnp.where(valid[None, :], a, b), new, old)
+
+
+def _first(carry):
+    """h, the first leaf of a carry (the cells' output)."""
+    return carry[0] if isinstance(carry, tuple) else carry
 
 
 def _run(kern, unroll, w, W, carry0, xs, aux, mask):
+    """The forward scan. With padding (``aux['valid']``) the outputs are the steps'
+    outputs y_t (zero on padded steps); without, the scan writes no output stack of its
+    own: the outputs are the saved states entering each step, h_{t-1} (``unroll`` shifts
+    them by one step), one [T, n, B] stack fewer to write."""
+    p, WT = kern.prepare(w), None
+    if W is not None:  # a 1-wide input's outer product stays in the carry's dtype
+        WT = (W if W.shape[0] == 1 else _cast(W, kern.dtype)).T
+
     def step(carry, inputs):
         x_t, aux_t = inputs
-        xp = x_t if W is None else _project_step(W, x_t, kern.dtype)
-        new, y, saved = kern.forward(w, carry, xp, aux_t, mask)
+        xp = x_t if W is None else _project_step(WT, x_t, kern.dtype)
+        new, y, saved = kern.forward(p, carry, xp, aux_t, mask)
         v = aux_t.get("valid")
-        if v is not None:
-            v = v[:, None]
-            new = jax.tree.map(lambda a, b: jnp.where(v, a, b), new, carry)
-            y = jnp.where(v, y, 0.0)
-        return new, (y, saved)
+        if v is None:
+            return new, (None, saved)
+        return _keep_padded(v, new, carry), (jnp.where(v[None, :], y, 0.0), saved)
 
     carry_T, (ys, saved) = jax.lax.scan(step, carry0, (xs, aux), unroll=unroll)
-    return (carry_T, ys), saved
+    return (carry_T, saved["h"] if ys is None else ys), saved
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(kern, unroll, in_scan, w, W, carry0, xs, aux, mask):
+def _scan(kern, unroll, chunk, w, W, carry0, xs, aux, mask):
     return _run(kern, unroll, w, W, carry0, xs, aux, mask)[0]
 
 
-def _scan_fwd(kern, unroll, in_scan, w, W, carry0, xs, aux, mask):
+def _scan_fwd(kern, unroll, chunk, w, W, carry0, xs, aux, mask):
     out, saved = _run(kern, unroll, w, W, carry0, xs, aux, mask)
     return out, (w, W, xs, aux, mask, saved)
 
 
-def _scan_bwd(kern, unroll, in_scan, res, cotangents):
+def _backward_step(kern, p, mask, dcarry, dy, saved_t, aux_t):
+    """One reverse step: the carry's cotangent, dz and the per-row extra term. ``dy`` is
+    the cotangent of the step's output y_t (padded) or of h_{t-1} (see :func:`_run`)."""
+    v = aux_t.get("valid")
+    dprev, dz, extra = kern.backward(p, dcarry, None if v is None else dy, saved_t, aux_t, mask)
+    if v is None:
+        h = _first(dprev) + dy
+        return (h,) + dprev[1:] if isinstance(dprev, tuple) else h, dz, extra
+    # padded steps: the carry's cotangent passes through
+    dprev, dz = _keep_padded(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
+    return dprev, dz, None if extra is None else jnp.where(v, extra, 0.0)
+
+
+def _scan_bwd(kern, unroll, chunk, res, cotangents):
+    """The reverse scan in chunks of ``chunk`` steps: an inner scan runs the recurrence
+    backwards through the chunk and emits its dz ``[chunk, k n, B]``; the chunk's weight
+    gradients are then one matmul over its chunk x B positions. chunk = T: one matmul
+    over all positions after the reverse scan; chunk = 1: a rank-B update per step."""
     w, W, xs, aux, mask, saved = res
     dcarry_T, dys = cotangents
-    if in_scan:
-        return _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, dys)
+    p, T = kern.prepare(w), dys.shape[0]
+    Wc = None if W is None else _cast(W, kern.dtype)
+    chunks = lambda tree: jax.tree.map(lambda a: a.reshape((T // chunk, chunk) + a.shape[1:]), tree)
 
     def step(dcarry, inputs):
-        dy, saved_t, aux_t = inputs
-        dprev, dz, extra = kern.backward(w, dcarry, dy, saved_t, aux_t, mask)
-        v = aux_t.get("valid")
-        if v is not None:  # padded steps: the carry's cotangent passes through
-            dprev = jax.tree.map(lambda a, b: jnp.where(v[:, None], a, b), dprev, dcarry)
-            dz = jnp.where(v[:, None], dz, 0.0)
-            extra = None if extra is None else jnp.where(v, extra, 0.0)
+        dprev, dz, extra = _backward_step(kern, p, mask, dcarry, *inputs)
         return dprev, (dz, extra)
 
-    dcarry0, (dZ, extra) = jax.lax.scan(step, dcarry_T, (dys, saved, aux), reverse=True,
-                                        unroll=unroll)  # fmt: skip
-    dw = kern.weight_grads(w, saved, dZ, extra, mask)
-    if W is None:
-        dW, dxs = None, dZ
-    elif W.shape[0] == 1:
-        dW = jnp.einsum("tbo,tbk->ok", xs, dZ)
-        dxs = jnp.einsum("tbk,ok->tbo", dZ, W)
-    else:
-        dW = _outer_sum(xs, dZ, kern.dtype).astype(W.dtype)
-        dxs = _dot(dZ, W.T, kern.dtype).astype(xs.dtype)
-    dmask = None if mask is None else jnp.zeros_like(mask)
-    return dw, dW, dcarry0, dxs, None, dmask
-
-
-def _scan_bwd_accumulating(kern, unroll, w, W, xs, aux, mask, saved, dcarry_T, dys):
-    """The backward pass with the weight gradients summed inside the reverse scan (a
-    rank-B update per step, as autodiff does) and no ``[T, B, k n]`` cotangent written:
-    for small n (with ``W`` None, the projection's cotangent dz is still written)."""
-    first = lambda t: jax.tree.map(lambda a: a[None], t)
-
-    def step(carry, inputs):
+    def chunk_step(carry, inputs):
         dcarry, dw, dW = carry
-        dy, saved_t, aux_t, x_t = inputs
-        dprev, dz, extra = kern.backward(w, dcarry, dy, saved_t, aux_t, mask)
-        v = aux_t.get("valid")
-        if v is not None:
-            dprev = jax.tree.map(lambda a, b: jnp.where(v[:, None], a, b), dprev, dcarry)
-            dz = jnp.where(v[:, None], dz, 0.0)
-            extra = None if extra is None else jnp.where(v, extra, 0.0)
-        dw_t = kern.weight_grads(w, first(saved_t), dz[None], None if extra is None else
-                                 extra[None], mask)  # fmt: skip
-        dw = jax.tree.map(jnp.add, dw, dw_t)
-        if W is None:  # the projection was done before the scan: its cotangent is dz
-            dx = dz
-        elif W.shape[0] == 1:
-            dW, dx = dW + jnp.sum(x_t * dz, axis=0, keepdims=True), dz @ W[0][:, None]
-        else:
-            dW = dW + _dot(x_t.T, dz, kern.dtype).astype(W.dtype)
-            dx = _dot(dz, W.T, kern.dtype).astype(x_t.dtype)
-        return (dprev, dw, dW), dx
+        dys_c, saved_c, aux_c, xs_c = inputs
+        dcarry, (dZ, extra) = jax.lax.scan(step, dcarry, (dys_c, saved_c, aux_c), reverse=True,
+                                           unroll=unroll)  # fmt: skip
+        dw = jax.tree.map(jnp.add, dw, kern.weight_grads(w, saved_c, dZ, extra, mask))
+        if W is None:  # the projection was done before the scan: its cotangent is dZ
+            return (dcarry, dw, dW), dZ
+        dW = dW + _outer_sum(xs_c, dZ, kern.dtype).astype(W.dtype)
+        return (dcarry, dw, dW), _einsum("mk,tkb->tmb", Wc, dZ, kern.dtype).astype(xs_c.dtype)
 
     zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W))
-    (dcarry0, dw, dW), dxs = jax.lax.scan(step, zeros, (dys, saved, aux, xs), reverse=True,
-                                          unroll=unroll)  # fmt: skip
-    return dw, dW, dcarry0, dxs, None, None if mask is None else jnp.zeros_like(mask)
+    (dcarry0, dw, dW), dxs = jax.lax.scan(chunk_step, zeros,
+                                          chunks((dys, saved, aux, None if W is None else xs)),
+                                          reverse=True)  # fmt: skip
+    dmask = None if mask is None else jnp.zeros_like(mask)
+    return dw, dW, dcarry0, dxs.reshape((T,) + dxs.shape[2:]), None, dmask
 
 
 _scan.defvjp(_scan_fwd, _scan_bwd)
@@ -337,6 +411,18 @@ def supports(cell: Any) -> bool:
     return isinstance(cell, (LSTM, GRU, SCLSTM, RRN))
 
 
+def output_of(cell: Any, carry: Any) -> Array:
+    """The output ``[B, n]`` of the step that produced ``carry``: every fused cell outputs
+    its new h (:class:`~rhnzoo.cells.Parallel`: the mean of its parts', HRL eq. 7). With
+    ``unroll(..., lengths=...)`` the final carry gives each row's output at its last
+    real step. Raises ValueError for a cell without a fused path."""
+    if isinstance(cell, Parallel):
+        return sum(output_of(c, k) for c, k in zip(cell.cells, carry)) / len(cell.cells)
+    if not supports(cell):
+        raise ValueError(f"no fused unroll for {cell!r}; use rhnzoo.cells.unroll")
+    return carry.h if isinstance(cell, (LSTM, SCLSTM)) else carry
+
+
 def unroll(
     cell: Any,
     params: Any,
@@ -346,9 +432,9 @@ def unroll(
     *,
     lengths: Array | None = None,
     unroll: int = 1,
-    project_per_step: bool = False,
+    project_per_step: bool = True,
     dtype: Any = None,
-    weight_grads_in_scan: bool | None = None,
+    weight_grad_chunk: int | None = None,
 ) -> tuple[Any, Array]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
@@ -365,25 +451,28 @@ def unroll(
       lengths: optional ``[B]`` int real steps per row: padded steps keep the carry and
         output zeros (as :func:`rhnzoo.cells.unroll`).
       unroll: time steps per scan iteration, forward and backward.
-      project_per_step: compute W x_t inside the scan (an outer product when m = 1)
-        instead of one ``[T, B, k n]`` projection before it.
+      project_per_step: compute W^T x_t^T inside the scan, one ``[k n, m] x [m, B]``
+        matmul per step (an outer product when m = 1; the default: 1.2-1.4x faster train
+        steps at the IMDB shape, BUILD_NOTES issue 17), instead of one ``[T, B, k n]``
+        projection before it.
       dtype: ``None`` (matmuls in the carry's dtype) or ``jnp.bfloat16`` (bf16 matmul
         inputs, float32 accumulation; state, parameters and gates stay float32).
-      weight_grads_in_scan: sum the recurrent weight gradients inside the reverse scan
-        (a rank-B update per step, like autodiff) instead of forming them as one matmul
-        over all positions afterwards: faster for small n, where the accumulator stays
-        in cache; with ``project_per_step`` no ``[T, B, k n]`` cotangent is written.
-        ``None`` (default): in the scan when ``project_per_step``, except for the GRU
-        (whose per-step update of two weight blocks measured slower than one matmul).
+      weight_grad_chunk: C, the number of consecutive steps whose weight gradients are
+        formed by one matmul over their C x B positions: T (after the whole reverse
+        scan), 1 (a rank-B update per step, as autodiff does) or any divisor of T.
+        ``None`` (default): the largest divisor of T up to 16 with
+        ``project_per_step``, T otherwise (measured, BUILD_NOTES issue 17; at the IMDB
+        shape chunks of 10 to 100 steps were level).
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`.
 
     Raises:
-      ValueError: for a cell without a fused path (see :func:`supports`).
+      ValueError: for a cell without a fused path (see :func:`supports`), or a
+        ``weight_grad_chunk`` that does not divide T.
     """
     kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype,
-              weight_grads_in_scan=weight_grads_in_scan)  # fmt: skip
+              weight_grad_chunk=weight_grad_chunk)  # fmt: skip
     if isinstance(cell, Parallel):
         outs = [globals()["unroll"](c, p, k, xs, mask, **kw)
                 for c, p, k in zip(cell.cells, params, carry)]  # fmt: skip
@@ -413,15 +502,26 @@ def unroll(
         kern, carry0 = _GRUKernel(n, dtype), carry
     else:
         kern, carry0 = _RRNKernel(n, cell.depth, cell.activation, dtype), carry
+    # Feature-major inside the scan (see the kernels' comment): [B, n] -> [n, B].
+    carry0 = jax.tree.map(lambda a: a.T, carry0)
+    mask_fm = None if mask is None else mask.astype(cdt).T
     W = params["W"].astype(cdt)
     if project_per_step:
-        x_in = xs
+        x_in = jnp.swapaxes(xs, 1, 2)  # [T, m, B]
     else:
-        x_in, W = _dot(xs, W, dtype).astype(cdt), None
-    if weight_grads_in_scan is None:  # measured at P-MNIST's shape (BUILD_NOTES issue 17)
-        weight_grads_in_scan = project_per_step and not isinstance(kern, _GRUKernel)
-    in_scan = bool(weight_grads_in_scan)
-    carry_T, ys = _scan(kern, unroll, in_scan, w, W, carry0, x_in, aux, mask)
+        # [T B, m] x [m, k n], then [T, B, k n] -> [T, k n, B] (as one einsum, XLA:CPU has
+        # no bfloat16 kernel for it)
+        x_in = _dot(xs.reshape(-1, xs.shape[-1]), W, dtype).astype(cdt).reshape(T, -1, W.shape[1])
+        x_in, W = jnp.swapaxes(x_in, 1, 2), None
+    chunk = weight_grad_chunk
+    if chunk is None:  # measured (BUILD_NOTES issue 17)
+        chunk = max(c for c in range(1, 17) if T % c == 0) if project_per_step else T
+    elif not (isinstance(chunk, int) and chunk >= 1 and T % chunk == 0):
+        raise ValueError(f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}")
+    carry_T, ys = _scan(kern, unroll, chunk, w, W, carry0, x_in, aux, mask_fm)
+    if lengths is None:  # ys holds h_{t-1}: shift it by one step
+        ys = jnp.concatenate([ys[1:], _first(carry_T)[None]])
+    carry_T, ys = jax.tree.map(lambda a: a.T, carry_T), jnp.swapaxes(ys, 1, 2)
     if isinstance(cell, SCLSTM):
         steps = T if lengths is None else jnp.sum(aux["valid"], axis=0).astype(carry.t.dtype)
         carry_T = SCLSTMState(*carry_T, carry.t + steps)

@@ -41,17 +41,16 @@ class SequenceClassifier:
       unroll: time steps per ``lax.scan`` iteration; remat: recompute time steps in
         the backward pass (long sequences; the reference scan only).
       project_per_step: project the inputs inside the time scan (see
-        :func:`rhnzoo.cells.unroll`); None: when the input is at most 8 wide (P-MNIST).
+        :func:`rhnzoo.cells.unroll`); None: always in the fused scan (measured faster
+        there, BUILD_NOTES issue 17), in the reference scan when the input is at most 8
+        wide (P-MNIST).
       scan_impl: ``'fused'`` (:mod:`rhnzoo.cells.gated_fused`: hand-written backward
-        pass, weight gradients as one matmul over all T x B positions; LSTM, GRU, SC-LSTM,
-        RRN and Parallel of these), ``'reference'`` (:func:`rhnzoo.cells.unroll`, autodiff,
-        each step under ``save_matmuls_only``), or None: ``'fused'`` where the cell has
-        it. The fused path runs the recurrence without the padding mask: padding only
-        follows a row's real steps and only the output at its last real step is read, so
-        values and gradients are those of the masked scan (tested) at less work per step.
-        With ``project_per_step`` (narrow inputs, small n: P-MNIST) the fused backward
-        pass sums the weight gradients inside its reverse scan (measured faster there
-        than one matmul over all positions; BUILD_NOTES.md, issue 17).
+        pass, weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
+        SC-LSTM, RRN and Parallel of these), ``'reference'`` (:func:`rhnzoo.cells.unroll`,
+        autodiff, each step under ``save_matmuls_only``), or None: ``'fused'`` where the
+        cell has it. The fused path reads each row's output from the final carry, which
+        stops at the row's last real step (``lengths``), instead of gathering it from the
+        ``[T, B, n]`` outputs: their cotangent is then never written.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
@@ -131,16 +130,22 @@ class SequenceClassifier:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
         carry = self.cell.initial_carry(batch, xs.dtype)
-        per_step = self.input_size <= 8 if self.project_per_step is None else self.project_per_step
+        per_step = self.project_per_step
+        if per_step is None:  # measured faster: always in the fused scan, narrow inputs otherwise
+            per_step = self.fused or self.input_size <= 8
         if self.fused:
+            # Each row's carry stops at its last real step, and its output is in it: no
+            # [T, B, n] output stack is read (its cotangent would be written in full).
             dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
-            _, ys = gated_fused.unroll(self.cell, params["cell"], carry, xs, unroll=self.unroll,
-                                       project_per_step=per_step, dtype=dtype)
+            carry, _ = gated_fused.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
+                                          unroll=self.unroll, project_per_step=per_step,
+                                          dtype=dtype)  # fmt: skip
+            last = gated_fused.output_of(self.cell, carry)
         else:
             _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
                                  unroll=self.unroll, remat=self.remat,
                                  project_per_step=per_step, save_matmuls=True)  # fmt: skip
-        last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
+            last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
         return jnp.where((lengths > 0)[:, None], last, 0.0)
 
     def logits(

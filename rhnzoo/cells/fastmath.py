@@ -1,0 +1,57 @@
+"""float32 tanh and logistic sigmoid as rational polynomials, for the fused scans.
+
+XLA:CPU evaluates ``tanh`` and ``logistic`` at about 0.5-1.2 ns per float32 element
+(measured inside a time scan on the 2-core development machine: 8.9 µs for a
+``[32, 512]`` tanh, 10.3 µs for a sigmoid), several times the cost of the multiplies
+around them. In a recurrent step these nonlinearities are most of the elementwise work
+(an LSTM evaluates 5n of them per row and step), so :mod:`rhnzoo.cells.gated_fused` and
+:mod:`rhnzoo.cells.rhn_fused` use these instead: the same [13/6] minimax rational
+approximation of tanh that Eigen (``generic_fast_tanh_float``) and XLA:CPU's own tanh
+use, written with multiplies, adds and one division so that XLA fuses and vectorises
+it with its neighbours: 2.5x faster than ``jnp.tanh`` in the same scan. Maximum
+absolute error 2.6e-7 over [-12, 12] against float64 tanh, equal to ``jnp.tanh``'s on
+XLA:CPU (tested in ``tests/test_fastmath.py``); the sigmoid is ``(1 + tanh(x / 2)) / 2``
+(absolute error <= 1.5e-7).
+
+Inputs of any other dtype (float64 for gradient checks, bfloat16) get the exact
+``jnp.tanh`` / ``jax.nn.sigmoid``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Eigen's generic_fast_tanh_float: numerator odd (x, x^3, ..., x^13), denominator even.
+_CLAMP = 7.90531110763549805
+_NUM = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05,
+        5.12229709037114e-08, -8.60467152213735e-11, 2.00018790482477e-13,
+        -2.76076847742355e-16)  # fmt: skip
+_DEN = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04,
+        1.19825839466702e-06)  # fmt: skip
+
+
+def _horner(coefficients, x2):
+    acc = jnp.asarray(coefficients[-1], x2.dtype)
+    for c in coefficients[-2::-1]:
+        acc = acc * x2 + c
+    return acc
+
+
+def tanh(x: jax.Array) -> jax.Array:
+    """``tanh(x)``, elementwise, same shape and dtype; float32 by a rational polynomial
+    (max absolute error 2.6e-7), other dtypes exact. NaN in, NaN out."""
+    if x.dtype != jnp.float32:
+        return jnp.tanh(x)
+    x = jnp.clip(x, -_CLAMP, _CLAMP)
+    x2 = x * x
+    return x * _horner(_NUM, x2) / _horner(_DEN, x2)
+
+
+def sigmoid(x: jax.Array) -> jax.Array:
+    """The logistic sigmoid ``1 / (1 + exp(-x))``, elementwise, same shape and dtype;
+    float32 as ``0.5 + 0.5 tanh(x / 2)`` with :func:`tanh` (max absolute error 1.5e-7),
+    other dtypes exact."""
+    if x.dtype != jnp.float32:
+        return jax.nn.sigmoid(x)
+    return 0.5 + 0.5 * tanh(0.5 * x)
