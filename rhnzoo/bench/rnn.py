@@ -126,9 +126,9 @@ def flax_params(params, n: int):
     return {"params": {"OptimizedLSTMCell_0": cell, "Dense_0": dict(params["out"])}}
 
 
-def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
-          bfloat16: bool = False) -> dict:  # fmt: skip
-    """Times rhnzoo's train step (value and grad) against its peers on shape ``c``."""
+def problem(cell_name: str, c: dict):
+    """``(cell, params, xs [T, B, m], labels [B])`` of shape ``c``, from a fixed key:
+    the cell's initialisation and a random ``[n, classes]`` output layer."""
     m, n, B, T, C = c["input"], c["hidden"], c["batch"], c["steps"], c["classes"]
     cell = CELLS[cell_name](n)
     k_cell, k_out, k_x, k_y = jax.random.split(jax.random.PRNGKey(0), 4)
@@ -137,12 +137,21 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         "out": {"kernel": 0.1 * jax.random.normal(k_out, (n, C)), "bias": jnp.zeros((C,))},
     }
     xs = jax.random.normal(k_x, (T, B, m), jnp.float32)
-    labels = jax.random.randint(k_y, (B,), 0, C)
+    return cell, params, xs, jax.random.randint(k_y, (B,), 0, C)
+
+
+def loss_of(logits_fn):
+    """``jit(value_and_grad)`` of the mean cross-entropy of ``logits_fn(params, xs)``,
+    as ``f(params, xs, labels)``."""
     xent = optax.softmax_cross_entropy_with_integer_labels
+    return jax.jit(jax.value_and_grad(lambda p, xs, y: xent(logits_fn(p, xs), y).mean()))
 
-    def loss_of(logits_fn):
-        return jax.jit(jax.value_and_grad(lambda p, xs, y: xent(logits_fn(p, xs), y).mean()))
 
+def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
+          bfloat16: bool = False) -> dict:  # fmt: skip
+    """Times rhnzoo's train step (value and grad) against its peers on shape ``c``."""
+    n, C = c["hidden"], c["classes"]
+    cell, params, xs, labels = problem(cell_name, c)
     steps = {
         "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
         "reference": (loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="reference")),

@@ -58,26 +58,17 @@ def op_times(fn: Callable[[], Any], *, steps: int = 3) -> list[tuple[str, float,
 
 def main(argv):
     del argv
+    import functools
+
     import jax
-    import jax.numpy as jnp
-    import optax
 
     from rhnzoo.bench import rnn
 
     if FLAGS.config not in rnn.CONFIGS or FLAGS.cell not in rnn.CELLS:
         raise SystemExit(f"error: choose --config from {list(rnn.CONFIGS)}, --cell from {list(rnn.CELLS)}")
-    c = rnn.CONFIGS[FLAGS.config]
-    m, n, B, T, C = c["input"], c["hidden"], c["batch"], c["steps"], c["classes"]
-    cell = rnn.CELLS[FLAGS.cell](n)
-    k = jax.random.split(jax.random.PRNGKey(0), 4)
-    params = {"cell": cell.init(k[0], m),
-              "out": {"kernel": 0.1 * jax.random.normal(k[1], (n, C)), "bias": jnp.zeros((C,))}}
-    xs = jax.random.normal(k[2], (T, B, m))
-    labels = jax.random.randint(k[3], (B,), 0, C)
-    xent = optax.softmax_cross_entropy_with_integer_labels
-    step = jax.jit(jax.value_and_grad(lambda p: xent(
-        rnn.rhnzoo_logits(cell, p, xs, scan_impl=FLAGS.scan_impl), labels).mean()))  # fmt: skip
-    rows = op_times(lambda: step(params), steps=FLAGS.steps)
+    cell, params, xs, labels = rnn.problem(FLAGS.cell, rnn.CONFIGS[FLAGS.config])
+    step = rnn.loss_of(functools.partial(rnn.rhnzoo_logits, cell, scan_impl=FLAGS.scan_impl))
+    rows = op_times(lambda: step(params, xs, labels), steps=FLAGS.steps)
     print(f"{FLAGS.cell} {FLAGS.config} ({FLAGS.scan_impl}), {jax.devices()[0].device_kind}: "
           f"ms per train step, events per step")  # fmt: skip
     for name, ms, count in rows[: FLAGS.top]:

@@ -57,18 +57,25 @@ from rhnzoo.cells.residual import RRN, Parallel
 Array = jax.Array
 
 
+# Every matmul below: with ``dtype`` set (bfloat16), inputs cast to it (_cast) and float32
+# accumulation (_acc); with None, in the inputs' own dtype.
+
+
+def _cast(a: Array, dtype: Any) -> Array:
+    return a if dtype is None else a.astype(dtype)
+
+
+def _acc(dtype: Any) -> Any:
+    return None if dtype is None else jnp.float32
+
+
 def _dot(a: Array, b: Array, dtype: Any) -> Array:
-    """``a @ b``; with ``dtype`` set, inputs cast to it and float32 accumulation."""
-    if dtype is None:
-        return a @ b
-    return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    """``a @ b``."""
+    return jnp.dot(_cast(a, dtype), _cast(b, dtype), preferred_element_type=_acc(dtype))
 
 
 def _einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
-    """``jnp.einsum``; with ``dtype`` set, inputs cast to it and float32 accumulation."""
-    if dtype is None:
-        return jnp.einsum(spec, a, b)
-    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, _cast(a, dtype), _cast(b, dtype), preferred_element_type=_acc(dtype))
 
 
 def _masked(h: Array, mask: Array | None) -> Array:
@@ -101,11 +108,8 @@ def _masked(h: Array, mask: Array | None) -> Array:
 def _outer_sum(a: Array, b: Array, dtype: Any) -> Array:
     """``sum_{t,b} a[t,:,b] b[t,:,b]^T``: ``[C, i, B] x [C, j, B] -> [i, j]``, one matmul
     contracting all C x B positions."""
-    dims = (((0, 2), (0, 2)), ((), ()))
-    if dtype is None:
-        return jax.lax.dot_general(a, b, dims)
-    out = jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
-                              preferred_element_type=jnp.float32)  # fmt: skip
+    out = jax.lax.dot_general(_cast(a, dtype), _cast(b, dtype), (((0, 2), (0, 2)), ((), ())),
+                              preferred_element_type=_acc(dtype))  # fmt: skip
     return out.astype(b.dtype)
 
 
@@ -125,11 +129,6 @@ def _rows(blocks: list[Array]) -> Array:
 
 def _plus(d: Array, dy: Array | None) -> Array:
     return d if dy is None else d + dy
-
-
-def _cast(a: Array, dtype: Any) -> Array:
-    """A matmul weight in the matmul dtype, cast once per call (not once per step)."""
-    return a if dtype is None else a.astype(dtype)
 
 
 def _bias(b: Array) -> Array:
@@ -152,7 +151,7 @@ class _LSTMKernel:
     skip: bool = False
     learn_alpha: bool = False
 
-    def prepare(self, w):
+    def prepare(self, w):  # matmul weights cast once per call, not once per step
         U = _cast(w["U"], self.dtype)
         p = {"UT": U.T, "U": U, "b": _bias(w["b"])}
         if self.learn_alpha:
@@ -180,7 +179,6 @@ class _LSTMKernel:
         return (h_new, c_new, anchor_new), h_new, saved
 
     def backward(self, p, dcarry, dy, saved, aux, mask):
-        n = self.n
         dh, dc = _plus(dcarry[0], dy), dcarry[1]
         extra = None
         if self.skip:
@@ -317,7 +315,8 @@ def _keep_padded(valid, new, old):
 
 
 def _first(carry):
-    """h, the first leaf of a carry (the cells' output)."""
+    """h, the first leaf of a carry (LSTM / SC-LSTM state tuples included): the cells'
+    output."""
     return carry[0] if isinstance(carry, tuple) else carry
 
 
@@ -420,7 +419,7 @@ def output_of(cell: Any, carry: Any) -> Array:
         return sum(output_of(c, k) for c, k in zip(cell.cells, carry)) / len(cell.cells)
     if not supports(cell):
         raise ValueError(f"no fused unroll for {cell!r}; use rhnzoo.cells.unroll")
-    return carry.h if isinstance(cell, (LSTM, SCLSTM)) else carry
+    return _first(carry)
 
 
 def unroll(
