@@ -33,16 +33,18 @@ def loss(unroll_fn, cell, params, s0, xs, mask, target):
 
 
 @pytest.mark.parametrize(
-    "depth,hsg,use_mask,remat",
-    [(1, False, False, False), (1, True, True, True), (3, False, True, False),
-     (3, True, False, True), (5, True, True, False), (5, False, True, True)],
+    "depth,hsg,use_mask,remat,layer_loop",
+    [(1, False, False, False, "scan"), (1, True, True, True, "python"),
+     (3, False, True, False, "python"), (3, True, False, True, "scan"),
+     (5, True, True, False, "scan"), (5, False, True, True, "python"),
+     (5, True, True, False, None)],
 )  # fmt: skip
-def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat):
+def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat, layer_loop):
     cell, params, xs, s0, mask = setup(depth, hsg, seed=depth)
     mask = mask if use_mask else None
     target = jax.random.normal(jax.random.PRNGKey(9), (xs.shape[0], xs.shape[1], cell.hidden_size))
     ref = lambda *a: cells.unroll(*a)
-    fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2)
+    fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2, layer_loop=layer_loop)
     np.testing.assert_allclose(fast(cell, params, s0, xs, mask)[1],
                                ref(cell, params, s0, xs, mask)[1], rtol=1e-5, atol=1e-5)  # fmt: skip
     g_ref = jax.grad(loss, argnums=(2, 3, 4))(ref, cell, params, s0, xs, mask, target)
@@ -91,3 +93,7 @@ def test_fused_rejects_unsupported_cells():
                      jnp.zeros((5, 2, 3)))  # fmt: skip
     with pytest.raises(ValueError, match="bfloat16 needs"):
         lm.rhn_language_model(10, 8, 2, dtype="bfloat16")
+    cell = cells.RHN(4, 2)
+    with pytest.raises(ValueError, match="layer_loop must be"):
+        fused.unroll(cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)),
+                     jnp.zeros((5, 2, 3)), layer_loop="unrolled")  # fmt: skip

@@ -108,6 +108,27 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+@pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
+def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
+    cell = CELLS[name]()
+    params, carry, xs, mask, _ = setup(cell, 2, jnp.float32)
+    ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
+    fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, outputs=False)
+    assert fast(params, carry, xs)[1] is None
+
+    def final(unroll, params, carry, xs):  # every float leaf of the final carry
+        leaves = jax.tree.leaves(unroll(params, carry, xs)[0])
+        return sum(jnp.sum(jnp.sin(c)) for c in leaves if jnp.issubdtype(c.dtype, jnp.floating))
+
+    grad = jax.value_and_grad(final, argnums=(1, 2, 3), allow_int=True)
+    (v_ref, g_ref), (v_fast, g_fast) = grad(ref, params, carry, xs), grad(fast, params, carry, xs)
+    np.testing.assert_allclose(v_fast, v_ref, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
+        if a.dtype != jax.dtypes.float0:
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize("chunk", [0, 2, 10, 3.0])
 def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
     cell = cells.LSTM(N)

@@ -102,7 +102,7 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None):
     carry = cell.initial_carry(B)
     if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
         carry, _ = gated_fused.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
-                                      dtype=dtype)  # fmt: skip
+                                      dtype=dtype, outputs=False)  # fmt: skip
         last = gated_fused.output_of(cell, carry)
     else:
         _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,

@@ -105,12 +105,15 @@ def _masked(h: Array, mask: Array | None) -> Array:
 # the padding masks around both.
 
 
-def _outer_sum(a: Array, b: Array, dtype: Any) -> Array:
-    """``sum_{t,b} a[t,:,b] b[t,:,b]^T``: ``[C, i, B] x [C, j, B] -> [i, j]``, one matmul
-    contracting all C x B positions."""
-    out = jax.lax.dot_general(_cast(a, dtype), _cast(b, dtype), (((0, 2), (0, 2)), ((), ())),
+def _outer_sum(a: Array, dZ: Array, dtype: Any) -> Array:
+    """``sum_{t,b} a[t,:,b] dZ[:,t B + b]^T``: ``[C, i, B] x [j, C B] -> [i, j]``, one
+    matmul contracting all C x B positions. dZ comes from the reverse scan already laid
+    out as ``[j, C B]`` (see :func:`_scan_bwd`); ``a``, the smaller operand, is
+    transposed to ``[i, C B]``."""
+    a = jnp.swapaxes(a, 0, 1).reshape(a.shape[1], -1)
+    out = jax.lax.dot_general(_cast(a, dtype), _cast(dZ, dtype), (((1,), (1,)), ((), ())),
                               preferred_element_type=_acc(dtype))  # fmt: skip
-    return out.astype(b.dtype)
+    return out.astype(dZ.dtype)
 
 
 def _rows(blocks: list[Array]) -> Array:
@@ -199,7 +202,7 @@ class _LSTMKernel:
         return dcarry_prev, dz, extra
 
     def weight_grads(self, w, saved, dZ, extra, mask):
-        dw = {"U": _outer_sum(_masked(saved["h"], mask), dZ, self.dtype), "b": dZ.sum(axis=(0, 2))}
+        dw = {"U": _outer_sum(_masked(saved["h"], mask), dZ, self.dtype), "b": dZ.sum(axis=1)}
         if self.learn_alpha:
             dw["alpha"] = extra.sum().astype(w["alpha"].dtype)
         return dw
@@ -243,9 +246,9 @@ class _GRUKernel:
     def weight_grads(self, w, saved, dZ, extra, mask):
         n = self.n
         hm = _masked(saved["h"], mask)
-        dU_rz = _outer_sum(hm, dZ[:, : 2 * n], self.dtype)
-        dU_h = _outer_sum(saved["rz"][:, :n] * hm, dZ[:, 2 * n :], self.dtype)
-        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ.sum(axis=(0, 2))}
+        dU_rz = _outer_sum(hm, dZ[: 2 * n], self.dtype)
+        dU_h = _outer_sum(saved["rz"][:, :n] * hm, dZ[2 * n :], self.dtype)
+        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ.sum(axis=1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,9 +296,9 @@ class _RRNKernel:
     def weight_grads(self, w, saved, dZ, extra, mask):
         n, K = self.n, self.depth
         ins = [_masked(saved["h"], mask)] + [saved["y"][:, k * n : (k + 1) * n] for k in range(K - 1)]
-        dU = jnp.stack([_outer_sum(ins[k], dZ[:, k * n : (k + 1) * n], self.dtype)
+        dU = jnp.stack([_outer_sum(ins[k], dZ[k * n : (k + 1) * n], self.dtype)
                         for k in range(K)])  # fmt: skip
-        return {"U": dU, "b": dZ.sum(axis=(0, 2))}
+        return {"U": dU, "b": dZ.sum(axis=1)}
 
 
 # ------------------------------------------------------------------------------ driver
@@ -320,11 +323,12 @@ def _first(carry):
     return carry[0] if isinstance(carry, tuple) else carry
 
 
-def _run(kern, unroll, w, W, carry0, xs, aux, mask):
+def _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask):
     """The forward scan. With padding (``aux['valid']``) the outputs are the steps'
     outputs y_t (zero on padded steps); without, the scan writes no output stack of its
     own: the outputs are the saved states entering each step, h_{t-1} (``unroll`` shifts
-    them by one step), one [T, n, B] stack fewer to write."""
+    them by one step), one [T, n, B] stack fewer to write. ``outputs=False``: none
+    (``None``), the final carry only."""
     p, WT = kern.prepare(w), None
     if W is not None:  # a 1-wide input's outer product stays in the carry's dtype
         WT = (W if W.shape[0] == 1 else _cast(W, kern.dtype)).T
@@ -336,63 +340,80 @@ def _run(kern, unroll, w, W, carry0, xs, aux, mask):
         v = aux_t.get("valid")
         if v is None:
             return new, (None, saved)
-        return _keep_padded(v, new, carry), (jnp.where(v[None, :], y, 0.0), saved)
+        y = jnp.where(v[None, :], y, 0.0) if outputs else None
+        return _keep_padded(v, new, carry), (y, saved)
 
     carry_T, (ys, saved) = jax.lax.scan(step, carry0, (xs, aux), unroll=unroll)
+    if not outputs:
+        return (carry_T, None), saved
     return (carry_T, saved["h"] if ys is None else ys), saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(kern, unroll, chunk, w, W, carry0, xs, aux, mask):
-    return _run(kern, unroll, w, W, carry0, xs, aux, mask)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _scan(kern, unroll, chunk, outputs, w, W, carry0, xs, aux, mask):
+    return _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask)[0]
 
 
-def _scan_fwd(kern, unroll, chunk, w, W, carry0, xs, aux, mask):
-    out, saved = _run(kern, unroll, w, W, carry0, xs, aux, mask)
+def _scan_fwd(kern, unroll, chunk, outputs, w, W, carry0, xs, aux, mask):
+    out, saved = _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask)
     return out, (w, W, xs, aux, mask, saved)
 
 
 def _backward_step(kern, p, mask, dcarry, dy, saved_t, aux_t):
     """One reverse step: the carry's cotangent, dz and the per-row extra term. ``dy`` is
-    the cotangent of the step's output y_t (padded) or of h_{t-1} (see :func:`_run`)."""
+    the cotangent of the step's output y_t (padded) or of h_{t-1} (see :func:`_run`), or
+    ``None`` (no outputs)."""
     v = aux_t.get("valid")
     dprev, dz, extra = kern.backward(p, dcarry, None if v is None else dy, saved_t, aux_t, mask)
-    if v is None:
+    if v is None and dy is not None:
         h = _first(dprev) + dy
         return (h,) + dprev[1:] if isinstance(dprev, tuple) else h, dz, extra
+    if v is None:
+        return dprev, dz, extra
     # padded steps: the carry's cotangent passes through
     dprev, dz = _keep_padded(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
     return dprev, dz, None if extra is None else jnp.where(v, extra, 0.0)
 
 
-def _scan_bwd(kern, unroll, chunk, res, cotangents):
+def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
     """The reverse scan in chunks of ``chunk`` steps: an inner scan runs the recurrence
-    backwards through the chunk and emits its dz ``[chunk, k n, B]``; the chunk's weight
-    gradients are then one matmul over its chunk x B positions. chunk = T: one matmul
+    backwards through the chunk and writes its dz into a ``[k n, chunk, B]`` buffer (so
+    that it reads as ``[k n, chunk B]``, the layout the weight-gradient matmul takes
+    without a transposed copy); the chunk's weight gradients are then one matmul over
+    its chunk x B positions. chunk = T: one matmul
     over all positions after the reverse scan; chunk = 1: a rank-B update per step."""
     w, W, xs, aux, mask, saved = res
     dcarry_T, dys = cotangents
-    p, T = kern.prepare(w), dys.shape[0]
+    p, (T, _, B) = kern.prepare(w), saved["h"].shape
+    kn = w["b"].shape[0]  # rows of dz: the gate pre-activations
     Wc = None if W is None else _cast(W, kern.dtype)
     chunks = lambda tree: jax.tree.map(lambda a: a.reshape((T // chunk, chunk) + a.shape[1:]), tree)
 
-    def step(dcarry, inputs):
+    def step(carry, inputs):  # dz is written into the chunk's [k n, chunk, B] buffer
+        dcarry, dZ = carry
+        t, inputs = inputs
         dprev, dz, extra = _backward_step(kern, p, mask, dcarry, *inputs)
-        return dprev, (dz, extra)
+        return (dprev, jax.lax.dynamic_update_slice_in_dim(dZ, dz[:, None], t, axis=1)), extra
 
     def chunk_step(carry, inputs):
-        dcarry, dw, dW = carry
+        # dZ_buf: the previous chunk's dz buffer, every column of which this chunk
+        # overwrites (carried rather than zero-filled anew per chunk).
+        dcarry, dw, dW, dZ_buf = carry
         dys_c, saved_c, aux_c, xs_c = inputs
-        dcarry, (dZ, extra) = jax.lax.scan(step, dcarry, (dys_c, saved_c, aux_c), reverse=True,
-                                           unroll=unroll)  # fmt: skip
+        (dcarry, dZ_buf), extra = jax.lax.scan(step, (dcarry, dZ_buf),
+                                               (jnp.arange(chunk), (dys_c, saved_c, aux_c)),
+                                               reverse=True, unroll=unroll)  # fmt: skip
+        dZ = dZ_buf.reshape(kn, chunk * B)  # columns t B + b: a free reshape
         dw = jax.tree.map(jnp.add, dw, kern.weight_grads(w, saved_c, dZ, extra, mask))
         if W is None:  # the projection was done before the scan: its cotangent is dZ
-            return (dcarry, dw, dW), dZ
+            return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dZ_buf, 0, 1)
         dW = dW + _outer_sum(xs_c, dZ, kern.dtype).astype(W.dtype)
-        return (dcarry, dw, dW), _einsum("mk,tkb->tmb", Wc, dZ, kern.dtype).astype(xs_c.dtype)
+        dx = _dot(Wc, dZ, kern.dtype).astype(xs_c.dtype).reshape(-1, chunk, B)
+        return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dx, 0, 1)
 
-    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W))
-    (dcarry0, dw, dW), dxs = jax.lax.scan(chunk_step, zeros,
+    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W),
+             jnp.zeros((kn, chunk, B), saved["h"].dtype))  # fmt: skip
+    (dcarry0, dw, dW, _), dxs = jax.lax.scan(chunk_step, zeros,
                                           chunks((dys, saved, aux, None if W is None else xs)),
                                           reverse=True)  # fmt: skip
     dmask = None if mask is None else jnp.zeros_like(mask)
@@ -434,7 +455,8 @@ def unroll(
     project_per_step: bool = True,
     dtype: Any = None,
     weight_grad_chunk: int | None = None,
-) -> tuple[Any, Array]:
+    outputs: bool = True,
+) -> tuple[Any, Array | None]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
     Args:
@@ -462,20 +484,26 @@ def unroll(
         ``None`` (default): the largest divisor of T up to 16 with
         ``project_per_step``, T otherwise (measured, BUILD_NOTES issue 17; at the IMDB
         shape chunks of 10 to 100 steps were level).
+      outputs: False: return no outputs (``ys`` is ``None``) and save the forward pass
+        writing them and the backward pass reading their (zero) cotangents; for a
+        caller that reads the final carry only (a classifier, with
+        :func:`output_of`).
 
     Returns:
-      ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`.
+      ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`; ``(carry, None)`` with
+      ``outputs=False``.
 
     Raises:
       ValueError: for a cell without a fused path (see :func:`supports`), or a
         ``weight_grad_chunk`` that does not divide T.
     """
     kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype,
-              weight_grad_chunk=weight_grad_chunk)  # fmt: skip
+              weight_grad_chunk=weight_grad_chunk, outputs=outputs)  # fmt: skip
     if isinstance(cell, Parallel):
         outs = [globals()["unroll"](c, p, k, xs, mask, **kw)
                 for c, p, k in zip(cell.cells, params, carry)]  # fmt: skip
-        return tuple(o[0] for o in outs), sum(o[1] for o in outs) / len(outs)
+        ys = sum(o[1] for o in outs) / len(outs) if outputs else None
+        return tuple(o[0] for o in outs), ys
     if not supports(cell):
         raise ValueError(f"no fused unroll for {cell!r}; use rhnzoo.cells.unroll")
     T = xs.shape[0]
@@ -517,10 +545,11 @@ def unroll(
         chunk = max(c for c in range(1, 17) if T % c == 0) if project_per_step else T
     elif not (isinstance(chunk, int) and chunk >= 1 and T % chunk == 0):
         raise ValueError(f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}")
-    carry_T, ys = _scan(kern, unroll, chunk, w, W, carry0, x_in, aux, mask_fm)
-    if lengths is None:  # ys holds h_{t-1}: shift it by one step
+    carry_T, ys = _scan(kern, unroll, chunk, outputs, w, W, carry0, x_in, aux, mask_fm)
+    if outputs and lengths is None:  # ys holds h_{t-1}: shift it by one step
         ys = jnp.concatenate([ys[1:], _first(carry_T)[None]])
-    carry_T, ys = jax.tree.map(lambda a: a.T, carry_T), jnp.swapaxes(ys, 1, 2)
+    carry_T = jax.tree.map(lambda a: a.T, carry_T)
+    ys = jnp.swapaxes(ys, 1, 2) if outputs else None
     if isinstance(cell, SCLSTM):
         steps = T if lengths is None else jnp.sum(aux["valid"], axis=0).astype(carry.t.dtype)
         carry_T = SCLSTMState(*carry_T, carry.t + steps)

@@ -13,6 +13,13 @@ the contraction over all T x B positions:
 
     dR_l = sum_t (s_l,t * m)^T dz_l,t        (Zilly et al. 2017, eqs. 6-8 differentiated)
 
+Inside the scans every per-step array is feature-major (``[n, B]``, the weight matrix
+on the left of each matmul, as in :mod:`rhnzoo.cells.gated_fused`), the gate
+nonlinearities are :mod:`rhnzoo.cells.fastmath`'s, and at moderate depth the
+micro-layers are a Python loop over per-layer weights (``layer_loop``): together 1.15x
+the batch-major ``lax.scan`` version's train step at ``ptb_sota`` (BUILD_NOTES issue 17,
+round 3).
+
 Options: ``remat=True`` saves only the per-step carries and recomputes a step's
 micro-layers in the backward pass (memory O(T B n) instead of O(T L B n));
 ``dtype=jnp.bfloat16`` runs the matmuls in bfloat16 with float32 accumulation,
@@ -27,84 +34,131 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rhnzoo.cells import fastmath
 from rhnzoo.cells.rhn import HSG, RHN
 
 Array = jax.Array
+
+# Depths up to which the micro-layers are a Python loop over per-layer weights by
+# default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Measured
+# (BUILD_NOTES issue 17, round 3): at depth 10 the loop's train step is ~12 % faster (the
+# scan copies R_l out of the stack for every micro-layer and time step, 5.5 MB each at
+# n = 830), at depth 40 it is no faster and compiles 4x slower (16 s vs 4 s).
+LOOP_LAYERS_UP_TO = 10
 
 
 def _dot(a: Array, b: Array, dtype: Any) -> Array:
     return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _forward_step(R, b, hsg, s_hat, xp, m, dtype):
-    """One time step; returns the new carry and what the backward pass needs."""
-    n = s_hat.shape[-1]
-    first = (jnp.arange(R.shape[0]) == 0).astype(jnp.float32)
+# Inside the scans every per-step array is feature-major, ``[n, B]`` (the state s^T, the
+# pre-activations z^T = R_l^T (s m)^T + b_l as H | T row blocks), so that the weight
+# matrix is the left operand of every per-step matmul: XLA:CPU's matmul library packs its
+# right-hand operand on every call, which with the batch on the left (s R_l) is the whole
+# [n, 2n] R_l, per micro-layer and time step (see :mod:`rhnzoo.cells.gated_fused` and
+# BUILD_NOTES issue 17). :func:`unroll` takes and returns batch-major arrays.
 
-    def layer(s, Rbf):
-        R_l, b_l, f = Rbf
-        z = _dot(s * m, R_l, dtype) + b_l + f * xp
-        h, t = jnp.tanh(z[:, :n]), jax.nn.sigmoid(z[:, n:])
+
+def _layer_scan(layer, carry, xs, reverse=False):
+    """``lax.scan`` over the micro-layers, or a Python loop when the weights (``xs[0]``)
+    are a list of per-layer arrays (sliced once, outside the time scan)."""
+    if not isinstance(xs[0], list):
+        return jax.lax.scan(layer, carry, xs, reverse=reverse)
+    L = len(xs[0])
+    outs = [None] * L
+    for l in (range(L - 1, -1, -1) if reverse else range(L)):
+        carry, outs[l] = layer(carry, tuple(x[l] for x in xs))
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+
+def _forward_step(RT, b, hsg, s_hat, xp, m, dtype):
+    """One time step, feature-major: ``RT [L, 2n, n]``, ``b [L, 2n, 1]``, ``s_hat [n, B]``,
+    ``xp [2n, B]``, ``m [n, B]``; returns the new state and what the backward pass needs."""
+    n = s_hat.shape[0]
+    first = (jnp.arange(len(RT)) == 0).astype(xp.dtype)
+
+    def layer(s, RTbf):  # eqs. 6-8, C = 1 - T; the input enters micro-layer 1 only
+        RT_l, b_l, f = RTbf
+        z = _dot(RT_l, s * m, dtype) + b_l + f * xp
+        h, t = fastmath.tanh(z[:n]), fastmath.sigmoid(z[n:])
         return s + t * (h - s), (s, h, t)
 
-    s_l, (S, H, Tg) = jax.lax.scan(layer, s_hat, (R, b, first))
+    s_l, (S, H, Tg) = _layer_scan(layer, s_hat, (RT, b, first))
     if hsg is None:
         return s_l, (S, H, Tg, s_l, s_l)
-    W_R, W_F, b_G = hsg
-    g = jax.nn.sigmoid(_dot(s_hat, W_R, dtype) + _dot(s_l, W_F, dtype) + b_G)
+    W_RT, W_FT, b_G = hsg  # HSG eqs. 5-6
+    g = fastmath.sigmoid(_dot(W_RT, s_hat, dtype) + _dot(W_FT, s_l, dtype) + b_G)
     return s_l + g * (s_hat - s_l), (S, H, Tg, s_l, g)
 
 
 def _backward_step(R, hsg, ds_hat, saved, m, dtype):
-    """Backpropagates one time step: returns (d carry in, dz [L, B, 2n], dz_G [B, n])."""
+    """Backpropagates one time step (feature-major): returns (d carry in [n, B],
+    dz [L, 2n, B], dz_G [n, B])."""
     S, H, Tg, s_l, g = saved
     if hsg is None:
         ds, dzg = ds_hat, jnp.zeros_like(ds_hat)
         ds_direct = jnp.zeros_like(ds_hat)
     else:
-        W_R, W_F, _ = hsg
+        W_R, W_F = hsg
         s_prev = S[0]
         dzg = ds_hat * (s_prev - s_l) * g * (1 - g)
-        ds = ds_hat * (1 - g) + _dot(dzg, W_F.T, dtype)
-        ds_direct = ds_hat * g + _dot(dzg, W_R.T, dtype)
+        ds = ds_hat * (1 - g) + _dot(W_F, dzg, dtype)
+        ds_direct = ds_hat * g + _dot(W_R, dzg, dtype)
 
     def layer(ds, inputs):
         R_l, s, h, t = inputs
-        dz = jnp.concatenate([ds * t * (1 - h * h), ds * (h - s) * t * (1 - t)], axis=-1)
-        return ds * (1 - t) + _dot(dz, R_l.T, dtype) * m, dz
+        dz = jnp.concatenate([ds * t * (1 - h * h), ds * (h - s) * t * (1 - t)], axis=0)
+        return ds * (1 - t) + _dot(R_l, dz, dtype) * m, dz
 
-    ds0, dZ = jax.lax.scan(layer, ds, (R, S, H, Tg), reverse=True)
+    ds0, dZ = _layer_scan(layer, ds, (R, S, H, Tg), reverse=True)
     return ds0 + ds_direct, dZ, dzg
 
 
-def _run(R, b, hsg, s0, x_proj, mask, *, remat, unroll, dtype):
+def _weights(R, b, hsg, loop):
+    """The weights as the steps use them: ``(R, R^T, b [L, 2n, 1], HSG's transposed,
+    HSG's W_R, W_F)``, R and R^T as lists of per-layer arrays when ``loop``."""
+    RT, bT = jnp.swapaxes(R, 1, 2), b[..., None]
+    if loop:
+        R, RT = list(R), list(RT)
+    hsgT = None if hsg is None else (hsg[0].T, hsg[1].T, hsg[2][:, None])
+    return R, RT, bT, hsgT, None if hsg is None else hsg[:2]
+
+
+def _run(R, b, hsg, s0, x_proj, mask, *, remat, unroll, dtype, loop):
+    _, RT, bT, hsgT, _ = _weights(R, b, hsg, loop)
+
     def step(s, xp):
-        s_new, saved = _forward_step(R, b, hsg, s, xp, mask, dtype)
+        s_new, saved = _forward_step(RT, bT, hsgT, s, xp, mask, dtype)
         return s_new, (s_new, s if remat else saved)
 
     s_T, (ys, saved) = jax.lax.scan(step, s0, x_proj, unroll=unroll)
     return (s_T, ys), saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _unroll(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype):
-    return _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _unroll(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
+    """Feature-major: ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n, B]``; returns
+    ``(s_T [n, B], ys [T, n, B])``."""
+    return _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype,
+                loop=loop)[0]  # fmt: skip
 
 
-def _unroll_fwd(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype):
-    out, saved = _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype)
+def _unroll_fwd(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
+    out, saved = _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype,
+                      loop=loop)  # fmt: skip
     return out, (R, b, hsg, x_proj, mask, saved)
 
 
-def _unroll_bwd(remat, unroll, dtype, res, cotangents):
+def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
     R, b, hsg, x_proj, mask, saved = res
     ds_T, dys = cotangents
+    Rl, RT, bT, hsgT, hsgW = _weights(R, b, hsg, loop)
 
     def step(ds_hat, inputs):
         dy, xp, saved_t = inputs
         if remat:
-            saved_t = _forward_step(R, b, hsg, saved_t, xp, mask, dtype)[1]
-        ds_prev, dZ, dzg = _backward_step(R, hsg, ds_hat + dy, saved_t, mask, dtype)
+            saved_t = _forward_step(RT, bT, hsgT, saved_t, xp, mask, dtype)[1]
+        ds_prev, dZ, dzg = _backward_step(Rl, hsgW, ds_hat + dy, saved_t, mask, dtype)
         s_in, s_prev, s_l = saved_t[0], saved_t[0][0], saved_t[3]
         return ds_prev, (dZ, dzg, s_in, s_prev, s_l)
 
@@ -112,14 +166,14 @@ def _unroll_bwd(remat, unroll, dtype, res, cotangents):
         step, ds_T, (dys, x_proj, saved), reverse=True, unroll=unroll
     )
     # Weight gradients: one matmul per micro-layer over all T x B positions.
-    dR = jnp.einsum("tlbi,tlbj->lij", (S * mask).astype(dtype), dZ.astype(dtype),
+    dR = jnp.einsum("tlib,tljb->lij", (S * mask).astype(dtype), dZ.astype(dtype),
                     preferred_element_type=jnp.float32)  # fmt: skip
-    db = dZ.sum(axis=(0, 2))
+    db = dZ.sum(axis=(0, 3))
     d_hsg = None
     if hsg is not None:
-        dW = lambda a: jnp.einsum("tbi,tbj->ij", a.astype(dtype), dzg.astype(dtype),
+        dW = lambda a: jnp.einsum("tib,tjb->ij", a.astype(dtype), dzg.astype(dtype),
                                   preferred_element_type=jnp.float32)  # fmt: skip
-        d_hsg = (dW(s_prev), dW(s_l), dzg.sum(axis=(0, 1)))
+        d_hsg = (dW(s_prev), dW(s_l), dzg.sum(axis=(0, 2)))
     return dR, db, d_hsg, ds0, dZ[:, 0], jnp.zeros_like(mask)
 
 
@@ -136,6 +190,7 @@ def unroll(
     unroll: int = 1,
     remat: bool = False,
     dtype: Any = jnp.float32,
+    layer_loop: str | None = None,
 ) -> tuple[Array, Array]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for RHN and HSG(RHN).
 
@@ -149,12 +204,18 @@ def unroll(
       unroll: time steps per scan iteration.
       remat: recompute each step's micro-layers in the backward pass.
       dtype: matmul input dtype (float32 or bfloat16); accumulation is float32.
+      layer_loop: how a time step runs its L micro-layers: ``'scan'`` (``lax.scan``
+        over the stacked weights: compiles in about the same time at any depth),
+        ``'python'`` (a loop over per-layer weights sliced once per call: faster steps
+        at moderate depth, compile time growing with L); ``None`` (default):
+        ``'python'`` up to depth :data:`LOOP_LAYERS_UP_TO`, ``'scan'`` above.
 
     Returns:
       ``(carry [B, n], ys [T, B, n])`` float32.
 
     Raises:
-      ValueError: for an uncoupled RHN or any other cell.
+      ValueError: for an uncoupled RHN or any other cell, or an unknown
+        ``layer_loop``.
     """
     hsg = None
     if isinstance(cell, HSG):
@@ -162,6 +223,11 @@ def unroll(
         cell, params = cell.cell, params["cell"]
     if not isinstance(cell, RHN) or not cell.coupled:
         raise ValueError(f"the fused unroll supports coupled RHN and HSG(RHN) cells, got {cell}")
-    x_proj = _dot(xs, params["W"], dtype)
+    if layer_loop not in (None, "scan", "python"):
+        raise ValueError(f"layer_loop must be 'scan', 'python' or None, got {layer_loop!r}")
+    loop = layer_loop == "python" or (layer_loop is None and cell.depth <= LOOP_LAYERS_UP_TO)
+    x_proj = jnp.swapaxes(_dot(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
-    return _unroll(params["R"], params["b"], hsg, carry, x_proj, mask, remat, unroll, dtype)
+    s_T, ys = _unroll(params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype,
+                      loop)  # fmt: skip
+    return s_T.T, jnp.swapaxes(ys, 1, 2)

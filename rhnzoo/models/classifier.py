@@ -135,11 +135,11 @@ class SequenceClassifier:
             per_step = self.fused or self.input_size <= 8
         if self.fused:
             # Each row's carry stops at its last real step, and its output is in it: no
-            # [T, B, n] output stack is read (its cotangent would be written in full).
+            # [T, B, n] output stack is written, nor its (zero) cotangent read.
             dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
             carry, _ = gated_fused.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
                                           unroll=self.unroll, project_per_step=per_step,
-                                          dtype=dtype)  # fmt: skip
+                                          dtype=dtype, outputs=False)  # fmt: skip
             last = gated_fused.output_of(self.cell, carry)
         else:
             _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
