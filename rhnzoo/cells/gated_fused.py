@@ -365,14 +365,13 @@ def _backward_step(kern, p, mask, dcarry, dy, saved_t, aux_t):
     ``None`` (no outputs)."""
     v = aux_t.get("valid")
     dprev, dz, extra = kern.backward(p, dcarry, None if v is None else dy, saved_t, aux_t, mask)
-    if v is None and dy is not None:
+    if v is not None:  # padded steps: the carry's cotangent passes through
+        dprev, dz = _keep_padded(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
+        return dprev, dz, None if extra is None else jnp.where(v, extra, 0.0)
+    if dy is not None:  # the cotangent of h_{t-1}, the step's input state
         h = _first(dprev) + dy
-        return (h,) + dprev[1:] if isinstance(dprev, tuple) else h, dz, extra
-    if v is None:
-        return dprev, dz, extra
-    # padded steps: the carry's cotangent passes through
-    dprev, dz = _keep_padded(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
-    return dprev, dz, None if extra is None else jnp.where(v, extra, 0.0)
+        dprev = (h,) + dprev[1:] if isinstance(dprev, tuple) else h
+    return dprev, dz, extra
 
 
 def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):

@@ -72,8 +72,9 @@ def _layer_scan(layer, carry, xs, reverse=False):
 
 
 def _forward_step(RT, b, hsg, s_hat, xp, m, dtype):
-    """One time step, feature-major: ``RT [L, 2n, n]``, ``b [L, 2n, 1]``, ``s_hat [n, B]``,
-    ``xp [2n, B]``, ``m [n, B]``; returns the new state and what the backward pass needs."""
+    """One time step, feature-major: ``RT [L, 2n, n]`` (or a list of L ``[2n, n]``),
+    ``b [L, 2n, 1]``, ``s_hat [n, B]``, ``xp [2n, B]``, ``m [n, B]``; returns the new state
+    and what the backward pass needs."""
     n = s_hat.shape[0]
     first = (jnp.arange(len(RT)) == 0).astype(xp.dtype)
 
