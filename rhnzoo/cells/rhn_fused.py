@@ -41,7 +41,7 @@ Array = jax.Array
 
 # Depths up to which the micro-layers are a Python loop over per-layer weights by
 # default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Measured
-# (BUILD_NOTES issue 17, round 3): at depth 10 the loop's train step is ~12 % faster (the
+# (BUILD_NOTES issue 17, round 3): at depth 10 the loop's train step is ~14 % faster (the
 # scan copies R_l out of the stack for every micro-layer and time step, 5.5 MB each at
 # n = 830), at depth 40 it is no faster and compiles 4x slower (16 s vs 4 s).
 LOOP_LAYERS_UP_TO = 10
@@ -118,9 +118,12 @@ def _backward_step(R, hsg, ds_hat, saved, m, dtype):
 def _weights(R, b, hsg, loop):
     """The weights as the steps use them: ``(R, R^T, b [L, 2n, 1], HSG's transposed,
     HSG's W_R, W_F)``, R and R^T as lists of per-layer arrays when ``loop``."""
-    RT, bT = jnp.swapaxes(R, 1, 2), b[..., None]
-    if loop:
-        R, RT = list(R), list(RT)
+    if loop:  # each layer's slice transposed in one copy, not a stack transposed then sliced
+        R = list(R)
+        RT = [r.T for r in R]
+    else:
+        RT = jnp.swapaxes(R, 1, 2)
+    bT = b[..., None]
     hsgT = None if hsg is None else (hsg[0].T, hsg[1].T, hsg[2][:, None])
     return R, RT, bT, hsgT, None if hsg is None else hsg[:2]
 
