@@ -91,6 +91,33 @@ def test_nll_is_cross_entropy_of_tied_softmax():
     np.testing.assert_allclose(float(nll), expected, rtol=1e-5)
 
 
+def test_nll_in_time_chunks_is_the_same_sum_and_gradient():
+    """Summing the softmax over chunks of steps is the same sum (and gradient), weights
+    included; a chunk that does not divide the window is one clear error."""
+    model = small_model(tied=True)
+    params = model.init(jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 6), 0, 11)
+    targets = jnp.roll(tokens, -1, axis=1)
+    weights = jnp.ones((3, 6)).at[2, 4:].set(0.0)  # a padded row end
+    nll = lambda p, chunk: model.nll(p, model.initial_carry(3), tokens, targets, None, weights,
+                                     time_chunk=chunk)[0]  # fmt: skip
+    full, g_full = jax.value_and_grad(nll)(params, None)
+    for chunk in (1, 2, 3, 6):
+        part, g_part = jax.value_and_grad(nll)(params, chunk)
+        np.testing.assert_allclose(float(part), float(full), rtol=1e-6)
+        for a, b in zip(jax.tree.leaves(g_part), jax.tree.leaves(g_full)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="time_chunk 4 does not divide the window's 6 steps"):
+        nll(params, 4)
+
+
+def test_eval_time_chunk_is_the_largest_divisor_under_the_budget():
+    assert lm.eval_time_chunk(100, 20, 10_000) == 10  # 8 MB of float32 logits: 10 x 20 x 10^4
+    assert lm.eval_time_chunk(100, 1, 10_000) == 100  # the batch-1 protocol: one chunk
+    assert lm.eval_time_chunk(7, 64, 10**6) == 1  # nothing fits: one step at a time
+    assert lm.eval_time_chunk(35, 20, 10_000, max_logits=20 * 10_000 * 6) == 5
+
+
 def test_untied_model_and_tying_error():
     model = lm.rhn_language_model(5, 8, 1, tied=False)
     params = model.init(jax.random.PRNGKey(0))

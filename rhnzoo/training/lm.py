@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from rhnzoo import data, dropout
-from rhnzoo.models.lm import LanguageModel
+from rhnzoo.models.lm import LanguageModel, eval_time_chunk
 from rhnzoo.training import engine, sharding
 
 Array = jax.Array
@@ -180,7 +180,8 @@ def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
 
     @jax.jit
     def window(params, carry, total, x, y, w):
-        nll, carry = model.nll(params, carry, x, y, None, w)
+        chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
+        nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
         return carry, total + nll
 
     def evaluate(params, tokens, batch_size, num_steps, track=None):
