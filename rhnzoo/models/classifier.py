@@ -38,8 +38,10 @@ class SequenceClassifier:
         non-recurrent layers" (Zaremba et al. 2014) also covers this layer.
       init_scale: half-width of the uniform initialisation of the embedding and the
         output layer (the cell initialises itself).
-      unroll: time steps per ``lax.scan`` iteration; remat: recompute time steps in
-        the backward pass (long sequences; the reference scan only).
+      unroll: time steps per ``lax.scan`` iteration; None: the scan's own default (the
+        fused scan's per cell, see :func:`rhnzoo.cells.gated_fused.unroll`; 1 in the
+        reference scan). remat: recompute time steps in the backward pass (long
+        sequences; the reference scan only).
       project_per_step: project the inputs inside the time scan (see
         :func:`rhnzoo.cells.unroll`); None: always in the fused scan (measured faster
         there, BUILD_NOTES issue 17), in the reference scan when the input is at most 8
@@ -69,7 +71,7 @@ class SequenceClassifier:
     drop: float = 0.0
     input_drop: float = 0.0
     init_scale: float = 0.1
-    unroll: int = 1
+    unroll: int | None = None
     remat: bool = False
     project_per_step: bool | None = None
     scan_impl: str | None = None
@@ -143,7 +145,7 @@ class SequenceClassifier:
             last = gated_fused.output_of(self.cell, carry)
         else:
             _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
-                                 unroll=self.unroll, remat=self.remat,
+                                 unroll=self.unroll or 1, remat=self.remat,
                                  project_per_step=per_step, save_matmuls=True)  # fmt: skip
             last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
         return jnp.where((lengths > 0)[:, None], last, 0.0)
