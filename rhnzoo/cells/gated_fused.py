@@ -471,8 +471,8 @@ def unroll(
       lengths: optional ``[B]`` int real steps per row: padded steps keep the carry and
         output zeros (as :func:`rhnzoo.cells.unroll`).
       unroll: time steps per scan iteration, forward and backward; None (default): 2
-        for the RRN (its step, K small matmuls in a row, measured 3-10 % faster by the
-        minimum and 7-16 % less CPU time, BUILD_NOTES issue 17 round 4), 1 otherwise.
+        for the RRN (its step, K small matmuls in a row, measured 2-10 % faster by the
+        minimum and 6-18 % less CPU time, BUILD_NOTES issue 17 round 4), 1 otherwise.
       project_per_step: compute W^T x_t^T inside the scan, one ``[k n, m] x [m, B]``
         matmul per step (an outer product when m = 1; the default: 1.2-1.4x faster train
         steps at the IMDB shape, BUILD_NOTES issue 17), instead of one ``[T, B, k n]``
