@@ -7,6 +7,7 @@ import pytest
 
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
+from rhnzoo.training import lm as train
 
 
 def small_model(tied=True, hsg=False, vocab=11):
@@ -112,10 +113,10 @@ def test_nll_in_time_chunks_is_the_same_sum_and_gradient():
 
 
 def test_eval_time_chunk_is_the_largest_divisor_under_the_budget():
-    assert lm.eval_time_chunk(100, 20, 10_000) == 10  # 8 MB of float32 logits: 10 x 20 x 10^4
-    assert lm.eval_time_chunk(100, 1, 10_000) == 100  # the batch-1 protocol: one chunk
-    assert lm.eval_time_chunk(7, 64, 10**6) == 1  # nothing fits: one step at a time
-    assert lm.eval_time_chunk(35, 20, 10_000, max_logits=20 * 10_000 * 6) == 5
+    assert train.eval_time_chunk(100, 20, 10_000) == 10  # 8 MB of float32 logits: 10 x 20 x 10^4
+    assert train.eval_time_chunk(100, 1, 10_000) == 100  # the batch-1 protocol: one chunk
+    assert train.eval_time_chunk(7, 64, 10**6) == 1  # nothing fits: one step at a time
+    assert train.eval_time_chunk(35, 20, 10_000, max_logits=20 * 10_000 * 6) == 5
 
 
 def test_untied_model_and_tying_error():

@@ -152,7 +152,7 @@ class LanguageModel:
           time_chunk: None: the softmax over all ``[T, B, V]`` positions at once; c (a
             divisor of T): summed over time chunks of c steps in a ``lax.scan``, so
             that only ``[c, B, V]`` logits exist at a time (evaluation, see
-            :func:`eval_time_chunk`).
+            :func:`rhnzoo.training.lm.eval_time_chunk`).
 
         Returns:
           ``(nll_sum, carry)``: the scalar sum over all B x T positions, and the
@@ -162,37 +162,21 @@ class LanguageModel:
           ValueError: if ``time_chunk`` does not divide T.
         """
         carry, ys = self.hidden(params, carry, tokens, masks)
-        w = jnp.ones(targets.shape, jnp.float32) if weights is None else weights
+        w = None if weights is None else weights.T
 
         def chunk_nll(y, t, w):  # y [c, B, n], t and w [c, B]
             losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(params, y), t)
-            return (losses * w).sum()
+            return (losses if w is None else losses * w).sum()
 
         T = ys.shape[0]
         if time_chunk is None or time_chunk >= T:
-            return chunk_nll(ys, targets.T, w.T), carry
+            return chunk_nll(ys, targets.T, w), carry
         if T % time_chunk:
             raise ValueError(f"time_chunk {time_chunk} does not divide the window's {T} steps")
         split = lambda a: a.reshape((T // time_chunk, time_chunk) + a.shape[1:])
-        total, _ = jax.lax.scan(lambda tot, xs: (tot + chunk_nll(*xs), None),
-                                jnp.zeros((), jnp.float32), (split(ys), split(targets.T), split(w.T)))  # fmt: skip
+        add = lambda total, chunk: (total + chunk_nll(*chunk), None)
+        total, _ = jax.lax.scan(add, jnp.zeros((), jnp.float32), jax.tree.map(split, (ys, targets.T, w)))
         return total, carry
-
-
-def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
-                    max_logits: int = 1 << 21) -> int:  # fmt: skip
-    """The largest divisor c of ``num_steps`` with ``c * batch_size * vocab_size <=
-    max_logits`` (at least 1): the ``time_chunk`` of :meth:`LanguageModel.nll` that keeps
-    an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
-
-    Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
-    words) made ``ptb.py`` on CPU spend most of its evaluation in the kernel, paging in
-    fresh memory on every call: a 10-step ``--preset=small`` run with ``--eval_batch_size=20``
-    took 37 s (17 s system time) with whole windows, 32 s (2 s) in 8 MB chunks (BUILD_NOTES).
-    """
-    fits = [c for c in range(1, num_steps + 1)
-            if num_steps % c == 0 and c * batch_size * vocab_size <= max_logits]  # fmt: skip
-    return max(fits, default=1)
 
 
 def language_model(

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from rhnzoo import data, dropout
-from rhnzoo.models.lm import LanguageModel, eval_time_chunk
+from rhnzoo.models.lm import LanguageModel
 from rhnzoo.training import engine, sharding
 
 Array = jax.Array
@@ -162,6 +162,21 @@ def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
     x, y = (np.pad(a, ((0, 0), (0, pad))) for a in (x, y))
     split = lambda a: a.reshape(batch_size, -1, num_steps).transpose(1, 0, 2)
     return split(x), split(y), split(w)
+
+
+def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
+                    max_logits: int = 1 << 21) -> int:  # fmt: skip
+    """The largest divisor c of ``num_steps`` with ``c * batch_size * vocab_size <=
+    max_logits`` (at least 1): the ``time_chunk`` of :meth:`LanguageModel.nll` that keeps
+    an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
+
+    Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
+    words) made ``ptb.py`` on CPU spend most of its evaluation in the kernel, paging in
+    fresh memory on every call: a 10-step ``--preset=small`` run with ``--eval_batch_size=20``
+    took 37 s (17 s system time) with whole windows, 32 s (2 s) in 8 MB chunks (BUILD_NOTES).
+    """
+    steps = max(1, max_logits // (batch_size * vocab_size))
+    return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
 
 
 def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
