@@ -229,7 +229,10 @@ def test_rnn_bench_candidates_compute_the_same_loss():
         np.testing.assert_allclose(losses["rhnzoo_bf16"], losses["rhnzoo"], rtol=2e-2)
         if r["cell"] == "lstm":
             np.testing.assert_allclose(losses["flax"], losses["rhnzoo"], rtol=1e-5)
-        assert r[f"ratio_{r['peer']}_over_rhnzoo"]["min"] > 0
+        ratio = r[f"ratio_{r['peer']}_over_rhnzoo"]
+        secs = r["seconds"]
+        assert ratio["min"] == pytest.approx(secs[r["peer"]]["min"] / secs["rhnzoo"]["min"])
+        assert ratio["paired_median"] == pytest.approx(ratio["min"])  # one round: one pair
 
 
 def test_trace_cli_lists_the_steps_xla_ops():

@@ -26,14 +26,17 @@ linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit
 Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
 steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
 matmul peak between rounds); one JSON line per (cell, shape) gives the times and the
-ratios peer / rhnzoo (> 1: rhnzoo is faster), the peer being Flax for LSTM and GRU and
-the reference path for SC-LSTM and RRN.
+ratios peer / rhnzoo (> 1: rhnzoo is faster) of the minima, of the medians, and the
+median of the per-round ratios (``paired_median``: each round's pair ran back to back,
+so it is the estimator least moved by load that drifts between rounds), the peer being
+Flax for LSTM and GRU and the reference path for SC-LSTM and RRN.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import statistics
 
 import flax.linen as nn
 import jax
@@ -179,8 +182,14 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         rounds=rounds,
         repeats=repeats,
     )
-    s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
-    ratio = lambda a, b: {q: s[a][q] / s[b][q] for q in ("min", "median")}
+    secs = timed["seconds"]
+    s = {k: {"min": v["min"], "median": v["median"]} for k, v in secs.items()}
+
+    def ratio(a, b):  # a / b of the minima, of the medians, and the median of the rounds' a / b
+        paired = statistics.median(x / y for x, y in zip(secs[a]["all"], secs[b]["all"]))
+        return {"min": s[a]["min"] / s[b]["min"], "median": s[a]["median"] / s[b]["median"],
+                "paired_median": paired}  # fmt: skip
+
     out = {
         "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
         "backend": jax.default_backend(), **c, "losses": losses, "seconds": s, "peer": peer,
