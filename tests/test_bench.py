@@ -14,7 +14,7 @@ import pytest
 
 import helpers
 from rhnzoo import data, dropout
-from rhnzoo.bench import alternate, lm as bench_lm
+from rhnzoo.bench import alternate, lm as bench_lm, ratios
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 
@@ -156,6 +156,14 @@ def test_alternate_structure():
     assert set(alternate({"a": make("a")}, rounds=1, peak_dtype=None)) == {"seconds"}
     with pytest.raises(ValueError, match="rounds"):
         alternate({"a": make("a")}, rounds=0)
+
+
+def test_ratios_of_minima_medians_and_paired_rounds():
+    """Worked by hand: a's calls 2, 4, 3 s and b's 1, 2, 3 s give 2 / 1 (minima), 3 / 2
+    (medians) and the median of 2, 2, 1 (pairs in time order)."""
+    secs = {"a": {"min": 2.0, "median": 3.0, "all": [2.0, 4.0, 3.0]},
+            "b": {"min": 1.0, "median": 2.0, "all": [1.0, 2.0, 3.0]}}  # fmt: skip
+    assert ratios(secs, "a", "b") == {"min": 2.0, "median": 1.5, "paired_median": 2.0}
 
 
 def run_cli(*args):

@@ -2,15 +2,17 @@
 
 A figure of record here is a *ratio taken in one process*: rhnzoo's step and a
 peer's (the code a user would otherwise write, or Flax's built-in), timed
-alternately, each reported as the minimum (and median) over rounds, with the
-device's dense-matmul throughput read between rounds so that a figure can be
-set against the best peak seen in the same run. Absolute numbers on a shared
+alternately, each reported as the minimum (and median) over rounds, the ratio also as
+the median of the rounds' paired ratios, with the device's dense-matmul throughput
+read between rounds so that a figure can be set against the best peak seen in the
+same run. Absolute numbers on a shared
 machine drift by tens of percent within minutes; ratios of interleaved minima
 drift much less, but under heavy load still by up to ~20% between runs (see
 ``docs/bench_cpu_2core_noisy.jsonl``), so quote them as ranges over runs.
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
+* :func:`ratios`: one candidate's time over another's from those rounds.
 * ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step against a
   plain-JAX peer (``python -m rhnzoo.bench`` runs it too);
 * ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX (a
@@ -123,3 +125,14 @@ def alternate(
     if peaks:
         out["peak_flops_per_s"] = {"max": max(peaks), "min": min(peaks), "all": peaks}
     return out
+
+
+def ratios(seconds: Mapping[str, Mapping[str, Any]], a: str, b: str) -> dict[str, float]:
+    """``a``'s time over ``b``'s (> 1: ``b`` is faster) from :func:`alternate`'s
+    ``seconds``: ``min`` (of the minima), ``median`` (of the medians) and
+    ``paired_median``, the median of the per-call ratios in time order. A round runs
+    each candidate back to back, so load that drifts between rounds moves the paired
+    median least."""
+    x, y = seconds[a], seconds[b]
+    return {"min": x["min"] / y["min"], "median": x["median"] / y["median"],
+            "paired_median": statistics.median(p / q for p, q in zip(x["all"], y["all"]))}  # fmt: skip

@@ -26,7 +26,8 @@ split, pixel / 255):
 An epoch is the 390 steps of the 50,000-image training split (real MNIST when the
 files are found, else random images of the same shape, said in the output). The
 two epochs are timed alternately in one process (:func:`rhnzoo.bench.alternate`,
-minimum and median over ``--rounds``, after an untimed warm-up epoch). Compile
+minimum and median over ``--rounds``, after an untimed warm-up epoch; each peer's
+ratio to rhnzoo also as the median of the rounds' paired ratios). Compile
 time = time of the first step (tracing, compilation, one step) minus the median
 step time, for each net at each of ``--compile_depths``. Prints one JSON object.
 On a 2-core CPU at depth 100 the whole run takes about 8 minutes, most of it the
@@ -46,7 +47,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from rhnzoo.bench import alternate
+from rhnzoo.bench import alternate, ratios
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.training import classify
 from rhnzoo.training import highway as hw
@@ -250,8 +251,10 @@ def main(argv):
     out["epoch_s"] = {k: {"min": v["min"], "median": v["median"]} for k, v in sec.items()}
     for peer in FLAGS.peers:
         for name in (peer, f"{peer}_cached"):
-            out[f"{name}_over_rhnzoo"] = sec[name]["min"] / sec["rhnzoo"]["min"]
-            out[f"{name}_over_rhnzoo_median"] = sec[name]["median"] / sec["rhnzoo"]["median"]
+            r = ratios(sec, name, "rhnzoo")
+            out[f"{name}_over_rhnzoo"] = r["min"]
+            out[f"{name}_over_rhnzoo_median"] = r["median"]
+            out[f"{name}_over_rhnzoo_paired_median"] = r["paired_median"]
     out["rhnzoo_img_per_s"] = steps * BATCH / sec["rhnzoo"]["min"]
     if "peak_flops_per_s" in timed:
         out["matmul_peak_flops_per_s"] = timed["peak_flops_per_s"]["max"]

@@ -65,7 +65,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from typing import Any
 
@@ -76,7 +75,7 @@ import optax
 from absl import app, flags
 
 from rhnzoo import data, dropout
-from rhnzoo.bench import alternate, matmul_peak
+from rhnzoo.bench import alternate, matmul_peak, ratios
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 
@@ -367,10 +366,9 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
         result[f"{pre}achieved_flops_per_s"] = fpt * tokens_per_step / s["min"]
         result[f"{pre}mfu"] = fpt * tokens_per_step / s["min"] / peaks["max"]
     if peer:
-        result["speedup"] = secs["peer"]["min"] / secs["rhnzoo"]["min"]
-        result["speedup_median"] = secs["peer"]["median"] / secs["rhnzoo"]["median"]
-        paired = [p / r for p, r in zip(secs["peer"]["all"], secs["rhnzoo"]["all"])]
-        result["speedup_paired_median"] = statistics.median(paired)
+        r = ratios(secs, "peer", "rhnzoo")
+        result.update(speedup=r["min"], speedup_median=r["median"],
+                      speedup_paired_median=r["paired_median"])  # fmt: skip
 
     if eval_tokens:
         evaluate = train.make_evaluate(model)

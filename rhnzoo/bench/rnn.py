@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 
 import flax.linen as nn
 import jax
@@ -46,7 +45,7 @@ import optax
 from absl import app, flags
 
 from rhnzoo import cells
-from rhnzoo.bench import alternate
+from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 
 CONFIGS = {
@@ -182,14 +181,8 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         rounds=rounds,
         repeats=repeats,
     )
-    secs = timed["seconds"]
-    s = {k: {"min": v["min"], "median": v["median"]} for k, v in secs.items()}
-
-    def ratio(a, b):  # a / b of the minima, of the medians, and the median of the rounds' a / b
-        paired = statistics.median(x / y for x, y in zip(secs[a]["all"], secs[b]["all"]))
-        return {"min": s[a]["min"] / s[b]["min"], "median": s[a]["median"] / s[b]["median"],
-                "paired_median": paired}  # fmt: skip
-
+    s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
+    ratio = functools.partial(ratios, timed["seconds"])
     out = {
         "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
         "backend": jax.default_backend(), **c, "losses": losses, "seconds": s, "peer": peer,
