@@ -2,13 +2,13 @@
 
 A figure of record here is a *ratio taken in one process*: rhnzoo's step and a
 peer's (the code a user would otherwise write, or Flax's built-in), timed
-alternately, each reported as the minimum (and median) over rounds, the ratio also as
-the median of the rounds' paired ratios, with the device's dense-matmul throughput
-read between rounds so that a figure can be set against the best peak seen in the
-same run. Absolute numbers on a shared
-machine drift by tens of percent within minutes; ratios of interleaved minima
-drift much less, but under heavy load still by up to ~20% between runs (see
-``docs/bench_cpu_2core_noisy.jsonl``), so quote them as ranges over runs.
+alternately, each reported as the minimum (and median) over rounds, the ratio also
+as the median of the rounds' paired ratios, with the device's dense-matmul
+throughput read between rounds so that a figure can be set against the best peak
+seen in the same run. Absolute numbers on a shared machine drift by tens of percent
+within minutes; ratios of interleaved minima drift much less, but under heavy load
+still by up to ~20% between runs (see ``docs/bench_cpu_2core_noisy.jsonl``), so
+quote them as ranges over runs.
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
