@@ -97,3 +97,16 @@ def test_fused_rejects_unsupported_cells():
     with pytest.raises(ValueError, match="layer_loop must be"):
         fused.unroll(cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)),
                      jnp.zeros((5, 2, 3)), layer_loop="unrolled")  # fmt: skip
+
+
+def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
+    """The backward pass's guard against XLA:CPU recomputing the ds chain per micro-layer
+    (``rhn_fused._runtime_one``, BUILD_NOTES issue 17, round 7): exactly 1.0 for any
+    dropout mask, so dividing by it changes no value, and not folded by the compiler (a
+    constant 1.0 is, which is why it is computed from the mask)."""
+    for mask in (jnp.ones((3, 4)), jnp.zeros((3, 4)), jnp.full((3, 4), 1 / 0.3)):
+        assert float(fused._runtime_one(mask)) == 1.0
+    x = jnp.ones((8, 8))
+    compiled = lambda f: jax.jit(f).lower(x, x).compile().as_text()
+    assert "divide" in compiled(lambda x, m: x / fused._runtime_one(m))
+    assert "divide" not in compiled(lambda x, m: x / 1.0)  # the control: folded away

@@ -18,7 +18,9 @@ on the left of each matmul, as in :mod:`rhnzoo.cells.gated_fused`), the gate
 nonlinearities are :mod:`rhnzoo.cells.fastmath`'s, and at moderate depth the
 micro-layers are a Python loop over per-layer weights (``layer_loop``): together 1.15x
 the batch-major ``lax.scan`` version's train step at ``ptb_sota`` (BUILD_NOTES issue 17,
-round 3).
+round 3). In that loop each micro-layer's saved arrays and dz stay separate stacks over
+T, and each backward ds and dz is computed once (:func:`_runtime_one`): another ~1.1x
+(round 7).
 
 Options: ``remat=True`` saves only the per-step carries and recomputes a step's
 micro-layers in the backward pass (memory O(T B n) instead of O(T L B n));
@@ -60,21 +62,25 @@ def _dot(a: Array, b: Array, dtype: Any) -> Array:
 
 
 def _layer_scan(layer, carry, xs, reverse=False):
-    """``lax.scan`` over the micro-layers, or a Python loop when the weights (``xs[0]``)
-    are a list of per-layer arrays (sliced once, outside the time scan)."""
+    """``lax.scan`` over the micro-layers (outputs stacked, ``[L, ...]``), or a Python loop
+    when the weights (``xs[0]``) are a list of per-layer arrays (sliced once, outside the
+    time scan); the loop's outputs stay lists of L arrays (an output tuple becomes a tuple
+    of lists): stacking them would copy every output once more per time step, and the
+    time scan stacks each layer's output over T as it is."""
     if not isinstance(xs[0], list):
         return jax.lax.scan(layer, carry, xs, reverse=reverse)
     L = len(xs[0])
     outs = [None] * L
     for l in (range(L - 1, -1, -1) if reverse else range(L)):
         carry, outs[l] = layer(carry, tuple(x[l] for x in xs))
-    return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    return carry, tuple(map(list, zip(*outs))) if isinstance(outs[0], tuple) else outs
 
 
 def _forward_step(RT, b, hsg, s_hat, xp, m, dtype):
     """One time step, feature-major: ``RT [L, 2n, n]`` (or a list of L ``[2n, n]``),
     ``b [L, 2n, 1]``, ``s_hat [n, B]``, ``xp [2n, B]``, ``m [n, B]``; returns the new state
-    and what the backward pass needs."""
+    and what the backward pass needs (the micro-layers' inputs, H and T: ``[L, n, B]``, or
+    lists of L ``[n, B]`` with the weights)."""
     n = s_hat.shape[0]
     first = (jnp.arange(len(RT)) == 0).astype(xp.dtype)
 
@@ -92,9 +98,24 @@ def _forward_step(RT, b, hsg, s_hat, xp, m, dtype):
     return s_l + g * (s_hat - s_l), (S, H, Tg, s_l, g)
 
 
-def _backward_step(R, hsg, ds_hat, saved, m, dtype):
+def _runtime_one(mask: Array) -> Array:
+    """Exactly 1.0, computed at run time from the (finite, >= 0) dropout mask so that XLA
+    cannot fold it. With the Python layer loop, the backward pass divides each
+    micro-layer's ds and dz by it, which marks those cheap elementwise results as
+    expensive, so XLA:CPU computes each once. Without it, its fusion pass duplicates ds_l
+    into both consumers (the next micro-layer's dz and ds), recursively, and micro-layer
+    l recomputes the chain through layers l+1..L: work quadratic in L per time step
+    (BUILD_NOTES issue 17, round 7); and dz is computed twice, for its matmul and for the
+    saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
+    ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion."""
+    a = mask[0, 0] + 1.0
+    return a / a
+
+
+def _backward_step(R, hsg, ds_hat, saved, m, dtype, one):
     """Backpropagates one time step (feature-major): returns (d carry in [n, B],
-    dz [L, 2n, B], dz_G [n, B])."""
+    dz [L, 2n, B] (a list of L [2n, B] with per-layer weights), dz_G [n, B]).
+    ``one``: :func:`_runtime_one`."""
     S, H, Tg, s_l, g = saved
     if hsg is None:
         ds, dzg = ds_hat, jnp.zeros_like(ds_hat)
@@ -108,8 +129,8 @@ def _backward_step(R, hsg, ds_hat, saved, m, dtype):
 
     def layer(ds, inputs):
         R_l, s, h, t = inputs
-        dz = jnp.concatenate([ds * t * (1 - h * h), ds * (h - s) * t * (1 - t)], axis=0)
-        return ds * (1 - t) + _dot(R_l, dz, dtype) * m, dz
+        dz = jnp.concatenate([ds * t * (1 - h * h), ds * (h - s) * t * (1 - t)], axis=0) / one
+        return (ds * (1 - t) + _dot(R_l, dz, dtype) * m) / one, dz
 
     ds0, dZ = _layer_scan(layer, ds, (R, S, H, Tg), reverse=True)
     return ds0 + ds_direct, dZ, dzg
@@ -157,12 +178,13 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
     R, b, hsg, x_proj, mask, saved = res
     ds_T, dys = cotangents
     Rl, RT, bT, hsgT, hsgW = _weights(R, b, hsg, loop)
+    one = _runtime_one(mask) if loop else 1.0  # a layer scan computes each ds once anyway
 
     def step(ds_hat, inputs):
         dy, xp, saved_t = inputs
         if remat:
             saved_t = _forward_step(RT, bT, hsgT, saved_t, xp, mask, dtype)[1]
-        ds_prev, dZ, dzg = _backward_step(Rl, hsgW, ds_hat + dy, saved_t, mask, dtype)
+        ds_prev, dZ, dzg = _backward_step(Rl, hsgW, ds_hat + dy, saved_t, mask, dtype, one)
         s_in, s_prev, s_l = saved_t[0], saved_t[0][0], saved_t[3]
         return ds_prev, (dZ, dzg, s_in, s_prev, s_l)
 
@@ -170,15 +192,19 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
         step, ds_T, (dys, x_proj, saved), reverse=True, unroll=unroll
     )
     # Weight gradients: one matmul per micro-layer over all T x B positions.
-    dR = jnp.einsum("tlib,tljb->lij", (S * mask).astype(dtype), dZ.astype(dtype),
-                    preferred_element_type=jnp.float32)  # fmt: skip
-    db = dZ.sum(axis=(0, 3))
+    def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
+        return jnp.einsum("t...ib,t...jb->...ij", a.astype(dtype), dz.astype(dtype),
+                          preferred_element_type=jnp.float32)  # fmt: skip
+
+    if loop:  # per-layer lists of [T, n, B] / [T, 2n, B]
+        dR = jnp.stack([sum_outer(s * mask, dz) for s, dz in zip(S, dZ)])
+        db, dz_first = jnp.stack([dz.sum(axis=(0, 2)) for dz in dZ]), dZ[0]
+    else:  # [T, L, n, B] / [T, L, 2n, B]
+        dR, db, dz_first = sum_outer(S * mask, dZ), dZ.sum(axis=(0, 3)), dZ[:, 0]
     d_hsg = None
     if hsg is not None:
-        dW = lambda a: jnp.einsum("tib,tjb->ij", a.astype(dtype), dzg.astype(dtype),
-                                  preferred_element_type=jnp.float32)  # fmt: skip
-        d_hsg = (dW(s_prev), dW(s_l), dzg.sum(axis=(0, 2)))
-    return dR, db, d_hsg, ds0, dZ[:, 0], jnp.zeros_like(mask)
+        d_hsg = (sum_outer(s_prev, dzg), sum_outer(s_l, dzg), dzg.sum(axis=(0, 2)))
+    return dR, db, d_hsg, ds0, dz_first, jnp.zeros_like(mask)
 
 
 _unroll.defvjp(_unroll_fwd, _unroll_bwd)
