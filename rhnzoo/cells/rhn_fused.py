@@ -49,8 +49,15 @@ Array = jax.Array
 LOOP_LAYERS_UP_TO = 10
 
 
+def _cast(a: Array, dtype: Any) -> Array:
+    return a if dtype is None else a.astype(dtype)
+
+
 def _dot(a: Array, b: Array, dtype: Any) -> Array:
-    return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    """``a @ b``, the inputs cast to ``dtype`` with float32 accumulation, or with ``dtype=None``
+    in the inputs' own dtype (float64 in the tests)."""
+    acc = None if dtype is None else jnp.float32
+    return jnp.dot(_cast(a, dtype), _cast(b, dtype), preferred_element_type=acc)
 
 
 # Inside the scans every per-step array is feature-major, ``[n, B]`` (the state s^T, the
@@ -107,8 +114,9 @@ def _runtime_one(mask: Array) -> Array:
     l recomputes the chain through layers l+1..L: work quadratic in L per time step
     (BUILD_NOTES issue 17, round 7); and dz is computed twice, for its matmul and for the
     saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
-    ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion."""
-    a = mask[0, 0] + 1.0
+    ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion.
+    float32, so that dividing by it never promotes the state gradient's dtype."""
+    a = mask[0, 0].astype(jnp.float32) + 1.0
     return a / a
 
 
@@ -193,8 +201,8 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
     )
     # Weight gradients: one matmul per micro-layer over all T x B positions.
     def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
-        return jnp.einsum("t...ib,t...jb->...ij", a.astype(dtype), dz.astype(dtype),
-                          preferred_element_type=jnp.float32)  # fmt: skip
+        return jnp.einsum("t...ib,t...jb->...ij", _cast(a, dtype), _cast(dz, dtype),
+                          preferred_element_type=None if dtype is None else jnp.float32)  # fmt: skip
 
     if loop:  # per-layer lists of [T, n, B] / [T, 2n, B]
         dR = jnp.stack([sum_outer(s * mask, dz) for s, dz in zip(S, dZ)])
@@ -233,7 +241,8 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or ``None``.
       unroll: time steps per scan iteration.
       remat: recompute each step's micro-layers in the backward pass.
-      dtype: matmul input dtype (float32 or bfloat16); accumulation is float32.
+      dtype: matmul input dtype (float32 or bfloat16); accumulation is float32. ``None``:
+        the inputs' own dtype throughout (float64 for exact comparisons).
       layer_loop: how a time step runs its L micro-layers: ``'scan'`` (``lax.scan``
         over the stacked weights: compiles in about the same time at any depth),
         ``'python'`` (a loop over per-layer weights sliced once per call: faster steps
