@@ -120,7 +120,8 @@ def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer
     with jax.enable_x64(True):
         cell, params, xs, s0, mask = setup(4, hsg, seed=11)
         params, xs, s0, mask = jax.tree.map(lambda a: a.astype(jnp.float64), (params, xs, s0, mask))
-        target = jax.random.normal(jax.random.PRNGKey(9), (xs.shape[0], xs.shape[1], 6), jnp.float64)
+        shape = (*xs.shape[:2], cell.hidden_size)
+        target = jax.random.normal(jax.random.PRNGKey(9), shape, jnp.float64)
         fast = lambda *a: fused.unroll(*a, dtype=None, layer_loop=layer_loop, remat=remat)
         ys = fast(cell, params, s0, xs, mask)[1]
         assert ys.dtype == jnp.float64

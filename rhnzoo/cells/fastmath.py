@@ -15,6 +15,11 @@ XLA:CPU (tested in ``tests/test_fastmath.py``); the sigmoid is ``(1 + tanh(x / 2
 
 Inputs of any other dtype (float64 for gradient checks, bfloat16) get the exact
 ``jnp.tanh`` / ``jax.nn.sigmoid``.
+
+The fused scans' matmuls share one precision rule, here too (:func:`dot`,
+:func:`einsum`): with ``dtype`` set (float32, bfloat16) the inputs are cast to it and
+accumulate in float32; with ``dtype=None`` they stay in their own dtype (float64 in the
+tests' exact comparisons).
 """
 
 from __future__ import annotations
@@ -55,3 +60,24 @@ def sigmoid(x: jax.Array) -> jax.Array:
     if x.dtype != jnp.float32:
         return jax.nn.sigmoid(x)
     return 0.5 + 0.5 * tanh(0.5 * x)
+
+
+def cast(a: jax.Array, dtype) -> jax.Array:
+    """``a`` as ``dtype``, or unchanged for ``dtype=None``."""
+    return a if dtype is None else a.astype(dtype)
+
+
+def accumulation(dtype):
+    """The matmul accumulation dtype for input ``dtype``: float32, or None (the inputs')."""
+    return None if dtype is None else jnp.float32
+
+
+def dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``a @ b`` under the precision rule above."""
+    return jnp.dot(cast(a, dtype), cast(b, dtype), preferred_element_type=accumulation(dtype))
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``jnp.einsum(spec, a, b)`` under the precision rule above."""
+    return jnp.einsum(spec, cast(a, dtype), cast(b, dtype),
+                      preferred_element_type=accumulation(dtype))  # fmt: skip

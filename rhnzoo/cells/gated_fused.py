@@ -60,24 +60,8 @@ Array = jax.Array
 
 
 # Every matmul below: with ``dtype`` set (bfloat16), inputs cast to it (_cast) and float32
-# accumulation (_acc); with None, in the inputs' own dtype.
-
-
-def _cast(a: Array, dtype: Any) -> Array:
-    return a if dtype is None else a.astype(dtype)
-
-
-def _acc(dtype: Any) -> Any:
-    return None if dtype is None else jnp.float32
-
-
-def _dot(a: Array, b: Array, dtype: Any) -> Array:
-    """``a @ b``."""
-    return jnp.dot(_cast(a, dtype), _cast(b, dtype), preferred_element_type=_acc(dtype))
-
-
-def _einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
-    return jnp.einsum(spec, _cast(a, dtype), _cast(b, dtype), preferred_element_type=_acc(dtype))
+# accumulation (_acc); with None, in the inputs' own dtype (:mod:`rhnzoo.cells.fastmath`).
+_cast, _acc, _dot, _einsum = fastmath.cast, fastmath.accumulation, fastmath.dot, fastmath.einsum
 
 
 def _masked(h: Array, mask: Array | None) -> Array:

@@ -49,15 +49,9 @@ Array = jax.Array
 LOOP_LAYERS_UP_TO = 10
 
 
-def _cast(a: Array, dtype: Any) -> Array:
-    return a if dtype is None else a.astype(dtype)
-
-
-def _dot(a: Array, b: Array, dtype: Any) -> Array:
-    """``a @ b``, the inputs cast to ``dtype`` with float32 accumulation, or with ``dtype=None``
-    in the inputs' own dtype (float64 in the tests)."""
-    acc = None if dtype is None else jnp.float32
-    return jnp.dot(_cast(a, dtype), _cast(b, dtype), preferred_element_type=acc)
+# Matmuls: inputs cast to ``dtype`` with float32 accumulation, or with ``dtype=None`` in
+# their own dtype (float64 in the tests), as in :mod:`rhnzoo.cells.gated_fused`.
+_dot = fastmath.dot
 
 
 # Inside the scans every per-step array is feature-major, ``[n, B]`` (the state s^T, the
@@ -201,8 +195,7 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
     )
     # Weight gradients: one matmul per micro-layer over all T x B positions.
     def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
-        return jnp.einsum("t...ib,t...jb->...ij", _cast(a, dtype), _cast(dz, dtype),
-                          preferred_element_type=None if dtype is None else jnp.float32)  # fmt: skip
+        return fastmath.einsum("t...ib,t...jb->...ij", a, dz, dtype)
 
     if loop:  # per-layer lists of [T, n, B] / [T, 2n, B]
         dR = jnp.stack([sum_outer(s * mask, dz) for s, dz in zip(S, dZ)])
