@@ -115,18 +115,19 @@ def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
 
 
 def test_layer_loop_copies_each_weight_matrix_once_per_direction():
-    """With the Python layer loop, the compiled train step copies each micro-layer's
+    """With the Python layer loop, the compiled gradient copies each micro-layer's
     weights once for the forward pass (R_l^T, a transposing copy) and once for the
     backward pass (R_l, a slice): 2 L copies of a ``[n, 2n]`` matrix. Writing R_l^T as
     ``R[l].T`` compiled to 3 L (the slice, then its transpose; BUILD_NOTES issue 17, round
     8). Counted in the optimized HLO's entry computation, outside the time loops."""
     L, n = 3, 24
     cell, params, xs, s0, mask = setup(L, False, n=n, T=5)
-    step = jax.jit(jax.grad(lambda p: jnp.sum(fused.unroll(cell, p, s0, xs, mask, layer_loop="python")[1] ** 2)))
-    hlo = step.lower(params).compile().as_text()
+    ys = lambda p: fused.unroll(cell, p, s0, xs, mask, layer_loop="python")[1]
+    hlo = jax.jit(jax.grad(lambda p: jnp.sum(ys(p) ** 2))).lower(params).compile().as_text()
     entry = hlo[hlo.index("ENTRY"):]
     shape = rf"f32\[(?:{n},{2 * n}|{2 * n},{n})\]"  # one layer's R_l or R_l^T
-    copies = [op for op in entry.splitlines() if re.search(rf"= {shape}\S* (copy|transpose|slice)\(", op)
+    copies = [op for op in entry.splitlines()
+              if re.search(rf"= {shape}\S* (copy|transpose|slice)\(", op)
               or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)]  # fmt: skip
     assert len(copies) == 2 * L, copies
 
