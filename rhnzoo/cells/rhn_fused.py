@@ -141,15 +141,11 @@ def _backward_step(R, hsg, ds_hat, saved, m, dtype, one):
 def _weights(R, b, hsg, loop):
     """The weights as the steps use them: ``(R, R^T, b [L, 2n, 1], HSG's transposed,
     HSG's W_R, W_F)``, R and R^T as lists of per-layer arrays when ``loop``."""
+    RT = jnp.swapaxes(R, 1, 2)
     if loop:
-        # R_l^T as slices of the transposed stack: XLA fuses each into one transposing copy
-        # (the transposed stack itself is never written). ``r.T`` of each slice ``R[l]``
-        # compiled to two copies per layer, the slice and then its transpose (HLO checked,
-        # tests/test_fused.py; BUILD_NOTES issue 17, round 8).
-        RT = list(jnp.swapaxes(R, 1, 2))
-        R = list(R)
-    else:
-        RT = jnp.swapaxes(R, 1, 2)
+        # Slices of the transposed stack compile to one transposing copy per layer (``R[l].T``
+        # to two); tests/test_fused.py, BUILD_NOTES issue 17 round 8.
+        R, RT = list(R), list(RT)
     bT = b[..., None]
     hsgT = None if hsg is None else (hsg[0].T, hsg[1].T, hsg[2][:, None])
     return R, RT, bT, hsgT, None if hsg is None else hsg[:2]
