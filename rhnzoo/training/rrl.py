@@ -212,22 +212,25 @@ def make_task(
     def eval_sums(params, inputs, lengths, labels, weights):
         return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
 
-    def evaluate(params, split, track, desc):
-        batches = plan(split, cfg, None)
+    splits = {"dev": dev, "test": test}
+    eval_plans = {name: plan(split, cfg, None) for name, split in splits.items()}
+
+    def evaluate(params, name, track):
+        split, batches = splits[name], eval_plans[name]
         m = classify.means(classify.add_up(
             eval_sums(params, *sharding.put_rows(pad(split, rows, cfg.batch_size, length,
                                                      cfg.keep), mesh))
-            for length, rows in track(batches, total=len(batches), desc=desc)))  # fmt: skip
+            for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
         return m["accuracy"], m["loss"]
 
     def validate(params, track):
-        acc, xent = evaluate(params, dev, track, "dev")
+        acc, xent = evaluate(params, "dev", track)
         return {"dev_acc": acc, "dev_xent": xent, "valid_loss": xent}
 
     def final_evaluate(params, track):
         out = {}
-        for name, split in (("dev", dev), ("test", test)):
-            out[f"{name}_acc"], out[f"{name}_xent"] = evaluate(params, split, track, name)
+        for name in splits:
+            out[f"{name}_acc"], out[f"{name}_xent"] = evaluate(params, name, track)
         return out
 
     return engine.Task(
