@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from rhnzoo.data import common, ptb
-from rhnzoo.data.common import Corpus, DataError, ensure_files, resolve_data_dir
+from rhnzoo.data.common import Corpus, DataError, ensure_files
 from rhnzoo.data.ptb import PTB_URL
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
@@ -95,9 +95,9 @@ def _load_byte_corpus(
 ) -> Corpus:
     (member,) = sha256
     directory = ensure_files(
-        resolve_data_dir(name, data_dir),
+        name,
+        data_dir,
         sha256,
-        name=name,
         download=_download_zip_member(url, member) if download else None,
         verify=verify,
         offline_hint=f"{member} is the member of {url} (unzip it there)",
@@ -224,9 +224,9 @@ def load_ptb_char(
         or non-UTF-8 file, or a valid/test symbol absent from the train vocabulary.
     """
     directory = ensure_files(
-        resolve_data_dir("ptb_char", data_dir),
+        "ptb_char",
+        data_dir,
         PTB_CHAR_SHA256,
-        name="ptb_char",
         download=_download_ptb_char if download else None,
         verify=verify,
         offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",

@@ -60,33 +60,40 @@ def _check_sha256(path: pathlib.Path, expected: str) -> None:
 
 
 def ensure_files(
-    directory: str | os.PathLike,
+    name: str,
+    data_dir: str | os.PathLike | None,
     files: Mapping[str, str | None],
     *,
-    name: str,
     download: Callable[[pathlib.Path], None] | None,
     offline_hint: str,
     verify: bool = True,
 ) -> pathlib.Path:
-    """Make sure `directory` holds every file in `files` (file name -> sha256 hex, or
-    None for a file with no published checksum: then it is never checked).
+    """Make sure data set `name`'s directory, ``resolve_data_dir(name, data_dir)``, holds
+    every file in `files`, downloading the missing ones.
 
-    `name` is the data set's name in `resolve_data_dir` (e.g. ``'ptb'``); the
-    missing-files message tells the user to put the files in ``DIR/<name>`` when
-    using ``RHNZOO_DATA=DIR``, whatever `directory` is.
+    Args:
+      name: the data set's directory name (e.g. ``'ptb'``): the directory is
+        ``$RHNZOO_DATA/<name>`` or the user cache's when `data_dir` is None, and the
+        missing-files message tells the user to put the files in ``DIR/<name>`` when
+        using ``RHNZOO_DATA=DIR``, whatever the directory is.
+      data_dir: the directory itself (``--data_dir``), or None.
+      files: file name -> sha256 hex, or None for a file with no published checksum
+        (then it is never checked).
+      download: ``download(tmp)`` fetches the missing files, writing them into `tmp`,
+        a temporary directory next to the directory; they are checksummed (always)
+        and then moved into place with `os.replace`, so a failed download leaves
+        nothing behind. None: no download.
+      offline_hint: where to get the files by hand, for the error message.
+      verify: checksum the files already present.
 
-    Missing files are fetched by ``download(tmp)``, which must write them into
-    `tmp`, a temporary directory next to `directory`; they are checksummed
-    (always) and then moved into place with `os.replace`, so a failed download
-    leaves nothing behind. Files already present are checksummed if `verify`.
-
-    Returns: `directory` as a `pathlib.Path`.
+    Returns: the directory, a `pathlib.Path`.
     Raises: DataError if files are missing and `download` is None or fails
       (`OSError`, which includes `urllib.error.URLError`, or `tarfile.TarError`),
       naming the files, the directory and `offline_hint` (e.g. where to get
-      them); DataError if a checksum does not match.
+      them); DataError if a download does not produce a file or a checksum does
+      not match.
     """
-    directory = pathlib.Path(directory)
+    directory = resolve_data_dir(name, data_dir)
     missing = [file for file in files if not (directory / file).is_file()]
     if missing:
         reason = "download disabled"

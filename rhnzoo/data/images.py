@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, ensure_files, resolve_data_dir
+from rhnzoo.data.common import DataError, ensure_files
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,9 +142,9 @@ def load_mnist(
         idx file, or image and label counts that differ.
     """
     directory = ensure_files(
-        resolve_data_dir("mnist", data_dir),
+        "mnist",
+        data_dir,
         MNIST_SHA256,
-        name="mnist",
         download=_download_mnist if download else None,
         verify=verify,
         offline_hint=f"they are at {MNIST_MIRRORS[0]}<file>",
@@ -275,9 +275,9 @@ def load_cifar100(
         not a readable tar.gz, members missing or not of this format.
     """
     directory = ensure_files(
-        resolve_data_dir("cifar100", data_dir),
+        "cifar100",
+        data_dir,
         CIFAR100_SHA256,
-        name="cifar100",
         download=_download_cifar100 if download else None,
         verify=verify,
         offline_hint=f"it is {CIFAR100_URL} (keep the .tar.gz, do not extract it)",

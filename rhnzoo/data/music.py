@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, ensure_files, resolve_data_dir
+from rhnzoo.data.common import DataError, ensure_files
 
 JSB_FILE = "jsb_chorales.pickle"
 JSB_SHA256 = {JSB_FILE: "69dc4c3e52800959ac0ab3b82aa3e5f55285ce64f1705acb3e3a8ef77a5c051c"}
@@ -101,9 +101,9 @@ def load_jsb(
         such a pickle, or a note outside MIDI 21..108.
     """
     directory = ensure_files(
-        resolve_data_dir("jsb_chorales", data_dir),
+        "jsb_chorales",
+        data_dir,
         JSB_SHA256,
-        name="jsb_chorales",
         download=_download_jsb if download else None,
         verify=verify,
         offline_hint=f"it is polyphonic/{JSB_FILE} of github.com/pyro-ppl/datasets",

@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import Corpus, DataError, ensure_files, resolve_data_dir
+from rhnzoo.data.common import Corpus, DataError, ensure_files
 
 PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 PTB_SHA256 = {
@@ -65,9 +65,9 @@ def load_ptb(
       vocabulary.
     """
     directory = ensure_files(
-        resolve_data_dir("ptb", data_dir),
+        "ptb",
+        data_dir,
         PTB_SHA256,
-        name="ptb",
         download=_download_ptb if download else None,
         verify=verify,
         offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",

@@ -149,6 +149,6 @@ def ensure_files(name: str, data_dir: str | os.PathLike | None = None, *,
         d.ensure(directory, download, verify)
         return directory
     return common.ensure_files(
-        common.resolve_data_dir(d.directory, data_dir), d.files, name=d.directory,
-        download=d.download if download else None, verify=verify, offline_hint=d.offline_hint,
+        d.directory, data_dir, d.files, download=d.download if download else None,
+        verify=verify, offline_hint=d.offline_hint,
     )  # fmt: skip

@@ -128,25 +128,28 @@ def dev_split(n: int, fraction: float = 0.15, seed: int = 0) -> tuple[np.ndarray
 
 
 def _text_data(
-    train_tokens,
-    train_labels,
-    test_tokens,
-    test_labels,
-    label_names,
+    tokens: dict[str, list[list[str]]],
+    labels: dict[str, Sequence[int]],
+    label_names: Sequence[str],
     coverage: float,
     dev_fraction: float,
     dev_seed: int,
 ) -> TextData:
-    vocab_docs = train_tokens
+    """Every loader's last step. `tokens` and `labels` are keyed ``'train'`` / ``'test'``
+    (one token list and one 0-based label per document); the vocabulary is
+    ``build_vocab(docs, coverage)`` over the training documents less those that
+    ``dev_split(len(train), dev_fraction, dev_seed)`` holds out if dev_fraction > 0,
+    and both splits are `encode`d with it."""
+    vocab_docs = tokens["train"]
     if dev_fraction:
-        keep, _ = dev_split(len(train_tokens), dev_fraction, dev_seed)
-        vocab_docs = [train_tokens[i] for i in keep]
+        keep, _ = dev_split(len(vocab_docs), dev_fraction, dev_seed)
+        vocab_docs = [vocab_docs[i] for i in keep]
     vocab = build_vocab(vocab_docs, coverage)
     return TextData(
-        train=encode(train_tokens, vocab),
-        train_labels=np.asarray(train_labels, np.int32),
-        test=encode(test_tokens, vocab),
-        test_labels=np.asarray(test_labels, np.int32),
+        train=encode(tokens["train"], vocab),
+        train_labels=np.asarray(labels["train"], np.int32),
+        test=encode(tokens["test"], vocab),
+        test_labels=np.asarray(labels["test"], np.int32),
         vocab=vocab,
         label_names=tuple(label_names),
     )
@@ -199,7 +202,8 @@ def _imdb_reviews(source: pathlib.Path) -> dict[str, list[tuple[str, str, bytes]
 
 def _imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathlib.Path:
     """The original archive, else an extracted aclImdb/ folder, else the one other
-    tarball in `directory`; else download the original (via ensure_files)."""
+    tarball in `directory` (already resolved, as `load_imdb` and the registry pass it);
+    else download the original (via ensure_files, into `directory` as is)."""
     if not (directory / IMDB_FILE).is_file():
         others = sorted(
             path
@@ -216,9 +220,9 @@ def _imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathl
         if others:
             return others[0]
     ensure_files(
+        "imdb",
         directory,
         IMDB_SHA256,
-        name="imdb",
         download=(lambda tmp: common.fetch(IMDB_URL, tmp / IMDB_FILE)) if download else None,
         verify=verify,
         offline_hint=f"it is {IMDB_URL}; an extracted aclImdb/ folder, or a tarball "
@@ -272,16 +276,7 @@ def load_imdb(
             tokenize(common.decode_text(raw, f"{source}: {name}")) for name, _, raw in items
         ]
         labels[split] = [IMDB_LABELS.index(label) for _, label, _ in items]
-    return _text_data(
-        tokens["train"],
-        labels["train"],
-        tokens["test"],
-        labels["test"],
-        IMDB_LABELS,
-        coverage,
-        dev_fraction,
-        dev_seed,
-    )
+    return _text_data(tokens, labels, IMDB_LABELS, coverage, dev_fraction, dev_seed)
 
 
 # ---------------------------------------------------------------------------- AG News
@@ -363,30 +358,25 @@ def load_agnews(
         dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
         documents are still returned: take the same split for validation).
 
+    Returns:
+      TextData, labels World = 0, Sports = 1, Business = 2, Sci/Tech = 3. Real data:
+      120,000 / 7,600 articles, 30,000 / 1,900 per label.
     Raises:
       DataError: files missing (and no download or it failed), checksum mismatch, a
         file that is empty, not UTF-8, or has a row that is not of this format.
     """
     directory = ensure_files(
-        resolve_data_dir("ag_news", data_dir),
+        "ag_news",
+        data_dir,
         AGNEWS_SHA256,
-        name="ag_news",
         download=_download_agnews if download else None,
         verify=verify,
         offline_hint=f"they are ag_news_csv/*.csv of {AGNEWS_TGZ_URL}",
     )
-    train_tokens, train_labels = _read_agnews(directory / "train.csv")
-    test_tokens, test_labels = _read_agnews(directory / "test.csv")
-    return _text_data(
-        train_tokens,
-        train_labels,
-        test_tokens,
-        test_labels,
-        AGNEWS_LABELS,
-        coverage,
-        dev_fraction,
-        dev_seed,
-    )
+    tokens, labels = {}, {}
+    for split in ("train", "test"):
+        tokens[split], labels[split] = _read_agnews(directory / f"{split}.csv")
+    return _text_data(tokens, labels, AGNEWS_LABELS, coverage, dev_fraction, dev_seed)
 
 
 # ---------------------------------------------------------------------- 20 Newsgroups
@@ -447,38 +437,34 @@ def load_20ng(
         dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
         documents are still returned: take the same split for validation).
 
+    Returns:
+      TextData, label_names the newsgroups in sorted order. Real data: 11,293 / 7,528
+      documents, 20 newsgroups.
     Raises:
       DataError: files missing (and no download or it failed), a file that is empty,
         not UTF-8 or has a malformed line, or a test newsgroup absent from train.
     """
     directory = ensure_files(
-        resolve_data_dir("20ng", data_dir),
+        "20ng",
+        data_dir,
         NG20_FILES,
-        name="20ng",
         download=_download_20ng if download else None,
         verify=verify,
         offline_hint=f"they are at {NG20_MIRRORS[0]}<file>",
     )
-    train_tokens, train_groups = _read_20ng(directory / "20ng-train-all-terms.txt")
-    test_tokens, test_groups = _read_20ng(directory / "20ng-test-all-terms.txt")
-    names = tuple(sorted(set(train_groups)))
-    index = {g: i for i, g in enumerate(names)}
-    unknown = sorted(set(test_groups) - set(names))
+    tokens, groups = {}, {}
+    for split in ("train", "test"):
+        tokens[split], groups[split] = _read_20ng(directory / f"20ng-{split}-all-terms.txt")
+    names = tuple(sorted(set(groups["train"])))
+    unknown = sorted(set(groups["test"]) - set(names))
     if unknown:
         raise DataError(
             f"{directory / '20ng-test-all-terms.txt'}: newsgroup {unknown[0]!r} is not in "
             "the training file; the files do not belong together"
         )
-    return _text_data(
-        train_tokens,
-        [index[g] for g in train_groups],
-        test_tokens,
-        [index[g] for g in test_groups],
-        names,
-        coverage,
-        dev_fraction,
-        dev_seed,
-    )
+    index = {g: i for i, g in enumerate(names)}
+    labels = {split: [index[g] for g in groups[split]] for split in groups}
+    return _text_data(tokens, labels, names, coverage, dev_fraction, dev_seed)
 
 
 # ------------------------------------------------------------------------------- TFDS
@@ -530,13 +516,4 @@ def load_tfds_text(
             )
         tokens[split] = [tokenize(d) for d in docs]
         labels[split] = [int(e["label"]) for e in examples]
-    return _text_data(
-        tokens["train"],
-        labels["train"],
-        tokens["test"],
-        labels["test"],
-        tuple(features["label"].names),
-        coverage,
-        dev_fraction,
-        dev_seed,
-    )
+    return _text_data(tokens, labels, features["label"].names, coverage, dev_fraction, dev_seed)
