@@ -154,6 +154,9 @@ def test_alternate_structure():
     p = out["peak_flops_per_s"]
     assert len(p["all"]) == 3 and p["max"] == max(p["all"]) >= p["min"] == min(p["all"]) > 0
     assert set(alternate({"a": make("a")}, rounds=1, peak_dtype=None)) == {"seconds"}
+    calls["a"] = 0
+    alternate({"a": make("a")}, rounds=2, peak_dtype=None, warmup=False)
+    assert calls["a"] == 2  # no warm-up: only the timed calls
     with pytest.raises(ValueError, match="rounds"):
         alternate({"a": make("a")}, rounds=0)
 

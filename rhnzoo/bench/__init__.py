@@ -73,11 +73,13 @@ def alternate(
     peak_dtype: Any | None = jnp.float32,
     peak_size: int | None = None,
     peak_reps: int = 3,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     """Times ``candidates`` in interleaved rounds: A, B, ..., [peak], B, ..., A, [peak], ...
 
     Each callable runs one unit of work and returns something to block on (a jax
-    array or pytree); it is called once untimed first (warm-up and compilation).
+    array or pytree); unless ``warmup=False``, each is first called once untimed
+    (warm-up and compilation).
     Round r times the candidates in their order rotated by r (so that no
     candidate always runs right after the peak read or after a given rival),
     each ``repeats`` times in a row, then reads the matmul peak.
@@ -89,6 +91,8 @@ def alternate(
       peak_dtype: dtype of the matmul peak read after every round (None: skip).
       peak_size: side of the peak's square matmul (default: :func:`matmul_peak`'s).
       peak_reps: repetitions per peak read (the fastest counts).
+      warmup: call each candidate once untimed before the rounds. Pass False only
+        if the caller has already called each (else round 1 times their compilation).
 
     Returns:
       ``{'seconds': {name: {'min', 'median', 'all': [...]}}, 'peak_flops_per_s':
@@ -104,8 +108,9 @@ def alternate(
             f"alternate needs candidates, rounds >= 1 and repeats >= 1, got "
             f"{len(candidates)} candidates, rounds={rounds}, repeats={repeats}"
         )
-    for fn in candidates.values():
-        jax.block_until_ready(fn())
+    if warmup:
+        for fn in candidates.values():
+            jax.block_until_ready(fn())
     names = list(candidates)
     times: dict[str, list[float]] = {name: [] for name in names}
     peaks: list[float] = []

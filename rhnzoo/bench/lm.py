@@ -13,10 +13,11 @@ after compilation, on whatever device JAX sees.
 Method (so that the figures survive a shared, noisy machine):
 
 * rhnzoo's step and the peer's run alternately in the same process, in rounds
-  (:func:`rhnzoo.bench.alternate`: one untimed warm-up call each, then per round
-  one timed call each, order rotated every round, then a dense-matmul peak read
-  in the run's dtype). ``*_step_ms_min`` is the fastest call, the least disturbed
-  by other processes; ``*_step_ms_median`` the typical one.
+  (one untimed warm-up call each, which also sizes the rounds; then
+  :func:`rhnzoo.bench.alternate`: per round one timed call each, order rotated
+  every round, then a dense-matmul peak read in the run's dtype).
+  ``*_step_ms_min`` is the fastest call, the least disturbed by other
+  processes; ``*_step_ms_median`` the typical one.
 * ``speedup`` = peer min / rhnzoo min (> 1: rhnzoo is faster); both minima come
   from the same stretch of time, so the ratio is what survives the noise.
   ``speedup_median`` is the ratio of the medians, ``speedup_paired_median`` the
@@ -52,9 +53,10 @@ SGD); ``jax.jit`` with the state donated. It reads rhnzoo's parameter pytree and
 training state as they are (``{'embed', 'cell': {'W', 'R' [L, n, 2n], 'b'}, ...}``),
 splitting the stacked recurrent weights per layer once per step outside the time
 scan, and draws its dropout masks with :func:`rhnzoo.dropout.lm_masks` from the
-same key, so both steps compute the same function (tested in
-``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every matmul's
-inputs to bfloat16 with float32 accumulation (``preferred_element_type``), as
+same key and its weight decay with :func:`rhnzoo.training.lm.l2_penalty` (a
+one-line sum over every parameter), so both steps compute the same function
+(tested in ``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every
+matmul's inputs to bfloat16 with float32 accumulation (``preferred_element_type``), as
 rhnzoo's forward pass does; its backward pass is what ``jax.grad`` makes of
 those matmuls (float32 matmuls, as the cotangents are float32), whereas
 rhnzoo's hand-written recurrent backward runs its matmuls in bfloat16 too.
@@ -205,8 +207,7 @@ def peer_loss(
     w_out = emb.T if tied else params["softmax_w"]
     logits = mm(ys, w_out) + params["softmax_b"]
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, y.T).sum()
-    l2 = sum(0.5 * jnp.sum(p * p) for p in jax.tree.leaves(params))
-    return nll / batch_size + weight_decay * l2, (nll, carry)
+    return nll / batch_size + weight_decay * train.l2_penalty(params), (nll, carry)
 
 
 def make_peer_step(
@@ -338,7 +339,7 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     if steps == 0:  # compile only: compile time and the compiler's memory estimate
         return result
 
-    # One call each (warm-up) to size the rounds to the time budget.
+    # One call each (the warm-up, so alternate skips its own) to size the rounds to the budget.
     t = time.perf_counter()
     for fn in candidates.values():
         jax.block_until_ready(fn())
@@ -347,7 +348,7 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     round_s = time.perf_counter() - t
     rounds = max(min(steps, 3), min(steps, int(budget_s // round_s)))
     result["loadavg_1m_before"] = _loadavg()
-    timing = alternate(candidates, rounds=rounds, peak_dtype=peak_dtype)
+    timing = alternate(candidates, rounds=rounds, peak_dtype=peak_dtype, warmup=False)
     result["loadavg_1m_after"] = _loadavg()
 
     secs, peaks = timing["seconds"], timing["peak_flops_per_s"]

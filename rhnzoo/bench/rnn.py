@@ -180,6 +180,7 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         {k: functools.partial(f, p, xs, labels) for k, (f, p) in steps.items()},
         rounds=rounds,
         repeats=repeats,
+        warmup=False,  # the loss check above compiled and ran every step once
     )
     s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
     ratio = functools.partial(ratios, timed["seconds"])

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import check_positive
+from rhnzoo.models import num_params as count_params
 
 Array = jax.Array
 Params = Any
@@ -83,20 +84,22 @@ class _Stack:
             "b": jnp.tile(b, (self.depth, 1)),
         }
 
-    def _scan(self, params: Params, x: Array) -> tuple[Array, Any]:
-        """Applies ``self.layer(x, W_l, b_l) -> (x, aux)`` for l = 1..depth (``lax.scan``)."""
-        return jax.lax.scan(lambda x, wb: self.layer(x, *wb), x, (params["W"], params["b"]))
+    def _scan(self, params: Params, x: Array, outputs: bool = False) -> tuple[Array, Any]:
+        """Applies ``self.layer(x, W_l, b_l) -> (x, aux)`` for l = 1..depth (one
+        ``lax.scan``): ``(y, auxs)``, or ``(y, (ys, auxs))`` with every layer's output
+        if ``outputs`` (a trace-time switch: without it nothing else is stacked)."""
+
+        def body(x, wb):
+            y, aux = self.layer(x, *wb)
+            return y, ((y, aux) if outputs else aux)
+
+        return jax.lax.scan(body, x, (params["W"], params["b"]))
 
     def apply_with_outputs(self, params: Params, x: Array) -> tuple[Array, tuple[Array, Any]]:
         """``x [..., n] -> (y [..., n], (ys [depth, ..., n], aux))``: every layer's
         output (``ys[-1] = y``) and its aux (T gates ``[depth, ..., n]`` for Highway,
         None for Plain)."""
-
-        def body(x, wb):
-            y, aux = self.layer(x, *wb)
-            return y, (y, aux)
-
-        return jax.lax.scan(body, x, (params["W"], params["b"]))
+        return self._scan(params, x, outputs=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,10 +262,8 @@ class FeedForwardNet:
         }  # fmt: skip
 
     def num_params(self) -> int:
-        """Number of scalar parameters (no allocation)."""
-        from rhnzoo.models import num_params
-
-        return num_params(self)
+        """Number of scalar parameters (no allocation): :func:`rhnzoo.models.num_params`."""
+        return count_params(self)
 
     def _first(self, params: Params, x: Array) -> Array:
         if x.shape[-1] != self.input_size:

@@ -63,13 +63,6 @@ class PianoRollModel:
         return ys @ params["W_out"].astype(ys.dtype) + params["b_out"]
 
 
-def num_params(model: PianoRollModel) -> int:
-    """Number of scalar parameters of ``model`` (:func:`rhnzoo.models.num_params`)."""
-    from rhnzoo.models import num_params as count
-
-    return count(model)
-
-
 def nll_sums(model: PianoRollModel, params: Params, x: Array, mask: Array) -> tuple[Array, Array]:
     """Summed next-step NLL and the number of predictions in a padded batch.
 

@@ -24,7 +24,8 @@ import numpy as np
 import optax
 
 from rhnzoo.data.music import NUM_NOTES, pad_batch
-from rhnzoo.models.piano_roll import PianoRollModel, nll_sums, num_params
+from rhnzoo.models import num_params
+from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
 from rhnzoo.training import engine
 
 Array = jax.Array
