@@ -85,10 +85,8 @@ def experiment() -> None:
     if FLAGS.dataset == "pmnist" and not FLAGS["embed_size"].present:
         FLAGS.embed_size = 1
     root = pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
-    base = {k: FLAGS[k].value for k in CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS}
-    # In the config only when not the default, so that earlier workdirs still resume.
-    base.update({k: FLAGS[k].value for k in ("scan_impl", "dtype")
-                 if FLAGS[k].value != FLAGS[k].default})  # fmt: skip
+    base = cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
+                           unless_default=("scan_impl", "dtype"))  # fmt: skip
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
     text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
                               run_missing=FLAGS.run_missing, load=dataset,

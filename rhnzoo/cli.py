@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import flags, logging
@@ -86,6 +86,16 @@ def define_data_flags() -> None:
     flags.DEFINE_boolean("download", True, "Download the data when the files are absent.")
     flags.DEFINE_boolean("verify_data", True, "Check the sha256 of data files already on "
                          "disk (--noverify_data: files of your own).")  # fmt: skip
+
+
+def flag_values(names: Sequence[str], *, unless_default: Sequence[str] = ()) -> dict[str, Any]:
+    """``{name: value}`` of the flags ``names`` (a run's ``config.json``), and of the flags
+    ``unless_default`` only where they differ from their default: a flag added to a script
+    later stays out of the config at its default, so that earlier workdirs still resume."""
+    values = {name: FLAGS[name].value for name in names}
+    values.update({name: FLAGS[name].value for name in unless_default
+                   if FLAGS[name].value != FLAGS[name].default})  # fmt: skip
+    return values
 
 
 def run_config(epochs: int, **overrides: Any) -> engine.RunConfig:
@@ -234,13 +244,11 @@ def lm_config(dataset: str, **overrides: Any) -> dict[str, Any]:
     from rhnzoo import cells
 
     preset = apply_preset()
-    config = {"dataset": dataset, **{name: FLAGS[name].value for name in _LM_FLAGS},
-              **{name: FLAGS[name].value for name in RUN_FLAGS + DATA_FLAGS}, "preset": FLAGS.preset,
-              **overrides}  # fmt: skip
+    config = {"dataset": dataset, **flag_values([*_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS]),
+              "preset": FLAGS.preset, **overrides}  # fmt: skip
     if config["hsg"] and not FLAGS["init_bias"].present and "init_bias" not in preset:
         config["init_bias"] = HSG_RHN_INIT_BIAS
-    if FLAGS.cell != "rhn":  # absent for RHN, so that earlier RHN workdirs still resume
-        config["cell"] = FLAGS.cell
+    config.update(flag_values((), unless_default=["cell"]))  # --cell=rhn: absent, as before
     cell_flags = ("depth", "coupled", "init_bias")
     given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in cells.options(FLAGS.cell)]
     if given:
