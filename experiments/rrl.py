@@ -12,11 +12,14 @@ Each model trains in ``<root>/<model>`` (root: --workdir, default
 runs/rrl_<dataset>_<preset>); rerunning resumes. ``--table`` trains the --models not
 finished, then prints Table 3's layout; ``--study=rrn|skip`` runs a study of what the
 paper leaves open (``rrl.STUDIES``) at a reduced budget in ``<root>/study_<name>``.
+Several processes or hosts: the same command on each with ``--distributed`` (batch rows
+sharded over every process's devices; process 0 prints and writes the files).
 """
 
 import functools
 import pathlib
 
+import jax
 from absl import flags
 
 from rhnzoo import cli
@@ -71,6 +74,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul inputs of
                   "recurrent layer (bfloat16: float32 accumulation, state and parameters).")
 cli.define_presets({"paper": {}, "cpu": {}})
 cli.define_run_flags()
+cli.define_distributed_flags()
 flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 CONFIG_FLAGS = ("dataset", "embed_size", "hidden_size", "hybrid_hidden_size", "rrn_depth",
@@ -88,12 +92,16 @@ def experiment() -> None:
     base = cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
                            unless_default=("scan_impl", "dtype"))  # fmt: skip
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
+    if FLAGS.distributed:
+        cli.initialize_distributed()
+    primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
     text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
                               run_missing=FLAGS.run_missing, load=dataset,
                               run_config=lambda c: cli.run_config(c["epochs"], **{
                                   k: c[k] for k in ("patience", "divergence_factor")}),
-                              title=f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}")  # fmt: skip
-    if text:
+                              title=f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}",
+                              log=print if primary else None)  # fmt: skip
+    if text and primary:
         print(text)
 
 

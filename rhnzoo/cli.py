@@ -210,15 +210,28 @@ def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]
     define("boolean", "remat", False, "Recompute time steps in the backward pass (less memory).")
     define("enum", "dtype", "float32", "Matmul input dtype (float32 accumulation); bfloat16 "
            "needs the fused scan.", enum_values=["float32", "bfloat16"])  # fmt: skip
-    define("boolean", "distributed", False, "Call jax.distributed.initialize() first "
-           "(several processes/hosts: settings from --coordinator_address, --num_processes, "
-           "--process_id when given, else from the TPU/SLURM/MPI/Kubernetes runtime).")  # fmt: skip
-    define("string", "coordinator_address", None, "With --distributed: host:port of process 0.")
-    define("integer", "num_processes", None, "With --distributed: number of processes.")
-    define("integer", "process_id", None, "With --distributed: this process's index.")
+    define_distributed_flags()
+    _LM_FLAGS.extend(DISTRIBUTED_FLAGS)
     define("integer", "eval_batch_size", None, "Final evaluation batch size (default: 1, the "
            "reference protocol, for a full run; the training batch for a run cut short).")  # fmt: skip
     define("integer", "eval_num_steps", 100, "Window length of evaluation scans.")
+
+
+DISTRIBUTED_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id")
+
+
+def define_distributed_flags() -> None:
+    """``--distributed`` and its settings (call once, at import); the script then calls
+    :func:`initialize_distributed` before JAX touches a device when it is given."""
+    flags.DEFINE_boolean("distributed", False, "Call jax.distributed.initialize() first "
+                         "(several processes/hosts: settings from --coordinator_address, "
+                         "--num_processes, --process_id when given, else from the "
+                         "TPU/SLURM/MPI/Kubernetes runtime). Only process 0 prints and "
+                         "writes files.")  # fmt: skip
+    flags.DEFINE_string("coordinator_address", None, "With --distributed: host:port of "
+                        "process 0.")  # fmt: skip
+    flags.DEFINE_integer("num_processes", None, "With --distributed: number of processes.")
+    flags.DEFINE_integer("process_id", None, "With --distributed: this process's index.")
 
 
 def initialize_distributed() -> None:

@@ -4,7 +4,8 @@
 --process_id=i`` started twice, one CPU device each: a 2-device global mesh, batch rows
 sharded over the processes, parameters replicated, evaluation on arrays spread over both
 processes. The losses, validation and test perplexities must equal those of one process
-with the same global batch (up to float reduction order).
+with the same global batch (up to float reduction order). The same for the sequence
+classifier (``experiments/rrl.py``, P-MNIST in generated idx files).
 """
 
 import json
@@ -14,7 +15,9 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from helpers import write_mnist
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ptb.py"
@@ -33,19 +36,18 @@ def records(workdir):
     return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.skipif(not (PTB_DIR / "ptb.train.txt").exists(),
-                    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)")  # fmt: skip
-@pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+def one_and_two_processes(script, args, workdir):
+    """Runs ``script args`` as one process in ``workdir/one`` and as two (``--distributed``
+    on localhost) in ``workdir/two``; returns the two processes' stdout lines (gloo's
+    banner left out) after checking that every run exits 0."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    one = subprocess.run([sys.executable, str(SCRIPT), *RUN, f"--workdir={tmp_path / 'one'}"],
+    one = subprocess.run([sys.executable, str(script), *args, f"--workdir={workdir / 'one'}"],
                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert one.returncode == 0, one.stderr[-2000:]
-
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), *RUN, f"--workdir={tmp_path / 'two'}", "--distributed",
+            [sys.executable, str(script), *args, f"--workdir={workdir / 'two'}", "--distributed",
              f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
@@ -54,8 +56,15 @@ def test_two_processes_train_like_one(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    ours = lambda out: [l for l in out.splitlines() if not l.startswith("[Gloo]")]  # gloo's banner
-    assert any(l.startswith("final") for l in ours(outs[0][0])) and ours(outs[1][0]) == []
+    return [[l for l in out.splitlines() if not l.startswith("[Gloo]")] for out, _ in outs]
+
+
+@pytest.mark.skipif(not (PTB_DIR / "ptb.train.txt").exists(),
+                    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)")  # fmt: skip
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path):
+    first, second = one_and_two_processes(SCRIPT, RUN, tmp_path)
+    assert any(l.startswith("final") for l in first) and second == []
 
     a, b = records(tmp_path / "one"), records(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) == 7  # 6 step lines + epoch
@@ -66,4 +75,33 @@ def test_two_processes_train_like_one(tmp_path):
     ra = json.loads((tmp_path / "one" / "results.json").read_text())
     rb = json.loads((tmp_path / "two" / "results.json").read_text())
     for key in ("valid_ppl", "test_ppl"):
+        assert rb[key] == pytest.approx(ra[key], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_classifier_like_one(tmp_path):
+    rng = np.random.default_rng(0)
+    write_mnist(tmp_path / "mnist", {
+        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (120, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 120).astype(np.uint8),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 20).astype(np.uint8),
+    })  # fmt: skip
+    # 102 train / 18 dev / 20 test sequences: batches of 20 split 10 + 10 over the
+    # processes; the dev set's last batch is partly padding rows (weight 0).
+    args = ["--dataset=pmnist", "--model=lstm", "--hidden_size=8", "--max_len=16",
+            "--batch_size=20", "--max_steps=4", "--log_every=1", "--noprogress",
+            f"--data_dir={tmp_path / 'mnist'}", "--noverify_data", "--nodownload"]  # fmt: skip
+    first, second = one_and_two_processes(ROOT / "experiments" / "rrl.py", args, tmp_path)
+    assert any(l.startswith("final") for l in first) and second == [], first
+    one, two = tmp_path / "one" / "lstm", tmp_path / "two" / "lstm"  # <root>/<model>
+    a, b = records(one), records(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) >= 4
+    for ra, rb in zip(a, b):
+        for key in ("train_xent", "train_acc", "dev_acc", "dev_xent"):
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=1e-5), (key, ra, rb)
+    ra = json.loads((one / "results.json").read_text())
+    rb = json.loads((two / "results.json").read_text())
+    for key in ("dev_acc", "dev_xent", "test_acc", "test_xent"):
         assert rb[key] == pytest.approx(ra[key], rel=1e-5)

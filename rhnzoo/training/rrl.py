@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -530,7 +530,8 @@ def study_table(root, names: Sequence[str], title: str) -> str:
 
 
 def run_experiment(base, root, models: Sequence[str], *, study: str | None, table: bool,
-                   run_missing: bool, load, run_config, title: str) -> str | None:  # fmt: skip
+                   run_missing: bool, load, run_config, title: str,
+                   log: Callable[[str], None] | None = print) -> str | None:  # fmt: skip
     """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
 
     Every run's settings are checked before any data is read (``load()`` loads the data
@@ -542,12 +543,15 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
     Args:
       base: the run's config (the script's flags).
       run_config: ``config -> engine.RunConfig``.
+      log: where progress lines go (None: nowhere; a multi-process run's other
+        processes). ``table.md`` is written by process 0 only.
 
     Raises:
       ValueError: a bad setting or an unknown study (one line).
     """
     from rhnzoo.training import sweep
 
+    say = log or (lambda line: None)
     root = pathlib.Path(root)
     if study:
         spec = STUDIES.get((study, base["dataset"]))
@@ -566,14 +570,15 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
     stop = "stop" if several else "raise"
     runs = [sweep.Run(name, {"model": model, **c},
                       lambda wd, model=model, c=c: train_model(model, c, load(), run_config(c),
-                                                               wd, on_divergence=stop))
+                                                               wd, on_divergence=stop, log=say))
             for (name, c), model in zip(configs.items(), models)]  # fmt: skip
     if run_missing or not several:
-        sweep.run_all(runs, root)
+        sweep.run_all(runs, root, log=log)
     if not several:
         return None
     text = (study_table(root, list(configs), f"{models[0]} {title}") if study
             else table_text(root, models, base["dataset"], title))  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "table.md").write_text(text + "\n")
+    if jax.process_index() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "table.md").write_text(text + "\n")
     return text
