@@ -89,8 +89,9 @@ def experiment() -> None:
     if FLAGS.dataset == "pmnist" and not FLAGS["embed_size"].present:
         FLAGS.embed_size = 1
     root = pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
-    base = cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
-                           unless_default=("scan_impl", "dtype"))  # fmt: skip
+    base = {**cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
+                              unless_default=("scan_impl", "dtype")),
+            "preset": FLAGS.preset}  # a resumable key: earlier workdirs (without it) resume
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
     if FLAGS.distributed:
         cli.initialize_distributed()

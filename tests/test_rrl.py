@@ -157,6 +157,8 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     assert len(rows) == 2 and all("—" not in r for r in rows), first.stdout
     results = json.loads((tmp_path / "root" / "lstm" / "results.json").read_text())
     assert 0.0 <= results["test_acc"] <= 1.0
+    config = json.loads((tmp_path / "root" / "lstm" / "config.json").read_text())
+    assert config["model"] == "lstm" and config["preset"] is None and "dtype" not in config
     again = rrl_script(*args, "--table", "--norun_missing")  # collects only
     assert again.returncode == 0 and "parameters" not in again.stdout.split("|")[0]
     assert [l for l in again.stdout.splitlines() if l.startswith("| LSTM")] == rows[:1]
