@@ -40,6 +40,19 @@ def write_mnist(directory: pathlib.Path, arrays) -> dict[str, bytes]:
     return payloads
 
 
+def write_random_mnist(directory: pathlib.Path, train: int, test: int, seed: int = 0):
+    """MNIST idx files of random 28 x 28 images and labels 0-9 (``train`` / ``test`` of
+    each) in ``directory``; returns it."""
+    rng = np.random.default_rng(seed)
+    write_mnist(directory, {
+        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, train).astype(np.uint8),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, test).astype(np.uint8),
+    })  # fmt: skip
+    return directory
+
+
 def unroll_loss(cell, xs, mask, target):
     """``params -> Σ (ys - target)²`` of ``cell`` unrolled over ``xs`` from the zero carry
     with recurrent dropout ``mask`` (float64 under ``jax.enable_x64``), jit-compiled."""

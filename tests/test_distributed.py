@@ -15,9 +15,8 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from helpers import write_mnist
+from helpers import write_random_mnist
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ptb.py"
@@ -80,13 +79,7 @@ def test_two_processes_train_like_one(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_train_a_classifier_like_one(tmp_path):
-    rng = np.random.default_rng(0)
-    write_mnist(tmp_path / "mnist", {
-        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (120, 28, 28), dtype=np.uint8),
-        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 120).astype(np.uint8),
-        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
-        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 20).astype(np.uint8),
-    })  # fmt: skip
+    write_random_mnist(tmp_path / "mnist", train=120, test=20)
     # 102 train / 18 dev / 20 test sequences: batches of 20 split 10 + 10 over the
     # processes; the dev set's last batch is partly padding rows (weight 0).
     args = ["--dataset=pmnist", "--model=lstm", "--hidden_size=8", "--max_len=16",

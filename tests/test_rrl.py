@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import write_mnist
+from helpers import write_random_mnist
 
 from rhnzoo import cells
 from rhnzoo.data import DataError
@@ -136,15 +136,7 @@ def rrl_script(*args, timeout=300):
 
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    directory = tmp_path_factory.mktemp("mnist")
-    write_mnist(directory, {
-        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (120, 28, 28), dtype=np.uint8),
-        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 120).astype(np.uint8),
-        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
-        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 20).astype(np.uint8),
-    })  # fmt: skip
-    return directory
+    return write_random_mnist(tmp_path_factory.mktemp("mnist"), train=120, test=20)
 
 
 def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_mnist):

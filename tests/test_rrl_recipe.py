@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import write_mnist
+from helpers import write_random_mnist
 
 from rhnzoo import cells
 from rhnzoo.data import word2vec
@@ -177,13 +177,7 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
 
 
 def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
-    rng = np.random.default_rng(0)
-    write_mnist(tmp_path / "mnist", {
-        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (60, 28, 28), dtype=np.uint8),
-        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 60).astype(np.uint8),
-        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
-        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 10).astype(np.uint8),
-    })  # fmt: skip
+    write_random_mnist(tmp_path / "mnist", train=60, test=10)
     args = [sys.executable, str(ROOT / "experiments" / "rrl.py"), "--dataset=pmnist",
             "--study=skip", "--hidden_size=4", "--max_len=16", "--batch_size=20", "--max_steps=1",
             "--noprogress", f"--data_dir={tmp_path / 'mnist'}", "--noverify_data",
