@@ -9,6 +9,7 @@
 * :mod:`rhnzoo.training.polyphonic`: piano-roll models (JSB Chorales).
 * :mod:`rhnzoo.training.highway`: feed-forward highway / plain nets (MNIST, CIFAR-100).
 * :mod:`rhnzoo.training.rrl`: sequence classification (IMDB, P-MNIST, AG News, 20NG).
+  :mod:`rhnzoo.training.rrl_experiment`: ``experiments/rrl.py``'s flags and body.
 * :mod:`rhnzoo.training.classify`: batches, cross-entropy sums and evaluation shared by
   the two classification tasks.
 """
