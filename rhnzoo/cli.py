@@ -257,11 +257,12 @@ def lm_config(dataset: str, **overrides: Any) -> dict[str, Any]:
     from rhnzoo import cells
 
     preset = apply_preset()
-    config = {"dataset": dataset, **flag_values([*_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS]),
+    # --cell=rhn (the default) stays out of the config, so that earlier RHN workdirs resume.
+    config = {"dataset": dataset, **flag_values([*_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS],
+                                                unless_default=["cell"]),
               "preset": FLAGS.preset, **overrides}  # fmt: skip
     if config["hsg"] and not FLAGS["init_bias"].present and "init_bias" not in preset:
         config["init_bias"] = HSG_RHN_INIT_BIAS
-    config.update(flag_values((), unless_default=["cell"]))  # --cell=rhn: absent, as before
     cell_flags = ("depth", "coupled", "init_bias")
     given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in cells.options(FLAGS.cell)]
     if given:

@@ -573,7 +573,7 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
                                                                wd, on_divergence=stop, log=say))
             for (name, c), model in zip(configs.items(), models)]  # fmt: skip
     if run_missing or not several:
-        sweep.run_all(runs, root, log=log)
+        sweep.run_all(runs, root, log=say)
     if not several:
         return None
     text = (study_table(root, list(configs), f"{models[0]} {title}") if study
