@@ -257,3 +257,48 @@ def test_trace_cli_lists_the_steps_xla_ops():
     assert len(rows) > 5 and ms == sorted(ms, reverse=True) and ms[0] > 0
     assert any(r[2].startswith(("while", "fusion", "ynn_fusion", "dot")) for r in rows)
     assert any(int(r[1]) == 6 for r in rows)  # a per-time-step op
+
+
+def test_cudnn_peer_weights_give_rhnzoos_lstm():
+    """bench.rnn's cuDNN peer (``jax.experimental.rnn.lstm``, GPU only) gets rhnzoo's LSTM
+    weights packed by ``cudnn_weights``; checked here on any backend through JAX's own
+    unpacking and reference LSTM (``lstm_ref``): the same logits as rhnzoo's fused scan
+    (in a subprocess: bench.rnn's flags would clash with bench.lm's in this one)."""
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import rnn as jax_rnn
+from rhnzoo.bench import rnn
+c = rnn.CONFIGS["tiny"]
+cell, params, xs, _ = rnn.problem("lstm", c)
+m, n, B = c["input"], c["hidden"], c["batch"]
+params["cell"]["b"] = jax.random.normal(jax.random.PRNGKey(3), params["cell"]["b"].shape)
+flat = rnn.cudnn_weights(params, m, n)
+assert flat.shape == (jax_rnn.get_num_params_in_lstm(m, n, 1, False),), flat.shape
+W_ih, W_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(flat, m, n, 1, False)
+zeros = jnp.zeros((1, B, n))
+_, h, _ = jax_rnn.lstm_ref(jnp.swapaxes(xs, 0, 1), zeros, zeros, W_ih, W_hh, b_ih, b_hh,
+                           jnp.full((B,), xs.shape[0], jnp.int32), m, n, 1, 0.0, False)
+peer = h[0] @ params["out"]["kernel"] + params["out"]["bias"]
+np.testing.assert_allclose(peer, rnn.rhnzoo_logits(cell, params, xs), rtol=1e-5, atol=1e-6)
+print("same logits")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and "same logits" in out.stdout, out.stderr[-2000:]
+
+
+def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
+    """``--unroll=2,3`` adds fused candidates with that many steps per scan iteration
+    (forward and backward): they compute the loss of unroll 1 and get a ratio; a bad
+    value is one ``error:`` line."""
+    base = [sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny", "--cells=lstm,rrn",
+            "--rounds=1"]  # fmt: skip
+    out = subprocess.run(base + ["--unroll=2,3"], capture_output=True, text=True, check=True)
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["cell"] for r in records] == ["lstm", "rrn"]
+    for r in records:
+        for k in (2, 3):
+            np.testing.assert_allclose(r["losses"][f"rhnzoo_u{k}"], r["losses"]["rhnzoo"],
+                                       rtol=1e-6)  # fmt: skip
+            assert r[f"ratio_rhnzoo_u{k}_over_rhnzoo"]["min"] > 0
+    bad = subprocess.run(base + ["--unroll=0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")

@@ -21,7 +21,13 @@ linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit
   weights copied in (the losses are checked to agree before anything is timed), and
   ``nn.RNN(nn.GRUCell(n))`` with its own initialisation: Flax's GRU applies the reset
   gate after its recurrent matmul (cuDNN's variant), ours before (Cho et al. 2014), the
-  same FLOPs but not the same function, so the GRU losses are reported, not compared.
+  same FLOPs but not the same function, so the GRU losses are reported, not compared;
+* **jax_cudnn** (LSTM, GPU only): ``jax.experimental.rnn.lstm``, cuDNN's LSTM called
+  from JAX, with rhnzoo's weights packed into cuDNN's flat layout (:func:`cudnn_weights`,
+  checked on any backend against ``jax.experimental.rnn.lstm_ref`` in the tests);
+* **rhnzoo_u{k}** (``--unroll=k,...``): rhnzoo's fused scan with ``unroll=k`` time steps
+  per scan iteration, forward and backward (the default is chosen per cell, see
+  :func:`rhnzoo.cells.gated_fused.unroll`).
 
 Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
 steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
@@ -48,6 +54,11 @@ from rhnzoo import cells
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 
+try:  # cuDNN's LSTM from JAX; absent or CPU-only builds: the peer is skipped
+    from jax.experimental import rnn as jax_rnn
+except ImportError:  # pragma: no cover
+    jax_rnn = None
+
 CONFIGS = {
     # Wang & Tian's IMDB shape (embedding 256 -> LSTM 512, reviews cut to 400 words),
     # the same with T = 100 (CPU-sized), and permuted pixel MNIST (1 -> 100, T = 784).
@@ -68,6 +79,8 @@ flags.DEFINE_list("cells", list(CELLS), "Cells.")
 flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
 flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
+flags.DEFINE_list("unroll", [], "Also time rhnzoo's fused scan with these unroll=k (time steps "
+                  "per scan iteration, forward and backward), e.g. 2,4,8.")
 FLAGS = flags.FLAGS
 
 
@@ -97,14 +110,14 @@ class FlaxGRUClassifier(nn.Module):
         return nn.Dense(self.classes)(h)
 
 
-def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None):
+def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unroll=None):
     """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
     as the classifier computes it (the reference scan projects inside the scan when m <= 8)."""
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
     if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
         carry, _ = gated_fused.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
-                                      dtype=dtype, outputs=False)  # fmt: skip
+                                      dtype=dtype, outputs=False, unroll=unroll)  # fmt: skip
         last = gated_fused.output_of(cell, carry)
     else:
         _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,
@@ -126,6 +139,34 @@ def flax_params(params, n: int):
         cell[f"i{g}"] = {"kernel": p["W"][:, s]}
         cell[f"h{g}"] = {"kernel": p["U"][:, s], "bias": p["b"][s]}
     return {"params": {"OptimizedLSTMCell_0": cell, "Dense_0": dict(params["out"])}}
+
+
+def cudnn_weights(params, m: int, n: int) -> jax.Array:
+    """rhnzoo LSTM params -> the flat weight vector of ``jax.experimental.rnn.lstm``.
+
+    cuDNN's layout for one layer, one direction: ``W_ih [4n, m]``, ``W_hh [4n, n]``,
+    ``b_ih [4n]``, ``b_hh [4n]``, flattened in that order, gates i | f | g | o (g is
+    rhnzoo's c̃); rhnzoo's blocks are i | f | o | c̃ with one bias (``b_hh`` is zero).
+
+    Returns:
+      ``[4n (m + n + 2)]`` float32.
+    """
+    p = params["cell"]
+    order = [0, 1, 3, 2]  # cuDNN's i, f, g, o as rhnzoo's block indices
+    blocks = lambda a: jnp.concatenate([a[..., k * n:(k + 1) * n] for k in order], -1)
+    return jnp.concatenate([blocks(p["W"]).T.ravel(), blocks(p["U"]).T.ravel(), blocks(p["b"]),
+                            jnp.zeros((4 * n,), p["b"].dtype)])  # fmt: skip
+
+
+def cudnn_logits(m: int, n: int, params, xs):
+    """cuDNN's LSTM (``jax.experimental.rnn.lstm``, GPU only) over ``xs [T, B, m]`` ->
+    final h -> the linear layer; ``params = {"lstm": cudnn_weights(...), "out": ...}``."""
+    B = xs.shape[1]
+    zeros = jnp.zeros((1, B, n), xs.dtype)
+    _, h, _ = jax_rnn.lstm(jnp.swapaxes(xs, 0, 1), zeros, zeros, params["lstm"],
+                           jnp.full((B,), xs.shape[0], jnp.int32), input_size=m, hidden_size=n,
+                           num_layers=1, dropout=0.0, bidirectional=False)  # fmt: skip
+    return h[0] @ params["out"]["kernel"] + params["out"]["bias"]
 
 
 def problem(cell_name: str, c: dict):
@@ -150,9 +191,10 @@ def loss_of(logits_fn):
 
 
 def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
-          bfloat16: bool = False) -> dict:  # fmt: skip
-    """Times rhnzoo's train step (value and grad) against its peers on shape ``c``."""
-    n, C = c["hidden"], c["classes"]
+          bfloat16: bool = False, unrolls=()) -> dict:  # fmt: skip
+    """Times rhnzoo's train step (value and grad) against its peers on shape ``c``
+    (``unrolls``: extra fused candidates ``rhnzoo_u{k}``)."""
+    m, n, C = c["input"], c["hidden"], c["classes"]
     cell, params, xs, labels = problem(cell_name, c)
     steps = {
         "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
@@ -162,18 +204,26 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     if bfloat16:
         steps["rhnzoo_bf16"] = (loss_of(functools.partial(rhnzoo_logits, cell,
                                                           dtype=jnp.bfloat16)), params)  # fmt: skip
+    for k in unrolls:
+        steps[f"rhnzoo_u{k}"] = (loss_of(functools.partial(rhnzoo_logits, cell, unroll=k)), params)
     peer = "reference"
     if cell_name == "lstm":
         model = FlaxLSTMClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), flax_params(params, n))
         peer = "flax"
+        if jax_rnn is not None and jax.default_backend() == "gpu":
+            steps["jax_cudnn"] = (loss_of(functools.partial(cudnn_logits, m, n)),
+                                  {"lstm": cudnn_weights(params, m, n), "out": params["out"]})
     elif cell_name == "gru":
         model = FlaxGRUClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), model.init(jax.random.PRNGKey(1), xs))
         peer = "flax"
     losses = {k: float(f(p, xs, labels)[0]) for k, (f, p) in steps.items()}
-    same = [k for k in losses if k != "rhnzoo_bf16" and not (k == "flax" and cell_name == "gru")]
-    if not np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4):
+    same = [k for k in losses if k not in ("rhnzoo_bf16", "jax_cudnn")
+            and not (k == "flax" and cell_name == "gru")]  # fmt: skip
+    near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own TF32 / reduction order
+    if not (np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
+            and np.allclose(near, losses["rhnzoo"], rtol=1e-3)):  # fmt: skip
         raise AssertionError(f"{cell_name} {name}: the losses differ: {losses}")
 
     timed = alternate(
@@ -195,6 +245,10 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         out["ratio_reference_over_rhnzoo"] = ratio("reference", "rhnzoo")
     if bfloat16:
         out[f"ratio_{peer}_over_rhnzoo_bf16"] = ratio(peer, "rhnzoo_bf16")
+    if "jax_cudnn" in steps:
+        out["ratio_jax_cudnn_over_rhnzoo"] = ratio("jax_cudnn", "rhnzoo")
+    for k in unrolls:
+        out[f"ratio_rhnzoo_u{k}_over_rhnzoo"] = ratio(f"rhnzoo_u{k}", "rhnzoo")
     return out
 
 
@@ -204,10 +258,17 @@ def main(argv):
         unknown = set(chosen) - set(known)
         if unknown:
             raise SystemExit(f"error: unknown {what} {sorted(unknown)}; choose from {list(known)}")
+    try:
+        unrolls = [int(k) for k in FLAGS.unroll]
+    except ValueError:
+        unrolls = [0]
+    if any(k < 1 for k in unrolls):
+        raise SystemExit(f"error: --unroll takes integers >= 1, got {','.join(FLAGS.unroll)}")
     for cell_name in FLAGS.cells:
         for name in FLAGS.configs:
             result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
-                           repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16)  # fmt: skip
+                           repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16,
+                           unrolls=unrolls)  # fmt: skip
             print(json.dumps(result), flush=True)
 
 
