@@ -44,7 +44,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import cells
+from rhnzoo import cells, cli, precision
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 
@@ -68,6 +68,8 @@ flags.DEFINE_list("cells", list(CELLS), "Cells.")
 flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
 flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
+cli.define_precision_flag()
+flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
@@ -186,7 +188,8 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     ratio = functools.partial(ratios, timed["seconds"])
     out = {
         "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
-        "backend": jax.default_backend(), **c, "losses": losses, "seconds": s, "peer": peer,
+        "backend": jax.default_backend(), "matmul_precision": precision.current(), **c,
+        "losses": losses, "seconds": s, "peer": peer,
         f"ratio_{peer}_over_rhnzoo": ratio(peer, "rhnzoo"),
         "peak_flops_per_s": {k: timed["peak_flops_per_s"][k] for k in ("max", "min")},
         "rounds": rounds, "repeats": repeats,
@@ -206,8 +209,9 @@ def main(argv):
             raise SystemExit(f"error: unknown {what} {sorted(unknown)}; choose from {list(known)}")
     for cell_name in FLAGS.cells:
         for name in FLAGS.configs:
-            result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
-                           repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16)  # fmt: skip
+            with precision.context(FLAGS.matmul_precision):
+                result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
+                               repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16)  # fmt: skip
             print(json.dumps(result), flush=True)
 
 
