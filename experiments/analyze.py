@@ -18,6 +18,9 @@ Writes into the workdir (or ``--out``):
   ``--hist_times`` random time steps of ``--split`` (Shoham & Permuter, Fig. 7);
 * ``analysis.json``: every number printed.
 
+Every evaluation runs at the run's recorded ``--matmul_precision`` (``default`` for a
+run recorded before the flag; ``--flow`` without a run: JAX's setting).
+
 With ``--mc_samples=K`` the ``--split`` stream is also evaluated with dropout
 ON (the run's rates), K mask draws, probabilities averaged (the reference
 code's MC evaluation), next to the deterministic batch-1 perplexity, with the
@@ -74,6 +77,7 @@ FLAGS = flags.FLAGS
 
 
 def run() -> None:
+    from rhnzoo import precision
     from rhnzoo.analysis import report
     from rhnzoo.training import engine
 
@@ -85,10 +89,12 @@ def run() -> None:
     names = [f.name for f in dataclasses.fields(report.Options) if f.name != "track"]
     track = lambda it, total=None, desc="": engine.track(it, total=total, desc=desc)
     opts = report.Options(**{name: FLAGS[name].value for name in names}, track=track)
-    if FLAGS.flow:
-        report.flow_figures(workdir, out, opts)
-    else:
-        report.analyze(workdir, out, opts)
+    recorded = report.read_config(workdir).get("matmul_precision", "default") if workdir else None
+    with precision.context(recorded):
+        if FLAGS.flow:
+            report.flow_figures(workdir, out, opts)
+        else:
+            report.analyze(workdir, out, opts)
 
 
 def main(argv) -> None:

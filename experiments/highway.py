@@ -30,7 +30,7 @@ import types
 
 from absl import flags
 
-from rhnzoo import cli, data
+from rhnzoo import cli, data, precision
 
 DATASETS = data.names("images")  # mnist, cifar100 (rhnzoo.data registry: sizes, loader)
 PRESETS = {
@@ -84,7 +84,8 @@ def experiment() -> None:
 
     cli.apply_preset()
     F = types.SimpleNamespace(**{name: FLAGS[name].value for name in FLAGS})  # every flag
-    highway_experiment.experiment(F, cli.run_config(FLAGS.epochs))
+    with precision.context(FLAGS.matmul_precision):  # the figures' evaluations too
+        highway_experiment.experiment(F, cli.run_config(FLAGS.epochs))
 
 
 def main(argv) -> None:

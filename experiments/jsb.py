@@ -34,6 +34,7 @@ COLORS = {"RHN": "tab:red", "DT-RNN": "tab:blue", "DT(S)-RNN": "tab:green"}
 
 cli.define_presets(PRESETS)
 cli.define_data_flags()
+cli.define_precision_flag()
 flags.DEFINE_list("archs", ["rhn", "dtrnn", "dtsrnn"], "Architectures: any registered cell "
                   f"({', '.join(cells.ALL_NAMES)}).")
 flags.DEFINE_list("depths", ["1", "2", "4", "6"], "Recurrence (transition) depths.")
@@ -69,7 +70,8 @@ def run_study() -> None:
     except ValueError:
         raise ValueError(f"--depths must be integers, got {FLAGS.depths}") from None
     settings = {k: FLAGS[k].value for k in polyphonic.STUDY_KEYS}
-    checks = [(k, v) for k, v in settings.items() if k != "seed" and v is not None]
+    checks = [(k, v) for k, v in settings.items()
+              if k not in ("seed", "matmul_precision") and v is not None]  # fmt: skip
     for name, value in checks + [("trials", FLAGS.trials), *(("depth", d) for d in depths)]:
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -96,7 +98,8 @@ def run_study() -> None:
         "# JSB Chorales optimisation study (Zilly et al. 2017, Fig. 4)\n\n"
         f"Test NLL per time step in nats; target parameter count = RHN of width "
         f"{FLAGS.width}; {FLAGS.trials} trials x {FLAGS.epochs} epochs, batch "
-        f"{FLAGS.batch_size}, seed {FLAGS.seed}.\n\n" + table + "\n"
+        f"{FLAGS.batch_size}, seed {FLAGS.seed}, matmul precision {FLAGS.matmul_precision}.\n\n"
+        + table + "\n"
     )
     points = {cells.label(a): {d: [r["test_nll"] for r in rows if (r["arch"], r["depth"]) == (a, d)]
                                for d in depths} for a in archs}  # fmt: skip

@@ -2,9 +2,10 @@
 
 * :func:`define_run_flags`: the run engine's flags (``--workdir``, ``--seed``,
   ``--max_steps``, ``--max_epochs``, ``--checkpoint_every_steps``, ``--log_every``,
-  ``--progress``, ``--tensorboard``, ``--divergence_factor``, ``--patience``) and the data flags
-  (``--data_dir``, ``--download``, ``--verify_data``), the same names and meanings
-  in every script; :func:`run_config` turns them into an engine ``RunConfig``.
+  ``--progress``, ``--tensorboard``, ``--divergence_factor``, ``--patience``,
+  ``--matmul_precision``) and the data flags (``--data_dir``, ``--download``,
+  ``--verify_data``), the same names and meanings in every script; :func:`run_config`
+  turns them into an engine ``RunConfig``.
 * :func:`define_presets` / :func:`apply_preset`: ``--preset=NAME`` overrides
   defaults; flags given explicitly still win.
 * :func:`main`: what every script's ``main`` runs in: signals caught first, orbax
@@ -27,6 +28,7 @@ from typing import Any
 
 from absl import flags, logging
 
+from rhnzoo import precision
 from rhnzoo.data.common import DataError
 from rhnzoo.training import engine
 
@@ -52,7 +54,8 @@ PTB_PRESETS = {
 HSG_RHN_INIT_BIAS = -2.5
 
 RUN_FLAGS = ("workdir", "seed", "max_steps", "max_epochs", "checkpoint_every_steps",
-             "log_every", "progress", "tensorboard", "divergence_factor", "patience")  # fmt: skip
+             "log_every", "progress", "tensorboard", "divergence_factor", "patience",
+             "matmul_precision")  # fmt: skip
 DATA_FLAGS = ("data_dir", "download", "verify_data")
 _PRESETS: dict[str, dict[str, Any]] = {}
 
@@ -75,8 +78,34 @@ def define_run_flags(*, log_every: int = 100, data: bool = True) -> None:
                        "multiple of the chance-level loss (0: only on NaN/inf).")  # fmt: skip
     flags.DEFINE_integer("patience", None, "Early stopping: end training after this many "
                          "epochs without a better validation metric (default: never).")  # fmt: skip
+    define_precision_flag()
     if data:
         define_data_flags()
+
+
+class _PrecisionParser(flags.ArgumentParser):
+    """Parses a matmul precision to its level (``float32`` -> ``highest``)."""
+
+    def parse(self, argument):
+        return precision.normalize(argument)
+
+    def flag_type(self):
+        return "string"
+
+
+def define_precision_flag() -> None:
+    """``--matmul_precision`` (:mod:`rhnzoo.precision`), once per process (the experiments,
+    through :func:`define_run_flags`, and the benchmarks). Its default is JAX's setting
+    when the flag is defined: ``$JAX_DEFAULT_MATMUL_PRECISION``, else ``default``."""
+    if "matmul_precision" in FLAGS:
+        return
+    flags.DEFINE(_PrecisionParser(), "matmul_precision", precision.current(),
+                 "Precision of float32 matmuls (jax.default_matmul_precision), recorded in "
+                 "config.json: 'default' is the backend's fastest (CPU: float32; NVIDIA GPU: "
+                 "TensorFloat-32 inputs, about 1e-3 relative error; TPU: one bfloat16 pass), "
+                 "'high' (GPU: TF32; TPU: 3 bfloat16 passes), 'highest' (float32; TPU: 6 "
+                 "passes); also JAX's names bfloat16, tensorfloat32, float32. Default: "
+                 "$JAX_DEFAULT_MATMUL_PRECISION, else 'default'.")  # fmt: skip
 
 
 def define_data_flags() -> None:
@@ -106,6 +135,7 @@ def run_config(epochs: int, **overrides: Any) -> engine.RunConfig:
         checkpoint_every_steps=FLAGS.checkpoint_every_steps, log_every=FLAGS.log_every,
         progress=FLAGS.progress, tensorboard=FLAGS.tensorboard,
         divergence_factor=FLAGS.divergence_factor, patience=FLAGS.patience,
+        matmul_precision=FLAGS.matmul_precision,
     )  # fmt: skip
     return engine.RunConfig(**{**settings, **overrides})
 
@@ -208,8 +238,10 @@ def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]
            "backward pass, coupled RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' "
            "(fused where supported).", enum_values=["auto", "fused", "reference"])  # fmt: skip
     define("boolean", "remat", False, "Recompute time steps in the backward pass (less memory).")
-    define("enum", "dtype", "float32", "Matmul input dtype (float32 accumulation); bfloat16 "
-           "needs the fused scan.", enum_values=["float32", "bfloat16"])  # fmt: skip
+    define("enum", "dtype", "float32", "Matmul input dtype, float32 accumulation: float32 "
+           "(computed at --matmul_precision, whose default on GPUs and TPUs rounds the inputs "
+           "to TF32 / bfloat16) or bfloat16 (needs the fused scan).",
+           enum_values=["float32", "bfloat16"])  # fmt: skip
     define_distributed_flags()
     _LM_FLAGS.extend(DISTRIBUTED_FLAGS)
     define("integer", "eval_batch_size", None, "Final evaluation batch size (default: 1, the "

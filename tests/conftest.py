@@ -1,8 +1,15 @@
 """Session set-up and fixtures shared by several test modules.
 
-Compiled XLA programs are cached on disk for the session (JAX's persistent compilation
-cache, in a temporary directory): the many subprocess tests that run the same small
-models compile each program once. Set before JAX is imported; subprocesses inherit it.
+Set before JAX is imported, in the environment, so that subprocesses inherit them:
+
+* float32 matmuls at ``highest`` precision (``JAX_DEFAULT_MATMUL_PRECISION``): the
+  numerical-equivalence tests compare with float64 references at float32 tolerances,
+  which a GPU's default TensorFloat-32 (or a TPU's bfloat16 passes) would not meet; the
+  experiments' ``--matmul_precision`` defaults to it too. On the CPU every precision
+  computes the same. ``tests/test_precision.py`` tests the default precision itself.
+* compiled XLA programs are cached on disk for the session (JAX's persistent
+  compilation cache, in a temporary directory): the many subprocess tests that run the
+  same small models compile each program once.
 """
 
 import atexit
@@ -11,6 +18,7 @@ import shutil
 import tempfile
 import urllib.error
 
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="rhnzoo-test-jax-cache-")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)

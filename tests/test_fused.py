@@ -114,8 +114,10 @@ def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
     assert "divide" not in compiled(lambda x, m: x / 1.0)  # the control: folded away
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="counts XLA:CPU's copies in its "
+                    "optimized HLO; other compilers lay out and fuse the weights otherwise")
 def test_layer_loop_copies_each_weight_matrix_once_per_direction():
-    """With the Python layer loop, the compiled gradient copies each micro-layer's
+    """With the Python layer loop, XLA:CPU's compiled gradient copies each micro-layer's
     weights once for the forward pass (R_l^T, a transposing copy) and once for the
     backward pass (R_l, a slice): 2 L copies of a ``[n, 2n]`` matrix. Writing R_l^T as
     ``R[l].T`` compiled to 3 L (the slice, then its transpose; BUILD_NOTES issue 17, round

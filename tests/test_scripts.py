@@ -10,11 +10,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
 # A few of each script's own flags that --help must show.
 OWN_FLAGS = {
-    "ptb.py": ["--depth", "--hsg", "--max_steps", "--max_epochs", "--workdir", "--verify_data"],
-    "char.py": ["--dataset", "--depth", "--max_steps", "--verify_data"],
-    "jsb.py": ["--archs", "--depths", "--max_steps", "--max_epochs", "--verify_data"],
-    "highway.py": ["--kind", "--depth", "--transform_bias", "--sweep", "--max_epochs"],
-    "rrl.py": ["--dataset", "--model", "--table", "--skip", "--patience", "--verify_data"],
+    "ptb.py": ["--depth", "--hsg", "--max_steps", "--max_epochs", "--workdir", "--verify_data",
+               "--matmul_precision"],
+    "char.py": ["--dataset", "--depth", "--max_steps", "--verify_data", "--matmul_precision"],
+    "jsb.py": ["--archs", "--depths", "--max_steps", "--max_epochs", "--verify_data",
+               "--matmul_precision"],
+    "highway.py": ["--kind", "--depth", "--transform_bias", "--sweep", "--max_epochs",
+                   "--matmul_precision"],
+    "rrl.py": ["--dataset", "--model", "--table", "--skip", "--patience", "--verify_data",
+               "--matmul_precision"],
     "analyze.py": ["--workdir", "--mc_samples", "--flow"],
     "sweep.py": ["--depths", "--root", "--table"],
 }

@@ -8,7 +8,9 @@ throughput read between rounds so that a figure can be set against the best peak
 seen in the same run. Absolute numbers on a shared machine drift by tens of percent
 within minutes; ratios of interleaved minima drift much less, but under heavy load
 still by up to ~20% between runs (see ``docs/bench_cpu_2core_noisy.jsonl``), so
-quote them as ranges over runs.
+quote them as ranges over runs. Every record names the matmul precision it ran at
+(``matmul_precision``; each benchmark's ``--matmul_precision``, :mod:`rhnzoo.precision`):
+on GPUs and TPUs the default rounds float32 matmul inputs to TF32 / bfloat16.
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.

@@ -29,7 +29,8 @@ two epochs are timed alternately in one process (:func:`rhnzoo.bench.alternate`,
 minimum and median over ``--rounds``, after an untimed warm-up epoch; each peer's
 ratio to rhnzoo also as the median of the rounds' paired ratios). Compile
 time = time of the first step (tracing, compilation, one step) minus the median
-step time, for each net at each of ``--compile_depths``. Prints one JSON object.
+step time, for each net at each of ``--compile_depths``. Prints one JSON object (with
+``matmul_precision``, the ``--matmul_precision`` it ran at).
 On a 2-core CPU at depth 100 the whole run takes about 8 minutes, most of it the
 NNX net (its compilation of 99 unrolled layers, and its epochs).
 """
@@ -47,6 +48,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+from rhnzoo import cli, precision
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.training import classify
@@ -64,6 +66,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("steps", None, "Steps per timed epoch (default: a full epoch, 390).")
     flags.DEFINE_list("peers", ["nnx", "nnx_scan"], "Flax NNX peers: nnx (Python loop over "
                       "layers), nnx_scan (nnx.vmap init + nnx.scan apply).")
+    cli.define_precision_flag()
+    flags.adopt_module_key_flags(cli)
 
 WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 
@@ -223,11 +227,17 @@ def compile_seconds(one) -> float:
 
 def main(argv):
     del argv
-    splits, source = data()
+    with precision.context(FLAGS.matmul_precision):
+        bench(*data())
+
+
+def bench(splits, source) -> None:
+    """Compiles and times the epochs; prints the JSON record."""
     steps = FLAGS.steps or classify.steps_per_epoch(len(splits["train"][0]), BATCH)
     out = {"bench": "highway_mnist_epoch", "device": jax.devices()[0].device_kind,
            "backend": jax.default_backend(), "data": source, "depth": FLAGS.depth,
-           "width": WIDTH, "batch": BATCH, "steps": steps}  # fmt: skip
+           "width": WIDTH, "batch": BATCH, "steps": steps,
+           "matmul_precision": precision.current()}  # fmt: skip
     depths = sorted({int(d) for d in FLAGS.compile_depths} | {FLAGS.depth})
     # Every net compiles once, on its first step (timed); the timed depth's functions
     # are then reused for the epochs.

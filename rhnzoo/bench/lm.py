@@ -4,8 +4,10 @@ r"""Train-step benchmark of the RHN / HSG language model, against a plain-JAX pe
   python -m rhnzoo.bench.lm --configs=ptb_sota --dtype=bfloat16 --steps=8
   python -m rhnzoo.bench.lm --configs=ptb_d40_hsg --nopeer --remat --num_steps=200 --steps=0
 
-Prints one JSON object per configuration. What is timed is the full jit-compiled
-train step (window slicing, dropout masks, forward, backward, weight decay,
+Prints one JSON object per configuration, with the matmul precision it ran at
+(``matmul_precision``: ``--matmul_precision``, :mod:`rhnzoo.precision`; on GPUs and TPUs
+the default rounds float32 matmul inputs to TF32 / bfloat16). What is timed is the full
+jit-compiled train step (window slicing, dropout masks, forward, backward, weight decay,
 clipping, SGD update; state donated) of :func:`rhnzoo.training.lm.make_train_step`
 and, with ``--peer`` (the default), of :func:`make_peer_step`, on random tokens,
 after compilation, on whatever device JAX sees.
@@ -76,7 +78,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import data, dropout
+from rhnzoo import cli, data, dropout, precision
 from rhnzoo.bench import alternate, matmul_peak, ratios
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
@@ -101,7 +103,8 @@ RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
 flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
 flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "rhnzoo's time scan.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dtype.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dtype (float32: "
+                  "at --matmul_precision).")
 flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
 flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
 flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
@@ -111,6 +114,8 @@ flags.DEFINE_enum("peer_layers", "python", ["python", "scan"],
 flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
 flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
 flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
+cli.define_precision_flag()
+flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
@@ -304,7 +309,8 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     """Compiles and times configuration ``c`` (an entry of :data:`CONFIGS`).
 
     Returns the JSON record (see the module docstring; the flags of the same names
-    document the arguments). ``steps=0`` returns after compilation.
+    document the arguments; the matmul precision is the one in effect). ``steps=0``
+    returns after compilation.
     """
     model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
                                   tied=c["tied"], scan_impl=scan_impl, remat=remat,
@@ -319,7 +325,8 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     batch, key = (rows, jnp.int32(1)), jax.random.PRNGKey(1)
     result: dict[str, Any] = {
         "config": name, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "dtype": dtype, "scan_impl": scan_impl, "remat": remat, "unroll": unroll,
+        "dtype": dtype, "matmul_precision": precision.current(), "scan_impl": scan_impl,
+        "remat": remat, "unroll": unroll,
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
         **_host(),
     }  # fmt: skip
@@ -395,10 +402,11 @@ def main(argv):
         c = dict(CONFIGS[name])
         if FLAGS.num_steps:
             c["num_steps"] = FLAGS.num_steps
-        result = bench(name, c, scan_impl=FLAGS.scan_impl, dtype=FLAGS.dtype, remat=FLAGS.remat,
-                       unroll=FLAGS.unroll, peer=FLAGS.peer, peer_layers=FLAGS.peer_layers,
-                       steps=FLAGS.steps, budget_s=FLAGS.budget_s,
-                       eval_tokens=FLAGS.eval_tokens)  # fmt: skip
+        with precision.context(FLAGS.matmul_precision):
+            result = bench(name, c, scan_impl=FLAGS.scan_impl, dtype=FLAGS.dtype,
+                           remat=FLAGS.remat, unroll=FLAGS.unroll, peer=FLAGS.peer,
+                           peer_layers=FLAGS.peer_layers, steps=FLAGS.steps,
+                           budget_s=FLAGS.budget_s, eval_tokens=FLAGS.eval_tokens)  # fmt: skip
         print(json.dumps(result), flush=True)
 
 

@@ -50,7 +50,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import cells
+from rhnzoo import cells, cli, precision
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 
@@ -81,6 +81,8 @@ flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
 flags.DEFINE_list("unroll", [], "Also time rhnzoo's fused scan with these unroll=k (time steps "
                   "per scan iteration, forward and backward), e.g. 2,4,8.")
+cli.define_precision_flag()
+flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
@@ -236,7 +238,8 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     ratio = functools.partial(ratios, timed["seconds"])
     out = {
         "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
-        "backend": jax.default_backend(), **c, "losses": losses, "seconds": s, "peer": peer,
+        "backend": jax.default_backend(), "matmul_precision": precision.current(), **c,
+        "losses": losses, "seconds": s, "peer": peer,
         f"ratio_{peer}_over_rhnzoo": ratio(peer, "rhnzoo"),
         "peak_flops_per_s": {k: timed["peak_flops_per_s"][k] for k in ("max", "min")},
         "rounds": rounds, "repeats": repeats,
@@ -266,9 +269,10 @@ def main(argv):
         raise SystemExit(f"error: --unroll takes integers >= 1, got {','.join(FLAGS.unroll)}")
     for cell_name in FLAGS.cells:
         for name in FLAGS.configs:
-            result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
-                           repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16,
-                           unrolls=unrolls)  # fmt: skip
+            with precision.context(FLAGS.matmul_precision):
+                result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
+                               repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16,
+                               unrolls=unrolls)  # fmt: skip
             print(json.dumps(result), flush=True)
 
 

@@ -62,15 +62,17 @@ def main(argv):
 
     import jax
 
+    from rhnzoo import precision
     from rhnzoo.bench import rnn
 
     if FLAGS.config not in rnn.CONFIGS or FLAGS.cell not in rnn.CELLS:
         raise SystemExit(f"error: choose --config from {list(rnn.CONFIGS)}, --cell from {list(rnn.CELLS)}")
     cell, params, xs, labels = rnn.problem(FLAGS.cell, rnn.CONFIGS[FLAGS.config])
     step = rnn.loss_of(functools.partial(rnn.rhnzoo_logits, cell, scan_impl=FLAGS.scan_impl))
-    rows = op_times(lambda: step(params, xs, labels), steps=FLAGS.steps)
-    print(f"{FLAGS.cell} {FLAGS.config} ({FLAGS.scan_impl}), {jax.devices()[0].device_kind}: "
-          f"ms per train step, events per step")  # fmt: skip
+    with precision.context(FLAGS.matmul_precision):
+        rows = op_times(lambda: step(params, xs, labels), steps=FLAGS.steps)
+    print(f"{FLAGS.cell} {FLAGS.config} ({FLAGS.scan_impl}), {jax.devices()[0].device_kind}, "
+          f"matmul precision {FLAGS.matmul_precision}: ms per train step, events per step")
     for name, ms, count in rows[: FLAGS.top]:
         print(f"{ms:10.2f} {count:7d}  {name}")
 
@@ -80,6 +82,10 @@ if __name__ == "__main__":
                                " --xla_cpu_enable_xprof_traceme=true").strip()  # fmt: skip
     from absl import app, flags
 
+    from rhnzoo import cli
+
+    cli.define_precision_flag()
+    flags.adopt_module_key_flags(cli)
     flags.DEFINE_string("cell", "lstm", "Cell of rhnzoo.bench.rnn.CELLS.")
     flags.DEFINE_string("config", "pmnist", "Shape of rhnzoo.bench.rnn.CONFIGS.")
     flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "rhnzoo's scan.")

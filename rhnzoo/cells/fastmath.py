@@ -19,7 +19,9 @@ Inputs of any other dtype (float64 for gradient checks, bfloat16) get the exact
 The fused scans' matmuls share one precision rule, here too (:func:`dot`,
 :func:`einsum`): with ``dtype`` set (float32, bfloat16) the inputs are cast to it and
 accumulate in float32; with ``dtype=None`` they stay in their own dtype (float64 in the
-tests' exact comparisons).
+tests' exact comparisons). They pass no ``precision=``: float32 inputs are multiplied at
+the caller's ``jax.default_matmul_precision`` like every other matmul (on GPUs and TPUs
+the default rounds them to TensorFloat-32 / bfloat16; :mod:`rhnzoo.precision`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ once, for all of them:
 * SIGTERM / SIGINT: the state is saved and the run stops with one line and
   :class:`Interrupted` (exit status 128 + signal in the experiments), also during
   long evaluations (:func:`track` checks between chunks);
+* the matmul precision ``cfg.matmul_precision`` (:mod:`rhnzoo.precision`) around every
+  compiled step and evaluation of the run;
 * divergence: a non-finite training loss, or a finite one above
   ``divergence_factor`` x the chance-level loss, stops the run before anything
   is saved, so the last good checkpoint stays intact (:class:`TrainingDiverged`);
@@ -54,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from rhnzoo import precision
 from rhnzoo.models import num_params  # noqa: F401  (re-exported: one count for every model)
 from rhnzoo.training import signals
 from rhnzoo.training.signals import (  # noqa: F401  (re-exported: engine.Interrupted, ...)
@@ -145,7 +148,7 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Run length and reporting (the engine's flags).
+    """Run length, reporting and matmul precision (the engine's flags).
 
     Attributes:
       epochs: epochs of the full schedule (>= 1).
@@ -160,6 +163,10 @@ class RunConfig:
         chance-level loss (0: only non-finite losses stop the run).
       patience: early stopping: end training when the validation ``select`` metric
         has not improved for this many epochs (None: never).
+      matmul_precision: precision of float32 matmuls in training and evaluation
+        (:mod:`rhnzoo.precision`: ``'default'``, ``'high'``, ``'highest'``, JAX's
+        aliases), applied with ``jax.default_matmul_precision``; None: JAX's setting
+        where :func:`run` is called.
 
     Raises:
       ValueError: for a value outside its range (one line naming the flag).
@@ -175,6 +182,7 @@ class RunConfig:
     tensorboard: bool = False
     divergence_factor: float = 2.0
     patience: int | None = None
+    matmul_precision: str | None = None
 
     def __post_init__(self):
         checks = [("epochs", self.epochs, 1), ("log_every", self.log_every, 1),
@@ -186,6 +194,11 @@ class RunConfig:
                 raise ValueError(f"--{name} must be an integer >= {low}, got {value!r}")
         if not self.divergence_factor >= 0:
             raise ValueError(f"--divergence_factor must be >= 0, got {self.divergence_factor}")
+        if self.matmul_precision is not None:
+            try:
+                precision.normalize(self.matmul_precision)
+            except ValueError as e:
+                raise ValueError(f"--matmul_precision: {e}") from None
 
     def total_steps(self, steps_per_epoch: int) -> int:
         epochs = min(self.epochs, self.max_epochs or self.epochs)
@@ -611,7 +624,7 @@ def run(
 
     Args:
       task: the experiment's step, batches and evaluation.
-      cfg: run length and reporting.
+      cfg: run length, reporting and the matmul precision of its steps and evaluations.
       workdir: run directory (``config.json``, ``metrics.jsonl``, ``checkpoints/``,
         ``best/``, ``results.json``); rerunning with it resumes exactly. None: an
         in-memory run (nothing written, no resume), e.g. a random-search trial.
@@ -650,18 +663,19 @@ def run(
     ckpt = None if workdir is None else Checkpoints(workdir)
     r = _Run(task, cfg, workdir, ckpt, say, primary)
     try:
-        r.start()
-        diverged = None
-        try:
-            stopped = r.train()
-        except TrainingDiverged as e:
-            if on_divergence != "stop":
-                raise
-            diverged, stopped = str(e), "diverged"
-            say(f"stopped: {e}")
-        finally:
-            r.close_bar()
-        return r.finish(stopped, diverged)
+        with precision.context(cfg.matmul_precision):  # every step and evaluation traced here
+            r.start()
+            diverged = None
+            try:
+                stopped = r.train()
+            except TrainingDiverged as e:
+                if on_divergence != "stop":
+                    raise
+                diverged, stopped = str(e), "diverged"
+                say(f"stopped: {e}")
+            finally:
+                r.close_bar()
+            return r.finish(stopped, diverged)
     finally:
         if r.metrics is not None:
             r.metrics.close()

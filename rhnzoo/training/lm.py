@@ -341,7 +341,7 @@ def train(
 # ------------------------------------------------------------ the experiments' body
 
 _RUN_KEYS = ("seed", "max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-             "tensorboard", "divergence_factor", "patience")  # fmt: skip
+             "tensorboard", "divergence_factor", "patience", "matmul_precision")  # fmt: skip
 _CELL_KEYS = ("depth", "coupled", "init_bias")
 
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rhnzoo import precision
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
@@ -208,6 +209,7 @@ def train(
     log: Callable[[str], None] | None = None,
     max_steps: int | None = None,
     workdir: str | None = None,
+    matmul_precision: str | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``data['train']`` with clipped SGD, keeping the best validation epoch.
 
@@ -228,6 +230,8 @@ def train(
       log: called with one line per epoch, if given.
       max_steps: stop after this many steps (None: ``epochs`` full epochs).
       workdir: a run directory for checkpoints and resume (default: in memory).
+      matmul_precision: of the float32 matmuls (:mod:`rhnzoo.precision`; None: JAX's
+        setting).
     Returns: TrainResult.
     Raises: ValueError for invalid hyperparameters.
     """
@@ -237,7 +241,7 @@ def train(
     task = make_task(model, data, lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
                      batch_size=batch_size, seed=seed, params=params)  # fmt: skip
     run = engine.RunConfig(epochs=epochs, seed=seed, max_steps=max_steps, progress=False,
-                           log_every=10**9)  # fmt: skip
+                           log_every=10**9, matmul_precision=matmul_precision)  # fmt: skip
     epoch_lines = None if log is None else (lambda line: log(line) if line.startswith("epoch") else None)
     start = time.perf_counter()
     out = engine.run(task, run, workdir, on_divergence="stop", log=epoch_lines)
@@ -270,7 +274,7 @@ SEARCH_SPACE = {
     "init_bias": (-4.0, 0.0),
 }
 # Settings that must match for a rerun to extend a study.
-STUDY_KEYS = ("width", "epochs", "batch_size", "seed", "max_steps")
+STUDY_KEYS = ("width", "epochs", "batch_size", "seed", "max_steps", "matmul_precision")
 
 
 def sample_hparams(seed: int, trial: int) -> dict:
@@ -360,13 +364,15 @@ def _finite(row: dict) -> dict:
 
 
 def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: int,
-          batch_size: int, seed: int, max_steps: int | None = None, log=print) -> list[dict]:  # fmt: skip
+          batch_size: int, seed: int, max_steps: int | None = None,
+          matmul_precision: str | None = None, log=print) -> list[dict]:  # fmt: skip
     """The JSB random search on the multi-run runner: one trial = one (arch, depth, trial)
     workdir ``root/trials/<arch>_d<depth>_t<trial>`` holding its config.json and
     results.json (trials train in memory: no checkpoints; a finished trial is not run
     again, an interrupted study goes on from the finished ones). Trials outermost, so a
-    study cut short has every (arch, depth) with some trials. Returns every trial's row
-    (also ``root/results.jsonl``)."""
+    study cut short has every (arch, depth) with some trials. Every trial runs at
+    ``matmul_precision`` (None: JAX's setting), recorded in its config. Returns every
+    trial's row (also ``root/results.jsonl``)."""
     import pathlib
 
     from rhnzoo import cells
@@ -374,7 +380,8 @@ def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: i
 
     root = pathlib.Path(root)
     settings = dict(width=width, epochs=epochs, batch_size=batch_size, seed=seed,
-                    max_steps=max_steps)  # fmt: skip
+                    max_steps=max_steps,
+                    matmul_precision=precision.resolve(matmul_precision))  # fmt: skip
     sizes = plan(archs, depths, width)
     _import_results_jsonl(root, settings)
     runs, total, start = [], len(archs) * len(depths) * trials, time.perf_counter()
@@ -391,7 +398,8 @@ def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: i
             r = train(model, data, lr=hp["lr"], momentum=hp["momentum"],
                       max_grad_norm=hp["max_grad_norm"], batch_size=batch_size, epochs=epochs,
                       key=key, params=init_model.init(jax.random.fold_in(key, 1)),
-                      max_steps=max_steps)  # fmt: skip
+                      max_steps=max_steps,
+                      matmul_precision=settings["matmul_precision"])  # fmt: skip
             finished[0] += 1
             log(f"[{finished[0]:4d}/{total}] {cells.label(arch):>9} d{depth} t{trial}: lr {hp['lr']:.3g} "
                 f"mom {hp['momentum']:.3f} clip {hp['max_grad_norm']:.3g} scale "

@@ -70,7 +70,9 @@ def define_flags() -> None:
                       "(hand-written backward pass, rhnzoo.cells.gated_fused), 'reference' "
                       "(lax.scan + autodiff); auto: fused where the cell has it.")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul inputs of the "
-                      "recurrent layer (bfloat16: float32 accumulation, state and parameters).")
+                      "recurrent layer, float32 accumulation: float32 (computed at "
+                      "--matmul_precision: TF32 / bfloat16 passes by default on GPUs / TPUs) or "
+                      "bfloat16 (float32 state and parameters).")
     cli.define_presets({"paper": {}, "cpu": {}})
     cli.define_run_flags()
     cli.define_distributed_flags()
@@ -93,7 +95,8 @@ def experiment() -> None:
     text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
                               run_missing=FLAGS.run_missing, load=_dataset,
                               run_config=lambda c: cli.run_config(c["epochs"], **{
-                                  k: c[k] for k in ("patience", "divergence_factor")}),
+                                  k: c[k] for k in ("patience", "divergence_factor",
+                                                    "matmul_precision")}),
                               title=f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}",
                               log=print if primary else None)  # fmt: skip
     if text and primary:

@@ -43,6 +43,9 @@ RESUMABLE_KEYS = frozenset(
      "process_id"}
 )  # fmt: skip
 
+# Settings added after runs were written, with the value a config.json without them had.
+ADDED_KEYS = {"matmul_precision": "default"}
+
 
 class RunError(RuntimeError):
     """A run cannot go on (disk full, unreadable checkpoint, ...); the message is one line."""
@@ -104,7 +107,8 @@ def prepare_workdir(
 
     Raises:
       ValueError: if ``workdir`` is a file, cannot be created, or holds a run
-        whose settings differ in anything but ``resumable_keys`` (one line).
+        whose settings differ in anything but ``resumable_keys`` (one line; a key of
+        ``ADDED_KEYS`` that its config.json lacks counts as the value given there).
     """
     workdir = pathlib.Path(workdir).absolute()
     path = workdir / "config.json"
@@ -115,6 +119,7 @@ def prepare_workdir(
             old = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"{path} is unreadable ({_one_line(e)}); use another --workdir")
+        old = {**{k: v for k, v in ADDED_KEYS.items() if k in config}, **old}
         keys = (set(old) | set(config)) - set(resumable_keys)
         diff = sorted(k for k in keys if old.get(k) != strict(config.get(k)))
         if diff:

@@ -1,0 +1,128 @@
+"""The matmul precision policy: what a float32 matmul computes, chosen in one place.
+
+JAX computes float32 matmuls and convolutions at the precision of
+``jax.default_matmul_precision`` (the config ``jax_default_matmul_precision``, read
+from ``JAX_DEFAULT_MATMUL_PRECISION`` when JAX starts). Unset, each backend runs its
+fastest, which is full float32 only on the CPU:
+
+============  ==========  ========================================  ======================
+level         CPU         NVIDIA GPU                                TPU
+============  ==========  ========================================  ======================
+``default``   float32     TensorFloat-32 inputs (Ampere and newer;  one bfloat16 pass
+                          float32 on older GPUs)
+``high``      float32     TensorFloat-32 inputs (as ``default``)    3 bfloat16 passes
+``highest``   float32     float32                                   6 bfloat16 passes
+============  ==========  ========================================  ======================
+
+Products accumulate in float32 at every level. TensorFloat-32 keeps 11 significant
+bits (float32: 24, bfloat16: 8), so a ``default`` matmul on a GPU has a relative error
+of about 1e-3 where the CPU's has about 1e-7.
+
+rhnzoo sets no precision of its own: no matmul passes ``precision=`` (the fused scans'
+:func:`rhnzoo.cells.fastmath.dot` and ``einsum`` included, which choose only the input
+dtype), and no library code changes JAX's global config. A run's precision is
+``RunConfig.matmul_precision`` (the experiments' ``--matmul_precision``), applied with
+:func:`context` around the run's compiled steps and evaluations and recorded in its
+``config.json``; the benchmarks record the precision in effect in every line.
+
+Names: ``default``, ``high``, ``highest``, JAX's aliases (``bfloat16`` and ``fastest``
+= ``default``; ``tensorfloat32`` and ``bfloat16_3x`` = ``high``; ``float32`` =
+``highest``), which :func:`normalize` maps to the level, and the names of
+``jax.lax.DotAlgorithmPreset`` (``'TF32_TF32_F32'``...), kept as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+
+LEVELS = ("default", "high", "highest")
+ALIASES = {"fastest": "default", "bfloat16": "default", "tensorfloat32": "high",
+           "bfloat16_3x": "high", "float32": "highest"}  # fmt: skip
+
+# What a float32 matmul's inputs are rounded to, per backend and level: (significant
+# bits, the implicit one included; in words). Accumulation is float32 throughout.
+BEHAVIOUR = {
+    "cpu": {level: (24, "float32") for level in LEVELS},
+    "gpu": {"default": (11, "TensorFloat-32 inputs on NVIDIA Ampere and newer (float32 before)"),
+            "high": (11, "TensorFloat-32 inputs on NVIDIA Ampere and newer (float32 before)"),
+            "highest": (24, "float32")},
+    "tpu": {"default": (8, "one bfloat16 pass"), "high": (16, "3 bfloat16 passes"),
+            "highest": (24, "6 bfloat16 passes (about float32)")},
+}  # fmt: skip
+
+
+def normalize(name: str) -> str:
+    """The precision ``name`` as a level (``'default'``, ``'high'``, ``'highest'``) or a
+    ``jax.lax.DotAlgorithmPreset`` name.
+
+    Raises:
+      ValueError: for a name JAX does not know (one line).
+    """
+    if name in LEVELS:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    presets = jax.lax.DotAlgorithmPreset.__members__
+    if isinstance(name, str) and name != "DEFAULT" and name in presets:
+        return name
+    raise ValueError(f"unknown matmul precision {name!r}: use default, high or highest (JAX also "
+                     "names them bfloat16, tensorfloat32, float32) or a jax.lax.DotAlgorithmPreset "
+                     "name")  # fmt: skip
+
+
+def current() -> str:
+    """The precision in effect here (JAX's setting, normalised; ``'default'`` when unset)."""
+    value = jax.config.jax_default_matmul_precision
+    return "default" if value is None else normalize(value)
+
+
+def resolve(name: str | None) -> str:
+    """``normalize(name)``, or for None the precision in effect (:func:`current`)."""
+    return current() if name is None else normalize(name)
+
+
+def context(name: str | None) -> contextlib.AbstractContextManager:
+    """``jax.default_matmul_precision(normalize(name))``: the precision of the float32
+    matmuls traced inside (jit caches compile per precision). ``None``: a no-op, JAX's
+    setting stays.
+
+    Raises:
+      ValueError: for an unknown ``name``.
+    """
+    if name is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(normalize(name))
+
+
+def _platform(platform: str | None) -> str:
+    platform = platform or jax.default_backend()
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def input_bits(name: str, platform: str | None = None) -> int:
+    """Significant bits (the implicit one included) that a float32 matmul keeps of its
+    inputs at level ``name`` on ``platform`` (``'cpu'``, ``'gpu'``, ``'tpu'``; default:
+    JAX's default backend): 24 for float32, 11 for TensorFloat-32, 8 for one bfloat16
+    pass. The worst case where the hardware decides (TF32 on GPUs that have it).
+
+    Raises:
+      ValueError: an unknown name, a DotAlgorithmPreset, or another platform.
+    """
+    level, where = normalize(name), _platform(platform)
+    if where not in BEHAVIOUR or level not in LEVELS:
+        raise ValueError(f"no table for matmul precision {level!r} on {where!r}")
+    return BEHAVIOUR[where][level][0]
+
+
+def describe(name: str, platform: str | None = None) -> str:
+    """What float32 matmuls compute at ``name`` on ``platform`` (default: JAX's default
+    backend), in words, e.g. ``'default: TensorFloat-32 inputs on NVIDIA Ampere and
+    newer (float32 before), float32 accumulation'``."""
+    level, where = normalize(name), _platform(platform)
+    if level not in LEVELS:
+        return f"{level}: the jax.lax.DotAlgorithmPreset of that name"
+    if where not in BEHAVIOUR:
+        return f"{level}: as the {where} backend implements it"
+    return f"{level}: {BEHAVIOUR[where][level][1]}, float32 accumulation"

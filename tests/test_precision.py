@@ -1,0 +1,239 @@
+"""The matmul precision policy (rhnzoo.precision): names, the context, the engine and the
+scripts applying and recording it, and the fast path at the backend's default precision.
+
+The rest of the suite runs at ``highest`` (tests/conftest.py); the tests named
+``..._at_the_default_precision`` here run the fused scans at ``default`` on whatever
+backend the suite runs on, against float64, with a tolerance sized by what that
+backend's default does to a matmul's inputs (float32 on CPU, TensorFloat-32 on GPU,
+one bfloat16 pass on TPU).
+"""
+
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import engine_toy
+from helpers import random_params
+from test_ptb_experiment import TINY, needs_ptb, ptb
+
+from rhnzoo import cells, precision
+from rhnzoo.cells import gated_fused, rhn_fused
+from rhnzoo.training import engine
+
+
+def test_the_suite_runs_at_highest_from_the_environment():
+    """conftest.py's JAX_DEFAULT_MATMUL_PRECISION reached JAX (read when JAX starts)."""
+    assert jax.config.jax_default_matmul_precision == "highest"
+    assert precision.current() == "highest"
+
+
+@pytest.mark.parametrize("name,level", [
+    ("default", "default"), ("high", "high"), ("highest", "highest"), ("bfloat16", "default"),
+    ("fastest", "default"), ("tensorfloat32", "high"), ("bfloat16_3x", "high"),
+    ("float32", "highest"), ("TF32_TF32_F32", "TF32_TF32_F32"),
+])  # fmt: skip
+def test_names_normalise_to_jax_levels(name, level):
+    assert precision.normalize(name) == level
+    with precision.context(name):
+        assert precision.current() == level
+
+
+@pytest.mark.parametrize("bad", ["fast", "HIGHEST", "DEFAULT", "", None])
+def test_unknown_names_are_one_line_errors(bad):
+    with pytest.raises(ValueError, match="unknown matmul precision") as e:
+        precision.normalize(bad)
+    assert "\n" not in str(e.value)
+    if bad is not None:
+        with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
+            engine.RunConfig(epochs=1, matmul_precision=bad)
+
+
+def test_context_none_keeps_jax_setting_and_contexts_nest():
+    with precision.context(None):
+        assert precision.current() == "highest"
+    with precision.context("default"):
+        assert precision.current() == "default"
+        with precision.context(None):
+            assert precision.current() == "default"
+        assert precision.resolve(None) == "default" and precision.resolve("float32") == "highest"
+    assert precision.current() == "highest"
+
+
+def test_the_precision_reaches_the_compiled_matmul():
+    """What XLA receives: the dot's precision config is the context's (the jit cache holds
+    one program per precision)."""
+    a = jnp.ones((8, 8))
+    f = jax.jit(lambda a: jnp.tanh(a @ a))
+    for name, shown in [("default", "DEFAULT"), ("tensorfloat32", "HIGH"), ("highest", "HIGHEST")]:
+        with precision.context(name):
+            text = f.lower(a).as_text()
+        assert f"precision = [{shown}, {shown}]" in text, text
+
+
+def test_behaviour_table():
+    assert [precision.input_bits(n, "cpu") for n in precision.LEVELS] == [24, 24, 24]
+    assert [precision.input_bits(n, "cuda") for n in precision.LEVELS] == [11, 11, 24]
+    assert [precision.input_bits(n, "tpu") for n in precision.LEVELS] == [8, 16, 24]
+    assert "TensorFloat-32" in precision.describe("default", "gpu")
+    assert precision.describe("float32", "tpu").startswith("highest: 6 bfloat16 passes")
+    with pytest.raises(ValueError, match="no table"):
+        precision.input_bits("TF32_TF32_F32", "gpu")
+
+
+def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
+    """RunConfig.matmul_precision holds while the train step is traced and while the
+    validation and the final evaluation run; JAX's setting is back afterwards; None
+    keeps JAX's setting."""
+    for setting, expected in [("bfloat16", "default"), (None, "highest")]:
+        seen = {"step": set(), "validate": set(), "final": set()}
+        task = engine_toy.make_task()
+
+        def step(state, batch, key, _step=task.train_step):
+            seen["step"].add(precision.current())  # at trace time
+            return _step(state, batch, key)
+
+        def wrap(name, fn):
+            return lambda params, track: seen[name].add(precision.current()) or fn(params, track)
+
+        task = dataclasses.replace(task, train_step=step,
+                                   validate=wrap("validate", task.validate),
+                                   final_evaluate=wrap("final", task.final_evaluate))  # fmt: skip
+        cfg = engine.RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
+        engine.run(task, cfg, None, log=None)
+        assert seen == {"step": {expected}, "validate": {expected}, "final": {expected}}
+        assert precision.current() == "highest"
+
+
+def test_a_workdir_from_before_the_setting_resumes_at_the_default(tmp_path):
+    """A config.json without ``matmul_precision`` (written before it was recorded) holds a
+    run at ``default``: it resumes at default and refuses another precision."""
+    engine.prepare_workdir(tmp_path, {"lr": 1.0})
+    engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "default"})
+    with pytest.raises(ValueError, match="matmul_precision='default' there vs 'highest'"):
+        engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "highest"})
+    engine.prepare_workdir(tmp_path, {"lr": 1.0})  # a caller that records none
+
+
+# ------------------------------------------------------- the fast path at the default
+
+
+def default_precision_tolerance() -> dict:
+    """At ``default`` a float32 matmul rounds its inputs to ``bits`` significant bits
+    (24 on CPU, 11 on a GPU with TensorFloat-32, 8 on TPU): a relative error of 2^-bits
+    per product. 32 x that covers the few matmuls these short scans chain: with the
+    fused scans' bfloat16 inputs (8 bits) on the CPU, four seeds of each case below stayed
+    within 3.5 x 2^-8 (as atol and rtol). Never tighter than the float32 tolerances of
+    tests/test_gated_fused.py."""
+    eps = 2.0 ** -precision.input_bits("default")
+    return dict(rtol=max(2e-4, 32 * eps), atol=max(2e-5, 32 * eps))
+
+
+def rhn_problem(seed=0, B=3, m=5, n=6, T=7):
+    cell = cells.HSG(cells.RHN(n, 3))
+    k = jax.random.split(jax.random.PRNGKey(seed), 6)
+    params = random_params(cell.init(k[0], m), k[1])
+    xs, s0 = jax.random.normal(k[2], (T, B, m)), jax.random.normal(k[3], (B, n))
+    mask = jax.random.bernoulli(k[4], 0.8, (B, n)) / 0.8
+    target = jax.random.normal(k[5], (T, B, n))
+    return cell, (params, s0, xs), mask, target
+
+
+def gated_problem(name, seed=0, B=4, m=3, n=5, T=9):
+    cell = {"lstm": cells.LSTM, "gru": cells.GRU}[name](n)
+    k = jax.random.split(jax.random.PRNGKey(seed), 6)
+    params = random_params(cell.init(k[0], m), k[1])
+    leaves, tree = jax.tree.flatten(cell.initial_carry(B))
+    keys = jax.random.split(k[2], len(leaves))
+    carry = jax.tree.unflatten(tree, [0.5 * jax.random.normal(kk, a.shape)
+                                      for a, kk in zip(leaves, keys)])  # fmt: skip
+    xs = jax.random.normal(k[3], (T, B, m))
+    mask = jax.random.bernoulli(k[4], 0.8, (B, n)) / 0.8
+    target = jax.random.normal(k[5], (T, B, n))
+    return cell, (params, carry, xs), mask, target
+
+
+def value_and_grads(unroll, args, target):
+    """The outputs, and the gradients of a loss of every output and the final carry, with
+    respect to the parameters, the initial carry and the inputs."""
+
+    def loss(*args):
+        carry, ys = unroll(*args)
+        return jnp.sum(jnp.sin(ys) * target) + sum(jnp.sum(c**2) for c in jax.tree.leaves(carry))
+
+    return unroll(*args)[1], jax.grad(loss, argnums=(0, 1, 2))(*args)
+
+
+# The fused scans training runs take (float32, fast tanh / sigmoid, hand-written backward).
+FUSED = {"rhn_hsg": (rhn_problem, functools.partial(rhn_fused.unroll, layer_loop="python")),
+         "lstm": (functools.partial(gated_problem, "lstm"), gated_fused.unroll),
+         "gru": (functools.partial(gated_problem, "gru"), gated_fused.unroll)}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FUSED))
+def test_fused_scans_at_the_default_precision_match_float64(case):
+    """The fused scan under ``default``, values and gradients, against the reference scan
+    under autodiff in float64."""
+    problem, unroll = FUSED[case]
+    cell, args, mask, target = problem()
+    fast = lambda p, c, x: unroll(cell, p, c, x, mask)
+    with precision.context("default"):
+        ys, grads = jax.jit(functools.partial(value_and_grads, fast))(args, target)
+    with jax.enable_x64(True):
+        args64, mask64, target64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64),
+                                                (args, mask, target))  # fmt: skip
+        reference = lambda p, c, x: cells.unroll(cell, p, c, x, mask64)
+        ys64, grads64 = value_and_grads(reference, args64, target64)
+        ys64, grads64 = np.asarray(ys64), jax.tree.map(np.asarray, grads64)
+    tol = default_precision_tolerance()
+    np.testing.assert_allclose(ys, ys64, **tol)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads64), strict=True):
+        np.testing.assert_allclose(a, b, **tol)
+
+
+# ------------------------------------------------------------------ the scripts
+
+
+def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
+    result = ptb("--matmul_precision=fast", f"--workdir={tmp_path / 'w'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: flag --matmul_precision=fast: unknown matmul precision")
+    assert not (tmp_path / "w").exists()
+
+
+@needs_ptb
+def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
+    """config.json holds the precision (here the suite's $JAX_DEFAULT_MATMUL_PRECISION,
+    the flag's default); a workdir written before the flag resumes at ``default`` (any
+    name of it) and refuses another with one line."""
+    workdir = tmp_path / "w"
+    first = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
+    assert first.returncode == 0, first.stderr
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["matmul_precision"] == "highest"
+    del config["matmul_precision"]
+    (workdir / "config.json").write_text(json.dumps(config))
+    second = ptb(*TINY, "--max_steps=2", "--matmul_precision=bfloat16", f"--workdir={workdir}")
+    assert second.returncode == 0 and f"resumed {workdir} at step 1" in second.stdout, second.stderr
+    third = ptb(*TINY, "--max_steps=3", f"--workdir={workdir}")
+    lines = third.stderr.strip().splitlines()
+    assert third.returncode == 1 and len(lines) == 1, third.stderr
+    assert "matmul_precision='default' there vs 'highest'" in lines[0]
+
+
+@pytest.mark.parametrize("module,args", [("lm", ["--configs=tiny", "--steps=0"]),
+                                         ("rnn", ["--configs=tiny", "--cells=gru", "--rounds=1"])])
+def test_benchmark_records_say_the_precision_they_ran_at(module, args):
+    out = subprocess.run([sys.executable, "-m", f"rhnzoo.bench.{module}", *args,
+                          "--matmul_precision=tensorfloat32"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert records and all(r["matmul_precision"] == "high" for r in records)
