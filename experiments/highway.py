@@ -20,7 +20,10 @@ every depth in --depths x (plain, highway), each in ``<workdir>/<kind>_d<depth>`
 (finished runs are skipped, interrupted ones resume), then writes into the
 sweep's workdir ``results.md`` (table), ``training_curves.png``,
 ``gate_heatmaps_d<depth>.png``, ``lesion_d<depth>.png``,
-``plain_diagnostics.png`` and ``analysis.json``.
+``plain_diagnostics.png`` and ``analysis.json``. With ``--jobs=N`` the sweep's runs
+train N at a time in child processes; with ``--seeds=K`` each (kind, depth) trains with
+seeds --seed ... --seed+K-1 (seed k > 0 in ``<kind>_d<depth>_s<k>``) and the table
+shows mean ± sd.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import types
 from absl import flags
 
 from rhnzoo import cli, data, precision
+from rhnzoo.training import sweep
 
 DATASETS = data.names("images")  # mnist, cifar100 (rhnzoo.data registry: sizes, loader)
 PRESETS = {
@@ -76,16 +80,19 @@ flags.DEFINE_integer("heatmap_examples", 10000, "Training images averaged in the
 flags.DEFINE_integer("lesion_examples", 10000, "Training images of the lesioning study.")
 flags.DEFINE_integer("diagnostics_depth", 50, "Depth of the plain nets of the sweep's "
                      "activation / gradient diagnostics (0: skip).")
+sweep.define_flags()
 flags.adopt_module_key_flags(cli)
+flags.adopt_module_key_flags(sweep)
 FLAGS = flags.FLAGS
 
 def experiment() -> None:
     from rhnzoo.training import highway_experiment
 
     cli.apply_preset()
+    jobs, seeds = sweep.from_flags()
     F = types.SimpleNamespace(**{name: FLAGS[name].value for name in FLAGS})  # every flag
     with precision.context(FLAGS.matmul_precision):  # the figures' evaluations too
-        highway_experiment.experiment(F, cli.run_config(FLAGS.epochs))
+        highway_experiment.experiment(F, cli.run_config(FLAGS.epochs), jobs, seeds)
 
 
 def main(argv) -> None:

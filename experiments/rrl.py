@@ -19,11 +19,12 @@ sharded over every process's devices; process 0 prints and writes the files).
 from absl import flags
 
 from rhnzoo import cli
-from rhnzoo.training import rrl_experiment
+from rhnzoo.training import rrl_experiment, sweep
 
 rrl_experiment.define_flags()
 flags.adopt_module_key_flags(cli)
 flags.adopt_module_key_flags(rrl_experiment)
+flags.adopt_module_key_flags(sweep)
 
 
 def main(argv):

@@ -5,6 +5,12 @@ and kill tests::
 
     python tests/engine_toy.py --workdir=DIR [--max_steps=N] [--slow_eval] [--lr=...]
 
+and by the multi-run runner's tests as a sweep (``--runs``: one run each in
+``DIR/<run>``, with ``--jobs``, ``--seeds``; ``--fail=<run>``: that run fails; prints
+``{run: results}`` as JSON)::
+
+    python tests/engine_toy.py --workdir=DIR --runs=a,b --jobs=2 [--seeds=K] [--fail=b]
+
 Batch k of epoch e is ``classify.batch_indices(seed, e, k, ...)``, a shuffled order,
 so exact resume also checks that the batch order is a pure function of (seed,
 epoch, index). The script prints ``validation started`` (flushed) when a
@@ -97,20 +103,42 @@ def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
 def main(argv: list[str]) -> None:
     from absl import app, flags
 
+    import json
+
     from rhnzoo import cli
+    from rhnzoo.training import sweep
 
     cli.define_run_flags(log_every=1, data=False)
     flags.DEFINE_float("lr", 0.01, "SGD learning rate.")
     flags.DEFINE_integer("epochs", 1000, "Epochs of the schedule.")
     flags.DEFINE_boolean("slow_eval", False, "Make every validation practically endless.")
+    flags.DEFINE_list("runs", [], "A sweep of these runs, each in <workdir>/<run>.")
+    flags.DEFINE_string("fail", None, "With --runs: this run fails at its start.")
+    sweep.define_flags()
 
     def body(_):
         F = flags.FLAGS
 
+        def train(name: str, seed: int):
+            def train(workdir):
+                if name == F.fail:
+                    raise ValueError(f"run {name} fails on purpose")
+                task = make_task(F.lr, seed, F.slow_eval, announce=True)
+                config = {"lr": F.lr, "seed": seed, "epochs": F.epochs}
+                return engine.run(task, cli.run_config(F.epochs, seed=seed), workdir,
+                                  config).results  # fmt: skip
+
+            return train
+
         def run():
-            task = make_task(F.lr, F.seed, F.slow_eval, announce=True)
-            config = {"lr": F.lr, "seed": F.seed, "epochs": F.epochs}
-            engine.run(task, cli.run_config(F.epochs), F.workdir, config)
+            if not F.runs:
+                return train(None, F.seed)(F.workdir)
+            jobs, seeds = sweep.from_flags()
+            runs = [sweep.Run(sweep.seed_name(name, k), {"lr": F.lr, "seed": F.seed + k,
+                                                         "epochs": F.epochs},
+                              train(name, F.seed + k))
+                    for name in F.runs for k in range(seeds)]  # fmt: skip
+            print(json.dumps(sweep.run_all(runs, F.workdir, jobs=jobs)))
 
         cli.main(run)
 

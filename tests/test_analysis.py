@@ -372,6 +372,26 @@ def test_sweep_table_fills_only_measured_cells(tmp_path):
     assert png_shape(root / "ppl_vs_depth.png")[:2] == (400, 640)
 
 
+def test_sweep_table_shows_the_mean_and_sd_over_seeds(tmp_path):
+    import statistics
+
+    root = tmp_path / "sweep"
+    fake_run(root, "d10_rhn", 10, False, {"valid_ppl": 68.0, "test_ppl": 66.0})
+    fake_run(root, "d10_rhn_s1", 10, False, {"valid_ppl": 70.0, "test_ppl": 67.5})
+    (root / "d10_rhn_s1" / "config.json").write_text(json.dumps({"depth": 10, "hsg": False,
+                                                                  "seed": 1}))  # fmt: skip
+    fake_run(root, "z_copy", 10, False, {"valid_ppl": 1.0, "test_ppl": 1.0})  # seed 0 again
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"),
+                          f"--root={root}", "--table", "--depths=10"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("| 10 ")]
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    mean_sd = lambda *v: f"{statistics.mean(v):.1f} ± {statistics.stdev(v):.1f} (n=2)"
+    assert cells[1:3] == [mean_sd(68.0, 70.0), mean_sd(66.0, 67.5)]
+    assert "z_copy repeats depth 10 hsg=False seed 0; showing" in out.stderr
+
+
 def test_sweep_dry_run_lists_eight_commands(tmp_path):
     out = cli("sweep.py", f"--root={tmp_path}", "--dry_run", "--", "--preset=small", "--seed=3")
     lines = out.strip().splitlines()
@@ -390,3 +410,8 @@ def test_sweep_dry_run_lists_eight_commands(tmp_path):
     assert {(d, h) for d, h, _ in seen} == {(d, h) for d in (10, 20, 30, 40) for h in (0, 1)}
     assert len({w for *_, w in seen}) == 8
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+    seeds = cli("sweep.py", f"--root={tmp_path}", "--dry_run", "--depths=10", "--seeds=2", "--",
+                "--seed=3").strip().splitlines()  # fmt: skip
+    assert len(seeds) == 4 and [line.split()[-1] for line in seeds[1::2]] == ["--seed=4"] * 2
+    assert [a for a in seeds[1].split() if a.startswith("--workdir=")] == [
+        f"--workdir={tmp_path / 'd10_rhn_s1'}"]

@@ -100,3 +100,34 @@ def test_single_highway_run_writes_its_figures(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("gate_heatmaps.png", "lesion.png", "analysis.json"):
         assert (tmp_path / "a" / name).is_file(), name
+
+
+def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
+    """--jobs=2 --seeds=2: four runs in child processes, seed 1 in <kind>_d<depth>_s1, the
+    table showing mean ± sd (n=2) of the two seeds' test accuracies."""
+    import statistics
+
+    from helpers import write_random_mnist
+
+    mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
+    root = tmp_path / "sweep"
+    result = highway("--sweep", "--depths=3", "--plain_lrs=3:1e-3", "--max_steps=6",
+                     "--batch_size=20", "--valid_size=40", "--noprogress", "--log_every=3",
+                     "--heatmap_examples=20", "--lesion_examples=20", "--diagnostics_depth=0",
+                     f"--data_dir={mnist}", "--noverify_data", "--nodownload", "--jobs=2",
+                     "--seeds=2", "--seed=3", f"--workdir={root}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 runs, 2 at a time in child processes" in result.stdout
+    (row,) = [line for line in (root / "results.md").read_text().splitlines()
+              if line.startswith("| 3 ")]  # fmt: skip
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    for kind, column in (("plain", 5), ("highway", 10)):
+        accs = [100 * json.loads((root / name / "results.json").read_text())["test_acc"]
+                for name in (f"{kind}_d3", f"{kind}_d3_s1")]  # fmt: skip
+        seeds = [json.loads((root / name / "config.json").read_text())["seed"]
+                 for name in (f"{kind}_d3", f"{kind}_d3_s1")]  # fmt: skip
+        assert seeds == [3, 4]
+        expected = f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f}% (n=2)"
+        assert cells[column] == expected, row
+    assert (root / "gate_heatmaps_d3.png").is_file() and "seeds 3-4" in result.stdout + (
+        root / "results.md").read_text()  # fmt: skip

@@ -278,3 +278,26 @@ def test_depth10_highway_learns_real_mnist():
     curve = [r["train_xent"] for r in out.history]
     assert at_init > 2.0 and len(curve) == 3 and curve[-1] < 0.4 and curve[-1] < curve[0], curve
     assert out.results["test_acc"] > 0.85, out.results
+
+
+def test_sweep_table_shows_the_mean_and_sd_over_seeds():
+    import statistics
+
+    def run(kind, acc, xent, diverged=False, epochs=3):
+        results = {"test_acc": acc, **({"diverged": True} if diverged else {})}
+        return {"kind": kind, "depth": 10, "width": 50, "params": 1234, "lr": 0.1,
+                "history": [{"epoch": epochs, "train_xent": xent}], "results": results}  # fmt: skip
+
+    one = analysis.sweep_table([run("plain", 0.9, 0.31), run("highway", 0.95, 0.2, True)])
+    assert one.splitlines()[2] == ("| 10 | 1,234 | 0.1 | 3 | 0.3100 | 90.00% | 1,234 | 0.1 | 3 "
+                                   "| 0.2000 | 95.00% (diverged) |")  # fmt: skip
+    seeds = [run("plain", 0.9, 0.31), run("plain", 0.8, 0.35, epochs=5),
+             run("highway", 0.95, 0.2), run("highway", 0.97, 0.1, True),
+             {**run("highway", 0, 0), "results": None, "history": [],
+              "failed": {"exit_status": 1}}]  # fmt: skip
+    cells = [c.strip() for c in analysis.sweep_table(seeds).splitlines()[2].strip("|").split("|")]
+    sd = lambda *v: statistics.stdev(v)
+    assert cells[3:6] == ["4", f"0.3300 ± {sd(0.31, 0.35):.4f} (n=2)",
+                          f"85.00 ± {sd(90, 80):.2f}% (n=2)"]  # fmt: skip
+    assert cells[9:] == [f"0.1500 ± {sd(0.2, 0.1):.4f} (n=2)",
+                         f"96.00 ± {sd(95, 97):.2f}% (n=2) (1 diverged)"]  # fmt: skip

@@ -136,3 +136,20 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
     assert "finished trials are in" in stopped[0]
     assert "Traceback" not in err
     assert len(list((workdir / "trials").glob("*/results.json"))) >= 1
+
+
+def test_two_jobs_give_the_trials_of_one_after_another(tmp_path):
+    """--jobs=2: every trial in a child process (this command with --sweep_run)."""
+    args = [*data_flags(tmp_path), "--archs=rhn", "--depths=1", "--trials=2", "--epochs=1",
+            "--width=6"]  # fmt: skip
+    seq = jsb(*args, f"--workdir={tmp_path / 'seq'}")
+    par = jsb(*args, f"--workdir={tmp_path / 'par'}", "--jobs=2")
+    assert seq.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
+    assert "2 runs, 2 at a time in child processes" in par.stdout
+    done = [line.split()[1] for line in par.stdout.splitlines()
+            if line.startswith("[") and " done in " in line]  # fmt: skip
+    assert sorted(done) == ["rhn_d1_t0", "rhn_d1_t1"]
+    lines = lambda root: (tmp_path / root / "results.jsonl").read_text().splitlines()
+    untimed = lambda root: [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                            for line in lines(root)]  # fmt: skip
+    assert untimed("par") == untimed("seq") and len(untimed("par")) == 2

@@ -163,6 +163,8 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     ("--max_len=0", "max_len must be >= 1"),
     ("--dataset=cifar10", "flag --dataset=cifar10: value should be one of"),
     ("--model=sc_lstm_i --skip=0", "skip must be"),
+    ("--jobs=0", "--jobs must be >= 1, got 0"),
+    ("--seeds=0", "--seeds must be >= 1, got 0"),
 ])  # fmt: skip
 def test_bad_flags_are_one_line_errors_before_anything_is_written(tmp_path, flag, message):
     result = rrl_script(*flag.split(), "--table" if "models" in flag else "--max_steps=1",
@@ -190,3 +192,51 @@ def test_projecting_inside_the_scan_computes_the_same_function(cell):
                                         project_per_step=per_step)  # fmt: skip
     for a, b in zip(jax.tree.leaves(run(False)), jax.tree.leaves(run(True))):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def table_rows(stdout):
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in stdout.splitlines()
+            if line.startswith("| LSTM") or line.startswith("| SC")]  # fmt: skip
+
+
+TINY = ["--dataset=pmnist", "--hidden_size=4", "--max_len=16", "--batch_size=20",
+        "--max_steps=2", "--noprogress", "--noverify_data", "--nodownload", "--table"]  # fmt: skip
+
+
+def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
+    args = [*TINY, "--models=lstm,sc_lstm_i", f"--data_dir={tiny_mnist}"]
+    seq = rrl_script(*args, f"--workdir={tmp_path / 'seq'}")
+    par = rrl_script(*args, f"--workdir={tmp_path / 'par'}", "--jobs=2")
+    assert seq.returncode == 0 and par.returncode == 0, par.stderr[-2000:]
+    assert "2 runs, 2 at a time in child processes" in par.stdout
+    assert sorted(l.split()[1] for l in par.stdout.splitlines() if l.startswith("[")) == [
+        "lstm", "sc_lstm_i"]  # one line per run finished  # fmt: skip
+    without_minutes = lambda rows: [row[:-1] for row in rows]
+    assert without_minutes(table_rows(par.stdout)) == without_minutes(table_rows(seq.stdout))
+    assert len(table_rows(par.stdout)) == 2
+    for model in ("lstm", "sc_lstm_i"):
+        read = lambda root, name: json.loads((tmp_path / root / model / name).read_text())
+        untimed = lambda r: {k: v for k, v in r.items() if not k.endswith("_s")}
+        assert untimed(read("par", "results.json")) == untimed(read("seq", "results.json"))
+        assert read("par", "config.json") == {**read("seq", "config.json"),
+                                               "workdir": str(tmp_path / "par")}  # fmt: skip
+
+
+def test_seeds_train_one_workdir_each_and_the_table_shows_mean_and_sd(tmp_path, tiny_mnist):
+    import statistics
+
+    root = tmp_path / "root"
+    out = rrl_script(*TINY, "--models=lstm", "--max_steps=4", "--seeds=2", "--seed=5",
+                     f"--data_dir={tiny_mnist}", f"--workdir={root}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    read = lambda name, file: json.loads((root / name / file).read_text())
+    results = [read(name, "results.json") for name in ("lstm", "lstm_s1")]
+    configs = [read(name, "config.json") for name in ("lstm", "lstm_s1")]
+    assert [c["seed"] for c in configs] == [5, 6]
+    assert results[0]["test_xent"] != results[1]["test_xent"]  # other initialisation
+    (row,) = table_rows(out.stdout)
+    cell = lambda key: (f"{statistics.mean(100 * r[key] for r in results):.2f} ± "
+                        f"{statistics.stdev(100 * r[key] for r in results):.2f} (n=2)")  # fmt: skip
+    assert row[2:4] == [cell("dev_acc"), cell("test_acc")], row
+    assert "pmnist, preset custom, 2 seeds" in out.stdout

@@ -1,7 +1,17 @@
 """training/sweep.py, the multi-run runner, on the engine's toy task: finished runs are not
-trained again, a killed one resumes, incompatible workdirs are refused before any training."""
+trained again, a killed one resumes, incompatible workdirs are refused before any training;
+with --jobs the runs train in child processes (the same results, a failing run recorded,
+a signal passed on so that every child saves)."""
 
 import dataclasses
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -72,3 +82,95 @@ def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path):
     assert (tmp_path / "d1_hsg" / "results.json").is_file()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     assert again.returncode == 0 and again.stdout.count("already finished: final (") == 2
+
+
+# ------------------------------------------------ --jobs: runs as child processes (engine_toy.py)
+
+TOY = pathlib.Path(__file__).resolve().parent / "engine_toy.py"
+
+
+def toy_sweep(root, *args):
+    """``engine_toy.py`` as a sweep of runs under ``root`` (a subprocess)."""
+    return [sys.executable, str(TOY), f"--workdir={root}", "--noprogress", *args]
+
+
+def results_without_times(results):
+    return {k: v for k, v in results.items() if not k.endswith("_s")}
+
+
+def test_two_jobs_give_the_runs_of_one_and_a_failing_run_is_recorded(tmp_path):
+    seq = subprocess.run(toy_sweep(tmp_path / "seq", "--runs=a,b", "--epochs=2"),
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    par = subprocess.run(toy_sweep(tmp_path / "par", "--runs=a,bad,b", "--fail=bad",
+                                   "--epochs=2", "--jobs=2"),
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert seq.returncode == 0 and par.returncode == 0, par.stderr[-2000:]
+    assert "[1/2] a ->" in seq.stdout and "runs, 2 at a time" in par.stdout
+    ran = {line.split()[1]: line for line in par.stdout.splitlines() if line.startswith("[")}
+    assert set(ran) == {"a", "b", "bad"} and "FAILED (exit status 1)" in ran["bad"]
+    assert "run bad fails on purpose" in ran["bad"] and " done in " in ran["a"]
+    seq_rows = sweep.collect(tmp_path / "seq", ["a", "b"])
+    par_rows = sweep.collect(tmp_path / "par", ["a", "b", "bad"])
+    for name in ("a", "b"):  # the same run, in a child process
+        assert results_without_times(par_rows[name]["results"]) == results_without_times(
+            seq_rows[name]["results"])  # fmt: skip
+        assert par_rows[name]["failed"] is None
+        assert "resumed" not in (tmp_path / "par" / name / sweep.LOG).read_text()
+    assert par_rows["bad"]["results"] is None and par_rows["bad"]["config"] is None
+    assert par_rows["bad"]["failed"]["error"] == "error: run bad fails on purpose"
+    assert par_rows["bad"]["failed"]["exit_status"] == 1
+
+
+def wait_for_lines(paths, pattern, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        if all(p.is_file() and re.search(pattern, p.read_text(), re.M) for p in paths):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in {[p.read_text() for p in paths if p.is_file()]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path, signum):
+    """SIGTERM, and SIGINT to the parent's process group (a Ctrl-C in its terminal):
+    passed on to the children once, which save; exit 128 + N once they have. SIGKILL:
+    the children see the parent gone, SIGTERM themselves and save."""
+    logs = [tmp_path / name / sweep.LOG for name in ("a", "b")]
+    parent = subprocess.Popen(toy_sweep(tmp_path, "--runs=a,b", "--jobs=2", "--log_every=1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # fmt: skip
+    try:
+        wait_for_lines(logs, r"^epoch +1 ")  # both children are training
+        if signum == signal.SIGINT:
+            os.killpg(parent.pid, signum)
+        else:
+            parent.send_signal(signum)
+        out, err = parent.communicate(timeout=60)
+    finally:
+        parent.kill()
+    if signum != signal.SIGKILL:
+        assert parent.returncode == 128 + signum, err[-2000:]
+        assert f"signal {signum}: stopping 2 running run(s)" in out
+        assert out.count("stopped (its state saved") == 2
+    received = signal.SIGTERM if signum == signal.SIGKILL else signum
+    wait_for_lines(logs, rf"^stopped by signal {int(received)} ")
+    saved = []
+    for log in logs:
+        saved.append(int(re.search(r"checkpoint saved at step (\d+)", log.read_text())[1]))
+        assert not (log.parent / "results.json").exists()
+    again = subprocess.run(toy_sweep(tmp_path, "--runs=a,b", "--jobs=2",
+                                     f"--max_steps={max(saved) + 3}"),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    for log, step in zip(logs, saved):
+        assert f"resumed {log.parent} at step {step}" in log.read_text()
+        results = json.loads((log.parent / "results.json").read_text())
+        assert results["step"] == max(saved) + 3
+
+
+def test_mean_sd_is_the_mean_and_sample_standard_deviation():
+    assert sweep.mean_sd([]) is None
+    assert sweep.mean_sd([0.5]) == "0.50" and sweep.mean_sd([3], ".0f", "%") == "3%"
+    assert sweep.mean_sd([1.0, 2.0, 6.0]) == "3.00 ± 2.65 (n=3)"  # sd = sqrt(14 / 2)
+    assert sweep.mean_sd([89.5, 89.5], ".1f") == "89.5 ± 0.0 (n=2)"
+    assert sweep.seed_name("lstm", 0) == "lstm" and sweep.seed_name("lstm", 2) == "lstm_s2"

@@ -354,11 +354,18 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """Markdown table of a depth sweep: one row per depth, plain and highway side by side.
 
     Each run: ``{'kind', 'depth', 'width', 'params', 'lr', 'history' (epoch records),
-    'results' (results.json or None)}``. Columns: epochs run, final training
-    cross-entropy (mean over the last epoch, the curves' last point), and the test
-    accuracy of the best-validation parameters. Unfinished runs show "—".
+    'results' (results.json or None), 'failed' (optional: why its child failed)}``.
+    Columns: epochs run, final training cross-entropy (mean over the last epoch, the
+    curves' last point), and the test accuracy of the best-validation parameters.
+    Several runs of one kind and depth (seeds): train CE and test accuracy as mean ± sd
+    over them (:func:`rhnzoo.training.sweep.mean_sd`), epochs the mean. Unfinished runs
+    show "—".
     """
-    cells = {(r["kind"], r["depth"]): r for r in runs}
+    from rhnzoo.training import sweep
+
+    groups: dict[tuple[str, int], list] = {}
+    for r in runs:
+        groups.setdefault((r["kind"], r["depth"]), []).append(r)
     depths = sorted({r["depth"] for r in runs})
     head = ["depth"]
     for kind in ("plain", "highway"):
@@ -368,17 +375,24 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     for depth in depths:
         row = [str(depth)]
         for kind in ("plain", "highway"):
-            r = cells.get((kind, depth))
-            if r is None:
+            group = groups.get((kind, depth))
+            if group is None:
                 row += ["—"] * 5
                 continue
-            hist, res = r.get("history") or [], r.get("results") or {}
-            last = hist[-1] if hist else {}
-            acc = res.get("test_acc")
-            row += [f"{r['params']:,}", f"{r['lr']:g}", str(last.get("epoch", 0)),
-                    _fmt(last.get("train_xent"), ".4f"),
-                    "—" if acc is None else f"{100 * acc:.2f}%"
-                    + (" (diverged)" if res.get("diverged") else "")]  # fmt: skip
+            lasts = [(r.get("history") or [{}])[-1] for r in group]
+            results = [r.get("results") or {} for r in group]
+            xents = [x for x in (last.get("train_xent") for last in lasts)
+                     if x is not None and math.isfinite(x)]  # fmt: skip
+            accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
+            diverged = sum(bool(res.get("diverged")) for res in results)
+            acc = sweep.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
+                                                    else "—")  # fmt: skip
+            if diverged:
+                acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
+            epochs = [last.get("epoch", 0) for last in lasts]
+            row += [f"{group[0]['params']:,}", f"{group[0]['lr']:g}",
+                    f"{sum(epochs) / len(epochs):.0f}", sweep.mean_sd(xents, ".4f") or "—",
+                    acc]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -404,6 +418,8 @@ def sweep_report(
     * ``results.md``: ``header`` and :func:`sweep_table`;
     * ``training_curves.png``: mean training cross-entropy vs epoch, one panel per
       depth, plain vs highway (Srivastava et al. Fig. 1);
+    * the figures below show the first run of each kind and depth (with several
+      seeds: the first seed's);
     * per finished highway run: ``gate_heatmaps_d<depth>.png`` (Fig. 2, on the first
       ``heatmap_examples`` training images) and ``lesion_d<depth>.png`` (Fig. 4, on
       the first ``lesion_examples``);
@@ -423,10 +439,14 @@ def sweep_report(
     written.append(path)
     log(table)
 
+    first: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for r in runs:
+        first.setdefault((r["kind"], r["depth"]), r)
     panels: dict[str, dict[str, list]] = {}
-    for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
+    for r in sorted(first.values(), key=lambda r: (r["depth"], r["kind"])):
         if r.get("history"):
             panels.setdefault(f"depth {r['depth']}", {})[r["kind"]] = r["history"]
+    for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
         numbers["runs"].append({k: r.get(k) for k in ("kind", "depth", "width", "params", "lr",
                                                       "results")})  # fmt: skip
     if panels:
@@ -437,7 +457,7 @@ def sweep_report(
         ))  # fmt: skip
 
     images, labels = train_split
-    for r in runs:
+    for r in first.values():
         if r["kind"] != "highway" or not r.get("results"):
             continue
         net, params, _ = load_highway_run(r["workdir"])

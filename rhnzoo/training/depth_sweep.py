@@ -1,10 +1,11 @@
 """The HSG depth sweep (Shoham & Permuter, Table 1, Fig. 8): its runs, table and plots.
 
 ``experiments/sweep.py`` is its flags. Each (depth, HSG or not) run is the PTB language
-model of ``experiments/ptb.py`` in ``<root>/d<depth>_{rhn,hsg}``, trained in one process
-on the multi-run runner (:mod:`rhnzoo.training.sweep`); :func:`table` lays out Table 1
-from the workdirs (only measured cells filled), :func:`write_plots` draws the learning
-curves (S&P Fig. 6) and perplexity against depth (Fig. 8).
+model of ``experiments/ptb.py`` in ``<root>/d<depth>_{rhn,hsg}`` (seed k > 0:
+``..._s<k>``), trained on the multi-run runner (:mod:`rhnzoo.training.sweep`; in this
+process or side by side in child processes); :func:`table` lays out Table 1 from the
+workdirs (only measured cells filled; several seeds: mean ± sd), :func:`write_plots`
+draws the learning curves (S&P Fig. 6) and perplexity against depth (Fig. 8).
 """
 
 from __future__ import annotations
@@ -29,22 +30,27 @@ def workdir_name(depth: int, hsg: bool) -> str:
 
 
 def commands(
-    depths: list[int], root: pathlib.Path, extra: list[str]
+    depths: list[int], root: pathlib.Path, extra: list[str], seeds: int = 1, seed: int = 0
 ) -> list[tuple[pathlib.Path, list[str]]]:
-    """``(workdir, argv)`` of every run, depth-major, without HSG before with HSG."""
+    """``(workdir, argv)`` of every run, depth-major, without HSG before with HSG; seed
+    k > 0 of ``seeds`` adds ``--seed=<seed + k>``."""
+    from rhnzoo.training import sweep
+
     runs = []
     for depth in depths:
         for hsg in (False, True):
-            workdir = root / workdir_name(depth, hsg)
-            argv = [
-                sys.executable,
-                str(PTB_SCRIPT),
-                f"--depth={depth}",
-                "--hsg" if hsg else "--nohsg",
-                f"--workdir={workdir}",
-                *extra,
-            ]
-            runs.append((workdir, argv))
+            for k in range(seeds):
+                workdir = root / sweep.seed_name(workdir_name(depth, hsg), k)
+                argv = [
+                    sys.executable,
+                    str(PTB_SCRIPT),
+                    f"--depth={depth}",
+                    "--hsg" if hsg else "--nohsg",
+                    f"--workdir={workdir}",
+                    *extra,
+                    *([f"--seed={seed + k}"] if k else []),
+                ]
+                runs.append((workdir, argv))
     return runs
 
 
@@ -65,23 +71,28 @@ def read_runs(root: pathlib.Path) -> list[dict]:
 
 
 def table(depths: list[int], runs: list[dict]) -> list[str]:
-    """The markdown lines of the results table (see the module docstring)."""
-    cells: dict[tuple[int, bool], dict] = {}
+    """The markdown lines of the results table (see the module docstring); the runs of
+    one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.sweep.mean_sd`)."""
+    from rhnzoo.training import sweep
+
+    cells: dict[tuple[int, bool], dict[Any, dict]] = {}
     for run in runs:
         if run["results"] is None:
             continue
         key = (int(run["config"]["depth"]), bool(run["config"].get("hsg", False)))
-        if key in cells:
+        seed = run["config"].get("seed", 0)
+        seen = cells.setdefault(key, {})
+        if seed in seen:
             print(
-                f"warning: {run['workdir']} repeats depth {key[0]} hsg={key[1]}; "
-                f"showing {cells[key]['workdir']}",
+                f"warning: {run['workdir']} repeats depth {key[0]} hsg={key[1]} seed {seed}; "
+                f"showing {seen[seed]['workdir']}",
                 file=sys.stderr,
             )
             continue
-        cells[key] = run
-    fmt = lambda run, name: (
-        f"{run['results'][name]:.1f}" if run and name in run["results"] else BLANK
-    )
+        seen[seed] = run
+    fmt = lambda group, name: sweep.mean_sd(
+        [r["results"][name] for r in (group or {}).values() if name in r["results"]], ".1f"
+    ) or BLANK
     lines = [
         (
             "| Depth L | valid ppl (RHN) | test ppl (RHN) | valid ppl (RHN+HSG) "
@@ -103,9 +114,14 @@ def table(depths: list[int], runs: list[dict]) -> list[str]:
 
 
 def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
-    """learning_curves.png and ppl_vs_depth.png from the runs that have the data."""
+    """learning_curves.png and ppl_vs_depth.png from the runs that have the data (the
+    first seed of each run: the lowest)."""
     from rhnzoo import analysis  # jax and matplotlib only when plotting
 
+    firsts: dict[tuple[int, bool], dict] = {}
+    for run in sorted(runs, key=lambda r: r["config"].get("seed", 0)):
+        firsts.setdefault((int(run["config"]["depth"]), bool(run["config"].get("hsg"))), run)
+    runs = list(firsts.values())
     written = []
     curves = {}
     for run in sorted(runs, key=lambda r: (r["config"].get("hsg", False), r["config"]["depth"])):
@@ -136,17 +152,17 @@ def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
 
 
 def train_all(configs: Sequence[tuple[str, dict[str, Any]]], root: pathlib.Path, corpus_loader,
-              log=print) -> list[str]:  # fmt: skip
+              log=print, jobs=None) -> list[str]:  # fmt: skip
     """Trains ``(name, config)`` runs (LM configs, :func:`rhnzoo.training.lm.experiment`)
-    in ``root/<name>`` on the runner, every config checked before the corpus is read
-    (``corpus_loader()``, once). A run that diverges is reported and the sweep goes on;
-    returns the names of those that did."""
+    in ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`),
+    every config checked before the corpus is read (``corpus_loader()``, once). A run
+    that diverges (or fails in a child process) is reported and the sweep goes on;
+    returns the names of those without results."""
     from rhnzoo.training import engine, sweep
     from rhnzoo.training import lm as lm_training
 
     plan = [(name, config, lm_training.experiment(config)) for name, config in configs]
     corpus = corpus_loader()
-    failed = []
 
     def trainer(name, experiment):
         def train(workdir):
@@ -154,11 +170,10 @@ def train_all(configs: Sequence[tuple[str, dict[str, Any]]], root: pathlib.Path,
                 return experiment.train(corpus, log=log)
             except engine.TrainingDiverged as e:
                 log(f"{name}: {e}")
-                failed.append(name)
                 return None
 
         return train
 
-    sweep.run_all([sweep.Run(name, config, trainer(name, exp)) for name, config, exp in plan],
-                  root, log=log)  # fmt: skip
-    return failed
+    done = sweep.run_all([sweep.Run(name, config, trainer(name, exp))
+                          for name, config, exp in plan], root, log=log, jobs=jobs)  # fmt: skip
+    return [name for name, results in done.items() if results is None]

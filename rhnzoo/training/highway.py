@@ -226,12 +226,14 @@ def train(
 
 @dataclasses.dataclass(frozen=True)
 class SweepRun:
-    """One run of a sweep: its net, optimisation, workdir and ``config.json`` settings."""
+    """One run of a sweep: its net, optimisation, workdir and ``config.json`` settings;
+    ``seed`` (None: the sweep's ``run.seed``) seeds its initialisation and batch order."""
 
     net: FeedForwardNet
     cfg: TrainConfig
     workdir: Any
     config: Mapping[str, Any]
+    seed: int | None = None
 
 
 def sweep(
@@ -240,18 +242,22 @@ def sweep(
     run: engine.RunConfig,
     *,
     log: Callable[[str], None] | None = print,
+    jobs=None,
 ) -> list[dict[str, Any]]:
-    """Trains ``runs`` one after another, in-process, each in its own workdir.
+    """Trains ``runs``, each in its own workdir, on the multi-run runner
+    (:mod:`rhnzoo.training.sweep`): one after another in this process, or side by side
+    in child processes (``jobs``: :class:`rhnzoo.training.sweep.Jobs`).
 
-    On the multi-run runner (:mod:`rhnzoo.training.sweep`): a finished run says
-    ``already finished`` (the engine), an interrupted one resumes from its checkpoint. A
-    run that diverges stops there and is reported (``results['diverged']``), the
-    sweep goes on. Every workdir is checked before the first run starts, so an
-    incompatible one fails the sweep before any training. The workdirs share one root.
+    A finished run says ``already finished`` (the engine), an interrupted one resumes
+    from its checkpoint. A run that diverges stops there and is reported
+    (``results['diverged']``), the sweep goes on. Every workdir is checked before the
+    first run starts, so an incompatible one fails the sweep before any training. The
+    workdirs share one root.
 
     Returns:
-      Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'workdir', 'results'
-      (results.json), 'history' (epoch records)}``.
+      Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'seed', 'workdir',
+      'results' (results.json), 'history' (epoch records), 'failed' (why its child
+      failed, or None)}``.
 
     Raises:
       ValueError: an incompatible workdir; Interrupted: SIGTERM/SIGINT (the current
@@ -265,13 +271,15 @@ def sweep(
     (root,) = roots
 
     def trainer(r: SweepRun):
-        return lambda workdir: train(r.net, splits, r.cfg, run, workdir, r.config,
+        cfg = run if r.seed is None else dataclasses.replace(run, seed=r.seed)
+        return lambda workdir: train(r.net, splits, r.cfg, cfg, workdir, r.config,
                                      on_divergence="stop", log=log).results  # fmt: skip
 
     plan = [runner.Run(pathlib.Path(r.workdir).name, r.config, trainer(r)) for r in runs]
-    runner.run_all(plan, root, log=log)
+    runner.run_all(plan, root, log=log, jobs=jobs)
     done = runner.collect(root, [p.name for p in plan])
     return [{"kind": r.net.kind, "depth": r.net.depth, "width": r.net.width,
-             "params": r.net.num_params(), "lr": r.cfg.lr, "workdir": r.workdir,
-             "results": done[p.name]["results"], "history": done[p.name]["history"]}
+             "params": r.net.num_params(), "lr": r.cfg.lr,
+             "seed": run.seed if r.seed is None else r.seed, "workdir": r.workdir,
+             **{k: (done[p.name] or {}).get(k) for k in ("results", "history", "failed")}}
             for r, p in zip(runs, plan)]  # fmt: skip

@@ -47,12 +47,16 @@ def _load(F, dataset: str):
     return data.load(dataset, F.data_dir, download=F.download, verify=F.verify_data)
 
 
-def experiment(F, run_cfg) -> None:
+def experiment(F, run_cfg, jobs=None, seeds: int = 1) -> None:
+    """``jobs`` (:class:`rhnzoo.training.sweep.Jobs`) and ``seeds``: the sweep's
+    (``--jobs``, ``--seeds``); a single net takes neither."""
     from rhnzoo.models.highway import FeedForwardNet
     from rhnzoo.training import classify
     from rhnzoo.training import highway as hw
 
     dataset, kind = F.dataset, F.kind
+    if not F.sweep and (seeds > 1 or (jobs is not None and jobs.n > 1)):
+        raise ValueError("--jobs and --seeds are for --sweep")
     if F.sweep:
         try:
             plan = [(k, int(d)) for d in F.depths for k in ("plain", "highway")]
@@ -82,7 +86,7 @@ def experiment(F, run_cfg) -> None:
     classify.steps_per_epoch(len(splits["train"][0]), F.batch_size)  # batch fits
     if F.sweep:
         root = pathlib.Path(F.workdir or f"runs/highway_{dataset}_{F.preset or 'full'}")
-        _sweep(F, root, runs, splits, run_cfg)
+        _sweep(F, root, runs, splits, run_cfg, jobs, seeds)
         return
     net, cfg = runs[0]
     workdir = F.workdir or f"runs/highway_{dataset}_{net.kind}_d{net.depth}"
@@ -116,16 +120,18 @@ def _figures(F, workdir: pathlib.Path, train_split) -> None:
     report.analyze_highway(workdir, workdir, opts, train_split)
 
 
-def _sweep(F, root: pathlib.Path, runs, splits, run_cfg) -> None:
+def _sweep(F, root: pathlib.Path, runs, splits, run_cfg, jobs, seeds: int) -> None:
     import jax
 
     from rhnzoo.analysis import highway as analysis
     from rhnzoo.training import highway as hw
+    from rhnzoo.training import sweep
 
     start = time.time()
-    plan = [hw.SweepRun(net, cfg, root / f"{net.kind}_d{net.depth}", _config(F, net, cfg))
-            for net, cfg in runs]  # fmt: skip
-    done = hw.sweep(plan, splits, run_cfg)
+    plan = [hw.SweepRun(net, cfg, root / sweep.seed_name(f"{net.kind}_d{net.depth}", k),
+                        {**_config(F, net, cfg), "seed": F.seed + k}, F.seed + k)
+            for net, cfg in runs for k in range(seeds)]  # fmt: skip
+    done = hw.sweep(plan, splits, run_cfg, jobs=jobs)
     train_s = sum((r["history"][-1]["elapsed_s"] if r["history"] else 0.0) for r in done)
     header = (
         f"# Highway vs plain nets on {F.dataset.upper()} (Srivastava et al. 2015)\n\n"
@@ -133,7 +139,10 @@ def _sweep(F, root: pathlib.Path, runs, splits, run_cfg) -> None:
         f"{F.max_steps}), batch {F.batch_size}, SGD momentum {F.momentum}, lr decay "
         f"{F.lr_decay_rate} every {F.lr_decay_steps:,} steps, {F.activation}, "
         f"{F.init}, T bias {F.transform_bias}, validation = last {F.valid_size:,} "
-        f"training images, seed {F.seed}, preset {F.preset}.\n"
+        f"training images, "
+        + (f"seed {F.seed}" if seeds == 1 else f"seeds {F.seed}-{F.seed + seeds - 1} (mean ± "
+           f"sd over them; figures: seed {F.seed})")
+        + f", preset {F.preset}.\n"
         f"Train CE: mean training cross-entropy over the last epoch (nats); test acc: "
         f"best-validation parameters.\n"
         f"Machine: {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__} "

@@ -365,14 +365,16 @@ def _finite(row: dict) -> dict:
 
 def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: int,
           batch_size: int, seed: int, max_steps: int | None = None,
-          matmul_precision: str | None = None, log=print) -> list[dict]:  # fmt: skip
+          matmul_precision: str | None = None, log=print, jobs=None) -> list[dict]:  # fmt: skip
     """The JSB random search on the multi-run runner: one trial = one (arch, depth, trial)
     workdir ``root/trials/<arch>_d<depth>_t<trial>`` holding its config.json and
     results.json (trials train in memory: no checkpoints; a finished trial is not run
     again, an interrupted study goes on from the finished ones). Trials outermost, so a
     study cut short has every (arch, depth) with some trials. Every trial runs at
-    ``matmul_precision`` (None: JAX's setting), recorded in its config. Returns every
-    trial's row (also ``root/results.jsonl``)."""
+    ``matmul_precision`` (None: JAX's setting), recorded in its config. ``jobs``
+    (:class:`rhnzoo.training.sweep.Jobs`): trials side by side in child processes (a
+    trial that fails there is left out of the rows). Returns every finished trial's row
+    (also ``root/results.jsonl``)."""
     import pathlib
 
     from rhnzoo import cells
@@ -427,9 +429,10 @@ def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: i
     finished[0] = sum((root / "trials" / r.name / "results.json").is_file() for r in runs)
     if finished[0]:
         log(f"{finished[0]} of {total} trials already finished")
-    sweep.run_all(runs, root / "trials", log=None)
+    parallel = jobs is not None and jobs.n > 1
+    sweep.run_all(runs, root / "trials", log=log if parallel else None, jobs=jobs)
     done = sweep.collect(root / "trials", [r.name for r in runs])
-    rows = [_finite({**d["config"], **d["results"]}) for d in done.values()]
+    rows = [_finite({**d["config"], **d["results"]}) for d in done.values() if d and d["results"]]
     with open(root / "results.jsonl", "w") as f:
         f.writelines(json.dumps(engine.strict(row)) + "\n" for row in rows)
     return rows

@@ -489,30 +489,54 @@ def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
                       log=log).results  # fmt: skip
 
 
-def _measured(run: dict | None) -> list:
-    """``[best dev acc %, test acc % (or 'diverged'), epochs, minutes]`` of a collected
-    run (:func:`rhnzoo.training.sweep.collect`); None where not measured (yet)."""
-    r, hist = (run or {}).get("results"), (run or {}).get("history") or []
-    best = max((h.get("dev_acc", math.nan) for h in hist), default=None)
-    best = r["dev_acc"] if r and "dev_acc" in r else best
-    test = "diverged" if r and r.get("diverged") else (r or {}).get("test_acc")
-    pct = lambda v: v if v is None or isinstance(v, str) else f"{100 * v:.2f}"
-    return [pct(best), pct(test), len(hist) or None,
-            f"{hist[-1]['elapsed_s'] / 60:.1f}" if hist else None]  # fmt: skip
+def _measured(runs: Sequence[dict | None]) -> list:
+    """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
+    row's runs, one per seed (:func:`rhnzoo.training.sweep.collect`): each seed's best dev
+    accuracy and its test accuracy at that checkpoint; over several seeds the mean ± sd
+    of those measured (:func:`rhnzoo.training.sweep.mean_sd`), the test cell naming the
+    seeds that diverged or failed, epochs and minutes the mean per seed. None where
+    nothing is measured (yet)."""
+    from rhnzoo.training import sweep
+
+    devs, tests, epochs, minutes, notes = [], [], [], [], []
+    for run in runs:
+        r, hist = (run or {}).get("results"), (run or {}).get("history") or []
+        best = max((h.get("dev_acc", math.nan) for h in hist), default=None)
+        best = r["dev_acc"] if r and "dev_acc" in r else best
+        if best is not None:
+            devs.append(100 * best)
+        if r and r.get("diverged"):
+            notes.append("diverged")
+        elif r and "test_acc" in r:
+            tests.append(100 * r["test_acc"])
+        elif (run or {}).get("failed"):
+            notes.append("failed")
+        if hist:
+            epochs.append(len(hist))
+            minutes.append(hist[-1]["elapsed_s"] / 60)
+    test = sweep.mean_sd(tests)
+    if notes:
+        counts = {n: notes.count(n) for n in dict.fromkeys(notes)}
+        said = ", ".join(n if len(runs) == 1 else f"{k} {n}" for n, k in counts.items())
+        test = said if test is None else f"{test}; {said}"
+    mean = lambda values, spec: f"{math.fsum(values) / len(values):{spec}}" if values else None
+    return [sweep.mean_sd(devs), test, mean(epochs, ".0f"), mean(minutes, ".1f")]
 
 
-def table_text(root, models: Sequence[str], dataset: str, title: str) -> str:
-    """Table 3's layout from the workdirs ``root/<model>``: the paper's test accuracy
-    beside our dev and test accuracy, parameters, epochs and minutes (a run not yet
-    finished: its best dev accuracy so far)."""
+def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int = 1) -> str:
+    """Table 3's layout from the workdirs ``root/<model>`` (seed k > 0:
+    ``<model>_s<k>``): the paper's test accuracy beside our dev and test accuracy (several
+    seeds: mean ± sd), parameters, epochs and minutes (a run not yet finished: its best
+    dev accuracy so far)."""
     from rhnzoo.training import sweep
 
     rows = []
-    for name, run in sweep.collect(root, models).items():
+    for name in models:
+        runs = list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
         paper = PAPER_TABLE3.get((name, dataset))
-        r = (run or {}).get("results") or {}
+        r = next((run["results"] for run in runs if run and run["results"]), None) or {}
         params = f"{r['parameters']:,}" if "parameters" in r else None
-        dev, test, epochs, minutes = _measured(run)
+        dev, test, epochs, minutes = _measured(runs)
         rows.append([LABELS.get(name, name), "n/a" if paper is None else f"{paper:.2f}",
                      dev, test, params, epochs, minutes])  # fmt: skip
     header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
@@ -520,31 +544,39 @@ def table_text(root, models: Sequence[str], dataset: str, title: str) -> str:
     return sweep.markdown(header, rows)
 
 
-def study_table(root, names: Sequence[str], title: str) -> str:
-    """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes."""
+def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
+    """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes
+    (several seeds: mean ± sd)."""
     from rhnzoo.training import sweep
 
-    rows = [[name, *_measured(run)] for name, run in sweep.collect(root, names).items()]
+    rows = [[name, *_measured(list(sweep.collect(root, [sweep.seed_name(name, k)
+                                                       for k in range(seeds)]).values()))]
+            for name in names]  # fmt: skip
     return sweep.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
                            "epochs", "minutes"], rows)  # fmt: skip
 
 
 def run_experiment(base, root, models: Sequence[str], *, study: str | None, table: bool,
                    run_missing: bool, load, run_config, title: str,
-                   log: Callable[[str], None] | None = print) -> str | None:  # fmt: skip
+                   log: Callable[[str], None] | None = print, seeds: int = 1,
+                   jobs=None) -> str | None:  # fmt: skip
     """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
 
     Every run's settings are checked before any data is read (``load()`` loads the data
     set, once, when a run trains); a model trains in ``root/<model>``, a study's setting
-    in ``root/study_<study>/<setting>``. With several runs a diverging one is recorded
-    and the others go on. Returns the table (also written to ``table.md``) for
-    ``table`` or ``study``, else None.
+    in ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
+    ``base['seed'] + k``. With several runs a diverging one is recorded and the others
+    go on. Returns the table (also written to ``table.md``) for ``table`` or ``study``,
+    else None.
 
     Args:
       base: the run's config (the script's flags).
       run_config: ``config -> engine.RunConfig``.
       log: where progress lines go (None: nowhere; a multi-process run's other
         processes). ``table.md`` is written by process 0 only.
+      seeds: runs per model or setting (seeds ``base['seed']``, ``+ 1``, ...).
+      jobs: how the runs train (:class:`rhnzoo.training.sweep.Jobs`; default: in turn,
+        in this process).
 
     Raises:
       ValueError: a bad setting or an unknown study (one line).
@@ -568,16 +600,24 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
         check_config([model], c)
     several = bool(table or study)
     stop = "stop" if several else "raise"
+    seeded = [(sweep.seed_name(name, k), {**c, "seed": c["seed"] + k}, model)
+              for (name, c), model in zip(configs.items(), models)
+              for k in range(seeds)]  # fmt: skip
     runs = [sweep.Run(name, {"model": model, **c},
                       lambda wd, model=model, c=c: train_model(model, c, load(), run_config(c),
                                                                wd, on_divergence=stop, log=say))
-            for (name, c), model in zip(configs.items(), models)]  # fmt: skip
+            for name, c, model in seeded]  # fmt: skip
     if run_missing or not several:
-        sweep.run_all(runs, root, log=say)
+        if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
+            dataset = load()  # a data error is one line; word2vec trained once, cached
+            for c in {(c["embeddings"], c["embed_size"], c.get("subset")): c
+                      for _, c, _ in seeded}.values():  # fmt: skip
+                embeddings_for(c, subset(dataset, c.get("subset")), say)
+        sweep.run_all(runs, root, log=say, jobs=jobs)
     if not several:
         return None
-    text = (study_table(root, list(configs), f"{models[0]} {title}") if study
-            else table_text(root, models, base["dataset"], title))  # fmt: skip
+    text = (study_table(root, list(configs), f"{models[0]} {title}", seeds) if study
+            else table_text(root, models, base["dataset"], title, seeds))  # fmt: skip
     if jax.process_index() == 0:
         root.mkdir(parents=True, exist_ok=True)
         (root / "table.md").write_text(text + "\n")

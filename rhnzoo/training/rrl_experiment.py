@@ -12,7 +12,7 @@ import jax
 from absl import flags
 
 from rhnzoo import cli
-from rhnzoo.training import rrl
+from rhnzoo.training import rrl, sweep
 
 FLAGS = flags.FLAGS
 CONFIG_FLAGS = ("dataset", "embed_size", "hidden_size", "hybrid_hidden_size", "rrn_depth",
@@ -76,6 +76,7 @@ def define_flags() -> None:
     cli.define_presets({"paper": {}, "cpu": {}})
     cli.define_run_flags()
     cli.define_distributed_flags()
+    sweep.define_flags()
 
 
 def experiment() -> None:
@@ -89,16 +90,21 @@ def experiment() -> None:
                               unless_default=("scan_impl", "dtype")),
             "preset": FLAGS.preset}  # a resumable key: earlier workdirs (without it) resume
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
+    jobs, seeds = sweep.from_flags()  # before JAX touches a device
+    if FLAGS.distributed and jobs.n > 1:
+        raise ValueError("--jobs > 1 and --distributed do not go together")
     if FLAGS.distributed:
         cli.initialize_distributed()
     primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
+    title = f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}" + (
+        f", {seeds} seeds" if seeds > 1 else "")  # fmt: skip
     text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
                               run_missing=FLAGS.run_missing, load=_dataset,
                               run_config=lambda c: cli.run_config(c["epochs"], **{
-                                  k: c[k] for k in ("patience", "divergence_factor",
+                                  k: c[k] for k in ("patience", "divergence_factor", "seed",
                                                     "matmul_precision")}),
-                              title=f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}",
-                              log=print if primary else None)  # fmt: skip
+                              title=title, log=print if primary else None, seeds=seeds,
+                              jobs=jobs)  # fmt: skip
     if text and primary:
         print(text)
 

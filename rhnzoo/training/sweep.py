@@ -6,8 +6,19 @@ a name (its workdir under the root), the settings that go to ``config.json``, an
 function that trains in a workdir through :func:`rhnzoo.training.engine.run` and
 returns its results. :func:`run_all` checks every existing workdir against its settings
 before any training (an incompatible one stops the sweep with one line), then trains
-the runs in order; what a finished run does (say ``already finished``, extend a run
-whose length grew) is the engine's behaviour, the same as for a single run.
+the runs; what a finished run does (say ``already finished``, extend a run whose length
+grew) is the engine's behaviour, the same as for a single run.
+
+How the runs train is :class:`Jobs` (the scripts' ``--jobs``): one after another in this
+process (the default), or N at a time, each in a child process that is the sweep's own
+command restricted to that run (``--sweep_run=<name>``), so a child does exactly what
+the same run does in-process. Its output goes to ``<workdir>/sweep.log``; this process
+prints one line per run finished, records a run that fails in ``<workdir>/failed.json``
+(the others go on) and passes SIGTERM/SIGINT on to the children, which save their
+checkpoints, then waits for them.
+
+Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
+own name for k = 0); :func:`mean_sd` is the table cell over them.
 :func:`collect` reads the workdirs back and :func:`markdown` lays out the table.
 """
 
@@ -15,13 +26,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rhnzoo.training import engine
+from absl import flags
+
+from rhnzoo.training import engine, signals
 
 PathLike = str | pathlib.Path
+LOG = "sweep.log"  # a child's stdout and stderr, in its workdir
+FAILED = "failed.json"  # a run whose child ended without results (--jobs > 1)
+MEMORY_SHARE = 0.9  # of an accelerator's memory, split between the children
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,33 +66,212 @@ class Run:
             raise ValueError(f"run name must be one path component, got {self.name!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Jobs:
+    """How :func:`run_all` trains the runs (:func:`from_flags` makes it from the flags).
+
+    Attributes:
+      n: runs at a time (>= 1). 1: one after another in this process; n > 1: each in
+        a child process, ``n`` side by side.
+      command: with n > 1, the sweep's own command line ``[python, script, *flags]``;
+        run ``name``'s child is :meth:`child_command`.
+      only: set in a child: :func:`run_all` trains this run alone, then ends the
+        process (``SystemExit(0)``; the sweep's tables are the parent's).
+      env: the children's environment (None: this process's).
+
+    Raises:
+      ValueError: ``n < 1``, or n > 1 without a command.
+    """
+
+    n: int = 1
+    command: Sequence[str] = ()
+    only: str | None = None
+    env: Mapping[str, str] | None = None
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.n}")
+        if self.n > 1 and self.only is None and len(self.command) < 2:
+            raise ValueError("jobs > 1 needs the sweep's command line")
+
+    def child_command(self, name: str) -> list[str]:
+        """The command that trains run ``name`` alone: ``command`` with
+        ``--sweep_run=<name>`` after the script."""
+        return [*self.command[:2], f"--sweep_run={name}", *self.command[2:]]
+
+
 def run_all(
     runs: Sequence[Run], root: PathLike, *, log: Callable[[str], None] | None = print,
-    resumable_keys=engine.RESUMABLE_KEYS,
+    resumable_keys=engine.RESUMABLE_KEYS, jobs: Jobs | None = None,
 ) -> dict[str, Mapping[str, Any] | None]:  # fmt: skip
-    """Trains ``runs`` one after another, each in ``root/<name>``.
+    """Trains ``runs``, each in ``root/<name>``: one after another in this process, or
+    side by side in child processes (``jobs``, see :class:`Jobs`).
 
     Returns:
-      ``{name: results}`` in the order of ``runs``.
+      ``{name: results}`` in the order of ``runs`` (with ``jobs.n > 1``: None for a run
+      that failed; its ``failed.json`` says why).
 
     Raises:
       ValueError: duplicate names, or an existing workdir holding other settings
-        (checked for every run before the first one trains).
-      Whatever a run's ``train`` raises (``Interrupted`` on a signal, ...).
+        (checked for every run before the first one trains); ``jobs.only`` not a run.
+      Whatever a run's ``train`` raises in this process (``Interrupted`` on a signal,
+        ...); with ``jobs.n > 1``, ``Interrupted`` once every child has stopped.
+      SystemExit: in a child (``jobs.only``), status 0 after its run.
     """
+    jobs = jobs or Jobs()
     root = pathlib.Path(root)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate run names in {names}")
+    if jobs.only is not None:
+        runs = [r for r in runs if r.name == jobs.only]
+        if not runs:
+            raise ValueError(f"--sweep_run={jobs.only} is not a run of this sweep "
+                             f"({', '.join(names)})")  # fmt: skip
     for r in runs:
         if (root / r.name / "config.json").is_file():
             engine.prepare_workdir(root / r.name, r.config, resumable_keys)
     say = log or (lambda line: None)
+    if jobs.only is not None:
+        (root / jobs.only / FAILED).unlink(missing_ok=True)
+        runs[0].train(root / jobs.only)
+        raise SystemExit(0)
+    if jobs.n > 1:
+        return _run_children(runs, root, jobs, say)
     out = {}
     for i, r in enumerate(runs, 1):
         say(f"[{i}/{len(runs)}] {r.name} -> {root / r.name}")
+        (root / r.name / FAILED).unlink(missing_ok=True)
         out[r.name] = r.train(root / r.name)
     return out
+
+
+def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> dict:
+    """:func:`run_all` with ``jobs.n`` child processes at a time."""
+    env = dict(os.environ if jobs.env is None else jobs.env)
+    # Each child gets its share of an accelerator's memory (JAX would otherwise take 75 %
+    # in the first one) and of the CPU cores (XLA's CPU thread pool follows the process's
+    # CPU affinity; the XLA_FLAGS thread settings are not honoured by jax 0.10's CPU client).
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{MEMORY_SHARE / jobs.n:.3f}")
+    env.update(PYTHONUNBUFFERED="1", RHNZOO_SWEEP_PARENT=str(os.getpid()))
+    say(f"{len(runs)} runs, {jobs.n} at a time in child processes (output: "
+        f"{root}/<run>/{LOG})")  # fmt: skip
+    pending, running, out, done = list(runs), {}, {}, 0
+    installed_here = not signals.installed()
+    signals.catch_signals()
+    stop = None
+    try:
+        while pending or running:
+            if stop is None and signals.stop_requested() is not None:
+                stop = signals.stop_requested()
+                pending.clear()
+                say(f"signal {stop}: stopping {len(running)} running run(s); each saves "
+                    "its checkpoint")  # fmt: skip
+                for child in running.values():
+                    child.proc.send_signal(stop)
+            while pending and len(running) < jobs.n:
+                slot = min(set(range(jobs.n)) - {c.slot for c in running.values()})
+                r = pending.pop(0)
+                running[r.name] = _start(r.name, root, jobs, env, slot)
+            for name, child in list(running.items()):
+                if child.proc.poll() is None:
+                    continue
+                del running[name]
+                done += 1
+                out[name] = _finished(name, root / name, child, stop, say,
+                                      f"[{done}/{len(runs)}]")  # fmt: skip
+            time.sleep(0.2)
+    finally:
+        for child in running.values():  # only after an error here: stop them and wait
+            if stop is None:
+                child.proc.send_signal(signal.SIGTERM)
+            child.proc.wait()
+        if installed_here:
+            signals.release_signals()
+    if stop is not None:
+        raise engine.Interrupted(stop, f"stopped by signal {stop}; rerun the same command "
+                                 "to resume")  # fmt: skip
+    failed = [name for name, results in out.items() if results is None]
+    if failed:
+        say(f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)} (see their "
+            f"{FAILED} and {LOG})")  # fmt: skip
+    return {r.name: out.get(r.name) for r in runs}
+
+
+@dataclasses.dataclass
+class _Child:
+    proc: subprocess.Popen
+    slot: int
+    start: float
+    log: pathlib.Path
+
+
+def _start(name: str, root: pathlib.Path, jobs: Jobs, env: dict, slot: int) -> _Child:
+    workdir = root / name
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / FAILED).unlink(missing_ok=True)
+    path = workdir / LOG
+    with open(path, "a") as f:
+        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(jobs.child_command(name))}\n")
+        f.flush()
+        # A session of its own: a Ctrl-C in the terminal reaches the parent alone, which
+        # passes it on once (a second signal would end a child without saving).
+        proc = subprocess.Popen(jobs.child_command(name), stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+    if hasattr(os, "sched_setaffinity"):  # before the child has started JAX's thread pools
+        try:
+            os.sched_setaffinity(proc.pid, _cpu_share(slot, jobs.n))
+        except OSError:
+            pass
+    return _Child(proc, slot, time.time(), path)
+
+
+def _cpu_share(slot: int, n: int) -> list[int]:
+    """The CPU cores of child ``slot`` of ``n``: a disjoint share of this process's
+    cores (one core each, round robin, when there are fewer cores than children)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if n > len(cores):
+        return [cores[slot % len(cores)]]
+    return cores[slot * len(cores) // n : (slot + 1) * len(cores) // n]
+
+
+def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str):
+    """The results of a child that ended (None if it failed or was stopped) and its line."""
+    code, minutes = child.proc.returncode, (time.time() - child.start) / 60
+    results = workdir / "results.json"
+    if code == 0 and results.is_file():
+        out = json.loads(results.read_text())
+        say(f"{count} {name} done in {minutes:.1f} min"
+            + (f": {out['final']}" if "final" in out else ""))  # fmt: skip
+        return out
+    if stop is not None and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        say(f"{count} {name} stopped (its state saved; {child.log})")
+        return None
+    lines = [l for l in child.log.read_text(errors="replace").splitlines() if l.strip()]
+    error = lines[-1].strip() if lines else ""
+    why = f"exit status {code}" if code else "no results.json"
+    engine.write_json(workdir / FAILED, {"exit_status": code, "error": error,
+                                         "log": str(child.log)})  # fmt: skip
+    say(f"{count} {name} FAILED ({why}) in {minutes:.1f} min: {error} ({child.log})")
+    return None
+
+
+def stop_with_parent() -> None:
+    """In a child of :func:`run_all`: one SIGTERM to itself when the parent has gone, so
+    that a parent killed outright (SIGKILL) still leaves every child's state saved. (Not
+    ``prctl(PR_SET_PDEATHSIG)``: that signals once per exiting thread of the parent, and
+    a second signal ends a run without saving.)"""
+    parent = os.environ.get("RHNZOO_SWEEP_PARENT")
+    if parent is None:
+        return
+
+    def watch():
+        while os.getppid() == int(parent):
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="rhnzoo-sweep-parent", daemon=True).start()
 
 
 def in_memory(compute: Callable[[], Mapping[str, Any]], config: Mapping[str, Any],
@@ -93,22 +295,46 @@ def in_memory(compute: Callable[[], Mapping[str, Any]], config: Mapping[str, Any
 
 
 def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | None]:
-    """What the workdirs ``root/<name>`` hold: ``{name: {'config', 'results', 'history'}}``
-    (``results`` None while unfinished); None for a workdir that does not exist."""
+    """What the workdirs ``root/<name>`` hold: ``{name: {'config', 'results', 'history',
+    'failed'}}`` (``results`` None while unfinished; ``failed`` the ``failed.json`` of a
+    run that failed in a child process, else None; ``config`` None if it failed before
+    writing one); None for a workdir with neither ``config.json`` nor ``failed.json``."""
     root = pathlib.Path(root)
     out = {}
     for name in names:
         wd = root / name
-        if not (wd / "config.json").is_file():
+        config, results, failed = wd / "config.json", wd / "results.json", wd / FAILED
+        if not config.is_file() and not failed.is_file():
             out[name] = None
             continue
-        results = wd / "results.json"
+        read = lambda path: json.loads(path.read_text()) if path.is_file() else None
         out[name] = {
-            "config": json.loads((wd / "config.json").read_text()),
-            "results": json.loads(results.read_text()) if results.is_file() else None,
-            "history": engine.read_metrics(wd),
+            "config": read(config),
+            "results": read(results),
+            "history": engine.read_metrics(wd) if config.is_file() else [],
+            "failed": None if results.is_file() else read(failed),
         }
     return out
+
+
+def seed_name(name: str, k: int) -> str:
+    """The workdir name of seed ``k`` (0, 1, ...) of run ``name``: ``name`` itself for
+    k = 0, so a sweep of one seed keeps its workdirs, else ``<name>_s<k>``."""
+    return name if k == 0 else f"{name}_s{k}"
+
+
+def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | None:
+    """A table cell over seeds: ``'<mean> ± <sd><unit> (n=<n>)'`` for n >= 2 values (sd:
+    the sample standard deviation, n - 1 in the denominator), ``'<value><unit>'`` for
+    one, None for none. ``fmt``: the format spec of both numbers."""
+    values = [float(v) for v in values]
+    if not values:
+        return None
+    mean = math.fsum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:{fmt}}{unit}"
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:{fmt}} ± {sd:{fmt}}{unit} (n={len(values)})"
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—") -> str:
@@ -117,3 +343,51 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- the scripts' flags
+
+
+def define_flags(*, seeds: bool = True) -> None:
+    """``--jobs``, ``--sweep_run`` (a child's) and, with ``seeds``, ``--seeds``; call once,
+    at import of a sweep's script; :func:`from_flags` reads them."""
+    flags.DEFINE_integer("jobs", 1, "Runs at a time: 1 trains them one after another in "
+                         "this process; N > 1 runs each as a child process (this command "
+                         "with --sweep_run=<run>), N side by side, each with its share of "
+                         f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
+                         "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
+                         f"goes to <workdir>/{LOG}.")  # fmt: skip
+    flags.DEFINE_string("sweep_run", None, "Train this run of the sweep alone (what the "
+                        "children of --jobs do).")  # fmt: skip
+    if seeds:
+        flags.DEFINE_integer("seeds", 1, "Runs per row, with seeds --seed, --seed+1, ... "
+                             "(initialisation, dropout, data order; the dev split stays "
+                             "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
+                             "(n).")  # fmt: skip
+
+
+def from_flags() -> tuple[Jobs, int]:
+    """``(Jobs, seeds)`` of ``--jobs``, ``--sweep_run`` and ``--seeds`` (1 where the script
+    has no ``--seeds``); the command line is ``sys.argv``.
+
+    With ``--jobs`` > 1 this process only starts children and waits, so it keeps JAX from
+    preallocating an accelerator's memory here (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` for
+    this process, unless set; call this before JAX touches a device). Children run with
+    ``--noprogress`` where the script has it.
+
+    Raises:
+      ValueError: ``--jobs`` or ``--seeds`` < 1.
+    """
+    F = flags.FLAGS
+    seeds = F.seeds if "seeds" in F else 1
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if F.sweep_run is not None:
+        stop_with_parent()
+        return Jobs(only=F.sweep_run), seeds
+    if F.jobs <= 1:
+        return Jobs(F.jobs), seeds
+    env = dict(os.environ)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    quiet = ["--noprogress"] if "progress" in F else []
+    return Jobs(F.jobs, [sys.executable, sys.argv[0], *quiet, *sys.argv[1:]], env=env), seeds
