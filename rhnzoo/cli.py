@@ -20,6 +20,7 @@ flags with their own.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -129,14 +130,21 @@ def apply_preset(values: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def run_app(main_fn: Callable[[list[str]], Any]) -> None:
     """``absl.app.run(main_fn)`` whose flag errors (an unknown enum value, a malformed
-    number) are one ``error: ...`` line and exit status 1, like every other error."""
+    number, a non-finite float: no float flag means anything at NaN or inf) are one
+    ``error: ...`` line and exit status 1, like every other error."""
     from absl import app
 
     def parse(argv):
         try:
-            return FLAGS(argv)
+            argv = FLAGS(argv)
         except flags.Error as e:
             sys.exit(f"error: {' '.join(str(e).split())}")
+        for name in FLAGS:
+            flag = FLAGS[name]
+            if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None
+                    and not math.isfinite(flag.value)):  # fmt: skip
+                sys.exit(f"error: --{flag.name} must be a finite number, got {flag.value}")
+        return argv
 
     app.run(main_fn, flags_parser=parse)
 

@@ -163,6 +163,8 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     ("--max_len=0", "max_len must be >= 1"),
     ("--dataset=cifar10", "flag --dataset=cifar10: value should be one of"),
     ("--model=sc_lstm_i --skip=0", "skip must be"),
+    ("--lr=inf", "error: --lr must be a finite number, got inf"),
+    ("--max_grad_norm=nan", "error: --max_grad_norm must be a finite number, got nan"),
 ])  # fmt: skip
 def test_bad_flags_are_one_line_errors_before_anything_is_written(tmp_path, flag, message):
     result = rrl_script(*flag.split(), "--table" if "models" in flag else "--max_steps=1",
