@@ -72,8 +72,12 @@ def define_run_flags(*, log_every: int = 100, data: bool = True) -> None:
     flags.DEFINE_boolean("progress", True, "Show progress bars (training and evaluation).")
     flags.DEFINE_boolean("tensorboard", False, "Also write TensorBoard event files to "
                          "<workdir>/tensorboard (pip install 'rhnzoo[tensorboard]').")  # fmt: skip
-    flags.DEFINE_float("divergence_factor", 2.0, "Stop when the training loss exceeds this "
-                       "multiple of the chance-level loss (0: only on NaN/inf).")  # fmt: skip
+    flags.DEFINE_float("divergence_factor", 3.0, "F: the run stops as diverged (one error "
+                       "line; the last checkpoint is kept) at a NaN/inf loss, or when, from "
+                       "step 70 on, the mean training loss of the last 50 steps is more than "
+                       "ln F nats above the chance level (a uniform guess) or above the run's "
+                       "best such mean, or a validation loss is more than ln F above chance. "
+                       "0: only NaN/inf stop the run.")  # fmt: skip
     flags.DEFINE_integer("patience", None, "Early stopping: end training after this many "
                          "epochs without a better validation metric (default: never).")  # fmt: skip
     if data:

@@ -63,7 +63,7 @@ def run_all(
         raise ValueError(f"duplicate run names in {names}")
     for r in runs:
         if (root / r.name / "config.json").is_file():
-            engine.prepare_workdir(root / r.name, r.config, resumable_keys)
+            engine.prepare_workdir(root / r.name, r.config, resumable_keys, check_only=True)
     say = log or (lambda line: None)
     out = {}
     for i, r in enumerate(runs, 1):
