@@ -21,6 +21,7 @@ flags with their own.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -74,8 +75,12 @@ def define_run_flags(*, log_every: int = 100, data: bool = True) -> None:
     flags.DEFINE_boolean("progress", True, "Show progress bars (training and evaluation).")
     flags.DEFINE_boolean("tensorboard", False, "Also write TensorBoard event files to "
                          "<workdir>/tensorboard (pip install 'rhnzoo[tensorboard]').")  # fmt: skip
-    flags.DEFINE_float("divergence_factor", 2.0, "Stop when the training loss exceeds this "
-                       "multiple of the chance-level loss (0: only on NaN/inf).")  # fmt: skip
+    flags.DEFINE_float("divergence_factor", 3.0, "F: the run stops as diverged (one error "
+                       "line; the last checkpoint is kept) at a NaN/inf loss, or when, from "
+                       "step 70 on, the mean training loss of the last 50 steps is more than "
+                       "ln F nats above the chance level (a uniform guess) or above the run's "
+                       "best such mean, or a validation loss is more than ln F above chance. "
+                       "0: only NaN/inf stop the run.")  # fmt: skip
     flags.DEFINE_integer("patience", None, "Early stopping: end training after this many "
                          "epochs without a better validation metric (default: never).")  # fmt: skip
     define_precision_flag()
@@ -159,14 +164,21 @@ def apply_preset(values: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def run_app(main_fn: Callable[[list[str]], Any]) -> None:
     """``absl.app.run(main_fn)`` whose flag errors (an unknown enum value, a malformed
-    number) are one ``error: ...`` line and exit status 1, like every other error."""
+    number, a non-finite float: no float flag means anything at NaN or inf) are one
+    ``error: ...`` line and exit status 1, like every other error."""
     from absl import app
 
     def parse(argv):
         try:
-            return FLAGS(argv)
+            argv = FLAGS(argv)
         except flags.Error as e:
             sys.exit(f"error: {' '.join(str(e).split())}")
+        for name in FLAGS:
+            flag = FLAGS[name]
+            if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None
+                    and not math.isfinite(flag.value)):  # fmt: skip
+                sys.exit(f"error: --{flag.name} must be a finite number, got {flag.value}")
+        return argv
 
     app.run(main_fn, flags_parser=parse)
 

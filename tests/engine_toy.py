@@ -100,6 +100,34 @@ def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
     )  # fmt: skip
 
 
+def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | None = None,
+                  steps_per_epoch: int = 1000, on_batch=None) -> engine.Task:  # fmt: skip
+    """A task whose step k reports the loss ``losses[k]`` (nats, one unit per step): the
+    divergence check on a loss curve of one's choosing (e.g. one measured on a real
+    model). Its validation reports ``valid_loss`` as ``'valid_loss'`` if given."""
+    losses = np.asarray(losses, np.float32)
+
+    def get_batch(epoch, index):
+        if on_batch is not None:
+            on_batch(epoch, index)
+        return losses[epoch * steps_per_epoch + index]
+
+    def train_step(state, loss, key):
+        del key
+        state = {"params": {"w": state["params"]["w"] + 1.0}}
+        return state, {"loss": loss, "count": jnp.float32(1)}
+
+    def validate(params, track):
+        return {"epoch_mark": 1.0} | ({} if valid_loss is None else {"valid_loss": valid_loss})
+
+    return engine.Task(
+        init_state=lambda key: {"params": {"w": jnp.zeros(())}}, train_step=train_step,
+        get_batch=get_batch, steps_per_epoch=steps_per_epoch, validate=validate,
+        final_evaluate=lambda params, track: {"w": float(params["w"])}, select="epoch_mark",
+        chance_loss=chance_loss,
+    )  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
     from absl import app, flags
 

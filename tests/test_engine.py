@@ -186,16 +186,134 @@ def test_kill_9_at_several_moments_then_resume_gives_identical_outputs(tmp_path,
                         (ref_state, ref_best, epoch(ref_metrics), ref_results))  # fmt: skip
 
 
-def test_exploding_but_finite_loss_stops_the_run(tmp_path):
+IMDB_PAPER_LOSSES = json.loads((ROOT / "tests" / "imdb_paper_losses.json").read_text())
+
+
+def scripted(losses, **kw):
+    """In-memory run of a task whose step k reports ``losses[k]``; the lines it printed
+    and the error it stopped with (None)."""
+    lines, cfg_kw = [], {k: kw.pop(k) for k in ("divergence_factor",) if k in kw}
+    task = engine_toy.scripted_task(losses, **kw)
+    epochs = -(-len(losses) // task.steps_per_epoch)
+    try:
+        engine.run(task, cfg(epochs=epochs, max_steps=len(losses), **cfg_kw), None,
+                   log=lines.append)  # fmt: skip
+    except engine.TrainingDiverged as e:
+        return lines, str(e)
+    return lines, None
+
+
+@pytest.mark.parametrize("model", sorted(IMDB_PAPER_LOSSES["xent"]))
+def test_the_paper_recipes_start_up_transients_are_not_divergence(model):
+    """The first 250 training losses of every Table 3 model at --preset=paper on the real
+    IMDB (measured, tests/imdb_paper_losses.json: the GRU's step 3 is 5.39 nats, 7.8 x
+    chance; the sigma-RRN's 50-step means stay up to 0.6 nats above chance) pass the
+    default check; the check before issue 31 (10-step mean > 2 x chance) stopped six of
+    the seven at step 2-3."""
+    losses = IMDB_PAPER_LOSSES["xent"][model]
+    lines, error = scripted(losses, chance_loss=math.log(2))
+    assert error is None, error
+    assert len(losses) == 250 and max(losses[:5]) > 2.5 * math.log(2)
+
+
+def test_a_loss_stuck_above_the_uniform_guess_stops_at_the_first_judged_window():
+    """A PTB-like run (chance log 10,000 = 9.21 nats) that sits at perplexity 35,000
+    (10.46 nats, 1.25 nats above chance > ln 3) after a start at chance: judged from the
+    window of steps 21-70 on, stopped there with one line naming the window and level."""
+    chance = math.log(10_000)
+    losses = [chance] * 5 + [math.log(35_000)] * 195
+    lines, error = scripted(losses, chance_loss=chance)
+    assert error is not None and "\n" not in error
+    assert error.startswith("mean training loss over steps 21-70 is 10.4")
+    assert "more than ln 3 above the chance level (a uniform guess), 9.21" in error
+    assert "try a lower --lr" in error and "--divergence_factor=0" in error
+    assert "training loss at step 3" not in error
+    assert scripted(losses, chance_loss=chance, divergence_factor=0)[1] is None
+    # Below the stop level (perplexity 2.5 x the uniform guess's), the run goes on.
+    assert scripted([math.log(25_000)] * 200, chance_loss=chance)[1] is None
+
+
+def test_a_loss_that_rises_above_the_runs_best_stops():
+    """Chance 5 nats, a run at 2 nats that jumps to 3.5 at step 101: the window mean
+    passes best + ln 3 = 3.099 nats once 37 of its 50 steps are at 3.5 (2 + 1.5 k / 50
+    > 3.099), at step 137, below the chance level all along."""
+    lines, error = scripted([2.0] * 100 + [3.5] * 100, chance_loss=5.0)
+    assert error is not None
+    assert error.startswith("mean training loss over steps 88-137 is 3.11 nats, more than "
+                            "ln 3 above the run's best such mean, 2: the run diverged")
+    assert scripted([2.0] * 100 + [3.0] * 100, chance_loss=5.0)[1] is None  # 1 nat up
+
+
+def test_a_non_finite_loss_stops_at_once_also_in_the_warm_up():
+    lines, error = scripted([1.0, 1.0, math.nan, 1.0], chance_loss=5.0)
+    assert error.startswith("non-finite training loss at step 3 (nan): the run diverged")
+
+
+def test_validation_loss_is_held_to_the_chance_level_after_the_warm_up():
+    """Epochs of 40 steps, a validation loss 2 nats above chance: the first validation
+    (step 40, before 20 + 50 steps) passes, the second (step 80) stops the run."""
+    lines, error = scripted([1.0] * 200, chance_loss=1.0, valid_loss=3.0, steps_per_epoch=40)
+    assert error == ("validation loss after epoch 2 is 3 nats, more than ln 3 above the chance "
+                     "level (a uniform guess), 1: the run diverged; no checkpoint was written; "
+                     "try a lower --lr (--divergence_factor=0: no such stop)")
+    assert [l.split("|")[0] for l in lines if l.startswith("epoch ")] == ["epoch   1 "]
+
+
+def sigterm_at_step(step, steps_per_epoch):
+    def hook(epoch, index):
+        if epoch * steps_per_epoch + index == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_would_have(tmp_path):
+    """Stopped by SIGTERM at step 60 and resumed: the window (steps 21-70) and the best
+    mean come back from the checkpoint, so the run stops at step 70 with the same message
+    as an uninterrupted run, and the checkpoint it names is the one on disk."""
+    losses = [1.0] * 5 + [4.0] * 195
+    config = lambda **kw: cfg(epochs=1, max_steps=200, checkpoint_every_steps=25, **kw)
+    with pytest.raises(engine.TrainingDiverged) as whole:
+        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a",
+                   {"toy": 1}, log=None)  # fmt: skip
+    with pytest.raises(engine.Interrupted):
+        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0,
+                                            on_batch=sigterm_at_step(59, 1000)),
+                   config(), tmp_path / "b", {"toy": 1}, log=None)  # fmt: skip
+    assert int(saved_state(tmp_path / "b")["state"]["step"]) == 60
+    with pytest.raises(engine.TrainingDiverged) as resumed:
+        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "b",
+                   {"toy": 1}, log=None)  # fmt: skip
+    assert str(resumed.value) == str(whole.value).replace("(step 50)", "(step 60)")
+    assert "steps 21-70" in str(whole.value)
+    for workdir, step in ((tmp_path / "a", 50), (tmp_path / "b", 60)):
+        assert int(saved_state(workdir)["state"]["step"]) == step
+
+
+def test_a_checkpoint_from_before_the_divergence_window_resumes(tmp_path, uninterrupted):
+    """Checkpoints written before issue 31 held meta['ref_loss'] and no divergence window
+    (meta['recent'], meta['best_mean']): such a checkpoint restores (it is not taken
+    for a corrupt one) and the run finishes with the uninterrupted run's outputs."""
+    workdir = tmp_path / "w"
+    with pytest.raises(engine.Interrupted):
+        run(workdir, engine_toy.make_task(on_batch=sigterm_at(16)), max_steps=30,
+            checkpoint_every_steps=5)  # fmt: skip
+    mngr = ocp.CheckpointManager((workdir / "checkpoints").absolute())
+    step = mngr.latest_step()
+    tree = mngr.restore(step, args=ocp.args.StandardRestore())
+    meta = {k: v for k, v in tree["meta"].items() if k not in ("recent", "best_mean")}
+    old = {"state": jax.tree.map(jax.numpy.asarray, tree["state"]),
+           "meta": {**meta, "ref_loss": np.array(math.nan)}}  # fmt: skip
+    mngr.delete(step)
+    mngr.save(step, args=ocp.args.StandardSave(old))
+    mngr.wait_until_finished()
+    mngr.close()
+    assert "recent" not in saved_state(workdir)["meta"] and step == 17
     lines = []
-    with pytest.raises(engine.TrainingDiverged) as info:
-        run(tmp_path / "w", engine_toy.make_task(lr=0.05), lines.append,
-            max_steps=200, checkpoint_every_steps=2)  # fmt: skip
-    message = str(info.value)
-    assert "exploded" in message and "non-finite" not in message, message
-    intact = int(message.split("last good checkpoint (step ")[1].split(")")[0])
-    assert int(saved_state(tmp_path / "w")["state"]["step"]) == intact
-    assert "\n" not in message
+    run(workdir, log=lines.append, max_steps=30, checkpoint_every_steps=5)
+    assert not [l for l in lines if "warning" in l] and f"resumed {workdir} at step 17" in lines
+    assert not (workdir / "corrupt").exists()
+    assert_same_outputs(outputs(workdir), uninterrupted)
 
 
 @pytest.mark.parametrize("damage", ["truncate a data file", "delete _METADATA",
@@ -268,7 +386,123 @@ def test_resuming_a_workdir_that_cannot_be_written_is_one_line(tmp_path, monkeyp
 
     monkeypatch.setattr("tempfile.TemporaryFile", read_only)
     with pytest.raises(ValueError, match="workdir .* is not writable: .*Permission denied"):
-        engine.prepare_workdir(tmp_path / "w", {"toy": 1})
+        run(tmp_path / "w", max_steps=20)
+
+
+def test_a_read_only_workdir_holding_a_finished_run_is_read(tmp_path, monkeypatch):
+    """Reading a finished run needs no write: 'already finished', also when the workdir
+    cannot be written (made read-only, and for root, whom permissions do not stop, every
+    attempt to create a file there fails)."""
+    run(tmp_path / "w", max_steps=15)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.TemporaryFile", read_only)
+    monkeypatch.setattr(os, "open", read_only)
+    paths = [tmp_path / "w", *(tmp_path / "w").rglob("*")]
+    for path in paths:
+        path.chmod(path.stat().st_mode & ~0o222)
+    try:
+        lines = []
+        again = run(tmp_path / "w", log=lines.append, max_steps=15)
+    finally:
+        for path in paths:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert len(lines) == 1 and lines[0].startswith("already finished: final (best checkpoint")
+    assert again.results["step"] == 15
+
+
+def test_a_workdir_without_a_checkpoint_holds_no_run(tmp_path):
+    """A run that stopped before its first checkpoint (a non-finite loss at step 3)
+    leaves a config.json but no run: a rerun with other settings starts afresh, says so
+    in one line and trains; once a checkpoint exists, other settings are refused."""
+    with pytest.raises(engine.TrainingDiverged, match="no checkpoint was written"):
+        engine.run(engine_toy.scripted_task([1.0, 1.0, math.inf]), cfg(epochs=1, log_every=1),
+                   tmp_path / "w", {"lr": 1.0}, log=None)  # fmt: skip
+    assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2
+    lines = []
+    engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=4, log_every=1),
+               tmp_path / "w", {"lr": 0.5}, log=lines.append)  # fmt: skip
+    assert lines[0] == (f"workdir {tmp_path / 'w'} holds no checkpoint of its earlier settings "
+                        "(lr=1.0 there vs 0.5); starting afresh with these")
+    assert json.loads((tmp_path / "w" / "config.json").read_text()) == {"lr": 0.5}
+    metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4, 4]  # the first try's lines are gone
+    with pytest.raises(ValueError, match=r"holds an incompatible run \(lr=0.5 there vs 0.25\)"):
+        engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=8),
+                   tmp_path / "w", {"lr": 0.25}, log=None)  # fmt: skip
+    # Anything a run does not write before its first checkpoint (a study's trials) is a run.
+    engine.prepare_workdir(tmp_path / "study", {"epochs": 1})
+    (tmp_path / "study" / "trials").mkdir()
+    with pytest.raises(ValueError, match="holds an incompatible run"):
+        engine.prepare_workdir(tmp_path / "study", {"epochs": 2})
+
+
+def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupted):
+    """What a second Ctrl-C during a save leaves (``<step>.orbax-checkpoint-tmp*``
+    directories) is deleted when the run resumes, one line each; the outputs are the
+    uninterrupted run's."""
+    workdir = tmp_path / "w"
+    with pytest.raises(engine.Interrupted):
+        run(workdir, engine_toy.make_task(on_batch=sigterm_at(13)), max_steps=30,
+            checkpoint_every_steps=5)  # fmt: skip
+    left = [workdir / "checkpoints" / "15.orbax-checkpoint-tmp-1764000000",
+            workdir / "best" / "24.orbax-checkpoint-tmp"]  # fmt: skip
+    for tmp in left:
+        (tmp / "default").mkdir(parents=True)
+        (tmp / "default" / "data").write_bytes(b"x" * 1000)
+    lines = []
+    run(workdir, log=lines.append, max_steps=30, checkpoint_every_steps=5)
+    assert [l for l in lines if l.startswith("removed ")] == [
+        f"removed {tmp}: a checkpoint save that did not finish" for tmp in left]
+    assert not any(tmp.exists() for tmp in left)
+    assert_same_outputs(outputs(workdir), uninterrupted)
+
+
+def test_one_trainer_per_workdir(tmp_path):
+    """A second process in a workdir where one is training exits 1 with one line naming
+    the workdir and the holder's pid, and leaves the workdir alone; after kill -9 of the
+    holder (no stale lock), a new run resumes."""
+    workdir = tmp_path / "w"
+    holder = subprocess.Popen(toy(f"--workdir={workdir}", "--checkpoint_every_steps=5"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(holder, "  step      10 |")
+        config = (workdir / "config.json").read_text()
+        second = subprocess.run(toy(f"--workdir={workdir}", "--lr=0.5", "--max_steps=3"),
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert second.returncode == 1 and second.stdout == ""
+        assert second.stderr.strip().splitlines() == [
+            f"error: workdir {workdir} is in use by process {holder.pid}, which is training in "
+            "it; wait for it to end or stop it, or use another --workdir"]
+        assert (workdir / "config.json").read_text() == config
+        assert holder.poll() is None
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+    step = int(saved_state(workdir)["state"]["step"])
+    after = subprocess.run(toy(f"--workdir={workdir}", f"--max_steps={step + 2}"),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert after.returncode == 0, after.stderr
+    assert f"resumed {workdir} at step {step}" in after.stdout
+
+
+def test_readers_need_no_lock(tmp_path):
+    """While a lock is held on a finished run's workdir, a rerun reads it ('already
+    finished') and analyses restore its parameters; a run that would train is refused."""
+    run(tmp_path / "w", max_steps=15)
+    lock = engine.WorkdirLock(tmp_path / "w")
+    try:
+        lines = []
+        run(tmp_path / "w", log=lines.append, max_steps=15)
+        assert lines[0].startswith("already finished: ")
+        assert engine.restore_params(tmp_path / "w") is not None
+        with pytest.raises(engine.RunError, match=f"is in use by process {os.getpid()}, "):
+            run(tmp_path / "w", max_steps=20)
+    finally:
+        lock.release()
+    assert run(tmp_path / "w", max_steps=20).results["step"] == 20
 
 
 @pytest.mark.parametrize("bad", [dict(max_steps=0), dict(max_epochs=-1), dict(max_epochs=0),
@@ -339,14 +573,73 @@ def test_a_finished_run_is_not_trained_or_evaluated_again(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("already finished: final (")
 
 
-def test_whole_run_estimate_and_eta(monkeypatch):
-    """Once, after the first steps, the whole run's estimated time and the device; every
-    training-log line ends with the whole run's ETA."""
+class FakeClock:
+    """``engine._now`` for the timing tests: time moves only when a batch is made, by
+    ``seconds(n)`` for the process's n-th step (1-based; the engine makes one batch at
+    start-up to trace shapes: no time). With ``log_every=1`` every step is read at its
+    log line, so step n's time is exactly ``seconds(n)``."""
+
+    def __init__(self, monkeypatch, seconds):
+        self.t, self.n, self.seconds = 1000.0, -1, seconds
+        monkeypatch.setattr(engine, "_now", lambda: self.t)
+
+    def on_batch(self, epoch, index):
+        self.n += 1
+        self.t += self.seconds(self.n) if self.n else 0.0
+
+
+def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
+    """Batches take 100 s (compilation), 30 s, then 1 s, with a 50 s recompilation (a new
+    batch shape) at the fifth step: the first two steps are not timed and the estimate,
+    printed once three steps are timed, is their median, 1 s per step, for the 31 steps
+    left; each log line's ETA is its window's steady time per step x the steps left."""
     monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
+    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(n, 1.0))
     lines = []
-    engine.run(engine_toy.make_task(), cfg(epochs=3), None, log=lines.append)
+    engine.run(engine_toy.make_task(on_batch=clock.on_batch), cfg(epochs=3, log_every=1), None,
+               log=lines.append)  # fmt: skip
     estimates = [l for l in lines if l.startswith("estimated ")]
-    assert len(estimates) == 1 and "steps left" in estimates[0] and "per step on CPU" in estimates[0]
-    assert all("| run ETA " in l for l in lines if l.startswith("  step") and "step      35" not in l)
+    assert estimates == ["estimated 31 s for the 31 steps left (1 s per step on CPU, timed after "
+                         "compilation; validation not included)"]
+    step_5 = next(l for l in lines if l.startswith("  step       5 |"))
+    assert lines.index(estimates[0]) == lines.index(step_5) + 1  # as soon as it is timed
+    step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
+    assert "run ETA" not in step_lines[1] and "run ETA" not in step_lines[2]  # compiling
+    assert step_lines[3].endswith("| run ETA 33 s") and step_lines[5].endswith("| run ETA 25 min")
+    assert step_lines[6].endswith("| run ETA 30 s") and "run ETA" not in step_lines[36]
     assert engine._duration(40) == "40 s" and engine._duration(7 * 3600 + 300) == "7 h 5 min"
     assert engine._duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
+
+
+def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypatch):
+    """8 examples per step, 1 s per step after a 100 s and a 30 s start (compilation), in
+    the first process and again after a resume at step 17: both epoch lines say 8 ex/s
+    (it was 96 / 140 s = 0.69 ex/s, and 56 / 137 s after the resume)."""
+    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0}.get(n, 1.0))
+    lines = []
+    with pytest.raises(engine.Interrupted):
+        run(tmp_path / "w", engine_toy.make_task(on_batch=lambda e, i: (
+            clock.on_batch(e, i), sigterm_at(16)(e, i))), lines.append, log_every=1)  # fmt: skip
+    clock.n = -1  # a new process: compiles again
+    run(tmp_path / "w", engine_toy.make_task(on_batch=clock.on_batch), lines.append,
+        log_every=1, max_steps=24)  # fmt: skip
+    epochs = [l for l in lines if l.startswith("epoch ")]
+    assert [l.split(" | ")[4] for l in epochs] == ["8 ex/s", "8 ex/s"], epochs
+    records = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["ex_per_s"] for r in records if r["kind"] == "epoch"] == [8.0, 8.0]
+
+
+def test_pace_times_steady_steps_only(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(engine, "_now", lambda: now[0])
+    pace = engine.Pace()
+    for seconds, units in [(90, 5), (20, 5), (2, 10), (2, 10), (40, 10), (2, 10)]:
+        now[0] += seconds
+        pace.step_done(units)
+    assert pace.first == [2, 2, 40] and pace.seconds_per_step("window") == 2.0
+    assert pace.take("window") == pytest.approx(40 / 46) and pace.seconds_per_step() is None
+    now[0] += 500  # a validation
+    pace.restart()
+    now[0] += 3
+    pace.step_done(6)
+    assert pace.take("epoch") == pytest.approx(46 / 49) and pace.take("window") == 2.0

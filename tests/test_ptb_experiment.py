@@ -84,6 +84,24 @@ def test_incompatible_workdir_fails_before_work(tmp_path):
 
 
 @needs_ptb
+def test_an_exploding_learning_rate_stops_within_the_first_log_window(tmp_path):
+    """--lr=100: finite losses of thousands of nats (gradient clipping keeps them finite);
+    the first judged window (steps 21-70) stops the run before the first log line (step
+    100) with one error line, and the checkpoint it names (step 60) is the latest."""
+    workdir = tmp_path / "w"
+    result = ptb(*TINY, "--lr=100", "--max_steps=300", "--checkpoint_every_steps=20",
+                 f"--workdir={workdir}")  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: mean training loss over steps 21-70 is ")
+    assert "above the chance level (a uniform guess), 9.21" in lines[0]
+    assert "the last good checkpoint (step 60) is intact; try a lower --lr" in lines[0]
+    assert "  step " not in result.stdout
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == 60
+
+
+@needs_ptb
 @pytest.mark.slow
 def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
     """`python experiments/ptb.py --depth=40 --hsg --max_steps=...` at a CPU-sized width."""

@@ -123,6 +123,7 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, ptb):
 def test_incompatible_workdir_is_refused(tmp_path, ptb):
     corpus = ptb_slice(ptb, 1200, 300)
     engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 5})
+    engine.write_json(tmp_path / "w" / "results.json", {"step": 5})  # it holds a run
     engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 50})  # run length may change
     with pytest.raises(ValueError, match="incompatible.*depth"):
         engine.prepare_workdir(tmp_path / "w", {"depth": 3, "max_steps": 5})

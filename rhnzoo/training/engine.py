@@ -15,13 +15,19 @@ once, for all of them:
   long evaluations (:func:`track` checks between chunks);
 * the matmul precision ``cfg.matmul_precision`` (:mod:`rhnzoo.precision`) around every
   compiled step and evaluation of the run;
-* divergence: a non-finite training loss, or a finite one above
-  ``divergence_factor`` x the chance-level loss, stops the run before anything
-  is saved, so the last good checkpoint stays intact (:class:`TrainingDiverged`);
+* one trainer per workdir: process 0 holds an advisory lock on ``<workdir>/.lock``
+  for the life of the run (released by the OS if the process dies); a second run
+  in the same workdir is one error line naming the holder's pid;
+* divergence (:class:`LossBook`): a non-finite training loss, or a mean over
+  :data:`DIVERGENCE_WINDOW` steps, after :data:`DIVERGENCE_WARMUP` steps, more
+  than ``ln divergence_factor`` nats above the chance level or the run's best
+  such mean, stops the run before anything is saved, so the last good
+  checkpoint stays intact (:class:`TrainingDiverged`);
 * ``metrics.jsonl``: one record per epoch (``"kind": "epoch"``) and every
   ``log_every`` steps (``"kind": "train"``), also printed as one line each; an
   optional TensorBoard event log (``tensorboardX``, no TensorFlow needed); tqdm
-  bars with ETA for training and evaluation;
+  bars with ETA for training and evaluation; the whole run's estimated time once
+  a few steps after compilation are timed (:class:`Pace`);
 * the final evaluation of the best parameters, written to ``results.json``
   (strict JSON: non-finite numbers become ``null``).
 
@@ -31,12 +37,12 @@ its public names are re-exported here.
 Exactness under interruption: the step's PRNG key is ``fold_in(run_key, step)``,
 batch k of epoch e is ``task.get_batch(e, k)`` (a pure function), and the
 checkpoint holds the step, the task state (parameters, optimizer state, any
-carried state), the epoch's running loss sums and the bookkeeping of validation
-(which step was last validated, the best value and its step). An epoch's
-validation, metrics record and best checkpoint are redone on resume unless the
-checkpoint says they were done, and ``metrics.jsonl`` is cut back to the
-checkpoint, so a run killed at any moment and resumed writes the same outputs
-as an uninterrupted one (up to timing fields).
+carried state), the epoch's running loss sums, the divergence check's window and
+the bookkeeping of validation (which step was last validated, the best value and
+its step). An epoch's validation, metrics record and best checkpoint are redone on
+resume unless the checkpoint says they were done, and ``metrics.jsonl`` is cut back
+to the checkpoint, so a run killed at any moment and resumed writes the same
+outputs as an uninterrupted one (up to timing fields).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import functools
 import json
 import math
 import os
+import pathlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -72,6 +79,7 @@ from rhnzoo.training.workdir import (  # noqa: F401  (re-exported: engine.RunErr
     Checkpoints,
     MetricsLog,
     RunError,
+    WorkdirLock,
     prepare_workdir,
     read_metrics,
     restore_params,
@@ -85,9 +93,12 @@ Params = Any
 PathLike = str | os.PathLike
 
 class TrainingDiverged(RunError):
-    """The training (or validation) loss became non-finite or exploded."""
+    """The training (or validation) loss became non-finite or stayed above the stop level."""
 
 
+def _now() -> float:
+    """Seconds on a monotonic clock: every duration the engine reports (tests replace it)."""
+    return time.monotonic()
 
 
 # ------------------------------------------------------------------------ task, config
@@ -117,8 +128,9 @@ class Task:
       higher_is_better: direction of ``select``.
       train_metrics: ``sums -> dict`` of reported training metrics (e.g.
         ``{'train_ppl': ...}``) from sums over any span of steps.
-      chance_loss: loss per unit of a uniform guess (log V, log C, 88 log 2); the
-        divergence threshold is a multiple of it (None: of the first step's loss).
+      chance_loss: loss per unit of a uniform guess (log V, log C, 88 log 2), nats:
+        a level of the divergence check (None: the check has only the run's best
+        window mean).
       count_key: the key of ``sums`` counting loss units.
       unit: name of one throughput unit in the log (``'tok'``, ``'img'``, ...).
       throughput_key: the key of ``sums`` counted for the throughput (default
@@ -159,8 +171,17 @@ class RunConfig:
       log_every: steps between training-loss lines and records (>= 1).
       progress: tqdm bars.
       tensorboard: also write TensorBoard event files (needs ``tensorboardX``).
-      divergence_factor: stop when the loss exceeds this multiple of the
-        chance-level loss (0: only non-finite losses stop the run).
+      divergence_factor: F, the divergence check's tolerance (0: only a
+        non-finite loss stops the run; else >= 1). A finite training loss counts
+        as diverged when its mean over a window of :data:`DIVERGENCE_WINDOW` (50)
+        steps, judged for every window after the run's first
+        :data:`DIVERGENCE_WARMUP` (20) steps, is more than ln F nats above the
+        lower of the task's chance-level loss (a uniform guess) and the run's best
+        window mean so far: the data then became F times less likely per unit
+        (a perplexity F times the uniform guess's, or F times the run's best).
+        A validation loss from step 70 on is held to the chance level alike.
+        Default 3 (ln 3 = 1.1 nats): at ``--preset=paper`` on IMDB the σ-RRN's
+        window means stay up to 0.6 nats above chance for 250 steps and train on.
       patience: early stopping: end training when the validation ``select`` metric
         has not improved for this many epochs (None: never).
       matmul_precision: precision of float32 matmuls in training and evaluation
@@ -180,7 +201,7 @@ class RunConfig:
     log_every: int = 100
     progress: bool = True
     tensorboard: bool = False
-    divergence_factor: float = 2.0
+    divergence_factor: float = 3.0
     patience: int | None = None
     matmul_precision: str | None = None
 
@@ -192,8 +213,9 @@ class RunConfig:
         for name, value, low in checks:
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"--{name} must be an integer >= {low}, got {value!r}")
-        if not self.divergence_factor >= 0:
-            raise ValueError(f"--divergence_factor must be >= 0, got {self.divergence_factor}")
+        if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
+            raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
+                             f"got {self.divergence_factor}")  # fmt: skip
         if self.matmul_precision is not None:
             try:
                 precision.normalize(self.matmul_precision)
@@ -255,6 +277,12 @@ def _fmt(v: Any) -> str:
 
 
 ESTIMATE_MIN_S = 60.0  # a run expected to take less gets no estimate line
+WARMUP_STEPS = 2  # the first steps of a process are not timed (XLA compilation)
+ESTIMATE_STEPS = 3  # timed steps before the whole run's estimated time is printed
+DIVERGENCE_WARMUP = 20  # steps of a run whose finite losses are never judged
+# Steps whose mean loss is judged; the length of the checkpointed meta['recent'] (a
+# change makes earlier checkpoints unreadable).
+DIVERGENCE_WINDOW = 50
 
 
 def _duration(seconds: float) -> str:
@@ -279,81 +307,139 @@ def _label(key: str) -> str:
 class LossBook:
     """The running loss sums of the epoch and of the log window, and the divergence check.
 
-    The sums live in ``meta`` (checkpointed with the state, so a resumed epoch reports the
-    same means); ``meta['ref_loss']`` is the chance-level loss, or the first step's loss
-    when the task gives none.
+    Everything lives in ``meta``, checkpointed with the state, so a resumed run reports
+    the same means and judges the same windows: ``'epoch_sums'``, ``'window_sums'``;
+    ``'recent'``, the (loss sum, count) of the last :data:`DIVERGENCE_WINDOW` steps (step
+    s in row s mod the window); ``'best_mean'``, the lowest judged window mean so far.
     """
 
     def __init__(self, task: Task, cfg: RunConfig, meta: dict, sums_keys):
         self.task, self.cfg, self.meta, self.keys = task, cfg, meta, tuple(sums_keys)
-        self.recent: collections.deque = collections.deque(maxlen=10)
+        self.chance = math.inf if task.chance_loss is None else task.chance_loss
         self.last_saved: int | None = None  # named in divergence messages
-        self.throughput_key = task.throughput_key or task.count_key
-        now = time.time()
-        # Units trained by this process since the last log line / epoch start (throughput).
-        self.clock = {"window": now, "epoch": now, "window_count": 0.0, "epoch_count": 0.0,
-                      "window_steps": 0}
+        # The window holds no step before this one (a checkpoint written before the
+        # window was checkpointed was resumed here).
+        self.judged_from = 0
 
     def zeros(self) -> dict:
         return {k: np.zeros((), np.float64) for k in self.keys}
 
-    def add(self, at: int, sums: Mapping[str, Any]) -> None:
-        """Adds step ``at``'s sums; raises TrainingDiverged for a non-finite loss or a mean
-        of the last 10 steps' losses above the bound."""
+    def add(self, at: int, sums: Mapping[str, Any]) -> dict[str, float]:
+        """Adds step ``at``'s sums (0-based); returns them as floats (a host sync).
+
+        Raises:
+          TrainingDiverged: the step's loss is non-finite, or the mean loss of the window
+            ending with it (judged once the window lies past the warm-up) is more than
+            ln ``divergence_factor`` above the lower of the chance level and the best
+            window mean so far.
+        """
         values = {k: float(v) for k, v in sums.items()}
         loss = values["loss"] / max(values[self.task.count_key], 1.0)
-        if not math.isfinite(float(self.meta["ref_loss"])):
-            self.meta["ref_loss"] = np.array(loss)
         for acc in (self.meta["epoch_sums"], self.meta["window_sums"]):
             for k, v in values.items():
                 acc[k] = np.array(acc[k] + v)
-        self.clock["window_count"] += values[self.throughput_key]
-        self.clock["window_steps"] += 1
-        self.clock["epoch_count"] += values[self.throughput_key]
-        self.recent.append((values["loss"], values[self.task.count_key]))
+        recent = np.array(self.meta["recent"])
+        recent[at % DIVERGENCE_WINDOW] = (values["loss"], values[self.task.count_key])
+        self.meta["recent"] = recent
+        done, first = at + 1, at + 2 - DIVERGENCE_WINDOW  # steps 1-based
         if not math.isfinite(loss):
-            self.check("training", loss, at + 1)
-        loss_sum, count = (sum(x) for x in zip(*self.recent))  # the last 10 steps
-        self.check("training", loss_sum / max(count, 1.0), at + 1)
+            self.check(f"training loss at step {done}", loss, done)
+        if first <= max(DIVERGENCE_WARMUP, self.judged_from):
+            return values
+        loss_sum, count = recent.sum(axis=0)
+        mean, best = loss_sum / max(count, 1.0), float(self.meta["best_mean"])
+        self.meta["best_mean"] = np.array(min(best, mean))
+        factor = self.cfg.divergence_factor
+        if factor and mean > best + math.log(factor) and not mean > self.chance + math.log(factor):
+            raise self.diverged(f"mean training loss over steps {first}-{done} is {mean:.4g} "
+                                f"nats, more than ln {factor:g} above the run's best such "
+                                f"mean, {best:.4g}")  # fmt: skip
+        self.check(f"mean training loss over steps {first}-{done}", mean, done)
+        return values
 
     def check(self, what: str, loss: float, at: int) -> None:
-        """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite or exploded."""
-        ref, factor = float(self.meta["ref_loss"]), self.cfg.divergence_factor
+        """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite, or, from step
+        ``DIVERGENCE_WARMUP + DIVERGENCE_WINDOW`` on, more than ln ``divergence_factor``
+        above the chance level. ``what`` names the loss."""
+        if not math.isfinite(loss):
+            raise self.diverged(f"non-finite {what} ({loss})")
+        factor = self.cfg.divergence_factor
+        judged = at >= DIVERGENCE_WARMUP + DIVERGENCE_WINDOW
+        if factor and judged and loss > self.chance + math.log(factor):
+            raise self.diverged(f"{what} is {loss:.4g} nats, more than ln {factor:g} above "
+                                f"the chance level (a uniform guess), {self.chance:.4g}")  # fmt: skip
+
+    def diverged(self, what: str) -> TrainingDiverged:
         intact = (f"the last good checkpoint (step {self.last_saved}) is intact"
                   if self.last_saved is not None else "no checkpoint was written")  # fmt: skip
-        if not math.isfinite(loss):
-            raise TrainingDiverged(f"non-finite {what} loss at step {at}; {intact}; "
-                                   "try a lower --lr")  # fmt: skip
-        if factor and math.isfinite(ref) and loss > factor * ref:
-            level = "the chance level" if self.task.chance_loss else "the first step's loss"
-            raise TrainingDiverged(
-                f"{what} loss {loss:.4g} at step {at} exploded (> {factor:g} x "
-                f"{ref:.4g} nats, {level}); {intact}; try a lower --lr"
-            )
+        off = "" if what.startswith("non-finite") else " (--divergence_factor=0: no such stop)"
+        return TrainingDiverged(f"{what}: the run diverged; {intact}; try a lower --lr{off}")
 
-    def take(self, kind: str) -> tuple[dict[str, float], float]:
-        """The ``'window'`` / ``'epoch'`` sums as floats and the units per second since its
-        start; restarts the window's clock (the epoch's with :meth:`restart_clocks`)."""
+    def take(self, kind: str) -> dict[str, float]:
+        """The ``'window'`` / ``'epoch'`` sums as floats; zeroes the window's."""
         sums = {k: float(v) for k, v in self.meta[f"{kind}_sums"].items()}
-        rate = self.clock[f"{kind}_count"] / max(time.time() - self.clock[kind], 1e-9)
         if kind == "window":
             self.meta["window_sums"] = self.zeros()
-            self.clock.update(window=time.time(), window_count=0.0, window_steps=0)
-        return sums, rate
+        return sums
 
     def reset_sums(self) -> None:
         """At an epoch's first step: zero the epoch's and the window's sums."""
         self.meta["epoch_sums"], self.meta["window_sums"] = self.zeros(), self.zeros()
 
-    def restart_clocks(self) -> None:
-        now = time.time()
-        self.clock.update(epoch=now, epoch_count=0.0, window=now, window_count=0.0,
-                          window_steps=0)
 
-    def seconds_per_step(self) -> float | None:
-        """Training seconds per step in the current log window (None before a step)."""
-        steps = self.clock["window_steps"]
-        return (time.time() - self.clock["window"]) / steps if steps else None
+class Pace:
+    """This process's training time per step and throughput, from its steady steps.
+
+    A step's time runs from the previous step's completion (or from :meth:`restart`,
+    e.g. after a validation) to its own. The first :data:`WARMUP_STEPS` steps of the
+    process, started or resumed, are not timed: they hold the XLA compilation. Spans:
+    ``'window'`` (the log window) and ``'epoch'``, each restarted by :meth:`take`.
+    """
+
+    def __init__(self):
+        self.steps = 0  # completed in this process
+        self.first: list[float] = []  # the first ESTIMATE_STEPS timed steps' seconds
+        self.spans = {kind: self._span() for kind in ("window", "epoch")}
+        self.restart()
+
+    @staticmethod
+    def _span() -> dict:
+        return {"units": 0.0, "seconds": 0.0, "durations": [], "all_units": 0.0, "all_seconds": 0.0}
+
+    def restart(self) -> None:
+        """The time until the next step's completion is not that step's (validation)."""
+        self.last = _now()
+
+    def step_done(self, units: float) -> None:
+        """Step completed now, having trained ``units`` (tokens, images, ...)."""
+        now = _now()
+        seconds, self.last = now - self.last, now
+        self.steps += 1
+        timed = self.steps > WARMUP_STEPS
+        if timed and len(self.first) < ESTIMATE_STEPS:
+            self.first.append(seconds)
+        for span in self.spans.values():
+            span["all_units"] += units
+            span["all_seconds"] += seconds
+            if timed:
+                span["units"] += units
+                span["seconds"] += seconds
+                span["durations"].append(seconds)
+
+    def seconds_per_step(self, kind: str = "window") -> float | None:
+        """The median time of the span's timed steps (a recompilation, e.g. for a new
+        batch shape, does not move it); None before one."""
+        durations = self.spans[kind]["durations"]
+        return float(np.median(durations)) if durations else None
+
+    def take(self, kind: str) -> float:
+        """The span's units per second (its timed steps; all its steps if none is timed
+        yet), and restarts it."""
+        span = self.spans[kind]
+        units, seconds = ((span["units"], span["seconds"]) if span["durations"]
+                          else (span["all_units"], span["all_seconds"]))  # fmt: skip
+        self.spans[kind] = self._span()
+        return units / max(seconds, 1e-9)
 
 
 def final_line(task: Task, results: Mapping[str, Any]) -> str:
@@ -375,6 +461,14 @@ def _finished(workdir, total: int) -> dict | None:
     if results.get("stopped") in ("patience", "diverged") or "diverged" in results:
         return results
     return results if int(results.get("step", -1)) >= total else None
+
+
+def _legacy_tree(state: State, meta: dict) -> dict:
+    """The checkpoint tree of rhnzoo before the divergence window: ``meta`` held the
+    chance level (``'ref_loss'``) and no ``'recent'`` / ``'best_mean'``; such a
+    checkpoint restores, and the window starts empty at its step."""
+    old = {k: v for k, v in meta.items() if k not in ("recent", "best_mean")}
+    return {"state": state, "meta": {**old, "ref_loss": np.array(math.nan)}}
 
 
 class _Run:
@@ -401,30 +495,34 @@ class _Run:
         worst = -math.inf if task.higher_is_better else math.inf
         meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
                 "epoch_sums": None, "window_sums": None, "elapsed": np.array(0.0),
-                "ref_loss": np.array(task.chance_loss or math.nan)}  # fmt: skip
+                "recent": np.zeros((DIVERGENCE_WINDOW, 2)), "best_mean": np.array(math.inf)}  # fmt: skip
         self.book = LossBook(task, self.cfg, meta, sums_shape)
         meta["epoch_sums"], meta["window_sums"] = self.book.zeros(), self.book.zeros()
         if self.ckpt is not None:
-            restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say)
+            restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say,
+                                                legacy=_legacy_tree(state, meta))  # fmt: skip
             if restored is not None:
-                state, meta = restored["state"], restored["meta"]
+                old = restored["meta"]
+                state, meta = restored["state"], {**meta, **{k: v for k, v in old.items()
+                                                             if k in meta}}  # fmt: skip
                 self.book.meta = meta
+                if "recent" not in old:  # the divergence window starts empty here
+                    self.book.judged_from = int(state["step"])
         self.state, self.meta = state, meta
-        self.step = self.state_step0 = step = int(state["step"])
+        self.step = step = int(state["step"])
         self.metrics = MetricsLog(self.workdir, self.cfg.tensorboard, purge_step=step)
         if self.ckpt is not None:
             self.ckpt.drop_best_after(step)
+        self.metrics.cut_back(step, int(meta["validated"]))  # at step 0: an earlier try's lines
         if step:
-            self.metrics.cut_back(step, int(meta["validated"]))
             self.say(f"resumed {self.workdir} at step {step}")
         self.params_count = num_params(state["task"]["params"])
         self.say(f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
                  f"{self.total:,} steps in this run")  # fmt: skip
         self.book.last_saved = step if step else None
         self.pending: collections.deque = collections.deque()
-        self.t_start, self.elapsed0 = time.time(), float(meta["elapsed"])
-        self.book.restart_clocks()
-        self.timing: tuple[int, float] | None = None  # (steps done, time) after compilation
+        self.t_start, self.elapsed0 = _now(), float(meta["elapsed"])
+        self.pace, self.estimated = Pace(), False
 
     def train(self) -> str:
         """The training loop; returns why it ended: ``'end'``, ``'patience'``."""
@@ -457,7 +555,7 @@ class _Run:
             self.pending.append((step, sums))
             self.step = step = step + 1
             self.drain(keep=1)
-            self.estimate(step - 1)
+            self.estimate()
             self.bar.update(1)
             if step % cfg.log_every == 0:
                 self.drain()
@@ -469,21 +567,21 @@ class _Run:
                 self.drain()
                 self.save(step)
 
-    def estimate(self, done: int, steps: int = 10) -> None:
-        """Once, after ``steps`` steps past the compiled first one: the whole run's time."""
-        if self.timing is None:
-            self.timing = (done, time.time()) if done > int(self.state_step0) else None
+    def estimate(self) -> None:
+        """Once, as soon as :data:`ESTIMATE_STEPS` steps after the warm-up are timed: the
+        whole run's time (their median time per step x the steps left)."""
+        if self.estimated or len(self.pace.first) < ESTIMATE_STEPS:
             return
-        if self.timing is False or done - self.timing[0] < steps:
-            return
-        per_step = (time.time() - self.timing[1]) / (done - self.timing[0])
-        left, self.timing = self.total - done, False
+        self.estimated = True
+        per_step = float(np.median(self.pace.first))
+        left = self.total - (self.step - len(self.pending))
         seconds = per_step * left
         if seconds >= ESTIMATE_MIN_S:
             hint = ("; at this size a GPU/TPU job: the scripts' CPU presets (--preset=small, "
                     "--preset=cpu) fit a CPU" if _device() == "CPU" and seconds > 6 * 3600 else "")  # fmt: skip
             self.say(f"estimated {_duration(seconds)} for the {left:,} steps left ({per_step:.3g} s "
-                     f"per step on {_device()}; validation not included){hint}")  # fmt: skip
+                     f"per step on {_device()}, timed after compilation; validation not "
+                     f"included){hint}")  # fmt: skip
 
     def out_of_patience(self, step: int) -> bool:
         best_epoch = -(-int(self.meta["best_step"]) // self.spe)
@@ -501,11 +599,12 @@ class _Run:
     def drain(self, keep: int = 0) -> None:
         """Reads the loss sums of all but ``keep`` dispatched steps (one host sync)."""
         while len(self.pending) > keep:
-            self.book.add(*self.pending.popleft())
+            values = self.book.add(*self.pending.popleft())
+            self.pace.step_done(values[self.task.throughput_key or self.task.count_key])
 
     def save(self, at: int) -> None:
         if self.ckpt is not None:
-            meta = dict(self.meta, elapsed=np.array(self.elapsed0 + time.time() - self.t_start))
+            meta = dict(self.meta, elapsed=np.array(self.elapsed0 + _now() - self.t_start))
             self.ckpt.save(at, {"state": self.state, "meta": meta})
             self.book.last_saved = at
 
@@ -513,10 +612,10 @@ class _Run:
         return {} if self.task.learning_rate is None else {"lr": float(self.task.learning_rate(at))}
 
     def log_train(self, at: int) -> None:
-        per_step = self.book.seconds_per_step()
+        per_step = self.pace.seconds_per_step("window")
         eta = (f" | run ETA {_duration(per_step * (self.total - at))}"
-               if per_step and self.total > at else "")  # fmt: skip
-        sums, rate = self.book.take("window")
+               if per_step is not None and self.total > at else "")  # fmt: skip
+        sums, rate = self.book.take("window"), self.pace.take("window")
         shown = self.task.train_metrics(sums)
         record = {"kind": "train", "epoch": at // self.spe + (at % self.spe > 0), "step": at,
                   **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
@@ -532,7 +631,7 @@ class _Run:
         task, meta, spe = self.task, self.meta, self.spe
         epoch = (at - 1) // spe + 1
         done = at - (epoch - 1) * spe
-        sums, rate = self.book.take("epoch")  # throughput without validation
+        sums, rate = self.book.take("epoch"), self.pace.take("epoch")  # before validation
         params = self.state["task"]["params"]
         try:
             valid = task.validate(params, self.tracker(f"valid (epoch {epoch})"))
@@ -540,7 +639,7 @@ class _Run:
             self.save(at)
             raise self.stopped(e.signum, "during validation", at) from None
         if "valid_loss" in valid:
-            self.book.check(f"validation (epoch {epoch})", valid["valid_loss"], at)
+            self.book.check(f"validation loss after epoch {epoch}", valid["valid_loss"], at)
         value = valid[task.select]
         if value > meta["best"] if task.higher_is_better else value < meta["best"]:
             if self.ckpt is not None:
@@ -551,7 +650,7 @@ class _Run:
         shown = task.train_metrics(sums)
         record = {"kind": "epoch", "epoch": epoch, "step": at, **self.lr_fields(at - 1), **shown,
                   **valid, f"{task.unit}_per_s": rate,
-                  "elapsed_s": self.elapsed0 + time.time() - self.t_start,
+                  "elapsed_s": self.elapsed0 + _now() - self.t_start,
                   "epoch_complete": done == spe}  # fmt: skip
         self.metrics.write(record)
         fields = [f"{_label(k)} {_fmt(v)}" for k, v in {**self.lr_fields(at - 1), **shown,
@@ -561,7 +660,8 @@ class _Run:
                  + ("" if done == spe else f" (partial epoch: {done}/{spe} steps)"))  # fmt: skip
         meta["validated"] = np.array(at)
         self.save(at)
-        self.book.restart_clocks()
+        self.pace.take("window")  # the next epoch's steps start a new log window
+        self.pace.restart()
 
     def tracker(self, desc: str) -> Track:
         def tracker(iterable, total=None, desc=desc):
@@ -620,7 +720,10 @@ def run(
     A workdir whose run is already over at this run length (``results.json`` at the
     total number of steps, or stopped early by patience or divergence) is not trained
     or evaluated again: one line ``already finished: <its final line>`` and its stored
-    results. A longer ``--max_steps`` / ``--max_epochs`` / ``epochs`` extends it.
+    results (read only: the workdir may be read-only). A longer ``--max_steps`` /
+    ``--max_epochs`` / ``epochs`` extends it. Otherwise process 0 holds the workdir's
+    :class:`WorkdirLock` until the run ends; incomplete checkpoint saves left by an
+    earlier process are deleted.
 
     Args:
       task: the experiment's step, batches and evaluation.
@@ -641,28 +744,37 @@ def run(
 
     Raises:
       ValueError: an incompatible or unusable workdir.
-      TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
+      TrainingDiverged: the loss became non-finite or stayed above the stop level
+        (``'raise'``).
       Interrupted: a SIGTERM/SIGINT arrived; the state was saved first.
-      RunError: a checkpoint or file could not be written.
+      RunError: another process is training in the workdir, or a checkpoint or file
+        could not be written.
     """
     primary = jax.process_index() == 0  # prints and writes files in a multi-process run
     say = log if log is not None and primary else (lambda line: None)
     installed_here = not signals.installed()
     catch_signals()
-    workdir = None if workdir is None else prepare_workdir(workdir, config or {}, resumable_keys)
-    done = None if workdir is None else _finished(workdir, cfg.total_steps(task.steps_per_epoch))
-    if done is not None:
-        say(f"already finished: {done.get('final') or final_line(task, done)}")
-        if installed_here:
-            release_signals()
-        return RunResult(done, read_metrics(workdir), restore_params(workdir), "diverged" in done)
-    if workdir is not None and jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("rhnzoo workdir ready")
-    ckpt = None if workdir is None else Checkpoints(workdir)
-    r = _Run(task, cfg, workdir, ckpt, say, primary)
+    lock = ckpt = r = None
     try:
+        if workdir is not None:
+            workdir, config = pathlib.Path(workdir).absolute(), config or {}
+            if (workdir / "results.json").is_file():  # a finished run is read, never written
+                prepare_workdir(workdir, config, resumable_keys, check_only=True)
+                done = _finished(workdir, cfg.total_steps(task.steps_per_epoch))
+                if done is not None:
+                    say(f"already finished: {done.get('final') or final_line(task, done)}")
+                    return RunResult(done, read_metrics(workdir), restore_params(workdir),
+                                     "diverged" in done)  # fmt: skip
+            lock = WorkdirLock(workdir, warn=say) if primary else None
+            workdir = prepare_workdir(workdir, config, resumable_keys, log=say)
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                multihost_utils.sync_global_devices("rhnzoo workdir ready")
+            ckpt = Checkpoints(workdir)
+            for tmp in ckpt.remove_incomplete() if primary else ():
+                say(f"removed {tmp}: a checkpoint save that did not finish")
+        r = _Run(task, cfg, workdir, ckpt, say, primary)
         with precision.context(cfg.matmul_precision):  # every step and evaluation traced here
             r.start()
             diverged = None
@@ -677,9 +789,11 @@ def run(
                 r.close_bar()
             return r.finish(stopped, diverged)
     finally:
-        if r.metrics is not None:
+        if r is not None and r.metrics is not None:
             r.metrics.close()
         if ckpt is not None:
             ckpt.close()
+        if lock is not None:
+            lock.release()
         if installed_here:
             release_signals()

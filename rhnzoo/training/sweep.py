@@ -130,7 +130,7 @@ def run_all(
                              f"({', '.join(names)})")  # fmt: skip
     for r in runs:
         if (root / r.name / "config.json").is_file():
-            engine.prepare_workdir(root / r.name, r.config, resumable_keys)
+            engine.prepare_workdir(root / r.name, r.config, resumable_keys, check_only=True)
     say = log or (lambda line: None)
     if jobs.only is not None:
         (root / jobs.only / FAILED).unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """A run's directory: its files, checkpoints and metrics (used by :mod:`rhnzoo.training.engine`).
 
 * :func:`prepare_workdir`: create ``config.json``, or check a resumed run's settings;
+* :class:`WorkdirLock`: one trainer per workdir (``fcntl.flock`` on ``<workdir>/.lock``);
 * :class:`Checkpoints`: orbax managers for ``checkpoints/`` (latest three states) and
   ``best/`` (best-validation parameters); synchronous saves, so a failure (disk full)
   is one :class:`RunError` line; an unreadable checkpoint is moved to ``corrupt/``
@@ -14,6 +15,7 @@ Only process 0 writes files in a multi-process run.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -96,11 +98,18 @@ def strict(obj: Any) -> Any:
 
 
 def prepare_workdir(
-    workdir: PathLike, config: Mapping[str, Any], resumable_keys=RESUMABLE_KEYS
-) -> pathlib.Path:
+    workdir: PathLike, config: Mapping[str, Any], resumable_keys=RESUMABLE_KEYS, *,
+    log: Callable[[str], None] | None = None, check_only: bool = False,
+) -> pathlib.Path:  # fmt: skip
     """Creates ``workdir`` with ``config.json``, or checks a resumed run's config.
 
-    In a multi-process run only process 0 creates and writes; every process checks.
+    A workdir whose ``config.json`` holds other settings but which holds no run
+    (:func:`holds_run`: e.g. a run stopped before its first checkpoint) takes the new
+    config, with one line to ``log``. In a multi-process run only process 0 creates and
+    writes; every process checks.
+
+    Args:
+      check_only: only check an existing workdir's settings; write nothing.
 
     Returns:
       The workdir as an absolute path.
@@ -112,8 +121,7 @@ def prepare_workdir(
     """
     workdir = pathlib.Path(workdir).absolute()
     path = workdir / "config.json"
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"workdir {workdir} exists and is not a directory")
+    writes = not check_only and jax.process_index() == 0
     if path.is_file():
         try:
             old = json.loads(path.read_text())
@@ -122,29 +130,95 @@ def prepare_workdir(
         old = {**{k: v for k, v in ADDED_KEYS.items() if k in config}, **old}
         keys = (set(old) | set(config)) - set(resumable_keys)
         diff = sorted(k for k in keys if old.get(k) != strict(config.get(k)))
-        if diff:
-            shown = ", ".join(f"{k}={old.get(k)!r} there vs {config.get(k)!r}" for k in diff[:4])
+        if not diff:
+            return workdir
+        shown = ", ".join(f"{k}={old.get(k)!r} there vs {config.get(k)!r}" for k in diff[:4])
+        if holds_run(workdir):
             raise ValueError(
                 f"workdir {workdir} holds an incompatible run ({shown}); "
                 "use another --workdir or the same settings"
             )
-        try:  # a resumed run must be able to write (os.access says yes to root, so try)
-            with tempfile.TemporaryFile(dir=workdir):
-                pass
-        except OSError as e:
-            raise ValueError(f"workdir {workdir} is not writable: {_one_line(e)}") from None
+        if not writes:
+            return workdir
+        (log or (lambda line: None))(
+            f"workdir {workdir} holds no checkpoint of its earlier settings ({shown}); "
+            "starting afresh with these"
+        )
+    elif not writes:
         return workdir
-    if jax.process_index() != 0:
-        return workdir
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create workdir {workdir}: {_one_line(e)}") from None
+    _make_dir(workdir)
     try:
         write_json(path, dict(config))
     except RunError as e:
         raise ValueError(str(e)) from None
     return workdir
+
+
+# What a run writes before its first checkpoint: a workdir holding nothing else holds no run.
+_BEFORE_CHECKPOINT = frozenset({"config.json", ".config.json.tmp", ".lock", "metrics.jsonl",
+                                ".metrics.jsonl.tmp", "tensorboard", "checkpoints", "best",
+                                "corrupt"})  # fmt: skip
+
+
+def holds_run(workdir: pathlib.Path) -> bool:
+    """Whether ``workdir`` holds a run: a checkpoint, or anything else a run does not
+    write before its first checkpoint (``results.json``, a study's trials, ...)."""
+    checkpoints = workdir / "checkpoints"
+    return any(p.name not in _BEFORE_CHECKPOINT for p in workdir.iterdir()) or (
+        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))  # fmt: skip
+
+
+def _make_dir(workdir: pathlib.Path) -> None:
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"workdir {workdir} exists and is not a directory")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create workdir {workdir}: {_one_line(e)}") from None
+
+
+class WorkdirLock:
+    """One trainer per workdir: an advisory lock (``fcntl.flock``) on ``<workdir>/.lock``,
+    held from construction to :meth:`release`. The OS releases it when the process ends,
+    however it ends (``kill -9`` leaves no stale lock); the file holds the holder's pid.
+    Readers (analyses, an ``already finished`` rerun) need no lock.
+
+    Raises (on construction):
+      ValueError: the workdir cannot be created or is not writable (one line).
+      RunError: another process holds the lock (one line naming the workdir and its pid).
+    """
+
+    def __init__(self, workdir: PathLike, warn: Callable[[str], None] | None = None):
+        workdir = pathlib.Path(workdir).absolute()
+        _make_dir(workdir)
+        try:  # a run must be able to write (os.access says yes to root, so try)
+            with tempfile.TemporaryFile(dir=workdir):
+                pass
+            self.fd: int | None = os.open(workdir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ValueError(f"workdir {workdir} is not writable: {_one_line(e)}") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "(pid unknown)"
+            self.release()
+            raise RunError(
+                f"workdir {workdir} is in use by process {holder}, which is training in it; "
+                "wait for it to end or stop it, or use another --workdir"
+            ) from None
+        except OSError as e:  # a file system without flock (some network mounts)
+            self.release()
+            if warn is not None:
+                warn(f"warning: cannot lock {workdir / '.lock'} ({_one_line(e)}); nothing "
+                     "stops a second run from training in this workdir")  # fmt: skip
+            return
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor releases the lock
+            self.fd = None
 
 
 class Checkpoints:
@@ -188,8 +262,19 @@ class Checkpoints:
     def save_best(self, step: int, params: Params) -> None:
         self._save(self.best, step, params)
 
-    def restore_latest(self, like: Any, warn: Callable[[str], None]) -> Any | None:
-        """The newest readable checkpoint (restored like ``like``), or None.
+    def remove_incomplete(self) -> list[pathlib.Path]:
+        """Deletes the temporary directories of saves that never finished (a second signal
+        during a save, a kill); returns them. Call from process 0 alone, under the lock."""
+        found = [p for manager in (self.latest, self.best)
+                 for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")]  # fmt: skip
+        for tmp in found:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return found
+
+    def restore_latest(self, like: Any, warn: Callable[[str], None],
+                       legacy: Any | None = None) -> Any | None:  # fmt: skip
+        """The newest readable checkpoint (restored like ``like``, or like ``legacy``, the
+        tree an earlier version saved, if it has that structure), or None.
 
         An unreadable one is moved to ``<workdir>/corrupt/`` with one warning line.
         """
@@ -202,6 +287,12 @@ class Checkpoints:
                     return self.latest.restore(step, args=ocp.args.StandardRestore(like))
             except Exception as e:  # any failure to read: truncated, missing files, structure
                 reason = _one_line(e)
+            if legacy is not None:
+                try:
+                    with _quiet_orbax():
+                        return self.latest.restore(step, args=ocp.args.StandardRestore(legacy))
+                except Exception:  # noqa: S110  (unreadable either way: the first reason)
+                    pass
             with _quiet_orbax(collect=True):  # the exception is released: its leftovers go now
                 bad = self.latest.directory / str(step)
                 aside = self.workdir / "corrupt" / f"checkpoints_{step}_{int(time.time())}"
