@@ -115,6 +115,7 @@ def test_a_workdir_from_before_the_setting_resumes_at_the_default(tmp_path):
     """A config.json without ``matmul_precision`` (written before it was recorded) holds a
     run at ``default``: it resumes at default and refuses another precision."""
     engine.prepare_workdir(tmp_path, {"lr": 1.0})
+    (tmp_path / "checkpoints" / "10").mkdir(parents=True)  # it holds a run
     engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "default"})
     with pytest.raises(ValueError, match="matmul_precision='default' there vs 'highest'"):
         engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "highest"})
