@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
 
     import json
 
-    from rhnzoo import cli
+    from rhnzoo.apps import cli
     from rhnzoo.training import sweep
 
     cli.define_run_flags(log_every=1, data=False)

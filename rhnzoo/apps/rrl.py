@@ -11,7 +11,7 @@ import pathlib
 import jax
 from absl import flags
 
-from rhnzoo import cli
+from rhnzoo.apps import cli
 from rhnzoo.training import rrl, sweep
 
 FLAGS = flags.FLAGS
