@@ -121,7 +121,7 @@ def main(argv: list[str]) -> None:
 
         def train(name: str, seed: int):
             def train(workdir):
-                if name == F.fail:
+                if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
                 task = make_task(F.lr, seed, F.slow_eval, announce=True)
                 config = {"lr": F.lr, "seed": seed, "epochs": F.epochs}
