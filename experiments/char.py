@@ -14,7 +14,8 @@ The data are downloaded on first use (enwik8.zip 36 MB, text8.zip 31 MB, PTB fro
 
 from absl import flags
 
-from rhnzoo import cli, data
+from rhnzoo import data
+from rhnzoo.apps import cli
 
 CHAR_SETS = [name for name in data.names("lm") if data.DATASETS[name].metric == "bpc"]
 

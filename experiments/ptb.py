@@ -10,7 +10,7 @@ same ``--workdir`` resumes; results land in ``<workdir>/results.json``.
 
 from absl import flags
 
-from rhnzoo import cli
+from rhnzoo.apps import cli
 
 cli.define_lm_flags(cli.PTB_SOTA, cli.PTB_PRESETS)  # --preset=small: a 2-core CPU, ~30 min
 flags.adopt_module_key_flags(cli)

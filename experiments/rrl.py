@@ -18,18 +18,18 @@ sharded over every process's devices; process 0 prints and writes the files).
 
 from absl import flags
 
-from rhnzoo import cli
-from rhnzoo.training import rrl_experiment, sweep
+from rhnzoo.apps import cli, rrl
+from rhnzoo.training import sweep
 
-rrl_experiment.define_flags()
+rrl.define_flags()
 flags.adopt_module_key_flags(cli)
-flags.adopt_module_key_flags(rrl_experiment)
+flags.adopt_module_key_flags(rrl)
 flags.adopt_module_key_flags(sweep)
 
 
 def main(argv):
     del argv
-    cli.main(rrl_experiment.experiment)
+    cli.main(rrl.experiment)
 
 
 if __name__ == "__main__":

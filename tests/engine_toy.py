@@ -133,7 +133,7 @@ def main(argv: list[str]) -> None:
 
     import json
 
-    from rhnzoo import cli
+    from rhnzoo.apps import cli
     from rhnzoo.training import sweep
 
     cli.define_run_flags(log_every=1, data=False)
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> None:
 
         def train(name: str, seed: int):
             def train(workdir):
-                if name == F.fail:
+                if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
                 task = make_task(F.lr, seed, F.slow_eval, announce=True)
                 config = {"lr": F.lr, "seed": seed, "epochs": F.epochs}

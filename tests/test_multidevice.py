@@ -93,6 +93,7 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo import cells
     from rhnzoo.models.classifier import SequenceClassifier
+    from rhnzoo.data import sequences
     from rhnzoo.models.highway import FeedForwardNet
     from rhnzoo.training import engine, highway as hw, rrl, sharding
     assert jax.device_count() == 8, jax.devices()
@@ -100,7 +101,7 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
 
     def seqs(n):  # ragged token sequences, so the length masks are exercised
         s = [rng.integers(1, 20, int(rng.integers(3, 12))).astype(np.int32) for _ in range(n)]
-        return rrl.Split(s, rng.integers(0, 3, n).astype(np.int32))
+        return sequences.Split(s, rng.integers(0, 3, n).astype(np.int32))
 
     def images(n):
         return rng.integers(0, 256, (n, 12)).astype(np.uint8), rng.integers(0, 3, n).astype(np.int32)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rhnzoo import cells, data, dropout
+from rhnzoo.data import sequences
 from rhnzoo.models import lm
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import lm as lm_training
@@ -101,7 +102,7 @@ def test_every_cell_trains_on_piano_rolls(name):
 def test_every_cell_trains_as_a_sequence_classifier(name):
     model = SequenceClassifier(build(name), num_classes=3, input_size=1)
     rng = np.random.default_rng(0)
-    split = rrl.Split([rng.uniform(size=(int(t), 1)).astype(np.float32) for t in (5, 8, 3, 6)],
+    split = sequences.Split([rng.uniform(size=(int(t), 1)).astype(np.float32) for t in (5, 8, 3, 6)],
                       np.array([0, 1, 2, 1], np.int32))  # fmt: skip
     task = rrl.make_task(model, split, split, split, rrl.TrainConfig(batch_size=2, max_len=8, buckets=1))
     state = task.init_state(jax.random.PRNGKey(0))

@@ -16,7 +16,7 @@ import pytest
 from helpers import write_random_mnist
 
 from rhnzoo import cells
-from rhnzoo.data import DataError
+from rhnzoo.data import DataError, sequences
 from rhnzoo.data.word2vec import load_word2vec
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import engine, rrl
@@ -36,7 +36,7 @@ def test_features_are_each_rows_output_at_its_last_real_step(cell):
     model = SequenceClassifier(cell, 3, 4, vocab_size=11)
     params = model.init(jax.random.PRNGKey(0))
     seqs = ragged(np.random.default_rng(0), 5, 11, 9) + [np.zeros(0, np.int32)]
-    split = rrl.Split(seqs, np.zeros(len(seqs), np.int32))
+    split = sequences.Split(seqs, np.zeros(len(seqs), np.int32))
     inputs, lengths, _, _ = rrl.pad(split, range(len(seqs)), len(seqs), 9)
     inputs[lengths == 0] = 7  # garbage in the padding must not matter
     got = model.features(params, jnp.asarray(inputs), jnp.asarray(lengths))
@@ -52,7 +52,7 @@ def test_features_are_each_rows_output_at_its_last_real_step(cell):
 
 def test_batches_cover_every_example_once_and_depend_only_on_seed_and_epoch():
     rng = np.random.default_rng(1)
-    split = rrl.Split(ragged(rng, 50, 20, 40), rng.integers(0, 2, 50).astype(np.int32))
+    split = sequences.Split(ragged(rng, 50, 20, 40), rng.integers(0, 2, 50).astype(np.int32))
     cfg = rrl.TrainConfig(batch_size=8, max_len=32, buckets=3)
     assert cfg.bucket_lengths() == (8, 16, 32)
     epoch0, again, epoch1 = (rrl.plan(split, cfg, (3, e)) for e in (0, 0, 1))
@@ -67,7 +67,7 @@ def test_batches_cover_every_example_once_and_depend_only_on_seed_and_epoch():
 
 
 def test_pad_keeps_the_last_or_first_steps():
-    split = rrl.Split([np.arange(1, 11, dtype=np.int32)], np.array([1], np.int32))
+    split = sequences.Split([np.arange(1, 11, dtype=np.int32)], np.array([1], np.int32))
     last, n, label, w = rrl.pad(split, [0, -1], 2, 4)
     first, *_ = rrl.pad(split, [0], 1, 4, keep="first")
     assert last[0].tolist() == [7, 8, 9, 10] and first[0].tolist() == [1, 2, 3, 4]
@@ -86,7 +86,7 @@ def test_the_task_learns_a_sequence_rule_on_the_engine():
         for s, y in zip(seqs, labels):
             if y:
                 s[int(rng.integers(len(s)))] = 2
-        return rrl.Split(seqs, labels)
+        return sequences.Split(seqs, labels)
 
     model = SequenceClassifier(cells.LSTM(16), 2, 8, vocab_size=8, init_scale=0.3)
     cfg = rrl.TrainConfig(batch_size=16, max_len=12, buckets=1, epochs=6)

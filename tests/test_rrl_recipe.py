@@ -14,7 +14,7 @@ import pytest
 from helpers import write_random_mnist
 
 from rhnzoo import cells
-from rhnzoo.data import word2vec
+from rhnzoo.data import sequences, word2vec
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import rrl
 
@@ -140,13 +140,13 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     docs, vocab = _topic_corpus(np.random.default_rng(1))
     train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
-    split = lambda ds: rrl.Split(ds, np.zeros(len(ds), np.int32))
-    data = rrl.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
+    split = lambda ds: sequences.Split(ds, np.zeros(len(ds), np.int32))
+    data = sequences.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
     config = {"embeddings": "word2vec", "embed_size": 6, "dataset": "toy"}
     vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
     assert found[2:20].all() and not found[20:].any()
     assert rrl.embeddings_for({**config, "embeddings": "random"}, data) is None
-    pixels = rrl.Dataset(*(split([np.zeros((3, 1), np.float32)]),) * 3, 10, None, 1)
+    pixels = sequences.Dataset(*(split([np.zeros((3, 1), np.float32)]),) * 3, 10, None, 1)
     assert rrl.embeddings_for(config, pixels) is None
 
 
@@ -167,8 +167,8 @@ def test_every_study_setting_is_a_valid_config():
 
 
 def test_subset_is_a_fixed_sample_of_the_training_split():
-    split = rrl.Split([np.full(2, i, np.int32) for i in range(50)], np.arange(50) % 2)
-    data = rrl.Dataset(split, split, split, 2, ("<pad>", "<unk>"), None)
+    split = sequences.Split([np.full(2, i, np.int32) for i in range(50)], np.arange(50) % 2)
+    data = sequences.Dataset(split, split, split, 2, ("<pad>", "<unk>"), None)
     a, b = rrl.subset(data, 20), rrl.subset(data, 20)
     assert len(a.train.labels) == 20 and a.dev is data.dev
     assert [x[0] for x in a.train.inputs] == [x[0] for x in b.train.inputs]

@@ -37,7 +37,7 @@ import numpy as np
 
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult
-from rhnzoo.models.highway import FeedForwardNet
+from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
 from rhnzoo.training import classify, engine
 from rhnzoo.training import highway as hw_training
 
@@ -45,20 +45,16 @@ Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
 
-__all__ = ["NET_KEYS", "net_from_config", "load_highway_run", "GateStats", "gate_statistics",
+__all__ = ["net_from_config", "load_highway_run", "GateStats", "gate_statistics",
            "highway_lesion_params", "highway_lesions", "activation_statistics",
            "gradient_norms", "plain_diagnostics", "sweep_table", "sweep_report"]  # fmt: skip
-
-# config.json keys that define the net (FeedForwardNet's fields).
-NET_KEYS = ("kind", "depth", "width", "input_size", "num_classes", "activation", "kernel_init",
-            "transform_bias")  # fmt: skip
-
 
 # ----------------------------------------------------------------------------- runs
 
 
 def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
-    """The :class:`FeedForwardNet` of a run's ``config.json`` (keys :data:`NET_KEYS`).
+    """The :class:`FeedForwardNet` of a run's ``config.json`` (keys
+    :data:`rhnzoo.models.highway.NET_KEYS`).
 
     Raises:
       ValueError: if a key is missing or a value is invalid.

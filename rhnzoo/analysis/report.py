@@ -134,8 +134,8 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
                       else data.DATASETS[config["dataset"]].input_size)  # fmt: skip
         kc = jax.random.split(jax.random.split(jax.random.PRNGKey(seed))[0], 3)[1]
         init_cell = cell.init(kc, input_size)
-        dataset = rrl.load_dataset(config["dataset"], data_dir=_data_dir(config, opts),
-                                   download=False, verify=opts.verify)  # fmt: skip
+        dataset = data.load_dataset(config["dataset"], data_dir=_data_dir(config, opts),
+                                    download=False, verify=opts.verify)  # fmt: skip
         split = {"valid": dataset.dev, "train": dataset.train, "test": dataset.test}[opts.split]
         seq = np.asarray(split.inputs[0])[:length]
         if "embed" in trained:  # the trained embedding feeds both cells

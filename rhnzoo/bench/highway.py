@@ -48,7 +48,8 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from rhnzoo import cli, precision
+from rhnzoo import precision
+from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.training import classify

@@ -78,7 +78,8 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import cli, data, dropout, precision
+from rhnzoo import data, dropout, precision
+from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, matmul_peak, ratios
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train

@@ -50,7 +50,8 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import cells, cli, precision
+from rhnzoo import cells, precision
+from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 

@@ -82,7 +82,7 @@ if __name__ == "__main__":
                                " --xla_cpu_enable_xprof_traceme=true").strip()  # fmt: skip
     from absl import app, flags
 
-    from rhnzoo import cli
+    from rhnzoo.apps import cli
 
     cli.define_precision_flag()
     flags.adopt_module_key_flags(cli)

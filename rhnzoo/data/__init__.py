@@ -5,7 +5,9 @@ cache, downloads from the standard source when the files are absent, checks
 sha256 sums, and otherwise fails with one line naming the missing files.
 
 :mod:`rhnzoo.data.registry` names every set (``DATASETS``: loader, files, sha256, task,
-metric, sizes); ``load(name)`` and ``ensure_files(name)`` go through it.
+metric, sizes); ``load(name)``, ``load_dataset(name)`` (the sequence classifier's sets
+with their dev split, :mod:`rhnzoo.data.sequences`) and ``ensure_files(name)`` go
+through it.
 """
 
 from rhnzoo.data.char import load_enwik8, load_ptb_char, load_text8
@@ -28,7 +30,7 @@ from rhnzoo.data.images import (
     pixel_sequences,
 )
 from rhnzoo.data.music import load_jsb
-from rhnzoo.data.registry import DATASETS, DataSet, ensure_files, load, names
+from rhnzoo.data.registry import DATASETS, DataSet, ensure_files, load, load_dataset, names
 from rhnzoo.data.ptb import EOS, PTB_SHA256, PTB_URL, load_ptb
 from rhnzoo.data.text import (
     TextData,
@@ -46,6 +48,7 @@ __all__ = [
     "DATASETS",
     "DataSet",
     "load",
+    "load_dataset",
     "names",
     "EOS",
     "PMNIST_PERMUTATION_SEED",

@@ -4,6 +4,7 @@
     data.DATASETS["ptb"].task                 # 'lm'
     corpus = data.load("ptb")                 # = data.load_ptb()
     directory = data.ensure_files("mnist")    # finds / downloads / checks the files
+    imdb = data.load_dataset("imdb")          # train / dev / test sequences, vocab
 
 ``ensure_files(name, data_dir=None)`` resolves the set's own directory (``--data_dir``,
 else ``$RHNZOO_DATA/<dir>``, else the user cache), downloads what is missing and checks
@@ -13,7 +14,8 @@ Tasks (:attr:`DataSet.task`): ``'lm'`` (a :class:`~rhnzoo.data.Corpus` of token 
 ``metric`` ``'ppl'`` for words, ``'bpc'`` for characters), ``'polyphonic'`` (JSB piano
 rolls), ``'images'`` (:class:`~rhnzoo.data.ImageData`; ``input_size``, ``num_classes``
 for a feed-forward net) and ``'sequences'`` (labelled sequences for the sequence
-classifier; :func:`rhnzoo.training.rrl.load_dataset` adds the dev split).
+classifier; :func:`load_dataset` gives any of them as a
+:class:`~rhnzoo.data.sequences.Dataset` with its dev split).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rhnzoo.data import char, common, images, music, ptb, text
+from rhnzoo.data import char, common, images, music, ptb, sequences, text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +69,6 @@ def _zip(url: str, sha: Mapping[str, str]) -> tuple[Callable, str]:
     return char._download_zip_member(url, member), f"{member} is the member of {url} (unzip it there)"
 
 
-def _pmnist(data_dir=None, **kwargs):
-    from rhnzoo.training import rrl
-
-    return rrl.load_dataset("pmnist", data_dir=data_dir, **kwargs)
-
-
 DATASETS: dict[str, DataSet] = {
     d.name: d
     for d in (
@@ -94,7 +90,7 @@ DATASETS: dict[str, DataSet] = {
                 images._download_cifar100,
                 f"it is {images.CIFAR100_URL} (keep the .tar.gz, do not extract it)",
                 "accuracy", 3072, 100),
-        DataSet("pmnist", "sequences", _pmnist, "mnist", images.MNIST_SHA256,
+        DataSet("pmnist", "sequences", sequences.load_pmnist, "mnist", images.MNIST_SHA256,
                 images._download_mnist, f"they are at {images.MNIST_MIRRORS[0]}<file>",
                 "accuracy", 1, 10),
         DataSet("imdb", "sequences", text.load_imdb, "imdb", text.IMDB_SHA256,
@@ -131,6 +127,36 @@ def load(name: str, data_dir: str | os.PathLike | None = None, *, download: bool
          verify: bool = True, **options: Any) -> Any:  # fmt: skip
     """Loads data set ``name`` with its loader (``options``: the loader's own)."""
     return get(name).load(data_dir, download=download, verify=verify, **options)
+
+
+def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None, download: bool = True,
+                 verify: bool = True, source: str = "files", coverage: float = 0.95,
+                 dev_fraction: float = 0.15, dev_seed: int = 0,
+                 permute: bool = True) -> sequences.Dataset:  # fmt: skip
+    """A set of the ``'sequences'`` task (IMDB, P-MNIST, AG News, 20NG) with the paper's
+    15 % dev split of the training set (:mod:`rhnzoo.data.sequences`).
+
+    Text sets are tokenised by :func:`rhnzoo.data.text.tokenize` with a vocabulary of
+    the most frequent training words covering ``coverage`` of the training tokens
+    (built without the dev documents); P-MNIST is MNIST as 784 pixel steps in [0, 1]
+    under the fixed permutation of :func:`rhnzoo.data.images.pixel_sequences`
+    (``permute=False``: sequential MNIST). ``source='tfds'`` reads TensorFlow Datasets
+    (``imdb_reviews``, ``ag_news_subset``, ``mnist``) instead of the original files.
+
+    Raises:
+      ValueError: an unknown name or source (20NG has no TFDS version).
+      rhnzoo.data.DataError: missing or corrupt files.
+    """
+    get(name, task="sequences")  # one line for an unknown name
+    sequences.check_source(source)
+    if name == "pmnist":
+        return sequences.load_pmnist(data_dir, download=download, verify=verify, source=source,
+                                     permute=permute, dev_fraction=dev_fraction,
+                                     dev_seed=dev_seed)  # fmt: skip
+    opts = dict(coverage=coverage, dev_fraction=dev_fraction, dev_seed=dev_seed)
+    data = (sequences.load_tfds_text(name, data_dir, **opts) if source == "tfds" else
+            load(name, data_dir, download=download, verify=verify, **opts))  # fmt: skip
+    return sequences.from_text(data, dev_fraction, dev_seed)
 
 
 def ensure_files(name: str, data_dir: str | os.PathLike | None = None, *,

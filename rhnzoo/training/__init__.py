@@ -9,7 +9,11 @@
 * :mod:`rhnzoo.training.polyphonic`: piano-roll models (JSB Chorales).
 * :mod:`rhnzoo.training.highway`: feed-forward highway / plain nets (MNIST, CIFAR-100).
 * :mod:`rhnzoo.training.rrl`: sequence classification (IMDB, P-MNIST, AG News, 20NG).
-  :mod:`rhnzoo.training.rrl_experiment`: ``experiments/rrl.py``'s flags and body.
 * :mod:`rhnzoo.training.classify`: batches, cross-entropy sums and evaluation shared by
   the two classification tasks.
+* :mod:`rhnzoo.training.sweep`: the multi-run runner (runs in turn or in child
+  processes, ``--jobs`` / ``--seeds``) and its markdown tables.
+* :mod:`rhnzoo.training.signals`: SIGTERM / SIGINT as a clean stop.
+
+The experiments' flags and bodies are above this package, in :mod:`rhnzoo.apps`.
 """

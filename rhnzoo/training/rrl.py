@@ -2,7 +2,8 @@
 
 * Data: sequences (token-id arrays of any length, or float feature rows for P-MNIST)
   with integer labels, split into train / dev (15 % of the training set, fixed seed;
-  model selection and early stopping) / test (reported at the best dev epoch).
+  model selection and early stopping) / test (reported at the best dev epoch):
+  :class:`rhnzoo.data.sequences.Dataset`, from :func:`rhnzoo.data.load_dataset`.
 * Batches: every sequence is cut to ``max_len`` steps (by default its *last* ones:
   with a final-state readout the end of a review carries its verdict; Keras'
   ``pad_sequences`` truncates the same way) and goes to the smallest of a few fixed padded lengths (``buckets``) that
@@ -30,26 +31,11 @@ import numpy as np
 import optax
 
 from rhnzoo import dropout
+from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import classify, engine, sharding
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Split:
-    """Labelled sequences: ``inputs[i]`` is ``[T_i]`` int32 token ids or ``[T_i, m]``
-    float32 features; ``labels [N] int32``."""
-
-    inputs: Sequence[np.ndarray]
-    labels: np.ndarray
-
-    def __post_init__(self):
-        if len(self.inputs) != len(self.labels):
-            raise ValueError(f"{len(self.inputs)} sequences but {len(self.labels)} labels")
-
-    def subset(self, index: np.ndarray) -> Split:
-        return Split([self.inputs[i] for i in index], np.asarray(self.labels)[index])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,61 +256,6 @@ def make_cell(name: str, hidden: int, hybrid_hidden: int, *, rrn_depth: int = 2,
 
 
 DATASETS = ("imdb", "pmnist", "agnews", "20ng")  # = rhnzoo.data.names("sequences")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Dataset:
-    """Train / dev / test splits with what the model needs to know about them."""
-
-    train: Split
-    dev: Split
-    test: Split
-    num_classes: int
-    vocab: tuple[str, ...] | None  # None: float features (P-MNIST)
-    input_size: int | None  # features per step for float inputs
-
-
-def load_dataset(name: str, *, data_dir=None, download: bool = True, verify: bool = True,
-                 source: str = "files", coverage: float = 0.95, dev_fraction: float = 0.15,
-                 dev_seed: int = 0, permute: bool = True) -> Dataset:  # fmt: skip
-    """One of :data:`DATASETS`, with the paper's 15 % dev split of the training set.
-
-    Text sets are tokenised by :func:`rhnzoo.data.text.tokenize` with a vocabulary of
-    the most frequent training words covering ``coverage`` of the training tokens
-    (built without the dev documents); P-MNIST is MNIST as 784 pixel steps in [0, 1]
-    under the fixed permutation of :func:`rhnzoo.data.images.pixel_sequences`
-    (``permute=False``: sequential MNIST). ``source='tfds'`` reads TensorFlow Datasets
-    (``imdb_reviews``, ``ag_news_subset``, ``mnist``) instead of the original files.
-
-    Raises:
-      ValueError: an unknown name or source (20NG has no TFDS version).
-      rhnzoo.data.DataError: missing or corrupt files.
-    """
-    from rhnzoo.data import images, registry, text
-
-    registry.get(name, task="sequences")  # one line for an unknown name
-    if source not in ("files", "tfds"):
-        raise ValueError(f"--data_source must be 'files' or 'tfds', got {source!r}")
-    if name == "pmnist":
-        data = (images.load_tfds_images("mnist", data_dir) if source == "tfds" else
-                images.load_mnist(data_dir, download=download, verify=verify))  # fmt: skip
-        to_steps = lambda x: images.pixel_sequences(x, permute=permute)[..., None]
-        train_all = Split(to_steps(data.train_images), data.train_labels)
-        test, vocab, classes = Split(to_steps(data.test_images), data.test_labels), None, 10
-    else:
-        opts = dict(coverage=coverage, dev_fraction=dev_fraction, dev_seed=dev_seed)
-        if source == "tfds":
-            tfds_name = {"imdb": "imdb_reviews", "agnews": "ag_news_subset"}.get(name)
-            if tfds_name is None:
-                raise ValueError(f"{name} is not in TensorFlow Datasets; use --data_source=files")
-            data = text.load_tfds_text(tfds_name, data_dir, **opts)
-        else:
-            data = registry.load(name, data_dir, download=download, verify=verify, **opts)
-        train_all = Split(data.train, data.train_labels)
-        test, vocab, classes = Split(data.test, data.test_labels), data.vocab, data.num_classes
-    keep, held_out = text.dev_split(len(train_all.labels), dev_fraction, dev_seed)
-    return Dataset(train_all.subset(keep), train_all.subset(held_out), test, classes, vocab,
-                   None if vocab is not None else 1)  # fmt: skip
 
 
 # ------------------------------------------------------- experiments from one config dict

@@ -1,7 +1,7 @@
 """SIGTERM / SIGINT for the run engine: a signal asks the run to stop, a second one exits.
 
-:func:`catch_signals` is the first thing every experiment does (``rhnzoo.cli.main``), so
-a signal during start-up is remembered and honoured as soon as the engine can save;
+:func:`catch_signals` is the first thing every experiment does (``rhnzoo.apps.cli.main``),
+so a signal during start-up is remembered and honoured as soon as the engine can save;
 :func:`track` checks for one between the items of a long evaluation; the engine raises
 :class:`Interrupted` after saving.
 """

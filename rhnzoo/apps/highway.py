@@ -1,6 +1,7 @@
-"""``experiments/highway.py``'s body: one highway or plain net, or the depth sweep on the
-multi-run runner, with its table and figures (Srivastava et al. 2015; the ECBM4040
-reproduction). ``F`` holds the script's flags (attribute access: ``F.depth``...).
+"""``experiments/highway.py``'s flags and body: one highway or plain net, or the depth
+sweep on the multi-run runner, with its table and figures (Srivastava et al. 2015; the
+ECBM4040 reproduction). :func:`train_and_evaluate` reads the flags through ``F``
+(attribute access: ``F.depth``...).
 """
 
 from __future__ import annotations
@@ -9,14 +10,80 @@ import os
 import pathlib
 import platform
 import time
+import types
 
-from rhnzoo import data
-from rhnzoo.cli import DATA_FLAGS, RUN_FLAGS
+from absl import flags
 
+from rhnzoo import data, precision
+from rhnzoo.apps import cli
+from rhnzoo.apps.cli import DATA_FLAGS, RUN_FLAGS
+from rhnzoo.training import sweep
+
+FLAGS = flags.FLAGS
+DATASETS = data.names("images")  # mnist, cifar100 (rhnzoo.data registry: sizes, loader)
+PRESETS = {
+    # The whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in about
+    # 35 minutes (36.1 measured, shared cores); measured results in BUILD_NOTES.md.
+    # T bias -4 as for the papers' depth curves; the plain rates are the reproduction's.
+    "cpu": dict(epochs=120, transform_bias=-4.0,
+                plain_lrs=["10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"]),
+}  # fmt: skip
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}
 TRAIN_FLAGS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
                "batch_size", "eval_batch_size", "epochs", "valid_size")  # fmt: skip
 CONFIG_KEYS = TRAIN_FLAGS + RUN_FLAGS + DATA_FLAGS  # config.json besides the net
+
+
+def define_flags() -> None:
+    """Defines the script's flags (call once, at import of the script)."""
+    cli.define_presets(PRESETS)
+    cli.define_run_flags()
+    flags.DEFINE_enum("kind", "highway", ["highway", "plain"], "Net.")
+    flags.DEFINE_integer("depth", 10, "Hidden layers in all (>= 2): the first plain layer and "
+                         "depth - 1 highway or plain layers.")
+    flags.DEFINE_integer("width", None, "Units per layer (default 50 for highway, 71 for "
+                         "plain).")
+    flags.DEFINE_enum("dataset", "mnist", list(DATASETS), "Data set.")
+    flags.DEFINE_enum("data_source", "files", ["files", "tfds"], "The original idx / python "
+                      "pickle files, or TensorFlow Datasets (pip install 'rhnzoo[tfds]').")
+    flags.DEFINE_enum("activation", "tanh", ["tanh", "relu", "sigmoid"], "H and plain-layer "
+                      "nonlinearity.")
+    flags.DEFINE_enum("init", "glorot_uniform", ["glorot_uniform", "he_normal"], "Weight "
+                      "initialisation.")
+    flags.DEFINE_float("transform_bias", -4.0, "Initial transform-gate bias b_T (papers: -1 "
+                       "to -10; -2 for the MNIST heatmaps, -4 for the depth curves).")
+    flags.DEFINE_float("lr", None, "Initial learning rate (default: 0.1 for highway nets, "
+                       "--plain_lrs at the depth for plain nets).")
+    flags.DEFINE_list("plain_lrs", ["10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"],
+                      "depth:rate pairs, the plain nets' learning rates when --lr is not given.")
+    flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
+    flags.DEFINE_float("lr_decay_rate", 0.96, "Learning-rate factor every --lr_decay_steps.")
+    flags.DEFINE_integer("lr_decay_steps", 100_000, "Steps between learning-rate decays.")
+    flags.DEFINE_integer("batch_size", 128, "Images per SGD step.")
+    flags.DEFINE_integer("eval_batch_size", 1000, "Images per evaluation call.")
+    flags.DEFINE_integer("epochs", 400, "Training epochs (the papers: 400).")
+    flags.DEFINE_integer("valid_size", 10000, "Last training images held out for validation.")
+    flags.DEFINE_boolean("sweep", False, "Train every --depths x (plain, highway), then write "
+                         "the table and figures.")
+    flags.DEFINE_list("depths", ["10", "20", "50", "100"], "Depths of --sweep.")
+    flags.DEFINE_boolean("analyze", True, "After training a highway net, write its gate "
+                         "heatmaps and lesioning figure.")
+    flags.DEFINE_integer("heatmap_examples", 10000, "Training images averaged in the mean-T "
+                         "heatmap.")
+    flags.DEFINE_integer("lesion_examples", 10000, "Training images of the lesioning study.")
+    flags.DEFINE_integer("diagnostics_depth", 50, "Depth of the plain nets of the sweep's "
+                         "activation / gradient diagnostics (0: skip).")
+    sweep.define_flags()
+
+
+def experiment() -> None:
+    """The script's body: :func:`train_and_evaluate` with every flag, at
+    ``--matmul_precision`` (the figures' evaluations too)."""
+    cli.apply_preset()
+    jobs, seeds = sweep.from_flags()
+    F = types.SimpleNamespace(**{name: FLAGS[name].value for name in FLAGS})  # every flag
+    with precision.context(FLAGS.matmul_precision):
+        train_and_evaluate(F, cli.run_config(FLAGS.epochs), jobs, seeds)
 
 
 def _plain_lrs(F) -> dict[int, float]:
@@ -47,9 +114,12 @@ def _load(F, dataset: str):
     return data.load(dataset, F.data_dir, download=F.download, verify=F.verify_data)
 
 
-def experiment(F, run_cfg, jobs=None, seeds: int = 1) -> None:
-    """``jobs`` (:class:`rhnzoo.training.sweep.Jobs`) and ``seeds``: the sweep's
-    (``--jobs``, ``--seeds``); a single net takes neither."""
+def train_and_evaluate(F, run_cfg, jobs=None, seeds: int = 1) -> None:
+    """Trains one net (``F.kind``, ``F.depth``; a highway net's figures after it) or, with
+    ``F.sweep``, every ``F.depths`` x (plain, highway) and the sweep's table and figures.
+    ``jobs`` (:class:`rhnzoo.training.sweep.Jobs`) and ``seeds``: the sweep's (``--jobs``,
+    ``--seeds``); a single net takes neither. Raises ValueError for a bad setting, before
+    the data are read."""
     from rhnzoo.models.highway import FeedForwardNet
     from rhnzoo.training import classify
     from rhnzoo.training import highway as hw
@@ -97,7 +167,7 @@ def experiment(F, run_cfg, jobs=None, seeds: int = 1) -> None:
 
 
 def _config(F, net, cfg) -> dict:
-    from rhnzoo.analysis.highway import NET_KEYS
+    from rhnzoo.models.highway import NET_KEYS
 
     return {**{k: getattr(net, k) for k in NET_KEYS}, "lr": cfg.lr,
             **{name: getattr(F, name) for name in CONFIG_KEYS},
@@ -125,7 +195,6 @@ def _sweep(F, root: pathlib.Path, runs, splits, run_cfg, jobs, seeds: int) -> No
 
     from rhnzoo.analysis import highway as analysis
     from rhnzoo.training import highway as hw
-    from rhnzoo.training import sweep
 
     start = time.time()
     plan = [hw.SweepRun(net, cfg, root / sweep.seed_name(f"{net.kind}_d{net.depth}", k),

@@ -11,7 +11,8 @@ import pathlib
 import jax
 from absl import flags
 
-from rhnzoo import cli
+from rhnzoo import data
+from rhnzoo.apps import cli
 from rhnzoo.training import rrl, sweep
 
 FLAGS = flags.FLAGS
@@ -110,9 +111,9 @@ def experiment() -> None:
 
 
 @functools.cache
-def _dataset() -> rrl.Dataset:
+def _dataset() -> data.sequences.Dataset:
     """The data set, loaded once (and only when a run trains)."""
-    return rrl.load_dataset(
+    return data.load_dataset(
         FLAGS.dataset, data_dir=FLAGS.data_dir, download=FLAGS.download,
         verify=FLAGS.verify_data, source=FLAGS.data_source, coverage=FLAGS.coverage,
         dev_seed=FLAGS.dev_seed, permute=FLAGS.permute)  # fmt: skip

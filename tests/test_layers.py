@@ -1,0 +1,88 @@
+"""The package's layers: no import runs upward, and no two modules import each other.
+
+Every ``import`` of ``rhnzoo`` in every module counts, those inside functions too (a
+deferred import is still a dependency). Layers, bottom to top: the building blocks
+(cells, data, dropout, precision), models, training, analysis, the applications
+(``rhnzoo/apps``: each paper's flags and body), the benchmarks; ``experiments/*.py``
+stand on top.
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAYERS = (
+    ("cells", "data", "dropout", "precision"),
+    ("models", "nnx"),
+    ("training",),
+    ("analysis",),
+    ("apps",),
+    ("bench",),
+)
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: pathlib.Path) -> set[str]:
+    """The rhnzoo modules (or packages) that ``path`` imports, anywhere in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("rhnzoo.")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rhnzoo"):
+            for a in node.names:  # ``from rhnzoo.data import text``: the module text
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if is_module(sub) else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in sorted((ROOT / "rhnzoo").rglob("*.py"))}
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return RANK.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {module.split(".")[1] for module in graph() if "." in module}
+    assert parts == set(RANK), "give a new part of rhnzoo its layer in LAYERS"
+
+
+def test_no_import_runs_upward():
+    upward = [f"{a} -> {b}" for a, targets in graph().items() for b in sorted(targets)
+              if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]  # fmt: skip
+    assert not upward, upward
+
+
+def test_no_module_imports_itself_through_others():
+    # A package's __init__ only hands names on; edges into it would tie every submodule
+    # that imports a sibling through it into a false circle.
+    edges = {a: {b for b in targets if b != a and is_module(b)
+                 and not (ROOT.joinpath(*b.split(".")) / "__init__.py").is_file()}
+             for a, targets in graph().items()}  # fmt: skip
+    state, circles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, circles
