@@ -27,9 +27,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 def main() -> None:
     from absl import flags
 
-    from rhnzoo import cli
+    from rhnzoo.apps import cli
+    from rhnzoo.apps import rrl as rrl_experiment
     from rhnzoo.models.classifier import SequenceClassifier
-    from rhnzoo.training import engine, rrl, rrl_experiment
+    from rhnzoo.training import engine, rrl
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=250)
