@@ -55,6 +55,12 @@ def same(a, b) -> bool:
         return False
 
 
+def checkpoint_steps(workdir) -> list[int]:
+    """The steps of the checkpoints in ``workdir`` (not a save's temporary directory)."""
+    found = (workdir / "checkpoints").glob("*")
+    return sorted(int(p.name) for p in found if p.name.isdigit())
+
+
 def start(args, **kw):
     return subprocess.Popen(PTB + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, **kw)  # fmt: skip
@@ -120,7 +126,7 @@ def main() -> None:
         alive = proc.poll() is None
         proc.kill()
         proc.communicate()
-        step = max([int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*")] or [0])
+        step = max(checkpoint_steps(workdir) or [0])
         record(trial="kill -9", moment=f"{kind} {target}", killed_while_running=alive,
                newest_checkpoint=step)  # fmt: skip
     done = finish(run_args + [f"--workdir={workdir}"])
@@ -131,7 +137,8 @@ def main() -> None:
     for damage in ("truncate a data file", "delete _METADATA", "delete ocdbt.process_0"):
         workdir = out / f"corrupt_{damage.split()[0]}_{damage.split()[-1]}"
         shutil.copytree(out / "ref", workdir)
-        newest = max(int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*"))
+        (workdir / "results.json").unlink()  # else the rerun is "already finished", reads nothing
+        newest = max(checkpoint_steps(workdir))
         bad = workdir / "checkpoints" / str(newest) / "default"
         if damage.startswith("truncate"):
             data = max((bad / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
@@ -166,7 +173,7 @@ def main() -> None:
         record(trial=f"SIGTERM in {phase}", rc=proc.returncode,
                seconds_to_exit=round(time.time() - t, 2), last_line=stdout.strip().splitlines()[-1],
                stderr_lines=len(stderr.strip().splitlines()),
-               saved=sorted(int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*")))  # fmt: skip
+               saved=checkpoint_steps(workdir))  # fmt: skip
 
     # A disk that fills up.
     tiny = out / "tiny_disk"
