@@ -148,13 +148,13 @@ def main(argv: list[str]) -> None:
         F = flags.FLAGS
 
         def train(name: str, seed: int):
-            def train(workdir):
+            def train(workdir, on_divergence="raise"):
                 if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
                 task = make_task(F.lr, seed, F.slow_eval, announce=True)
                 config = {"lr": F.lr, "seed": seed, "epochs": F.epochs}
                 return engine.run(task, cli.run_config(F.epochs, seed=seed), workdir,
-                                  config).results  # fmt: skip
+                                  config, on_divergence=on_divergence).results  # fmt: skip
 
             return train
 

@@ -21,7 +21,8 @@ from rhnzoo.training import engine, sweep
 
 def toy_runs(task, epochs=2):
     cfg = engine.RunConfig(epochs=epochs, progress=False, log_every=100)
-    train = lambda workdir: engine.run(task, cfg, workdir, {"toy": 1}, log=None).results
+    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, {"toy": 1}, log=None,
+                                                      on_divergence=on_divergence).results
     return [sweep.Run(name, {"toy": 1}, train) for name in ("a", "b")]
 
 

@@ -244,7 +244,7 @@ def train_all(configs: Sequence[tuple[str, dict[str, Any]]], root: pathlib.Path,
     corpus = corpus_loader()
 
     def trainer(name, experiment):
-        def train(workdir):
+        def train(workdir, on_divergence):
             try:
                 return experiment.train(corpus, log=log)
             except engine.TrainingDiverged as e:
@@ -254,5 +254,6 @@ def train_all(configs: Sequence[tuple[str, dict[str, Any]]], root: pathlib.Path,
         return train
 
     done = sweep.run_all([sweep.Run(name, config, trainer(name, exp))
-                          for name, config, exp in plan], root, log=log, jobs=jobs)  # fmt: skip
+                          for name, config, exp in plan], root, log=log, jobs=jobs,
+                         on_divergence="raise")  # fmt: skip
     return [name for name, results in done.items() if results is None]

@@ -49,28 +49,22 @@ def xent_sums(logits: Array, labels: Array, weights: Array | None = None) -> dic
     return {"loss": jnp.sum(ce * w), "count": jnp.sum(w), "correct": jnp.sum(hit * w)}
 
 
-def make_train_step(forward: Callable[[Any, Any, Array], tuple], tx: optax.GradientTransformation):
-    """The engine's ``train_step`` of a classifier (highway nets, sequence classifiers).
+def xent_loss(forward: Callable[[Any, Any, Array], tuple]):
+    """A classifier's loss for :func:`rhnzoo.training.step.make_train_step`: the batch's
+    mean cross-entropy (highway nets, sequence classifiers).
 
     ``forward(params, batch, key) -> (logits [B, C], labels [B], weights [B] or None,
     extra)``: the model on the batch (``key`` for its dropout), and ``extra`` a dict of
-    sums to report beside :func:`xent_sums` (e.g. the tokens read). The update is on the
-    batch's mean cross-entropy; state ``{'params', 'opt_state'}``; the returned sums are
-    those before the update.
+    sums to report beside :func:`xent_sums` (e.g. the tokens read). Returns
+    ``loss_fn(params, batch, key, carry) -> (mean CE, (sums, carry))``.
     """
 
-    def train_step(state, batch, key):
-        def loss_fn(params):
-            logits, labels, weights, extra = forward(params, batch, key)
-            sums = xent_sums(logits, labels, weights)
-            return sums["loss"] / jnp.maximum(sums["count"], 1.0), (sums, extra)
+    def loss_fn(params, batch, key, carry):
+        logits, labels, weights, extra = forward(params, batch, key)
+        sums = xent_sums(logits, labels, weights)
+        return sums["loss"] / jnp.maximum(sums["count"], 1.0), ({**sums, **extra}, carry)
 
-        grads, (sums, extra) = jax.grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-        return state, {**sums, **extra}
-
-    return train_step
+    return loss_fn
 
 
 def train_metrics(sums) -> dict[str, float]:

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from rhnzoo.models.highway import FeedForwardNet
-from rhnzoo.training import classify, engine, sharding
+from rhnzoo.training import classify, engine, sharding, step
 
 Array = jax.Array
 Params = Any
@@ -128,7 +128,7 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
         images, labels, idx = batch
         return net.apply(params, inputs(images[idx])), labels[idx], None, {}
 
-    return classify.make_train_step(forward, tx)
+    return step.make_train_step(classify.xent_loss(forward), tx)
 
 
 @functools.lru_cache(maxsize=16)
@@ -272,8 +272,8 @@ def sweep(
 
     def trainer(r: SweepRun):
         cfg = run if r.seed is None else dataclasses.replace(run, seed=r.seed)
-        return lambda workdir: train(r.net, splits, r.cfg, cfg, workdir, r.config,
-                                     on_divergence="stop", log=log).results  # fmt: skip
+        return lambda workdir, on_divergence: train(r.net, splits, r.cfg, cfg, workdir, r.config,
+                                                    on_divergence=on_divergence, log=log).results  # fmt: skip
 
     plan = [runner.Run(pathlib.Path(r.workdir).name, r.config, trainer(r)) for r in runs]
     runner.run_all(plan, root, log=log, jobs=jobs)

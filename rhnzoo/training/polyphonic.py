@@ -390,7 +390,8 @@ def study(data: dict, root, archs, depths, *, trials: int, width: int, epochs: i
     finished = [0]
 
     def trial_fn(arch, depth, trial, hp):
-        def compute():
+        def compute(on_divergence):
+            del on_divergence  # a trial always stops on divergence (the runner's default)
             n = sizes[arch, depth]["hidden"]
             # The static model uses fixed init settings so that every trial reuses one
             # compiled step; the trial's init_scale / init_bias only shape the params.

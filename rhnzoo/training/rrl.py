@@ -33,7 +33,7 @@ import optax
 from rhnzoo import dropout
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine, sharding
+from rhnzoo.training import classify, engine, sharding, step
 
 Array = jax.Array
 
@@ -184,7 +184,7 @@ def make_task(
         logits = model.logits(params, inputs, lengths, key)
         return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
 
-    train_step = classify.make_train_step(forward, tx)
+    train_step = step.make_train_step(classify.xent_loss(forward), tx)
 
     @functools.lru_cache(maxsize=2)
     def epoch_plan(epoch):
@@ -535,8 +535,9 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
               for (name, c), model in zip(configs.items(), models)
               for k in range(seeds)]  # fmt: skip
     runs = [sweep.Run(name, {"model": model, **c},
-                      lambda wd, model=model, c=c: train_model(model, c, load(), run_config(c),
-                                                               wd, on_divergence=stop, log=say))
+                      lambda wd, on_divergence, model=model, c=c: train_model(
+                          model, c, load(), run_config(c), wd, on_divergence=on_divergence,
+                          log=say))
             for name, c, model in seeded]  # fmt: skip
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
@@ -544,7 +545,7 @@ def run_experiment(base, root, models: Sequence[str], *, study: str | None, tabl
             for c in {(c["embeddings"], c["embed_size"], c.get("subset")): c
                       for _, c, _ in seeded}.values():  # fmt: skip
                 embeddings_for(c, subset(dataset, c.get("subset")), say)
-        sweep.run_all(runs, root, log=say, jobs=jobs)
+        sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence=stop)
     if not several:
         return None
     text = (study_table(root, list(configs), f"{models[0]} {title}", seeds) if study

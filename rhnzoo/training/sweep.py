@@ -54,12 +54,14 @@ class Run:
     Attributes:
       name: the workdir's name under the sweep's root (a path component, no ``/``).
       config: the run's settings as written to ``config.json``.
-      train: ``train(workdir) -> results`` (``results.json``'s content).
+      train: ``train(workdir, on_divergence) -> results`` (``results.json``'s content);
+        ``on_divergence`` is the runner's policy, passed on to
+        :func:`rhnzoo.training.engine.run`.
     """
 
     name: str
     config: Mapping[str, Any]
-    train: Callable[[pathlib.Path], Mapping[str, Any] | None]
+    train: Callable[[pathlib.Path, str], Mapping[str, Any] | None]
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -102,10 +104,16 @@ class Jobs:
 
 def run_all(
     runs: Sequence[Run], root: PathLike, *, log: Callable[[str], None] | None = print,
-    resumable_keys=engine.RESUMABLE_KEYS, jobs: Jobs | None = None,
+    resumable_keys=engine.RESUMABLE_KEYS, jobs: Jobs | None = None, on_divergence: str = "stop",
 ) -> dict[str, Mapping[str, Any] | None]:  # fmt: skip
     """Trains ``runs``, each in ``root/<name>``: one after another in this process, or
     side by side in child processes (``jobs``, see :class:`Jobs`).
+
+    The runner owns the divergence policy: with ``on_divergence='stop'`` (a sweep) a run
+    that diverges ends there, its best parameters evaluated and ``results['diverged']``
+    set, and the others go on; ``'raise'`` (a script's single run) raises
+    :class:`~rhnzoo.training.engine.TrainingDiverged`. It counts the runs (``[i/n]``
+    before each, in turn; one line per run finished with ``jobs``).
 
     Returns:
       ``{name: results}`` in the order of ``runs`` (with ``jobs.n > 1``: None for a run
@@ -118,6 +126,8 @@ def run_all(
         ...); with ``jobs.n > 1``, ``Interrupted`` once every child has stopped.
       SystemExit: in a child (``jobs.only``), status 0 after its run.
     """
+    if on_divergence not in ("stop", "raise"):
+        raise ValueError(f"on_divergence must be 'stop' or 'raise', got {on_divergence!r}")
     jobs = jobs or Jobs()
     root = pathlib.Path(root)
     names = [r.name for r in runs]
@@ -134,7 +144,7 @@ def run_all(
     say = log or (lambda line: None)
     if jobs.only is not None:
         (root / jobs.only / FAILED).unlink(missing_ok=True)
-        runs[0].train(root / jobs.only)
+        runs[0].train(root / jobs.only, on_divergence)
         raise SystemExit(0)
     if jobs.n > 1:
         return _run_children(runs, root, jobs, say)
@@ -142,7 +152,7 @@ def run_all(
     for i, r in enumerate(runs, 1):
         say(f"[{i}/{len(runs)}] {r.name} -> {root / r.name}")
         (root / r.name / FAILED).unlink(missing_ok=True)
-        out[r.name] = r.train(root / r.name)
+        out[r.name] = r.train(root / r.name, on_divergence)
     return out
 
 
@@ -274,19 +284,19 @@ def stop_with_parent() -> None:
     threading.Thread(target=watch, name="rhnzoo-sweep-parent", daemon=True).start()
 
 
-def in_memory(compute: Callable[[], Mapping[str, Any]], config: Mapping[str, Any],
-              resumable_keys=engine.RESUMABLE_KEYS) -> Callable[[pathlib.Path], Mapping[str, Any]]:  # fmt: skip
+def in_memory(compute: Callable[[str], Mapping[str, Any]], config: Mapping[str, Any],
+              resumable_keys=engine.RESUMABLE_KEYS) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:  # fmt: skip
     """A :attr:`Run.train` for a run that keeps nothing but its results (a random-search
     trial trained in memory, no checkpoints): a workdir holding ``results.json`` is
-    finished and its results are returned; otherwise ``compute()`` runs and then
-    ``config.json`` and ``results.json`` are written (a run killed midway leaves nothing
-    and runs again)."""
+    finished and its results are returned; otherwise ``compute(on_divergence)`` runs and
+    then ``config.json`` and ``results.json`` are written (a run killed midway leaves
+    nothing and runs again)."""
 
-    def train(workdir: pathlib.Path) -> Mapping[str, Any]:
+    def train(workdir: pathlib.Path, on_divergence: str) -> Mapping[str, Any]:
         path = pathlib.Path(workdir) / "results.json"
         if path.is_file():
             return json.loads(path.read_text())
-        results = compute()
+        results = compute(on_divergence)
         engine.prepare_workdir(workdir, config, resumable_keys)
         engine.write_json(path, results)
         return results
@@ -338,11 +348,26 @@ def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | 
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—") -> str:
-    """A markdown table; None cells print as ``blank``."""
+    """A markdown table; None cells print as ``blank``. Every table of every sweep is
+    laid out here."""
     cell = lambda v: blank if v is None else str(v)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def write_table(path: PathLike, text: str) -> pathlib.Path:
+    """Writes a sweep's table (``text`` plus a newline) to ``path`` whole (a temporary
+    file renamed into place), from process 0 only; returns ``path``."""
+    import jax
+
+    path = pathlib.Path(path)
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text.rstrip("\n") + "\n")
+        os.replace(tmp, path)
+    return path
 
 
 # ------------------------------------------------------------------- the scripts' flags

@@ -1,0 +1,55 @@
+"""The base of every task's config: a frozen dataclass read from and written to a
+run's ``config.json``.
+
+Each task's config (:class:`rhnzoo.training.lm.LMConfig`, ...) subclasses
+:class:`Config`; its presets live in ``rhnzoo/configs/<task>.py``
+(``get_config(preset)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+C = TypeVar("C", bound="Config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A frozen, checked settings record.
+
+    Subclasses declare fields with defaults and override :meth:`check` to raise a
+    one-line ``ValueError`` naming the flag for a value out of range; it runs on
+    construction, so a config that exists is a valid one.
+    """
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raises ValueError (one line) for a setting out of range; the base checks
+        nothing."""
+
+    @classmethod
+    def from_dict(cls: type[C], values: Mapping[str, Any], *, strict: bool = True) -> C:
+        """The config of ``values`` (e.g. a run's ``config.json``); missing keys take
+        their defaults.
+
+        Raises:
+          ValueError: with ``strict``, keys that are not fields (one line naming
+            them); any :meth:`check` failure.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown and strict:
+            raise ValueError(f"unknown {cls.__name__} setting(s): {', '.join(unknown)}")
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{field: value}``, the inverse of :meth:`from_dict` (tuples stay tuples)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` (checked)."""
+        return dataclasses.replace(self, **changes)
