@@ -14,7 +14,7 @@ def test_every_set_is_registered_with_its_task_and_files():
     assert data.names("images") == ("mnist", "cifar100")
     assert set(data.names("sequences")) == {"pmnist", "imdb", "agnews", "20ng"}
     for d in data.DATASETS.values():
-        assert d.files and callable(d.load) and d.offline_hint, d.name
+        assert d.files and callable(d.load) and d.origin.offline_hint, d.name
     assert (data.DATASETS["cifar100"].input_size, data.DATASETS["cifar100"].num_classes) == (3072, 100)
     assert data.DATASETS["enwik8"].metric == "bpc" and data.DATASETS["ptb"].metric == "ppl"
 

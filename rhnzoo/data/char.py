@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from rhnzoo.data import common, ptb
-from rhnzoo.data.common import Corpus, DataError, ensure_files
+from rhnzoo.data.common import Corpus, DataError
 from rhnzoo.data.ptb import PTB_URL
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
@@ -84,9 +84,19 @@ def _download_zip_member(url: str, member: str):
     return download
 
 
+def _zip_origin(name: str, url: str) -> common.Origin:
+    """The origin of a set that is the single member `name` of the zip at `url`."""
+    return common.Origin(
+        name, _download_zip_member(url, name), f"{name} is the member of {url} (unzip it there)"
+    )
+
+
+ENWIK8_ORIGIN = _zip_origin("enwik8", ENWIK8_URL)
+TEXT8_ORIGIN = _zip_origin("text8", TEXT8_URL)
+
+
 def _load_byte_corpus(
-    name: str,
-    url: str,
+    origin: common.Origin,
     sha256: dict[str, str],
     data_dir: str | os.PathLike | None,
     download: bool,
@@ -94,14 +104,7 @@ def _load_byte_corpus(
     num_test_symbols: int,
 ) -> Corpus:
     (member,) = sha256
-    directory = ensure_files(
-        name,
-        data_dir,
-        sha256,
-        download=_download_zip_member(url, member) if download else None,
-        verify=verify,
-        offline_hint=f"{member} is the member of {url} (unzip it there)",
-    )
+    directory = origin.ensure(data_dir, sha256, download=download, verify=verify)
     path = directory / member
     n = path.stat().st_size
     if num_test_symbols < 1 or n < 2 * num_test_symbols + 2:
@@ -156,7 +159,7 @@ def load_enwik8(
         match, or it is shorter than ``2 * num_test_symbols + 2`` bytes.
     """
     return _load_byte_corpus(
-        "enwik8", ENWIK8_URL, ENWIK8_SHA256, data_dir, download, verify, num_test_symbols
+        ENWIK8_ORIGIN, ENWIK8_SHA256, data_dir, download, verify, num_test_symbols
     )
 
 
@@ -181,12 +184,15 @@ def load_text8(
       DataError: as `load_enwik8`.
     """
     return _load_byte_corpus(
-        "text8", TEXT8_URL, TEXT8_SHA256, data_dir, download, verify, num_test_symbols
+        TEXT8_ORIGIN, TEXT8_SHA256, data_dir, download, verify, num_test_symbols
     )
 
 
 def _download_ptb_char(tmp: pathlib.Path) -> None:
     ptb.download_simple_examples(tmp, PTB_CHAR_SHA256)
+
+
+PTB_CHAR_ORIGIN = common.Origin("ptb_char", _download_ptb_char, ptb.SIMPLE_EXAMPLES_HINT)
 
 
 def _read_symbols(path: pathlib.Path) -> list[str]:
@@ -223,28 +229,9 @@ def load_ptb_char(
       DataError: missing files (and no download), checksum mismatch, an empty
         or non-UTF-8 file, or a valid/test symbol absent from the train vocabulary.
     """
-    directory = ensure_files(
-        "ptb_char",
-        data_dir,
-        PTB_CHAR_SHA256,
-        download=_download_ptb_char if download else None,
-        verify=verify,
-        offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",
-    )
-    splits = {
-        split: _read_symbols(directory / f"ptb.char.{split}.txt")
-        for split in ("train", "valid", "test")
-    }
+    directory = PTB_CHAR_ORIGIN.ensure(data_dir, PTB_CHAR_SHA256, download=download, verify=verify)
+    paths = {split: directory / f"ptb.char.{split}.txt" for split in ("train", "valid", "test")}
+    splits = {split: _read_symbols(path) for split, path in paths.items()}
     vocab = tuple(sorted(set(splits["train"])))
-    index = {symbol: i for i, symbol in enumerate(vocab)}
     dtype = np.uint8 if len(vocab) <= 256 else np.int32
-    ids = {}
-    for split, symbols in splits.items():
-        try:
-            ids[split] = np.fromiter(map(index.__getitem__, symbols), dtype, len(symbols))
-        except KeyError as e:
-            raise DataError(
-                f"{directory / f'ptb.char.{split}.txt'}: symbol {e.args[0]!r} is not in the "
-                "train vocabulary; the files do not belong together"
-            ) from None
-    return Corpus(vocab=vocab, **ids)
+    return common.encode_splits(splits, vocab, paths, dtype, "symbol")

@@ -129,6 +129,41 @@ def ensure_files(
     return directory
 
 
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a data set's files come from: what every loader and the registry pass to
+    `ensure_files` besides the files themselves.
+
+    Attributes:
+      directory: the data set's directory name (``name`` of `ensure_files`).
+      download: ``download(tmp)`` writing the files into `tmp`, or None (no download).
+      offline_hint: where to get the files by hand (in the missing-files error).
+    """
+
+    directory: str
+    download: Callable[[pathlib.Path], None] | None
+    offline_hint: str
+
+    def ensure(
+        self,
+        data_dir: str | os.PathLike | None,
+        files: Mapping[str, str | None],
+        *,
+        download: bool = True,
+        verify: bool = True,
+    ) -> pathlib.Path:
+        """`ensure_files` of `files` (name -> sha256 or None) in this origin's directory,
+        downloading the missing ones when `download`; returns the directory."""
+        return ensure_files(
+            self.directory,
+            data_dir,
+            files,
+            download=self.download if download else None,
+            verify=verify,
+            offline_hint=self.offline_hint,
+        )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Corpus:
     """A tokenised corpus: 1-D integer id arrays per split (int32 for words, uint8 for
@@ -183,6 +218,20 @@ def extract_members(
                 shutil.copyfileobj(src, dst, 1 << 20)
 
 
+def fetch_members(url: str, archive: pathlib.Path, members: Mapping[str, pathlib.Path]) -> None:
+    """Download the tar archive at `url` to `archive`, copy its `members` out as
+    `extract_members` does, and delete the archive (whether or not that worked).
+
+    Raises: OSError if the download or a write fails, tarfile.TarError naming `url`
+      if a member is missing or the archive is corrupt.
+    """
+    fetch(url, archive)
+    try:
+        extract_members(archive, members, url)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
 def decode_text(raw: bytes, where: str | os.PathLike) -> str:
     """`raw` decoded as UTF-8, for a file (or archive member) named `where`.
 
@@ -204,6 +253,32 @@ def read_text(path: str | os.PathLike) -> str:
     """The UTF-8 text of file `path`; DataError (one line naming the file) if it is
     empty / whitespace only or not UTF-8, as `decode_text`."""
     return decode_text(pathlib.Path(path).read_bytes(), path)
+
+
+def encode_splits(
+    splits: Mapping[str, Sequence[str]],
+    vocab: Sequence[str],
+    paths: Mapping[str, pathlib.Path],
+    dtype: np.dtype | type,
+    unit: str,
+) -> Corpus:
+    """A `Corpus` of `splits` (``'train'`` / ``'valid'`` / ``'test'`` -> symbols) encoded
+    as 1-D `dtype` arrays of their index in `vocab` (the training symbols).
+
+    Raises: DataError naming ``paths[split]`` and the `unit` (``'word'``, ``'symbol'``)
+      if a symbol of a split is not in `vocab`: the files do not belong together.
+    """
+    index = {symbol: i for i, symbol in enumerate(vocab)}
+    ids = {}
+    for split, symbols in splits.items():
+        try:
+            ids[split] = np.fromiter(map(index.__getitem__, symbols), dtype, len(symbols))
+        except KeyError as e:
+            raise DataError(
+                f"{paths[split]}: {unit} {e.args[0]!r} is not in the "
+                "train vocabulary; the files do not belong together"
+            ) from None
+    return Corpus(vocab=tuple(vocab), **ids)
 
 
 def import_tfds():

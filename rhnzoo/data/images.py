@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, ensure_files
+from rhnzoo.data.common import DataError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -123,6 +123,9 @@ def _download_mnist(tmp: pathlib.Path) -> None:
         common.fetch_first([mirror + name for mirror in MNIST_MIRRORS], tmp / name)
 
 
+MNIST_ORIGIN = common.Origin("mnist", _download_mnist, f"they are at {MNIST_MIRRORS[0]}<file>")
+
+
 def load_mnist(
     data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
 ) -> ImageData:
@@ -141,14 +144,7 @@ def load_mnist(
         files and where to put them), checksum mismatch, a file that is not a valid
         idx file, or image and label counts that differ.
     """
-    directory = ensure_files(
-        "mnist",
-        data_dir,
-        MNIST_SHA256,
-        download=_download_mnist if download else None,
-        verify=verify,
-        offline_hint=f"they are at {MNIST_MIRRORS[0]}<file>",
-    )
+    directory = MNIST_ORIGIN.ensure(data_dir, MNIST_SHA256, download=download, verify=verify)
     return _image_data(
         (directory / "train-labels-idx1-ubyte.gz", directory / "t10k-labels-idx1-ubyte.gz"),
         read_idx(directory / "train-images-idx3-ubyte.gz", IDX_IMAGES_MAGIC),
@@ -203,6 +199,11 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 
 def _download_cifar100(tmp: pathlib.Path) -> None:
     common.fetch(CIFAR100_URL, tmp / CIFAR100_FILE)
+
+
+CIFAR100_ORIGIN = common.Origin(
+    "cifar100", _download_cifar100, f"it is {CIFAR100_URL} (keep the .tar.gz, do not extract it)"
+)
 
 
 def _read_cifar_archive(path: pathlib.Path) -> dict[str, dict]:
@@ -274,14 +275,7 @@ def load_cifar100(
       DataError: archive missing (and no download, or it failed), checksum mismatch,
         not a readable tar.gz, members missing or not of this format.
     """
-    directory = ensure_files(
-        "cifar100",
-        data_dir,
-        CIFAR100_SHA256,
-        download=_download_cifar100 if download else None,
-        verify=verify,
-        offline_hint=f"it is {CIFAR100_URL} (keep the .tar.gz, do not extract it)",
-    )
+    directory = CIFAR100_ORIGIN.ensure(data_dir, CIFAR100_SHA256, download=download, verify=verify)
     path = directory / CIFAR100_FILE
     members = _read_cifar_archive(path)
     names = members["meta"].get(b"fine_label_names") if isinstance(members["meta"], dict) else None

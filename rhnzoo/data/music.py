@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, ensure_files
+from rhnzoo.data.common import DataError
 
 JSB_FILE = "jsb_chorales.pickle"
 JSB_SHA256 = {JSB_FILE: "69dc4c3e52800959ac0ab3b82aa3e5f55285ce64f1705acb3e3a8ef77a5c051c"}
@@ -62,6 +62,11 @@ def _download_jsb(tmp: pathlib.Path) -> None:
     common.fetch_first(JSB_URLS, tmp / JSB_FILE)
 
 
+JSB_ORIGIN = common.Origin(
+    "jsb_chorales", _download_jsb, f"it is polyphonic/{JSB_FILE} of github.com/pyro-ppl/datasets"
+)
+
+
 def _piano_roll(path: pathlib.Path, split: str, index: int, sequence) -> np.ndarray:
     """One sequence (list of tuples of MIDI notes) -> float32 [T, 88], roll[t, note - 21] = 1."""
     where = f"{path}: {split}[{index}]"
@@ -100,14 +105,7 @@ def load_jsb(
         names the file and where to put it), checksum mismatch, a file that is not
         such a pickle, or a note outside MIDI 21..108.
     """
-    directory = ensure_files(
-        "jsb_chorales",
-        data_dir,
-        JSB_SHA256,
-        download=_download_jsb if download else None,
-        verify=verify,
-        offline_hint=f"it is polyphonic/{JSB_FILE} of github.com/pyro-ppl/datasets",
-    )
+    directory = JSB_ORIGIN.ensure(data_dir, JSB_SHA256, download=download, verify=verify)
     path = directory / JSB_FILE
     try:
         with open(path, "rb") as f:

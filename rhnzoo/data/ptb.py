@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import Corpus, DataError, ensure_files
+from rhnzoo.data.common import Corpus
 
 PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 PTB_SHA256 = {
@@ -25,18 +25,20 @@ def download_simple_examples(tmp: pathlib.Path, names) -> None:
 
     Raises: tarfile.TarError if a member is missing; OSError if the download fails.
     """
-    archive = tmp / "simple-examples.tgz"
-    common.fetch(PTB_URL, archive)
-    try:
-        common.extract_members(
-            archive, {f"simple-examples/data/{name}": tmp / name for name in names}, PTB_URL
-        )
-    finally:
-        archive.unlink(missing_ok=True)
+    common.fetch_members(
+        PTB_URL,
+        tmp / "simple-examples.tgz",
+        {f"simple-examples/data/{name}": tmp / name for name in names},
+    )
 
 
 def _download_ptb(tmp: pathlib.Path) -> None:
     download_simple_examples(tmp, PTB_SHA256)
+
+
+# Mikolov's archive holds the word- and character-level files (rhnzoo.data.char).
+SIMPLE_EXAMPLES_HINT = f"they are in simple-examples/data/ of {PTB_URL}"
+PTB_ORIGIN = common.Origin("ptb", _download_ptb, SIMPLE_EXAMPLES_HINT)
 
 
 def _read_words(path: pathlib.Path) -> list[str]:
@@ -64,27 +66,9 @@ def load_ptb(
       an empty or non-UTF-8 file, or a valid/test word absent from the train
       vocabulary.
     """
-    directory = ensure_files(
-        "ptb",
-        data_dir,
-        PTB_SHA256,
-        download=_download_ptb if download else None,
-        verify=verify,
-        offline_hint=f"they are in simple-examples/data/ of {PTB_URL}",
-    )
-    splits = {
-        name: _read_words(directory / f"ptb.{name}.txt") for name in ("train", "valid", "test")
-    }
+    directory = PTB_ORIGIN.ensure(data_dir, PTB_SHA256, download=download, verify=verify)
+    paths = {split: directory / f"ptb.{split}.txt" for split in ("train", "valid", "test")}
+    splits = {split: _read_words(path) for split, path in paths.items()}
     counts = collections.Counter(splits["train"])
     vocab = tuple(sorted(counts, key=lambda w: (-counts[w], w)))
-    index = {word: i for i, word in enumerate(vocab)}
-    ids = {}
-    for name, words in splits.items():
-        try:
-            ids[name] = np.fromiter(map(index.__getitem__, words), dtype=np.int32, count=len(words))
-        except KeyError as e:
-            raise DataError(
-                f"{directory / f'ptb.{name}.txt'}: word {e.args[0]!r} is not in the "
-                "train vocabulary; the files do not belong together"
-            ) from None
-    return Corpus(vocab=vocab, **ids)
+    return common.encode_splits(splits, vocab, paths, np.int32, "word")

@@ -37,10 +37,11 @@ class DataSet:
       name: the registry name (``--dataset``).
       task: ``'lm'``, ``'polyphonic'``, ``'images'`` or ``'sequences'``.
       load: ``load(data_dir=None, *, download=True, verify=True, **options)``.
-      directory: the folder name under ``$RHNZOO_DATA`` / the user cache.
       files: file name -> sha256 (None: no published checksum).
-      download: ``download(tmp)`` writing the files into ``tmp``; None: none.
-      offline_hint: where to get the files by hand (in the missing-files error).
+      origin: the :class:`~rhnzoo.data.common.Origin` the loader fetches the files
+        from: the folder name under ``$RHNZOO_DATA`` / the user cache (``directory``),
+        ``download(tmp)`` writing them into ``tmp`` (None: none) and ``offline_hint``,
+        where to get them by hand (in the missing-files error).
       ensure: ``ensure(directory, download, verify)`` when the loader accepts more than
         ``files`` (IMDB: the archive, another tarball or an extracted folder).
       metric: the task's metric (``'ppl'``, ``'bpc'``, ``'nats'``, ``'accuracy'``).
@@ -51,58 +52,36 @@ class DataSet:
     name: str
     task: str
     load: Callable[..., Any]
-    directory: str
     files: Mapping[str, str | None]
-    download: Callable[[pathlib.Path], None] | None
-    offline_hint: str
+    origin: common.Origin
     metric: str
     input_size: int | None = None
     num_classes: int | None = None
     ensure: Callable[[pathlib.Path, bool, bool], Any] | None = None  # a loader's own lookup
 
 
-_SIMPLE_EXAMPLES = f"they are in simple-examples/data/ of {ptb.PTB_URL}"
-
-
-def _zip(url: str, sha: Mapping[str, str]) -> tuple[Callable, str]:
-    (member,) = sha
-    return char._download_zip_member(url, member), f"{member} is the member of {url} (unzip it there)"
-
-
 DATASETS: dict[str, DataSet] = {
     d.name: d
     for d in (
-        DataSet("ptb", "lm", ptb.load_ptb, "ptb", ptb.PTB_SHA256, ptb._download_ptb,
-                _SIMPLE_EXAMPLES, "ppl"),
-        DataSet("ptb_char", "lm", char.load_ptb_char, "ptb_char", char.PTB_CHAR_SHA256,
-                char._download_ptb_char, _SIMPLE_EXAMPLES, "bpc"),
-        DataSet("enwik8", "lm", char.load_enwik8, "enwik8", char.ENWIK8_SHA256,
-                *_zip(char.ENWIK8_URL, char.ENWIK8_SHA256), "bpc"),
-        DataSet("text8", "lm", char.load_text8, "text8", char.TEXT8_SHA256,
-                *_zip(char.TEXT8_URL, char.TEXT8_SHA256), "bpc"),
-        DataSet("jsb_chorales", "polyphonic", music.load_jsb, "jsb_chorales", music.JSB_SHA256,
-                music._download_jsb,
-                f"it is polyphonic/{music.JSB_FILE} of github.com/pyro-ppl/datasets", "nats"),
-        DataSet("mnist", "images", images.load_mnist, "mnist", images.MNIST_SHA256,
-                images._download_mnist, f"they are at {images.MNIST_MIRRORS[0]}<file>",
+        DataSet("ptb", "lm", ptb.load_ptb, ptb.PTB_SHA256, ptb.PTB_ORIGIN, "ppl"),
+        DataSet("ptb_char", "lm", char.load_ptb_char, char.PTB_CHAR_SHA256, char.PTB_CHAR_ORIGIN,
+                "bpc"),
+        DataSet("enwik8", "lm", char.load_enwik8, char.ENWIK8_SHA256, char.ENWIK8_ORIGIN, "bpc"),
+        DataSet("text8", "lm", char.load_text8, char.TEXT8_SHA256, char.TEXT8_ORIGIN, "bpc"),
+        DataSet("jsb_chorales", "polyphonic", music.load_jsb, music.JSB_SHA256, music.JSB_ORIGIN,
+                "nats"),
+        DataSet("mnist", "images", images.load_mnist, images.MNIST_SHA256, images.MNIST_ORIGIN,
                 "accuracy", 784, 10),
-        DataSet("cifar100", "images", images.load_cifar100, "cifar100", images.CIFAR100_SHA256,
-                images._download_cifar100,
-                f"it is {images.CIFAR100_URL} (keep the .tar.gz, do not extract it)",
-                "accuracy", 3072, 100),
-        DataSet("pmnist", "sequences", sequences.load_pmnist, "mnist", images.MNIST_SHA256,
-                images._download_mnist, f"they are at {images.MNIST_MIRRORS[0]}<file>",
-                "accuracy", 1, 10),
-        DataSet("imdb", "sequences", text.load_imdb, "imdb", text.IMDB_SHA256,
-                lambda tmp: common.fetch(text.IMDB_URL, tmp / text.IMDB_FILE),
-                f"it is {text.IMDB_URL}; an extracted aclImdb/ folder, or a tarball of "
-                "aclImdb/{train,test}/{neg,pos}/*.txt, there works too", "accuracy", None, 2,
+        DataSet("cifar100", "images", images.load_cifar100, images.CIFAR100_SHA256,
+                images.CIFAR100_ORIGIN, "accuracy", 3072, 100),
+        DataSet("pmnist", "sequences", sequences.load_pmnist, images.MNIST_SHA256,
+                images.MNIST_ORIGIN, "accuracy", 1, 10),
+        DataSet("imdb", "sequences", text.load_imdb, text.IMDB_SHA256, text.IMDB_ORIGIN,
+                "accuracy", None, 2,
                 text._imdb_source),  # the archive, another tarball or an aclImdb/ folder
-        DataSet("agnews", "sequences", text.load_agnews, "ag_news", text.AGNEWS_SHA256,
-                text._download_agnews, f"they are ag_news_csv/*.csv of {text.AGNEWS_TGZ_URL}",
+        DataSet("agnews", "sequences", text.load_agnews, text.AGNEWS_SHA256, text.AGNEWS_ORIGIN,
                 "accuracy", None, 4),
-        DataSet("20ng", "sequences", text.load_20ng, "20ng", text.NG20_FILES,
-                text._download_20ng, f"they are at {text.NG20_MIRRORS[0]}<file>",
+        DataSet("20ng", "sequences", text.load_20ng, text.NG20_FILES, text.NG20_ORIGIN,
                 "accuracy", None, 20),
     )
 }  # fmt: skip
@@ -171,10 +150,7 @@ def ensure_files(name: str, data_dir: str | os.PathLike | None = None, *,
     """
     d = get(name)
     if d.ensure is not None:
-        directory = common.resolve_data_dir(d.directory, data_dir)
+        directory = common.resolve_data_dir(d.origin.directory, data_dir)
         d.ensure(directory, download, verify)
         return directory
-    return common.ensure_files(
-        d.directory, data_dir, d.files, download=d.download if download else None,
-        verify=verify, offline_hint=d.offline_hint,
-    )  # fmt: skip
+    return d.origin.ensure(data_dir, d.files, download=download, verify=verify)

@@ -8,7 +8,10 @@ The vocabulary is built from training documents only (`build_vocab`): ``'<pad>'`
 (ties by word), until they cover `coverage` of the training tokens; every other word
 is ``'<unk>'``. The paper takes a 15 % development set out of the training set
 (`dev_split`); pass the same `dev_fraction` to the loader to keep the development
-documents out of the vocabulary too.
+documents out of the vocabulary too: with ``dev_fraction > 0`` the vocabulary is
+``build_vocab(docs, coverage)`` over the training documents less those that
+``dev_split(len(train), dev_fraction, dev_seed)`` holds out (all training documents
+are still returned: take the same split for validation).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, ensure_files, resolve_data_dir
+from rhnzoo.data.common import DataError, resolve_data_dir
 
 PAD, UNK = "<pad>", "<unk>"
 
@@ -167,6 +170,18 @@ IMDB_LABELS = ("neg", "pos")  # label 0, 1
 _IMDB_REVIEW = re.compile(r"(?:^|/)aclImdb/(train|test)/(neg|pos)/\d+_\d+\.txt$")
 
 
+def _download_imdb(tmp: pathlib.Path) -> None:
+    common.fetch(IMDB_URL, tmp / IMDB_FILE)
+
+
+IMDB_ORIGIN = common.Origin(
+    "imdb",
+    _download_imdb,
+    f"it is {IMDB_URL}; an extracted aclImdb/ folder, or a tarball "
+    "of aclImdb/{train,test}/{neg,pos}/*.txt, there works too",
+)
+
+
 def _imdb_reviews(source: pathlib.Path) -> dict[str, list[tuple[str, str, bytes]]]:
     """{'train'|'test': [(path in aclImdb, label, raw bytes), ...]} from an aclImdb/
     folder or a tar archive holding one (streamed, never extracted); train/unsup and
@@ -203,7 +218,7 @@ def _imdb_reviews(source: pathlib.Path) -> dict[str, list[tuple[str, str, bytes]
 def _imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathlib.Path:
     """The original archive, else an extracted aclImdb/ folder, else the one other
     tarball in `directory` (already resolved, as `load_imdb` and the registry pass it);
-    else download the original (via ensure_files, into `directory` as is)."""
+    else download the original (IMDB_ORIGIN, into `directory` as is)."""
     if not (directory / IMDB_FILE).is_file():
         others = sorted(
             path
@@ -219,15 +234,7 @@ def _imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathl
             )
         if others:
             return others[0]
-    ensure_files(
-        "imdb",
-        directory,
-        IMDB_SHA256,
-        download=(lambda tmp: common.fetch(IMDB_URL, tmp / IMDB_FILE)) if download else None,
-        verify=verify,
-        offline_hint=f"it is {IMDB_URL}; an extracted aclImdb/ folder, or a tarball "
-        "of aclImdb/{train,test}/{neg,pos}/*.txt, there works too",
-    )
+    IMDB_ORIGIN.ensure(directory, IMDB_SHA256, download=download, verify=verify)
     return directory / IMDB_FILE
 
 
@@ -255,10 +262,7 @@ def load_imdb(
     order), so neg reviews come first; text is decoded as UTF-8 and `tokenize`d.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary is `build_vocab(docs, coverage)`
-        over the training documents, less those that ``dev_split(len(train),
-        dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
-        documents are still returned: take the same split for validation).
+      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
 
     Returns:
       TextData, labels neg = 0, pos = 1. Real data: 25,000 / 25,000 reviews, each
@@ -304,14 +308,13 @@ def _download_agnews(tmp: pathlib.Path) -> None:
         for name in AGNEWS_SHA256:
             common.fetch(AGNEWS_CSV_URL + name, tmp / name)
     except OSError:
-        archive = tmp / "ag_news_csv.tgz"
-        common.fetch(AGNEWS_TGZ_URL, archive)
-        try:
-            common.extract_members(
-                archive, {f"ag_news_csv/{n}": tmp / n for n in AGNEWS_SHA256}, AGNEWS_TGZ_URL
-            )
-        finally:
-            archive.unlink(missing_ok=True)
+        members = {f"ag_news_csv/{n}": tmp / n for n in AGNEWS_SHA256}
+        common.fetch_members(AGNEWS_TGZ_URL, tmp / "ag_news_csv.tgz", members)
+
+
+AGNEWS_ORIGIN = common.Origin(
+    "ag_news", _download_agnews, f"they are ag_news_csv/*.csv of {AGNEWS_TGZ_URL}"
+)
 
 
 def _read_agnews(path: pathlib.Path) -> tuple[list[list[str]], list[int]]:
@@ -353,10 +356,7 @@ def load_agnews(
     Documents keep the files' order.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary is `build_vocab(docs, coverage)`
-        over the training documents, less those that ``dev_split(len(train),
-        dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
-        documents are still returned: take the same split for validation).
+      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
 
     Returns:
       TextData, labels World = 0, Sports = 1, Business = 2, Sci/Tech = 3. Real data:
@@ -365,14 +365,7 @@ def load_agnews(
       DataError: files missing (and no download or it failed), checksum mismatch, a
         file that is empty, not UTF-8, or has a row that is not of this format.
     """
-    directory = ensure_files(
-        "ag_news",
-        data_dir,
-        AGNEWS_SHA256,
-        download=_download_agnews if download else None,
-        verify=verify,
-        offline_hint=f"they are ag_news_csv/*.csv of {AGNEWS_TGZ_URL}",
-    )
+    directory = AGNEWS_ORIGIN.ensure(data_dir, AGNEWS_SHA256, download=download, verify=verify)
     tokens, labels = {}, {}
     for split in ("train", "test"):
         tokens[split], labels[split] = _read_agnews(directory / f"{split}.csv")
@@ -396,6 +389,9 @@ NG20_MIRRORS = (
 def _download_20ng(tmp: pathlib.Path) -> None:
     for name in NG20_FILES:
         common.fetch_first([mirror + name for mirror in NG20_MIRRORS], tmp / name)
+
+
+NG20_ORIGIN = common.Origin("20ng", _download_20ng, f"they are at {NG20_MIRRORS[0]}<file>")
 
 
 def _read_20ng(path: pathlib.Path) -> tuple[list[list[str]], list[str]]:
@@ -432,10 +428,7 @@ def load_20ng(
     Documents keep the files' order.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary is `build_vocab(docs, coverage)`
-        over the training documents, less those that ``dev_split(len(train),
-        dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
-        documents are still returned: take the same split for validation).
+      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
 
     Returns:
       TextData, label_names the newsgroups in sorted order. Real data: 11,293 / 7,528
@@ -444,14 +437,7 @@ def load_20ng(
       DataError: files missing (and no download or it failed), a file that is empty,
         not UTF-8 or has a malformed line, or a test newsgroup absent from train.
     """
-    directory = ensure_files(
-        "20ng",
-        data_dir,
-        NG20_FILES,
-        download=_download_20ng if download else None,
-        verify=verify,
-        offline_hint=f"they are at {NG20_MIRRORS[0]}<file>",
-    )
+    directory = NG20_ORIGIN.ensure(data_dir, NG20_FILES, download=download, verify=verify)
     tokens, groups = {}, {}
     for split in ("train", "test"):
         tokens[split], groups[split] = _read_20ng(directory / f"20ng-{split}-all-terms.txt")
@@ -491,10 +477,7 @@ def load_tfds_text(
     Sci/Tech). Document order is TFDS's, not the loaders' above.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary is `build_vocab(docs, coverage)`
-        over the training documents, less those that ``dev_split(len(train),
-        dev_fraction, dev_seed)`` holds out if dev_fraction > 0 (all training
-        documents are still returned: take the same split for validation).
+      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
 
     Raises: ValueError for another name; DataError if tensorflow-datasets is not
       installed or TFDS fails.
