@@ -225,25 +225,20 @@ def rhn_language_model(
     hidden_size: int,
     depth: int,
     *,
-    hsg: bool = False,
-    tied: bool = True,
     coupled: bool = True,
-    init_scale: float = 0.04,
     init_bias: float = -2.0,
-    hsg_init_bias: float = -2.5,
-    unroll: int = 1,
-    scan_impl: str = "reference",
-    remat: bool = False,
-    dtype: str = "float32",
+    **options: Any,
 ) -> LanguageModel:
-    """The RHN language model of Zilly et al., optionally with the HSG gate
-    (:func:`language_model` with ``cell='rhn'``).
+    """The RHN language model of Zilly et al., optionally with the HSG gate:
+    :func:`language_model` with ``cell='rhn'``, recurrence depth ``depth``, the RHN's
+    ``coupled`` and T-gate ``init_bias``; ``options`` are :func:`language_model`'s
+    (``hsg``, ``tied``, ``init_scale``, ``hsg_init_bias``, ``unroll``, ``scan_impl``,
+    ``remat``, ``dtype``), with its defaults.
 
     Raises:
       ValueError: if depth < 1 or hidden_size < 1.
     """
     return language_model(
-        "rhn", vocab_size, hidden_size, hsg=hsg, tied=tied, init_scale=init_scale,
-        hsg_init_bias=hsg_init_bias, unroll=unroll, scan_impl=scan_impl, remat=remat,
-        dtype=dtype, depth=depth, coupled=coupled, init_bias=init_bias,
-    )  # fmt: skip
+        "rhn", vocab_size, hidden_size, depth=depth, coupled=coupled, init_bias=init_bias,
+        **options,
+    )
