@@ -1,8 +1,11 @@
 """Shared test helpers (imported by test modules as ``helpers``)."""
 
+import functools
 import gzip
+import io
 import pathlib
 import struct
+import tarfile
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +56,42 @@ def write_random_mnist(directory: pathlib.Path, train: int, test: int, seed: int
     return directory
 
 
+def write_files(directory: pathlib.Path, contents) -> pathlib.Path:
+    """Writes ``contents`` (file name -> text, UTF-8) into ``directory`` (created); returns it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in contents.items():
+        (directory / name).write_text(text, encoding="utf-8")
+    return directory
+
+
+def simple_examples_tgz(contents) -> bytes:
+    """A gzipped tar of ``./simple-examples/data/<name>`` members (name -> text), the layout
+    of Mikolov's archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in contents.items():
+            payload = text.encode("utf-8")
+            info = tarfile.TarInfo(f"./simple-examples/data/{name}")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+def fake_fetch(monkeypatch, payload: bytes) -> list:
+    """Replaces ``rhnzoo.data.common.fetch`` by one that writes ``payload`` to the
+    destination; returns the list it appends each requested URL to."""
+    from rhnzoo.data import common
+
+    urls = []
+
+    def fetch(url, dest, timeout=60.0):
+        urls.append(url)
+        pathlib.Path(dest).write_bytes(payload)
+
+    monkeypatch.setattr(common, "fetch", fetch)
+    return urls
+
+
 def unroll_loss(cell, xs, mask, target):
     """``params -> Σ (ys - target)²`` of ``cell`` unrolled over ``xs`` from the zero carry
     with recurrent dropout ``mask`` (float64 under ``jax.enable_x64``), jit-compiled."""
@@ -78,3 +117,34 @@ def check_gradient_by_finite_differences(loss, params, *, directions=4, seed=0, 
         d = rng.standard_normal(flat.shape)
         fd = (loss(unravel(flat + eps * d)) - loss(unravel(flat - eps * d))) / (2 * eps)
         np.testing.assert_allclose(float(g_flat @ d), float(fd), rtol=1e-6, atol=1e-8)
+
+
+def check_unroll_gradient(cell, input_size=3):
+    """`check_gradient_by_finite_differences` (5 directions, float64) of `unroll_loss` for
+    `cell` (hidden size ``cell.hidden_size``) at random parameters, over 4 steps of a batch
+    of 2 random inputs with a recurrent dropout mask (keep 0.8)."""
+    n = cell.hidden_size
+    with jax.enable_x64(True):
+        params = jax.tree.map(
+            lambda a: a.astype(jnp.float64),
+            random_params(cell.init(jax.random.PRNGKey(0), input_size), jax.random.PRNGKey(1)),
+        )
+        xs = jax.random.normal(jax.random.PRNGKey(2), (4, 2, input_size), jnp.float64)
+        mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, n)) / 0.8).astype(jnp.float64)
+        target = jax.random.normal(jax.random.PRNGKey(4), (4, 2, n), jnp.float64)
+
+        check_gradient_by_finite_differences(unroll_loss(cell, xs, mask, target), params,
+                                             directions=5)
+
+
+def scan_by_hand(cell, params, xs):
+    """A user's own jitted ``lax.scan`` of ``cell.step`` over ``cell.project_inputs(xs)``
+    from ``cell.initial_carry(B)``, nothing else from rhnzoo: ``(carry, ys)``."""
+
+    @jax.jit
+    def run(params, xs):
+        x_proj = cell.project_inputs(params, xs)
+        carry = cell.initial_carry(xs.shape[1])
+        return jax.lax.scan(functools.partial(cell.step, params), carry, x_proj)
+
+    return run(params, xs)

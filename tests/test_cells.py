@@ -1,12 +1,10 @@
 """RHN and HSG cells against a NumPy transcription of the papers' equations."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import check_gradient_by_finite_differences, np_tree, random_params, unroll_loss
+from helpers import check_unroll_gradient, np_tree, random_params, scan_by_hand
 
 from rhnzoo import cells
 
@@ -105,13 +103,7 @@ def test_cell_in_user_written_scan_under_jit(make):
     cell = make()
     params = cell.init(jax.random.PRNGKey(0), 3)
     xs = jax.random.normal(jax.random.PRNGKey(1), (7, 2, 3))
-
-    @jax.jit
-    def run(params, xs):
-        x_proj = cell.project_inputs(params, xs)
-        return jax.lax.scan(functools.partial(cell.step, params), cell.initial_carry(2), x_proj)
-
-    carry, ys = run(params, xs)
+    carry, ys = scan_by_hand(cell, params, xs)
     assert ys.shape == (7, 2, 8) and carry.shape == (2, 8)
     ref_carry, ref_ys = cells.unroll(cell, params, cell.initial_carry(2), xs)
     np.testing.assert_allclose(ys, ref_ys, rtol=1e-6, atol=1e-6)
@@ -120,20 +112,8 @@ def test_cell_in_user_written_scan_under_jit(make):
 
 @pytest.mark.parametrize("hsg", [False, True])
 def test_gradient_matches_finite_differences(hsg):
-    with jax.enable_x64(True):
-        cell = cells.RHN(4, 3, coupled=not hsg)
-        if hsg:
-            cell = cells.HSG(cell)
-        params = jax.tree.map(
-            lambda a: a.astype(jnp.float64),
-            random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(1)),
-        )
-        xs = jax.random.normal(jax.random.PRNGKey(2), (4, 2, 3), jnp.float64)
-        mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, 4)) / 0.8).astype(jnp.float64)
-        target = jax.random.normal(jax.random.PRNGKey(4), (4, 2, 4), jnp.float64)
-
-        check_gradient_by_finite_differences(unroll_loss(cell, xs, mask, target), params,
-                                             directions=5)
+    cell = cells.RHN(4, 3, coupled=not hsg)
+    check_unroll_gradient(cells.HSG(cell) if hsg else cell)
 
 
 def test_invalid_depth_and_size():

@@ -9,13 +9,13 @@ import re
 import string
 import subprocess
 import sys
-import tarfile
 import tracemalloc
 import urllib.error
 import zipfile
 
 import numpy as np
 import pytest
+from helpers import fake_fetch, simple_examples_tgz, write_files
 
 from rhnzoo import data
 from rhnzoo.data import char
@@ -131,13 +131,7 @@ def test_text8_fake_download_caches_only_the_member(monkeypatch, tmp_path, clean
     rng = np.random.default_rng(3)
     alphabet = np.frombuffer((" " + string.ascii_lowercase).encode(), np.uint8)
     raw = alphabet[rng.integers(0, 27, 5_000)].tobytes()
-    urls = []
-
-    def fake_fetch(url, dest, timeout=60.0):
-        urls.append(url)
-        pathlib.Path(dest).write_bytes(zip_bytes("text8", raw))
-
-    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    urls = fake_fetch(monkeypatch, zip_bytes("text8", raw))
     monkeypatch.setattr(char, "TEXT8_SHA256", {"text8": hashlib.sha256(raw).hexdigest()})
     corpus = char.load_text8(num_test_symbols=500)
     assert urls == ["http://mattmahoney.net/dc/text8.zip"]
@@ -200,10 +194,7 @@ FIXTURE_VOCAB = ("\n", "<", ">", "_", "a", "b", "c", "k", "n", "u")  # code-poin
 
 
 def write_fixture(directory: pathlib.Path, contents=FIXTURE) -> pathlib.Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in contents.items():
-        (directory / name).write_text(text, encoding="utf-8")
-    return directory
+    return write_files(directory, contents)
 
 
 def check_fixture(corpus: data.Corpus) -> None:
@@ -229,20 +220,7 @@ def test_ptb_char_unknown_symbol(tmp_path, clean_env):
 
 
 def test_ptb_char_fake_download(monkeypatch, tmp_path, clean_env):
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in FIXTURE.items():
-            payload = text.encode("utf-8")
-            info = tarfile.TarInfo(f"./simple-examples/data/{name}")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    urls = []
-
-    def fake_fetch(url, dest, timeout=60.0):
-        urls.append(url)
-        pathlib.Path(dest).write_bytes(buffer.getvalue())
-
-    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    urls = fake_fetch(monkeypatch, simple_examples_tgz(FIXTURE))
     hashes = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in FIXTURE.items()}
     monkeypatch.setattr(char, "PTB_CHAR_SHA256", hashes)
     check_fixture(char.load_ptb_char())

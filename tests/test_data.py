@@ -1,14 +1,13 @@
 """Tests for rhnzoo.data (PTB loading, checksums/download, batching)."""
 
 import hashlib
-import io
 import os
 import pathlib
-import tarfile
 import urllib.error
 
 import numpy as np
 import pytest
+from helpers import fake_fetch, simple_examples_tgz, write_files
 
 from rhnzoo import data
 from rhnzoo.data import common as data_common
@@ -30,10 +29,7 @@ FIXTURE_TEST = [2, 1, 3, 0, 1]
 
 
 def write_fixture(directory: pathlib.Path, contents=FIXTURE) -> pathlib.Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in contents.items():
-        (directory / name).write_text(text, encoding="utf-8")
-    return directory
+    return write_files(directory, contents)
 
 
 def check_fixture_corpus(corpus: data.Corpus) -> None:
@@ -137,26 +133,8 @@ def test_corrupt_file_among_canonical(monkeypatch, tmp_path, clean_env):
     assert hashes["ptb.valid.txt"][:12] in str(info.value)
 
 
-def make_tgz(contents) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in contents.items():
-            payload = text.encode("utf-8")
-            info = tarfile.TarInfo(f"./simple-examples/data/{name}")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return buffer.getvalue()
-
-
 def test_fake_download(monkeypatch, tmp_path, clean_env):
-    archive = make_tgz(FIXTURE)
-    urls = []
-
-    def fake_fetch(url, dest, timeout=60.0):
-        urls.append(url)
-        pathlib.Path(dest).write_bytes(archive)
-
-    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    urls = fake_fetch(monkeypatch, simple_examples_tgz(FIXTURE))
     monkeypatch.setattr(ptb_data, "PTB_SHA256", {n: sha256_text(t) for n, t in FIXTURE.items()})
     check_fixture_corpus(data.load_ptb())
     assert urls == ["http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"]
@@ -170,7 +148,7 @@ def test_fake_download_bad_checksum(monkeypatch, tmp_path, clean_env):
     monkeypatch.setattr(
         data_common,
         "fetch",
-        lambda url, dest, timeout=60.0: pathlib.Path(dest).write_bytes(make_tgz(FIXTURE)),
+        lambda url, dest, timeout=60.0: pathlib.Path(dest).write_bytes(simple_examples_tgz(FIXTURE)),
     )
     with pytest.raises(data.DataError, match="sha256"):
         data.load_ptb(verify=False)  # downloads are checked regardless of verify

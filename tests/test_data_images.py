@@ -12,7 +12,7 @@ import tarfile
 import urllib.error
 
 import numpy as np
-from helpers import idx_bytes, write_mnist
+from helpers import fake_fetch, idx_bytes, write_mnist
 import pytest
 
 from rhnzoo import data
@@ -352,13 +352,7 @@ def test_cifar100_not_an_archive_and_missing(tmp_path, clean_env):
 
 def test_cifar100_download_is_checked_and_cached(monkeypatch, tmp_path, clean_env, cifar_members):
     payload = cifar_tgz(cifar_members)
-    urls = []
-
-    def fake_fetch(url, dest, timeout=60.0):
-        urls.append(url)
-        pathlib.Path(dest).write_bytes(payload)
-
-    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    urls = fake_fetch(monkeypatch, payload)
     monkeypatch.setattr(
         images, "CIFAR100_SHA256", {"cifar-100-python.tar.gz": hashlib.sha256(payload).hexdigest()}
     )

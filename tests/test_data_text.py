@@ -10,6 +10,7 @@ import urllib.error
 
 import numpy as np
 import pytest
+from helpers import fake_fetch, write_files
 
 from rhnzoo import data
 from rhnzoo.data import common as data_common
@@ -162,13 +163,7 @@ def test_imdb_original_name_is_checksummed(monkeypatch, tmp_path, clean_env):
 
 def test_imdb_fake_download(monkeypatch, tmp_path, clean_env):
     payload = imdb_tar()
-    urls = []
-
-    def fake_fetch(url, dest, timeout=60.0):
-        urls.append(url)
-        pathlib.Path(dest).write_bytes(payload)
-
-    monkeypatch.setattr(data_common, "fetch", fake_fetch)
+    urls = fake_fetch(monkeypatch, payload)
     with pytest.raises(data.DataError, match="sha256 mismatch"):  # always checked
         data.load_imdb(verify=False)
     assert not (clean_env / "imdb").exists()
@@ -306,10 +301,7 @@ AG_TEST = '"2","Phelps","Gold in Athens"\n'
 
 
 def write_ag(directory, train=AG_TRAIN, test=AG_TEST):
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "train.csv").write_text(train, encoding="utf-8")
-    (directory / "test.csv").write_text(test, encoding="utf-8")
-    return directory
+    return write_files(directory, {"train.csv": train, "test.csv": test})
 
 
 def check_ag_fixture(ag: data.TextData) -> None:
@@ -426,10 +418,9 @@ NG_TEST = "comp.graphics\timage nasa pixel\nalt.atheism\tbelief\n"
 
 
 def write_20ng(directory, train=NG_TRAIN, test=NG_TEST):
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "20ng-train-all-terms.txt").write_text(train, encoding="utf-8")
-    (directory / "20ng-test-all-terms.txt").write_text(test, encoding="utf-8")
-    return directory
+    return write_files(
+        directory, {"20ng-train-all-terms.txt": train, "20ng-test-all-terms.txt": test}
+    )
 
 
 def check_20ng_fixture(ng: data.TextData) -> None:

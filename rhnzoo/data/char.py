@@ -25,7 +25,6 @@ import numpy as np
 
 from rhnzoo.data import common, ptb
 from rhnzoo.data.common import Corpus, DataError
-from rhnzoo.data.ptb import PTB_URL
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
 NUM_TEST_SYMBOLS = 5_000_000
@@ -214,7 +213,7 @@ def load_ptb_char(
     """Load Mikolov's character-level Penn Treebank from `resolve_data_dir('ptb_char', data_dir)`.
 
     Files ``ptb.char.{train,valid,test}.txt``; if missing and `download` is true
-    they are extracted from Mikolov's ``simple-examples.tgz`` (``PTB_URL``).
+    they are extracted from Mikolov's ``simple-examples.tgz`` (``ptb.PTB_URL``).
     Each line becomes ``line.split() + [PTB_CHAR_EOL]`` (the characters of a
     sentence, ``_`` between words, then the end-of-line symbol ``"\\n"``). The
     vocabulary is built from train only, ids in increasing code-point order (so
