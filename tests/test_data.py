@@ -3,6 +3,7 @@
 import hashlib
 import os
 import pathlib
+import tarfile
 import urllib.error
 
 import numpy as np
@@ -145,11 +146,7 @@ def test_fake_download(monkeypatch, tmp_path, clean_env):
 
 
 def test_fake_download_bad_checksum(monkeypatch, tmp_path, clean_env):
-    monkeypatch.setattr(
-        data_common,
-        "fetch",
-        lambda url, dest, timeout=60.0: pathlib.Path(dest).write_bytes(simple_examples_tgz(FIXTURE)),
-    )
+    fake_fetch(monkeypatch, simple_examples_tgz(FIXTURE))
     with pytest.raises(data.DataError, match="sha256"):
         data.load_ptb(verify=False)  # downloads are checked regardless of verify
     assert not clean_env.exists()
@@ -221,3 +218,31 @@ def test_non_utf8_file_names_the_file_byte_and_offset(tmp_path, clean_env):
     assert str(info.value) == (
         f"{directory / 'ptb.valid.txt'} is not UTF-8 text (byte 0x93 at offset 6)"
     )
+
+
+def test_encode_splits_ids_dtype_and_unknown_symbol(tmp_path):
+    paths = {s: tmp_path / f"{s}.txt" for s in ("train", "valid", "test")}
+    splits = {"train": ["b", "a", "b"], "valid": ["a"], "test": []}
+    corpus = data_common.encode_splits(splits, ("b", "a"), paths, np.uint8, "word")
+    assert corpus.vocab == ("b", "a") and corpus.train.dtype == np.uint8
+    ids = [corpus.train.tolist(), corpus.valid.tolist(), corpus.test.tolist()]
+    assert ids == [[0, 1, 0], [1], []]
+    with pytest.raises(data.DataError) as info:
+        data_common.encode_splits({**splits, "test": ["z"]}, ("b", "a"), paths, np.int32, "symbol")
+    assert str(info.value) == (
+        f"{paths['test']}: symbol 'z' is not in the train vocabulary; "
+        "the files do not belong together"
+    )
+
+
+def test_fetch_members_deletes_the_archive_even_when_a_member_is_missing(monkeypatch, tmp_path):
+    urls = fake_fetch(monkeypatch, simple_examples_tgz({"ptb.train.txt": " a b\n"}))
+    wanted = {"simple-examples/data/ptb.train.txt": tmp_path / "train.txt"}
+    data_common.fetch_members("http://x/simple-examples.tgz", tmp_path / "a.tgz", wanted)
+    assert (tmp_path / "train.txt").read_text() == " a b\n"
+    assert urls == ["http://x/simple-examples.tgz"]
+    assert not (tmp_path / "a.tgz").exists()
+    wanted = {"simple-examples/data/ptb.test.txt": tmp_path / "test.txt"}
+    with pytest.raises(tarfile.TarError, match="http://x/simple-examples.tgz has no member"):
+        data_common.fetch_members("http://x/simple-examples.tgz", tmp_path / "a.tgz", wanted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
