@@ -178,7 +178,8 @@ def test_jsb_config_checks_in_the_scripts_order_and_drops_repeats():
     assert config.archs == ("rhn", "lstm") and config.depths == (4, 1)
     assert JSB.from_dict(config.to_dict()) == config
     cases = [
-        ({"archs": ["x", "x"], "depths": ["y"]}, r"--archs must be a non-empty subset of .*got \['x', 'x'\]"),
+        ({"archs": ["x", "x"], "depths": ["y"]},
+         r"--archs must be a non-empty subset of .*got \['x', 'x'\]"),
         ({"archs": []}, r"--archs .*got \[\]"),
         ({"depths": ("1", "x")}, r"--depths must be integers, got \['1', 'x'\]"),
         ({"trials": 0, "width": 0}, "width must be >= 1, got 0"),

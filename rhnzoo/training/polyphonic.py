@@ -40,8 +40,8 @@ Array = jax.Array
 Params = Any
 
 __all__ = ["PianoRollModel", "nll_sums", "num_params", "pad_batch", "sgd", "nll_loss",
-           "train_step", "evaluate", "PolyphonicConfig", "make_task", "train", "TrainResult",
-           "JSBConfig", "TrialConfig", "study"]  # fmt: skip
+           "train_step", "evaluate", "PolyphonicConfig", "PianoRollTask", "make_task", "train",
+           "TrainResult", "JSBConfig", "TrialConfig", "study"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +184,8 @@ class PianoRollTask:
     (:meth:`task`). Args as :func:`make_task`."""
 
     def __init__(self, model: PianoRollModel, data: dict[str, Sequence[np.ndarray]],
-                 config: PolyphonicConfig, *, seed: int = 0, params: Params | None = None):  # fmt: skip
+                 config: PolyphonicConfig, *, seed: int = 0,
+                 params: Params | None = None):  # fmt: skip
         self.model, self.data, self.config = model, data, config
         self.seed, self.params = seed, params
         self.train_seqs = list(data["train"])
@@ -551,6 +552,13 @@ def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_diverge
             "seconds": round(r.seconds, 2)}  # fmt: skip
 
 
+def _study_run(trial: TrialConfig, data: dict, progress: _Progress) -> sweep.Run:
+    """The runner's :class:`~rhnzoo.training.sweep.Run` of a trial (trained in memory)."""
+    config = trial.to_dict()
+    compute = functools.partial(_study_trial, trial, data, progress)
+    return sweep.Run(trial.name, config, sweep.in_memory(compute, config))
+
+
 def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = print,
           jobs: sweep.Jobs | None = None) -> list[dict]:  # fmt: skip
     """The JSB random search on the multi-run runner: one trial = one (arch, depth, trial)
@@ -567,9 +575,7 @@ def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = p
     _import_results_jsonl(root, config.settings())
     trials = trial_configs(config, sizes)
     progress = _Progress(root / "trials", tuple(t.name for t in trials), time.perf_counter(), log)
-    runs = [sweep.Run(t.name, t.to_dict(), sweep.in_memory(
-                functools.partial(_study_trial, t, data, progress), t.to_dict()))
-            for t in trials]  # fmt: skip
+    runs = [_study_run(t, data, progress) for t in trials]
     finished = progress.finished()
     if finished:
         log(f"{finished} of {len(runs)} trials already finished")
