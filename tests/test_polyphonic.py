@@ -151,3 +151,127 @@ def test_invalid_hyperparameters():
     for bad in ({"lr": 0.0}, {"lr": 0.1, "momentum": 1.0}, {"lr": 0.1, "max_grad_norm": 0}):
         with pytest.raises(ValueError):
             polyphonic.train(model, data, **bad)
+
+
+# ------------------------------------------------------------------ configs and the study
+
+
+def test_polyphonic_config_round_trip_and_one_line_errors():
+    config = polyphonic.PolyphonicConfig(lr=0.3, momentum=0.9, max_steps=7)
+    values = config.to_dict()
+    assert values == {"lr": 0.3, "momentum": 0.9, "max_grad_norm": 10.0, "batch_size": 16,
+                      "epochs": 10, "max_steps": 7, "matmul_precision": None}  # fmt: skip
+    assert polyphonic.PolyphonicConfig.from_dict(values) == config
+    with pytest.raises(ValueError, match="unknown PolyphonicConfig setting.*: dropout$"):
+        polyphonic.PolyphonicConfig.from_dict({**values, "dropout": 0.1})
+    for bad, message in [({"epochs": 0}, "epochs must be >= 1, got 0"),
+                         ({"momentum": 1.0}, "need lr > 0, 0 <= momentum < 1"),
+                         ({"batch_size": 0}, "batch_size must be >= 1, got 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message) as e:
+            config.replace(**bad)
+        assert "\n" not in str(e.value)
+
+
+def test_jsb_config_checks_in_the_scripts_order_and_drops_repeats():
+    JSB = polyphonic.JSBConfig
+    config = JSB(archs=["rhn", "lstm", "rhn"], depths=[4, 1, 4])
+    assert config.archs == ("rhn", "lstm") and config.depths == (4, 1)
+    assert JSB.from_dict(config.to_dict()) == config
+    cases = [
+        ({"archs": ["x", "x"], "depths": ["y"]},
+         r"--archs must be a non-empty subset of .*got \['x', 'x'\]"),
+        ({"archs": []}, r"--archs .*got \[\]"),
+        ({"depths": ("1", "x")}, r"--depths must be integers, got \['1', 'x'\]"),
+        ({"trials": 0, "width": 0}, "width must be >= 1, got 0"),
+        ({"trials": 0, "max_steps": 0}, "max_steps must be >= 1, got 0"),
+        ({"trials": 0, "depths": (0,)}, "trials must be >= 1, got 0"),
+        ({"depths": (1, -2)}, "depth must be >= 1, got -2"),
+        ({"matmul_precision": "fast"}, "--matmul_precision: unknown matmul precision"),
+    ]  # fmt: skip
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            JSB(**bad)
+    assert JSB(matmul_precision="float32").settings() == {
+        "width": 64, "epochs": 40, "batch_size": 16, "seed": 0, "max_steps": None,
+        "matmul_precision": "highest"}  # fmt: skip
+
+
+def test_jsb_presets_hold_the_papers_study():
+    from rhnzoo.configs import jsb
+
+    full = jsb.get_config()
+    # Zilly et al. 2017, sec. 5.1 / Fig. 4: RHN vs DT-RNN vs DT(S)-RNN at depths 1, 2, 4, 6.
+    assert full.archs == ("rhn", "dtrnn", "dtsrnn") and full.depths == (1, 2, 4, 6)
+    assert (full.width, full.trials, full.epochs, full.batch_size) == (64, 20, 40, 16)
+    cpu = jsb.get_config("cpu")
+    assert (cpu.width, cpu.trials, cpu.epochs, cpu.batch_size) == (32, 10, 25, 16)
+    assert cpu.depths == full.depths and cpu.archs == full.archs
+    with pytest.raises(ValueError, match="unknown --preset 'gpu'; choose from cpu"):
+        jsb.get_config("gpu")
+
+
+# A trial workdir written by the code before the configs (commit 0016358): study(...,
+# archs rhn, dtrnn, depths 2, 2 trials, width 4, epochs 1, batch 8, seed 3, 'highest').
+OLD_TRIAL_CONFIG = {
+    "arch": "rhn", "batch_size": 8, "depth": 2, "epochs": 1, "hidden": 4,
+    "init_bias": -2.267492239054105, "init_scale": 0.013773344750579892,
+    "lr": 0.3185562740273419, "matmul_precision": "highest",
+    "max_grad_norm": 14.599032390543904, "max_steps": None, "momentum": 0.0,
+    "params": 1224, "seed": 3, "trial": 0, "width": 4,
+}  # fmt: skip
+OLD_STUDY = polyphonic.JSBConfig(archs=("rhn",), depths=(2,), trials=1, width=4, epochs=1,
+                                 batch_size=8, seed=3, matmul_precision="float32")  # fmt: skip
+
+
+def test_trial_config_is_the_config_json_of_before():
+    sizes = polyphonic.plan(OLD_STUDY.archs, OLD_STUDY.depths, OLD_STUDY.width)
+    (trial,) = polyphonic.trial_configs(OLD_STUDY, sizes)
+    assert trial.name == "rhn_d2_t0"
+    assert trial.to_dict() == OLD_TRIAL_CONFIG
+    assert polyphonic.TrialConfig.from_dict(OLD_TRIAL_CONFIG) == trial
+    assert trial.training() == polyphonic.PolyphonicConfig(
+        lr=trial.lr, momentum=0.0, max_grad_norm=trial.max_grad_norm, batch_size=8, epochs=1,
+        matmul_precision="highest")  # fmt: skip
+
+
+def test_study_resumes_a_study_written_before_the_configs(tmp_path):
+    """The finished trial of a study root written at 0016358 is accepted and not run again."""
+    import json
+
+    trial_dir = tmp_path / "trials" / "rhn_d2_t0"
+    trial_dir.mkdir(parents=True)
+    (trial_dir / "config.json").write_text(json.dumps(OLD_TRIAL_CONFIG, indent=1, sort_keys=True))
+    old_results = {"best_epoch": 1, "diverged": False, "epochs_run": 1, "seconds": 49.91,
+                   "test_nll": 45.78940993088942, "valid_nll": 45.76331865026596}  # fmt: skip
+    (trial_dir / "results.json").write_text(json.dumps(old_results))
+    lines = []
+    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY, log=lines.append)
+    assert lines == ["1 of 1 trials already finished"]
+    assert rows == [{**OLD_TRIAL_CONFIG, **old_results}]
+    assert json.loads((tmp_path / "results.jsonl").read_text()) == rows[0]
+
+
+def test_study_table_rows():
+    sizes = {("rhn", 1): {"hidden": 6, "params": 1756, "target": 1756},
+             ("dtrnn", 1): {"hidden": 9, "params": 1762, "target": 1756}}  # fmt: skip
+    rows = [{"arch": "rhn", "depth": 1, "valid_nll": 12.5, "test_nll": 12.8},
+            {"arch": "rhn", "depth": 1, "valid_nll": math.inf, "test_nll": 9.0},
+            {"arch": "rhn", "depth": 1, "valid_nll": 13.0, "test_nll": 13.25}]  # fmt: skip
+    config = polyphonic.JSBConfig(archs=("rhn", "dtrnn"), depths=(1,))
+    assert polyphonic.study_table(rows, config, sizes).splitlines() == [
+        "| architecture | depth | hidden | params | target | trials | failed | "
+        "test NLL (best valid trial) | median test NLL | best valid NLL |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| RHN | 1 | 6 | 1,756 | 1,756 | 3 | 1 | 12.800 | 13.250 | 12.500 |",
+        "| DT-RNN | 1 | 9 | 1,762 | 1,756 | 0 | 0 | - | - | - |",
+    ]
+
+
+@pytest.mark.slow
+def test_study_trial_gives_the_nll_of_before(tmp_path):
+    """Trial 1 of the study above, trained now, has the NLLs the code at 0016358 wrote."""
+    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=2), log=print)
+    (row,) = [r for r in rows if r["trial"] == 1]
+    assert row["valid_nll"] == pytest.approx(59.69663709275266, rel=1e-6)
+    assert row["test_nll"] == pytest.approx(59.69930795522836, rel=1e-6)
+    assert (row["best_epoch"], row["epochs_run"], row["diverged"]) == (1, 1, False)

@@ -1,0 +1,35 @@
+"""Presets of the JSB Chorales optimisation study (``experiments/jsb.py``).
+
+The study is Zilly et al. (2017), sec. 5.1 and Fig. 4: next-step prediction on JSB
+Chorales with RHN, DT-RNN and DT(S)-RNN at recurrence depths 1, 2, 4 and 6, the
+architectures of a depth holding the same number of parameters, each trained with
+random hyperparameter settings; Fig. 4 plots every trial's test NLL. Those are the
+defaults of :class:`~rhnzoo.training.polyphonic.JSBConfig` (the full study). The paper
+gives neither the sizes nor the search budget: the full study's width 64, 20 trials of
+40 epochs and batch 16, and the search space (``polyphonic.SEARCH_SPACE``) are ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rhnzoo.training.polyphonic import JSBConfig
+
+# name -> the settings it changes (the flags it sets; flags given explicitly still win).
+PRESETS: dict[str, dict[str, Any]] = {
+    # 2-core CPU, about 9 minutes (8.7 measured): small widths, few trials and epochs.
+    "cpu": {"width": 32, "trials": 10, "epochs": 25, "batch_size": 16},
+}
+
+
+def get_config(preset: str | None = None) -> JSBConfig:
+    """The study's settings: the full study (None) or preset ``preset`` (:data:`PRESETS`).
+
+    Raises:
+      ValueError: an unknown preset (one line naming the known ones).
+    """
+    if preset is None:
+        return JSBConfig()
+    if preset not in PRESETS:
+        raise ValueError(f"unknown --preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return JSBConfig().replace(**PRESETS[preset])
