@@ -489,7 +489,8 @@ class _Run:
 
     def __init__(self, task: Task, cfg: RunConfig, workdir, ckpt, say, primary: bool):
         self.task, self.cfg, self.workdir, self.ckpt, self.say = task, cfg, workdir, ckpt, say
-        self.primary, self.spe, self.total = primary, task.steps_per_epoch, cfg.total_steps(task.steps_per_epoch)
+        self.primary, self.spe = primary, task.steps_per_epoch
+        self.total = cfg.total_steps(self.spe)
         self.epochs = -(-self.total // self.spe)  # of this run, the last one maybe partial
         self.metrics = self.bar = None
         self.best_params = None  # in-memory runs keep a host copy of the best parameters
@@ -509,7 +510,8 @@ class _Run:
         self.metrics = MetricsLog(self.workdir, self.cfg.tensorboard, purge_step=step)
         if self.ckpt is not None:
             self.ckpt.drop_best_after(step)
-        self.metrics.cut_back(step, int(self.meta["validated"]))  # at step 0: an earlier try's lines
+        # Lines past the checkpoint (at step 0: all of an earlier try's) are cut.
+        self.metrics.cut_back(step, int(self.meta["validated"]))
         if step:
             self.say(f"resumed {self.workdir} at step {step}")
         self.params_count = num_params(self.state["task"]["params"])
@@ -649,7 +651,7 @@ class _Run:
                if per_step is not None and self.total > at else "")  # fmt: skip
         sums, rate = self.book.take("window"), self.pace.take("window")
         shown = self.task.train_metrics(sums)
-        record = {"kind": "train", "epoch": at // self.spe + (at % self.spe > 0), "step": at,
+        record = {"kind": "train", "epoch": self.epoch_of(at), "step": at,
                   **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
         self.metrics.write(record)
         self.say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
@@ -691,25 +693,47 @@ class _Run:
         """Validate -> (if better) best checkpoint -> metrics record -> latest checkpoint."""
         self.close_bar()
         self.drain()
-        task, meta, spe, at = self.task, self.meta, self.spe, self.step
-        epoch = (at - 1) // spe + 1
-        done = at - (epoch - 1) * spe
+        at = self.step
         sums, rate = self.book.take("epoch"), self.pace.take("epoch")  # before validation
-        params = self.state["task"]["params"]
+        valid = self.validate(at)
+        self.keep_if_best(valid[self.task.select], at)
+        self.log_epoch(at, sums, rate, valid)
+        self.meta["validated"] = np.array(at)
+        self.save(at)
+        self.pace.take("window")  # the next epoch's steps start a new log window
+        self.pace.restart()
+
+    def epoch_of(self, at: int) -> int:
+        """The 1-based epoch that step count ``at`` (>= 1) falls in."""
+        return (at - 1) // self.spe + 1
+
+    def validate(self, at: int) -> dict[str, float]:
+        """The task's validation (saved and stopped on a signal), its loss checked."""
+        epoch = self.epoch_of(at)
         try:
-            valid = task.validate(params, self.tracker(f"valid (epoch {epoch})"))
+            valid = self.task.validate(self.state["task"]["params"],
+                                       self.tracker(f"valid (epoch {epoch})"))  # fmt: skip
         except Interrupted as e:
             self.save(at)
             raise self.stopped(e.signum, "during validation", at) from None
         if "valid_loss" in valid:
             self.book.check(f"validation loss after epoch {epoch}", valid["valid_loss"], at)
-        value = valid[task.select]
-        if value > meta["best"] if task.higher_is_better else value < meta["best"]:
+        return valid
+
+    def keep_if_best(self, value: float, at: int) -> None:
+        """The best checkpoint (a host copy in memory) if ``value`` is the best so far."""
+        meta, params = self.meta, self.state["task"]["params"]
+        if value > meta["best"] if self.task.higher_is_better else value < meta["best"]:
             if self.ckpt is not None:
                 self.ckpt.save_best(at, params)
             else:
                 self.best_params = jax.device_get(params)
             meta["best"], meta["best_step"] = np.array(value), np.array(at)
+
+    def log_epoch(self, at: int, sums: dict, rate: float, valid: dict) -> None:
+        """The epoch's metrics record and line."""
+        task, spe, epoch = self.task, self.spe, self.epoch_of(at)
+        done = at - (epoch - 1) * spe
         shown = task.train_metrics(sums)
         record = {"kind": "epoch", "epoch": epoch, "step": at, **self.lr_fields(at - 1), **shown,
                   **valid, f"{task.unit}_per_s": rate,
@@ -721,10 +745,6 @@ class _Run:
         self.say(f"epoch {epoch:3d} | step {at:7d} | " + " | ".join(fields)
                  + f" | {rate:,.0f} {task.unit}/s | {record['elapsed_s']:.1f} s"
                  + ("" if done == spe else f" (partial epoch: {done}/{spe} steps)"))  # fmt: skip
-        meta["validated"] = np.array(at)
-        self.save(at)
-        self.pace.take("window")  # the next epoch's steps start a new log window
-        self.pace.restart()
 
     def tracker(self, desc: str) -> Track:
         """:func:`track` for the task's evaluations: bars on process 0 when ``progress``."""
