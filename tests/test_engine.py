@@ -102,6 +102,51 @@ def test_resume_after_a_signal_reproduces_the_uninterrupted_run(tmp_path, uninte
     assert_same_outputs(outputs(workdir), uninterrupted)
 
 
+def test_every_fires_on_multiples_of_n_and_never_for_0():
+    fired = []
+    for n in (3, 0):
+        every = engine.Every(n, fired.append)
+        for step in range(1, 10):
+            every(step)
+    assert fired == [3, 6, 9]
+
+
+# The loop's lines and saves for 30 steps of 12-step epochs, log_every=4,
+# checkpoint_every_steps=5: a mid-epoch checkpoint is skipped at an epoch's end, which saves
+# after its validation line.
+TAIL = ["step 16", "step 20", "save 20", "step 24", "epoch 2", "save 24", "save 25", "step 28",
+        "epoch 3", "save 30"]  # fmt: skip
+LOOP_EVENTS = {
+    6: ["step 4", "save 5", "save 7", "stopped 7",  # stopped after step 7, mid-epoch
+        "resumed 7", "step 8", "save 10", "step 12", "epoch 1", "save 12", "save 15", *TAIL],
+    11: ["step 4", "save 5", "step 8", "save 10", "step 12", "save 12", "stopped 12",
+         # stopped after the epoch's last step, before its validation: validated first
+         "resumed 12", "epoch 1", "save 12", "save 15", *TAIL],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stop_at", sorted(LOOP_EVENTS))
+def test_the_loop_s_periodic_actions_and_epoch_ends_in_order_across_a_stop(
+        tmp_path, monkeypatch, stop_at):  # fmt: skip
+    events, save = [], engine.Checkpoints.save
+
+    def recorded_save(self, step, tree):
+        events.append(f"save {step}")
+        return save(self, step, tree)
+
+    def note(line):
+        words = line.split(" | ")[0].split(";")[0].split()
+        if words[0] in ("step", "epoch", "stopped", "resumed"):
+            events.append(f"{words[0]} {words[-1]}")
+
+    monkeypatch.setattr(engine.Checkpoints, "save", recorded_save)
+    kw = dict(max_steps=30, log_every=4, checkpoint_every_steps=5)
+    with pytest.raises(engine.Interrupted):
+        run(tmp_path / "w", engine_toy.make_task(on_batch=sigterm_at(stop_at)), note, **kw)
+    run(tmp_path / "w", log=note, **kw)
+    assert events == LOOP_EVENTS[stop_at]
+
+
 def test_signal_at_start_up_saves_and_stops(tmp_path):
     engine.catch_signals()
     try:

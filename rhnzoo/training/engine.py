@@ -471,101 +471,160 @@ def _legacy_tree(state: State, meta: dict) -> dict:
     return {"state": state, "meta": {**old, "ref_loss": np.array(math.nan)}}
 
 
+class Every:
+    """A periodic action of the training loop (as clu's ``periodic_actions``):
+    ``action(step)`` after every step whose count ``step`` (1-based, over the whole run)
+    is a multiple of ``n``; ``n = 0``: never."""
+
+    def __init__(self, n: int, action: Callable[[int], None]):
+        self.n, self.action = n, action
+
+    def __call__(self, step: int) -> None:
+        if self.n and step % self.n == 0:
+            self.action(step)
+
+
 class _Run:
     """One run's state and the steps of :func:`run` (start-up, the loop, the end)."""
 
     def __init__(self, task: Task, cfg: RunConfig, workdir, ckpt, say, primary: bool):
         self.task, self.cfg, self.workdir, self.ckpt, self.say = task, cfg, workdir, ckpt, say
-        self.primary, self.spe, self.total = primary, task.steps_per_epoch, cfg.total_steps(task.steps_per_epoch)
+        self.primary, self.spe = primary, task.steps_per_epoch
+        self.total = cfg.total_steps(self.spe)
+        self.epochs = -(-self.total // self.spe)  # of this run, the last one maybe partial
         self.metrics = self.bar = None
         self.best_params = None  # in-memory runs keep a host copy of the best parameters
+        self.periodic = (Every(cfg.log_every, self.log_train),
+                         Every(cfg.checkpoint_every_steps, self.checkpoint))  # fmt: skip
+
+    # ------------------------------------------------------------------------ start-up
 
     def start(self) -> None:
-        """Initial (or restored) state, the compiled step, the metrics log."""
-        task = self.task
+        """Initial (or restored) state, the compiled step, the metrics log, the first lines."""
         init_key, self.run_key = jax.random.split(jax.random.PRNGKey(self.cfg.seed))
-        task_state = task.init_state(init_key)
+        task_state = self.task.init_state(init_key)
         state = {"step": _scalar_like(task_state), "task": task_state}
-        shardings = jax.tree.map(lambda a: a.sharding, state)
-        jitted = jax.jit(_engine_step, static_argnums=0, donate_argnums=1,
-                         out_shardings=(shardings, None))  # fmt: skip
-        self.step_fn = functools.partial(jitted, task.train_step)
-        sums_shape = jax.eval_shape(functools.partial(_engine_step, task.train_step), state,
-                                    task.get_batch(0, 0), self.run_key)[1]  # fmt: skip
-        worst = -math.inf if task.higher_is_better else math.inf
-        meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
-                "epoch_sums": None, "window_sums": None, "elapsed": np.array(0.0),
-                "recent": np.zeros((DIVERGENCE_WINDOW, 2)), "best_mean": np.array(math.inf)}  # fmt: skip
-        self.book = LossBook(task, self.cfg, meta, sums_shape)
-        meta["epoch_sums"], meta["window_sums"] = self.book.zeros(), self.book.zeros()
-        if self.ckpt is not None:
-            restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say,
-                                                legacy=_legacy_tree(state, meta))  # fmt: skip
-            if restored is not None:
-                old = restored["meta"]
-                state, meta = restored["state"], {**meta, **{k: v for k, v in old.items()
-                                                             if k in meta}}  # fmt: skip
-                self.book.meta = meta
-                if "recent" not in old:  # the divergence window starts empty here
-                    self.book.judged_from = int(state["step"])
-        self.state, self.meta = state, meta
-        self.step = step = int(state["step"])
+        sums_shape = self.compile(state)
+        self.state, self.meta = self.restore(state, self.fresh_meta(sums_shape))
+        self.step = step = int(self.state["step"])
         self.metrics = MetricsLog(self.workdir, self.cfg.tensorboard, purge_step=step)
         if self.ckpt is not None:
             self.ckpt.drop_best_after(step)
-        self.metrics.cut_back(step, int(meta["validated"]))  # at step 0: an earlier try's lines
+        # Lines past the checkpoint (at step 0: all of an earlier try's) are cut.
+        self.metrics.cut_back(step, int(self.meta["validated"]))
         if step:
             self.say(f"resumed {self.workdir} at step {step}")
-        self.params_count = num_params(state["task"]["params"])
+        self.params_count = num_params(self.state["task"]["params"])
         self.say(f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
                  f"{self.total:,} steps in this run")  # fmt: skip
         self.book.last_saved = step if step else None
-        self.pending: collections.deque = collections.deque()
-        self.t_start, self.elapsed0 = _now(), float(meta["elapsed"])
+        self.pending: collections.deque = collections.deque()  # dispatched, sums not read
+        self.t_start, self.elapsed0 = _now(), float(self.meta["elapsed"])
         self.pace, self.estimated = Pace(), False
 
+    def compile(self, state: State) -> Any:
+        """Sets ``step_fn``, the jitted engine step; returns the shapes of its sums."""
+        shardings = jax.tree.map(lambda a: a.sharding, state)
+        jitted = jax.jit(_engine_step, static_argnums=0, donate_argnums=1,
+                         out_shardings=(shardings, None))  # fmt: skip
+        self.step_fn = functools.partial(jitted, self.task.train_step)
+        return jax.eval_shape(functools.partial(_engine_step, self.task.train_step), state,
+                              self.task.get_batch(0, 0), self.run_key)[1]  # fmt: skip
+
+    def fresh_meta(self, sums_shape: Any) -> dict:
+        """A new run's bookkeeping (checkpointed with the state); sets ``book`` on it."""
+        worst = -math.inf if self.task.higher_is_better else math.inf
+        meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
+                "epoch_sums": None, "window_sums": None, "elapsed": np.array(0.0),
+                "recent": np.zeros((DIVERGENCE_WINDOW, 2)), "best_mean": np.array(math.inf)}  # fmt: skip
+        self.book = LossBook(self.task, self.cfg, meta, sums_shape)
+        meta["epoch_sums"], meta["window_sums"] = self.book.zeros(), self.book.zeros()
+        return meta
+
+    def restore(self, state: State, meta: dict) -> tuple[State, dict]:
+        """The latest readable checkpoint's state and bookkeeping, else ``state``, ``meta``."""
+        if self.ckpt is None:
+            return state, meta
+        restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say,
+                                            legacy=_legacy_tree(state, meta))  # fmt: skip
+        if restored is None:
+            return state, meta
+        old = restored["meta"]
+        self.book.meta = meta = {**meta, **{k: v for k, v in old.items() if k in meta}}
+        if "recent" not in old:  # the divergence window starts empty here
+            self.book.judged_from = int(restored["state"]["step"])
+        return restored["state"], meta
+
+    # ------------------------------------------------------------------------ the loop
+
     def train(self) -> str:
-        """The training loop; returns why it ended: ``'end'``, ``'patience'``."""
-        cfg, spe, total = self.cfg, self.spe, self.total
-        while True:
-            if stop_requested() is not None:
-                self.close_bar()
-                self.drain()
-                if self.book.last_saved != self.step:
-                    self.save(self.step)
-                raise self.stopped(stop_requested(), "in training" if self.step else "at start-up")
-            step = self.step
-            boundary = step > 0 and (step % spe == 0 or step == total)
-            if boundary and int(self.meta["validated"]) != step:
-                self.close_bar()
-                self.drain()
-                self.end_of_epoch(step)
-            if step >= total:
-                return "end"
-            if cfg.patience and step % spe == 0 and self.out_of_patience(step):
+        """The training loop from ``self.step`` on; returns why it ended: ``'end'``,
+        ``'patience'``. A stop request is honoured at start-up and after every step."""
+        self.stop_if_requested()
+        if self.epoch_ends_at(self.step) and int(self.meta["validated"]) != self.step:
+            self.end_of_epoch()  # its steps were done before a stop
+        if self.step >= self.total:
+            return "end"
+        for epoch in range(self.step // self.spe, self.epochs):
+            first = self.step - epoch * self.spe  # > 0: resumed mid-epoch
+            if self.cfg.patience and first == 0 and self.out_of_patience():
                 return "patience"
-            epoch, index = divmod(step, spe)
-            if index == 0:
-                self.book.reset_sums()
-            if self.bar is None:
-                self.bar = tqdm(total=min(spe, total - epoch * spe), initial=index,
-                                desc=f"epoch {epoch + 1}", disable=not (cfg.progress and self.primary),
-                                leave=False, dynamic_ncols=True)  # fmt: skip
-            self.state, sums = self.step_fn(self.state, self.task.get_batch(epoch, index), self.run_key)
-            self.pending.append((step, sums))
-            self.step = step = step + 1
-            self.drain(keep=1)
-            self.estimate()
-            self.bar.update(1)
-            if step % cfg.log_every == 0:
-                self.drain()
-                self.log_train(step)
-            end = step % spe == 0 or step == total
-            if end:
-                self.close_bar()
-            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and not end:
-                self.drain()
-                self.save(step)
+            self.start_epoch(epoch, first)
+            for index in range(first, self.steps_in(epoch)):
+                self.take_step(epoch, index)
+                self.stop_if_requested()
+            self.end_of_epoch()
+        return "end"
+
+    def steps_in(self, epoch: int) -> int:
+        """The number of steps of ``epoch`` in this run (the last one may be cut short)."""
+        return min(self.spe, self.total - epoch * self.spe)
+
+    def epoch_ends_at(self, step: int) -> bool:
+        """Whether ``step`` steps in all complete an epoch of this run (or the run)."""
+        return step > 0 and (step % self.spe == 0 or step == self.total)
+
+    def start_epoch(self, epoch: int, first: int) -> None:
+        """Zeroes the loss sums (at the epoch's first step) and opens its progress bar."""
+        if first == 0:
+            self.book.reset_sums()
+        self.bar = tqdm(total=self.steps_in(epoch), initial=first, desc=f"epoch {epoch + 1}",
+                        disable=not (self.cfg.progress and self.primary), leave=False,
+                        dynamic_ncols=True)  # fmt: skip
+
+    def take_step(self, epoch: int, index: int) -> None:
+        """Batch ``index`` of ``epoch`` through the compiled step, then the periodic actions."""
+        self.state, sums = self.step_fn(self.state, self.task.get_batch(epoch, index), self.run_key)
+        self.pending.append((self.step, sums))
+        self.step += 1
+        self.drain(keep=1)  # the previous step's sums, while this one runs
+        self.estimate()
+        self.bar.update(1)
+        for action in self.periodic:
+            action(self.step)
+
+    def stop_if_requested(self) -> None:
+        """After a SIGTERM/SIGINT: saves the state (unless saved at this step) and raises
+        :class:`Interrupted`."""
+        signum = stop_requested()
+        if signum is None:
+            return
+        self.close_bar()
+        self.drain()
+        if self.book.last_saved != self.step:
+            self.save(self.step)
+        raise self.stopped(signum, "in training" if self.step else "at start-up")
+
+    def out_of_patience(self) -> bool:
+        """At an epoch's start: whether ``select`` has not improved for ``patience`` epochs."""
+        best_epoch = -(-int(self.meta["best_step"]) // self.spe)
+        if self.step // self.spe - best_epoch < self.cfg.patience:
+            return False
+        self.say(f"early stopping: {self.task.select} has not improved for "
+                 f"{self.cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
+        return True
+
+    # ------------------------------------------------------------ periodic actions, saving
 
     def estimate(self) -> None:
         """Once, as soon as :data:`ESTIMATE_STEPS` steps after the warm-up are timed: the
@@ -583,13 +642,30 @@ class _Run:
                      f"per step on {_device()}, timed after compilation; validation not "
                      f"included){hint}")  # fmt: skip
 
-    def out_of_patience(self, step: int) -> bool:
-        best_epoch = -(-int(self.meta["best_step"]) // self.spe)
-        if step // self.spe - best_epoch < self.cfg.patience:
-            return False
-        self.say(f"early stopping: {self.task.select} has not improved for "
-                 f"{self.cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
-        return True
+    def log_train(self, at: int) -> None:
+        """The training-log line and record of the steps since the last one (every
+        ``log_every`` steps)."""
+        self.drain()
+        per_step = self.pace.seconds_per_step("window")
+        eta = (f" | run ETA {_duration(per_step * (self.total - at))}"
+               if per_step is not None and self.total > at else "")  # fmt: skip
+        sums, rate = self.book.take("window"), self.pace.take("window")
+        shown = self.task.train_metrics(sums)
+        record = {"kind": "train", "epoch": self.epoch_of(at), "step": at,
+                  **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
+        self.metrics.write(record)
+        self.say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
+                 + f" | {rate:,.0f} {self.task.unit}/s{eta}")  # fmt: skip
+        if self.bar is not None:
+            self.bar.set_postfix(self.task.train_metrics(
+                {k: float(v) for k, v in self.meta["epoch_sums"].items()}))  # fmt: skip
+
+    def checkpoint(self, at: int) -> None:
+        """The mid-epoch checkpoint (every ``checkpoint_every_steps``; an epoch's end
+        saves anyway)."""
+        if not self.epoch_ends_at(at):
+            self.drain()
+            self.save(at)
 
     def close_bar(self) -> None:
         if self.bar is not None:
@@ -611,42 +687,53 @@ class _Run:
     def lr_fields(self, at: int) -> dict:
         return {} if self.task.learning_rate is None else {"lr": float(self.task.learning_rate(at))}
 
-    def log_train(self, at: int) -> None:
-        per_step = self.pace.seconds_per_step("window")
-        eta = (f" | run ETA {_duration(per_step * (self.total - at))}"
-               if per_step is not None and self.total > at else "")  # fmt: skip
-        sums, rate = self.book.take("window"), self.pace.take("window")
-        shown = self.task.train_metrics(sums)
-        record = {"kind": "train", "epoch": at // self.spe + (at % self.spe > 0), "step": at,
-                  **self.lr_fields(at - 1), **shown, f"{self.task.unit}_per_s": rate}  # fmt: skip
-        self.metrics.write(record)
-        self.say(f"  step {at:7d} | " + " | ".join(f"{_label(k)} {_fmt(v)}" for k, v in shown.items())
-                 + f" | {rate:,.0f} {self.task.unit}/s{eta}")  # fmt: skip
-        if self.bar is not None:
-            self.bar.set_postfix(self.task.train_metrics(
-                {k: float(v) for k, v in self.meta["epoch_sums"].items()}))  # fmt: skip
+    # ------------------------------------------------------------------ an epoch's end
 
-    def end_of_epoch(self, at: int) -> None:
+    def end_of_epoch(self) -> None:
         """Validate -> (if better) best checkpoint -> metrics record -> latest checkpoint."""
-        task, meta, spe = self.task, self.meta, self.spe
-        epoch = (at - 1) // spe + 1
-        done = at - (epoch - 1) * spe
+        self.close_bar()
+        self.drain()
+        at = self.step
         sums, rate = self.book.take("epoch"), self.pace.take("epoch")  # before validation
-        params = self.state["task"]["params"]
+        valid = self.validate(at)
+        self.keep_if_best(valid[self.task.select], at)
+        self.log_epoch(at, sums, rate, valid)
+        self.meta["validated"] = np.array(at)
+        self.save(at)
+        self.pace.take("window")  # the next epoch's steps start a new log window
+        self.pace.restart()
+
+    def epoch_of(self, at: int) -> int:
+        """The 1-based epoch that step count ``at`` (>= 1) falls in."""
+        return (at - 1) // self.spe + 1
+
+    def validate(self, at: int) -> dict[str, float]:
+        """The task's validation (saved and stopped on a signal), its loss checked."""
+        epoch = self.epoch_of(at)
         try:
-            valid = task.validate(params, self.tracker(f"valid (epoch {epoch})"))
+            valid = self.task.validate(self.state["task"]["params"],
+                                       self.tracker(f"valid (epoch {epoch})"))  # fmt: skip
         except Interrupted as e:
             self.save(at)
             raise self.stopped(e.signum, "during validation", at) from None
         if "valid_loss" in valid:
             self.book.check(f"validation loss after epoch {epoch}", valid["valid_loss"], at)
-        value = valid[task.select]
-        if value > meta["best"] if task.higher_is_better else value < meta["best"]:
+        return valid
+
+    def keep_if_best(self, value: float, at: int) -> None:
+        """The best checkpoint (a host copy in memory) if ``value`` is the best so far."""
+        meta, params = self.meta, self.state["task"]["params"]
+        if value > meta["best"] if self.task.higher_is_better else value < meta["best"]:
             if self.ckpt is not None:
                 self.ckpt.save_best(at, params)
             else:
                 self.best_params = jax.device_get(params)
             meta["best"], meta["best_step"] = np.array(value), np.array(at)
+
+    def log_epoch(self, at: int, sums: dict, rate: float, valid: dict) -> None:
+        """The epoch's metrics record and line."""
+        task, spe, epoch = self.task, self.spe, self.epoch_of(at)
+        done = at - (epoch - 1) * spe
         shown = task.train_metrics(sums)
         record = {"kind": "epoch", "epoch": epoch, "step": at, **self.lr_fields(at - 1), **shown,
                   **valid, f"{task.unit}_per_s": rate,
@@ -658,17 +745,12 @@ class _Run:
         self.say(f"epoch {epoch:3d} | step {at:7d} | " + " | ".join(fields)
                  + f" | {rate:,.0f} {task.unit}/s | {record['elapsed_s']:.1f} s"
                  + ("" if done == spe else f" (partial epoch: {done}/{spe} steps)"))  # fmt: skip
-        meta["validated"] = np.array(at)
-        self.save(at)
-        self.pace.take("window")  # the next epoch's steps start a new log window
-        self.pace.restart()
 
     def tracker(self, desc: str) -> Track:
-        def tracker(iterable, total=None, desc=desc):
-            return track(iterable, total=total, desc=desc,
-                         progress=self.cfg.progress and self.primary)  # fmt: skip
+        """:func:`track` for the task's evaluations: bars on process 0 when ``progress``."""
+        return functools.partial(track, desc=desc, progress=self.cfg.progress and self.primary)
 
-        return tracker
+    # ------------------------------------------------------------------------ the end
 
     def stopped(self, signum: int, where: str, at: int | None = None) -> Interrupted:
         at = self.step if at is None else at
