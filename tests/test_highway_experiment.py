@@ -165,7 +165,7 @@ def test_config_json_is_what_the_script_wrote_before_the_config_class():
     assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
     assert json.loads(json.dumps(runs["plain_d3_s1"].config_json(run))) == CONFIG_0016358
     highway = runs["highway_d3"].config_json(run)
-    assert (highway["kind"], highway["width"], highway["lr"], highway["seed"]) == ("highway", 50, 0.1, 3)
+    assert [highway[k] for k in ("kind", "width", "lr", "seed")] == ["highway", 50, 0.1, 3]
 
 
 def test_config_round_trip_and_one_line_errors():

@@ -20,7 +20,8 @@ from rhnzoo import data, precision
 from rhnzoo.apps import cli
 from rhnzoo.configs import highway as configs
 from rhnzoo.models.highway import ACTIVATIONS, KINDS
-from rhnzoo.training import engine, sweep
+from rhnzoo.training import classify, engine, sweep
+from rhnzoo.training import highway as hw
 from rhnzoo.training.highway import DATA_SOURCES, HighwayConfig
 
 FLAGS = flags.FLAGS
@@ -116,9 +117,6 @@ def train_and_evaluate(cfg: HighwayConfig, run_cfg: engine.RunConfig,
     with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) and the sweep's table and
     figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.training.sweep.Jobs`). Every
     setting was checked when ``cfg`` was made, before the data are read."""
-    from rhnzoo.training import classify
-    from rhnzoo.training import highway as hw
-
     images = _load(cfg)
     splits = hw.split_data(images.train_images, images.train_labels, images.test_images,
                            images.test_labels, cfg.valid_size)  # fmt: skip
@@ -152,8 +150,9 @@ def _header(cfg: HighwayConfig, run_cfg: engine.RunConfig, train_s: float) -> st
     """``results.md``'s heading: the sweep's settings and machine."""
     import jax
 
-    seeds = (f"seed {cfg.seed}" if cfg.seeds == 1 else f"seeds {cfg.seed}-{cfg.seed + cfg.seeds - 1} "
-             f"(mean ± sd over them; figures: seed {cfg.seed})")  # fmt: skip
+    last = cfg.seed + cfg.seeds - 1
+    seeds = (f"seed {cfg.seed}" if cfg.seeds == 1 else f"seeds {cfg.seed}-{last} (mean ± sd "
+             f"over them; figures: seed {cfg.seed})")  # fmt: skip
     return (
         f"# Highway vs plain nets on {cfg.dataset.upper()} (Srivastava et al. 2015)\n\n"
         f"Settings: {cfg.epochs} epochs (--max_epochs {run_cfg.max_epochs}, --max_steps "
@@ -170,7 +169,6 @@ def _header(cfg: HighwayConfig, run_cfg: engine.RunConfig, train_s: float) -> st
 
 def _sweep(cfg: HighwayConfig, splits, run_cfg: engine.RunConfig, jobs) -> None:
     from rhnzoo.analysis import highway as analysis
-    from rhnzoo.training import highway as hw
 
     start = time.time()
     done = hw.sweep(cfg, splits, run_cfg, jobs=jobs)

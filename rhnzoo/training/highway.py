@@ -169,7 +169,8 @@ class HighwayConfig(Config):
             pairs = [item.split(":") for item in self.plain_lrs]
             return {int(d): float(lr) for d, lr in pairs}
         except ValueError:
-            raise ValueError(f"--plain_lrs must be depth:rate pairs, got {list(self.plain_lrs)}") from None
+            raise ValueError(f"--plain_lrs must be depth:rate pairs, got "
+                             f"{list(self.plain_lrs)}") from None  # fmt: skip
 
     def learning_rate(self, kind: str, depth: int) -> float:
         """The initial learning rate of a ``kind`` net of ``depth``: ``lr`` if given, else
@@ -182,7 +183,7 @@ class HighwayConfig(Config):
         rates = self.plain_rates()
         if depth not in rates:
             raise ValueError(f"no plain learning rate for depth {depth} in --plain_lrs "
-                             f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate")  # fmt: skip
+                             f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate")
         return rates[depth]
 
     def net(self, kind: str | None = None, depth: int | None = None) -> FeedForwardNet:
@@ -256,7 +257,8 @@ def split_data(
             "test": (flat(test_images), np.asarray(test_labels, np.int32))}  # fmt: skip
 
 
-def make_optimizer(cfg: HighwayConfig, lr: float) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(cfg: HighwayConfig,
+                   lr: float) -> tuple[optax.GradientTransformation, optax.Schedule]:  # fmt: skip
     """SGD with momentum and a staircase exponential decay from ``lr``: ``(tx, schedule)``."""
     schedule = optax.exponential_decay(lr, cfg.lr_decay_steps, cfg.lr_decay_rate, staircase=True)
     return optax.sgd(schedule, momentum=cfg.momentum or None), schedule
@@ -438,9 +440,9 @@ def sweep(
     done = runner.collect(root, [name for name, _ in runs])
     out = []
     for name, r in runs:
-        net = r.net()
+        net, found = r.net(), done[name] or {}
         out.append({"kind": net.kind, "depth": net.depth, "width": net.width,
                     "params": net.num_params(), "lr": r.lr, "seed": r.seed,
                     "workdir": root / name,
-                    **{k: (done[name] or {}).get(k) for k in ("results", "history", "failed")}})  # fmt: skip
+                    **{k: found.get(k) for k in ("results", "history", "failed")}})  # fmt: skip
     return out
