@@ -26,8 +26,6 @@ seeds --seed ... --seed+K-1 (seed k > 0 in ``<kind>_d<depth>_s<k>``) and the tab
 shows mean ± sd.
 """
 
-import sys
-
 from absl import flags
 
 from rhnzoo.apps import cli, highway
@@ -38,12 +36,5 @@ flags.adopt_module_key_flags(cli)
 flags.adopt_module_key_flags(highway)
 flags.adopt_module_key_flags(sweep)
 
-
-def main(argv) -> None:
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
-    cli.main(highway.experiment)
-
-
 if __name__ == "__main__":
-    cli.run_app(main)
+    cli.run_app(highway.main)

@@ -131,3 +131,95 @@ def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
         assert cells[column] == expected, row
     assert (root / "gate_heatmaps_d3.png").is_file() and "seeds 3-4" in result.stdout + (
         root / "results.md").read_text()  # fmt: skip
+
+
+# ------------------------------------------------------------------ the config, in process
+
+# config.json as experiments/highway.py wrote it at commit 0016358 (before HighwayConfig):
+# `--sweep --depths=3 --plain_lrs=3:1e-3 --max_steps=4 --seeds=2 --seed=3 --batch_size=20
+# --valid_size=40 --noprogress --log_every=3 --data_dir=/tmp/hw-mnist --noverify_data
+# --nodownload --workdir=/tmp/hw-old/sweep`, its run plain_d3_s1 (seed 3 + 1).
+CONFIG_0016358 = {
+    "activation": "tanh", "batch_size": 20, "checkpoint_every_steps": 0,
+    "data_dir": "/tmp/hw-mnist", "data_source": "files", "dataset": "mnist", "depth": 3,
+    "divergence_factor": 3.0, "download": False, "epochs": 400, "eval_batch_size": 1000,
+    "input_size": 784, "kernel_init": "glorot_uniform", "kind": "plain", "log_every": 3,
+    "lr": 0.001, "lr_decay_rate": 0.96, "lr_decay_steps": 100000, "matmul_precision": "default",
+    "max_epochs": None, "max_steps": 4, "momentum": 0.9, "num_classes": 10, "patience": None,
+    "preset": None, "progress": False, "seed": 4, "tensorboard": False, "transform_bias": -4.0,
+    "valid_size": 40, "verify_data": False, "width": 71, "workdir": "/tmp/hw-old/sweep",
+}  # fmt: skip
+
+
+def test_config_json_is_what_the_script_wrote_before_the_config_class():
+    """An existing workdir resumes only if its run's config.json is the same dict."""
+    from rhnzoo.training import engine
+    from rhnzoo.training.highway import HighwayConfig
+
+    cfg = HighwayConfig(sweep=True, depths=("3",), plain_lrs=("3:1e-3",), seeds=2, seed=3,
+                        batch_size=20, valid_size=40, data_dir="/tmp/hw-mnist",
+                        verify_data=False, download=False, workdir="/tmp/hw-old/sweep")  # fmt: skip
+    run = engine.RunConfig(epochs=cfg.epochs, seed=3, max_steps=4, progress=False, log_every=3,
+                           matmul_precision="default")  # fmt: skip
+    runs = dict(cfg.runs())
+    assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
+    assert json.loads(json.dumps(runs["plain_d3_s1"].config_json(run))) == CONFIG_0016358
+    highway = runs["highway_d3"].config_json(run)
+    assert [highway[k] for k in ("kind", "width", "lr", "seed")] == ["highway", 50, 0.1, 3]
+
+
+def test_config_round_trip_and_one_line_errors():
+    from rhnzoo.training.highway import HighwayConfig
+
+    cfg = HighwayConfig(kind="plain", depth=20, sweep=True, depths=("10", "20"), seeds=3)
+    assert HighwayConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.to_dict()["depths"] == ("10", "20") and cfg.replace(seed=5).seed == 5
+    with pytest.raises(ValueError, match="unknown HighwayConfig setting.*: nonsense"):
+        HighwayConfig.from_dict({"depth": 10, "nonsense": 1})
+    for values, message in (
+        ({"seeds": 2}, "--jobs and --seeds are for --sweep"),
+        ({"jobs": 2}, "--jobs and --seeds are for --sweep"),
+        ({"sweep": True, "depths": ("10", "x")}, "--depths must be integers, got 10,x"),
+        ({"kind": "plain", "plain_lrs": ("10-1e-3",)}, "--plain_lrs must be depth:rate pairs"),
+        ({"kind": "plain", "depth": 30}, "no plain learning rate for depth 30"),
+        ({"depth": 1}, "depth must be an integer >= 2"),
+        ({"lr_decay_steps": 0}, "--lr_decay_steps must be an integer >= 1"),
+        ({"heatmap_examples": 0}, "--heatmap_examples must be >= 1"),
+        ({"diagnostics_depth": 1}, "--diagnostics_depth must be 0 or >= 2"),
+        ({"dataset": "ptb"}, "--dataset must be one of mnist, cifar100"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=message.replace("[", r"\[")) as error:
+            HighwayConfig.from_dict(values)
+        assert "\n" not in str(error.value)
+
+
+def test_presets_hold_the_reproductions_settings():
+    """Yarali & Kostic (the ECBM4040 reproduction of Srivastava et al. 2015): highway nets
+    T bias -4, momentum 0.9, lr 0.1, decay 0.96 every 100,000 steps; plain nets lr 0.001 at
+    depths 10 and 20, 0.00001 at 50 and 100; 50 highway / 71 plain units; depths 10-100."""
+    from rhnzoo.configs import highway as configs
+
+    d = configs.get_config()
+    assert (d.transform_bias, d.momentum, d.lr_decay_rate, d.lr_decay_steps) == (-4, 0.9, 0.96, 1e5)
+    assert (d.activation, d.init, d.epochs, d.depths) == ("tanh", "glorot_uniform", 400,
+                                                          ("10", "20", "50", "100"))  # fmt: skip
+    assert [d.learning_rate("highway", k) for k in (10, 20, 50, 100)] == [0.1] * 4
+    assert [d.learning_rate("plain", k) for k in (10, 20, 50, 100)] == [1e-3, 1e-3, 1e-5, 1e-5]
+    assert (d.net("highway", 50).width, d.net("plain", 50).width) == (50, 71)
+    assert d.net("highway", 10).num_params() == 39_250 + 9 * 5_100 + 510  # docs/highway.md
+    cpu = configs.get_config("cpu")
+    assert (cpu.epochs, cpu.preset, cpu.transform_bias) == (120, "cpu", -4)
+    assert [cpu.learning_rate("plain", k) for k in (10, 20, 50, 100)] == [1e-3, 1e-3, 1e-5, 1e-5]
+    assert set(configs.PRESETS) == {"cpu"}
+    with pytest.raises(ValueError, match="--preset must be one of cpu, got 'gpu'"):
+        configs.get_config("gpu")
+
+
+def test_config_json_keys_cover_the_scripts_run_and_data_flags():
+    from rhnzoo.apps import cli
+    from rhnzoo.models.highway import NET_KEYS
+    from rhnzoo.training import highway as hw
+
+    keys = (*NET_KEYS, "lr", *hw.CONFIG_KEYS, *hw.RUN_KEYS)
+    assert len(set(keys)) == len(keys) == len(CONFIG_0016358)
+    assert set(cli.RUN_FLAGS) | set(cli.DATA_FLAGS) <= set(keys)

@@ -174,7 +174,7 @@ def trained_tiny():
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
     splits = hw.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
     run = engine.RunConfig(epochs=2, log_every=10**6, progress=False)
-    out = hw.train(net, splits, hw.TrainConfig(lr=0.05, batch_size=10), run, log=None)
+    out = hw.train(net, splits, hw.HighwayConfig(lr=0.05, batch_size=10), run, log=None)
     return net, jax.tree.map(jnp.asarray, out.best_params), splits
 
 
@@ -252,11 +252,11 @@ def test_split_and_config_errors():
             hw.split_data(x, y, x, y, bad)
     for kwargs, flag in ((dict(lr=0.0), "--lr"), (dict(momentum=1.0), "--momentum"),
                          (dict(batch_size=0), "--batch_size"),
-                         (dict(decay_rate=0.0), "--lr_decay_rate")):  # fmt: skip
+                         (dict(lr_decay_rate=0.0), "--lr_decay_rate")):  # fmt: skip
         with pytest.raises(ValueError, match=flag):
-            hw.TrainConfig(**kwargs)
+            hw.HighwayConfig(**kwargs)
     with pytest.raises(ValueError, match="batch_size must be in"):
-        hw.make_task(FeedForwardNet(input_size=16), splits, hw.TrainConfig(batch_size=71))
+        hw.make_task(FeedForwardNet(input_size=16), splits, hw.HighwayConfig(batch_size=71))
 
 
 @pytest.mark.skipif(not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
@@ -274,7 +274,7 @@ def test_depth10_highway_learns_real_mnist():
     net = FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
     at_init = hw.evaluate(net, net.init(jax.random.key(0)), splits["valid"])["loss"]
     run = engine.RunConfig(epochs=3, log_every=10**6, progress=False)
-    out = hw.train(net, splits, hw.TrainConfig(lr=0.1, batch_size=64), run, log=None)
+    out = hw.train(net, splits, hw.HighwayConfig(lr=0.1, batch_size=64), run, log=None)
     curve = [r["train_xent"] for r in out.history]
     assert at_init > 2.0 and len(curve) == 3 and curve[-1] < 0.4 and curve[-1] < curve[0], curve
     assert out.results["test_acc"] > 0.85, out.results

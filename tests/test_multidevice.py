@@ -115,7 +115,7 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
             rrl.TrainConfig(batch_size=16, max_len=10, buckets=2, epochs=2), devices=devices),
         "highway": lambda devices: hw.make_task(
             FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3), splits,
-            hw.TrainConfig(batch_size=16, eval_batch_size=12, lr=0.1), devices=devices),
+            hw.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1), devices=devices),
     }
     out = {}
     for name, make in tasks.items():

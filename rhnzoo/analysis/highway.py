@@ -38,7 +38,7 @@ import numpy as np
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult
 from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
-from rhnzoo.training import classify, engine
+from rhnzoo.training import classify, engine, sweep
 from rhnzoo.training import highway as hw_training
 
 Array = jax.Array
@@ -342,10 +342,6 @@ def plain_diagnostics(
 # ---------------------------------------------------------------------------- sweep
 
 
-def _fmt(v: float | None, spec: str) -> str:
-    return "—" if v is None or not math.isfinite(v) else format(v, spec)
-
-
 def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """Markdown table of a depth sweep: one row per depth, plain and highway side by side.
 
@@ -357,40 +353,38 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     over them (:func:`rhnzoo.training.sweep.mean_sd`), epochs the mean. Unfinished runs
     show "—".
     """
-    from rhnzoo.training import sweep
-
     groups: dict[tuple[str, int], list] = {}
     for r in runs:
         groups.setdefault((r["kind"], r["depth"]), []).append(r)
-    depths = sorted({r["depth"] for r in runs})
     head = ["depth"]
     for kind in ("plain", "highway"):
         head += [f"{kind} params", f"{kind} lr", f"{kind} epochs", f"{kind} train CE",
                  f"{kind} test acc"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for depth in depths:
-        row = [str(depth)]
+    rows = []
+    for depth in sorted({r["depth"] for r in runs}):
+        row = [depth]
         for kind in ("plain", "highway"):
             group = groups.get((kind, depth))
-            if group is None:
-                row += ["—"] * 5
-                continue
-            lasts = [(r.get("history") or [{}])[-1] for r in group]
-            results = [r.get("results") or {} for r in group]
-            xents = [x for x in (last.get("train_xent") for last in lasts)
-                     if x is not None and math.isfinite(x)]  # fmt: skip
-            accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
-            diverged = sum(bool(res.get("diverged")) for res in results)
-            acc = sweep.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
-                                                    else "—")  # fmt: skip
-            if diverged:
-                acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
-            epochs = [last.get("epoch", 0) for last in lasts]
-            row += [f"{group[0]['params']:,}", f"{group[0]['lr']:g}",
-                    f"{sum(epochs) / len(epochs):.0f}", sweep.mean_sd(xents, ".4f") or "—",
-                    acc]  # fmt: skip
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+            row += [None] * 5 if group is None else _sweep_cells(group)
+        rows.append(row)
+    return sweep.markdown(head, rows)
+
+
+def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The five cells of one kind and depth (its runs: one per seed)."""
+    lasts = [(r.get("history") or [{}])[-1] for r in group]
+    results = [r.get("results") or {} for r in group]
+    xents = [x for x in (last.get("train_xent") for last in lasts)
+             if x is not None and math.isfinite(x)]  # fmt: skip
+    accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
+    diverged = sum(bool(res.get("diverged")) for res in results)
+    acc = sweep.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
+                                            else "—")  # fmt: skip
+    if diverged:
+        acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
+    epochs = [last.get("epoch", 0) for last in lasts]
+    return [f"{group[0]['params']:,}", f"{group[0]['lr']:g}", f"{sum(epochs) / len(epochs):.0f}",
+            sweep.mean_sd(xents, ".4f") or "—", acc]  # fmt: skip
 
 
 def sweep_report(
@@ -430,9 +424,8 @@ def sweep_report(
     root = pathlib.Path(root)
     written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
     table = sweep_table(runs)
-    path = root / "results.md"
-    path.write_text((header + "\n\n" if header else "") + table + "\n")
-    written.append(path)
+    written.append(sweep.write_table(root / "results.md",
+                                     (header + "\n\n" if header else "") + table))  # fmt: skip
     log(table)
 
     first: dict[tuple[str, int], Mapping[str, Any]] = {}

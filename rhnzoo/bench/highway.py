@@ -157,7 +157,7 @@ def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
     """``{'rhnzoo': epoch, 'one': step}``: zero-argument callables running ``steps`` (one)
     train steps of the rhnzoo net, returning the last loss sums."""
     net = FeedForwardNet("highway", depth, WIDTH, transform_bias=T_BIAS)
-    task = hw.make_task(net, splits, hw.TrainConfig(lr=LR, momentum=MOMENTUM, batch_size=BATCH))
+    task = hw.make_task(net, splits, hw.HighwayConfig(lr=LR, momentum=MOMENTUM, batch_size=BATCH))
     step = jax.jit(task.train_step, donate_argnums=0)
     state = {"s": task.init_state(jax.random.key(0))}
     batches = [task.get_batch(0, i) for i in range(steps)]

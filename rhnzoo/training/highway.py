@@ -30,53 +30,202 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo.models.highway import FeedForwardNet
+from rhnzoo import data
+from rhnzoo.config import Config
+from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
 from rhnzoo.training import classify, engine, sharding, step
+from rhnzoo.training import sweep as runner
 
 Array = jax.Array
 Params = Any
 Split = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, m], labels int32 [N])
 
-__all__ = ["TrainConfig", "inputs", "split_data", "make_optimizer", "make_train_step",
-           "make_sums_fn", "evaluate", "make_task", "train", "SweepRun", "sweep"]  # fmt: skip
+__all__ = ["HighwayConfig", "inputs", "split_data", "make_optimizer", "forward",
+           "make_train_step", "make_sums_fn", "evaluate", "ImageTask", "make_task", "train",
+           "train_run", "sweep"]  # fmt: skip
+
+
+HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
+DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer either way
+DATA_SOURCES = ("files", "tfds")
+# A run's config.json: the net's keys (rhnzoo.models.highway.NET_KEYS), its "lr", these
+# settings of HighwayConfig and the engine's RUN_KEYS (engine.RunConfig's, from the flags).
+CONFIG_KEYS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
+               "batch_size", "eval_batch_size", "epochs", "valid_size", "workdir", "seed",
+               "data_dir", "download", "verify_data", "preset")  # fmt: skip
+RUN_KEYS = ("max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
+            "tensorboard", "divergence_factor", "patience", "matmul_precision")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings.
+class HighwayConfig(Config):
+    """The settings of a highway run or depth sweep: ``experiments/highway.py``'s flags,
+    one field per flag (same names), built once from them; the engine's own flags
+    (``--max_steps``, ``--progress``...) are its :class:`~rhnzoo.training.engine.RunConfig`.
 
-    Attributes:
-      lr: initial learning rate (> 0); the reproduction: 0.1 for highway nets, 1e-3
-        (depth 10, 20) and 1e-5 (depth 50, 100) for plain nets.
-      momentum: heavy-ball momentum in [0, 1).
-      decay_rate: the rate is multiplied by this every ``decay_steps`` steps
-        (staircase), in (0, 1].
-      decay_steps: >= 1.
-      batch_size: images per step (>= 1; the last partial batch of an epoch is dropped).
-      eval_batch_size: images per evaluation call (>= 1).
+    A sweep's config narrows to each of its runs (:meth:`runs`); a run's ``config.json``
+    is :meth:`config_json`. Presets: :mod:`rhnzoo.configs.highway`.
+
+    The net: ``kind`` ('highway' or 'plain'), ``depth`` (>= 2 hidden layers), ``width``
+    (None: :data:`DEFAULT_WIDTH` of the kind), ``activation``, ``init`` (the kernel
+    initialiser), ``transform_bias``; the data: ``dataset`` (an image data set of
+    :data:`rhnzoo.data.DATASETS`), ``data_source``, ``valid_size`` (the last training
+    images held out); the optimisation: ``lr`` (None: :data:`HIGHWAY_LR` for highway
+    nets, ``plain_lrs`` at the depth for plain nets), ``plain_lrs`` ('depth:rate'
+    strings), ``momentum`` in [0, 1), ``lr_decay_rate`` in (0, 1] every
+    ``lr_decay_steps`` steps (staircase), ``batch_size`` (the last partial batch of an
+    epoch is dropped), ``eval_batch_size``, ``epochs``; the sweep: ``sweep``, ``depths``
+    (integer strings), ``seeds``, ``jobs``; the analyses: ``analyze``,
+    ``heatmap_examples``, ``lesion_examples``, ``diagnostics_depth`` (0 or >= 2);
+    ``workdir`` (None: :meth:`output_dir`'s default), ``seed`` (initialisation and batch
+    order; a sweep's seeds ``seed`` .. ``seed + seeds - 1``), the data flags
+    ``data_dir``, ``download``, ``verify_data``; ``preset``.
 
     Raises:
-      ValueError: for a value outside its range (one line naming the flag).
+      ValueError: (one line naming the flag, as the script prints it) for a value out
+        of range, a plain net without a learning rate, or ``--seeds`` / ``--jobs``
+        without ``--sweep``.
     """
 
-    lr: float = 0.1
+    kind: str = "highway"
+    depth: int = 10
+    width: int | None = None
+    dataset: str = "mnist"
+    data_source: str = "files"
+    activation: str = "tanh"
+    init: str = "glorot_uniform"
+    transform_bias: float = -4.0
+    # optimisation
+    lr: float | None = None
+    plain_lrs: tuple[str, ...] = ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5")
     momentum: float = 0.9
-    decay_rate: float = 0.96
-    decay_steps: int = 100_000
+    lr_decay_rate: float = 0.96
+    lr_decay_steps: int = 100_000
     batch_size: int = 128
     eval_batch_size: int = 1000
+    epochs: int = 400
+    valid_size: int = 10000
+    # the sweep and the analyses
+    sweep: bool = False
+    depths: tuple[str, ...] = ("10", "20", "50", "100")
+    seeds: int = 1
+    jobs: int = 1
+    analyze: bool = True
+    heatmap_examples: int = 10000
+    lesion_examples: int = 10000
+    diagnostics_depth: int = 50
+    # the run's workdir and seed, the data flags, the preset (as config.json records them)
+    workdir: str | None = None
+    seed: int = 0
+    data_dir: str | None = None
+    download: bool = True
+    verify_data: bool = True
+    preset: str | None = None
 
-    def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 < self.decay_rate <= 1:
-            raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.decay_rate}")
-        for name, value in (("lr_decay_steps", self.decay_steps), ("batch_size", self.batch_size),
-                            ("eval_batch_size", self.eval_batch_size)):  # fmt: skip
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+    def check(self) -> None:
+        if self.dataset not in data.names("images"):
+            raise ValueError(f"--dataset must be one of {', '.join(data.names('images'))}, "
+                             f"got {self.dataset!r}")  # fmt: skip
+        if self.data_source not in DATA_SOURCES:
+            raise ValueError(f"--data_source must be one of {', '.join(DATA_SOURCES)}, "
+                             f"got {self.data_source!r}")  # fmt: skip
+        for name in ("seeds", "jobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.sweep and (self.seeds > 1 or self.jobs > 1):
+            raise ValueError("--jobs and --seeds are for --sweep")
+        for kind, depth in self.plan():  # each net and its optimisation
+            self.net(kind, depth)
+            lr = self.learning_rate(kind, depth)
+            if not lr > 0:
+                raise ValueError(f"--lr must be > 0, got {lr}")
+            if not 0 <= self.momentum < 1:
+                raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
+            if not 0 < self.lr_decay_rate <= 1:
+                raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
+            for name in ("lr_decay_steps", "batch_size", "eval_batch_size"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or value < 1:
+                    raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+        for name in ("heatmap_examples", "lesion_examples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.diagnostics_depth == 1 or self.diagnostics_depth < 0:
+            raise ValueError(f"--diagnostics_depth must be 0 or >= 2, got {self.diagnostics_depth}")
+
+    def plan(self) -> list[tuple[str, int]]:
+        """``[(kind, depth)]``: every ``depths`` x (plain, highway) for a sweep, else
+        ``[(kind, depth)]``. Raises ValueError for a depth that is not an integer."""
+        if not self.sweep:
+            return [(self.kind, self.depth)]
+        try:
+            return [(k, int(d)) for d in self.depths for k in ("plain", "highway")]
+        except ValueError:
+            raise ValueError(f"--depths must be integers, got {','.join(self.depths)}") from None
+
+    def plain_rates(self) -> dict[int, float]:
+        """``plain_lrs`` as ``{depth: rate}``. Raises ValueError for a malformed pair."""
+        try:
+            pairs = [item.split(":") for item in self.plain_lrs]
+            return {int(d): float(lr) for d, lr in pairs}
+        except ValueError:
+            raise ValueError(f"--plain_lrs must be depth:rate pairs, got "
+                             f"{list(self.plain_lrs)}") from None  # fmt: skip
+
+    def learning_rate(self, kind: str, depth: int) -> float:
+        """The initial learning rate of a ``kind`` net of ``depth``: ``lr`` if given, else
+        :data:`HIGHWAY_LR` or the plain rate at the depth. Raises ValueError for a plain
+        depth without a rate."""
+        if self.lr is not None:
+            return self.lr
+        if kind == "highway":
+            return HIGHWAY_LR
+        rates = self.plain_rates()
+        if depth not in rates:
+            raise ValueError(f"no plain learning rate for depth {depth} in --plain_lrs "
+                             f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate")
+        return rates[depth]
+
+    def net(self, kind: str | None = None, depth: int | None = None) -> FeedForwardNet:
+        """The :class:`FeedForwardNet` of ``kind`` and ``depth`` (default: the config's),
+        sized for ``dataset``. Raises ValueError (its one line) for a bad setting."""
+        kind = self.kind if kind is None else kind
+        depth = self.depth if depth is None else depth
+        spec = data.DATASETS[self.dataset]
+        width = DEFAULT_WIDTH[kind] if self.width is None else self.width
+        return FeedForwardNet(kind, depth, width, spec.input_size, spec.num_classes,
+                              self.activation, self.init, self.transform_bias)  # fmt: skip
+
+    def runs(self) -> list[tuple[str, HighwayConfig]]:
+        """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
+        named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.training.sweep.seed_name`),
+        its config narrowed to it (one net, its width and learning rate, seed
+        ``seed + k``, no sweep)."""
+        return [(runner.seed_name(f"{kind}_d{depth}", k),
+                 self.replace(kind=kind, depth=depth, width=self.net(kind, depth).width,
+                              lr=self.learning_rate(kind, depth), seed=self.seed + k,
+                              sweep=False, seeds=1, jobs=1))
+                for kind, depth in self.plan() for k in range(self.seeds)]  # fmt: skip
+
+    def output_dir(self) -> str:
+        """``workdir``, else the default: ``runs/highway_<dataset>_<preset or full>`` for a
+        sweep (its root), ``runs/highway_<dataset>_<kind>_d<depth>`` for one net."""
+        if self.workdir:
+            return self.workdir
+        if self.sweep:
+            return f"runs/highway_{self.dataset}_{self.preset or 'full'}"
+        return f"runs/highway_{self.dataset}_{self.kind}_d{self.depth}"
+
+    def config_json(self, run: engine.RunConfig) -> dict[str, Any]:
+        """The run's ``config.json`` with the engine settings ``run``: the net's
+        :data:`~rhnzoo.models.highway.NET_KEYS`, its ``lr``, :data:`CONFIG_KEYS` and
+        ``run``'s :data:`RUN_KEYS` (the keys and values every workdir since the script's
+        first version holds, so that existing workdirs resume)."""
+        net = self.net()
+        return {**{k: getattr(net, k) for k in NET_KEYS},
+                "lr": self.learning_rate(self.kind, self.depth),
+                **{k: getattr(self, k) for k in CONFIG_KEYS},
+                **{k: getattr(run, k) for k in RUN_KEYS}}  # fmt: skip
 
 
 def inputs(images: Array) -> Array:
@@ -108,10 +257,20 @@ def split_data(
             "test": (flat(test_images), np.asarray(test_labels, np.int32))}  # fmt: skip
 
 
-def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """SGD with momentum and a staircase exponential decay: ``(tx, schedule)``."""
-    schedule = optax.exponential_decay(cfg.lr, cfg.decay_steps, cfg.decay_rate, staircase=True)
+def make_optimizer(cfg: HighwayConfig,
+                   lr: float) -> tuple[optax.GradientTransformation, optax.Schedule]:  # fmt: skip
+    """SGD with momentum and a staircase exponential decay from ``lr``: ``(tx, schedule)``."""
+    schedule = optax.exponential_decay(lr, cfg.lr_decay_steps, cfg.lr_decay_rate, staircase=True)
     return optax.sgd(schedule, momentum=cfg.momentum or None), schedule
+
+
+def forward(net: FeedForwardNet, params, batch, key):
+    """The net on a batch, for :func:`rhnzoo.training.classify.xent_loss`: ``batch`` is
+    ``(images uint8 [N, m], labels [N], idx int [B])``; returns ``(logits [B, C], labels
+    [B], None, {})`` (no dropout: ``key`` unused)."""
+    del key
+    images, labels, idx = batch
+    return net.apply(params, inputs(images[idx])), labels[idx], None, {}
 
 
 def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
@@ -122,13 +281,7 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
     cross-entropy; ``sums`` are :func:`rhnzoo.training.classify.xent_sums` before
     the update.
     """
-
-    def forward(params, batch, key):
-        del key  # no dropout
-        images, labels, idx = batch
-        return net.apply(params, inputs(images[idx])), labels[idx], None, {}
-
-    return step.make_train_step(classify.xent_loss(forward), tx)
+    return step.make_train_step(classify.xent_loss(functools.partial(forward, net)), tx)
 
 
 @functools.lru_cache(maxsize=16)
@@ -145,74 +298,91 @@ def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int 
     return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
 
 
-def make_task(
-    net: FeedForwardNet,
-    splits: Mapping[str, Split],
-    cfg: TrainConfig,
-    *,
-    seed: int = 0,
-    devices: list | None = None,
-) -> engine.Task:
-    """The classification task for the run engine.
+class ImageTask:
+    """A highway or plain net's classification task: its bound methods are the engine
+    :class:`~rhnzoo.training.engine.Task`'s callables (:meth:`task`).
 
     Args:
-      net: the model; splits: :func:`split_data`; cfg: optimisation; seed: the batch
-        order (the engine's ``--seed`` seeds the initialisation); devices: data
-        parallelism over these (default: all): the training split and parameters
-        are replicated, each batch's rows split over a ``Mesh(("data",))``.
+      net: the model; splits: :func:`split_data`; cfg: the optimisation settings (the
+        learning rate :meth:`HighwayConfig.learning_rate` of the net's kind and depth);
+        seed: the batch order (the engine's ``--seed`` seeds the initialisation);
+        devices: data parallelism over these (default: all): the training split and
+        parameters are replicated, each batch's rows split over a ``Mesh(("data",))``.
 
     Raises:
       ValueError: if the training split has fewer images than a batch, the images
         are not ``[N, net.input_size]``, or the devices do not divide the batch.
     """
-    x_train, y_train = splits["train"]
-    for name, (x, _) in splits.items():
-        if x.ndim != 2 or x.shape[1] != net.input_size:
-            raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
-                             f"{net.input_size} inputs")  # fmt: skip
-    spe = classify.steps_per_epoch(len(x_train), cfg.batch_size)
-    mesh = sharding.data_mesh(devices)
-    sharding.check_divisible(cfg.batch_size, mesh)
-    tx, schedule = make_optimizer(cfg)
-    images, labels = sharding.put_tree((x_train, y_train), sharding.replicated(mesh))
 
-    @jax.jit  # one compilation instead of one per random array shape
-    def init(key):
-        params = net.init(key)
-        return {"params": params, "opt_state": tx.init(params)}
+    def __init__(self, net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig,
+                 *, seed: int = 0, devices: list | None = None):  # fmt: skip
+        x_train, y_train = splits["train"]
+        for name, (x, _) in splits.items():
+            if x.ndim != 2 or x.shape[1] != net.input_size:
+                raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
+                                 f"{net.input_size} inputs")  # fmt: skip
+        self.net, self.splits, self.cfg, self.seed = net, splits, cfg, seed
+        self.steps_per_epoch = classify.steps_per_epoch(len(x_train), cfg.batch_size)
+        self.mesh = sharding.data_mesh(devices)
+        sharding.check_divisible(cfg.batch_size, self.mesh)
+        self.tx, self.schedule = make_optimizer(cfg, cfg.learning_rate(net.kind, net.depth))
+        self.images, self.labels = sharding.put_tree((x_train, y_train),
+                                                     sharding.replicated(self.mesh))  # fmt: skip
+        self._init = jax.jit(self._fresh_state)  # one compilation, not one per key shape
 
-    def init_state(key):
-        return sharding.put_tree(init(key), sharding.replicated(mesh))
+    def _fresh_state(self, key):
+        params = self.net.init(key)
+        return {"params": params, "opt_state": self.tx.init(params)}
 
-    def get_batch(epoch: int, index: int):
-        idx = classify.batch_indices(seed, epoch, index, len(x_train), cfg.batch_size)
-        return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
+    def init_state(self, key):
+        """``key -> {'params', 'opt_state'}``, replicated over the devices."""
+        return sharding.put_tree(self._init(key), sharding.replicated(self.mesh))
 
-    def metrics(params, split, track, desc):
-        r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, desc, mesh)
+    def get_batch(self, epoch: int, index: int):
+        """``(images, labels, idx)``: the device-resident split and batch ``index`` of
+        ``epoch``'s indices (:func:`rhnzoo.training.classify.batch_indices`)."""
+        idx = classify.batch_indices(self.seed, epoch, index, len(self.splits["train"][0]),
+                                     self.cfg.batch_size)  # fmt: skip
+        return self.images, self.labels, sharding.put_rows(idx.astype(np.int32), self.mesh)
+
+    def metrics(self, params, split: str, track, desc: str) -> dict[str, float]:
+        """``{'<split>_xent', '<split>_acc'}`` of ``params`` on ``splits[split]``."""
+        r = evaluate(self.net, params, self.splits[split], self.cfg.eval_batch_size, track,
+                     desc, self.mesh)  # fmt: skip
         return {f"{split}_xent": r["loss"], f"{split}_acc": r["accuracy"]}
 
-    def validate(params, track):
-        out = metrics(params, "valid", track, "valid")
+    def validate(self, params, track) -> dict[str, float]:
+        out = self.metrics(params, "valid", track, "valid")
         return {**out, "valid_loss": out["valid_xent"]}
 
-    def final_evaluate(params, track):
-        return {**metrics(params, "valid", track, "valid"),
-                **metrics(params, "test", track, "test")}
+    def final_evaluate(self, params, track) -> dict[str, float]:
+        return {**self.metrics(params, "valid", track, "valid"),
+                **self.metrics(params, "test", track, "test")}  # fmt: skip
 
-    return engine.Task(
-        init_state=init_state, train_step=make_train_step(net, tx), get_batch=get_batch,
-        steps_per_epoch=spe, validate=validate, final_evaluate=final_evaluate,
-        select="valid_xent", train_metrics=classify.train_metrics,
-        chance_loss=math.log(net.num_classes), unit="img",
-        learning_rate=lambda step: float(schedule(step)),
-    )  # fmt: skip
+    def learning_rate(self, step: int) -> float:
+        return float(self.schedule(step))
+
+    def task(self) -> engine.Task:
+        """The engine's :class:`~rhnzoo.training.engine.Task` of these methods."""
+        return engine.Task(
+            init_state=self.init_state, train_step=make_train_step(self.net, self.tx),
+            get_batch=self.get_batch, steps_per_epoch=self.steps_per_epoch,
+            validate=self.validate, final_evaluate=self.final_evaluate, select="valid_xent",
+            train_metrics=classify.train_metrics, chance_loss=math.log(self.net.num_classes),
+            unit="img", learning_rate=self.learning_rate,
+        )  # fmt: skip
+
+
+def make_task(net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig, *,
+              seed: int = 0, devices: list | None = None) -> engine.Task:  # fmt: skip
+    """The classification task for the run engine: :class:`ImageTask`'s (same arguments)."""
+    return ImageTask(net, splits, cfg, seed=seed, devices=devices).task()
 
 
 def train(
     net: FeedForwardNet,
     splits: Mapping[str, Split],
-    cfg: TrainConfig,
+    cfg: HighwayConfig,
     run: engine.RunConfig,
     workdir=None,
     config: Mapping[str, Any] | None = None,
@@ -224,35 +394,34 @@ def train(
     return engine.run(task, run, workdir, config, **kwargs)
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepRun:
-    """One run of a sweep: its net, optimisation, workdir and ``config.json`` settings;
-    ``seed`` (None: the sweep's ``run.seed``) seeds its initialisation and batch order."""
-
-    net: FeedForwardNet
-    cfg: TrainConfig
-    workdir: Any
-    config: Mapping[str, Any]
-    seed: int | None = None
+def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], run: engine.RunConfig, log,
+              workdir: pathlib.Path, on_divergence: str) -> dict[str, Any]:  # fmt: skip
+    """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
+    :func:`functools.partial` to the first four): trains the run ``cfg`` (one of
+    :meth:`HighwayConfig.runs`), seeded by ``cfg.seed``, in ``workdir``; returns its
+    results."""
+    run = dataclasses.replace(run, seed=cfg.seed)
+    return train(cfg.net(), splits, cfg, run, workdir, cfg.config_json(run),
+                 on_divergence=on_divergence, log=log).results  # fmt: skip
 
 
 def sweep(
-    runs: list[SweepRun],
+    cfg: HighwayConfig,
     splits: Mapping[str, Split],
     run: engine.RunConfig,
     *,
     log: Callable[[str], None] | None = print,
-    jobs=None,
+    jobs: runner.Jobs | None = None,
 ) -> list[dict[str, Any]]:
-    """Trains ``runs``, each in its own workdir, on the multi-run runner
-    (:mod:`rhnzoo.training.sweep`): one after another in this process, or side by side
-    in child processes (``jobs``: :class:`rhnzoo.training.sweep.Jobs`).
+    """Trains every run of ``cfg`` (:meth:`HighwayConfig.runs`), each in its own workdir
+    under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.training.sweep`):
+    one after another in this process, or side by side in child processes (``jobs``).
 
     A finished run says ``already finished`` (the engine), an interrupted one resumes
     from its checkpoint. A run that diverges stops there and is reported
-    (``results['diverged']``), the sweep goes on. Every workdir is checked before the
-    first run starts, so an incompatible one fails the sweep before any training. The
-    workdirs share one root.
+    (``results['diverged']``), the sweep goes on (the runner's ``on_divergence='stop'``).
+    Every workdir is checked before the first run starts, so an incompatible one fails
+    the sweep before any training.
 
     Returns:
       Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'seed', 'workdir',
@@ -263,23 +432,17 @@ def sweep(
       ValueError: an incompatible workdir; Interrupted: SIGTERM/SIGINT (the current
       run's state saved); RunError: a file could not be written.
     """
-    from rhnzoo.training import sweep as runner
-
-    roots = {pathlib.Path(r.workdir).parent for r in runs}
-    if len(roots) != 1:
-        raise ValueError(f"the runs of a sweep share one root, got {sorted(map(str, roots))}")
-    (root,) = roots
-
-    def trainer(r: SweepRun):
-        cfg = run if r.seed is None else dataclasses.replace(run, seed=r.seed)
-        return lambda workdir, on_divergence: train(r.net, splits, r.cfg, cfg, workdir, r.config,
-                                                    on_divergence=on_divergence, log=log).results  # fmt: skip
-
-    plan = [runner.Run(pathlib.Path(r.workdir).name, r.config, trainer(r)) for r in runs]
-    runner.run_all(plan, root, log=log, jobs=jobs)
-    done = runner.collect(root, [p.name for p in plan])
-    return [{"kind": r.net.kind, "depth": r.net.depth, "width": r.net.width,
-             "params": r.net.num_params(), "lr": r.cfg.lr,
-             "seed": run.seed if r.seed is None else r.seed, "workdir": r.workdir,
-             **{k: (done[p.name] or {}).get(k) for k in ("results", "history", "failed")}}
-            for r, p in zip(runs, plan)]  # fmt: skip
+    root = pathlib.Path(cfg.output_dir())
+    runs = cfg.runs()
+    plan = [runner.Run(name, r.config_json(run), functools.partial(train_run, r, splits, run, log))
+            for name, r in runs]  # fmt: skip
+    runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop")
+    done = runner.collect(root, [name for name, _ in runs])
+    out = []
+    for name, r in runs:
+        net, found = r.net(), done[name] or {}
+        out.append({"kind": net.kind, "depth": net.depth, "width": net.width,
+                    "params": net.num_params(), "lr": r.lr, "seed": r.seed,
+                    "workdir": root / name,
+                    **{k: found.get(k) for k in ("results", "history", "failed")}})  # fmt: skip
+    return out
