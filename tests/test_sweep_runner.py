@@ -175,3 +175,20 @@ def test_mean_sd_is_the_mean_and_sample_standard_deviation():
     assert sweep.mean_sd([1.0, 2.0, 6.0]) == "3.00 ± 2.65 (n=3)"  # sd = sqrt(14 / 2)
     assert sweep.mean_sd([89.5, 89.5], ".1f") == "89.5 ± 0.0 (n=2)"
     assert sweep.seed_name("lstm", 0) == "lstm" and sweep.seed_name("lstm", 2) == "lstm_s2"
+
+
+def test_markdown_lays_out_blanks_and_alignment():
+    text = sweep.markdown(["depth", "acc", "note"], [[10, "97.1", None], [20, None, "x"]],
+                          align="rr-")
+    assert text.splitlines() == ["| depth | acc | note |", "|---:|---:|---|",
+                                 "| 10 | 97.1 | — |", "| 20 | — | x |"]
+    assert sweep.markdown(["a"], [[None]], blank="-").splitlines()[1:] == ["|---|", "| - |"]
+    with pytest.raises(ValueError, match="one of l, r, c"):
+        sweep.markdown(["a", "b"], [], align="r")
+
+
+def test_write_table_replaces_the_file_whole(tmp_path):
+    path = sweep.write_table(tmp_path / "sub" / "table.md", "| a |\n")
+    assert path.read_text() == "| a |\n" and not list(path.parent.glob("*.tmp"))
+    sweep.write_table(path, "| b |")
+    assert path.read_text() == "| b |\n"

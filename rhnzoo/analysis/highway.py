@@ -367,7 +367,7 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
             group = groups.get((kind, depth))
             row += [None] * 5 if group is None else _sweep_cells(group)
         rows.append(row)
-    return sweep.markdown(head, rows)
+    return sweep.markdown(head, rows, align="r" * len(head))
 
 
 def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:

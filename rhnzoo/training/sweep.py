@@ -347,11 +347,24 @@ def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | 
     return f"{mean:{fmt}} ± {sd:{fmt}}{unit} (n={len(values)})"
 
 
-def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—") -> str:
+_RULES = {"": "---", "l": ":---", "r": "---:", "c": ":---:"}
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—",
+             align: str | None = None) -> str:  # fmt: skip
     """A markdown table; None cells print as ``blank``. Every table of every sweep is
-    laid out here."""
+    laid out here.
+
+    ``align``: one letter per column, ``'l'``, ``'r'``, ``'c'`` or ``'-'`` (none), e.g.
+    ``'rrrrrl'``; None: no alignment. Raises ValueError if its length is not the
+    number of columns."""
+    align = "-" * len(header) if align is None else align
+    if len(align) != len(header) or set(align) - {"-", "l", "r", "c"}:
+        raise ValueError(f"align must be one of l, r, c, - per column ({len(header)}), "
+                         f"got {align!r}")  # fmt: skip
     cell = lambda v: blank if v is None else str(v)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rules = [_RULES[a.replace("-", "")] for a in align]
+    lines = ["| " + " | ".join(header) + " |", "|" + "".join(r + "|" for r in rules)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
