@@ -51,7 +51,8 @@ def define_flags() -> None:
     flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run "
                          "nothing.")
     flags.DEFINE_string("out", None, "Where --table writes its PNGs (default: --root).")
-    cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))  # ptb.py's, every run
+    # ptb.py's flags, for every run
+    cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))
     sweep.define_flags()
 
 
@@ -196,7 +197,8 @@ def table(depths: list[int], runs: list[dict]) -> str:
         for hsg in (False, True):
             group = cells.get((depth, hsg), {})
             row += [_cell(group, "valid_ppl"), _cell(group, "test_ppl")]
-        paper = [f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items()) if d == depth]
+        paper = [f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items())
+                 if d == depth]  # fmt: skip
         row.append("; ".join(paper) or None)
         rows.append(row)
     return sweep.markdown(header, rows, blank=BLANK)

@@ -45,8 +45,8 @@ Array = jax.Array
 State = dict[str, Any]
 
 
-_RUN_KEYS = ("seed", "max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-             "tensorboard", "divergence_factor", "patience", "matmul_precision")  # fmt: skip
+# The engine's settings in a config (all of RunConfig's but ``epochs``: ``max_max_epoch``).
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunConfig) if f.name != "epochs")
 _CELL_KEYS = ("depth", "coupled", "init_bias")
 
 
@@ -196,7 +196,8 @@ class LMConfig(Config):
     def schedule(self, steps_per_epoch: int) -> optax.Schedule:
         """The reference learning-rate schedule as a function of the step count."""
         return functools.partial(learning_rate, lr=self.lr, lr_decay=self.lr_decay,
-                                 max_epoch=self.max_epoch, steps_per_epoch=steps_per_epoch)  # fmt: skip
+                                 max_epoch=self.max_epoch,
+                                 steps_per_epoch=steps_per_epoch)  # fmt: skip
 
 
 def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_per_epoch: int):
@@ -371,7 +372,8 @@ class LMTask:
         if metric_name not in METRICS:
             raise ValueError(f"metric_name must be one of {list(METRICS)}, got {metric_name!r}")
         if run.epochs != cfg.max_max_epoch:
-            raise ValueError(f"run.epochs={run.epochs} differs from max_max_epoch={cfg.max_max_epoch}")
+            raise ValueError(f"run.epochs={run.epochs} differs from "
+                             f"max_max_epoch={cfg.max_max_epoch}")  # fmt: skip
         self.model, self.corpus, self.cfg, self.metric_name = model, corpus, cfg, metric_name
         self.to_metric = METRICS[metric_name]
         self.mesh = sharding.data_mesh(devices)
