@@ -11,8 +11,9 @@ same ``--workdir`` resumes; results land in ``<workdir>/results.json``.
 from absl import flags
 
 from rhnzoo.apps import cli
+from rhnzoo.configs import lm as lm_configs
 
-cli.define_lm_flags(cli.PTB_SOTA, cli.PTB_PRESETS)  # --preset=small: a 2-core CPU, ~30 min
+cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))
 flags.adopt_module_key_flags(cli)
 
 

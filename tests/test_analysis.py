@@ -62,11 +62,11 @@ def run(tmp_path_factory):
     full = data.load_ptb(data_dir, download=False, verify=False)
     corpus = data.Corpus(full.train[:4000], full.valid[:400], full.test[:400], full.vocab)
     model = lm.rhn_language_model(corpus.vocab_size, HIDDEN, DEPTH, hsg=True)
-    cfg = train.TrainConfig(
+    cfg = train.LMConfig(
         lr=0.5,
         batch_size=4,
         num_steps=10,
-        rates=RATES,
+        drop_x=RATES.x, drop_i=RATES.i, drop_h=RATES.h, drop_o=RATES.o,
         eval_batch_size=4,
         eval_num_steps=50,
     )

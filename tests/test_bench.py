@@ -24,7 +24,8 @@ RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)
 
 def setup(hsg, tied, dtype="float32", depth=2):
     model = lm.rhn_language_model(V, N, depth, hsg=hsg, tied=tied, scan_impl="fused", dtype=dtype)
-    cfg = train.TrainConfig(batch_size=B, num_steps=T, rates=RATES)
+    cfg = train.LMConfig(batch_size=B, num_steps=T, drop_x=RATES.x, drop_i=RATES.i,
+                         drop_h=RATES.h, drop_o=RATES.o)  # fmt: skip
     params = helpers.random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     return model, cfg, params
 

@@ -18,7 +18,7 @@ def eight_devices_env() -> dict:
 
 SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
-    from rhnzoo import data, dropout
+    from rhnzoo import data
     from rhnzoo.models import lm
     from rhnzoo.training import engine, lm as train
     assert jax.device_count() == 8, jax.devices()
@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent("""
     for n_dev in (1, 8):
         print("devices", n_dev, flush=True)
         model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True, scan_impl="fused")
-        cfg = train.TrainConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
-                                rates=dropout.Rates(0.2, 0.3, 0.2, 0.3))
+        cfg = train.LMConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
+                             drop_x=0.2, drop_i=0.3, drop_h=0.2, drop_o=0.3)
         run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=60, progress=False)
         # One train step, compared parameter by parameter.
         task = train.make_task(model, corpus, cfg, run, devices=jax.devices()[:n_dev])

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo import cells, data, dropout
+from rhnzoo import cells, data
 from rhnzoo.data import sequences
 from rhnzoo.models import lm
 from rhnzoo.models.classifier import SequenceClassifier
@@ -78,8 +78,8 @@ def test_every_cell_trains_in_the_language_model(name):
                          rng.integers(0, 7, 50), tuple("abcdefg"))  # fmt: skip
     opts = cells.applicable(name, dict(depth=2, init_bias=-1.0))
     model = lm.language_model(name, corpus.vocab_size, 4, **opts)
-    cfg = lm_training.TrainConfig(lr=0.5, batch_size=2, num_steps=5,
-                                  rates=dropout.Rates(0.1, 0.2, 0.2, 0.2))  # fmt: skip
+    cfg = lm_training.LMConfig(lr=0.5, batch_size=2, num_steps=5, drop_x=0.1, drop_i=0.2,
+                               drop_h=0.2, drop_o=0.2)  # fmt: skip
     tx = lm_training.make_optimizer(cfg, 10)
     state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(0))
     rows = jnp.asarray(data.batchify(corpus.train, cfg.batch_size))

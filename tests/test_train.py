@@ -11,11 +11,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import data, dropout
+from rhnzoo import data
 from rhnzoo.models import lm
 from rhnzoo.training import engine
 from rhnzoo.training import lm as train
 
+NO_DROPOUT = dict(drop_x=0.0, drop_i=0.0, drop_h=0.0, drop_o=0.0)
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 
 
@@ -58,7 +59,7 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
 
     model = lm.rhn_language_model(corpus.vocab_size, 64, 2)
     losses = train_losses(
-        model, corpus, train.TrainConfig(lr=1.0, batch_size=10, num_steps=20), 300
+        model, corpus, train.LMConfig(lr=1.0, batch_size=10, num_steps=20, **NO_DROPOUT), 300
     )
     assert abs(losses[0] - np.log(corpus.vocab_size)) < 0.1  # starts near uniform
     assert np.mean(losses[-50:]) < unigram_entropy - 0.1, (np.mean(losses[-50:]), unigram_entropy)
@@ -68,8 +69,8 @@ RUN_FIELDS = {f.name for f in dataclasses.fields(engine.RunConfig)}
 
 
 def configs(**kw):
-    """(TrainConfig, RunConfig) from keyword settings of either."""
-    cfg = train.TrainConfig(**{k: v for k, v in kw.items() if k not in RUN_FIELDS})
+    """(LMConfig, RunConfig) from keyword settings of either."""
+    cfg = train.LMConfig(**{k: v for k, v in kw.items() if k not in RUN_FIELDS})
     run = engine.RunConfig(epochs=cfg.max_max_epoch,
                            **{k: v for k, v in kw.items() if k in RUN_FIELDS})  # fmt: skip
     return cfg, run
@@ -79,7 +80,8 @@ def run(tmp_path, name, corpus, **kw):
     model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True)
     cfg, run_cfg = configs(**{**dict(lr=0.5, batch_size=4, num_steps=10, progress=False,
                                       eval_batch_size=2, eval_num_steps=50, max_epoch=1,
-                                      lr_decay=2.0, rates=dropout.Rates(0.2, 0.3, 0.2, 0.3)),
+                                      lr_decay=2.0, drop_x=0.2, drop_i=0.3, drop_h=0.2,
+                                      drop_o=0.3),
                                **kw})  # fmt: skip
     return train.train(model, corpus, cfg, tmp_path / name, run_cfg, run_config={"test": 1})
 
@@ -170,7 +172,7 @@ def test_bfloat16_training_tracks_float32_on_real_ptb(ptb):
     end within 2% of the float32 run's loss: bf16's 8-bit mantissa perturbs each
     step by ~0.4%, and SGD does not amplify that on this scale."""
     corpus = ptb_slice(ptb, 60_000, 1000)
-    cfg = train.TrainConfig(lr=0.5, batch_size=10, num_steps=20, max_grad_norm=5.0)
+    cfg = train.LMConfig(lr=0.5, batch_size=10, num_steps=20, max_grad_norm=5.0, **NO_DROPOUT)
     final = {}
     for dtype in ("float32", "bfloat16"):
         model = lm.rhn_language_model(corpus.vocab_size, 64, 2, scan_impl="fused", dtype=dtype)

@@ -12,8 +12,9 @@
   logging quiet, and one ``error: ...`` line (exit 1) for any error a user can
   cause; exit 128 + N after signal N (the state saved). ``RHNZOO_TRACEBACK=1``
   shows the traceback instead.
-* :func:`define_lm_flags` / :func:`run_lm`: the language-model experiments
-  (``experiments/ptb.py``, ``experiments/char.py``).
+* :func:`define_lm_flags` / :func:`lm_config` / :func:`run_lm`: the language-model
+  experiments (``experiments/ptb.py``, ``experiments/char.py``; their presets in
+  :mod:`rhnzoo.configs.lm`).
 
 Scripts call ``flags.adopt_module_key_flags(cli)`` so that ``--help`` lists these
 flags with their own.
@@ -31,28 +32,12 @@ from absl import flags, logging
 
 from rhnzoo import precision
 from rhnzoo.data.common import DataError
+from rhnzoo.configs.lm import HSG_RHN_INIT_BIAS
 from rhnzoo.training import engine
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training.lm import LMConfig
 
 FLAGS = flags.FLAGS
-
-# The reference code's ``ptb_sota`` configuration (Zilly et al., rhn_train.py).
-PTB_SOTA = dict(
-    depth=10, hidden_size=830, init_scale=0.04, init_bias=-2.0, lr=0.2, lr_decay=1.02,
-    max_epoch=20, max_max_epoch=500, weight_decay=1e-7, max_grad_norm=10.0, num_steps=35,
-    batch_size=20, drop_x=0.25, drop_i=0.75, drop_h=0.25, drop_o=0.75, tied=True,
-)  # fmt: skip
-
-# ``experiments/ptb.py --preset=small``: a 2-core CPU in about 30 minutes; see
-# BUILD_NOTES.md for its measured result (lr 1.0 with clipping at 10 diverged in epoch 2).
-PTB_PRESETS = {
-    "small": dict(
-        hidden_size=256, depth=3, lr=0.5, max_grad_norm=5.0, max_epoch=4, lr_decay=2.0,
-        max_max_epoch=8, drop_x=0.1, drop_i=0.3, drop_h=0.1, drop_o=0.3, eval_num_steps=200,
-    ),
-}  # fmt: skip
-
-# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
-HSG_RHN_INIT_BIAS = -2.5
 
 RUN_FLAGS = ("workdir", "seed", "max_steps", "max_epochs", "checkpoint_every_steps",
              "log_every", "progress", "tensorboard", "divergence_factor", "patience",
@@ -201,64 +186,66 @@ def main(fn: Callable[[], Any]) -> Any:
 # ----------------------------------------------------------------- language models
 
 _LM_FLAGS: list[str] = []
+# The language-model flags after --cell: (absl kind, name, help); each defaults to the
+# field of the same name of the script's config (rhnzoo.configs.lm).
+_LM_FLAG_SPECS = (
+    ("integer", "depth", "Recurrence depth L (micro-layers per time step; cells with a depth: "
+     "rhn, dtrnn, dtsrnn, rrn, hrl)."),
+    ("integer", "hidden_size", "Units per micro-layer."),
+    ("boolean", "hsg", "Add the Highway State Gate (Shoham & Permuter) around --cell; the RHN "
+     f"T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper."),
+    ("float", "hsg_init_bias", "Initial HSG gate bias b_G."),
+    ("boolean", "coupled", "Coupled carry gate C = 1 - T (RHN)."),
+    ("boolean", "tied", "Tie the embedding and softmax weights."),
+    ("float", "init_scale", "Uniform initialisation half-width."),
+    ("float", "init_bias", "Initial RHN transform-gate bias (with --hsg: "
+     f"{HSG_RHN_INIT_BIAS} unless given)."),
+    ("float", "lr", "Initial SGD learning rate (loss summed over time / batch)."),
+    ("float", "lr_decay", "Learning-rate divisor per epoch after max_epoch."),
+    ("integer", "max_epoch", "Epochs at constant learning rate."),
+    ("integer", "max_max_epoch", "Total epochs of the schedule (alias --epochs)."),
+    ("float", "weight_decay", "L2 coefficient (on 0.5 ||theta||^2)."),
+    ("float", "max_grad_norm", "Global-norm gradient clipping."),
+    ("integer", "num_steps", "Truncated-BPTT window length."),
+    ("integer", "batch_size", "Batch size (rows of the token stream)."),
+    ("float", "drop_x", "Word-dropout probability on the embedding."),
+    ("float", "drop_i", "Dropout probability on the cell input."),
+    ("float", "drop_h", "Dropout probability on the recurrent state."),
+    ("float", "drop_o", "Dropout probability on the cell output."),
+    ("integer", "unroll", "Time steps per lax.scan iteration."),
+    (["auto", "fused", "reference"], "scan_impl", "Time-scan implementation: 'fused' "
+     "(hand-written backward pass, coupled RHN/HSG), 'reference' (plain autodiff, any cell), "
+     "or 'auto' (fused where supported)."),
+    ("boolean", "remat", "Recompute time steps in the backward pass (less memory)."),
+    (["float32", "bfloat16"], "dtype", "Matmul input dtype, float32 accumulation: float32 "
+     "(computed at --matmul_precision, whose default on GPUs and TPUs rounds the inputs to "
+     "TF32 / bfloat16) or bfloat16 (needs the fused scan)."),
+    ("integer", "eval_batch_size", "Final evaluation batch size (default: 1, the reference "
+     "protocol, for a full run; the training batch for a run cut short)."),
+    ("integer", "eval_num_steps", "Window length of evaluation scans."),
+)  # fmt: skip
 
 
-def define_lm_flags(defaults: dict[str, Any], presets: dict[str, dict[str, Any]]) -> None:
-    """Defines every language-model flag with the given defaults (call once, at import)."""
-    d = defaults
-
-    def define(kind, name, default, help_, enum_values=None):
-        if kind == "enum":
-            flags.DEFINE_enum(name, default, enum_values, help_)
-        else:
-            getattr(flags, f"DEFINE_{kind}")(name, default, help_)
-        _LM_FLAGS.append(name)
-
+def define_lm_flags(defaults: LMConfig, presets: dict[str, dict[str, Any]]) -> None:
+    """Defines every language-model flag, its default from ``defaults`` (a config of
+    :mod:`rhnzoo.configs.lm`), and ``--preset`` from ``presets`` (call once, at import)."""
     define_presets(presets)
     define_run_flags()
     from rhnzoo.cells import registry
 
-    flags.DEFINE_enum("cell", "rhn", list(registry.NAMES), "Recurrent cell (rhnzoo.cells "
-                      "registry); RHN uses the fused scan, the others the reference scan.")  # fmt: skip
-    define("integer", "depth", d["depth"], "Recurrence depth L (micro-layers per time step; "
-           "cells with a depth: rhn, dtrnn, dtsrnn, rrn, hrl).")  # fmt: skip
-    define("integer", "hidden_size", d["hidden_size"], "Units per micro-layer.")
-    define("boolean", "hsg", False, "Add the Highway State Gate (Shoham & Permuter) around "
-           f"--cell; the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")  # fmt: skip
-    define("float", "hsg_init_bias", -2.5, "Initial HSG gate bias b_G.")
-    define("boolean", "coupled", True, "Coupled carry gate C = 1 - T (RHN).")
-    define("boolean", "tied", d["tied"], "Tie the embedding and softmax weights.")
-    define("float", "init_scale", d["init_scale"], "Uniform initialisation half-width.")
-    define("float", "init_bias", d["init_bias"], "Initial RHN transform-gate bias (with --hsg: "
-           f"{HSG_RHN_INIT_BIAS} unless given).")  # fmt: skip
-    define("float", "lr", d["lr"], "Initial SGD learning rate (loss summed over time / batch).")
-    define("float", "lr_decay", d["lr_decay"], "Learning-rate divisor per epoch after max_epoch.")
-    define("integer", "max_epoch", d["max_epoch"], "Epochs at constant learning rate.")
-    define("integer", "max_max_epoch", d["max_max_epoch"], "Total epochs of the schedule "
-           "(alias --epochs).")  # fmt: skip
+    flags.DEFINE_enum("cell", defaults.cell, list(registry.NAMES), "Recurrent cell "
+                      "(rhnzoo.cells registry); RHN uses the fused scan, the others the "
+                      "reference scan.")  # fmt: skip
+    for kind, name, help_ in _LM_FLAG_SPECS:
+        default = getattr(defaults, name)
+        if isinstance(kind, list):
+            flags.DEFINE_enum(name, default, kind, help_)
+        else:
+            getattr(flags, f"DEFINE_{kind}")(name, default, help_)
+        _LM_FLAGS.append(name)
     flags.DEFINE_alias("epochs", "max_max_epoch")
-    define("float", "weight_decay", d["weight_decay"], "L2 coefficient (on 0.5 ||theta||^2).")
-    define("float", "max_grad_norm", d["max_grad_norm"], "Global-norm gradient clipping.")
-    define("integer", "num_steps", d["num_steps"], "Truncated-BPTT window length.")
-    define("integer", "batch_size", d["batch_size"], "Batch size (rows of the token stream).")
-    define("float", "drop_x", d["drop_x"], "Word-dropout probability on the embedding.")
-    define("float", "drop_i", d["drop_i"], "Dropout probability on the cell input.")
-    define("float", "drop_h", d["drop_h"], "Dropout probability on the recurrent state.")
-    define("float", "drop_o", d["drop_o"], "Dropout probability on the cell output.")
-    define("integer", "unroll", 1, "Time steps per lax.scan iteration.")
-    define("enum", "scan_impl", "auto", "Time-scan implementation: 'fused' (hand-written "
-           "backward pass, coupled RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' "
-           "(fused where supported).", enum_values=["auto", "fused", "reference"])  # fmt: skip
-    define("boolean", "remat", False, "Recompute time steps in the backward pass (less memory).")
-    define("enum", "dtype", "float32", "Matmul input dtype, float32 accumulation: float32 "
-           "(computed at --matmul_precision, whose default on GPUs and TPUs rounds the inputs "
-           "to TF32 / bfloat16) or bfloat16 (needs the fused scan).",
-           enum_values=["float32", "bfloat16"])  # fmt: skip
     define_distributed_flags()
     _LM_FLAGS.extend(DISTRIBUTED_FLAGS)
-    define("integer", "eval_batch_size", None, "Final evaluation batch size (default: 1, the "
-           "reference protocol, for a full run; the training batch for a run cut short).")  # fmt: skip
-    define("integer", "eval_num_steps", 100, "Window length of evaluation scans.")
 
 
 DISTRIBUTED_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id")
@@ -293,10 +280,11 @@ def initialize_distributed() -> None:
         raise ValueError(f"--distributed: jax.distributed.initialize failed: {e}") from None
 
 
-def lm_config(dataset: str, **overrides: Any) -> dict[str, Any]:
-    """The language-model flags as one config dict (``config.json``), ``overrides`` (e.g.
-    ``depth``, ``hsg``, ``workdir`` of a sweep's run) applied. With HSG the RHN's T bias
-    defaults to -2.5 (Shoham & Permuter). Raises ValueError for a cell flag given to a
+def lm_config(dataset: str, **overrides: Any) -> LMConfig:
+    """The language-model flags as one :class:`~rhnzoo.training.lm.LMConfig` (checked;
+    ``to_dict()`` is ``config.json``), ``overrides`` (e.g. ``depth``, ``hsg``, ``workdir``
+    of a sweep's run) applied. With HSG the RHN's T bias defaults to -2.5 (Shoham &
+    Permuter). Raises ValueError (one line) for a bad setting, or a cell flag given to a
     cell without it."""
     from rhnzoo import cells
 
@@ -312,13 +300,13 @@ def lm_config(dataset: str, **overrides: Any) -> dict[str, Any]:
     if given:
         raise ValueError(f"{', '.join(given)} does not apply to --cell={FLAGS.cell} (its "
                          f"options: {', '.join(cells.options(FLAGS.cell))})")  # fmt: skip
-    return config
+    return LMConfig.from_dict(config)
 
 
 def run_lm(dataset: str, load_corpus: Callable[..., Any] | None = None) -> None:
-    """The language-model experiments' main: the flags as one config dict
-    (:func:`lm_config`) -> :func:`rhnzoo.training.lm.experiment` (checked before any data
-    is read) -> data -> engine.
+    """The language-model experiments' main: the flags as one config (:func:`lm_config`,
+    checked before any data is read) -> data ->
+    :func:`rhnzoo.training.lm.train_and_evaluate`.
 
     Args:
       dataset: a registered language-model data set (``'ptb'``, ``'enwik8'``...); it
@@ -327,11 +315,10 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any] | None = None) -> None:
         (default: the data set's registered loader).
     """
     from rhnzoo import data
-    from rhnzoo.training import lm as lm_training
 
-    experiment = lm_training.experiment(lm_config(dataset))
+    config = lm_config(dataset)
     if FLAGS.distributed:
         initialize_distributed()
     load = load_corpus or data.DATASETS[dataset].load
     corpus = load(FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
-    experiment.train(corpus)
+    lm_training.train_and_evaluate(config, corpus)

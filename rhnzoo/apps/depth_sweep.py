@@ -5,29 +5,36 @@ Each (depth, HSG or not) run is the PTB language model of ``experiments/ptb.py``
 ``<root>/d<depth>_{rhn,hsg}`` (seed k > 0: ``..._s<k>``), trained on the multi-run runner
 (:mod:`rhnzoo.training.sweep`; in this process or side by side in child processes);
 :func:`table` lays out Table 1 from the workdirs (only measured cells filled; several
-seeds: mean ± sd), :func:`write_plots` draws the learning curves (S&P Fig. 6) and
-perplexity against depth (Fig. 8).
+seeds: mean ± sd; a run that diverged is named, not shown), which ``--table`` prints and
+writes to ``<out>/table.md``; :func:`write_plots` draws the learning curves (S&P Fig. 6)
+and perplexity against depth (Fig. 8).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from absl import flags
 
 from rhnzoo.apps import cli
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.training import sweep
+
+if TYPE_CHECKING:
+    from rhnzoo.training.lm import LMConfig
 
 FLAGS = flags.FLAGS
 # ptb.py flags the sweep sets per run (not accepted after --).
 SWEEP_OWNED = {"depth", "hsg", "nohsg", "workdir"}
 PTB_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "ptb.py"
 BLANK = "—"
+TABLE = "table.md"  # --table's markdown, beside the PNGs
 # Published PTB test perplexities: (depth, hsg) -> (perplexity, source).
 PAPER_TEST_PPL = {
     (10, False): (65.4, "Zilly et al. 2017, RHN"),
@@ -44,7 +51,8 @@ def define_flags() -> None:
     flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run "
                          "nothing.")
     flags.DEFINE_string("out", None, "Where --table writes its PNGs (default: --root).")
-    cli.define_lm_flags(cli.PTB_SOTA, cli.PTB_PRESETS)  # ptb.py's flags, for every run
+    # ptb.py's flags, for every run
+    cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))
     sweep.define_flags()
 
 
@@ -64,11 +72,16 @@ def main(argv) -> None:
         if extra:
             sys.exit(f"error: --table takes no ptb.py flags, got {extra}")
         runs = read_runs(root)
-        print("\n".join(table(depths, runs)))
+        text = table(depths, runs)
+        print(text)
         unfinished = [r["workdir"].name for r in runs if r["results"] is None]
         if unfinished:
             print(f"\nno results.json yet (not in the table): {', '.join(unfinished)}")
-        for path in write_plots(runs, pathlib.Path(FLAGS.out) if FLAGS.out else root):
+        diverged = [r["workdir"].name for r in runs if diverged_run(r)]
+        if diverged:
+            print(f"\ndiverged (not in the table): {', '.join(diverged)}")
+        out = pathlib.Path(FLAGS.out) if FLAGS.out else root
+        for path in [sweep.write_table(out / TABLE, text), *write_plots(runs, out)]:
             print(f"wrote {path}")
         return
 
@@ -101,7 +114,8 @@ def experiment(depths: list[int], root: pathlib.Path) -> None:
     configs = [(name, cli.lm_config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
                                     workdir=str(root / name)))
                for d, hsg, k, name in runs]  # fmt: skip
-    load = lambda: data.load("ptb", FLAGS.data_dir, download=FLAGS.download, verify=FLAGS.verify_data)
+    load = functools.partial(data.load, "ptb", FLAGS.data_dir, download=FLAGS.download,
+                             verify=FLAGS.verify_data)  # fmt: skip
     failed = train_all(configs, root, load, jobs=jobs)
     if failed:
         raise engine.RunError(f"{len(failed)} run(s) diverged or failed: {', '.join(failed)}")
@@ -151,12 +165,18 @@ def read_runs(root: pathlib.Path) -> list[dict]:
     return runs
 
 
-def table(depths: list[int], runs: list[dict]) -> list[str]:
-    """The markdown lines of the results table (see the module docstring); the runs of
-    one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.sweep.mean_sd`)."""
+def diverged_run(run: dict) -> bool:
+    """Whether a run of :func:`read_runs` stopped on divergence (its results say so)."""
+    return bool(run["results"] and run["results"].get("diverged"))
+
+
+def table(depths: list[int], runs: list[dict]) -> str:
+    """The markdown results table (see the module docstring; laid out by
+    :func:`rhnzoo.training.sweep.markdown`): finished runs that did not diverge; the runs
+    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.sweep.mean_sd`)."""
     cells: dict[tuple[int, bool], dict[Any, dict]] = {}
     for run in runs:
-        if run["results"] is None:
+        if run["results"] is None or diverged_run(run):
             continue
         key = (int(run["config"]["depth"]), bool(run["config"].get("hsg", False)))
         seed = run["config"].get("seed", 0)
@@ -169,27 +189,25 @@ def table(depths: list[int], runs: list[dict]) -> list[str]:
             )
             continue
         seen[seed] = run
-    fmt = lambda group, name: sweep.mean_sd(
-        [r["results"][name] for r in (group or {}).values() if name in r["results"]], ".1f"
-    ) or BLANK
-    lines = [
-        (
-            "| Depth L | valid ppl (RHN) | test ppl (RHN) | valid ppl (RHN+HSG) "
-            "| test ppl (RHN+HSG) | paper test ppl |"
-        ),
-        "|---:|---:|---:|---:|---:|:---|",
-    ]
+    header = ["Depth L", "valid ppl (RHN)", "test ppl (RHN)", "valid ppl (RHN+HSG)",
+              "test ppl (RHN+HSG)", "paper test ppl"]  # fmt: skip
+    rows = []
     for depth in sorted(set(depths) | {d for d, _ in cells}):
-        row = [str(depth)]
+        row = [depth]
         for hsg in (False, True):
-            run = cells.get((depth, hsg))
-            row += [fmt(run, "valid_ppl"), fmt(run, "test_ppl")]
-        paper = [
-            f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items()) if d == depth
-        ]
-        row.append("; ".join(paper) or BLANK)
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+            group = cells.get((depth, hsg), {})
+            row += [_cell(group, "valid_ppl"), _cell(group, "test_ppl")]
+        paper = [f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items())
+                 if d == depth]  # fmt: skip
+        row.append("; ".join(paper) or None)
+        rows.append(row)
+    return sweep.markdown(header, rows, blank=BLANK)
+
+
+def _cell(group: dict[Any, dict], name: str) -> str | None:
+    """Result ``name`` over a group's seeds as mean ± sd (one decimal); None if none has it."""
+    return sweep.mean_sd([r["results"][name] for r in group.values() if name in r["results"]],
+                         ".1f")  # fmt: skip
 
 
 def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
@@ -230,30 +248,25 @@ def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
-def train_all(configs: Sequence[tuple[str, dict[str, Any]]], root: pathlib.Path, corpus_loader,
+def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpus_loader,
               log=print, jobs=None) -> list[str]:  # fmt: skip
-    """Trains ``(name, config)`` runs (LM configs, :func:`rhnzoo.training.lm.experiment`)
-    in ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`),
-    every config checked before the corpus is read (``corpus_loader()``, once). A run
-    that diverges (or fails in a child process) is reported and the sweep goes on;
-    returns the names of those without results."""
-    from rhnzoo.training import engine
+    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.training.lm.LMConfig`) in
+    ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`), the
+    corpus read once (``corpus_loader()``). A run that diverges stops there (the
+    runner's ``on_divergence='stop'``: its best parameters evaluated, ``results
+    ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
+    or have no results (a child process that failed)."""
+    corpus = corpus_loader()
+    runs = [sweep.Run(name, config.to_dict(), functools.partial(_train_run, config, corpus, log))
+            for name, config in configs]  # fmt: skip
+    done = sweep.run_all(runs, root, log=log, jobs=jobs, on_divergence="stop")
+    return [name for name, results in done.items() if not results or results.get("diverged")]
+
+
+def _train_run(config: LMConfig, corpus, log, workdir: pathlib.Path, on_divergence: str) -> dict:
+    """A :attr:`rhnzoo.training.sweep.Run.train`: ``config`` trained on ``corpus`` in
+    ``workdir``."""
     from rhnzoo.training import lm as lm_training
 
-    plan = [(name, config, lm_training.experiment(config)) for name, config in configs]
-    corpus = corpus_loader()
-
-    def trainer(name, experiment):
-        def train(workdir, on_divergence):
-            try:
-                return experiment.train(corpus, log=log)
-            except engine.TrainingDiverged as e:
-                log(f"{name}: {e}")
-                return None
-
-        return train
-
-    done = sweep.run_all([sweep.Run(name, config, trainer(name, exp))
-                          for name, config, exp in plan], root, log=log, jobs=jobs,
-                         on_divergence="raise")  # fmt: skip
-    return [name for name, results in done.items() if results is None]
+    return lm_training.train_and_evaluate(config, corpus, workdir=workdir, log=log,
+                                          on_divergence=on_divergence)  # fmt: skip

@@ -9,7 +9,8 @@ Prints one JSON object per configuration, with the matmul precision it ran at
 the default rounds float32 matmul inputs to TF32 / bfloat16). What is timed is the full
 jit-compiled train step (window slicing, dropout masks, forward, backward, weight decay,
 clipping, SGD update; state donated) of :func:`rhnzoo.training.lm.make_train_step`
-and, with ``--peer`` (the default), of :func:`make_peer_step`, on random tokens,
+and, with ``--peer`` (the default), of :func:`make_peer_step` (the same one step,
+:func:`rhnzoo.training.step.make_train_step`, of another loss), on random tokens,
 after compilation, on whatever device JAX sees.
 
 Method (so that the figures survive a shared, noisy machine):
@@ -66,6 +67,7 @@ rhnzoo's hand-written recurrent backward runs its matmuls in bfloat16 too.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -83,6 +85,7 @@ from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, matmul_peak, ratios
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
+from rhnzoo.training import step
 
 Array = jax.Array
 
@@ -216,8 +219,25 @@ def peer_loss(
     return nll / batch_size + weight_decay * train.l2_penalty(params), (nll, carry)
 
 
+def peer_window_loss(params: dict, batch: tuple[Array, Array], key: Array, carry: Array, *,
+                     cfg: train.LMConfig, vocab_size: int, **options: Any):  # fmt: skip
+    """:func:`peer_loss` on window ``batch = (rows, index)``, in the loss contract of
+    :func:`rhnzoo.training.step.make_train_step` (as :func:`rhnzoo.training.lm.window_loss`:
+    the same window, carry zeroed at window 0, masks from ``key`` by
+    :func:`rhnzoo.dropout.lm_masks`); ``options``: :func:`peer_loss`'s ``hsg``, ``tied``,
+    ``dtype``, ``layers``. Returns ``(loss, ({'loss': nll, 'count': B T}, carry))``."""
+    rows, index = batch
+    x, y = train.window(rows, index, cfg.num_steps)
+    m, n = params["embed"].shape[1], carry.shape[1]
+    masks = dropout.lm_masks(key, x, vocab_size, m, n, cfg.rates)
+    loss, (nll, carry) = peer_loss(params, train.reset_carry(carry, index), x, y, masks,
+                                   batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
+                                   **options)  # fmt: skip
+    return loss, ({"loss": nll, "count": jnp.float32(cfg.batch_size * cfg.num_steps)}, carry)
+
+
 def make_peer_step(
-    cfg: train.TrainConfig,
+    cfg: train.LMConfig,
     tx: optax.GradientTransformation,
     *,
     vocab_size: int,
@@ -230,29 +250,14 @@ def make_peer_step(
 
     Same contract and state as :func:`rhnzoo.training.lm.make_train_step`
     (``state = {'params', 'opt_state', 'carry'}``, ``rows [B, N] int32``, carry
-    zeroed at window 0, masks from ``key``), with the model and its gradient
-    written in plain JAX (:func:`peer_loss`). Wrap it in ``jax.jit(...,
-    donate_argnums=0)``.
+    zeroed at window 0, masks from ``key``) and the same step
+    (:func:`rhnzoo.training.step.make_train_step`: gradient, optax update), with the
+    model and its gradient written in plain JAX (:func:`peer_loss`). Wrap it in
+    ``jax.jit(..., donate_argnums=0)``.
     """
-    T, B = cfg.num_steps, cfg.batch_size
-
-    def train_step(state, batch, key):
-        rows, window = batch
-        xy = jax.lax.dynamic_slice_in_dim(rows, window * T, T + 1, axis=1)
-        x, y = xy[:, :-1], xy[:, 1:]
-        m, n = state["params"]["embed"].shape[1], state["carry"].shape[1]
-        masks = dropout.lm_masks(key, x, vocab_size, m, n, cfg.rates)
-        carry = jnp.where(window == 0, 0.0, state["carry"])
-        grads, (nll, carry) = jax.grad(peer_loss, has_aux=True)(
-            state["params"], carry, x, y, masks, hsg=hsg, tied=tied, batch_size=B,
-            weight_decay=cfg.weight_decay, dtype=dtype, layers=layers,
-        )  # fmt: skip
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        state = {"params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state, "carry": carry}  # fmt: skip
-        return state, {"loss": nll, "count": jnp.float32(B * T)}
-
-    return train_step
+    loss = functools.partial(peer_window_loss, cfg=cfg, vocab_size=vocab_size, hsg=hsg,
+                             tied=tied, dtype=dtype, layers=layers)  # fmt: skip
+    return step.make_train_step(loss, tx)
 
 
 # ---------------------------------------------------------------------------- the benchmark
@@ -316,8 +321,9 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
                                   tied=c["tied"], scan_impl=scan_impl, remat=remat,
                                   dtype=dtype, unroll=unroll)  # fmt: skip
-    cfg = train.TrainConfig(batch_size=c["batch"], num_steps=c["num_steps"],
-                            rates=dropout.Rates(*c["rates"]))  # fmt: skip
+    drop_x, drop_i, drop_h, drop_o = c["rates"]
+    cfg = train.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
+                         drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32)
     rows = jnp.asarray(data.batchify(tokens, c["batch"]))
@@ -331,8 +337,8 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
         **_host(),
     }  # fmt: skip
-    step = train.make_train_step(model, cfg, tx)
-    compiled, result["compile_s"] = _compile(step, state, batch, key)
+    compiled, result["compile_s"] = _compile(train.make_train_step(model, cfg, tx), state,
+                                              batch, key)  # fmt: skip
     result.update(_memory(compiled))
     candidates, boxes = {}, {}
     candidates["rhnzoo"], boxes["rhnzoo"] = _stepper(compiled, state, batch, key)

@@ -12,9 +12,13 @@ The protocol of the reference RHN code (Zilly et al. 2017, ``rhn_train.py``):
   with batch size 1 over the whole sequence (the reference protocol) for a full
   run, batched for a run cut short by ``--max_steps`` / ``--max_epochs``.
 
-The training rows live on the device; the step slices its window, draws its
-dropout masks from the engine's per-step key and carries the truncated-BPTT state
-in the training state, so the engine's checkpoints resume it exactly.
+The training rows live on the device; the loss (:func:`window_loss`, fed to the one
+step of :mod:`rhnzoo.training.step`) slices its window, draws its dropout masks from
+the engine's per-step key and returns the truncated-BPTT carry in its aux, kept in the
+training state, so the engine's checkpoints resume it exactly.
+
+:class:`LMConfig` holds every setting of a run (``config.json``); its presets are in
+:mod:`rhnzoo.configs.lm`; :func:`train_and_evaluate` trains one on a corpus.
 """
 
 from __future__ import annotations
@@ -31,50 +35,106 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import data, dropout
+from rhnzoo import cells, data, dropout
+from rhnzoo.config import Config
+from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
-from rhnzoo.training import engine, sharding
+from rhnzoo.training import engine, sharding, step
 
 Array = jax.Array
 State = dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and evaluation settings (defaults: reference ``ptb_sota``).
+# The engine's settings in a config (all of RunConfig's but ``epochs``: ``max_max_epoch``).
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunConfig) if f.name != "epochs")
+_CELL_KEYS = ("depth", "coupled", "init_bias")
 
-    Attributes:
-      lr: initial SGD learning rate lr0 (for a loss summed over time / B).
-      lr_decay: divisor applied to the learning rate every epoch after ``max_epoch``.
-      max_epoch: epochs at constant learning rate.
-      max_max_epoch: total number of epochs of the schedule.
-      weight_decay: L2 coefficient on 0.5 * sum(p ** 2) over all parameters.
-      max_grad_norm: global-norm clipping threshold.
-      batch_size: B, rows of the training stream.
-      num_steps: truncated-BPTT window length T.
-      rates: dropout probabilities.
-      eval_batch_size: batch size of the final evaluation; None: 1 (the reference
-        protocol) for a full run, ``batch_size`` for a run cut short.
-      eval_num_steps: window length of evaluation scans (any value gives the same
-        numbers up to float rounding; longer is faster).
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig(Config):
+    """Every setting of a language-model run: ``experiments/ptb.py`` / ``char.py``'s flags,
+    one field each, as written to the run's ``config.json`` (defaults: the reference
+    code's ``ptb_sota``; the presets are :mod:`rhnzoo.configs.lm`).
+
+    Model: ``cell`` (a registered cell; ``'rhn'`` stays out of :meth:`to_dict`, so that
+    earlier RHN workdirs resume), ``depth``, ``coupled``, ``init_bias`` (for the cells
+    that take them), ``hidden_size``, ``hsg`` / ``hsg_init_bias`` (the Highway State
+    Gate), ``tied``, ``init_scale``, ``unroll``, ``scan_impl`` (``'auto'``: fused for a
+    coupled RHN), ``remat``, ``dtype``.
+
+    Optimisation: ``lr`` (lr0, for a loss summed over time / B), ``lr_decay`` (divisor
+    per epoch after ``max_epoch``), ``max_epoch`` (epochs at constant learning rate),
+    ``max_max_epoch`` (epochs of the schedule), ``weight_decay`` (L2 coefficient on
+    0.5 * sum(p ** 2)), ``max_grad_norm`` (global-norm clipping), ``batch_size`` (B, rows
+    of the training stream), ``num_steps`` (truncated-BPTT window T), ``drop_{x,i,h,o}``
+    (dropout probabilities, :class:`rhnzoo.dropout.Rates`).
+
+    Evaluation: ``eval_batch_size`` (final evaluation; None: 1, the reference protocol,
+    for a full run, ``batch_size`` for a run cut short), ``eval_num_steps`` (window of
+    evaluation scans; any value gives the same numbers up to float rounding).
+
+    Run: ``dataset`` (a registered LM data set: its metric), ``preset`` (the preset's
+    name, recorded), ``workdir`` (None: :attr:`run_dir`'s default), the engine's
+    settings (:class:`rhnzoo.training.engine.RunConfig`), the data flags
+    (``data_dir``, ``download``, ``verify_data``) and the multi-process ones
+    (``distributed``, ``coordinator_address``, ``num_processes``, ``process_id``).
 
     Raises:
-      ValueError: for a setting outside its range (one line naming it).
+      ValueError: on construction, for a setting out of range (one line naming it): an
+        unknown data set, a bad rate, learning rate, size, run setting or model option.
     """
 
+    dataset: str = "ptb"
+    preset: str | None = None
+    cell: str = "rhn"
+    depth: int = 10
+    hidden_size: int = 830
+    hsg: bool = False
+    hsg_init_bias: float = -2.5
+    coupled: bool = True
+    tied: bool = True
+    init_scale: float = 0.04
+    init_bias: float = -2.0
     lr: float = 0.2
     lr_decay: float = 1.02
     max_epoch: int = 20
     max_max_epoch: int = 500
     weight_decay: float = 1e-7
     max_grad_norm: float = 10.0
-    batch_size: int = 20
     num_steps: int = 35
-    rates: dropout.Rates = dropout.Rates()
+    batch_size: int = 20
+    drop_x: float = 0.25
+    drop_i: float = 0.75
+    drop_h: float = 0.25
+    drop_o: float = 0.75
+    unroll: int = 1
+    scan_impl: str = "auto"
+    remat: bool = False
+    dtype: str = "float32"
+    distributed: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
     eval_batch_size: int | None = None
     eval_num_steps: int = 100
+    workdir: str | None = None
+    seed: int = 0
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    checkpoint_every_steps: int = 0
+    log_every: int = 100
+    progress: bool = True
+    tensorboard: bool = False
+    divergence_factor: float = 3.0
+    patience: int | None = None
+    matmul_precision: str | None = None
+    data_dir: str | None = None
+    download: bool = True
+    verify_data: bool = True
 
-    def __post_init__(self):
+    def check(self) -> None:
+        data.registry.get(self.dataset, task="lm")
+        dropout.Rates(self.drop_x, self.drop_i, self.drop_h, self.drop_o)  # checks the rates
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not self.lr_decay >= 1:
@@ -86,15 +146,64 @@ class TrainConfig:
             raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.weight_decay < 0 or self.max_grad_norm <= 0:
             raise ValueError("weight_decay must be >= 0 and max_grad_norm > 0")
+        self.run_config()
+        self.model(2)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``config.json`` content (``cell`` only when not ``'rhn'``)."""
+        values = super().to_dict()
+        if values["cell"] == "rhn":
+            del values["cell"]
+        return values
+
+    @property
+    def rates(self) -> dropout.Rates:
+        return dropout.Rates(self.drop_x, self.drop_i, self.drop_h, self.drop_o)
+
+    @property
+    def metric(self) -> str:
+        """``'ppl'`` (perplexity) or ``'bpc'`` (bits per character): the data set's."""
+        return data.registry.get(self.dataset, task="lm").metric
+
+    @property
+    def run_dir(self) -> str:
+        """``workdir``, else ``runs/<dataset>_<preset>[_<cell>][_d<depth>]_n<size>[_hsg]``."""
+        if self.workdir:
+            return self.workdir
+        depth = "depth" in cells.options(self.cell)
+        return (f"runs/{self.dataset}_{self.preset or 'default'}"
+                f"{'' if self.cell == 'rhn' else '_' + self.cell}"
+                f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
+                f"{'_hsg' if self.hsg else ''}")  # fmt: skip
+
+    def run_config(self) -> engine.RunConfig:
+        """The engine's settings (the whole ``max_max_epoch`` schedule)."""
+        return engine.RunConfig(epochs=self.max_max_epoch,
+                                **{k: getattr(self, k) for k in _RUN_KEYS})  # fmt: skip
+
+    def model(self, vocab_size: int) -> LanguageModel:
+        """The language model of these settings over ``vocab_size`` symbols."""
+        scan_impl = self.scan_impl
+        if scan_impl == "auto":
+            scan_impl = "fused" if self.cell == "rhn" and self.coupled else "reference"
+        return lm_models.language_model(
+            self.cell, vocab_size, self.hidden_size, hsg=self.hsg, tied=self.tied,
+            init_scale=self.init_scale, hsg_init_bias=self.hsg_init_bias, unroll=self.unroll,
+            scan_impl=scan_impl, remat=self.remat, dtype=self.dtype,
+            **cells.applicable(self.cell, {k: getattr(self, k) for k in _CELL_KEYS}),
+        )  # fmt: skip
 
     def schedule(self, steps_per_epoch: int) -> optax.Schedule:
         """The reference learning-rate schedule as a function of the step count."""
+        return functools.partial(learning_rate, lr=self.lr, lr_decay=self.lr_decay,
+                                 max_epoch=self.max_epoch,
+                                 steps_per_epoch=steps_per_epoch)  # fmt: skip
 
-        def lr(count):
-            epoch = count // steps_per_epoch
-            return self.lr / self.lr_decay ** jnp.maximum(epoch - self.max_epoch + 1, 0)
 
-        return lr
+def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_per_epoch: int):
+    """lr / lr_decay ** max(epoch - max_epoch + 1, 0) at step ``count`` (epochs from 0)."""
+    epoch = count // steps_per_epoch
+    return lr / lr_decay ** jnp.maximum(epoch - max_epoch + 1, 0)
 
 
 def l2_penalty(params: Any) -> Array:
@@ -102,14 +211,14 @@ def l2_penalty(params: Any) -> Array:
     return 0.5 * sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(params))
 
 
-def make_optimizer(cfg: TrainConfig, steps_per_epoch: int) -> optax.GradientTransformation:
+def make_optimizer(cfg: LMConfig, steps_per_epoch: int) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm), optax.sgd(cfg.schedule(steps_per_epoch))
     )
 
 
 def init_state(
-    model: LanguageModel, cfg: TrainConfig, tx: optax.GradientTransformation, key: Array
+    model: LanguageModel, cfg: LMConfig, tx: optax.GradientTransformation, key: Array
 ) -> State:
     """The task's training state: params, optimizer state and the truncated-BPTT carry."""
     params = model.init(key)
@@ -117,35 +226,45 @@ def init_state(
             "carry": model.initial_carry(cfg.batch_size)}  # fmt: skip
 
 
-def make_train_step(model: LanguageModel, cfg: TrainConfig, tx: optax.GradientTransformation):
-    """Returns the pure ``train_step(state, (rows, window), key) -> (state, sums)``.
+def window(rows: Array, index: Array, num_steps: int) -> tuple[Array, Array]:
+    """Inputs and targets ``[B, T]`` of training window ``index`` (0-based) of the
+    batchified stream ``rows [B, N] int32``; T = ``num_steps``."""
+    xy = jax.lax.dynamic_slice_in_dim(rows, index * num_steps, num_steps + 1, axis=1)
+    return xy[:, :-1], xy[:, 1:]
 
-    ``rows [B, N] int32`` is the batchified training stream (on the device); the
-    step trains on window ``window`` (0-based; the carry is zeroed at window 0)
-    with dropout masks drawn from ``key``. ``sums = {'loss': summed cross-entropy
-    of the window (nats, before weight decay), 'count': B T}``. The engine
-    jit-compiles it with the state donated; to call it yourself, wrap it in
-    ``jax.jit(..., donate_argnums=0)``.
+
+def reset_carry(carry: Any, index: Array) -> Any:
+    """``carry`` zeroed at window 0 (an epoch's start), else as it is."""
+    return jax.tree.map(lambda c: jnp.where(index == 0, jnp.zeros_like(c), c), carry)
+
+
+def window_loss(model: LanguageModel, cfg: LMConfig, params: Any, batch: tuple[Array, Array],
+                key: Array, carry: Any) -> tuple[Array, tuple[dict[str, Array], Any]]:  # fmt: skip
+    """The training loss of one window, as :func:`rhnzoo.training.step.make_train_step`
+    takes it (bind ``model`` and ``cfg`` first).
+
+    ``batch = (rows, index)``: the batchified training stream ``rows [B, N] int32`` (on
+    the device) and the window's index (:func:`window`); the carry is zeroed at window 0
+    and the dropout masks drawn from ``key``. Returns ``(loss, (sums, carry))``: loss =
+    summed cross-entropy / B + ``weight_decay`` * 0.5 ||params||^2; ``sums = {'loss':
+    summed cross-entropy of the window (nats, before weight decay), 'count': B T}``.
     """
-    T, B = cfg.num_steps, cfg.batch_size
+    rows, index = batch
+    x, y = window(rows, index, cfg.num_steps)
+    masks = model.dropout_masks(key, x, cfg.rates)
+    nll, carry = model.nll(params, reset_carry(carry, index), x, y, masks)
+    loss = nll / cfg.batch_size + cfg.weight_decay * l2_penalty(params)
+    return loss, ({"loss": nll, "count": jnp.float32(cfg.batch_size * cfg.num_steps)}, carry)
 
-    def loss_fn(params, carry, x, y, masks):
-        nll, carry = model.nll(params, carry, x, y, masks)
-        return nll / B + cfg.weight_decay * l2_penalty(params), (nll, carry)
 
-    def train_step(state: State, batch, key: Array) -> tuple[State, dict[str, Array]]:
-        rows, window = batch
-        xy = jax.lax.dynamic_slice_in_dim(rows, window * T, T + 1, axis=1)
-        x, y = xy[:, :-1], xy[:, 1:]
-        masks = model.dropout_masks(key, x, cfg.rates)
-        carry = jax.tree.map(lambda c: jnp.where(window == 0, jnp.zeros_like(c), c), state["carry"])
-        grads, (nll, carry) = jax.grad(loss_fn, has_aux=True)(state["params"], carry, x, y, masks)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        state = {"params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state, "carry": carry}  # fmt: skip
-        return state, {"loss": nll, "count": jnp.float32(B * T)}
+def make_train_step(model: LanguageModel, cfg: LMConfig, tx: optax.GradientTransformation):
+    """The LM's ``train_step(state, (rows, window), key) -> (state, sums)``: the one
+    step (:func:`rhnzoo.training.step.make_train_step`) of :func:`window_loss`.
 
-    return train_step
+    The state is :func:`init_state`'s; the engine jit-compiles the step with the state
+    donated; to call it yourself, wrap it in ``jax.jit(..., donate_argnums=0)``.
+    """
+    return step.make_train_step(functools.partial(window_loss, model, cfg), tx)
 
 
 def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
@@ -179,8 +298,20 @@ def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
     return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
 
 
-def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
-    """Returns ``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
+def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None) -> Evaluator:
+    """The :class:`Evaluator` of ``model`` (on ``mesh``)."""
+    return Evaluator(model, mesh)
+
+
+def _eval_window(model: LanguageModel, params, carry, total, x, y, w):
+    """One evaluation window: the carry after it and ``total`` plus its summed NLL."""
+    chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
+    nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
+    return carry, total + nll
+
+
+class Evaluator:
+    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
 
     One jit-compiled call per window of ``num_steps`` (the state carried across
     windows, at most two in flight), so a long evaluation shows progress and stops
@@ -194,27 +325,25 @@ def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
     same tokens.
     """
 
-    @jax.jit
-    def window(params, carry, total, x, y, w):
-        chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
-        nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
-        return carry, total + nll
+    def __init__(self, model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
+        self.model, self.mesh = model, mesh
+        self._window = jax.jit(functools.partial(_eval_window, model))
 
-    def evaluate(params, tokens, batch_size, num_steps, track=None):
+    def _rows(self, a):
+        return a if self.mesh is None else sharding.put_rows(a, self.mesh, pad=True)
+
+    def __call__(self, params, tokens, batch_size, num_steps, track=None):
         x, y, w = eval_windows(tokens, batch_size, num_steps)
-        carry, total = model.initial_carry(batch_size), np.zeros((), np.float32)
-        rows = lambda a: a
-        if mesh is not None:
-            rows = lambda a: sharding.put_rows(a, mesh, pad=True)
-            carry, total = rows(carry), sharding.put(total, sharding.replicated(mesh))
+        carry, total = self.model.initial_carry(batch_size), np.zeros((), np.float32)
+        if self.mesh is not None:
+            carry = self._rows(carry)
+            total = sharding.put(total, sharding.replicated(self.mesh))
         indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
         for i in indices:
             previous = total
-            carry, total = window(params, carry, total, *rows((x[i], y[i], w[i])))
+            carry, total = self._window(params, carry, total, *self._rows((x[i], y[i], w[i])))
             jax.block_until_ready(previous)
         return float(total), float(w.sum())
-
-    return evaluate
 
 
 def perplexity(nll_sum: float, count: float) -> float:
@@ -228,187 +357,157 @@ METRICS = {
 }
 
 
-def make_task(
-    model: LanguageModel,
-    corpus: data.Corpus,
-    cfg: TrainConfig,
-    run: engine.RunConfig,
-    metric_name: str = "ppl",
-    devices: list | None = None,
-) -> engine.Task:
-    """The language-modelling task of ``model`` on ``corpus`` for the run engine.
+class LMTask:
+    """The language-modelling task of ``model`` on ``corpus``: its bound methods are the
+    engine's :class:`~rhnzoo.training.engine.Task` callables (:meth:`task`).
 
     Raises:
       ValueError: bad settings for this corpus (batch too large, windows too long,
         batch not divisible by the devices) or an unknown ``metric_name``.
     """
-    if metric_name not in METRICS:
-        raise ValueError(f"metric_name must be one of {list(METRICS)}, got {metric_name!r}")
-    to_metric = METRICS[metric_name]
-    if run.epochs != cfg.max_max_epoch:
-        raise ValueError(f"run.epochs={run.epochs} differs from max_max_epoch={cfg.max_max_epoch}")
-    mesh = sharding.data_mesh(devices)
-    sharding.check_divisible(cfg.batch_size, mesh)
-    rows_np = data.batchify(corpus.train, cfg.batch_size)
-    spe = data.num_windows(rows_np.shape[1], cfg.num_steps)
-    data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
-    tx = make_optimizer(cfg, spe)
-    rows = sharding.put(rows_np, sharding.by_rows(mesh))
-    evaluate = make_evaluate(model, mesh)
-    cut = run.cut_short(spe)
-    eval_batch = cfg.eval_batch_size or (cfg.batch_size if cut else 1)
-    protocol = "reference batch-1" if eval_batch == 1 else "batched"
 
-    def init(key):
-        state = init_state(model, cfg, tx, key)
-        placed = sharding.put_tree(state, sharding.replicated(mesh))
-        placed["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(mesh))
+    def __init__(self, model: LanguageModel, corpus: data.Corpus, cfg: LMConfig,
+                 run: engine.RunConfig, metric_name: str = "ppl",
+                 devices: list | None = None):  # fmt: skip
+        if metric_name not in METRICS:
+            raise ValueError(f"metric_name must be one of {list(METRICS)}, got {metric_name!r}")
+        if run.epochs != cfg.max_max_epoch:
+            raise ValueError(f"run.epochs={run.epochs} differs from "
+                             f"max_max_epoch={cfg.max_max_epoch}")  # fmt: skip
+        self.model, self.corpus, self.cfg, self.metric_name = model, corpus, cfg, metric_name
+        self.to_metric = METRICS[metric_name]
+        self.mesh = sharding.data_mesh(devices)
+        sharding.check_divisible(cfg.batch_size, self.mesh)
+        rows_np = data.batchify(corpus.train, cfg.batch_size)
+        self.steps_per_epoch = data.num_windows(rows_np.shape[1], cfg.num_steps)
+        data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
+        self.tx = make_optimizer(cfg, self.steps_per_epoch)
+        self.rows = sharding.put(rows_np, sharding.by_rows(self.mesh))
+        self.evaluate = make_evaluate(model, self.mesh)
+        self.cut = run.cut_short(self.steps_per_epoch)
+        self.eval_batch = cfg.eval_batch_size or (cfg.batch_size if self.cut else 1)
+        self.protocol = "reference batch-1" if self.eval_batch == 1 else "batched"
+        self._schedule = cfg.schedule(self.steps_per_epoch)
+
+    def init_state(self, key: Array) -> State:
+        state = init_state(self.model, self.cfg, self.tx, key)
+        placed = sharding.put_tree(state, sharding.replicated(self.mesh))
+        placed["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(self.mesh))
         return placed
 
-    def result(nll, count, split):
-        return {f"{split}_{metric_name}": to_metric(nll / count), f"{split}_loss": nll / count}
+    def get_batch(self, epoch: int, index: int):
+        return self.rows, np.int32(index)
 
-    def validate(params, track):
-        nll, count = evaluate(params, corpus.valid, cfg.batch_size, cfg.num_steps, track)
-        return result(nll, count, "valid")
+    def validate(self, params, track) -> dict[str, float]:
+        nll, count = self.evaluate(params, self.corpus.valid, self.cfg.batch_size,
+                                   self.cfg.num_steps, track)  # fmt: skip
+        return {f"valid_{self.metric_name}": self.to_metric(nll / count),
+                "valid_loss": nll / count}  # fmt: skip
 
-    def final_evaluate(params, track):
-        out = {"eval_batch_size": eval_batch, "eval_protocol": protocol}
+    def final_evaluate(self, params, track) -> dict[str, Any]:
+        out = {"eval_batch_size": self.eval_batch, "eval_protocol": self.protocol}
         for split in ("valid", "test"):
             t0 = time.perf_counter()
-            split_track = functools.partial(track, desc=f"final {split} (batch {eval_batch})")
-            nll, count = evaluate(params, getattr(corpus, split), eval_batch,
-                                  cfg.eval_num_steps, split_track)  # fmt: skip
-            out[f"{split}_{metric_name}"] = to_metric(nll / count)
+            split_track = functools.partial(track, desc=f"final {split} (batch {self.eval_batch})")
+            nll, count = self.evaluate(params, getattr(self.corpus, split), self.eval_batch,
+                                       self.cfg.eval_num_steps, split_track)  # fmt: skip
+            out[f"{split}_{self.metric_name}"] = self.to_metric(nll / count)
             out[f"{split}_eval_s"] = time.perf_counter() - t0
         return out
 
-    return engine.Task(
-        init_state=init,
-        train_step=make_train_step(model, cfg, tx),
-        get_batch=lambda epoch, index: (rows, np.int32(index)),
-        steps_per_epoch=spe,
-        validate=validate,
-        final_evaluate=final_evaluate,
-        select=f"valid_{metric_name}",
-        train_metrics=lambda s: {f"train_{metric_name}": to_metric(s["loss"] / max(s["count"], 1))},
-        chance_loss=math.log(model.vocab_size),
-        unit="tok",
-        learning_rate=lambda step: float(cfg.schedule(spe)(step)),
-        final_label=f"eval batch {eval_batch}"
-        + (", batched because the run was cut short" if cut and cfg.eval_batch_size is None else ""),
-    )
+    def train_metrics(self, sums) -> dict[str, float]:
+        return {f"train_{self.metric_name}": self.to_metric(sums["loss"] / max(sums["count"], 1))}
+
+    def learning_rate(self, step: int) -> float:
+        return float(self._schedule(step))
+
+    def task(self) -> engine.Task:
+        short = ", batched because the run was cut short"
+        return engine.Task(
+            init_state=self.init_state,
+            train_step=make_train_step(self.model, self.cfg, self.tx),
+            get_batch=self.get_batch,
+            steps_per_epoch=self.steps_per_epoch,
+            validate=self.validate,
+            final_evaluate=self.final_evaluate,
+            select=f"valid_{self.metric_name}",
+            train_metrics=self.train_metrics,
+            chance_loss=math.log(self.model.vocab_size),
+            unit="tok",
+            learning_rate=self.learning_rate,
+            final_label=f"eval batch {self.eval_batch}"
+            + (short if self.cut and self.cfg.eval_batch_size is None else ""),
+        )
+
+
+def make_task(
+    model: LanguageModel,
+    corpus: data.Corpus,
+    cfg: LMConfig,
+    run: engine.RunConfig,
+    metric_name: str = "ppl",
+    devices: list | None = None,
+) -> engine.Task:
+    """The language-modelling task of ``model`` on ``corpus`` for the run engine
+    (:class:`LMTask`; ``cfg``'s optimisation and evaluation settings, ``run``'s length).
+
+    Raises:
+      ValueError: bad settings for this corpus (batch too large, windows too long,
+        batch not divisible by the devices) or an unknown ``metric_name``.
+    """
+    return LMTask(model, corpus, cfg, run, metric_name, devices).task()
 
 
 def train(
     model: LanguageModel,
     corpus: data.Corpus,
-    cfg: TrainConfig,
+    cfg: LMConfig,
     workdir: str | os.PathLike | None,
     run: engine.RunConfig | None = None,
     run_config: dict[str, Any] | None = None,
     metric_name: str = "ppl",
     devices: list | None = None,
     log=print,
+    on_divergence: str = "raise",
 ) -> dict[str, Any]:
     """Trains ``model`` on ``corpus`` on the run engine and evaluates the best params.
 
     Args:
       model: the language model.
       corpus: token id streams (``train``, ``valid``, ``test``).
-      cfg: optimisation and evaluation settings.
+      cfg: optimisation and evaluation settings (its model and run fields are not read
+        here).
       workdir: run directory (see :func:`rhnzoo.training.engine.run`); rerunning
         with the same workdir resumes exactly.
-      run: run length and reporting (default: the whole ``cfg.max_max_epoch`` schedule).
+      run: run length and reporting (default: ``cfg.run_config()``, the whole
+        ``cfg.max_max_epoch`` schedule).
       run_config: every setting of the run, checked on resume.
       metric_name: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
       devices: devices for data-parallel training (default: all); batch rows are
         sharded over a ``Mesh(("data",))``, parameters replicated.
+      on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.training.engine.run`).
 
     Returns:
       The final results dict (also written to ``results.json``).
 
     Raises:
       ValueError: bad settings for this corpus, or an incompatible workdir.
-      engine.TrainingDiverged: the loss became non-finite or exploded.
+      engine.TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
       engine.Interrupted: a signal arrived (the state was saved).
     """
-    run = run or engine.RunConfig(epochs=cfg.max_max_epoch)
+    run = run or cfg.run_config()
     task = make_task(model, corpus, cfg, run, metric_name, devices)
-    return engine.run(task, run, workdir, run_config, log=log).results
+    return engine.run(task, run, workdir, run_config, on_divergence=on_divergence,
+                      log=log).results  # fmt: skip
 
 
-# ------------------------------------------------------------ the experiments' body
-
-_RUN_KEYS = ("seed", "max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-             "tensorboard", "divergence_factor", "patience", "matmul_precision")  # fmt: skip
-_CELL_KEYS = ("depth", "coupled", "init_bias")
-
-
-@dataclasses.dataclass(frozen=True)
-class Experiment:
-    """A language-model run from its settings: ``experiments/ptb.py`` / ``char.py``'s
-    flags as one dict (the run's ``config.json``). :func:`experiment` checks them before
-    any data is read; :meth:`train` runs it on a corpus.
-
-    Config keys: ``dataset`` (a registered LM data set), ``cell`` (default ``'rhn'``),
-    ``hsg``, ``hidden_size``, ``depth``, ``coupled``, ``init_bias`` (those the cell
-    takes), ``init_scale``, ``hsg_init_bias``, ``tied``, ``unroll``, ``scan_impl``
-    (``'auto'``: fused for a coupled RHN), ``remat``, ``dtype``, the optimisation
-    settings of :class:`TrainConfig` and ``drop_{x,i,h,o}``, the engine's run settings,
-    ``workdir`` (None: ``runs/<dataset>_<preset>[_<cell>][_d<depth>]_n<size>[_hsg]``).
-    """
-
-    config: dict[str, Any]
-    cfg: TrainConfig
-    run: engine.RunConfig
-    metric: str
-    workdir: str
-
-    def model(self, vocab_size: int) -> LanguageModel:
-        from rhnzoo import cells
-        from rhnzoo.models import lm
-
-        c = self.config
-        cell = c.get("cell", "rhn")
-        scan_impl = c.get("scan_impl", "auto")
-        if scan_impl == "auto":
-            scan_impl = "fused" if cell == "rhn" and c.get("coupled", True) else "reference"
-        return lm.language_model(
-            cell, vocab_size, c["hidden_size"], hsg=c.get("hsg", False), tied=c["tied"],
-            init_scale=c["init_scale"], hsg_init_bias=c.get("hsg_init_bias", -2.5),
-            unroll=c.get("unroll", 1), scan_impl=scan_impl, remat=c.get("remat", False),
-            dtype=c.get("dtype", "float32"),
-            **cells.applicable(cell, {k: c[k] for k in _CELL_KEYS if k in c}),
-        )  # fmt: skip
-
-    def train(self, corpus: data.Corpus, *, devices: list | None = None, log=print) -> dict:
-        return train(self.model(corpus.vocab_size), corpus, self.cfg, self.workdir, self.run,
-                     run_config=self.config, metric_name=self.metric, devices=devices, log=log)  # fmt: skip
-
-
-def experiment(config: dict[str, Any]) -> Experiment:
-    """The :class:`Experiment` of ``config``, every setting checked (one-line ValueError)."""
-    from rhnzoo import cells
-
-    c = config
-    d = data.registry.get(c["dataset"], task="lm")
-    rates = dropout.Rates(c["drop_x"], c["drop_i"], c["drop_h"], c["drop_o"])
-    cfg = TrainConfig(
-        lr=c["lr"], lr_decay=c["lr_decay"], max_epoch=c["max_epoch"],
-        max_max_epoch=c["max_max_epoch"], weight_decay=c["weight_decay"],
-        max_grad_norm=c["max_grad_norm"], batch_size=c["batch_size"], num_steps=c["num_steps"],
-        rates=rates, eval_batch_size=c.get("eval_batch_size"),
-        eval_num_steps=c.get("eval_num_steps", 100),
-    )  # fmt: skip
-    run = engine.RunConfig(epochs=c["max_max_epoch"], **{k: c[k] for k in _RUN_KEYS if k in c})
-    cell = c.get("cell", "rhn")
-    options = cells.applicable(cell, {k: c[k] for k in _CELL_KEYS if k in c})
-    workdir = c.get("workdir") or (
-        f"runs/{c['dataset']}_{c.get('preset') or 'default'}{'' if cell == 'rhn' else '_' + cell}"
-        f"{'_d' + str(c['depth']) if 'depth' in options else ''}_n{c['hidden_size']}"
-        f"{'_hsg' if c.get('hsg') else ''}"
-    )
-    exp = Experiment(dict(config), cfg, run, d.metric, workdir)
-    exp.model(2)  # validates the model settings
-    return exp
+def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
+                       workdir: str | os.PathLike | None = None, devices: list | None = None,
+                       log=print, on_divergence: str = "raise") -> dict[str, Any]:  # fmt: skip
+    """Trains the run ``config`` describes on ``corpus`` (its model, optimisation and run
+    settings; ``config.json`` = ``config.to_dict()``) in ``workdir`` (default:
+    ``config.run_dir``): the one entry point of ``experiments/ptb.py``, ``char.py`` and
+    the depth sweep. Returns and raises as :func:`train`."""
+    return train(config.model(corpus.vocab_size), corpus, config, workdir or config.run_dir,
+                 config.run_config(), run_config=config.to_dict(), metric_name=config.metric,
+                 devices=devices, log=log, on_divergence=on_divergence)  # fmt: skip

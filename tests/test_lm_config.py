@@ -1,0 +1,126 @@
+"""The language model's one config (rhnzoo.training.lm.LMConfig), its presets
+(rhnzoo.configs.lm) and the depth sweep's runs on the one runner."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rhnzoo import data
+from rhnzoo.apps import depth_sweep
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.training import engine
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training.lm import LMConfig
+
+# config.json of `ptb.py --preset=small --hsg --workdir=/tmp/x --max_steps=3`, as the code
+# before LMConfig (commit 0016358) wrote it.
+OLD_CONFIG_JSON = """{"batch_size": 20, "checkpoint_every_steps": 0, "coordinator_address": null,
+"coupled": true, "data_dir": null, "dataset": "ptb", "depth": 3, "distributed": false,
+"divergence_factor": 3.0, "download": true, "drop_h": 0.1, "drop_i": 0.3, "drop_o": 0.3,
+"drop_x": 0.1, "dtype": "float32", "eval_batch_size": null, "eval_num_steps": 200,
+"hidden_size": 256, "hsg": true, "hsg_init_bias": -2.5, "init_bias": -2.5, "init_scale": 0.04,
+"log_every": 100, "lr": 0.5, "lr_decay": 2.0, "matmul_precision": "default", "max_epoch": 4,
+"max_epochs": null, "max_grad_norm": 5.0, "max_max_epoch": 8, "max_steps": 3,
+"num_processes": null, "num_steps": 35, "patience": null, "preset": "small",
+"process_id": null, "progress": true, "remat": false, "scan_impl": "auto", "seed": 0,
+"tensorboard": false, "tied": true, "unroll": 1, "verify_data": true, "weight_decay": 1e-07,
+"workdir": "/tmp/x"}"""
+
+
+def test_an_earlier_config_json_round_trips_unchanged(tmp_path):
+    old = json.loads(OLD_CONFIG_JSON)
+    config = LMConfig.from_dict(old)
+    assert config.to_dict() == old  # same keys (no 'cell' for an RHN), same values
+    assert config.run_dir == "/tmp/x" and config.metric == "ppl"
+    (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
+    engine.prepare_workdir(tmp_path, config.to_dict(), check_only=True)  # resumable
+    assert config.replace(workdir=None).run_dir == "runs/ptb_small_d3_n256_hsg"
+
+
+def test_cell_is_in_the_dict_only_when_not_rhn():
+    config = LMConfig(cell="lstm", hidden_size=8)
+    assert config.to_dict()["cell"] == "lstm" and "cell" not in LMConfig().to_dict()
+    assert LMConfig.from_dict(config.to_dict()) == config
+    assert config.run_dir == "runs/ptb_default_lstm_n8"  # no depth: an LSTM has none
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"lr": 0.0}, "lr must be > 0, got 0.0"),
+    ({"drop_o": 1.0}, "drop_o must be a drop probability in [0, 1), got 1.0"),
+    ({"num_steps": 0}, "num_steps must be >= 1, got 0"),
+    ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),
+    ({"dtype": "bfloat16", "scan_impl": "reference"}, "dtype=bfloat16 needs scan_impl='fused'"),
+    ({"dataset": "mnist"}, "mnist"),
+    ({"learning_rate": 0.1}, "unknown LMConfig setting(s): learning_rate"),
+])  # fmt: skip
+def test_bad_settings_are_one_line_errors(values, message):
+    with pytest.raises(ValueError) as e:
+        LMConfig.from_dict(values)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ptb_sota_is_the_reference_configuration():
+    """Zilly et al. 2017, rhn_train.py ``ptb_sota``: 10 micro-layers of 830 units, tied,
+    SGD lr 0.2 decayed by 1.02 after epoch 20 of 500, clipping 10, weight decay 1e-7,
+    35 steps x 20 rows, dropout x/i/h/o 0.25/0.75/0.25/0.75, T bias -2, init 0.04."""
+    c = lm_configs.get_config()
+    assert (c.depth, c.hidden_size, c.tied) == (10, 830, True)
+    assert (c.init_bias, c.init_scale) == (-2.0, 0.04)
+    assert (c.lr, c.lr_decay, c.max_epoch, c.max_max_epoch) == (0.2, 1.02, 20, 500)
+    assert (c.max_grad_norm, c.weight_decay, c.num_steps, c.batch_size) == (10.0, 1e-7, 35, 20)
+    assert (c.drop_x, c.drop_i, c.drop_h, c.drop_o) == (0.25, 0.75, 0.25, 0.75)
+    assert c == LMConfig() and c.preset is None
+
+
+def test_enwik8_sota_and_the_presets():
+    """rhn_train.py ``enwik8_sota`` (= ``text8_sota``): 10 x 1500 untied, lr 0.2 decayed by
+    1.03 after epoch 5, 50 steps x 128 rows, dropout 0.1/0.4/0.1/0.4, T bias -4."""
+    for dataset in ("enwik8", "text8"):
+        c = lm_configs.get_config(dataset=dataset)
+        assert (c.dataset, c.depth, c.hidden_size) == (dataset, 10, 1500)
+        assert (c.tied, c.init_bias) == (False, -4.0)
+        assert (c.lr, c.lr_decay, c.max_epoch, c.num_steps, c.batch_size) == (0.2, 1.03, 5, 50, 128)
+        assert (c.drop_x, c.drop_i, c.drop_h, c.drop_o) == (0.1, 0.4, 0.1, 0.4)
+    small = lm_configs.get_config("small")
+    assert (small.preset, small.hidden_size, small.depth) == ("small", 256, 3)
+    assert (small.lr, small.max_max_epoch, small.drop_i) == (0.5, 8, 0.3)
+    char = lm_configs.get_config("small", dataset="ptb_char")
+    assert (char.batch_size, char.num_steps, char.drop_i, char.metric) == (64, 50, 0.0, "bpc")
+    assert lm_configs.char_sets() == ["ptb_char", "enwik8", "text8"]
+    with pytest.raises(ValueError, match="preset must be one of \\['small'\\]"):
+        lm_configs.get_config("large")
+
+
+def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
+    """The depth sweep on the runner: the run that diverges stops there (its results say
+    so) and train_all names it; the other run finishes."""
+    rng = np.random.default_rng(0)
+    tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
+    corpus = data.Corpus(tokens(400), tokens(100), tokens(100), tuple("abcdefghijkl"))
+    base = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_steps=3,
+                    progress=False, eval_batch_size=4, eval_num_steps=20,
+                    max_grad_norm=1e30)  # fmt: skip
+    configs = [("fine", base.replace(lr=0.1, workdir=str(tmp_path / "fine"))),
+               ("wild", base.replace(lr=1e30, workdir=str(tmp_path / "wild")))]  # fmt: skip
+    lines = []
+    failed = depth_sweep.train_all(configs, tmp_path, lambda: corpus, log=lines.append)
+    assert failed == ["wild"]
+    results = json.loads((tmp_path / "wild" / "results.json").read_text())
+    assert "non-finite" in results["diverged"] and results["stopped"] == "diverged"
+    assert "diverged" not in json.loads((tmp_path / "fine" / "results.json").read_text())
+    assert lines[0].startswith("[1/2] fine")
+    assert any(line.startswith("[2/2] wild") for line in lines)
+    on_disk = json.loads((tmp_path / "fine" / "config.json").read_text())
+    assert on_disk == configs[0][1].to_dict()
+
+
+def test_train_and_evaluate_is_the_one_entry_point(tmp_path):
+    rng = np.random.default_rng(1)
+    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (300, 80, 80)),
+                         tuple("abcdefghi"))  # fmt: skip
+    config = LMConfig(cell="gru", hidden_size=8, batch_size=4, num_steps=5, max_steps=2,
+                      progress=False, eval_batch_size=4, workdir=str(tmp_path / "w"))  # fmt: skip
+    results = lm_training.train_and_evaluate(config, corpus, log=None)
+    assert results["step"] == 2 and np.isfinite(results["test_ppl"])
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["cell"] == "gru"
