@@ -201,7 +201,7 @@ def table(depths: list[int], runs: list[dict]) -> str:
                  if d == depth]  # fmt: skip
         row.append("; ".join(paper) or None)
         rows.append(row)
-    return sweep.markdown(header, rows, blank=BLANK)
+    return sweep.markdown(header, rows, blank=BLANK, align="rrrrrl")
 
 
 def _cell(group: dict[Any, dict], name: str) -> str | None:
