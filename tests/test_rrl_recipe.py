@@ -16,6 +16,7 @@ from helpers import write_random_mnist
 from rhnzoo import cells
 from rhnzoo.data import sequences, word2vec
 from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.configs import rrl as presets
 from rhnzoo.training import rrl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,7 +58,8 @@ def test_rrn_recurrent_init_and_f_bias():
 
 
 def test_the_rrn_options_reach_the_hybrid():
-    hrl = rrl.make_cell("hrl", 8, 6, rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0)
+    hrl = rrl.RRLConfig(model="hrl", hidden_size=8, hybrid_hidden_size=6,
+                        rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0).cell()  # fmt: skip
     rrn = hrl.cells[1]
     assert (rrn.recurrent_init, rrn.f_bias, rrn.hidden_size) == ("orthogonal", -2.0, 6)
 
@@ -142,10 +144,10 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
     train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
     split = lambda ds: sequences.Split(ds, np.zeros(len(ds), np.int32))
     data = sequences.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
-    config = {"embeddings": "word2vec", "embed_size": 6, "dataset": "toy"}
+    config = rrl.RRLConfig(embeddings="word2vec", embed_size=6, dataset="toy")
     vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
     assert found[2:20].all() and not found[20:].any()
-    assert rrl.embeddings_for({**config, "embeddings": "random"}, data) is None
+    assert rrl.embeddings_for(config.replace(embeddings="random"), data) is None
     pixels = sequences.Dataset(*(split([np.zeros((3, 1), np.float32)]),) * 3, 10, None, 1)
     assert rrl.embeddings_for(config, pixels) is None
 
@@ -158,12 +160,12 @@ def test_every_study_setting_is_a_valid_config():
                 max_grad_norm=5.0, epochs=2, subset=None, embeddings="word2vec",
                 freeze_embeddings=False,
                 patience=None, divergence_factor=2.0)  # fmt: skip
-    for (study, dataset), spec in rrl.STUDIES.items():
+    for (study, dataset), spec in presets.STUDIES.items():
         for name, overrides in spec["settings"].items():
             overrides = dict(overrides)
             model = overrides.pop("model", spec["model"])
             assert set(overrides) | set(spec["budget"]) <= set(base), (study, name)
-            rrl.check_config([model], {**base, **spec["budget"], **overrides})
+            rrl.RRLConfig.from_dict({**base, **spec["budget"], **overrides, "model": model})
 
 
 def test_subset_is_a_fixed_sample_of_the_training_split():
