@@ -136,52 +136,62 @@ class RRLConfig(Config):
         training setting out of range, a drop probability outside [0, 1), ``subset`` < 1.
     """
 
+    # The model: the cell and its width (Table 2), the embedding (m) or pixel.
     model: str = "lstm"
-    dataset: str = "imdb"
     embed_size: int = 256
     hidden_size: int = 512
     hybrid_hidden_size: int = 384
+    # The cells' own settings (each goes to the cells that have it).
     rrn_depth: int = 2
     rrn_activation: str = "sigmoid"
     rrn_recurrent_init: str = "uniform"
     rrn_f_bias: float = 0.0
     skip: int = 20
+    # Initialisation, dropout and the time scan.
     forget_bias: float = 1.0
     init_scale: float = 0.1
     drop: float = 0.5
     input_drop: float = 0.0
+    scan_impl: str = "auto"
+    dtype: str = "float32"
+    # Batches (TrainConfig).
     batch_size: int = 32
     max_len: int = 400
     keep: str = "last"
     buckets: int = 4
+    # Adadelta and its schedule (TrainConfig).
     lr: float = 1.0
     adadelta_eps: float = 1e-6
     max_grad_norm: float = 5.0
     epochs: int = 10
+    freeze_embeddings: bool = False
+    # The data.
+    dataset: str = "imdb"
     subset: int | None = None
+    embeddings: str | None = "word2vec"
     coverage: float = 0.95
     dev_seed: int = 0
+    # Where the data comes from.
     permute: bool = True
-    embeddings: str | None = "word2vec"
-    freeze_embeddings: bool = False
     data_source: str = "files"
-    scan_impl: str = "auto"
-    dtype: str = "float32"
+    data_dir: str | None = None
+    download: bool = True
+    verify_data: bool = True
+    # The run (engine.RunConfig): its directory, seed and length.
     workdir: str | None = None
+    preset: str | None = None
     seed: int = 0
     max_steps: int | None = None
     max_epochs: int | None = None
+    # Reporting.
     checkpoint_every_steps: int = 0
     log_every: int = 100
     progress: bool = True
     tensorboard: bool = False
+    # When a run stops early, and its matmul precision.
     divergence_factor: float = 3.0
     patience: int | None = None
     matmul_precision: str = "default"
-    data_dir: str | None = None
-    download: bool = True
-    verify_data: bool = True
-    preset: str | None = None
 
     def check(self) -> None:
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
