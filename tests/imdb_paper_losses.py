@@ -29,7 +29,7 @@ def main() -> None:
 
     from rhnzoo.apps import cli
     from rhnzoo.apps import rrl as rrl_experiment
-    from rhnzoo.models.classifier import SequenceClassifier
+    from rhnzoo.configs import rrl as presets
     from rhnzoo.training import engine, rrl
 
     parser = argparse.ArgumentParser()
@@ -40,22 +40,20 @@ def main() -> None:
     opts = parser.parse_args()
     rrl_experiment.define_flags()
     flags.FLAGS(["imdb_paper_losses", "--preset=paper", "--dataset=imdb"])
-    cli.apply_preset(rrl.PRESETS["paper"]["imdb"])
-    c = cli.flag_values(rrl_experiment.CONFIG_FLAGS)
+    cli.apply_preset(presets.PRESETS["paper"]["imdb"])
+    c = rrl.RRLConfig.from_dict(cli.flag_values(rrl_experiment.CONFIG_FLAGS))
     data = rrl_experiment._dataset()
     vectors = rrl.embeddings_for(c, data, log=lambda line: None)
     out = {"steps": opts.steps, "divergence_factor": opts.divergence_factor, "seconds": {},
            "stopped": {}, "xent": {}}  # fmt: skip
     for name in opts.models.split(","):
-        model = SequenceClassifier(rrl.cell_from_config(name, c), data.num_classes,
-                                   c["embed_size"], len(data.vocab), drop=c["drop"],
-                                   input_drop=c["input_drop"], init_scale=c["init_scale"],
-                                   **rrl.scan_options(c))  # fmt: skip
-        task = rrl.make_task(model, data.train, data.dev, data.test, rrl.train_config(c), 0,
+        config = c.replace(model=name)
+        model = config.classifier(data.num_classes, vocab_size=len(data.vocab))
+        task = rrl.make_task(model, data.train, data.dev, data.test, config.train_config(), 0,
                              vectors)  # fmt: skip
         task = dataclasses.replace(task, validate=lambda params, track: {"dev_acc": 0.0},
                                    final_evaluate=lambda params, track: {})  # fmt: skip
-        run = engine.RunConfig(epochs=c["epochs"], max_steps=opts.steps, log_every=1,
+        run = engine.RunConfig(epochs=c.epochs, max_steps=opts.steps, log_every=1,
                                progress=False, divergence_factor=opts.divergence_factor)  # fmt: skip
         lines, start = [], time.time()
         try:

@@ -96,17 +96,22 @@ def test_the_task_learns_a_sequence_rule_on_the_engine():
     assert task.chance_loss == pytest.approx(np.log(2))
 
 
+def make_cell(name, hidden, hybrid_hidden, **settings):
+    return rrl.RRLConfig(model=name, hidden_size=hidden, hybrid_hidden_size=hybrid_hidden,
+                         **settings).cell()  # fmt: skip
+
+
 def test_every_model_of_the_paper_builds_with_table_2_sizes():
     for name in rrl.MODELS:
-        cell = rrl.make_cell(name, 12, 8)
+        cell = make_cell(name, 12, 8)
         expected = 8 if name in ("hrl", "lstm_gru") else 12
         assert cell.hidden_size == expected, name
-    hrl = rrl.make_cell("hrl", 12, 8)
+    hrl = make_cell("hrl", 12, 8)
     assert [type(c).__name__ for c in hrl.cells] == ["LSTM", "RRN"]
-    assert rrl.make_cell("sc_lstm_p", 12, 8).learn_alpha and not rrl.make_cell(
+    assert make_cell("sc_lstm_p", 12, 8).learn_alpha and not make_cell(
         "sc_lstm_i", 12, 8).learn_alpha
     with pytest.raises(ValueError, match="unknown cell"):
-        rrl.make_cell("transformer", 12, 8)
+        make_cell("transformer", 12, 8)
 
 
 def test_word2vec_text_and_binary_files(tmp_path):

@@ -353,3 +353,10 @@ def test_bad_hyperparameters_raise():
                  cells.Parallel((cells.LSTM(4), cells.GRU(4)))):  # fmt: skip
         with pytest.raises(ValueError, match="input_size"):
             cell.init(jax.random.PRNGKey(0), 0)
+
+
+def test_parallel_names_are_the_registrys_two_cell_hybrids():
+    for name in cells.NAMES:
+        built = cells.make(name, 4)
+        assert isinstance(built, cells.Parallel) == (name in cells.registry.PARALLEL_NAMES), name
+    assert cells.registry.PARALLEL_NAMES == ("hrl", "lstm_gru")

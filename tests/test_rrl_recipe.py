@@ -1,7 +1,9 @@
 """Issue 15: the paper's Table 3, Word2Vec trained on the training split, the RRN recipe
 options (orthogonal U, bias of F), input dropout, the studies of experiments/rrl.py."""
 
+import dataclasses
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -16,6 +18,7 @@ from helpers import write_random_mnist
 from rhnzoo import cells
 from rhnzoo.data import sequences, word2vec
 from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.configs import rrl as presets
 from rhnzoo.training import rrl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,7 +60,8 @@ def test_rrn_recurrent_init_and_f_bias():
 
 
 def test_the_rrn_options_reach_the_hybrid():
-    hrl = rrl.make_cell("hrl", 8, 6, rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0)
+    hrl = rrl.RRLConfig(model="hrl", hidden_size=8, hybrid_hidden_size=6,
+                        rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0).cell()  # fmt: skip
     rrn = hrl.cells[1]
     assert (rrn.recurrent_init, rrn.f_bias, rrn.hidden_size) == ("orthogonal", -2.0, 6)
 
@@ -142,10 +146,10 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
     train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
     split = lambda ds: sequences.Split(ds, np.zeros(len(ds), np.int32))
     data = sequences.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
-    config = {"embeddings": "word2vec", "embed_size": 6, "dataset": "toy"}
+    config = rrl.RRLConfig(embeddings="word2vec", embed_size=6, dataset="toy")
     vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
     assert found[2:20].all() and not found[20:].any()
-    assert rrl.embeddings_for({**config, "embeddings": "random"}, data) is None
+    assert rrl.embeddings_for(config.replace(embeddings="random"), data) is None
     pixels = sequences.Dataset(*(split([np.zeros((3, 1), np.float32)]),) * 3, 10, None, 1)
     assert rrl.embeddings_for(config, pixels) is None
 
@@ -158,12 +162,12 @@ def test_every_study_setting_is_a_valid_config():
                 max_grad_norm=5.0, epochs=2, subset=None, embeddings="word2vec",
                 freeze_embeddings=False,
                 patience=None, divergence_factor=2.0)  # fmt: skip
-    for (study, dataset), spec in rrl.STUDIES.items():
+    for (study, dataset), spec in presets.STUDIES.items():
         for name, overrides in spec["settings"].items():
             overrides = dict(overrides)
             model = overrides.pop("model", spec["model"])
             assert set(overrides) | set(spec["budget"]) <= set(base), (study, name)
-            rrl.check_config([model], {**base, **spec["budget"], **overrides})
+            rrl.RRLConfig.from_dict({**base, **spec["budget"], **overrides, "model": model})
 
 
 def test_subset_is_a_fixed_sample_of_the_training_split():
@@ -212,3 +216,118 @@ def test_frozen_embeddings_do_not_move_and_the_rest_trains():
     tx = rrl.TrainConfig(freeze_embeddings=True, max_grad_norm=1.0).optimizer()
     u, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(u["W"], u_alone["W"], rtol=1e-6)
+
+
+# ------------------------------------------------------------- the config and its presets
+
+RUNS = ROOT / "docs" / "runs" / "rrl"
+
+
+def test_config_round_trips_and_refuses_unknown_keys_in_one_line():
+    config = rrl.RRLConfig(model="hrl", dataset="pmnist", hidden_size=7, subset=30, seed=3)
+    assert rrl.RRLConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match=r"^unknown RRLConfig setting\(s\): hiden_size$"):
+        rrl.RRLConfig.from_dict({**config.to_dict(), "hiden_size": 8})
+    # scan_impl and dtype came later: config.json holds them only where they are set.
+    assert not {"scan_impl", "dtype"} & set(config.to_dict())
+    fused = config.replace(scan_impl="fused", dtype="bfloat16").to_dict()
+    assert (fused["scan_impl"], fused["dtype"]) == ("fused", "bfloat16")
+    assert rrl.RRLConfig.from_dict(fused).scan_impl == "fused"
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"model": "transformer"}, "unknown cell 'transformer'"),
+    ({"model": "sc_lstm_i", "skip": 0}, "skip must be an integer >= 1, got 0"),
+    ({"max_len": 0}, "max_len must be >= 1, got 0"),
+    ({"lr": 0.0}, "need lr > 0"),
+    ({"input_drop": 1.5}, "--input_drop must be a drop probability in [0, 1), got 1.5"),
+    ({"subset": 0}, "--subset must be >= 1, got 0"),
+    ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"}, "needs the fused scan"),
+])  # fmt: skip
+def test_a_bad_setting_is_one_line_on_construction(changes, message):
+    with pytest.raises(ValueError) as e:
+        rrl.RRLConfig(**changes)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(not RUNS.is_dir(), reason=f"{RUNS} is not here")
+def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
+    """Every config.json of docs/runs/rrl (written before RRLConfig existed) is a config;
+    its keys keep their values, the keys added since take their defaults, and a workdir
+    holding it resumes under the config.json those settings now write."""
+    from rhnzoo.training import engine
+
+    paths = sorted(RUNS.rglob("config.json"))
+    assert paths
+    for path in paths:
+        recorded = json.loads(path.read_text())
+        config = rrl.RRLConfig.from_dict(recorded)
+        written = config.to_dict()
+        assert {k: written[k] for k in recorded} == recorded, path
+        assert set(written) - set(recorded) <= {"preset", "matmul_precision"}, path
+    workdir = tmp_path / "old"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(path.read_text())
+    engine.prepare_workdir(workdir, written, check_only=True)  # raises if incompatible
+    (workdir / "checkpoints" / "1").mkdir(parents=True)  # a run there: settings count
+    engine.prepare_workdir(workdir, written, check_only=True)
+    with pytest.raises(ValueError, match="incompatible run"):
+        engine.prepare_workdir(workdir, {**written, "hidden_size": 7}, check_only=True)
+
+
+def test_the_sizes_of_the_paper_preset_are_table_2():
+    """``paper`` against Wang & Tian's Table 2 (embedding x hidden; "Hybrid": HRL and
+    LSTM+GRU). One deviation: the preset has one embedding width per data set, so the
+    hybrids on 20NG embed in 500 dimensions, not the table's 256."""
+    table2 = {"agnews": ((256, 512), (256, 384)), "imdb": ((256, 512), (256, 384)),
+              "20ng": ((500, 768), (256, 512)), "pmnist": ((1, 100), (1, 80))}  # fmt: skip
+    for dataset, ((m, n), (hybrid_m, hybrid_n)) in table2.items():
+        for name in rrl.MODELS:
+            c = presets.get_config("paper", dataset).replace(model=name)
+            hybrid = name in ("hrl", "lstm_gru")
+            assert c.cell().hidden_size == (hybrid_n if hybrid else n), (dataset, name)
+            assert c.embed_size == (m if not hybrid or dataset == "20ng" else hybrid_m)
+    assert presets.get_config("paper", "pmnist").max_len == 784  # every pixel, one per step
+
+
+def test_presets_and_the_pixel_input():
+    cpu = presets.get_config("cpu", "imdb")
+    assert (cpu.embed_size, cpu.hidden_size, cpu.hybrid_hidden_size, cpu.patience,
+            cpu.preset) == (64, 128, 96, 3, "cpu")  # fmt: skip
+    assert presets.get_config(None, "imdb") == rrl.RRLConfig()
+    assert presets.get_config(None, "pmnist").embed_size == 1  # one pixel per step
+    assert presets.overrides(None, "imdb") == {}
+    with pytest.raises(ValueError, match="unknown preset 'gpu'; choose from paper, cpu"):
+        presets.get_config("gpu")
+
+
+def test_runs_are_one_config_per_model_or_per_study_setting():
+    settings = rrl.RRLConfig(dataset="pmnist", hidden_size=6, seed=4).to_dict()
+    del settings["model"]
+    table = presets.runs(settings, ["gru", "lstm", "gru"])
+    assert list(table) == ["gru", "lstm"] and table["lstm"].model == "lstm"
+    assert table["gru"].replace(model="lstm") == table["lstm"]
+    study = presets.runs(settings, ["gru"], "rrn")
+    assert list(study) == list(presets.STUDIES[("rrn", "pmnist")]["settings"])
+    assert {c.model for name, c in study.items() if name != "lstm_reference"} == {"rrn"}
+    assert study["lstm_reference"].model == "lstm"
+    eps = study["eps1e-4"]
+    assert (eps.adadelta_eps, eps.subset, eps.epochs, eps.divergence_factor, eps.hidden_size,
+            eps.seed) == (1e-4, 12000, 3, 5.0, 6, 4)  # fmt: skip
+    with pytest.raises(ValueError, match="no skip study on agnews"):
+        presets.runs({**settings, "dataset": "agnews"}, [], "skip")
+
+
+def test_the_config_defaults_are_the_flags_defaults():
+    """RRLConfig() is experiments/rrl.py run without flags (its flags' defaults; that of
+    --matmul_precision is $JAX_DEFAULT_MATMUL_PRECISION's, so unset here)."""
+    code = ("import json; from rhnzoo.apps import cli, rrl; rrl.define_flags(); "
+            "F = cli.FLAGS; print(json.dumps({n: F[n].default for n in rrl.CONFIG_FLAGS + "
+            "cli.RUN_FLAGS + cli.DATA_FLAGS + ('model', 'preset', 'scan_impl', 'dtype')}))")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_DEFAULT_MATMUL_PRECISION"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    defaults = json.loads(out.stdout)
+    assert set(defaults) == {f.name for f in dataclasses.fields(rrl.RRLConfig)}
+    assert dataclasses.asdict(rrl.RRLConfig()) == defaults

@@ -125,7 +125,7 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
         name = config.get("model")
         if name is None:
             raise ValueError(f"{workdir}/config.json names no model")
-        cell = rrl.cell_from_config(name, config)
+        cell = rrl.RRLConfig.from_dict(config).cell()
         trained = engine.restore_params(workdir)
         if trained is None:
             raise ValueError(f"{workdir} has no checkpoint; train it first")

@@ -1,6 +1,7 @@
-"""``experiments/rrl.py``'s flags and body (Wang & Tian, EMNLP 2016): the flags as one
-config dict -> :func:`rhnzoo.training.rrl.run_experiment`, with the data set loaded once,
-only when a run trains.
+"""``experiments/rrl.py``'s flags and body (Wang & Tian, EMNLP 2016): the flags ->
+one :class:`~rhnzoo.training.rrl.RRLConfig` per run (:func:`rhnzoo.configs.rrl.runs`) ->
+:func:`rhnzoo.training.rrl.run_experiment`, with the data set loaded once, only when a
+run trains.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from absl import flags
 
 from rhnzoo import data
 from rhnzoo.apps import cli
+from rhnzoo.configs import rrl as presets
 from rhnzoo.training import rrl, sweep
 
 FLAGS = flags.FLAGS
@@ -25,13 +27,15 @@ CONFIG_FLAGS = ("dataset", "embed_size", "hidden_size", "hybrid_hidden_size", "r
 
 def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script)."""
-    flags.DEFINE_enum("dataset", "imdb", list(rrl.DATASETS), "Data set.")
+    # The default data set first, then the registry's order.
+    datasets = ["imdb", *(name for name in data.names("sequences") if name != "imdb")]
+    flags.DEFINE_enum("dataset", "imdb", datasets, "Data set.")
     flags.DEFINE_string("model", "lstm", "Recurrent layer: a cell of rhnzoo.cells (Wang & "
                         f"Tian's: {', '.join(rrl.MODELS)}; also rhn, hsg_rhn, dtrnn, ...).")
     flags.DEFINE_list("models", list(rrl.MODELS), "With --table: the models of the table.")
     flags.DEFINE_boolean("table", False, "Train the --models not finished under the root, then "
                          "print the Table 3 layout (--norun_missing: only print).")
-    flags.DEFINE_enum("study", None, sorted({s for s, _ in rrl.STUDIES}), "A study of what the "
+    flags.DEFINE_enum("study", None, sorted({s for s, _ in presets.STUDIES}), "A study of what the "
                       "paper leaves open, screened on dev at a reduced budget (rrl.STUDIES): "
                       "'rrn' the RRN recipe, 'skip' SC-LSTM's L; then its table.")
     flags.DEFINE_boolean("run_missing", True, "With --table / --study: train unfinished runs.")
@@ -74,7 +78,7 @@ def define_flags() -> None:
                       "recurrent layer, float32 accumulation: float32 (computed at "
                       "--matmul_precision: TF32 / bfloat16 passes by default on GPUs / TPUs) or "
                       "bfloat16 (float32 state and parameters).")
-    cli.define_presets({"paper": {}, "cpu": {}})
+    cli.define_presets({name: {} for name in presets.PRESETS})
     cli.define_run_flags()
     cli.define_distributed_flags()
     sweep.define_flags()
@@ -83,13 +87,11 @@ def define_flags() -> None:
 def experiment() -> None:
     """The script's body: one model, the ``--table`` models or a ``--study``
     (:func:`rhnzoo.training.rrl.run_experiment`), from the flags."""
-    cli.apply_preset(rrl.PRESETS.get(FLAGS.preset, {}).get(FLAGS.dataset, {}))
-    if FLAGS.dataset == "pmnist" and not FLAGS["embed_size"].present:
-        FLAGS.embed_size = 1
+    cli.apply_preset(presets.overrides(FLAGS.preset, FLAGS.dataset))
     root = pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
-    base = {**cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
-                              unless_default=("scan_impl", "dtype")),
-            "preset": FLAGS.preset}  # a resumable key: earlier workdirs (without it) resume
+    settings = {**cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
+                                  unless_default=("scan_impl", "dtype")),
+                "preset": FLAGS.preset}  # a resumable key: earlier workdirs (without it) resume
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
     jobs, seeds = sweep.from_flags()  # before JAX touches a device
     if FLAGS.distributed and jobs.n > 1:
@@ -99,13 +101,10 @@ def experiment() -> None:
     primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
     title = f"{FLAGS.dataset}, preset {FLAGS.preset or 'custom'}" + (
         f", {seeds} seeds" if seeds > 1 else "")  # fmt: skip
-    text = rrl.run_experiment(base, root, models, study=FLAGS.study, table=FLAGS.table,
-                              run_missing=FLAGS.run_missing, load=_dataset,
-                              run_config=lambda c: cli.run_config(c["epochs"], **{
-                                  k: c[k] for k in ("patience", "divergence_factor", "seed",
-                                                    "matmul_precision")}),
-                              title=title, log=print if primary else None, seeds=seeds,
-                              jobs=jobs)  # fmt: skip
+    configs = presets.runs(settings, models, FLAGS.study)  # every run checked: one line
+    text = rrl.run_experiment(configs, root, study=FLAGS.study, table=FLAGS.table,
+                              run_missing=FLAGS.run_missing, load=_dataset, title=title,
+                              log=print if primary else None, seeds=seeds, jobs=jobs)
     if text and primary:
         print(text)
 

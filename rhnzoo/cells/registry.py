@@ -72,6 +72,10 @@ _CELLS: dict[str, tuple[str, tuple[Callable[..., Any], tuple[str, ...]]]] = {
 }
 
 NAMES: tuple[str, ...] = tuple(_CELLS)
+# The two-cell hybrids (``Parallel``): ``hidden_size`` is each cell's, so a task that
+# matches their parameter count to a single cell's gives them fewer units (Wang & Tian,
+# Table 2).
+PARALLEL_NAMES: tuple[str, ...] = ("hrl", "lstm_gru")
 # Cells whose carry is one [B, n] vector: the ones HSG can wrap.
 HSG_NAMES: tuple[str, ...] = tuple(
     f"hsg_{name}" for name in ("rhn", "dtrnn", "dtsrnn", "gru", "rrn")

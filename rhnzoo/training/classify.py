@@ -58,13 +58,14 @@ def xent_loss(forward: Callable[[Any, Any, Array], tuple]):
     sums to report beside :func:`xent_sums` (e.g. the tokens read). Returns
     ``loss_fn(params, batch, key, carry) -> (mean CE, (sums, carry))``.
     """
+    return functools.partial(_mean_xent, forward)
 
-    def loss_fn(params, batch, key, carry):
-        logits, labels, weights, extra = forward(params, batch, key)
-        sums = xent_sums(logits, labels, weights)
-        return sums["loss"] / jnp.maximum(sums["count"], 1.0), ({**sums, **extra}, carry)
 
-    return loss_fn
+def _mean_xent(forward, params, batch, key, carry):
+    """:func:`xent_loss`'s ``loss_fn`` with its ``forward`` bound first."""
+    logits, labels, weights, extra = forward(params, batch, key)
+    sums = xent_sums(logits, labels, weights)
+    return sums["loss"] / jnp.maximum(sums["count"], 1.0), ({**sums, **extra}, carry)
 
 
 def train_metrics(sums) -> dict[str, float]:

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import math
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -30,17 +30,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import dropout
+from rhnzoo import cells, dropout
+from rhnzoo.cells import registry
+from rhnzoo.config import Config
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine, sharding, step
+from rhnzoo.training import classify, engine, sharding, step, sweep
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and batching settings.
+class TrainConfig(Config):
+    """Optimisation and batching settings of :func:`make_task`.
 
     Attributes:
       batch_size: sequences per step.
@@ -69,7 +71,7 @@ class TrainConfig:
     epochs: int = 10
     freeze_embeddings: bool = False
 
-    def __post_init__(self):
+    def check(self) -> None:
         for name in ("batch_size", "max_len", "buckets", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -93,8 +95,159 @@ class TrainConfig:
         if not self.freeze_embeddings:
             return tx
         # The frozen embedding neither moves nor counts in the clipped gradient norm.
-        label = lambda params: {k: "frozen" if k == "embed" else "trained" for k in params}
-        return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, label)
+        return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()},
+                                     _embedding_frozen)  # fmt: skip
+
+
+def _embedding_frozen(params: Mapping[str, Any]) -> dict[str, str]:
+    """``optax.multi_transform``'s labels: ``'frozen'`` for ``params['embed']``."""
+    return {k: "frozen" if k == "embed" else "trained" for k in params}
+
+
+# Keys of config.json added after its first runs: written only where they differ from
+# their default, so that earlier workdirs (without them) still resume.
+_ADDED_KEYS = ("scan_impl", "dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class RRLConfig(Config):
+    """One sequence-classification run: every flag of ``experiments/rrl.py`` that its
+    ``config.json`` holds (the defaults are the flags'; presets in
+    :mod:`rhnzoo.configs.rrl`).
+
+    Model: ``model`` (a cell of :func:`rhnzoo.cells.make`; :data:`MODELS` are Wang &
+    Tian's), ``embed_size`` (m; P-MNIST: 1, the pixel), ``hidden_size`` (n; the two
+    hybrids: ``hybrid_hidden_size`` per cell), the RRN's ``rrn_depth`` (K, eq. 4; every
+    cell with a depth), ``rrn_activation``, ``rrn_recurrent_init``, ``rrn_f_bias``,
+    SC-LSTM's ``skip`` (L, eq. 5), the LSTM's ``forget_bias``, ``init_scale`` (uniform
+    half-width), ``drop`` / ``input_drop`` (dropout probabilities on the final state /
+    the inputs), ``scan_impl`` (``'auto'``, ``'fused'``, ``'reference'``) and ``dtype``
+    of the recurrent layer's matmuls. Training: :class:`TrainConfig`'s settings
+    (``adadelta_eps`` is its ``eps``), ``subset`` (training sequences kept; None: all),
+    ``embeddings`` (``'word2vec'``, ``'random'`` or a word2vec file). Data:
+    ``dataset``, ``coverage``, ``dev_seed``, ``permute``, ``data_source``, ``data_dir``,
+    ``download``, ``verify_data``. The run (:class:`rhnzoo.training.engine.RunConfig`):
+    ``seed``, ``max_steps``, ``max_epochs``, ``checkpoint_every_steps``, ``log_every``,
+    ``progress``, ``tensorboard``, ``divergence_factor``, ``patience``,
+    ``matmul_precision``; ``workdir`` and ``preset`` as given.
+
+    Raises:
+      ValueError: (one line, on construction) an unknown cell or a bad cell setting, a
+        training setting out of range, a drop probability outside [0, 1), ``subset`` < 1.
+    """
+
+    # The model: the cell and its width (Table 2), the embedding (m) or pixel.
+    model: str = "lstm"
+    embed_size: int = 256
+    hidden_size: int = 512
+    hybrid_hidden_size: int = 384
+    # The cells' own settings (each goes to the cells that have it).
+    rrn_depth: int = 2
+    rrn_activation: str = "sigmoid"
+    rrn_recurrent_init: str = "uniform"
+    rrn_f_bias: float = 0.0
+    skip: int = 20
+    # Initialisation, dropout and the time scan.
+    forget_bias: float = 1.0
+    init_scale: float = 0.1
+    drop: float = 0.5
+    input_drop: float = 0.0
+    scan_impl: str = "auto"
+    dtype: str = "float32"
+    # Batches (TrainConfig).
+    batch_size: int = 32
+    max_len: int = 400
+    keep: str = "last"
+    buckets: int = 4
+    # Adadelta and its schedule (TrainConfig).
+    lr: float = 1.0
+    adadelta_eps: float = 1e-6
+    max_grad_norm: float = 5.0
+    epochs: int = 10
+    freeze_embeddings: bool = False
+    # The data.
+    dataset: str = "imdb"
+    subset: int | None = None
+    embeddings: str | None = "word2vec"
+    coverage: float = 0.95
+    dev_seed: int = 0
+    # Where the data comes from.
+    permute: bool = True
+    data_source: str = "files"
+    data_dir: str | None = None
+    download: bool = True
+    verify_data: bool = True
+    # The run (engine.RunConfig): its directory, seed and length.
+    workdir: str | None = None
+    preset: str | None = None
+    seed: int = 0
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    # Reporting.
+    checkpoint_every_steps: int = 0
+    log_every: int = 100
+    progress: bool = True
+    tensorboard: bool = False
+    # When a run stops early, and its matmul precision.
+    divergence_factor: float = 3.0
+    patience: int | None = None
+    matmul_precision: str = "default"
+
+    def check(self) -> None:
+        SequenceClassifier(self.cell(), 2, 1, **self._scan())
+        self.train_config()
+        dropout.check_rate("--drop", self.drop)
+        dropout.check_rate("--input_drop", self.input_drop)
+        if self.subset is not None and self.subset < 1:
+            raise ValueError(f"--subset must be >= 1, got {self.subset}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's ``config.json``: every field, but ``scan_impl`` and ``dtype`` only
+        where they differ from their default (earlier workdirs lack them)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: v for k, v in super().to_dict().items()
+                if k not in _ADDED_KEYS or v != defaults[k]}  # fmt: skip
+
+    def cell(self):
+        """The recurrent layer: :func:`rhnzoo.cells.make` of ``model`` with
+        ``hybrid_hidden_size`` units per cell for the two-cell hybrids
+        (:data:`rhnzoo.cells.registry.PARALLEL_NAMES`), else ``hidden_size``; each
+        setting goes to the cells that have it. Raises ValueError (one line)."""
+        settings = dict(depth=self.rrn_depth, activation=self.rrn_activation, skip=self.skip,
+                        recurrent_init=self.rrn_recurrent_init, f_bias=self.rrn_f_bias,
+                        forget_bias=self.forget_bias, init_scale=self.init_scale)  # fmt: skip
+        n = self.hybrid_hidden_size if self.model in registry.PARALLEL_NAMES else self.hidden_size
+        return cells.make(self.model, n, **cells.applicable(self.model, settings))
+
+    def _scan(self) -> dict[str, Any]:
+        return {"scan_impl": None if self.scan_impl == "auto" else self.scan_impl,
+                "dtype": self.dtype}  # fmt: skip
+
+    def classifier(self, num_classes: int, input_size: int | None = None,
+                   vocab_size: int | None = None) -> SequenceClassifier:  # fmt: skip
+        """The model: embedding (``vocab_size`` tokens of ``embed_size``) or
+        ``input_size`` features per step -> :meth:`cell` -> dropout -> softmax over
+        ``num_classes``. Raises ValueError for a bad size."""
+        return SequenceClassifier(self.cell(), num_classes, input_size or self.embed_size,
+                                  vocab_size, drop=self.drop, input_drop=self.input_drop,
+                                  init_scale=self.init_scale, **self._scan())  # fmt: skip
+
+    def train_config(self) -> TrainConfig:
+        """The optimisation and batching settings (Adadelta's rho: 0.95)."""
+        return TrainConfig(batch_size=self.batch_size, max_len=self.max_len, keep=self.keep,
+                           buckets=self.buckets, lr=self.lr, eps=self.adadelta_eps,
+                           max_grad_norm=self.max_grad_norm, epochs=self.epochs,
+                           freeze_embeddings=self.freeze_embeddings)  # fmt: skip
+
+    def run_config(self) -> engine.RunConfig:
+        """The engine's settings of the run. Raises ValueError for a bad one."""
+        return engine.RunConfig(
+            epochs=self.epochs, seed=self.seed, max_steps=self.max_steps,
+            max_epochs=self.max_epochs, checkpoint_every_steps=self.checkpoint_every_steps,
+            log_every=self.log_every, progress=self.progress, tensorboard=self.tensorboard,
+            divergence_factor=self.divergence_factor, patience=self.patience,
+            matmul_precision=self.matmul_precision,
+        )  # fmt: skip
 
 
 def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
@@ -146,6 +299,70 @@ def plan(split: Split, cfg: TrainConfig, shuffle_seed: tuple[int, int] | None):
     return batches
 
 
+class _Classification:
+    """The engine callables of :func:`make_task` (its arguments, see there), as bound
+    methods."""
+
+    def __init__(self, model: SequenceClassifier, train: Split, dev: Split, test: Split,
+                 cfg: TrainConfig, seed: int, embeddings, devices) -> None:  # fmt: skip
+        for name, split in (("train", train), ("dev", dev), ("test", test)):
+            if not len(split.labels):
+                raise ValueError(f"the {name} split is empty")
+        self.model, self.train, self.cfg, self.seed = model, train, cfg, seed
+        self.embeddings = embeddings
+        self.mesh = sharding.data_mesh(devices)
+        sharding.check_divisible(cfg.batch_size, self.mesh)
+        self.tx = cfg.optimizer()
+        self.steps_per_epoch = len(plan(train, cfg, None))
+        self.train_step = step.make_train_step(classify.xent_loss(self.forward), self.tx)
+        self.epoch_plan = functools.lru_cache(maxsize=2)(self._epoch_plan)
+        self.eval_sums = jax.jit(self._eval_sums)
+        self.splits = {"dev": dev, "test": test}
+        self.eval_plans = {name: plan(split, cfg, None) for name, split in self.splits.items()}
+
+    def init_state(self, key):
+        params = self.model.init(key)
+        if self.embeddings is not None:
+            vectors, found = self.embeddings
+            params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
+        return sharding.put_tree({"params": params, "opt_state": self.tx.init(params)},
+                                 sharding.replicated(self.mesh))  # fmt: skip
+
+    def forward(self, params, batch, key):
+        inputs, lengths, labels, weights = batch
+        logits = self.model.logits(params, inputs, lengths, key)
+        return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
+
+    def _epoch_plan(self, epoch):
+        return plan(self.train, self.cfg, (self.seed, epoch))
+
+    def get_batch(self, epoch, index):
+        length, rows = self.epoch_plan(epoch)[index]
+        return sharding.put_rows(pad(self.train, rows, self.cfg.batch_size, length,
+                                     self.cfg.keep), self.mesh)  # fmt: skip
+
+    def _eval_sums(self, params, inputs, lengths, labels, weights):
+        return classify.xent_sums(self.model.logits(params, inputs, lengths), labels, weights)
+
+    def evaluate(self, params, name, track):
+        split, batches, cfg = self.splits[name], self.eval_plans[name], self.cfg
+        m = classify.means(classify.add_up(
+            self.eval_sums(params, *sharding.put_rows(pad(split, rows, cfg.batch_size, length,
+                                                          cfg.keep), self.mesh))
+            for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
+        return m["accuracy"], m["loss"]
+
+    def validate(self, params, track):
+        acc, xent = self.evaluate(params, "dev", track)
+        return {"dev_acc": acc, "dev_xent": xent, "valid_loss": xent}
+
+    def final_evaluate(self, params, track):
+        out = {}
+        for name in self.splits:
+            out[f"{name}_acc"], out[f"{name}_xent"] = self.evaluate(params, name, track)
+        return out
+
+
 def make_task(
     model: SequenceClassifier, train: Split, dev: Split, test: Split, cfg: TrainConfig,
     seed: int = 0, embeddings: tuple[np.ndarray, np.ndarray] | None = None,
@@ -163,124 +380,20 @@ def make_task(
     Raises:
       ValueError: an empty split, or a batch the devices do not divide.
     """
-    for name, split in (("train", train), ("dev", dev), ("test", test)):
-        if not len(split.labels):
-            raise ValueError(f"the {name} split is empty")
-    mesh = sharding.data_mesh(devices)
-    sharding.check_divisible(cfg.batch_size, mesh)
-    tx = cfg.optimizer()
-    steps_per_epoch = len(plan(train, cfg, None))
-
-    def init_state(key):
-        params = model.init(key)
-        if embeddings is not None:
-            vectors, found = embeddings
-            params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
-        return sharding.put_tree({"params": params, "opt_state": tx.init(params)},
-                                 sharding.replicated(mesh))  # fmt: skip
-
-    def forward(params, batch, key):
-        inputs, lengths, labels, weights = batch
-        logits = model.logits(params, inputs, lengths, key)
-        return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
-
-    train_step = step.make_train_step(classify.xent_loss(forward), tx)
-
-    @functools.lru_cache(maxsize=2)
-    def epoch_plan(epoch):
-        return plan(train, cfg, (seed, epoch))
-
-    def get_batch(epoch, index):
-        length, rows = epoch_plan(epoch)[index]
-        return sharding.put_rows(pad(train, rows, cfg.batch_size, length, cfg.keep), mesh)
-
-    @jax.jit
-    def eval_sums(params, inputs, lengths, labels, weights):
-        return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
-
-    splits = {"dev": dev, "test": test}
-    eval_plans = {name: plan(split, cfg, None) for name, split in splits.items()}
-
-    def evaluate(params, name, track):
-        split, batches = splits[name], eval_plans[name]
-        m = classify.means(classify.add_up(
-            eval_sums(params, *sharding.put_rows(pad(split, rows, cfg.batch_size, length,
-                                                     cfg.keep), mesh))
-            for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
-        return m["accuracy"], m["loss"]
-
-    def validate(params, track):
-        acc, xent = evaluate(params, "dev", track)
-        return {"dev_acc": acc, "dev_xent": xent, "valid_loss": xent}
-
-    def final_evaluate(params, track):
-        out = {}
-        for name in splits:
-            out[f"{name}_acc"], out[f"{name}_xent"] = evaluate(params, name, track)
-        return out
-
+    t = _Classification(model, train, dev, test, cfg, seed, embeddings, devices)
     return engine.Task(
-        init_state=init_state, train_step=train_step, get_batch=get_batch,
-        steps_per_epoch=steps_per_epoch, validate=validate, final_evaluate=final_evaluate,
-        select="dev_acc", higher_is_better=True, train_metrics=classify.train_metrics,
-        chance_loss=math.log(model.num_classes), unit="tok", throughput_key="tokens",
+        init_state=t.init_state, train_step=t.train_step, get_batch=t.get_batch,
+        steps_per_epoch=t.steps_per_epoch, validate=t.validate,
+        final_evaluate=t.final_evaluate, select="dev_acc", higher_is_better=True,
+        train_metrics=classify.train_metrics, chance_loss=math.log(model.num_classes),
+        unit="tok", throughput_key="tokens",
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------- the paper's models
 
+# Wang & Tian's models (Table 2), the rows of Table 3 (labels: rhnzoo.cells.label).
 MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
-LABELS = {"lstm": "LSTM", "gru": "GRU", "rrn": "RRN", "sc_lstm_i": "SC-LSTM-I",
-          "sc_lstm_p": "SC-LSTM-P", "hrl": "HRL (LSTM + RRN)", "lstm_gru": "LSTM + GRU"}  # fmt: skip
-
-
-def make_cell(name: str, hidden: int, hybrid_hidden: int, *, rrn_depth: int = 2,
-              rrn_activation: str = "sigmoid", rrn_recurrent_init: str = "uniform",
-              rrn_f_bias: float = 0.0, skip: int = 20, forget_bias: float = 1.0,
-              init_scale: float = 0.1):  # fmt: skip
-    """The recurrent layer of model ``name``: any cell of the registry
-    (:func:`rhnzoo.cells.make`; :data:`MODELS` are Wang & Tian's, Table 2). The two
-    hybrids (HRL, LSTM + GRU) use ``hybrid_hidden`` units per cell, the rest ``hidden``;
-    ``rrn_depth`` is the depth of every cell that has one.
-
-    Raises:
-      ValueError: an unknown name or a bad size (one line).
-    """
-    from rhnzoo import cells
-
-    settings = dict(depth=rrn_depth, activation=rrn_activation, skip=skip,
-                    recurrent_init=rrn_recurrent_init, f_bias=rrn_f_bias,
-                    forget_bias=forget_bias, init_scale=init_scale)  # fmt: skip
-    n = hybrid_hidden if name in ("hrl", "lstm_gru") else hidden
-    return cells.make(name, n, **cells.applicable(name, settings))
-
-
-DATASETS = ("imdb", "pmnist", "agnews", "20ng")  # = rhnzoo.data.names("sequences")
-
-
-# ------------------------------------------------------- experiments from one config dict
-
-# Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell).
-PAPER_SIZES = {
-    "imdb": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
-    "agnews": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
-    "20ng": dict(embed_size=500, hidden_size=768, hybrid_hidden_size=512),
-    "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784,
-                   buckets=1),
-}  # fmt: skip
-# 2-core CPU, about 7-30 minutes per model (measured times in README / BUILD_NOTES.md):
-# smaller widths than Table 2, the last 400 steps of a review, fewer epochs.
-CPU_SIZES = {
-    "imdb": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
-                 epochs=10, patience=3, batch_size=32),
-    "agnews": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=64,
-                   epochs=3, batch_size=64),
-    "20ng": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
-                 epochs=10, patience=3, batch_size=32),
-    "pmnist": dict(embed_size=1, hidden_size=64, hybrid_hidden_size=48, max_len=784,
-                   buckets=1, epochs=8, batch_size=100),
-}  # fmt: skip
-PRESETS = {"paper": PAPER_SIZES, "cpu": CPU_SIZES}
 
 # Wang & Tian 2016, Table 3 (test accuracy, %), ../shared/papers/004_b303ba294415a388.txt.
 PAPER_TABLE3: dict[tuple[str, str], float] = {
@@ -296,100 +409,25 @@ PAPER_TABLE3: dict[tuple[str, str], float] = {
     for dataset, acc in zip(("agnews", "imdb", "20ng", "pmnist"), row)
 }
 
-# Studies (issue 15): what the paper leaves open, screened at a reduced budget on dev.
-# (study, dataset) -> the model, the budget (config overrides), and the settings
-# (setting name -> config overrides; a ``model`` key runs another model, e.g. the LSTM
-# as a reference at the same budget). `rrn`: the RRN recipe (eqs. 3-4 and sec. 4 leave
-# initialisation, the bias of F, input scale, Adadelta's eps, clipping and dropout
-# placement open); `skip`: SC-LSTM's skip length L, which the paper tuned on dev (sec. 4).
-_W2V = {"embeddings": "word2vec"}
-_RRN_SETTINGS = {
-    "paper": {},
-    "fbias-3": {"rrn_f_bias": -3.0},
-    "fbias-1": {"rrn_f_bias": -1.0},
-    "orth": {"rrn_recurrent_init": "orthogonal"},
-    "orth_fbias-3": {"rrn_recurrent_init": "orthogonal", "rrn_f_bias": -3.0},
-    "init0.3": {"init_scale": 0.3},
-    "eps1e-4": {"adadelta_eps": 1e-4},
-    "clip1": {"max_grad_norm": 1.0},
-    "clip50": {"max_grad_norm": 50.0},
-    "tanh": {"rrn_activation": "tanh"},
-    "lstm_reference": {"model": "lstm"},
-}
-_SCREEN = {"imdb": dict(max_len=100, epochs=3, patience=None, buckets=2, divergence_factor=5.0),
-           "pmnist": dict(subset=12000, epochs=3, divergence_factor=5.0)}  # fmt: skip
-STUDIES = {
-    ("rrn", "imdb"): dict(model="rrn", budget=_SCREEN["imdb"], settings={
-        "paper_random_emb": {"embeddings": "random"},
-        **{("paper_w2v" if k == "paper" else k if "model" in v else f"w2v_{k}"): {**_W2V, **v}
-           for k, v in _RRN_SETTINGS.items()},
-        "w2v_indrop0.25": {**_W2V, "input_drop": 0.25},
-        "w2v_frozen": {**_W2V, "freeze_embeddings": True},
-    }),
-    ("rrn", "pmnist"): dict(model="rrn", budget=_SCREEN["pmnist"], settings={
-        **_RRN_SETTINGS,
-        "tanh_init0.03": {"rrn_activation": "tanh", "init_scale": 0.03},
-        "tanh_clip1": {"rrn_activation": "tanh", "max_grad_norm": 1.0},
-    }),
-    ("skip", "imdb"): dict(model="sc_lstm_i", budget=dict(subset=8000, epochs=3, patience=None),
-                           settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
-    ("skip", "pmnist"): dict(model="sc_lstm_i", budget=dict(subset=12000, epochs=3),
-                             settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
-}
 
+# ------------------------------------------------------------------------- one run
 
-def cell_from_config(name: str, c) -> Any:
-    """``make_cell`` from a run's config dict (the flags of ``experiments/rrl.py``)."""
-    return make_cell(name, c["hidden_size"], c["hybrid_hidden_size"], rrn_depth=c["rrn_depth"],
-                     rrn_activation=c["rrn_activation"],
-                     rrn_recurrent_init=c["rrn_recurrent_init"], rrn_f_bias=c["rrn_f_bias"],
-                     skip=c["skip"], forget_bias=c["forget_bias"],
-                     init_scale=c["init_scale"])  # fmt: skip
-
-
-def train_config(c) -> TrainConfig:
-    """The optimisation settings of a run's config dict. Raises ValueError for a bad one."""
-    return TrainConfig(batch_size=c["batch_size"], max_len=c["max_len"], keep=c["keep"],
-                       buckets=c["buckets"], lr=c["lr"], eps=c["adadelta_eps"],
-                       max_grad_norm=c["max_grad_norm"], epochs=c["epochs"],
-                       freeze_embeddings=c["freeze_embeddings"])  # fmt: skip
-
-
-def scan_options(c) -> dict:
-    """The classifier's ``scan_impl`` and ``dtype`` from a run's config (keys absent in
-    configs written before they existed: auto and float32)."""
-    impl = c.get("scan_impl", "auto")
-    return {"scan_impl": None if impl == "auto" else impl, "dtype": c.get("dtype", "float32")}
-
-
-def check_config(models: Sequence[str], c) -> None:
-    """Builds every cell and the optimiser settings, so a bad setting is one line before
-    any data is read. Raises ValueError."""
-    for name in models:
-        SequenceClassifier(cell_from_config(name, c), 2, 1, **scan_options(c))
-    train_config(c)
-    dropout.check_rate("--drop", c["drop"])
-    dropout.check_rate("--input_drop", c["input_drop"])
-    if c.get("subset") is not None and c["subset"] < 1:
-        raise ValueError(f"--subset must be >= 1, got {c['subset']}")
-
-
-def embeddings_for(c, dataset: Dataset, log=print):
+def embeddings_for(config: RRLConfig, dataset: Dataset, log=print):
     """The initial embedding of a text data set: ``(vectors, found)`` or None.
 
-    ``c['embeddings']``: ``'word2vec'`` (trained on the training split, cached; the
+    ``config.embeddings``: ``'word2vec'`` (trained on the training split, cached; the
     default, as the paper fed pre-trained Word2Vec vectors), ``'random'`` (learned from
     scratch) or a word2vec file. Float inputs (P-MNIST) have no embedding: None.
     """
     from rhnzoo.data import word2vec
 
-    spec = c["embeddings"]
+    spec = config.embeddings
     if dataset.vocab is None or spec in (None, "random"):
         return None
     if spec == "word2vec":
-        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab, c["embed_size"],
-                                       dataset=c["dataset"], log=log)  # fmt: skip
-    vectors = word2vec.load_word2vec(spec, dataset.vocab, c["embed_size"])
+        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab, config.embed_size,
+                                       dataset=config.dataset, log=log)  # fmt: skip
+    vectors = word2vec.load_word2vec(spec, dataset.vocab, config.embed_size)
     log(f"{spec}: vectors for {vectors[1].sum():,} of {len(dataset.vocab):,} words")
     return vectors
 
@@ -402,23 +440,31 @@ def subset(dataset: Dataset, n: int | None) -> Dataset:
     return dataclasses.replace(dataset, train=dataset.train.subset(index))
 
 
-def train_model(name: str, c, dataset: Dataset, run: engine.RunConfig, workdir,
-                on_divergence: str = "raise", log=print) -> dict:  # fmt: skip
-    """Trains model ``name`` (a cell name) under config ``c`` in ``workdir``; its results
-    (``on_divergence``: see :func:`rhnzoo.training.engine.run`)."""
-    data = subset(dataset, c.get("subset"))
-    model = SequenceClassifier(cell_from_config(name, c), data.num_classes,
-                               data.input_size or c["embed_size"],
-                               None if data.vocab is None else len(data.vocab), drop=c["drop"],
-                               input_drop=c["input_drop"], init_scale=c["init_scale"],
-                               **scan_options(c))  # fmt: skip
-    log(f"{LABELS.get(name, name)} on {c['dataset']}: {len(data.train.labels):,} train / "
+def train_model(config: RRLConfig, dataset: Dataset, workdir, on_divergence: str = "raise",
+                log=print) -> dict:  # fmt: skip
+    """Trains ``config.model`` under ``config`` on ``dataset`` in ``workdir``; its
+    results (``on_divergence``: see :func:`rhnzoo.training.engine.run`)."""
+    data = subset(dataset, config.subset)
+    model = config.classifier(data.num_classes, data.input_size,
+                              None if data.vocab is None else len(data.vocab))  # fmt: skip
+    log(f"{cells.label(config.model)} on {config.dataset}: {len(data.train.labels):,} train / "
         f"{len(data.dev.labels):,} dev / {len(data.test.labels):,} test sequences")
-    vectors = embeddings_for(c, data, log)
-    task = make_task(model, data.train, data.dev, data.test, train_config(c), run.seed, vectors)
-    return engine.run(task, run, workdir, {"model": name, **c}, on_divergence=on_divergence,
+    vectors = embeddings_for(config, data, log)
+    run = config.run_config()
+    task = make_task(model, data.train, data.dev, data.test, config.train_config(), run.seed,
+                     vectors)  # fmt: skip
+    return engine.run(task, run, workdir, config.to_dict(), on_divergence=on_divergence,
                       log=log).results  # fmt: skip
 
+
+def _train(config: RRLConfig, load: Callable[[], Dataset], log, workdir,
+           on_divergence: str) -> dict:  # fmt: skip
+    """A sweep run's ``train(workdir, on_divergence)`` (with ``functools.partial``):
+    :func:`train_model` on ``load()``."""
+    return train_model(config, load(), workdir, on_divergence=on_divergence, log=log)
+
+
+# ------------------------------------------------------------------------ tables
 
 def _measured(runs: Sequence[dict | None]) -> list:
     """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
@@ -427,8 +473,6 @@ def _measured(runs: Sequence[dict | None]) -> list:
     of those measured (:func:`rhnzoo.training.sweep.mean_sd`), the test cell naming the
     seeds that diverged or failed, epochs and minutes the mean per seed. None where
     nothing is measured (yet)."""
-    from rhnzoo.training import sweep
-
     devs, tests, epochs, minutes, notes = [], [], [], [], []
     for run in runs:
         r, hist = (run or {}).get("results"), (run or {}).get("history") or []
@@ -450,8 +494,12 @@ def _measured(runs: Sequence[dict | None]) -> list:
         counts = {n: notes.count(n) for n in dict.fromkeys(notes)}
         said = ", ".join(n if len(runs) == 1 else f"{k} {n}" for n, k in counts.items())
         test = said if test is None else f"{test}; {said}"
-    mean = lambda values, spec: f"{math.fsum(values) / len(values):{spec}}" if values else None
-    return [sweep.mean_sd(devs), test, mean(epochs, ".0f"), mean(minutes, ".1f")]
+    return [sweep.mean_sd(devs), test, _mean(epochs, ".0f"), _mean(minutes, ".1f")]
+
+
+def _mean(values: Sequence[float], spec: str) -> str | None:
+    """The mean of ``values`` formatted with ``spec``; None for none."""
+    return f"{math.fsum(values) / len(values):{spec}}" if values else None
 
 
 def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int = 1) -> str:
@@ -459,8 +507,6 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
     ``<model>_s<k>``): the paper's test accuracy beside our dev and test accuracy (several
     seeds: mean ± sd), parameters, epochs and minutes (a run not yet finished: its best
     dev accuracy so far)."""
-    from rhnzoo.training import sweep
-
     rows = []
     for name in models:
         runs = list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
@@ -468,7 +514,7 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
         r = next((run["results"] for run in runs if run and run["results"]), None) or {}
         params = f"{r['parameters']:,}" if "parameters" in r else None
         dev, test, epochs, minutes = _measured(runs)
-        rows.append([LABELS.get(name, name), "n/a" if paper is None else f"{paper:.2f}",
+        rows.append([cells.label(name), "n/a" if paper is None else f"{paper:.2f}",
                      dev, test, params, epochs, minutes])  # fmt: skip
     header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
               "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
@@ -478,8 +524,6 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
 def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
     """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes
     (several seeds: mean ± sd)."""
-    from rhnzoo.training import sweep
-
     rows = [[name, *_measured(list(sweep.collect(root, [sweep.seed_name(name, k)
                                                        for k in range(seeds)]).values()))]
             for name in names]  # fmt: skip
@@ -487,70 +531,47 @@ def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
                            "epochs", "minutes"], rows)  # fmt: skip
 
 
-def run_experiment(base, root, models: Sequence[str], *, study: str | None, table: bool,
-                   run_missing: bool, load, run_config, title: str,
+# ------------------------------------------------------------------- the experiment
+
+def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None, table: bool,
+                   run_missing: bool, load: Callable[[], Dataset], title: str,
                    log: Callable[[str], None] | None = print, seeds: int = 1,
                    jobs=None) -> str | None:  # fmt: skip
     """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
 
-    Every run's settings are checked before any data is read (``load()`` loads the data
-    set, once, when a run trains); a model trains in ``root/<model>``, a study's setting
-    in ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
-    ``base['seed'] + k``. With several runs a diverging one is recorded and the others
-    go on. Returns the table (also written to ``table.md``) for ``table`` or ``study``,
-    else None.
+    ``configs`` holds every run (name -> config, checked before any data is read:
+    :func:`rhnzoo.configs.rrl.runs`); ``load()`` loads the data set, once, when a run
+    trains. A model trains in ``root/<model>``, a study's setting in
+    ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
+    seed ``config.seed + k``. With several runs a diverging one is recorded and the
+    others go on (:func:`rhnzoo.training.sweep.run_all`). Returns the table (also
+    written to ``table.md``) for ``table`` or ``study``, else None.
 
     Args:
-      base: the run's config (the script's flags).
-      run_config: ``config -> engine.RunConfig``.
       log: where progress lines go (None: nowhere; a multi-process run's other
         processes). ``table.md`` is written by process 0 only.
-      seeds: runs per model or setting (seeds ``base['seed']``, ``+ 1``, ...).
+      seeds: runs per model or setting (seeds ``config.seed``, ``+ 1``, ...).
       jobs: how the runs train (:class:`rhnzoo.training.sweep.Jobs`; default: in turn,
         in this process).
-
-    Raises:
-      ValueError: a bad setting or an unknown study (one line).
     """
-    from rhnzoo.training import sweep
-
     say = log or (lambda line: None)
-    root = pathlib.Path(root)
-    if study:
-        spec = STUDIES.get((study, base["dataset"]))
-        if spec is None:
-            raise ValueError(f"no {study} study on {base['dataset']}; studies: "
-                             f"{', '.join('/'.join(k) for k in STUDIES)}")  # fmt: skip
-        configs = {s: {**base, **spec["budget"], **o} for s, o in spec["settings"].items()}
-        models = [c.pop("model", spec["model"]) for c in configs.values()]
-        root = root / f"study_{study}"
-    else:
-        models = list(dict.fromkeys(models))
-        configs = {m: base for m in models}
-    for c, model in zip(configs.values(), models):
-        check_config([model], c)
+    root = pathlib.Path(root) / f"study_{study}" if study else pathlib.Path(root)
     several = bool(table or study)
-    stop = "stop" if several else "raise"
-    seeded = [(sweep.seed_name(name, k), {**c, "seed": c["seed"] + k}, model)
-              for (name, c), model in zip(configs.items(), models)
-              for k in range(seeds)]  # fmt: skip
-    runs = [sweep.Run(name, {"model": model, **c},
-                      lambda wd, on_divergence, model=model, c=c: train_model(
-                          model, c, load(), run_config(c), wd, on_divergence=on_divergence,
-                          log=say))
-            for name, c, model in seeded]  # fmt: skip
+    seeded = {sweep.seed_name(name, k): c.replace(seed=c.seed + k)
+              for name, c in configs.items() for k in range(seeds)}  # fmt: skip
+    runs = [sweep.Run(name, c.to_dict(), functools.partial(_train, c, load, say))
+            for name, c in seeded.items()]  # fmt: skip
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
             dataset = load()  # a data error is one line; word2vec trained once, cached
-            for c in {(c["embeddings"], c["embed_size"], c.get("subset")): c
-                      for _, c, _ in seeded}.values():  # fmt: skip
-                embeddings_for(c, subset(dataset, c.get("subset")), say)
-        sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence=stop)
+            for c in {(c.embeddings, c.embed_size, c.subset): c
+                      for c in seeded.values()}.values():  # fmt: skip
+                embeddings_for(c, subset(dataset, c.subset), say)
+        sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence="stop" if several else "raise")
     if not several:
         return None
-    text = (study_table(root, list(configs), f"{models[0]} {title}", seeds) if study
-            else table_text(root, models, base["dataset"], title, seeds))  # fmt: skip
-    if jax.process_index() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "table.md").write_text(text + "\n")
+    first = next(iter(configs.values()))
+    text = (study_table(root, list(configs), f"{first.model} {title}", seeds) if study
+            else table_text(root, list(configs), first.dataset, title, seeds))  # fmt: skip
+    sweep.write_table(root / "table.md", text)
     return text
