@@ -64,6 +64,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rhnzoo import precision
+from rhnzoo.config import Config
 from rhnzoo.models import num_params  # noqa: F401  (re-exported: one count for every model)
 from rhnzoo.training import signals
 from rhnzoo.training.signals import (  # noqa: F401  (re-exported: engine.Interrupted, ...)
@@ -159,11 +160,12 @@ class Task:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Run length, reporting and matmul precision (the engine's flags).
+class RunSettings(Config):
+    """The engine's flags but the schedule's length: run length limits, reporting, the
+    divergence check, patience and matmul precision. Every task's config (whose
+    ``config.json`` is flat) subclasses it; :class:`RunConfig` adds ``epochs``.
 
     Attributes:
-      epochs: epochs of the full schedule (>= 1).
       seed: seeds the initialisation and the per-step PRNG keys.
       max_steps: stop after this many steps in all (None: no limit; else >= 1).
       max_epochs: stop after this many epochs in all (None: ``epochs``; else >= 1).
@@ -193,7 +195,6 @@ class RunConfig:
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    epochs: int
     seed: int = 0
     max_steps: int | None = None
     max_epochs: int | None = None
@@ -205,9 +206,14 @@ class RunConfig:
     patience: int | None = None
     matmul_precision: str | None = None
 
-    def __post_init__(self):
-        checks = [("epochs", self.epochs, 1), ("log_every", self.log_every, 1),
-                  ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
+    def check(self) -> None:
+        self.check_run()
+
+    def check_run(self, epochs: int | None = None) -> None:
+        """The run settings' one-line errors (``epochs``: also checked, first)."""
+        checks = [] if epochs is None else [("epochs", epochs, 1)]
+        checks += [("log_every", self.log_every, 1),
+                   ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
         checks += [(k, getattr(self, k), 1) for k in ("max_steps", "max_epochs", "patience")
                    if getattr(self, k) is not None]  # fmt: skip
         for name, value, low in checks:
@@ -221,6 +227,27 @@ class RunConfig:
                 precision.normalize(self.matmul_precision)
             except ValueError as e:
                 raise ValueError(f"--matmul_precision: {e}") from None
+
+    def run_settings(self) -> dict[str, Any]:
+        """``{field: value}`` of the run settings alone (a subclass's other fields left
+        out)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(RunSettings):
+    """Run length, reporting and matmul precision (the engine's flags): the
+    :class:`RunSettings` and ``epochs``, the epochs of the full schedule (>= 1;
+    keyword only).
+
+    Raises:
+      ValueError: for a value outside its range (one line naming the flag).
+    """
+
+    epochs: int = dataclasses.field(kw_only=True)
+
+    def check(self) -> None:
+        self.check_run(self.epochs)
 
     def total_steps(self, steps_per_epoch: int) -> int:
         epochs = min(self.epochs, self.max_epochs or self.epochs)

@@ -36,7 +36,6 @@ import numpy as np
 import optax
 
 from rhnzoo import cells, data, dropout
-from rhnzoo.config import Config
 from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
 from rhnzoo.training import engine, sharding, step
@@ -45,13 +44,11 @@ Array = jax.Array
 State = dict[str, Any]
 
 
-# The engine's settings in a config (all of RunConfig's but ``epochs``: ``max_max_epoch``).
-_RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunConfig) if f.name != "epochs")
 _CELL_KEYS = ("depth", "coupled", "init_bias")
 
 
 @dataclasses.dataclass(frozen=True)
-class LMConfig(Config):
+class LMConfig(engine.RunSettings):
     """Every setting of a language-model run: ``experiments/ptb.py`` / ``char.py``'s flags,
     one field each, as written to the run's ``config.json`` (defaults: the reference
     code's ``ptb_sota``; the presets are :mod:`rhnzoo.configs.lm`).
@@ -118,16 +115,6 @@ class LMConfig(Config):
     eval_batch_size: int | None = None
     eval_num_steps: int = 100
     workdir: str | None = None
-    seed: int = 0
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    checkpoint_every_steps: int = 0
-    log_every: int = 100
-    progress: bool = True
-    tensorboard: bool = False
-    divergence_factor: float = 3.0
-    patience: int | None = None
-    matmul_precision: str | None = None
     data_dir: str | None = None
     download: bool = True
     verify_data: bool = True
@@ -178,8 +165,7 @@ class LMConfig(Config):
 
     def run_config(self) -> engine.RunConfig:
         """The engine's settings (the whole ``max_max_epoch`` schedule)."""
-        return engine.RunConfig(epochs=self.max_max_epoch,
-                                **{k: getattr(self, k) for k in _RUN_KEYS})  # fmt: skip
+        return engine.RunConfig(epochs=self.max_max_epoch, **self.run_settings())
 
     def model(self, vocab_size: int) -> LanguageModel:
         """The language model of these settings over ``vocab_size`` symbols."""

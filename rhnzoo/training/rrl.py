@@ -110,7 +110,7 @@ _ADDED_KEYS = ("scan_impl", "dtype")
 
 
 @dataclasses.dataclass(frozen=True)
-class RRLConfig(Config):
+class RRLConfig(engine.RunSettings):
     """One sequence-classification run: every flag of ``experiments/rrl.py`` that its
     ``config.json`` holds (the defaults are the flags'; presets in
     :mod:`rhnzoo.configs.rrl`).
@@ -177,20 +177,10 @@ class RRLConfig(Config):
     data_dir: str | None = None
     download: bool = True
     verify_data: bool = True
-    # The run (engine.RunConfig): its directory, seed and length.
+    # The run: its directory and preset; the engine's settings are engine.RunSettings'
+    # (matmul precision: the flag's default).
     workdir: str | None = None
     preset: str | None = None
-    seed: int = 0
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    # Reporting.
-    checkpoint_every_steps: int = 0
-    log_every: int = 100
-    progress: bool = True
-    tensorboard: bool = False
-    # When a run stops early, and its matmul precision.
-    divergence_factor: float = 3.0
-    patience: int | None = None
     matmul_precision: str = "default"
 
     def check(self) -> None:
@@ -241,13 +231,7 @@ class RRLConfig(Config):
 
     def run_config(self) -> engine.RunConfig:
         """The engine's settings of the run. Raises ValueError for a bad one."""
-        return engine.RunConfig(
-            epochs=self.epochs, seed=self.seed, max_steps=self.max_steps,
-            max_epochs=self.max_epochs, checkpoint_every_steps=self.checkpoint_every_steps,
-            log_every=self.log_every, progress=self.progress, tensorboard=self.tensorboard,
-            divergence_factor=self.divergence_factor, patience=self.patience,
-            matmul_precision=self.matmul_precision,
-        )  # fmt: skip
+        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
 
 
 def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
