@@ -84,6 +84,7 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
     assert changed.returncode == 1 and "incompatible" in changed.stderr
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_single_highway_run_writes_its_figures(tmp_path):
     result = highway("--depth=2", "--max_steps=10", "--noprogress", "--lesion_examples=100",
@@ -102,6 +103,7 @@ def test_single_highway_run_writes_its_figures(tmp_path):
         assert (tmp_path / "a" / name).is_file(), name
 
 
+@pytest.mark.slow
 def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
     """--jobs=2 --seeds=2: four runs in child processes, seed 1 in <kind>_d<depth>_s1, the
     table showing mean ± sd (n=2) of the two seeds' test accuracies."""

@@ -73,6 +73,7 @@ def test_missing_data_names_the_files(tmp_path):
     assert not (tmp_path / "nothing").exists() and not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_incompatible_workdir_fails_before_work(tmp_path):
     first = ptb(*TINY, "--max_steps=2", f"--workdir={tmp_path / 'w'}")
@@ -83,6 +84,7 @@ def test_incompatible_workdir_fails_before_work(tmp_path):
     assert "incompatible" in second.stderr and "depth=2 there vs 3" in second.stderr
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_an_exploding_learning_rate_stops_within_the_first_log_window(tmp_path):
     """--lr=100: finite losses of thousands of nats (gradient clipping keeps them finite);
@@ -120,6 +122,7 @@ def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
     assert (tmp_path / "w" / "results.json").exists()
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     """Waits for the first training-loss line (no sleeping past compilation), then SIGTERM."""
@@ -172,6 +175,7 @@ def test_unusable_workdir_is_one_line(tmp_path):
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
     tiny = [a for a in TINY if not a.startswith("--eval_batch_size")]
@@ -194,6 +198,7 @@ def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     assert config["init_bias"] == bias and config["hsg_init_bias"] == -2.5
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
     """--cell picks any cell of the registry (reference scan); --hsg wraps it; the run's

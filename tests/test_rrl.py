@@ -140,6 +140,7 @@ def tiny_mnist(tmp_path_factory):
     return write_random_mnist(tmp_path_factory.mktemp("mnist"), train=120, test=20)
 
 
+@pytest.mark.slow
 def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_mnist):
     args = ["--dataset=pmnist", "--models=lstm,sc_lstm_i", "--hidden_size=4", "--max_len=16",
             "--batch_size=20", "--max_steps=2", "--noprogress", f"--data_dir={tiny_mnist}",
@@ -207,6 +208,7 @@ TINY = ["--dataset=pmnist", "--hidden_size=4", "--max_len=16", "--batch_size=20"
         "--max_steps=2", "--noprogress", "--noverify_data", "--nodownload", "--table"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
     args = [*TINY, "--models=lstm,sc_lstm_i", f"--data_dir={tiny_mnist}"]
     seq = rrl_script(*args, f"--workdir={tmp_path / 'seq'}")
@@ -226,6 +228,7 @@ def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
                                                "workdir": str(tmp_path / "par")}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_seeds_train_one_workdir_each_and_the_table_shows_mean_and_sd(tmp_path, tiny_mnist):
     import statistics
 
