@@ -188,8 +188,10 @@ def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
 
 
 @needs_ptb
-@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5), (["--nohsg"], -2.0),
-                                         (["--hsg", "--init_bias=-1.0"], -1.0)])  # fmt: skip
+@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5),  # the one ptb.py run kept fast
+                                         pytest.param(["--nohsg"], -2.0, marks=pytest.mark.slow),
+                                         pytest.param(["--hsg", "--init_bias=-1.0"], -1.0,
+                                                      marks=pytest.mark.slow)])  # fmt: skip
 def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates"."""
     result = ptb(*TINY, *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
