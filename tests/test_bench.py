@@ -65,7 +65,8 @@ def value_and_grad(loss):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
-@pytest.mark.parametrize("hsg,tied,layers", [(False, True, "python"), (True, False, "scan")])
+@pytest.mark.parametrize("hsg,tied,layers", [
+    pytest.param(False, True, "python", marks=pytest.mark.slow), (True, False, "scan")])
 def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
     model, cfg, params = setup(hsg, tied)
     carry, x, y, masks = inputs(model)

@@ -97,7 +97,8 @@ def test_zero_shortcuts_reduce_dtsrnn_to_dtrnn():
     assert float(jnp.abs(ys_ds - ys_dt).max()) > 1e-3  # the shortcuts do something
 
 
-@pytest.mark.parametrize("make", [lambda: cells.DTRNN(8, 4), lambda: cells.DTSRNN(8, 3)])
+@pytest.mark.parametrize("make", [pytest.param(lambda: cells.DTRNN(8, 4), marks=pytest.mark.slow),
+                                  lambda: cells.DTSRNN(8, 3)])
 def test_cell_in_user_written_scan_under_jit(make):
     cell = make()
     params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(7))

@@ -152,13 +152,14 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
         gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
-@pytest.mark.parametrize("name", ["lstm", "sclstm_i"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_i"])
 def test_without_lengths_every_step_is_real(name):
     compare(CELLS[name](), 2, jnp.float32, lengths=None, use_mask=False, per_step=True,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn3_tanh",
+                                  "sclstm_p"])
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
@@ -182,7 +183,8 @@ def test_unsupported_cells_raise():
         gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn1", "sclstm_p"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn1",
+                                  "sclstm_p"])
 def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
     """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
     computes the same gradients."""
@@ -214,7 +216,8 @@ def classifier_loss(model, params, tokens, lengths, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize("name", ["lstm", "sclstm_p", "hrl", "lstm_gru"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_p",
+                                  pytest.param("hrl", marks=pytest.mark.slow), "lstm_gru"])
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output
     at its last real step (0 for an empty row): same logits and gradients as the
@@ -233,7 +236,8 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1), ("rrn1", 8)])
+@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1),
+                                    pytest.param("rrn1", 8, marks=pytest.mark.slow)])
 def test_classifier_bfloat16_stays_close_to_float32(name, m):
     """bf16 matmul inputs (float32 accumulation and state) at the initial parameters
     (the regime training starts in): logits within 2% of their scale, gradients within
