@@ -75,7 +75,7 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", ["gru", "rrn3_tanh", "hrl"])
+@pytest.mark.parametrize("name", ["gru", pytest.param("rrn3_tanh", marks=pytest.mark.slow), "hrl"])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
@@ -90,13 +90,16 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
                 tol=tol, batch=batch)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
+                                  if n in ("rrn1", "sclstm_i", "lstm_gru") else n for n in CELLS])
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  "sclstm_p", "hrl"])
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
         compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
@@ -104,8 +107,11 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
 
 
 @pytest.mark.parametrize("chunk", [1, 3])  # per step, in chunks of 3 (T = 9: the default)
-@pytest.mark.parametrize("name,m,per_step", [("lstm", 1, True), ("gru", 3, True),
-                                             ("rrn3_tanh", 3, False), ("sclstm_p", 3, False)])
+@pytest.mark.parametrize("name,m,per_step", [pytest.param("lstm", 1, True, marks=pytest.mark.slow),
+                                             ("gru", 3, True),
+                                             pytest.param("rrn3_tanh", 3, False,
+                                                          marks=pytest.mark.slow),
+                                             ("sclstm_p", 3, False)])
 def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk):
     compare(CELLS[name](), m, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=per_step,
             chunk=chunk, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
@@ -123,7 +129,9 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  "sclstm_p", "hrl"])
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
     cell = CELLS[name]()
