@@ -71,7 +71,8 @@ def two_steps_finite(step, state, batches):
     assert all(math.isfinite(v) for v in losses), losses
 
 
-@pytest.mark.parametrize("name", IN_TASKS)
+@pytest.mark.parametrize("name", [n if n in ("rhn", "hsg_rhn", "lstm", "gru", "hrl") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in IN_TASKS])
 def test_every_cell_trains_in_the_language_model(name):
     rng = np.random.default_rng(0)
     corpus = data.Corpus(rng.integers(0, 7, 200), rng.integers(0, 7, 50),
