@@ -43,8 +43,8 @@ def ptb(*args, timeout=300):
     [
         ("--depth=0", "depth must be an integer >= 1"),
         ("--drop_h=1.0", "drop_h must be a drop probability in [0, 1)"),
-        ("--drop_x=-0.1", "drop_x must be a drop probability"),
-        ("--lr=0", "lr must be > 0"),
+        pytest.param("--drop_x=-0.1", "drop_x must be a drop probability", marks=pytest.mark.slow),
+        pytest.param("--lr=0", "lr must be > 0", marks=pytest.mark.slow),
         ("--batch_size=600000", "batch"),
     ],
 )
