@@ -75,7 +75,8 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", ["gru", pytest.param("rrn3_tanh", marks=pytest.mark.slow), "hrl"])
+@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow),
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow), "hrl"])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
