@@ -112,7 +112,8 @@ def test_cell_in_user_written_scan_under_jit(make):
     np.testing.assert_allclose(carry, h, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("arch", list(CELLS))
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "dtrnn" else a
+                                  for a in CELLS])  # fmt: skip
 def test_gradient_matches_finite_differences(arch):
     check_unroll_gradient(CELLS[arch][0](4, 3))
 

@@ -75,8 +75,8 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow),
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow), "hrl"])
+@pytest.mark.parametrize("name", ["gru", pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  pytest.param("hrl", marks=pytest.mark.slow)])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
@@ -92,7 +92,8 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
-                                  if n in ("rrn1", "sclstm_i", "lstm_gru") else n for n in CELLS])
+                                  if n in ("rrn1", "sclstm_i", "hrl", "lstm_gru") else n
+                                  for n in CELLS])  # fmt: skip
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
@@ -100,7 +101,7 @@ def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropo
 
 @pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  "sclstm_p", "hrl"])
+                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
         compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
@@ -132,7 +133,7 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
 
 @pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  "sclstm_p", "hrl"])
+                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
     cell = CELLS[name]()
