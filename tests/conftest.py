@@ -13,9 +13,12 @@ Set before JAX is imported, in the environment, so that subprocesses inherit the
 """
 
 import atexit
+import json
 import os
+import resource
 import shutil
 import tempfile
+import time
 import urllib.error
 
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
@@ -42,3 +45,33 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(data_common, "fetch", offline)
     return tmp_path / "cache" / "rhnzoo"
+
+
+# Per-test cost, opt in: ``RHNZOO_TEST_TIMES=/tmp/times.jsonl python -m pytest ...`` appends
+# one JSON line per test, {nodeid, cpu_s, wall_s, slow}, at its teardown (cpu_s: user +
+# system time of this process and its waited-for subprocesses, set-up to teardown, so a
+# module-scoped fixture is charged to its first test; each xdist worker appends its own
+# lines). Rank: ``jq -s 'sort_by(-.cpu_s)[:15]' /tmp/times.jsonl``.
+_TIMES = os.environ.get("RHNZOO_TEST_TIMES")
+
+
+def _cpu_s():
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+if _TIMES:
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(item):
+        item._rhnzoo_start = (_cpu_s(), time.perf_counter())
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(item, nextitem):
+        yield
+        cpu0, wall0 = getattr(item, "_rhnzoo_start", (_cpu_s(), time.perf_counter()))
+        line = {"nodeid": item.nodeid, "cpu_s": round(_cpu_s() - cpu0, 3),
+                "wall_s": round(time.perf_counter() - wall0, 3),
+                "slow": item.get_closest_marker("slow") is not None}
+        with open(_TIMES, "a") as f:
+            f.write(json.dumps(line) + "\n")

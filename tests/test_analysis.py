@@ -277,6 +277,7 @@ def png_shape(path):
     return matplotlib.image.imread(path).shape
 
 
+@pytest.mark.slow
 def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
     workdir, data_dir, _ = run
     out = cli(
@@ -307,6 +308,7 @@ def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
     assert not (workdir / "gate_heatmap.png").exists(), "--out must be honoured"
 
 
+@pytest.mark.slow
 def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     """--flow: every cell family at initialisation, plus the run's cell at init and trained;
     the Gersgorin panel's eigenvalues lie in its discs (checked on the numbers written)."""

@@ -66,7 +66,8 @@ def value_and_grad(loss):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
-@pytest.mark.parametrize("hsg,tied,layers", [(False, True, "python"), (True, False, "scan")])
+@pytest.mark.parametrize("hsg,tied,layers", [
+    pytest.param(False, True, "python", marks=pytest.mark.slow), (True, False, "scan")])
 def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
     model, cfg, params = setup(hsg, tied)
     carry, x, y, masks = inputs(model)
@@ -175,6 +176,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_tiny_prints_one_json_record():
     proc = run_cli("--configs=tiny", "--steps=1", "--eval_tokens=30")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -225,6 +227,7 @@ def test_nnx_scan_highway_peer_computes_rhnzoo_function():
     np.testing.assert_allclose(peer(x), net.apply(params, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_rnn_bench_candidates_compute_the_same_loss():
     """bench.rnn times nothing until rhnzoo's fused step, its reference scan and (LSTM)
     Flax's ``OptimizedLSTMCell`` with rhnzoo's weights agree on the loss (it raises
@@ -247,6 +250,7 @@ def test_rnn_bench_candidates_compute_the_same_loss():
         assert ratio["paired_median"] == pytest.approx(ratio["min"])  # one round: one pair
 
 
+@pytest.mark.slow
 def test_trace_cli_lists_the_steps_xla_ops():
     """``rhnzoo.bench.trace`` prints per-op times of a train step, largest first; the
     time scan's ops run once per step (T = 6 for the tiny shape)."""
@@ -287,6 +291,7 @@ print("same logits")
     assert out.returncode == 0 and "same logits" in out.stdout, out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
     """``--unroll=2,3`` adds fused candidates with that many steps per scan iteration
     (forward and backward): they compute the loss of unroll 1 and get a ratio; a bad

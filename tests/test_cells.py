@@ -110,7 +110,7 @@ def test_cell_in_user_written_scan_under_jit(make):
     assert float(jnp.abs(ys).sum()) > 0
 
 
-@pytest.mark.parametrize("hsg", [False, True])
+@pytest.mark.parametrize("hsg", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_gradient_matches_finite_differences(hsg):
     cell = cells.RHN(4, 3, coupled=not hsg)
     check_unroll_gradient(cells.HSG(cell) if hsg else cell)

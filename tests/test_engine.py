@@ -205,6 +205,7 @@ def test_sigterm_during_a_long_evaluation_saves_and_exits_143(tmp_path):
     assert int(saved["state"]["step"]) == SPE and int(saved["meta"]["validated"]) == -1
 
 
+@pytest.mark.slow
 def test_kill_9_at_several_moments_then_resume_gives_identical_outputs(tmp_path, uninterrupted):
     """SIGKILL after the 4th, 11th, 12th (end of epoch 1) and 22nd step line of successive
     attempts; whatever the kill interrupted (a step, a checkpoint write, the validation
@@ -505,6 +506,7 @@ def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupte
     assert_same_outputs(outputs(workdir), uninterrupted)
 
 
+@pytest.mark.slow
 def test_one_trainer_per_workdir(tmp_path):
     """A second process in a workdir where one is training exits 1 with one line naming
     the workdir and the holder's pid, and leaves the workdir alone; after kill -9 of the

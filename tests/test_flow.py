@@ -33,7 +33,8 @@ def state(cell, seed=0, steps=3):
     return params, carry, jax.tree.map(lambda a: a[steps], cell.project_inputs(params, xs))
 
 
-@pytest.mark.parametrize("name", CELLS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
+                                  if n in ("rhn_uncoupled", "dtrnn", "sc_lstm") else n for n in CELLS])
 def test_jacobian_matches_central_differences(name):
     cell = CELLS[name]
     state32 = jax.tree.map(np.asarray, state(cell))

@@ -36,9 +36,12 @@ def loss(unroll_fn, cell, params, s0, xs, mask, target):
 
 @pytest.mark.parametrize(
     "depth,hsg,use_mask,remat,layer_loop",
-    [(1, False, False, False, "scan"), (1, True, True, True, "python"),
-     (3, False, True, False, "python"), (3, True, False, True, "scan"),
-     (5, True, True, False, "scan"), (5, False, True, True, "python"),
+    [pytest.param(1, False, False, False, "scan", marks=pytest.mark.slow),
+     (1, True, True, True, "python"),
+     pytest.param(3, False, True, False, "python", marks=pytest.mark.slow),
+     (3, True, False, True, "scan"),
+     pytest.param(5, True, True, False, "scan", marks=pytest.mark.slow),
+     pytest.param(5, False, True, True, "python", marks=pytest.mark.slow),
      (5, True, True, False, None)],
 )  # fmt: skip
 def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat, layer_loop):
@@ -134,7 +137,9 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     assert len(copies) == 2 * L, copies
 
 
-@pytest.mark.parametrize("hsg,layer_loop,remat", [(True, "python", False), (False, "python", True),
+@pytest.mark.parametrize("hsg,layer_loop,remat", [pytest.param(True, "python", False,
+                                                               marks=pytest.mark.slow),
+                                                  (False, "python", True),
                                                   (True, "scan", False)])  # fmt: skip
 def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer_loop, remat):
     """In float64 (``dtype=None``: no float32 cast, exact tanh / sigmoid) the hand-written

@@ -75,7 +75,8 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", ["gru", "rrn3_tanh", "hrl"])
+@pytest.mark.parametrize("name", ["gru", pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  pytest.param("hrl", marks=pytest.mark.slow)])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
@@ -90,13 +91,17 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
                 tol=tol, batch=batch)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
+                                  if n in ("rrn1", "sclstm_i", "hrl", "lstm_gru") else n
+                                  for n in CELLS])  # fmt: skip
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
         compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
@@ -104,8 +109,11 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
 
 
 @pytest.mark.parametrize("chunk", [1, 3])  # per step, in chunks of 3 (T = 9: the default)
-@pytest.mark.parametrize("name,m,per_step", [("lstm", 1, True), ("gru", 3, True),
-                                             ("rrn3_tanh", 3, False), ("sclstm_p", 3, False)])
+@pytest.mark.parametrize("name,m,per_step", [pytest.param("lstm", 1, True, marks=pytest.mark.slow),
+                                             ("gru", 3, True),
+                                             pytest.param("rrn3_tanh", 3, False,
+                                                          marks=pytest.mark.slow),
+                                             ("sclstm_p", 3, False)])
 def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk):
     compare(CELLS[name](), m, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=per_step,
             chunk=chunk, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
@@ -123,7 +131,9 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p", "hrl"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
     cell = CELLS[name]()
@@ -152,13 +162,14 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
         gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
-@pytest.mark.parametrize("name", ["lstm", "sclstm_i"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_i"])
 def test_without_lengths_every_step_is_real(name):
     compare(CELLS[name](), 2, jnp.float32, lengths=None, use_mask=False, per_step=True,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3_tanh", "sclstm_p"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn3_tanh",
+                                  "sclstm_p"])
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
@@ -182,7 +193,8 @@ def test_unsupported_cells_raise():
         gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn1", "sclstm_p"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn1",
+                                  "sclstm_p"])
 def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
     """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
     computes the same gradients."""
@@ -214,7 +226,8 @@ def classifier_loss(model, params, tokens, lengths, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize("name", ["lstm", "sclstm_p", "hrl", "lstm_gru"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_p",
+                                  pytest.param("hrl", marks=pytest.mark.slow), "lstm_gru"])
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output
     at its last real step (0 for an empty row): same logits and gradients as the
@@ -233,7 +246,8 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1), ("rrn1", 8)])
+@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1),
+                                    pytest.param("rrn1", 8, marks=pytest.mark.slow)])
 def test_classifier_bfloat16_stays_close_to_float32(name, m):
     """bf16 matmul inputs (float32 accumulation and state) at the initial parameters
     (the regime training starts in): logits within 2% of their scale, gradients within

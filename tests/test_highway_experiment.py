@@ -36,12 +36,12 @@ def png_shape(path):
     "flags,message",
     [
         (["--depth=1"], "depth must be an integer >= 2"),
-        (["--width=0"], "width must be an integer >= 1"),
+        pytest.param(["--width=0"], "width must be an integer >= 1", marks=pytest.mark.slow),
         (["--dataset=svhn"], "flag --dataset=svhn: value should be one of <mnist|cifar100>"),
         (["--activation=gelu"], "flag --activation=gelu: value should be one of"),
         (["--kind=plain", "--depth=30"], "no plain learning rate for depth 30"),
         (["--sweep", "--depths=10,x"], "--depths must be integers"),
-        (["--lr=-1"], "--lr must be > 0"),
+        pytest.param(["--lr=-1"], "--lr must be > 0", marks=pytest.mark.slow),
         (["--valid_size=60000"], "--valid_size must be in [1, 59999]"),
         (["--data_dir={tmp}/nothing", "--nodownload"], "train-images-idx3-ubyte.gz"),
     ],
@@ -84,6 +84,7 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
     assert changed.returncode == 1 and "incompatible" in changed.stderr
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_single_highway_run_writes_its_figures(tmp_path):
     result = highway("--depth=2", "--max_steps=10", "--noprogress", "--lesion_examples=100",
@@ -102,6 +103,7 @@ def test_single_highway_run_writes_its_figures(tmp_path):
         assert (tmp_path / "a" / name).is_file(), name
 
 
+@pytest.mark.slow
 def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
     """--jobs=2 --seeds=2: four runs in child processes, seed 1 in <kind>_d<depth>_s1, the
     table showing mean ± sd (n=2) of the two seeds' test accuracies."""

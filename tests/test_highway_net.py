@@ -62,7 +62,7 @@ def test_net_matches_numpy(kind, activation):
         assert "gates" not in stats
 
 
-@pytest.mark.parametrize("kind", ["highway", "plain"])
+@pytest.mark.parametrize("kind", ["highway", pytest.param("plain", marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(kind):
     net, eps = tiny(kind, "tanh", depth=3), 1e-6
     with jax.enable_x64(True):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "jsb.py"
@@ -42,6 +43,7 @@ def data_flags(tmp_path):
     return [f"--data_dir={tmp_path / 'jsb'}", "--noverify", "--nodownload"]
 
 
+@pytest.mark.slow
 def test_tiny_study_writes_results_table_and_plot(tmp_path):
     workdir = tmp_path / "w"
     args = [
@@ -115,6 +117,7 @@ def test_bad_flags_fail_with_one_line(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
     """SIGINT during a trial: one line saying where it stopped, exit 130 (it printed nothing)."""
     import signal
@@ -138,6 +141,7 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
     assert len(list((workdir / "trials").glob("*/results.json"))) >= 1
 
 
+@pytest.mark.slow
 def test_two_jobs_give_the_trials_of_one_after_another(tmp_path):
     """--jobs=2: every trial in a child process (this command with --sweep_run)."""
     args = [*data_flags(tmp_path), "--archs=rhn", "--depths=1", "--trials=2", "--epochs=1",

@@ -59,6 +59,7 @@ def execute(name, tmp_path, **overrides):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_notebook_runs_on_cpu_with_tiny_parameters(name, tmp_path):
     execute(name, tmp_path)

@@ -177,7 +177,8 @@ FUSED = {"rhn_hsg": (rhn_problem, functools.partial(rhn_fused.unroll, layer_loop
          "gru": (functools.partial(gated_problem, "gru"), gated_fused.unroll)}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(FUSED))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "rhn_hsg" else c
+                                  for c in FUSED])  # fmt: skip
 def test_fused_scans_at_the_default_precision_match_float64(case):
     """The fused scan under ``default``, values and gradients, against the reference scan
     under autodiff in float64."""
@@ -209,6 +210,7 @@ def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
     """config.json holds the precision (here the suite's $JAX_DEFAULT_MATMUL_PRECISION,
@@ -229,6 +231,7 @@ def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
     assert "matmul_precision='default' there vs 'highest'" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,args", [("lm", ["--configs=tiny", "--steps=0"]),
                                          ("rnn", ["--configs=tiny", "--cells=gru", "--rounds=1"])])
 def test_benchmark_records_say_the_precision_they_ran_at(module, args):

@@ -43,8 +43,8 @@ def ptb(*args, timeout=300):
     [
         ("--depth=0", "depth must be an integer >= 1"),
         ("--drop_h=1.0", "drop_h must be a drop probability in [0, 1)"),
-        ("--drop_x=-0.1", "drop_x must be a drop probability"),
-        ("--lr=0", "lr must be > 0"),
+        pytest.param("--drop_x=-0.1", "drop_x must be a drop probability", marks=pytest.mark.slow),
+        pytest.param("--lr=0", "lr must be > 0", marks=pytest.mark.slow),
         ("--batch_size=600000", "batch"),
     ],
 )
@@ -73,6 +73,7 @@ def test_missing_data_names_the_files(tmp_path):
     assert not (tmp_path / "nothing").exists() and not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_incompatible_workdir_fails_before_work(tmp_path):
     first = ptb(*TINY, "--max_steps=2", f"--workdir={tmp_path / 'w'}")
@@ -83,6 +84,7 @@ def test_incompatible_workdir_fails_before_work(tmp_path):
     assert "incompatible" in second.stderr and "depth=2 there vs 3" in second.stderr
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_an_exploding_learning_rate_stops_within_the_first_log_window(tmp_path):
     """--lr=100: finite losses of thousands of nats (gradient clipping keeps them finite);
@@ -120,6 +122,7 @@ def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
     assert (tmp_path / "w" / "results.json").exists()
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     """Waits for the first training-loss line (no sleeping past compilation), then SIGTERM."""
@@ -172,6 +175,7 @@ def test_unusable_workdir_is_one_line(tmp_path):
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
     tiny = [a for a in TINY if not a.startswith("--eval_batch_size")]
@@ -184,8 +188,10 @@ def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
 
 
 @needs_ptb
-@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5), (["--nohsg"], -2.0),
-                                         (["--hsg", "--init_bias=-1.0"], -1.0)])  # fmt: skip
+@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5),  # the one ptb.py run kept fast
+                                         pytest.param(["--nohsg"], -2.0, marks=pytest.mark.slow),
+                                         pytest.param(["--hsg", "--init_bias=-1.0"], -1.0,
+                                                      marks=pytest.mark.slow)])  # fmt: skip
 def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates"."""
     result = ptb(*TINY, *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
@@ -194,6 +200,7 @@ def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     assert config["init_bias"] == bias and config["hsg_init_bias"] == -2.5
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
     """--cell picks any cell of the registry (reference scan); --hsg wraps it; the run's

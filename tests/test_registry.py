@@ -71,7 +71,9 @@ def two_steps_finite(step, state, batches):
     assert all(math.isfinite(v) for v in losses), losses
 
 
-@pytest.mark.parametrize("name", IN_TASKS)
+# Fast selection: every cell of IN_TASKS trains in at least one task, the RHN in each.
+@pytest.mark.parametrize("name", [n if n in ("rhn", "hsg_rhn", "lstm", "gru", "hrl") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in IN_TASKS])
 def test_every_cell_trains_in_the_language_model(name):
     rng = np.random.default_rng(0)
     corpus = data.Corpus(rng.integers(0, 7, 200), rng.integers(0, 7, 50),
@@ -87,7 +89,8 @@ def test_every_cell_trains_in_the_language_model(name):
                      [(rows, np.int32(0)), (rows, np.int32(1))])  # fmt: skip
 
 
-@pytest.mark.parametrize("name", IN_TASKS)
+@pytest.mark.parametrize("name", [n if n in ("rhn", "dtrnn", "dtsrnn", "sc_lstm_i") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in IN_TASKS])
 def test_every_cell_trains_on_piano_rolls(name):
     model = polyphonic.PianoRollModel(build(name))
     params = model.init(jax.random.PRNGKey(0))
@@ -98,7 +101,8 @@ def test_every_cell_trains_on_piano_rolls(name):
     two_steps_finite(polyphonic._engine_step(model), state, [(x, mask), (x, mask)])
 
 
-@pytest.mark.parametrize("name", IN_TASKS)
+@pytest.mark.parametrize("name", [n if n in ("rhn", "rrn", "sc_lstm_p", "lstm_gru", "hsg_gru") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in IN_TASKS])
 def test_every_cell_trains_as_a_sequence_classifier(name):
     model = SequenceClassifier(build(name), num_classes=3, input_size=1)
     rng = np.random.default_rng(0)

@@ -145,6 +145,7 @@ def tiny_mnist(tmp_path_factory):
     return write_random_mnist(tmp_path_factory.mktemp("mnist"), train=120, test=20)
 
 
+@pytest.mark.slow
 def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_mnist):
     args = ["--dataset=pmnist", "--models=lstm,sc_lstm_i", "--hidden_size=4", "--max_len=16",
             "--batch_size=20", "--max_steps=2", "--noprogress", f"--data_dir={tiny_mnist}",
@@ -166,11 +167,11 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     ("--models=lstm,transformer", "unknown cell 'transformer'"),
     ("--model=rrn --input_drop=1.5", "--input_drop must be a drop probability"),
     ("--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews", "no rrn study on agnews"),
-    ("--max_len=0", "max_len must be >= 1"),
+    pytest.param("--max_len=0", "max_len must be >= 1", marks=pytest.mark.slow),
     ("--dataset=cifar10", "flag --dataset=cifar10: value should be one of"),
-    ("--model=sc_lstm_i --skip=0", "skip must be"),
-    ("--jobs=0", "--jobs must be >= 1, got 0"),
-    ("--seeds=0", "--seeds must be >= 1, got 0"),
+    pytest.param("--model=sc_lstm_i --skip=0", "skip must be", marks=pytest.mark.slow),
+    pytest.param("--jobs=0", "--jobs must be >= 1, got 0", marks=pytest.mark.slow),
+    pytest.param("--seeds=0", "--seeds must be >= 1, got 0", marks=pytest.mark.slow),
     ("--lr=inf", "error: --lr must be a finite number, got inf"),
     ("--max_grad_norm=nan", "error: --max_grad_norm must be a finite number, got nan"),
 ])  # fmt: skip
@@ -212,6 +213,7 @@ TINY = ["--dataset=pmnist", "--hidden_size=4", "--max_len=16", "--batch_size=20"
         "--max_steps=2", "--noprogress", "--noverify_data", "--nodownload", "--table"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
     args = [*TINY, "--models=lstm,sc_lstm_i", f"--data_dir={tiny_mnist}"]
     seq = rrl_script(*args, f"--workdir={tmp_path / 'seq'}")
@@ -231,6 +233,7 @@ def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
                                                "workdir": str(tmp_path / "par")}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_seeds_train_one_workdir_each_and_the_table_shows_mean_and_sd(tmp_path, tiny_mnist):
     import statistics
 

@@ -180,6 +180,7 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
     assert rrl.subset(data, None) is data and rrl.subset(data, 80) is data
 
 
+@pytest.mark.slow
 def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
     write_random_mnist(tmp_path / "mnist", train=60, test=10)
     args = [sys.executable, str(ROOT / "experiments" / "rrl.py"), "--dataset=pmnist",

@@ -99,6 +99,7 @@ def results_without_times(results):
     return {k: v for k, v in results.items() if not k.endswith("_s")}
 
 
+@pytest.mark.slow
 def test_two_jobs_give_the_runs_of_one_and_a_failing_run_is_recorded(tmp_path):
     seq = subprocess.run(toy_sweep(tmp_path / "seq", "--runs=a,b", "--epochs=2"),
                          capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -131,6 +132,7 @@ def wait_for_lines(paths, pattern, timeout=60):
     raise AssertionError(f"no {pattern!r} in {[p.read_text() for p in paths if p.is_file()]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path, signum):
     """SIGTERM, and SIGINT to the parent's process group (a Ctrl-C in its terminal):
