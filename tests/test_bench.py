@@ -67,7 +67,8 @@ def value_and_grad(loss):
 
 
 @pytest.mark.parametrize("hsg,tied,layers", [
-    pytest.param(False, True, "python", marks=pytest.mark.slow), (True, False, "scan")])
+    pytest.param(False, True, "python", marks=pytest.mark.slow),
+    pytest.param(True, False, "scan", marks=pytest.mark.slow)])  # fast: the train-step test
 def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
     model, cfg, params = setup(hsg, tied)
     carry, x, y, masks = inputs(model)

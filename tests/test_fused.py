@@ -42,7 +42,7 @@ def loss(unroll_fn, cell, params, s0, xs, mask, target):
      (3, True, False, True, "scan"),
      pytest.param(5, True, True, False, "scan", marks=pytest.mark.slow),
      pytest.param(5, False, True, True, "python", marks=pytest.mark.slow),
-     (5, True, True, False, None)],
+     pytest.param(5, True, True, False, None, marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat, layer_loop):
     cell, params, xs, s0, mask = setup(depth, hsg, seed=depth)
@@ -139,7 +139,8 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
 
 @pytest.mark.parametrize("hsg,layer_loop,remat", [pytest.param(True, "python", False,
                                                                marks=pytest.mark.slow),
-                                                  (False, "python", True),
+                                                  pytest.param(False, "python", True,
+                                                               marks=pytest.mark.slow),
                                                   (True, "scan", False)])  # fmt: skip
 def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer_loop, remat):
     """In float64 (``dtype=None``: no float32 cast, exact tanh / sigmoid) the hand-written

@@ -75,7 +75,8 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", ["gru", pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow),
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   pytest.param("hrl", marks=pytest.mark.slow)])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that

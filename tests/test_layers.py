@@ -2,7 +2,8 @@
 
 Every ``import`` of ``rhnzoo`` in every module counts, those inside functions too (a
 deferred import is still a dependency). Layers, bottom to top: the building blocks
-(cells, data, dropout, precision), models, training, analysis, the applications
+(cells, data, dropout, precision, config: the base of the tasks' configs), models,
+training, configs (each task's presets), analysis, the applications
 (``rhnzoo/apps``: each paper's flags and body), the benchmarks; ``experiments/*.py``
 stand on top.
 """
@@ -12,9 +13,10 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = (
-    ("cells", "data", "dropout", "precision"),
+    ("cells", "config", "data", "dropout", "precision"),
     ("models", "nnx"),
     ("training",),
+    ("configs",),
     ("analysis",),
     ("apps",),
     ("bench",),
