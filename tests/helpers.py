@@ -3,14 +3,36 @@
 import functools
 import gzip
 import io
+import os
 import pathlib
 import struct
+import subprocess
+import sys
 import tarfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.flatten_util import ravel_pytree
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
+
+
+def run_script(script: str, *args: str, timeout: float = 300, cwd=ROOT):
+    """``experiments/<script>`` as a user runs it, from the checkout (``cwd``), its output
+    captured (``subprocess.CompletedProcess``)."""
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / script), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)  # fmt: skip
+
+
+def needs_data(subdir: str, *files: str, what: str):
+    """Skip unless ``$RHNZOO_DATA/<subdir>`` holds ``files`` (the real ``what`` files)."""
+    directory = DATA / subdir
+    return pytest.mark.skipif(not all((directory / f).is_file() for f in files),
+                              reason=f"real {what} files not found in {directory} (set "
+                              "RHNZOO_DATA)")  # fmt: skip
 
 
 def random_params(params, key, scale=0.5):

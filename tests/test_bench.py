@@ -87,6 +87,7 @@ def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
     assert not np.allclose(g3["embed"], g1["embed"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_peer_bfloat16_matches_rhnzoo_bfloat16():
     """Both cast at the same matmuls, so the bfloat16 losses agree closely; the
     gradients differ only by bfloat16 rounding (autodiff vs the fused backward)."""
@@ -204,6 +205,7 @@ def test_cli_unknown_config_is_a_one_line_error():
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_nnx_scan_highway_peer_computes_rhnzoo_function():
     """The nnx.vmap / nnx.scan highway peer, its stacked weights copied into rhnzoo's
     FeedForwardNet layout (H|T fused), gives the same logits."""

@@ -60,6 +60,7 @@ def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, rema
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_language_model_gradients_agree_between_scan_impls():
     kw = dict(vocab_size=13, hidden_size=8, depth=3, hsg=True)
     ref, fast = lm.rhn_language_model(**kw), lm.rhn_language_model(**kw, scan_impl="fused")
@@ -77,6 +78,7 @@ def test_language_model_gradients_agree_between_scan_impls():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bfloat16_matmuls_stay_close_to_float32():
     """At the initial parameters (the regime training starts in) bf16 matmul inputs
     perturb the outputs by about bf16's relative precision (2^-8), not more."""
@@ -119,6 +121,7 @@ def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="counts XLA:CPU's copies in its "
                     "optimized HLO; other compilers lay out and fuse the weights otherwise")
+@pytest.mark.slow
 def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     """With the Python layer loop, XLA:CPU's compiled gradient copies each micro-layer's
     weights once for the forward pass (R_l^T, a transposing copy) and once for the

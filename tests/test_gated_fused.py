@@ -102,7 +102,8 @@ def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropo
 
 @pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
+                                  pytest.param("sclstm_p", marks=pytest.mark.slow),
+                                  pytest.param("hrl", marks=pytest.mark.slow)])
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
         compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
@@ -163,14 +164,15 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
         gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_i"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow),
+                                  pytest.param("sclstm_i", marks=pytest.mark.slow)])
 def test_without_lengths_every_step_is_real(name):
     compare(CELLS[name](), 2, jnp.float32, lengths=None, use_mask=False, per_step=True,
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn3_tanh",
-                                  "sclstm_p"])
+                                  pytest.param("sclstm_p", marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
@@ -227,7 +229,8 @@ def classifier_loss(model, params, tokens, lengths, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "sclstm_p",
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow),
+                                  pytest.param("sclstm_p", marks=pytest.mark.slow),
                                   pytest.param("hrl", marks=pytest.mark.slow), "lstm_gru"])
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output

@@ -122,6 +122,7 @@ def test_gradient_matches_finite_differences(coupled):
         assert all(jnp.all(jnp.isfinite(g)) and jnp.any(g != 0) for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow
 def test_jit_and_depth_independent_program():
     n = 8
     x = jax.random.normal(jax.random.key(0), (5, n))

@@ -1,31 +1,25 @@
 """experiments/highway.py as a user runs it: bad flags, a small sweep end to end on real
 MNIST (every figure and the table written; a rerun skips the finished runs), one net."""
 
+import functools
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
 import matplotlib.image
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "highway.py"
-MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
-needs_mnist = pytest.mark.skipif(
-    not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
-    reason=f"real MNIST files not found in {MNIST_DIR} (set RHNZOO_DATA)",
-)
+from helpers import DATA, ROOT, needs_data, run_script
+
+MNIST_DIR = DATA / "mnist"
+needs_mnist = needs_data("mnist", "train-images-idx3-ubyte.gz", what="MNIST")
 # A CPU-sized sweep: depth 3 (plain and highway), 20 steps each, small analyses.
 SMALL = ["--depths=3", "--plain_lrs=3:1e-3", "--max_steps=20", "--noprogress",
          "--heatmap_examples=300", "--lesion_examples=300", "--diagnostics_depth=4",
          "--log_every=10"]  # fmt: skip
 
 
-def highway(*args, timeout=300):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
+highway = functools.partial(run_script, "highway.py")
 
 
 def png_shape(path):

@@ -227,6 +227,7 @@ def test_activation_statistics_and_gradient_norms(trained_tiny):
     np.testing.assert_allclose(norms, expect, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_plain_diagnostics_show_glorot_relu_vanishing():
     """He et al. 2015: with ReLU, Glorot's Var(W) = 1/n halves the second moment of the
     activations at every layer, He's 2/n keeps it; both facts, at depth 20."""

@@ -1,8 +1,7 @@
 """experiments/jsb.py as a user runs it: a tiny study end to end, and bad flags."""
 
+import functools
 import json
-import os
-import pathlib
 import pickle
 import shutil
 import subprocess
@@ -11,19 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import DATA, ROOT, run_script
+
 SCRIPT = ROOT / "experiments" / "jsb.py"
-JSB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "jsb_chorales"
-
-
-def jsb(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+JSB_DIR = DATA / "jsb_chorales"
+jsb = functools.partial(run_script, "jsb.py", cwd=None)
 
 
 def data_flags(tmp_path):

@@ -1,21 +1,18 @@
 """experiments/ptb.py as a user runs it: the headline command, bad flags, SIGTERM."""
 
+import functools
 import json
-import os
-import pathlib
 import signal
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import DATA, ROOT, needs_data, run_script
+
 SCRIPT = ROOT / "experiments" / "ptb.py"
-PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
-needs_ptb = pytest.mark.skipif(
-    not (PTB_DIR / "ptb.train.txt").exists(),
-    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
-)
+PTB_DIR = DATA / "ptb"
+needs_ptb = needs_data("ptb", "ptb.train.txt", what="PTB")
 TINY = [
     "--hidden_size=16",
     "--depth=2",
@@ -27,14 +24,7 @@ TINY = [
 ]
 
 
-def ptb(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+ptb = functools.partial(run_script, "ptb.py")
 
 
 @needs_ptb
