@@ -102,6 +102,7 @@ def test_peer_bfloat16_matches_rhnzoo_bfloat16():
     assert float(jnp.linalg.norm(flat2 - flat1) / jnp.linalg.norm(flat1)) < 3e-2
 
 
+@pytest.mark.slow
 def test_peer_train_step_matches_rhnzoo_train_step():
     """The whole step (window slicing, carry reset, masks from the key, update) agrees."""
     model, cfg, params = setup(True, True)
@@ -267,6 +268,7 @@ def test_trace_cli_lists_the_steps_xla_ops():
     assert any(int(r[1]) == 6 for r in rows)  # a per-time-step op
 
 
+@pytest.mark.slow
 def test_cudnn_peer_weights_give_rhnzoos_lstm():
     """bench.rnn's cuDNN peer (``jax.experimental.rnn.lstm``, GPU only) gets rhnzoo's LSTM
     weights packed by ``cudnn_weights``; checked here on any backend through JAX's own

@@ -93,7 +93,8 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
-                                  if n in ("rrn1", "sclstm_i", "hrl", "lstm_gru") else n
+                                  if n in ("rrn1", "sclstm_i", "hrl", "lstm_gru", "rrn3_tanh",
+                                           "sclstm_p") else n
                                   for n in CELLS])  # fmt: skip
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
@@ -171,7 +172,8 @@ def test_without_lengths_every_step_is_real(name):
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn3_tanh",
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   pytest.param("sclstm_p", marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
