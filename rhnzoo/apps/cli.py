@@ -22,6 +22,7 @@ flags with their own.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -39,9 +40,8 @@ from rhnzoo.training.lm import LMConfig
 
 FLAGS = flags.FLAGS
 
-RUN_FLAGS = ("workdir", "seed", "max_steps", "max_epochs", "checkpoint_every_steps",
-             "log_every", "progress", "tensorboard", "divergence_factor", "patience",
-             "matmul_precision")  # fmt: skip
+# The run flags: the workdir and the engine's settings (engine.RunSettings, declared once).
+RUN_FLAGS = ("workdir", *(f.name for f in dataclasses.fields(engine.RunSettings)))
 DATA_FLAGS = ("data_dir", "download", "verify_data")
 _PRESETS: dict[str, dict[str, Any]] = {}
 

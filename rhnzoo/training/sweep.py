@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 from absl import flags
 
 from rhnzoo.training import engine, signals
@@ -372,8 +373,6 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = 
 def write_table(path: PathLike, text: str) -> pathlib.Path:
     """Writes a sweep's table (``text`` plus a newline) to ``path`` whole (a temporary
     file renamed into place), from process 0 only; returns ``path``."""
-    import jax
-
     path = pathlib.Path(path)
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
