@@ -275,3 +275,14 @@ def test_study_trial_gives_the_nll_of_before(tmp_path):
     assert row["valid_nll"] == pytest.approx(59.69663709275266, rel=1e-6)
     assert row["test_nll"] == pytest.approx(59.69930795522836, rel=1e-6)
     assert (row["best_epoch"], row["epochs_run"], row["diverged"]) == (1, 1, False)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(lr=0.0), "need lr > 0"), (dict(momentum=1.0), "need lr > 0"),
+    (dict(epochs=0), "epochs must be >= 1"), (dict(batch_size=0), "batch_size must be >= 1"),
+    (dict(max_steps=0), "max_steps must be >= 1"),
+])  # fmt: skip
+def test_polyphonic_config_rejects_bad_settings_in_one_line(bad, message):
+    with pytest.raises(ValueError, match=message) as e:
+        polyphonic.PolyphonicConfig(**{"lr": 0.1, **bad})
+    assert "\n" not in str(e.value)

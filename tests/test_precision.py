@@ -50,9 +50,14 @@ def test_unknown_names_are_one_line_errors(bad):
     with pytest.raises(ValueError, match="unknown matmul precision") as e:
         precision.normalize(bad)
     assert "\n" not in str(e.value)
-    if bad is not None:
-        with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
-            engine.RunConfig(epochs=1, matmul_precision=bad)
+    if bad is not None:  # every config holding the setting says it the same way
+        from rhnzoo.training import polyphonic
+
+        for make in (lambda: engine.RunConfig(epochs=1, matmul_precision=bad),
+                     lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),
+                     lambda: polyphonic.JSBConfig(matmul_precision=bad)):  # fmt: skip
+            with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
+                make()
 
 
 def test_context_none_keeps_jax_setting_and_contexts_nest():

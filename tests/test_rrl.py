@@ -173,6 +173,7 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     pytest.param("--jobs=0", "--jobs must be >= 1, got 0", marks=pytest.mark.slow),
     pytest.param("--seeds=0", "--seeds must be >= 1, got 0", marks=pytest.mark.slow),
     ("--lr=inf", "error: --lr must be a finite number, got inf"),
+    ("--patience=0", "--patience must be an integer >= 1, got 0"),  # before the data is read
     ("--max_grad_norm=nan", "error: --max_grad_norm must be a finite number, got nan"),
 ])  # fmt: skip
 def test_bad_flags_are_one_line_errors_before_anything_is_written(tmp_path, flag, message):

@@ -243,6 +243,8 @@ def test_config_round_trips_and_refuses_unknown_keys_in_one_line():
     ({"lr": 0.0}, "need lr > 0"),
     ({"input_drop": 1.5}, "--input_drop must be a drop probability in [0, 1), got 1.5"),
     ({"subset": 0}, "--subset must be >= 1, got 0"),
+    ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),  # the run's settings
+    ({"divergence_factor": 0.5}, "--divergence_factor must be 0 (off) or a finite number >= 1"),
     ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"}, "needs the fused scan"),
 ])  # fmt: skip
 def test_a_bad_setting_is_one_line_on_construction(changes, message):

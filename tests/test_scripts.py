@@ -1,5 +1,6 @@
 """Every script in experiments/ as a new user first meets it: ``--help``."""
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -34,3 +35,24 @@ def test_help_lists_the_scripts_own_flags_with_defaults(script):
         assert f"  {flag}" in result.stdout or f"  --[no]{flag[2:]}" in result.stdout, flag
     assert "(default:" in result.stdout
     assert "--logtostderr" not in result.stdout  # absl's own flags stay in --helpfull
+
+
+def test_every_analysis_setting_is_a_flag():
+    """experiments/analyze.py passes report.Options every setting from its flag (none
+    left at the dataclass default by a missing flag)."""
+    from rhnzoo.analysis import report
+    from rhnzoo.apps import analyze
+
+    names = [name for _, name, _ in analyze._OPTION_FLAG_SPECS]
+    assert sorted(names) == sorted(f.name for f in dataclasses.fields(report.Options)
+                                   if f.name != "track")  # fmt: skip
+
+
+def test_analyze_of_a_directory_without_a_run_writes_nothing(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "analyze.py"),
+                             f"--workdir={tmp_path / 'none'}"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and lines == [f"error: {tmp_path / 'none'} has no config.json; "
+                                                "is it an rhnzoo training workdir?"]  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

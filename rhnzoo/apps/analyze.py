@@ -5,61 +5,62 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 
 from absl import flags
 
+from rhnzoo import precision
+from rhnzoo.analysis import report
+from rhnzoo.apps import cli
+from rhnzoo.training import engine
+
 FLAGS = flags.FLAGS
+# The analyses' settings: (absl kind or enum choices, name, help); each defaults to the
+# report.Options field of its name.
+_OPTION_FLAG_SPECS = (
+    (["train", "valid", "test"], "split", "Split for gates and MC."),
+    ("integer", "mc_samples", "MC-dropout passes K (0: skip MC evaluation)."),
+    ("integer", "mc_batch_size", "Rows of the MC evaluation (1: reference)."),
+    ("integer", "max_eval_tokens", "Evaluate only the first N tokens of --split."),
+    ("integer", "eval_num_steps", "Window length of evaluation scans."),
+    ("integer", "lesion_tokens", "Training tokens for the lesion study."),
+    ("integer", "lesion_batch_size", "Rows of the lesion evaluation."),
+    ("integer", "heatmap_steps", "Time steps shown in the gate heatmap."),
+    ("integer", "hist_tokens", "Tokens of --split run for the HSG histogram."),
+    ("integer", "hist_times", "Random time steps in the HSG histogram."),
+    ("integer", "heatmap_examples", "Highway runs: images in the gate heatmap."),
+    ("integer", "lesion_examples", "Highway runs: images in the lesion study."),
+    ("integer", "seed", "Seed of the MC masks and the histogram's time steps."),
+    ("string", "data_dir", "Data directory (default: the run's data_dir setting)."),
+    ("boolean", "verify", "Check the data files' sha256 (off for your own corpora)."),
+    ("integer", "flow_hidden", "Units of the cells compared at initialisation."),
+    ("integer", "flow_steps", "Time steps T of the gradient-flow sequences."),
+    ("integer", "flow_tokens", "Tokens read before the Gersgorin Jacobian is taken."),
+)  # fmt: skip
 
 
 def define_flags() -> None:
-    """Defines the script's flags (call once, at import of the script)."""
+    """Defines the script's flags (call once, at import of the script); the analyses'
+    defaults are :class:`~rhnzoo.analysis.report.Options`'."""
     flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
     flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
-    flags.DEFINE_enum("split", "valid", ["train", "valid", "test"], "Split for gates and MC.")
-    flags.DEFINE_integer("mc_samples", 0, "MC-dropout passes K (0: skip MC evaluation).")
-    flags.DEFINE_integer("mc_batch_size", 1, "Rows of the MC evaluation (1: reference).")
-    flags.DEFINE_integer("max_eval_tokens", None, "Evaluate only the first N tokens of "
-                         "--split.")
-    flags.DEFINE_integer("eval_num_steps", 200, "Window length of evaluation scans.")
-    flags.DEFINE_integer("lesion_tokens", 20000, "Training tokens for the lesion study.")
-    flags.DEFINE_integer("lesion_batch_size", 20, "Rows of the lesion evaluation.")
-    flags.DEFINE_integer("heatmap_steps", 40, "Time steps shown in the gate heatmap.")
-    flags.DEFINE_integer("hist_tokens", 2000, "Tokens of --split run for the HSG histogram.")
-    flags.DEFINE_integer("hist_times", 200, "Random time steps in the HSG histogram.")
-    flags.DEFINE_integer("heatmap_examples", 1000, "Highway runs: images in the gate "
-                         "heatmap.")
-    flags.DEFINE_integer("lesion_examples", 10000, "Highway runs: images in the lesion "
-                         "study.")
-    flags.DEFINE_integer("seed", 0, "Seed of the MC masks and the histogram's time steps.")
-    flags.DEFINE_string("data_dir", None, "Data directory (default: the run's data_dir "
-                        "setting).")
-    flags.DEFINE_boolean("verify", True, "Check the data files' sha256 (off for your own "
-                         "corpora).")
     flags.DEFINE_boolean("flow", False, "Draw the information-flow figures (gradient_flow.png, "
                          "and gersgorin.png for a --workdir) instead of the gate analysis.")
-    flags.DEFINE_integer("flow_hidden", 64, "Units of the cells compared at initialisation.")
-    flags.DEFINE_integer("flow_steps", 100, "Time steps T of the gradient-flow sequences.")
-    flags.DEFINE_integer("flow_tokens", 50, "Tokens read before the Gersgorin Jacobian is "
-                         "taken.")
+    cli.define_config_flags(report.Options(), _OPTION_FLAG_SPECS, module_name=__name__)
 
 
 def run() -> None:
     """The script's body: the analyses from the flags into ``--out`` (default: the workdir)."""
-    from rhnzoo import precision
-    from rhnzoo.analysis import report
-    from rhnzoo.training import engine
-
     workdir = pathlib.Path(FLAGS.workdir) if FLAGS.workdir else None
     if workdir is None and not (FLAGS.flow and FLAGS.out):
         raise ValueError("--workdir is required (or --flow with --out)")
+    # A workdir without config.json is an error before anything is written.
+    recorded = report.read_config(workdir).get("matmul_precision", "default") if workdir else None
+    track = lambda it, total=None, desc="": engine.track(it, total=total, desc=desc)
+    opts = report.Options(**cli.flag_values([name for _, name, _ in _OPTION_FLAG_SPECS]),
+                          track=track)
     out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
     out.mkdir(parents=True, exist_ok=True)
-    names = [f.name for f in dataclasses.fields(report.Options) if f.name != "track"]
-    track = lambda it, total=None, desc="": engine.track(it, total=total, desc=desc)
-    opts = report.Options(**{name: FLAGS[name].value for name in names}, track=track)
-    recorded = report.read_config(workdir).get("matmul_precision", "default") if workdir else None
     with precision.context(recorded):
         if FLAGS.flow:
             report.flow_figures(workdir, out, opts)

@@ -147,6 +147,23 @@ def apply_preset(values: dict[str, Any] | None = None) -> dict[str, Any]:
     return preset
 
 
+def define_config_flags(
+    defaults: Any, specs: Sequence[tuple[Any, str, str]], module_name: str | None = None
+) -> list[str]:
+    """Defines a flag per ``(kind, name, help)`` of ``specs``, its default the field
+    ``name`` of the config ``defaults``: ``kind`` an absl kind (``'integer'``,
+    ``'float'``, ``'boolean'``, ``'string'``) or the list of an enum's choices.
+    ``module_name``: the module ``--help`` lists them under (default: this one). Returns
+    the names, in order."""
+    for kind, name, help_ in specs:
+        default = getattr(defaults, name)
+        if isinstance(kind, list):
+            flags.DEFINE_enum(name, default, kind, help_, module_name=module_name)
+        else:
+            getattr(flags, f"DEFINE_{kind}")(name, default, help_, module_name=module_name)
+    return [name for _, name, _ in specs]
+
+
 def run_app(main_fn: Callable[[list[str]], Any]) -> None:
     """``absl.app.run(main_fn)`` whose flag errors (an unknown enum value, a malformed
     number, a non-finite float: no float flag means anything at NaN or inf) are one
@@ -236,13 +253,7 @@ def define_lm_flags(defaults: LMConfig, presets: dict[str, dict[str, Any]]) -> N
     flags.DEFINE_enum("cell", defaults.cell, list(registry.NAMES), "Recurrent cell "
                       "(rhnzoo.cells registry); RHN uses the fused scan, the others the "
                       "reference scan.")  # fmt: skip
-    for kind, name, help_ in _LM_FLAG_SPECS:
-        default = getattr(defaults, name)
-        if isinstance(kind, list):
-            flags.DEFINE_enum(name, default, kind, help_)
-        else:
-            getattr(flags, f"DEFINE_{kind}")(name, default, help_)
-        _LM_FLAGS.append(name)
+    _LM_FLAGS.extend(define_config_flags(defaults, _LM_FLAG_SPECS))
     flags.DEFINE_alias("epochs", "max_max_epoch")
     define_distributed_flags()
     _LM_FLAGS.extend(DISTRIBUTED_FLAGS)

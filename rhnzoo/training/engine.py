@@ -222,11 +222,7 @@ class RunSettings(Config):
         if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
             raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
                              f"got {self.divergence_factor}")  # fmt: skip
-        if self.matmul_precision is not None:
-            try:
-                precision.normalize(self.matmul_precision)
-            except ValueError as e:
-                raise ValueError(f"--matmul_precision: {e}") from None
+        precision.check_setting(self.matmul_precision)
 
     def run_settings(self) -> dict[str, Any]:
         """``{field: value}`` of the run settings alone (a subclass's other fields left

@@ -52,12 +52,12 @@ class PolyphonicConfig(Config):
       lr, momentum, max_grad_norm: SGD hyperparameters (see :func:`sgd`); lr > 0,
         0 <= momentum < 1, max_grad_norm > 0.
       batch_size: sequences per step (>= 1); epochs: >= 1.
-      max_steps: stop after this many steps (None: ``epochs`` full epochs).
+      max_steps: stop after this many steps (>= 1; None: ``epochs`` full epochs).
       matmul_precision: of the float32 matmuls (:mod:`rhnzoo.precision`; None: JAX's
         setting).
 
     Raises:
-      ValueError: (one line) a value out of range.
+      ValueError: (one line) a value out of range or an unknown matmul precision.
     """
 
     lr: float
@@ -78,6 +78,9 @@ class PolyphonicConfig(Config):
             )
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        precision.check_setting(self.matmul_precision)
 
 
 # ------------------------------------------------------------------------ the step
@@ -384,11 +387,7 @@ class JSBConfig(Config):
         for name, value in sizes + [("trials", self.trials), *(("depth", d) for d in self.depths)]:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.matmul_precision is not None:
-            try:
-                precision.normalize(self.matmul_precision)
-            except ValueError as e:
-                raise ValueError(f"--matmul_precision: {e}") from None
+        precision.check_setting(self.matmul_precision)
 
     def settings(self) -> dict[str, Any]:
         """The settings every trial shares (:data:`STUDY_KEYS`; the precision resolved):

@@ -133,7 +133,8 @@ class RRLConfig(engine.RunSettings):
 
     Raises:
       ValueError: (one line, on construction) an unknown cell or a bad cell setting, a
-        training setting out of range, a drop probability outside [0, 1), ``subset`` < 1.
+        training setting out of range, a drop probability outside [0, 1), ``subset`` < 1,
+        a bad run setting (:class:`~rhnzoo.training.engine.RunSettings`).
     """
 
     # The model: the cell and its width (Table 2), the embedding (m) or pixel.
@@ -190,6 +191,7 @@ class RRLConfig(engine.RunSettings):
         dropout.check_rate("--input_drop", self.input_drop)
         if self.subset is not None and self.subset < 1:
             raise ValueError(f"--subset must be >= 1, got {self.subset}")
+        self.run_config()  # the engine's settings, before any data is read
 
     def to_dict(self) -> dict[str, Any]:
         """The run's ``config.json``: every field, but ``scan_impl`` and ``dtype`` only
