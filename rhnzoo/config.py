@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 C = TypeVar("C", bound="Config")
 
@@ -23,6 +23,10 @@ class Config:
     one-line ``ValueError`` naming the flag for a value out of range; it runs on
     construction, so a config that exists is a valid one.
     """
+
+    # Keys added to the task's config.json after its first runs: written only where they
+    # differ from their default, so that earlier workdirs (without them) still resume.
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         self.check()
@@ -47,8 +51,10 @@ class Config:
         return cls(**{k: v for k, v in values.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
-        """``{field: value}``, the inverse of :meth:`from_dict` (tuples stay tuples)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """``{field: value}``, the inverse of :meth:`from_dict` (tuples stay tuples), but
+        an :attr:`ADDED_KEYS` field at its default left out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self.ADDED_KEYS or getattr(self, f.name) != f.default}
 
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` (checked)."""

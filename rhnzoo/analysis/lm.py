@@ -49,7 +49,6 @@ __all__ = ["LESION_BIAS", "load_run", "run_label", "Gates", "gate_activity", "hs
 # config.json keys forwarded to lm.language_model when present (cell options only when
 # the run's cell takes them).
 _MODEL_KEYS = ("tied", "init_scale", "hsg_init_bias", "unroll")
-_CELL_KEYS = ("depth", "coupled", "init_bias")
 
 # Bias that closes a transform gate: sigmoid(-1e4 + anything moderate) is exactly
 # 0.0 in float32, so the lesioned micro-layer passes its input through unchanged.
@@ -104,7 +103,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
         int(config["hidden_size"]),
         hsg=bool(config.get("hsg", False)),
         **{k: config[k] for k in _MODEL_KEYS if k in config},
-        **cells.applicable(cell, {k: config[k] for k in _CELL_KEYS if k in config}),
+        **cells.applicable(cell, {k: config[k] for k in lm_training.CELL_KEYS if k in config}),
     )
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     shapes = lambda tree: jax.tree.map(lambda a: tuple(a.shape), tree)

@@ -107,27 +107,17 @@ def define_data_flags() -> None:
                          "disk (--noverify_data: files of your own).")  # fmt: skip
 
 
-def flag_values(names: Sequence[str], *, unless_default: Sequence[str] = ()) -> dict[str, Any]:
-    """``{name: value}`` of the flags ``names`` (a run's ``config.json``), and of the flags
-    ``unless_default`` only where they differ from their default: a flag added to a script
-    later stays out of the config at its default, so that earlier workdirs still resume."""
-    values = {name: FLAGS[name].value for name in names}
-    values.update({name: FLAGS[name].value for name in unless_default
-                   if FLAGS[name].value != FLAGS[name].default})  # fmt: skip
-    return values
+def flag_values(names: Sequence[str]) -> dict[str, Any]:
+    """``{name: value}`` of the flags ``names`` (the settings of a run's config; the
+    config's ``ADDED_KEYS`` leave those at their default out of ``config.json``)."""
+    return {name: FLAGS[name].value for name in names}
 
 
 def run_config(epochs: int, **overrides: Any) -> engine.RunConfig:
     """The engine settings from the run flags (``overrides`` win, e.g. a sweep's
     ``patience``). Raises ValueError for a bad value."""
-    settings = dict(
-        epochs=epochs, seed=FLAGS.seed, max_steps=FLAGS.max_steps, max_epochs=FLAGS.max_epochs,
-        checkpoint_every_steps=FLAGS.checkpoint_every_steps, log_every=FLAGS.log_every,
-        progress=FLAGS.progress, tensorboard=FLAGS.tensorboard,
-        divergence_factor=FLAGS.divergence_factor, patience=FLAGS.patience,
-        matmul_precision=FLAGS.matmul_precision,
-    )  # fmt: skip
-    return engine.RunConfig(**{**settings, **overrides})
+    engine_flags = [f.name for f in dataclasses.fields(engine.RunSettings)]
+    return engine.RunConfig(epochs=epochs, **{**flag_values(engine_flags), **overrides})
 
 
 def define_presets(presets: dict[str, dict[str, Any]]) -> None:
@@ -300,14 +290,12 @@ def lm_config(dataset: str, **overrides: Any) -> LMConfig:
     from rhnzoo import cells
 
     preset = apply_preset()
-    # --cell=rhn (the default) stays out of the config, so that earlier RHN workdirs resume.
-    config = {"dataset": dataset, **flag_values([*_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS],
-                                                unless_default=["cell"]),
+    config = {"dataset": dataset, **flag_values(["cell", *_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS]),
               "preset": FLAGS.preset, **overrides}  # fmt: skip
     if config["hsg"] and not FLAGS["init_bias"].present and "init_bias" not in preset:
         config["init_bias"] = HSG_RHN_INIT_BIAS
-    cell_flags = ("depth", "coupled", "init_bias")
-    given = [f"--{k}" for k in cell_flags if FLAGS[k].present and k not in cells.options(FLAGS.cell)]
+    given = [f"--{k}" for k in lm_training.CELL_KEYS
+             if FLAGS[k].present and k not in cells.options(FLAGS.cell)]  # fmt: skip
     if given:
         raise ValueError(f"{', '.join(given)} does not apply to --cell={FLAGS.cell} (its "
                          f"options: {', '.join(cells.options(FLAGS.cell))})")  # fmt: skip

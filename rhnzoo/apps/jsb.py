@@ -62,7 +62,7 @@ def config_from_flags() -> polyphonic.JSBConfig:
     ValueError (one line) for a bad value."""
     return polyphonic.JSBConfig(
         archs=tuple(FLAGS.archs), depths=_integers(FLAGS.depths), trials=FLAGS.trials,
-        **{k: FLAGS[k].value for k in polyphonic.STUDY_KEYS},
+        **cli.flag_values(polyphonic.STUDY_KEYS),
     )  # fmt: skip
 
 

@@ -19,8 +19,7 @@ from rhnzoo.training import rrl, sweep
 
 FLAGS = flags.FLAGS
 # The flags of a run's settings: (absl kind or enum choices, name, help); each defaults to
-# the RRLConfig field of its name. All but --scan_impl and --dtype go into config.json
-# (those two only when given: earlier workdirs resume).
+# the RRLConfig field of its name.
 _CONFIG_FLAG_SPECS = (
     (["imdb", *(name for name in data.names("sequences") if name != "imdb")], "dataset",
      "Data set."),  # the default data set first, then the registry's order
@@ -63,8 +62,7 @@ _CONFIG_FLAG_SPECS = (
      "accumulation: float32 (computed at --matmul_precision: TF32 / bfloat16 passes by "
      "default on GPUs / TPUs) or bfloat16 (float32 state and parameters)."),
 )  # fmt: skip
-UNLESS_DEFAULT = ("scan_impl", "dtype")
-CONFIG_FLAGS = tuple(name for _, name, _ in _CONFIG_FLAG_SPECS if name not in UNLESS_DEFAULT)
+CONFIG_FLAGS = tuple(name for _, name, _ in _CONFIG_FLAG_SPECS)
 
 
 def define_flags() -> None:
@@ -92,8 +90,7 @@ def experiment() -> None:
     (:func:`rhnzoo.training.rrl.run_experiment`), from the flags."""
     cli.apply_preset(presets.overrides(FLAGS.preset, FLAGS.dataset))
     root = pathlib.Path(FLAGS.workdir or f"runs/rrl_{FLAGS.dataset}_{FLAGS.preset or 'custom'}")
-    settings = {**cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS,
-                                  unless_default=UNLESS_DEFAULT),
+    settings = {**cli.flag_values(CONFIG_FLAGS + cli.RUN_FLAGS + cli.DATA_FLAGS),
                 "preset": FLAGS.preset}  # a resumable key: earlier workdirs (without it) resume
     models = FLAGS.models if FLAGS.table else [FLAGS.model]
     jobs, seeds = sweep.from_flags()  # before JAX touches a device

@@ -53,8 +53,7 @@ DATA_SOURCES = ("files", "tfds")
 CONFIG_KEYS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
                "batch_size", "eval_batch_size", "epochs", "valid_size", "workdir", "seed",
                "data_dir", "download", "verify_data", "preset")  # fmt: skip
-RUN_KEYS = ("max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-            "tensorboard", "divergence_factor", "patience", "matmul_precision")  # fmt: skip
+RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunSettings) if f.name != "seed")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,8 @@ Array = jax.Array
 State = dict[str, Any]
 
 
-_CELL_KEYS = ("depth", "coupled", "init_bias")
+# The LM settings that go to the cell (:func:`rhnzoo.cells.make`) where it has them.
+CELL_KEYS = ("depth", "coupled", "init_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +120,11 @@ class LMConfig(engine.RunSettings):
     download: bool = True
     verify_data: bool = True
 
+    ADDED_KEYS = ("cell",)  # config.json holds cell only when not 'rhn' (earlier RHN runs)
+
     def check(self) -> None:
         data.registry.get(self.dataset, task="lm")
-        dropout.Rates(self.drop_x, self.drop_i, self.drop_h, self.drop_o)  # checks the rates
+        self.rates  # checks the rates
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not self.lr_decay >= 1:
@@ -135,13 +138,6 @@ class LMConfig(engine.RunSettings):
             raise ValueError("weight_decay must be >= 0 and max_grad_norm > 0")
         self.run_config()
         self.model(2)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content (``cell`` only when not ``'rhn'``)."""
-        values = super().to_dict()
-        if values["cell"] == "rhn":
-            del values["cell"]
-        return values
 
     @property
     def rates(self) -> dropout.Rates:
@@ -176,7 +172,7 @@ class LMConfig(engine.RunSettings):
             self.cell, vocab_size, self.hidden_size, hsg=self.hsg, tied=self.tied,
             init_scale=self.init_scale, hsg_init_bias=self.hsg_init_bias, unroll=self.unroll,
             scan_impl=scan_impl, remat=self.remat, dtype=self.dtype,
-            **cells.applicable(self.cell, {k: getattr(self, k) for k in _CELL_KEYS}),
+            **cells.applicable(self.cell, {k: getattr(self, k) for k in CELL_KEYS}),
         )  # fmt: skip
 
     def schedule(self, steps_per_epoch: int) -> optax.Schedule:

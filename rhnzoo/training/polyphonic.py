@@ -462,6 +462,7 @@ def study_model(arch: str, n: int, depth: int, **init: float) -> PianoRollModel:
     return PianoRollModel(cells.make(arch, n, **cells.applicable(arch, settings)))
 
 
+@functools.cache  # plan() asks again for the same widths (abstract shapes: no FLOPs)
 def count(arch: str, n: int, depth: int) -> int:
     """Parameters of the whole model (cell + 88-way output layer)."""
     return num_params(study_model(arch, n, depth))

@@ -104,11 +104,6 @@ def _embedding_frozen(params: Mapping[str, Any]) -> dict[str, str]:
     return {k: "frozen" if k == "embed" else "trained" for k in params}
 
 
-# Keys of config.json added after its first runs: written only where they differ from
-# their default, so that earlier workdirs (without them) still resume.
-_ADDED_KEYS = ("scan_impl", "dtype")
-
-
 @dataclasses.dataclass(frozen=True)
 class RRLConfig(engine.RunSettings):
     """One sequence-classification run: every flag of ``experiments/rrl.py`` that its
@@ -184,6 +179,8 @@ class RRLConfig(engine.RunSettings):
     preset: str | None = None
     matmul_precision: str = "default"
 
+    ADDED_KEYS = ("scan_impl", "dtype")  # config.json holds them only when not the default
+
     def check(self) -> None:
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
         self.train_config()
@@ -192,13 +189,6 @@ class RRLConfig(engine.RunSettings):
         if self.subset is not None and self.subset < 1:
             raise ValueError(f"--subset must be >= 1, got {self.subset}")
         self.run_config()  # the engine's settings, before any data is read
-
-    def to_dict(self) -> dict[str, Any]:
-        """The run's ``config.json``: every field, but ``scan_impl`` and ``dtype`` only
-        where they differ from their default (earlier workdirs lack them)."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return {k: v for k, v in super().to_dict().items()
-                if k not in _ADDED_KEYS or v != defaults[k]}  # fmt: skip
 
     def cell(self):
         """The recurrent layer: :func:`rhnzoo.cells.make` of ``model`` with

@@ -348,7 +348,7 @@ def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | 
     return f"{mean:{fmt}} ± {sd:{fmt}}{unit} (n={len(values)})"
 
 
-_RULES = {"": "---", "l": ":---", "r": "---:", "c": ":---:"}
+_RULES = {"-": "---", "l": ":---", "r": "---:", "c": ":---:"}
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—",
@@ -360,11 +360,11 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = 
     ``'rrrrrl'``; None: no alignment. Raises ValueError if its length is not the
     number of columns."""
     align = "-" * len(header) if align is None else align
-    if len(align) != len(header) or set(align) - {"-", "l", "r", "c"}:
+    if len(align) != len(header) or set(align) - _RULES.keys():
         raise ValueError(f"align must be one of l, r, c, - per column ({len(header)}), "
                          f"got {align!r}")  # fmt: skip
     cell = lambda v: blank if v is None else str(v)
-    rules = [_RULES[a.replace("-", "")] for a in align]
+    rules = [_RULES[a] for a in align]
     lines = ["| " + " | ".join(header) + " |", "|" + "".join(r + "|" for r in rules)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
