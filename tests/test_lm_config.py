@@ -92,6 +92,22 @@ def test_enwik8_sota_and_the_presets():
         lm_configs.get_config("large")
 
 
+def test_get_config_gives_an_hsg_model_the_papers_rhn_gate_bias():
+    """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG
+    gates", in code as on the command line, unless the preset or the caller sets it."""
+    d40 = lm_configs.get_config(depth=40, hsg=True)
+    assert (d40.depth, d40.hsg, d40.init_bias, d40.hsg_init_bias) == (40, True, -2.5, -2.5)
+    assert lm_configs.get_config(dataset="enwik8", hsg=True).init_bias == -2.5  # not -4
+    assert lm_configs.get_config(hsg=True, init_bias=-1.0).init_bias == -1.0
+    assert lm_configs.get_config("small", "ptb_char", hsg=True).init_bias == -1.0  # the preset's
+    assert lm_configs.get_config(depth=40).init_bias == -2.0
+    assert lm_configs.get_config("small", lr=0.1) == lm_configs.get_config("small").replace(lr=0.1)
+    for settings, message in [({"learning_rate": 0.1}, "unknown LMConfig setting(s): learning_rate"),
+                              ({"depth": 0}, "depth")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
+            lm_configs.get_config(**settings)
+
+
 def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
     """The depth sweep on the runner: the run that diverges stops there (its results say
     so) and train_all names it; the other run finishes."""

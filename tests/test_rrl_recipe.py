@@ -280,8 +280,7 @@ def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
 
 def test_the_sizes_of_the_paper_preset_are_table_2():
     """``paper`` against Wang & Tian's Table 2 (embedding x hidden; "Hybrid": HRL and
-    LSTM+GRU). One deviation: the preset has one embedding width per data set, so the
-    hybrids on 20NG embed in 500 dimensions, not the table's 256."""
+    LSTM+GRU), as the model is built: the embedding table's width and the cell's."""
     table2 = {"agnews": ((256, 512), (256, 384)), "imdb": ((256, 512), (256, 384)),
               "20ng": ((500, 768), (256, 512)), "pmnist": ((1, 100), (1, 80))}  # fmt: skip
     for dataset, ((m, n), (hybrid_m, hybrid_n)) in table2.items():
@@ -289,7 +288,11 @@ def test_the_sizes_of_the_paper_preset_are_table_2():
             c = presets.get_config("paper", dataset).replace(model=name)
             hybrid = name in ("hrl", "lstm_gru")
             assert c.cell().hidden_size == (hybrid_n if hybrid else n), (dataset, name)
-            assert c.embed_size == (m if not hybrid or dataset == "20ng" else hybrid_m)
+            assert c.embedding_size() == (hybrid_m if hybrid else m), (dataset, name)
+            if dataset == "20ng":
+                model = c.classifier(20, vocab_size=30)
+                shapes = jax.eval_shape(model.init, jax.random.key(0))
+                assert shapes["embed"].shape == (30, hybrid_m if hybrid else m), name
     assert presets.get_config("paper", "pmnist").max_len == 784  # every pixel, one per step
 
 
@@ -300,6 +303,11 @@ def test_presets_and_the_pixel_input():
     assert presets.get_config(None, "imdb") == rrl.RRLConfig()
     assert presets.get_config(None, "pmnist").embed_size == 1  # one pixel per step
     assert presets.overrides(None, "imdb") == {}
+    assert "hybrid_embed_size" not in rrl.RRLConfig().to_dict()  # earlier workdirs resume
+    assert rrl.RRLConfig(model="hrl", hybrid_embed_size=32).embedding_size() == 32
+    assert rrl.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
+    with pytest.raises(ValueError, match="^--hybrid_embed_size must be >= 1, got 0$"):
+        rrl.RRLConfig(hybrid_embed_size=0)
     with pytest.raises(ValueError, match="unknown preset 'gpu'; choose from paper, cpu"):
         presets.get_config("gpu")
 

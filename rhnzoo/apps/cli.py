@@ -29,11 +29,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from absl import flags, logging
 
-from rhnzoo import precision
+from rhnzoo import cells, data, precision
 from rhnzoo.data.common import DataError
-from rhnzoo.configs.lm import HSG_RHN_INIT_BIAS
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training.lm import LMConfig
@@ -200,13 +201,13 @@ _LM_FLAG_SPECS = (
      "rhn, dtrnn, dtsrnn, rrn, hrl)."),
     ("integer", "hidden_size", "Units per micro-layer."),
     ("boolean", "hsg", "Add the Highway State Gate (Shoham & Permuter) around --cell; the RHN "
-     f"T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper."),
+     f"T bias then defaults to {lm_configs.HSG_RHN_INIT_BIAS} as in the paper."),
     ("float", "hsg_init_bias", "Initial HSG gate bias b_G."),
     ("boolean", "coupled", "Coupled carry gate C = 1 - T (RHN)."),
     ("boolean", "tied", "Tie the embedding and softmax weights."),
     ("float", "init_scale", "Uniform initialisation half-width."),
     ("float", "init_bias", "Initial RHN transform-gate bias (with --hsg: "
-     f"{HSG_RHN_INIT_BIAS} unless given)."),
+     f"{lm_configs.HSG_RHN_INIT_BIAS} unless given)."),
     ("float", "lr", "Initial SGD learning rate (loss summed over time / batch)."),
     ("float", "lr_decay", "Learning-rate divisor per epoch after max_epoch."),
     ("integer", "max_epoch", "Epochs at constant learning rate."),
@@ -238,9 +239,7 @@ def define_lm_flags(defaults: LMConfig, presets: dict[str, dict[str, Any]]) -> N
     :mod:`rhnzoo.configs.lm`), and ``--preset`` from ``presets`` (call once, at import)."""
     define_presets(presets)
     define_run_flags()
-    from rhnzoo.cells import registry
-
-    flags.DEFINE_enum("cell", defaults.cell, list(registry.NAMES), "Recurrent cell "
+    flags.DEFINE_enum("cell", defaults.cell, list(cells.registry.NAMES), "Recurrent cell "
                       "(rhnzoo.cells registry); RHN uses the fused scan, the others the "
                       "reference scan.")  # fmt: skip
     _LM_FLAGS.extend(define_config_flags(defaults, _LM_FLAG_SPECS))
@@ -270,8 +269,6 @@ def initialize_distributed() -> None:
     """``jax.distributed.initialize`` with the --coordinator_address / --num_processes /
     --process_id flags that are given (the rest from the cluster runtime). On CPU the
     cross-process collectives use gloo."""
-    import jax
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     given = {k: FLAGS[k].value for k in ("coordinator_address", "num_processes", "process_id")
              if FLAGS[k].value is not None}  # fmt: skip
@@ -287,19 +284,16 @@ def lm_config(dataset: str, **overrides: Any) -> LMConfig:
     of a sweep's run) applied. With HSG the RHN's T bias defaults to -2.5 (Shoham &
     Permuter). Raises ValueError (one line) for a bad setting, or a cell flag given to a
     cell without it."""
-    from rhnzoo import cells
-
-    preset = apply_preset()
-    config = {"dataset": dataset, **flag_values(["cell", *_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS]),
-              "preset": FLAGS.preset, **overrides}  # fmt: skip
-    if config["hsg"] and not FLAGS["init_bias"].present and "init_bias" not in preset:
-        config["init_bias"] = HSG_RHN_INIT_BIAS
+    apply_preset()
+    values = flag_values(["cell", *_LM_FLAGS, *RUN_FLAGS, *DATA_FLAGS])
+    if not FLAGS["init_bias"].present:
+        del values["init_bias"]  # the preset's, else the default (with --hsg the paper's)
     given = [f"--{k}" for k in lm_training.CELL_KEYS
              if FLAGS[k].present and k not in cells.options(FLAGS.cell)]  # fmt: skip
     if given:
         raise ValueError(f"{', '.join(given)} does not apply to --cell={FLAGS.cell} (its "
                          f"options: {', '.join(cells.options(FLAGS.cell))})")  # fmt: skip
-    return LMConfig.from_dict(config)
+    return lm_configs.get_config(FLAGS.preset, dataset, **{**values, **overrides})
 
 
 def run_lm(dataset: str, load_corpus: Callable[..., Any] | None = None) -> None:
@@ -313,8 +307,6 @@ def run_lm(dataset: str, load_corpus: Callable[..., Any] | None = None) -> None:
       load_corpus: ``load_corpus(data_dir, download=..., verify=...) -> Corpus``
         (default: the data set's registered loader).
     """
-    from rhnzoo import data
-
     config = lm_config(dataset)
     if FLAGS.distributed:
         initialize_distributed()

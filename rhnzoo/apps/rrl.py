@@ -26,6 +26,8 @@ _CONFIG_FLAG_SPECS = (
     ("integer", "embed_size", "Embedding width (P-MNIST: 1, the pixel)."),
     ("integer", "hidden_size", "Hidden units (LSTM, GRU, RRN, SC-LSTM)."),
     ("integer", "hybrid_hidden_size", "Hidden units per cell of HRL / LSTM+GRU."),
+    ("integer", "hybrid_embed_size", "Embedding width of HRL / LSTM+GRU (default: "
+     "--embed_size)."),
     ("integer", "rrn_depth", "K, layers of the RRN transition F (eq. 4)."),
     (["sigmoid", "tanh"], "rrn_activation", "Inner activation of the RRN transition (the "
      "paper's σ is the logistic function)."),
@@ -75,8 +77,9 @@ def define_flags() -> None:
     flags.DEFINE_boolean("table", False, "Train the --models not finished under the root, then "
                          "print the Table 3 layout (--norun_missing: only print).")
     flags.DEFINE_enum("study", None, sorted({s for s, _ in presets.STUDIES}), "A study of what the "
-                      "paper leaves open, screened on dev at a reduced budget (rrl.STUDIES): "
-                      "'rrn' the RRN recipe, 'skip' SC-LSTM's L; then its table.")
+                      "paper leaves open, screened on dev at a reduced budget "
+                      "(rhnzoo.configs.rrl.STUDIES): 'rrn' the RRN recipe, 'skip' SC-LSTM's L; "
+                      "then its table.")
     flags.DEFINE_boolean("run_missing", True, "With --table / --study: train unfinished runs.")
     cli.define_config_flags(d, _CONFIG_FLAG_SPECS, module_name=__name__)
     cli.define_presets({name: {} for name in presets.PRESETS})

@@ -7,8 +7,9 @@
 * character level (enwik8, text8, PTB-char): the reference ``enwik8_sota`` (=
   ``text8_sota``, test BPC 1.27) and a ``small`` preset for PTB-char on a 2-core CPU.
 
-:func:`get_config` gives a data set's config with a preset applied; :func:`defaults` and
-:func:`presets` are what the scripts' flags are defined from.
+:func:`get_config` gives a data set's config with a preset and settings applied (with
+``hsg=True``, the HSG paper's RHN gate bias); :func:`defaults` and :func:`presets` are
+what the scripts' flags are defined from.
 """
 
 from __future__ import annotations
@@ -71,16 +72,20 @@ def presets(dataset: str = "ptb") -> dict[str, dict[str, Any]]:
     return CHAR_PRESETS if char_level(dataset) else PTB_PRESETS
 
 
-def get_config(preset: str | None = None, dataset: str = "ptb") -> LMConfig:
-    """``defaults(dataset)`` with ``preset`` (None: none) applied and named in it.
+def get_config(preset: str | None = None, dataset: str = "ptb", **overrides: Any) -> LMConfig:
+    """``defaults(dataset)`` with ``preset`` (None: none; named in the config) and then
+    ``overrides`` applied. An HSG model (``hsg=True``) takes Shoham & Permuter's RHN
+    transform-gate bias, ``init_bias=-2.5``, unless the preset or ``overrides`` set it.
+
+    Example: ``get_config(depth=40, hsg=True)`` is the HSG paper's depth-40 model.
 
     Raises:
-      ValueError: an unknown data set or preset (one line).
+      ValueError: an unknown data set or preset, an unknown or bad setting (one line).
     """
-    config = defaults(dataset)
-    if preset is None:
-        return config
     named = presets(dataset)
-    if preset not in named:
+    if preset is not None and preset not in named:
         raise ValueError(f"preset must be one of {sorted(named)} for {dataset}, got {preset!r}")
-    return config.replace(preset=preset, **named[preset])
+    settings = {**named.get(preset, {}), **overrides}
+    if settings.get("hsg") and "init_bias" not in settings:
+        settings["init_bias"] = HSG_RHN_INIT_BIAS
+    return LMConfig.from_dict({**defaults(dataset).to_dict(), "preset": preset, **settings})

@@ -13,11 +13,13 @@ from typing import Any
 
 from rhnzoo.training.rrl import RRLConfig
 
-# Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell).
+# Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell; 20NG's hybrids also
+# a narrower embedding, 256 x 512).
 PAPER_SIZES = {
     "imdb": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
     "agnews": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
-    "20ng": dict(embed_size=500, hidden_size=768, hybrid_hidden_size=512),
+    "20ng": dict(embed_size=500, hidden_size=768, hybrid_embed_size=256,
+                 hybrid_hidden_size=512),
     "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784,
                    buckets=1),
 }  # fmt: skip

@@ -133,19 +133,19 @@ class HighwayConfig(Config):
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.sweep and (self.seeds > 1 or self.jobs > 1):
             raise ValueError("--jobs and --seeds are for --sweep")
-        for kind, depth in self.plan():  # each net and its optimisation
+        for kind, depth in self.plan():  # each net and its learning rate
             self.net(kind, depth)
             lr = self.learning_rate(kind, depth)
             if not lr > 0:
                 raise ValueError(f"--lr must be > 0, got {lr}")
-            if not 0 <= self.momentum < 1:
-                raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
-            if not 0 < self.lr_decay_rate <= 1:
-                raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
-            for name in ("lr_decay_steps", "batch_size", "eval_batch_size"):
-                value = getattr(self, name)
-                if not isinstance(value, int) or value < 1:
-                    raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if not 0 < self.lr_decay_rate <= 1:
+            raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
+        for name in ("lr_decay_steps", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
         for name in ("heatmap_examples", "lesion_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")

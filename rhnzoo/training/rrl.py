@@ -112,7 +112,7 @@ class RRLConfig(engine.RunSettings):
 
     Model: ``model`` (a cell of :func:`rhnzoo.cells.make`; :data:`MODELS` are Wang &
     Tian's), ``embed_size`` (m; P-MNIST: 1, the pixel), ``hidden_size`` (n; the two
-    hybrids: ``hybrid_hidden_size`` per cell), the RRN's ``rrn_depth`` (K, eq. 4; every
+    hybrids: ``hybrid_hidden_size`` per cell and ``hybrid_embed_size``, None: m), the RRN's ``rrn_depth`` (K, eq. 4; every
     cell with a depth), ``rrn_activation``, ``rrn_recurrent_init``, ``rrn_f_bias``,
     SC-LSTM's ``skip`` (L, eq. 5), the LSTM's ``forget_bias``, ``init_scale`` (uniform
     half-width), ``drop`` / ``input_drop`` (dropout probabilities on the final state /
@@ -137,6 +137,7 @@ class RRLConfig(engine.RunSettings):
     embed_size: int = 256
     hidden_size: int = 512
     hybrid_hidden_size: int = 384
+    hybrid_embed_size: int | None = None
     # The cells' own settings (each goes to the cells that have it).
     rrn_depth: int = 2
     rrn_activation: str = "sigmoid"
@@ -179,7 +180,8 @@ class RRLConfig(engine.RunSettings):
     preset: str | None = None
     matmul_precision: str = "default"
 
-    ADDED_KEYS = ("scan_impl", "dtype")  # config.json holds them only when not the default
+    # config.json holds them only when not the default
+    ADDED_KEYS = ("scan_impl", "dtype", "hybrid_embed_size")
 
     def check(self) -> None:
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
@@ -188,6 +190,8 @@ class RRLConfig(engine.RunSettings):
         dropout.check_rate("--input_drop", self.input_drop)
         if self.subset is not None and self.subset < 1:
             raise ValueError(f"--subset must be >= 1, got {self.subset}")
+        if self.hybrid_embed_size is not None and self.hybrid_embed_size < 1:
+            raise ValueError(f"--hybrid_embed_size must be >= 1, got {self.hybrid_embed_size}")
         self.run_config()  # the engine's settings, before any data is read
 
     def cell(self):
@@ -201,16 +205,22 @@ class RRLConfig(engine.RunSettings):
         n = self.hybrid_hidden_size if self.model in registry.PARALLEL_NAMES else self.hidden_size
         return cells.make(self.model, n, **cells.applicable(self.model, settings))
 
+    def embedding_size(self) -> int:
+        """m, the embedding width of ``model``: ``hybrid_embed_size`` (when set) for the
+        two-cell hybrids, else ``embed_size`` (Wang & Tian Table 2, 20NG: 500, hybrids 256)."""
+        hybrid = self.model in registry.PARALLEL_NAMES and self.hybrid_embed_size is not None
+        return self.hybrid_embed_size if hybrid else self.embed_size
+
     def _scan(self) -> dict[str, Any]:
         return {"scan_impl": None if self.scan_impl == "auto" else self.scan_impl,
                 "dtype": self.dtype}  # fmt: skip
 
     def classifier(self, num_classes: int, input_size: int | None = None,
                    vocab_size: int | None = None) -> SequenceClassifier:  # fmt: skip
-        """The model: embedding (``vocab_size`` tokens of ``embed_size``) or
+        """The model: embedding (``vocab_size`` tokens of :meth:`embedding_size`) or
         ``input_size`` features per step -> :meth:`cell` -> dropout -> softmax over
         ``num_classes``. Raises ValueError for a bad size."""
-        return SequenceClassifier(self.cell(), num_classes, input_size or self.embed_size,
+        return SequenceClassifier(self.cell(), num_classes, input_size or self.embedding_size(),
                                   vocab_size, drop=self.drop, input_drop=self.input_drop,
                                   init_scale=self.init_scale, **self._scan())  # fmt: skip
 
@@ -401,9 +411,10 @@ def embeddings_for(config: RRLConfig, dataset: Dataset, log=print):
     if dataset.vocab is None or spec in (None, "random"):
         return None
     if spec == "word2vec":
-        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab, config.embed_size,
-                                       dataset=config.dataset, log=log)  # fmt: skip
-    vectors = word2vec.load_word2vec(spec, dataset.vocab, config.embed_size)
+        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab,
+                                       config.embedding_size(), dataset=config.dataset,
+                                       log=log)  # fmt: skip
+    vectors = word2vec.load_word2vec(spec, dataset.vocab, config.embedding_size())
     log(f"{spec}: vectors for {vectors[1].sum():,} of {len(dataset.vocab):,} words")
     return vectors
 
@@ -540,7 +551,7 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
             dataset = load()  # a data error is one line; word2vec trained once, cached
-            for c in {(c.embeddings, c.embed_size, c.subset): c
+            for c in {(c.embeddings, c.embedding_size(), c.subset): c
                       for c in seeded.values()}.values():  # fmt: skip
                 embeddings_for(c, subset(dataset, c.subset), say)
         sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence="stop" if several else "raise")
