@@ -3,7 +3,7 @@ run's ``config.json``.
 
 Each task's config (:class:`rhnzoo.training.lm.LMConfig`, ...) subclasses
 :class:`Config`; its presets live in ``rhnzoo/configs/<task>.py``
-(``get_config(preset)``).
+(``get_config(preset)``, through :func:`preset_settings`).
 """
 
 from __future__ import annotations
@@ -59,3 +59,16 @@ class Config:
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` (checked)."""
         return dataclasses.replace(self, **changes)
+
+
+def preset_settings(presets: Mapping[str, Any], name: str | None) -> Any:
+    """``presets[name]``, the settings of preset ``name`` (None: no preset, ``{}``).
+
+    Raises:
+      ValueError: ``--preset must be one of <names>, got <name>`` (one line).
+    """
+    if name is None:
+        return {}
+    if name not in presets:
+        raise ValueError(f"--preset must be one of {', '.join(presets)}, got {name!r}")
+    return presets[name]

@@ -149,18 +149,16 @@ CONFIG_0016358 = {
 
 def test_config_json_is_what_the_script_wrote_before_the_config_class():
     """An existing workdir resumes only if its run's config.json is the same dict."""
-    from rhnzoo.training import engine
     from rhnzoo.training.highway import HighwayConfig
 
     cfg = HighwayConfig(sweep=True, depths=("3",), plain_lrs=("3:1e-3",), seeds=2, seed=3,
                         batch_size=20, valid_size=40, data_dir="/tmp/hw-mnist",
-                        verify_data=False, download=False, workdir="/tmp/hw-old/sweep")  # fmt: skip
-    run = engine.RunConfig(epochs=cfg.epochs, seed=3, max_steps=4, progress=False, log_every=3,
-                           matmul_precision="default")  # fmt: skip
+                        verify_data=False, download=False, workdir="/tmp/hw-old/sweep",
+                        max_steps=4, progress=False, log_every=3)  # fmt: skip
     runs = dict(cfg.runs())
     assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
-    assert json.loads(json.dumps(runs["plain_d3_s1"].config_json(run))) == CONFIG_0016358
-    highway = runs["highway_d3"].config_json(run)
+    assert json.loads(json.dumps(runs["plain_d3_s1"].config_json())) == CONFIG_0016358
+    highway = runs["highway_d3"].config_json()
     assert [highway[k] for k in ("kind", "width", "lr", "seed")] == ["highway", 50, 0.1, 3]
 
 
@@ -183,6 +181,9 @@ def test_config_round_trip_and_one_line_errors():
         ({"heatmap_examples": 0}, "--heatmap_examples must be >= 1"),
         ({"diagnostics_depth": 1}, "--diagnostics_depth must be 0 or >= 2"),
         ({"dataset": "ptb"}, "--dataset must be one of mnist, cifar100"),
+        ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),  # the run settings,
+        ({"epochs": 0, "depth": 1}, "--epochs must be an integer >= 1, got 0"),  # first
+        ({"matmul_precision": "fast"}, "--matmul_precision: unknown matmul precision"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=message.replace("[", r"\[")) as error:
             HighwayConfig.from_dict(values)

@@ -14,7 +14,6 @@ from helpers import np_tree, random_params
 
 from rhnzoo.analysis import highway as analysis
 from rhnzoo.models.highway import FeedForwardNet, Highway, Plain
-from rhnzoo.training import engine
 from rhnzoo.training import highway as hw
 
 MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
@@ -173,8 +172,8 @@ def trained_tiny():
     images = rng.integers(0, 256, (300, 12), dtype=np.uint8)
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
     splits = hw.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
-    run = engine.RunConfig(epochs=2, log_every=10**6, progress=False)
-    out = hw.train(net, splits, hw.HighwayConfig(lr=0.05, batch_size=10), run, log=None)
+    cfg = hw.HighwayConfig(lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False)
+    out = hw.train(net, splits, cfg, log=None)
     return net, jax.tree.map(jnp.asarray, out.best_params), splits
 
 
@@ -274,8 +273,8 @@ def test_depth10_highway_learns_real_mnist():
                            data.test_images[:2000], data.test_labels[:2000], 1000)  # fmt: skip
     net = FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
     at_init = hw.evaluate(net, net.init(jax.random.key(0)), splits["valid"])["loss"]
-    run = engine.RunConfig(epochs=3, log_every=10**6, progress=False)
-    out = hw.train(net, splits, hw.HighwayConfig(lr=0.1, batch_size=64), run, log=None)
+    cfg = hw.HighwayConfig(lr=0.1, batch_size=64, epochs=3, log_every=10**6, progress=False)
+    out = hw.train(net, splits, cfg, log=None)
     curve = [r["train_xent"] for r in out.history]
     assert at_init > 2.0 and len(curve) == 3 and curve[-1] < 0.4 and curve[-1] < curve[0], curve
     assert out.results["test_acc"] > 0.85, out.results

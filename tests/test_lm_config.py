@@ -88,7 +88,7 @@ def test_enwik8_sota_and_the_presets():
     char = lm_configs.get_config("small", dataset="ptb_char")
     assert (char.batch_size, char.num_steps, char.drop_i, char.metric) == (64, 50, 0.0, "bpc")
     assert lm_configs.char_sets() == ["ptb_char", "enwik8", "text8"]
-    with pytest.raises(ValueError, match="preset must be one of \\['small'\\]"):
+    with pytest.raises(ValueError, match="^--preset must be one of small, got 'large'$"):
         lm_configs.get_config("large")
 
 
@@ -102,9 +102,9 @@ def test_get_config_gives_an_hsg_model_the_papers_rhn_gate_bias():
     assert lm_configs.get_config("small", "ptb_char", hsg=True).init_bias == -1.0  # the preset's
     assert lm_configs.get_config(depth=40).init_bias == -2.0
     assert lm_configs.get_config("small", lr=0.1) == lm_configs.get_config("small").replace(lr=0.1)
-    for settings, message in [({"learning_rate": 0.1}, "unknown LMConfig setting(s): learning_rate"),
+    for settings, message in [({"learning_rate": 0.1}, "unknown LMConfig setting"),
                               ({"depth": 0}, "depth")]:  # fmt: skip
-        with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        with pytest.raises(ValueError, match=message):
             lm_configs.get_config(**settings)
 
 

@@ -308,7 +308,7 @@ def test_presets_and_the_pixel_input():
     assert rrl.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
     with pytest.raises(ValueError, match="^--hybrid_embed_size must be >= 1, got 0$"):
         rrl.RRLConfig(hybrid_embed_size=0)
-    with pytest.raises(ValueError, match="unknown preset 'gpu'; choose from paper, cpu"):
+    with pytest.raises(ValueError, match="^--preset must be one of paper, cpu, got 'gpu'$"):
         presets.get_config("gpu")
 
 

@@ -22,7 +22,7 @@ from rhnzoo.configs import highway as configs
 from rhnzoo.models.highway import ACTIVATIONS, KINDS
 from rhnzoo.training import classify, engine, sweep
 from rhnzoo.training import highway as hw
-from rhnzoo.training.highway import DATA_SOURCES, HighwayConfig
+from rhnzoo.training.highway import HighwayConfig
 
 FLAGS = flags.FLAGS
 
@@ -39,7 +39,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("width", d.width, "Units per layer (default 50 for highway, 71 for "
                          "plain).")  # fmt: skip
     flags.DEFINE_enum("dataset", d.dataset, list(data.names("images")), "Data set.")
-    flags.DEFINE_enum("data_source", d.data_source, list(DATA_SOURCES), "The original idx / "
+    flags.DEFINE_enum("data_source", d.data_source, list(data.SOURCES), "The original idx / "
                       "python pickle files, or TensorFlow Datasets (pip install "
                       "'rhnzoo[tfds]').")  # fmt: skip
     flags.DEFINE_enum("activation", d.activation, list(ACTIVATIONS), "H and plain-layer "
@@ -97,10 +97,9 @@ def experiment() -> None:
     ``--matmul_precision`` (the figures' evaluations too)."""
     cli.apply_preset()
     jobs, _ = sweep.from_flags()
-    run_cfg = cli.run_config(FLAGS.epochs)
     cfg = config_from_flags()
-    with precision.context(run_cfg.matmul_precision):
-        train_and_evaluate(cfg, run_cfg, jobs)
+    with precision.context(cfg.matmul_precision):
+        train_and_evaluate(cfg, jobs)
 
 
 def _load(cfg: HighwayConfig):
@@ -111,8 +110,7 @@ def _load(cfg: HighwayConfig):
     return data.load(cfg.dataset, cfg.data_dir, download=cfg.download, verify=cfg.verify_data)
 
 
-def train_and_evaluate(cfg: HighwayConfig, run_cfg: engine.RunConfig,
-                       jobs: sweep.Jobs | None = None) -> None:  # fmt: skip
+def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> None:
     """Trains one net (``cfg.kind``, ``cfg.depth``; a highway net's figures after it) or,
     with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) and the sweep's table and
     figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.training.sweep.Jobs`). Every
@@ -122,31 +120,30 @@ def train_and_evaluate(cfg: HighwayConfig, run_cfg: engine.RunConfig,
                            images.test_labels, cfg.valid_size)  # fmt: skip
     classify.steps_per_epoch(len(splits["train"][0]), cfg.batch_size)  # batch fits
     if cfg.sweep:
-        _sweep(cfg, splits, run_cfg, jobs)
+        _sweep(cfg, splits, jobs)
         return
     net, workdir = cfg.net(), cfg.output_dir()
     print(f"{net.kind} net, depth {net.depth}, width {net.width}: {net.num_params():,} parameters")
-    result = hw.train(net, splits, cfg, run_cfg, workdir, cfg.config_json(run_cfg))
+    result = hw.train(net, splits, cfg, workdir, cfg.config_json())
     if net.kind == "highway" and cfg.analyze and not result.diverged:
-        _figures(cfg, run_cfg, pathlib.Path(workdir), splits["train"])
+        _figures(cfg, pathlib.Path(workdir), splits["train"])
 
 
-def _tracker(run_cfg: engine.RunConfig):
+def _tracker(cfg: HighwayConfig):
     """The engine's progress bar and signal check for the analyses."""
     return lambda it, total=None, desc="": engine.track(it, total=total, desc=desc,
-                                                        progress=run_cfg.progress)
+                                                        progress=cfg.progress)
 
 
-def _figures(cfg: HighwayConfig, run_cfg: engine.RunConfig, workdir: pathlib.Path,
-             train_split) -> None:  # fmt: skip
+def _figures(cfg: HighwayConfig, workdir: pathlib.Path, train_split) -> None:
     from rhnzoo.analysis import report
 
     opts = report.Options(heatmap_examples=cfg.heatmap_examples,
-                          lesion_examples=cfg.lesion_examples, track=_tracker(run_cfg))  # fmt: skip
+                          lesion_examples=cfg.lesion_examples, track=_tracker(cfg))  # fmt: skip
     report.analyze_highway(workdir, workdir, opts, train_split)
 
 
-def _header(cfg: HighwayConfig, run_cfg: engine.RunConfig, train_s: float) -> str:
+def _header(cfg: HighwayConfig, train_s: float) -> str:
     """``results.md``'s heading: the sweep's settings and machine."""
     import jax
 
@@ -155,8 +152,8 @@ def _header(cfg: HighwayConfig, run_cfg: engine.RunConfig, train_s: float) -> st
              f"over them; figures: seed {cfg.seed})")  # fmt: skip
     return (
         f"# Highway vs plain nets on {cfg.dataset.upper()} (Srivastava et al. 2015)\n\n"
-        f"Settings: {cfg.epochs} epochs (--max_epochs {run_cfg.max_epochs}, --max_steps "
-        f"{run_cfg.max_steps}), batch {cfg.batch_size}, SGD momentum {cfg.momentum}, lr decay "
+        f"Settings: {cfg.epochs} epochs (--max_epochs {cfg.max_epochs}, --max_steps "
+        f"{cfg.max_steps}), batch {cfg.batch_size}, SGD momentum {cfg.momentum}, lr decay "
         f"{cfg.lr_decay_rate} every {cfg.lr_decay_steps:,} steps, {cfg.activation}, "
         f"{cfg.init}, T bias {cfg.transform_bias}, validation = last {cfg.valid_size:,} "
         f"training images, {seeds}, preset {cfg.preset}.\n"
@@ -167,18 +164,18 @@ def _header(cfg: HighwayConfig, run_cfg: engine.RunConfig, train_s: float) -> st
     )  # fmt: skip
 
 
-def _sweep(cfg: HighwayConfig, splits, run_cfg: engine.RunConfig, jobs) -> None:
+def _sweep(cfg: HighwayConfig, splits, jobs) -> None:
     from rhnzoo.analysis import highway as analysis
 
     start = time.time()
-    done = hw.sweep(cfg, splits, run_cfg, jobs=jobs)
+    done = hw.sweep(cfg, splits, jobs=jobs)
     train_s = sum((r["history"][-1]["elapsed_s"] if r["history"] else 0.0) for r in done)
     for path in analysis.sweep_report(
-        cfg.output_dir(), done, splits["train"], header=_header(cfg, run_cfg, train_s),
+        cfg.output_dir(), done, splits["train"], header=_header(cfg, train_s),
         dataset=cfg.dataset.upper(), heatmap_examples=cfg.heatmap_examples,
         lesion_examples=cfg.lesion_examples, diagnostics_depth=cfg.diagnostics_depth,
         num_classes=data.DATASETS[cfg.dataset].num_classes, seed=cfg.seed,
-        track=_tracker(run_cfg),
+        track=_tracker(cfg),
     ):  # fmt: skip
         print(f"wrote {path}")
     print(f"sweep done in {(time.time() - start) / 60:.1f} min (this invocation)")

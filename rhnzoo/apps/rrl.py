@@ -55,7 +55,7 @@ _CONFIG_FLAG_SPECS = (
     ("string", "embeddings", "Text: 'word2vec' (trained on the training split, cached), "
      "'random' (learned from scratch) or a word2vec file."),
     ("boolean", "freeze_embeddings", "Keep the (pre-trained) embedding fixed."),
-    (["files", "tfds"], "data_source", "Original files (download, checksum, cache) or "
+    (list(data.SOURCES), "data_source", "Original files (download, checksum, cache) or "
      "TensorFlow Datasets (pip install 'rhnzoo[tfds]')."),
     (["auto", "fused", "reference"], "scan_impl", "Time scan: 'fused' (hand-written backward "
      "pass, rhnzoo.cells.gated_fused), 'reference' (lax.scan + autodiff); auto: fused where "

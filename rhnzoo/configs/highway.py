@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rhnzoo.config import preset_settings
 from rhnzoo.training.highway import HighwayConfig
 
 # Each preset: the settings it changes from the defaults (HighwayConfig's fields).
@@ -48,8 +49,4 @@ def get_config(preset: str | None = None) -> HighwayConfig:
     Raises:
       ValueError: (one line) for a name not in :data:`PRESETS`.
     """
-    if preset is None:
-        return HighwayConfig()
-    if preset not in PRESETS:
-        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    return HighwayConfig(preset=preset, **PRESETS[preset])
+    return HighwayConfig(preset=preset, **preset_settings(PRESETS, preset))

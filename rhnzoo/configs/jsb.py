@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rhnzoo.config import preset_settings
 from rhnzoo.training.polyphonic import JSBConfig
 
 # name -> the settings it changes (the flags it sets; flags given explicitly still win).
@@ -28,8 +29,4 @@ def get_config(preset: str | None = None) -> JSBConfig:
     Raises:
       ValueError: an unknown preset (one line naming the known ones).
     """
-    if preset is None:
-        return JSBConfig()
-    if preset not in PRESETS:
-        raise ValueError(f"unknown --preset {preset!r}; choose from {', '.join(PRESETS)}")
-    return JSBConfig().replace(**PRESETS[preset])
+    return JSBConfig(**preset_settings(PRESETS, preset))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from rhnzoo import data
+from rhnzoo.config import preset_settings
 from rhnzoo.training.lm import LMConfig
 
 # Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
@@ -82,10 +83,7 @@ def get_config(preset: str | None = None, dataset: str = "ptb", **overrides: Any
     Raises:
       ValueError: an unknown data set or preset, an unknown or bad setting (one line).
     """
-    named = presets(dataset)
-    if preset is not None and preset not in named:
-        raise ValueError(f"preset must be one of {sorted(named)} for {dataset}, got {preset!r}")
-    settings = {**named.get(preset, {}), **overrides}
+    settings = {**preset_settings(presets(dataset), preset), **overrides}
     if settings.get("hsg") and "init_bias" not in settings:
         settings["init_bias"] = HSG_RHN_INIT_BIAS
     return LMConfig.from_dict({**defaults(dataset).to_dict(), "preset": preset, **settings})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rhnzoo.config import preset_settings
 from rhnzoo.training.rrl import RRLConfig
 
 # Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell; 20NG's hybrids also
@@ -87,10 +88,8 @@ def overrides(preset: str | None, dataset: str) -> dict[str, Any]:
     Raises:
       ValueError: an unknown preset (one line).
     """
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     pixel = {"embed_size": 1} if dataset == "pmnist" else {}
-    return {**pixel, **PRESETS.get(preset, {}).get(dataset, {})}
+    return {**pixel, **preset_settings(PRESETS, preset).get(dataset, {})}
 
 
 def get_config(preset: str | None = None, dataset: str = "imdb") -> RRLConfig:

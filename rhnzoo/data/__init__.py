@@ -12,6 +12,7 @@ through it.
 
 from rhnzoo.data.char import load_enwik8, load_ptb_char, load_text8
 from rhnzoo.data.common import (
+    SOURCES,
     Corpus,
     DataError,
     batchify,
@@ -56,6 +57,7 @@ __all__ = [
     "PTB_URL",
     "Corpus",
     "DataError",
+    "SOURCES",
     "ImageData",
     "TextData",
     "batchify",

@@ -24,6 +24,17 @@ class DataError(Exception):
     """Missing or corrupt data; the message is one line saying what and how to fix it."""
 
 
+# Where a data set is read from: its original files (download, sha256, cache) or
+# TensorFlow Datasets (``--data_source``).
+SOURCES = ("files", "tfds")
+
+
+def check_source(source: str) -> None:
+    """ValueError (one line) unless ``source`` is ``'files'`` or ``'tfds'``."""
+    if source not in SOURCES:
+        raise ValueError(f"--data_source must be 'files' or 'tfds', got {source!r}")
+
+
 def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """Directory holding data set `name`'s files: `data_dir` as is, else
     ``$RHNZOO_DATA/<name>``, else ``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<name>``."""

@@ -127,7 +127,7 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None, downlo
       rhnzoo.data.DataError: missing or corrupt files.
     """
     get(name, task="sequences")  # one line for an unknown name
-    sequences.check_source(source)
+    common.check_source(source)
     if name == "pmnist":
         return sequences.load_pmnist(data_dir, download=download, verify=verify, source=source,
                                      permute=permute, dev_fraction=dev_fraction,

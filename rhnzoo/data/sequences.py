@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rhnzoo.data import images, text
-
-SOURCES = ("files", "tfds")
+from rhnzoo.data.common import check_source
 # The text sets' names in TensorFlow Datasets (20NG has none).
 TFDS_TEXT_NAMES = {"imdb": "imdb_reviews", "agnews": "ag_news_subset"}
 
@@ -50,12 +49,6 @@ class Dataset:
     num_classes: int
     vocab: tuple[str, ...] | None  # None: float features (P-MNIST)
     input_size: int | None  # features per step for float inputs
-
-
-def check_source(source: str) -> None:
-    """ValueError (one line) unless ``source`` is ``'files'`` or ``'tfds'``."""
-    if source not in SOURCES:
-        raise ValueError(f"--data_source must be 'files' or 'tfds', got {source!r}")
 
 
 def with_dev_split(train_all: Split, test: Split, num_classes: int,

@@ -207,18 +207,12 @@ class RunSettings(Config):
     matmul_precision: str | None = None
 
     def check(self) -> None:
-        self.check_run()
-
-    def check_run(self, epochs: int | None = None) -> None:
-        """The run settings' one-line errors (``epochs``: also checked, first)."""
-        checks = [] if epochs is None else [("epochs", epochs, 1)]
-        checks += [("log_every", self.log_every, 1),
-                   ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
+        checks = [("log_every", self.log_every, 1),
+                  ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
         checks += [(k, getattr(self, k), 1) for k in ("max_steps", "max_epochs", "patience")
                    if getattr(self, k) is not None]  # fmt: skip
         for name, value, low in checks:
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"--{name} must be an integer >= {low}, got {value!r}")
+            _check_integer(name, value, low)
         if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
             raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
                              f"got {self.divergence_factor}")  # fmt: skip
@@ -228,6 +222,11 @@ class RunSettings(Config):
         """``{field: value}`` of the run settings alone (a subclass's other fields left
         out)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)}
+
+
+def _check_integer(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or value < low:
+        raise ValueError(f"--{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +242,8 @@ class RunConfig(RunSettings):
     epochs: int = dataclasses.field(kw_only=True)
 
     def check(self) -> None:
-        self.check_run(self.epochs)
+        _check_integer("epochs", self.epochs, 1)  # first: the schedule, then its limits
+        super().check()
 
     def total_steps(self, steps_per_epoch: int) -> int:
         epochs = min(self.epochs, self.max_epochs or self.epochs)

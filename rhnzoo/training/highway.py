@@ -31,7 +31,6 @@ import numpy as np
 import optax
 
 from rhnzoo import data
-from rhnzoo.config import Config
 from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
 from rhnzoo.training import classify, engine, sharding, step
 from rhnzoo.training import sweep as runner
@@ -47,9 +46,8 @@ __all__ = ["HighwayConfig", "inputs", "split_data", "make_optimizer", "forward",
 
 HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer either way
-DATA_SOURCES = ("files", "tfds")
 # A run's config.json: the net's keys (rhnzoo.models.highway.NET_KEYS), its "lr", these
-# settings of HighwayConfig and the engine's RUN_KEYS (engine.RunConfig's, from the flags).
+# settings of HighwayConfig and the engine's RUN_KEYS (engine.RunSettings' but the seed).
 CONFIG_KEYS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
                "batch_size", "eval_batch_size", "epochs", "valid_size", "workdir", "seed",
                "data_dir", "download", "verify_data", "preset")  # fmt: skip
@@ -57,10 +55,11 @@ RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunSettings) if f.nam
 
 
 @dataclasses.dataclass(frozen=True)
-class HighwayConfig(Config):
+class HighwayConfig(engine.RunSettings):
     """The settings of a highway run or depth sweep: ``experiments/highway.py``'s flags,
-    one field per flag (same names), built once from them; the engine's own flags
-    (``--max_steps``, ``--progress``...) are its :class:`~rhnzoo.training.engine.RunConfig`.
+    one field per flag (same names), built once from them; the engine's settings
+    (``--max_steps``, ``--progress``...: :class:`~rhnzoo.training.engine.RunSettings`)
+    with ``epochs`` are its :meth:`run_config`.
 
     A sweep's config narrows to each of its runs (:meth:`runs`); a run's ``config.json``
     is :meth:`config_json`. Presets: :mod:`rhnzoo.configs.highway`.
@@ -76,14 +75,14 @@ class HighwayConfig(Config):
     epoch is dropped), ``eval_batch_size``, ``epochs``; the sweep: ``sweep``, ``depths``
     (integer strings), ``seeds``, ``jobs``; the analyses: ``analyze``,
     ``heatmap_examples``, ``lesion_examples``, ``diagnostics_depth`` (0 or >= 2);
-    ``workdir`` (None: :meth:`output_dir`'s default), ``seed`` (initialisation and batch
-    order; a sweep's seeds ``seed`` .. ``seed + seeds - 1``), the data flags
-    ``data_dir``, ``download``, ``verify_data``; ``preset``.
+    ``workdir`` (None: :meth:`output_dir`'s default), the data flags ``data_dir``,
+    ``download``, ``verify_data``; ``preset``; the run settings, ``seed`` among them
+    (initialisation and batch order; a sweep's seeds ``seed`` .. ``seed + seeds - 1``).
 
     Raises:
       ValueError: (one line naming the flag, as the script prints it) for a value out
         of range, a plain net without a learning rate, or ``--seeds`` / ``--jobs``
-        without ``--sweep``.
+        without ``--sweep``; a bad run setting first (as the script checked them).
     """
 
     kind: str = "highway"
@@ -113,21 +112,21 @@ class HighwayConfig(Config):
     heatmap_examples: int = 10000
     lesion_examples: int = 10000
     diagnostics_depth: int = 50
-    # the run's workdir and seed, the data flags, the preset (as config.json records them)
+    # the run's workdir, the data flags, the preset (as config.json records them); the
+    # engine's settings are engine.RunSettings' (matmul precision: the flag's default)
     workdir: str | None = None
-    seed: int = 0
     data_dir: str | None = None
     download: bool = True
     verify_data: bool = True
     preset: str | None = None
+    matmul_precision: str = "default"
 
     def check(self) -> None:
+        self.run_config()  # the engine's settings and epochs
         if self.dataset not in data.names("images"):
             raise ValueError(f"--dataset must be one of {', '.join(data.names('images'))}, "
                              f"got {self.dataset!r}")  # fmt: skip
-        if self.data_source not in DATA_SOURCES:
-            raise ValueError(f"--data_source must be one of {', '.join(DATA_SOURCES)}, "
-                             f"got {self.data_source!r}")  # fmt: skip
+        data.common.check_source(self.data_source)
         for name in ("seeds", "jobs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
@@ -206,6 +205,10 @@ class HighwayConfig(Config):
                               sweep=False, seeds=1, jobs=1))
                 for kind, depth in self.plan() for k in range(self.seeds)]  # fmt: skip
 
+    def run_config(self) -> engine.RunConfig:
+        """The engine's settings of the run (``epochs`` long). Raises ValueError."""
+        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
+
     def output_dir(self) -> str:
         """``workdir``, else the default: ``runs/highway_<dataset>_<preset or full>`` for a
         sweep (its root), ``runs/highway_<dataset>_<kind>_d<depth>`` for one net."""
@@ -215,16 +218,15 @@ class HighwayConfig(Config):
             return f"runs/highway_{self.dataset}_{self.preset or 'full'}"
         return f"runs/highway_{self.dataset}_{self.kind}_d{self.depth}"
 
-    def config_json(self, run: engine.RunConfig) -> dict[str, Any]:
-        """The run's ``config.json`` with the engine settings ``run``: the net's
-        :data:`~rhnzoo.models.highway.NET_KEYS`, its ``lr``, :data:`CONFIG_KEYS` and
-        ``run``'s :data:`RUN_KEYS` (the keys and values every workdir since the script's
-        first version holds, so that existing workdirs resume)."""
+    def config_json(self) -> dict[str, Any]:
+        """The run's ``config.json``: the net's :data:`~rhnzoo.models.highway.NET_KEYS`,
+        its ``lr``, :data:`CONFIG_KEYS` and :data:`RUN_KEYS` (the keys and values every
+        workdir since the script's first version holds, so that existing workdirs
+        resume)."""
         net = self.net()
         return {**{k: getattr(net, k) for k in NET_KEYS},
                 "lr": self.learning_rate(self.kind, self.depth),
-                **{k: getattr(self, k) for k in CONFIG_KEYS},
-                **{k: getattr(run, k) for k in RUN_KEYS}}  # fmt: skip
+                **{k: getattr(self, k) for k in (*CONFIG_KEYS, *RUN_KEYS)}}  # fmt: skip
 
 
 def inputs(images: Array) -> Array:
@@ -303,9 +305,9 @@ class ImageTask:
 
     Args:
       net: the model; splits: :func:`split_data`; cfg: the optimisation settings (the
-        learning rate :meth:`HighwayConfig.learning_rate` of the net's kind and depth);
-        seed: the batch order (the engine's ``--seed`` seeds the initialisation);
-        devices: data parallelism over these (default: all): the training split and
+        learning rate :meth:`HighwayConfig.learning_rate` of the net's kind and depth)
+        and ``seed``, which orders the batches (the engine's key, from it too, the
+        initialisation); devices: data parallelism over these (default: all): the training split and
         parameters are replicated, each batch's rows split over a ``Mesh(("data",))``.
 
     Raises:
@@ -314,13 +316,13 @@ class ImageTask:
     """
 
     def __init__(self, net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig,
-                 *, seed: int = 0, devices: list | None = None):  # fmt: skip
+                 *, devices: list | None = None):  # fmt: skip
         x_train, y_train = splits["train"]
         for name, (x, _) in splits.items():
             if x.ndim != 2 or x.shape[1] != net.input_size:
                 raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
                                  f"{net.input_size} inputs")  # fmt: skip
-        self.net, self.splits, self.cfg, self.seed = net, splits, cfg, seed
+        self.net, self.splits, self.cfg = net, splits, cfg
         self.steps_per_epoch = classify.steps_per_epoch(len(x_train), cfg.batch_size)
         self.mesh = sharding.data_mesh(devices)
         sharding.check_divisible(cfg.batch_size, self.mesh)
@@ -340,7 +342,7 @@ class ImageTask:
     def get_batch(self, epoch: int, index: int):
         """``(images, labels, idx)``: the device-resident split and batch ``index`` of
         ``epoch``'s indices (:func:`rhnzoo.training.classify.batch_indices`)."""
-        idx = classify.batch_indices(self.seed, epoch, index, len(self.splits["train"][0]),
+        idx = classify.batch_indices(self.cfg.seed, epoch, index, len(self.splits["train"][0]),
                                      self.cfg.batch_size)  # fmt: skip
         return self.images, self.labels, sharding.put_rows(idx.astype(np.int32), self.mesh)
 
@@ -373,41 +375,37 @@ class ImageTask:
 
 
 def make_task(net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig, *,
-              seed: int = 0, devices: list | None = None) -> engine.Task:  # fmt: skip
+              devices: list | None = None) -> engine.Task:  # fmt: skip
     """The classification task for the run engine: :class:`ImageTask`'s (same arguments)."""
-    return ImageTask(net, splits, cfg, seed=seed, devices=devices).task()
+    return ImageTask(net, splits, cfg, devices=devices).task()
 
 
 def train(
     net: FeedForwardNet,
     splits: Mapping[str, Split],
     cfg: HighwayConfig,
-    run: engine.RunConfig,
     workdir=None,
     config: Mapping[str, Any] | None = None,
     **kwargs,
 ) -> engine.RunResult:
     """Trains ``net`` with :func:`make_task` through :func:`rhnzoo.training.engine.run`
-    (``kwargs``: ``on_divergence``, ``log``); the batch order is seeded by ``run.seed``."""
-    task = make_task(net, splits, cfg, seed=run.seed)
-    return engine.run(task, run, workdir, config, **kwargs)
+    at ``cfg``'s :meth:`~HighwayConfig.run_config` (``kwargs``: ``on_divergence``,
+    ``log``)."""
+    return engine.run(make_task(net, splits, cfg), cfg.run_config(), workdir, config, **kwargs)
 
 
-def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], run: engine.RunConfig, log,
-              workdir: pathlib.Path, on_divergence: str) -> dict[str, Any]:  # fmt: skip
+def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
+              on_divergence: str) -> dict[str, Any]:  # fmt: skip
     """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
-    :func:`functools.partial` to the first four): trains the run ``cfg`` (one of
-    :meth:`HighwayConfig.runs`), seeded by ``cfg.seed``, in ``workdir``; returns its
-    results."""
-    run = dataclasses.replace(run, seed=cfg.seed)
-    return train(cfg.net(), splits, cfg, run, workdir, cfg.config_json(run),
+    :func:`functools.partial` to the first three): trains the run ``cfg`` (one of
+    :meth:`HighwayConfig.runs`) in ``workdir``; returns its results."""
+    return train(cfg.net(), splits, cfg, workdir, cfg.config_json(),
                  on_divergence=on_divergence, log=log).results  # fmt: skip
 
 
 def sweep(
     cfg: HighwayConfig,
     splits: Mapping[str, Split],
-    run: engine.RunConfig,
     *,
     log: Callable[[str], None] | None = print,
     jobs: runner.Jobs | None = None,
@@ -433,7 +431,7 @@ def sweep(
     """
     root = pathlib.Path(cfg.output_dir())
     runs = cfg.runs()
-    plan = [runner.Run(name, r.config_json(run), functools.partial(train_run, r, splits, run, log))
+    plan = [runner.Run(name, r.config_json(), functools.partial(train_run, r, splits, log))
             for name, r in runs]  # fmt: skip
     runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop")
     done = runner.collect(root, [name for name, _ in runs])
