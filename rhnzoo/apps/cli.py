@@ -22,7 +22,6 @@ flags with their own.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -42,7 +41,7 @@ from rhnzoo.training.lm import LMConfig
 FLAGS = flags.FLAGS
 
 # The run flags: the workdir and the engine's settings (engine.RunSettings, declared once).
-RUN_FLAGS = ("workdir", *(f.name for f in dataclasses.fields(engine.RunSettings)))
+RUN_FLAGS = ("workdir", *engine.RUN_SETTINGS)
 DATA_FLAGS = ("data_dir", "download", "verify_data")
 _PRESETS: dict[str, dict[str, Any]] = {}
 
@@ -117,8 +116,7 @@ def flag_values(names: Sequence[str]) -> dict[str, Any]:
 def run_config(epochs: int, **overrides: Any) -> engine.RunConfig:
     """The engine settings from the run flags (``overrides`` win, e.g. a sweep's
     ``patience``). Raises ValueError for a bad value."""
-    engine_flags = [f.name for f in dataclasses.fields(engine.RunSettings)]
-    return engine.RunConfig(epochs=epochs, **{**flag_values(engine_flags), **overrides})
+    return engine.RunConfig(epochs=epochs, **{**flag_values(engine.RUN_SETTINGS), **overrides})
 
 
 def define_presets(presets: dict[str, dict[str, Any]]) -> None:

@@ -221,7 +221,11 @@ class RunSettings(Config):
     def run_settings(self) -> dict[str, Any]:
         """``{field: value}`` of the run settings alone (a subclass's other fields left
         out)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)}
+        return {name: getattr(self, name) for name in RUN_SETTINGS}
+
+
+# The run settings' names (RunSettings' fields; the engine's flags but --epochs).
+RUN_SETTINGS = tuple(f.name for f in dataclasses.fields(RunSettings))
 
 
 def _check_integer(name: str, value: Any, low: int) -> None:

@@ -51,7 +51,7 @@ DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer
 CONFIG_KEYS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
                "batch_size", "eval_batch_size", "epochs", "valid_size", "workdir", "seed",
                "data_dir", "download", "verify_data", "preset")  # fmt: skip
-RUN_KEYS = tuple(f.name for f in dataclasses.fields(engine.RunSettings) if f.name != "seed")
+RUN_KEYS = tuple(name for name in engine.RUN_SETTINGS if name != "seed")
 
 
 @dataclasses.dataclass(frozen=True)

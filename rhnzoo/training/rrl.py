@@ -111,20 +111,21 @@ class RRLConfig(engine.RunSettings):
     :mod:`rhnzoo.configs.rrl`).
 
     Model: ``model`` (a cell of :func:`rhnzoo.cells.make`; :data:`MODELS` are Wang &
-    Tian's), ``embed_size`` (m; P-MNIST: 1, the pixel), ``hidden_size`` (n; the two
-    hybrids: ``hybrid_hidden_size`` per cell and ``hybrid_embed_size``, None: m), the RRN's ``rrn_depth`` (K, eq. 4; every
-    cell with a depth), ``rrn_activation``, ``rrn_recurrent_init``, ``rrn_f_bias``,
-    SC-LSTM's ``skip`` (L, eq. 5), the LSTM's ``forget_bias``, ``init_scale`` (uniform
-    half-width), ``drop`` / ``input_drop`` (dropout probabilities on the final state /
-    the inputs), ``scan_impl`` (``'auto'``, ``'fused'``, ``'reference'``) and ``dtype``
-    of the recurrent layer's matmuls. Training: :class:`TrainConfig`'s settings
-    (``adadelta_eps`` is its ``eps``), ``subset`` (training sequences kept; None: all),
-    ``embeddings`` (``'word2vec'``, ``'random'`` or a word2vec file). Data:
-    ``dataset``, ``coverage``, ``dev_seed``, ``permute``, ``data_source``, ``data_dir``,
-    ``download``, ``verify_data``. The run (:class:`rhnzoo.training.engine.RunConfig`):
-    ``seed``, ``max_steps``, ``max_epochs``, ``checkpoint_every_steps``, ``log_every``,
-    ``progress``, ``tensorboard``, ``divergence_factor``, ``patience``,
-    ``matmul_precision``; ``workdir`` and ``preset`` as given.
+    Tian's), ``embed_size`` (m; P-MNIST: 1, the pixel), ``hidden_size`` (n; the two hybrids:
+    ``hybrid_hidden_size`` per cell and ``hybrid_embed_size``, None: m), the RRN's
+    ``rrn_depth`` (K, eq. 4; every cell with a depth), ``rrn_activation``,
+    ``rrn_recurrent_init``, ``rrn_f_bias``, SC-LSTM's ``skip`` (L, eq. 5), the LSTM's
+    ``forget_bias``, ``init_scale`` (uniform half-width), ``drop`` / ``input_drop`` (dropout
+    probabilities on the final state / the inputs), ``scan_impl`` (``'auto'``, ``'fused'``,
+    ``'reference'``) and ``dtype`` of the recurrent layer's matmuls. Training:
+    :class:`TrainConfig`'s settings (``adadelta_eps`` is its ``eps``), ``subset`` (training
+    sequences kept; None: all), ``embeddings`` (``'word2vec'``, ``'random'`` or a word2vec
+    file). Data: ``dataset``, ``coverage``, ``dev_seed``, ``permute``, ``data_source``,
+    ``data_dir``, ``download``, ``verify_data``. The run
+    (:class:`rhnzoo.training.engine.RunConfig`): ``seed``, ``max_steps``, ``max_epochs``,
+    ``checkpoint_every_steps``, ``log_every``, ``progress``, ``tensorboard``,
+    ``divergence_factor``, ``patience``, ``matmul_precision``; ``workdir`` and ``preset`` as
+    given.
 
     Raises:
       ValueError: (one line, on construction) an unknown cell or a bad cell setting, a
