@@ -3,6 +3,7 @@
 import functools
 import gzip
 import io
+import math
 import os
 import pathlib
 import struct
@@ -35,12 +36,18 @@ def needs_data(subdir: str, *files: str, what: str):
                               "RHNZOO_DATA)")  # fmt: skip
 
 
+def normal(key, shape, dtype=jnp.float32):
+    """``jax.random.normal(key, shape, dtype)``, drawn flat: the same numbers, compiled
+    faster on the CPU (as ``rhnzoo.cells.base.uniform`` draws)."""
+    return jax.random.normal(key, (math.prod(shape),), dtype).reshape(shape)
+
+
 def random_params(params, key, scale=0.5):
     """Replaces every leaf by random values, so biases and gates are not at their init."""
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(key, len(leaves))
     return jax.tree.unflatten(
-        tree, [jax.random.normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
+        tree, [normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
     )
 
 
@@ -151,9 +158,9 @@ def check_unroll_gradient(cell, input_size=3):
             lambda a: a.astype(jnp.float64),
             random_params(cell.init(jax.random.PRNGKey(0), input_size), jax.random.PRNGKey(1)),
         )
-        xs = jax.random.normal(jax.random.PRNGKey(2), (4, 2, input_size), jnp.float64)
+        xs = normal(jax.random.PRNGKey(2), (4, 2, input_size), jnp.float64)
         mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, n)) / 0.8).astype(jnp.float64)
-        target = jax.random.normal(jax.random.PRNGKey(4), (4, 2, n), jnp.float64)
+        target = normal(jax.random.PRNGKey(4), (4, 2, n), jnp.float64)
 
         check_gradient_by_finite_differences(unroll_loss(cell, xs, mask, target), params,
                                              directions=5)

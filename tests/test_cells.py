@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import check_unroll_gradient, np_tree, random_params, scan_by_hand
+from helpers import check_unroll_gradient, normal, np_tree, random_params, scan_by_hand
 
 from rhnzoo import cells
 
@@ -47,8 +47,8 @@ def test_step_matches_numpy(depth, coupled, hsg):
     key = jax.random.PRNGKey(depth + 10 * coupled + 100 * hsg)
     kp, kx, ks, km = jax.random.split(key, 4)
     params = random_params(cell.init(kp, m), kp)
-    xs = jax.random.normal(kx, (T, B, m))
-    s0 = jax.random.normal(ks, (B, n))
+    xs = normal(kx, (T, B, m))
+    s0 = normal(ks, (B, n))
     mask = jax.random.bernoulli(km, 0.7, (B, n)) / 0.7
 
     carry, ys = cells.unroll(cell, params, s0, xs, mask)
@@ -81,13 +81,27 @@ def test_init_follows_reference():
     np.testing.assert_array_equal(h["b_G"], -2.5)  # paper's b_G
 
 
+def test_parameters_and_dropout_masks_are_the_draws_in_their_own_shape():
+    """base.uniform and dropout.mask draw flat (faster to compile) and reshape: the
+    numbers of ``jax.random`` drawn in the shape itself, so a seed gives the same
+    parameters and masks as before the change."""
+    from rhnzoo import dropout
+
+    for shape in [(3, 5, 10), (2, 4, 5), (7,)]:
+        key = jax.random.PRNGKey(sum(shape))
+        np.testing.assert_array_equal(cells.base.uniform(key, shape, 0.04),
+                                      jax.random.uniform(key, shape, jnp.float32, -0.04, 0.04))
+        keep = jax.random.bernoulli(key, 0.75, shape).astype(jnp.float32)
+        np.testing.assert_array_equal(dropout.mask(key, shape, 0.25), keep / 0.75)  # fmt: skip
+
+
 def test_hsg_closed_gate_is_bare_rhn():
     """b_G -> -inf makes g = 0, so ŝ_t = s_L,t: HSG(RHN) reduces to the RHN."""
     rhn = cells.RHN(6, 3)
     hsg = cells.HSG(rhn)
     params = random_params(hsg.init(jax.random.PRNGKey(1), 4), jax.random.PRNGKey(2))
     params["b_G"] = jnp.full_like(params["b_G"], -1e4)
-    xs = jax.random.normal(jax.random.PRNGKey(3), (5, 2, 4))
+    xs = normal(jax.random.PRNGKey(3), (5, 2, 4))
     s0 = jnp.ones((2, 6))
     _, ys_hsg = cells.unroll(hsg, params, s0, xs)
     _, ys_rhn = cells.unroll(rhn, params["cell"], s0, xs)
@@ -106,7 +120,7 @@ def test_cell_in_user_written_scan_under_jit(make):
     """A user's own lax.scan with nothing else from rhnzoo than the cell."""
     cell = make()
     params = cell.init(jax.random.PRNGKey(0), 3)
-    xs = jax.random.normal(jax.random.PRNGKey(1), (7, 2, 3))
+    xs = normal(jax.random.PRNGKey(1), (7, 2, 3))
     carry, ys = scan_by_hand(cell, params, xs)
     assert ys.shape == (7, 2, 8) and carry.shape == (2, 8)
     ref_carry, ref_ys = cells.unroll(cell, params, cell.initial_carry(2), xs)
@@ -130,8 +144,8 @@ def test_invalid_depth_and_size():
 def test_step_with_gates_returns_every_micro_layer():
     cell = cells.RHN(5, 4)
     params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(1))
-    s0 = jax.random.normal(jax.random.PRNGKey(2), (2, 5))
-    x_proj = cell.project_inputs(params, jax.random.normal(jax.random.PRNGKey(3), (2, 3)))
+    s0 = normal(jax.random.PRNGKey(2), (2, 5))
+    x_proj = cell.project_inputs(params, normal(jax.random.PRNGKey(3), (2, 3)))
     s, ts = cell.step_with_gates(params, s0, x_proj)
     assert ts.shape == (4, 2, 5)
     # Recompute each micro-layer's T gate from the NumPy transcription's pre-activation.

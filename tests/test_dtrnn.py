@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import check_unroll_gradient, np_tree, random_params, scan_by_hand
+from helpers import check_unroll_gradient, normal, np_tree, random_params, scan_by_hand
 
 from rhnzoo import cells
 
@@ -35,8 +35,8 @@ def test_step_matches_numpy(depth, arch, with_mask):
     cell = cls(n, depth)
     kp, kx, ks, km = jax.random.split(jax.random.PRNGKey(depth + 10 * shortcuts), 4)
     params = random_params(cell.init(kp, m), kp)
-    xs = jax.random.normal(kx, (T, B, m))
-    h0 = jax.random.normal(ks, (B, n))
+    xs = normal(kx, (T, B, m))
+    h0 = normal(ks, (B, n))
     mask = jax.random.bernoulli(km, 0.7, (B, n)) / 0.7 if with_mask else None
 
     carry, ys = cells.unroll(cell, params, h0, xs, mask)
@@ -72,7 +72,7 @@ def test_depth_one_is_plain_tanh_rnn_and_both_cells_agree():
     """L = 1: h_t = tanh(W x_t + R h_{t-1} + b) for both cells (no shortcut exists)."""
     dt, ds = cells.DTRNN(6, 1), cells.DTSRNN(6, 1)
     params = random_params(dt.init(jax.random.PRNGKey(1), 3), jax.random.PRNGKey(2))
-    xs = jax.random.normal(jax.random.PRNGKey(3), (5, 2, 3))
+    xs = normal(jax.random.PRNGKey(3), (5, 2, 3))
     _, ys_dt = cells.unroll(dt, params, dt.initial_carry(2), xs)
     _, ys_ds = cells.unroll(ds, {**params, "S": jnp.zeros((0, 6, 6))}, ds.initial_carry(2), xs)
     h, expected = np.zeros((2, 6)), []
@@ -87,7 +87,7 @@ def test_depth_one_is_plain_tanh_rnn_and_both_cells_agree():
 def test_zero_shortcuts_reduce_dtsrnn_to_dtrnn():
     ds, dt = cells.DTSRNN(5, 3), cells.DTRNN(5, 3)
     params = random_params(ds.init(jax.random.PRNGKey(4), 3), jax.random.PRNGKey(5))
-    xs = jax.random.normal(jax.random.PRNGKey(6), (4, 2, 3))
+    xs = normal(jax.random.PRNGKey(6), (4, 2, 3))
     _, ys_zero = cells.unroll(
         ds, {**params, "S": jnp.zeros_like(params["S"])}, ds.initial_carry(2), xs
     )
@@ -102,7 +102,7 @@ def test_zero_shortcuts_reduce_dtsrnn_to_dtrnn():
 def test_cell_in_user_written_scan_under_jit(make):
     cell = make()
     params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(7))
-    xs = jax.random.normal(jax.random.PRNGKey(1), (7, 2, 3))
+    xs = normal(jax.random.PRNGKey(1), (7, 2, 3))
     carry, ys = scan_by_hand(cell, params, xs)
     assert ys.shape == (7, 2, 8) and carry.shape == (2, 8)
     p = np_tree(params)

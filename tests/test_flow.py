@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_params
+from helpers import normal, random_params
 
 from rhnzoo import cells
 from rhnzoo.analysis import flow
@@ -28,7 +28,7 @@ CELLS = {
 def state(cell, seed=0, steps=3):
     """Random params and a carry reached by reading a few random inputs (not the zero state)."""
     params = random_params(cell.init(jax.random.PRNGKey(seed), M), jax.random.PRNGKey(seed + 1))
-    xs = jax.random.normal(jax.random.PRNGKey(seed + 2), (steps + 1, B, M))
+    xs = normal(jax.random.PRNGKey(seed + 2), (steps + 1, B, M))
     carry, _ = cells.unroll(cell, params, cell.initial_carry(B), xs[:steps])
     return params, carry, jax.tree.map(lambda a: a[steps], cell.project_inputs(params, xs))
 
@@ -101,8 +101,8 @@ def test_gradient_norms_through_time_equal_products_of_jacobians(name):
     """‖u·(A-chain)‖: the one-pass gradient norms against explicit Jacobian products."""
     cell = CELLS[name]
     params, carry, _ = state(cell, seed=3)
-    xs = jax.random.normal(jax.random.PRNGKey(9), (6, B, M))
-    u = jax.random.normal(jax.random.PRNGKey(4), (flow.flatten_carry(carry)[0].shape[1],))
+    xs = normal(jax.random.PRNGKey(9), (6, B, M))
+    u = normal(jax.random.PRNGKey(4), (flow.flatten_carry(carry)[0].shape[1],))
     u = u / jnp.linalg.norm(u)
     norms = flow.gradient_norms_through_time(cell, params, carry, xs, readout=u)
     a = np.asarray(flow.jacobians_along(cell, params, carry, xs), np.float64)  # [T, B, d, d]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import check_gradient_by_finite_differences, random_params
+from helpers import check_gradient_by_finite_differences, normal, random_params
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
@@ -34,18 +34,18 @@ def setup(cell, m, dtype, seed=0, batch=B):
     """Random (not initial) parameters and carry, inputs, a dropout mask and a target."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 6)
     params = jax.tree.map(lambda a: a.astype(dtype), random_params(cell.init(keys[0], m), keys[1]))
-    xs = jax.random.normal(keys[2], (T, batch, m), dtype)
+    xs = normal(keys[2], (T, batch, m), dtype)
 
     def rand(a, k):  # the SC-LSTM step counter stays an int (a random phase per row)
         if jnp.issubdtype(a.dtype, jnp.integer):
             return jax.random.randint(k, a.shape, 0, 5)
-        return 0.5 * jax.random.normal(k, a.shape, dtype)
+        return 0.5 * normal(k, a.shape, dtype)
 
     leaves, tree = jax.tree.flatten(cell.initial_carry(batch, dtype))
     carry = jax.tree.unflatten(tree, [rand(a, k) for a, k in
                                       zip(leaves, jax.random.split(keys[3], len(leaves)))])  # fmt: skip
     mask = (jax.random.bernoulli(keys[4], 0.8, (batch, N)) / 0.8).astype(dtype)
-    target = jax.random.normal(keys[5], (T, batch, N), dtype)
+    target = normal(keys[5], (T, batch, N), dtype)
     return params, carry, xs, mask, target
 
 

@@ -118,6 +118,19 @@ def test_initialisation():
                                math.sqrt(2 / n), rtol=0.05)  # fmt: skip
 
 
+def test_initialisers_are_jax_nn_initializers_with_batch_axes():
+    """The nets' flat draws are jax.nn.initializers' numbers to the bit: fan-in and
+    fan-out the last two axes, the leading axes batch axes (per layer and block)."""
+    from rhnzoo.models.highway import INITS
+
+    for shape in [(300, 64), (64, 10), (3, 2, 8, 8)]:
+        batch = tuple(range(len(shape) - 2))
+        for name, init in INITS.items():
+            jax_init = getattr(jax.nn.initializers, name)(-2, -1, batch_axis=batch)
+            key = jax.random.key(len(shape))
+            np.testing.assert_array_equal(init(key, shape), jax_init(key, shape, jnp.float32))
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [(dict(depth=1), "depth must be an integer >= 2"), (dict(width=0), "width must be"),

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import normal
 from flax import nnx
 
 from rhnzoo import cells
@@ -28,7 +29,7 @@ def random_params(cell, seed):
 
 
 def xs_data(seed=0):
-    return jax.random.normal(jax.random.key(seed), (T, B, M))
+    return normal(jax.random.key(seed), (T, B, M))
 
 
 @pytest.mark.parametrize("name", CELLS)
@@ -41,7 +42,7 @@ def test_matches_functional_unroll(name):
 
     xs = xs_data()
     mask = jax.random.bernoulli(jax.random.key(1), 0.7, (B, N)) / 0.7
-    carry0 = jax.random.normal(jax.random.key(2), (B, N))
+    carry0 = normal(jax.random.key(2), (B, N))
     for carry, m in [(None, None), (carry0, mask)]:
         c_ref = cell.initial_carry(B) if carry is None else carry
         want = cells.unroll(cell, expected, c_ref, xs, m)
@@ -81,7 +82,7 @@ def test_split_merge_and_state_paths(name):
 def test_grads_match_functional_and_are_nonzero(name):
     cell = CELLS[name]
     rnn = Recurrent(cell, M, rngs=nnx.Rngs(7))
-    xs, target = xs_data(8), jax.random.normal(jax.random.key(9), (T, B, N))
+    xs, target = xs_data(8), normal(jax.random.key(9), (T, B, N))
     loss_fn = lambda ys: jnp.mean((ys - target) ** 2)
     grads = nnx.grad(lambda model: loss_fn(model(xs)[1]))(rnn)
     grads = nnx.to_pure_dict(grads)["params"]
@@ -109,7 +110,7 @@ class Model(nnx.Module):
 def test_trains_with_nnx_optimizer(name):
     model = Model(CELLS[name], nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-    xs = jax.random.normal(jax.random.key(1), (T, 16, M))
+    xs = normal(jax.random.key(1), (T, 16, M))
     target = jnp.cumsum(xs[..., :1], axis=0) / jnp.sqrt(jnp.arange(1, T + 1))[:, None, None]
 
     @nnx.jit

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import engine_toy
-from helpers import random_params
+from helpers import normal, random_params
 from test_ptb_experiment import TINY, needs_ptb, ptb
 
 from rhnzoo import cells, precision
@@ -145,9 +145,9 @@ def rhn_problem(seed=0, B=3, m=5, n=6, T=7):
     cell = cells.HSG(cells.RHN(n, 3))
     k = jax.random.split(jax.random.PRNGKey(seed), 6)
     params = random_params(cell.init(k[0], m), k[1])
-    xs, s0 = jax.random.normal(k[2], (T, B, m)), jax.random.normal(k[3], (B, n))
+    xs, s0 = normal(k[2], (T, B, m)), normal(k[3], (B, n))
     mask = jax.random.bernoulli(k[4], 0.8, (B, n)) / 0.8
-    target = jax.random.normal(k[5], (T, B, n))
+    target = normal(k[5], (T, B, n))
     return cell, (params, s0, xs), mask, target
 
 
@@ -157,11 +157,11 @@ def gated_problem(name, seed=0, B=4, m=3, n=5, T=9):
     params = random_params(cell.init(k[0], m), k[1])
     leaves, tree = jax.tree.flatten(cell.initial_carry(B))
     keys = jax.random.split(k[2], len(leaves))
-    carry = jax.tree.unflatten(tree, [0.5 * jax.random.normal(kk, a.shape)
+    carry = jax.tree.unflatten(tree, [0.5 * normal(kk, a.shape)
                                       for a, kk in zip(leaves, keys)])  # fmt: skip
-    xs = jax.random.normal(k[3], (T, B, m))
+    xs = normal(k[3], (T, B, m))
     mask = jax.random.bernoulli(k[4], 0.8, (B, n)) / 0.8
-    target = jax.random.normal(k[5], (T, B, n))
+    target = normal(k[5], (T, B, n))
     return cell, (params, carry, xs), mask, target
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import write_random_mnist
+from helpers import normal, write_random_mnist
 
 from rhnzoo import cells
 from rhnzoo.data import DataError, sequences
@@ -196,7 +196,7 @@ def test_missing_data_is_one_line_naming_the_files(tmp_path):
 @pytest.mark.parametrize("cell", [cells.LSTM(5), cells.RHN(5, 2), cells.SCLSTM(5, skip=3)])
 def test_projecting_inside_the_scan_computes_the_same_function(cell):
     params = cell.init(jax.random.PRNGKey(1), 2)
-    xs = jax.random.normal(jax.random.PRNGKey(2), (7, 3, 2))
+    xs = normal(jax.random.PRNGKey(2), (7, 3, 2))
     lengths = jnp.array([7, 4, 0])
     run = lambda per_step: cells.unroll(cell, params, cell.initial_carry(3), xs, lengths=lengths,
                                         project_per_step=per_step)  # fmt: skip

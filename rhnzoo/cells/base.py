@@ -25,6 +25,7 @@ batches can freeze finished rows (:func:`keep_state_after_end`).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Protocol
 
 import jax
@@ -141,8 +142,15 @@ def save_matmuls_only(fn):
 
 
 def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
-    """float32 ``shape`` array uniform in [-scale, scale]."""
-    return jax.random.uniform(key, shape, jnp.float32, -scale, scale)
+    """float32 ``shape`` array uniform in [-scale, scale].
+
+    Drawn flat and reshaped: the same numbers as ``jax.random.uniform(key, shape, ...)``
+    (threefry counts the elements in row-major order either way; a test holds this),
+    but compiled faster: on the CPU (JAX 0.10.2) a stacked ``R [L, n, kn]`` draw takes
+    0.2-0.4 s flat against 0.9-1.3 s in its own shape (BUILD_NOTES).
+    """
+    flat = jax.random.uniform(key, (math.prod(shape),), jnp.float32, -scale, scale)
+    return flat.reshape(shape)
 
 
 def check_positive(name: str, value: int) -> None:

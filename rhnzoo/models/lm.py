@@ -74,9 +74,7 @@ class LanguageModel:
     def init(self, key: Array) -> Params:
         """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n, V]``)."""
         ke, kc, ks = jax.random.split(key, 3)
-        u = lambda k, shape: jax.random.uniform(
-            k, shape, jnp.float32, -self.init_scale, self.init_scale
-        )
+        u = lambda k, shape: cells.base.uniform(k, shape, self.init_scale)
         params = {
             "embed": u(ke, (self.vocab_size, self.embed_size)),
             "cell": self.cell.init(kc, self.embed_size),

@@ -52,7 +52,7 @@ class PianoRollModel:
         n = self.cell.hidden_size
         return {
             "cell": self.cell.init(kc, self.num_notes),
-            "W_out": jax.random.uniform(ko, (n, self.num_notes), jnp.float32, -scale, scale),
+            "W_out": cells.base.uniform(ko, (n, self.num_notes), scale),
             "b_out": jnp.zeros((self.num_notes,), jnp.float32),
         }
 
