@@ -10,10 +10,11 @@ simply uses no masks.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
+
+from rhnzoo.cells.base import flat_draw
 
 Array = jax.Array
 
@@ -42,8 +43,7 @@ def mask(key: Array, shape: tuple[int, ...], rate: float, dtype=jnp.float32) -> 
     check_rate("rate", rate)
     if rate == 0.0:
         return jnp.ones(shape, dtype)
-    # Drawn flat: the same mask as drawn in `shape`, compiled faster (cells.base.uniform).
-    keep = jax.random.bernoulli(key, 1.0 - rate, (math.prod(shape),)).reshape(shape)
+    keep = flat_draw(jax.random.bernoulli, key, shape, p=1.0 - rate)
     return keep.astype(dtype) / (1.0 - rate)
 
 

@@ -3,7 +3,6 @@
 import functools
 import gzip
 import io
-import math
 import os
 import pathlib
 import struct
@@ -16,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
+
+from rhnzoo.cells.base import flat_draw
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
@@ -37,9 +38,9 @@ def needs_data(subdir: str, *files: str, what: str):
 
 
 def normal(key, shape, dtype=jnp.float32):
-    """``jax.random.normal(key, shape, dtype)``, drawn flat: the same numbers, compiled
-    faster on the CPU (as ``rhnzoo.cells.base.uniform`` draws)."""
-    return jax.random.normal(key, (math.prod(shape),), dtype).reshape(shape)
+    """``jax.random.normal(key, shape, dtype)``: the same numbers, drawn flat (faster to
+    compile: ``rhnzoo.cells.base.flat_draw``)."""
+    return flat_draw(jax.random.normal, key, shape, dtype=dtype)
 
 
 def random_params(params, key, scale=0.5):

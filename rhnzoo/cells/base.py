@@ -141,16 +141,22 @@ def save_matmuls_only(fn):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
 
 
-def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
-    """float32 ``shape`` array uniform in [-scale, scale].
+def flat_draw(sample, key: Array, shape: tuple[int, ...], **kwargs: Any) -> Array:
+    """``sample(key, shape=shape, **kwargs)`` for a ``jax.random`` sampler (uniform,
+    normal, truncated_normal, bernoulli, ...), drawn flat and reshaped.
 
-    Drawn flat and reshaped: the same numbers as ``jax.random.uniform(key, shape, ...)``
-    (threefry counts the elements in row-major order either way; a test holds this),
-    but compiled faster: on the CPU (JAX 0.10.2) a stacked ``R [L, n, kn]`` draw takes
-    0.2-0.4 s flat against 0.9-1.3 s in its own shape (BUILD_NOTES).
+    The same numbers as the draw in ``shape`` (threefry counts the elements in row-major
+    order either way; tests hold this), but compiled faster: on the CPU (JAX 0.10.2) a
+    stacked ``R [L, n, kn]`` draw takes 0.2-0.4 s flat against 0.9-1.3 s in its own
+    shape (BUILD_NOTES). rhnzoo draws its parameters and dropout masks through it.
     """
-    flat = jax.random.uniform(key, (math.prod(shape),), jnp.float32, -scale, scale)
-    return flat.reshape(shape)
+    return sample(key, shape=(math.prod(shape),), **kwargs).reshape(shape)
+
+
+def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
+    """float32 ``shape`` array uniform in [-scale, scale] (:func:`flat_draw`)."""
+    return flat_draw(jax.random.uniform, key, shape, dtype=jnp.float32, minval=-scale,
+                     maxval=scale)
 
 
 def check_positive(name: str, value: int) -> None:

@@ -28,36 +28,35 @@ a linear softmax output layer.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import check_positive
+from rhnzoo.cells.base import flat_draw, uniform
 from rhnzoo.models import num_params as count_params
 
 Array = jax.Array
 Params = Any
 
 # Weight initialisers by name: jax.nn.initializers' numbers to the bit (a test holds
-# this), drawn flat as `rhnzoo.cells.base.uniform` draws, which compiles faster on the
-# CPU. `shape` is [..., fan_in, fan_out]; leading axes are batch axes: stacked weights
-# are drawn as [depth, k, n, n] (fan-in = fan-out = n), then laid out H|T(|C).
+# this), drawn flat (`rhnzoo.cells.base.flat_draw`: faster to compile on the CPU).
+# `shape` is [..., fan_in, fan_out]; leading axes are batch axes: stacked weights are
+# drawn as [depth, k, n, n] (fan-in = fan-out = n), then laid out H|T(|C).
 
 
 def _he_normal(key: Array, shape: tuple[int, ...]) -> Array:
     """He et al. 2015: truncated at +-2 sd, then scaled to variance 2 / fan_in."""
     std = jnp.sqrt(jnp.float32(2.0 / shape[-2])) / jnp.float32(0.87962566103423978)
-    normal = jax.random.truncated_normal(key, -2, 2, (math.prod(shape),), jnp.float32)
-    return normal.reshape(shape) * std
+    return flat_draw(jax.random.truncated_normal, key, shape, lower=-2, upper=2,
+                     dtype=jnp.float32) * std
 
 
 def _glorot_uniform(key: Array, shape: tuple[int, ...]) -> Array:
     """Glorot & Bengio 2010, eq. 16: U(-a, a), a = sqrt(6 / (fan_in + fan_out))."""
     variance = jnp.float32(1.0 / ((shape[-2] + shape[-1]) / 2))
-    u = jax.random.uniform(key, (math.prod(shape),), jnp.float32, -1).reshape(shape)
-    return u * jnp.sqrt(3 * variance)
+    return uniform(key, shape, 1.0) * jnp.sqrt(3 * variance)
 
 
 INITS = {"he_normal": _he_normal, "glorot_uniform": _glorot_uniform}
