@@ -287,3 +287,24 @@ def test_classifier_options_are_checked():
     with pytest.raises(ValueError, match="bfloat16"):
         SequenceClassifier(cells.RHN(N, 2), 2, 3, dtype="bfloat16")
     assert not SequenceClassifier(cells.RHN(N, 2), 2, 3).fused  # auto: the reference scan
+
+
+def test_classifier_remat_is_honoured_not_dropped():
+    """remat=True recomputes time steps (jax.checkpoint's ``remat`` primitive, saving
+    nothing, in the jaxpr) with the same gradients; with scan_impl None it takes the reference
+    scan, which has remat, and ``'fused'`` with remat is refused (one line)."""
+    kw = dict(cell=cells.LSTM(N), num_classes=3, input_size=6, vocab_size=11)
+    with pytest.raises(ValueError, match="remat needs the reference scan"):
+        SequenceClassifier(**kw, scan_impl="fused", remat=True)
+    with pytest.raises(ValueError, match="bfloat16"):
+        SequenceClassifier(**kw, remat=True, dtype="bfloat16")
+    plain, remat = SequenceClassifier(**kw), SequenceClassifier(**kw, remat=True)
+    assert plain.fused and not remat.fused
+    params = random_params(plain.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
+    batch = classifier_batch()
+    grad = lambda model: jax.grad(classifier_loss, argnums=1)(model, params, *batch)
+    jaxpr = lambda model: str(jax.make_jaxpr(lambda p: classifier_loss(model, p, *batch))(params))
+    assert "remat" not in jaxpr(plain)
+    assert "policy=None" in jaxpr(remat)  # everything recomputed (save_matmuls keeps dots)
+    for a, b in zip(jax.tree.leaves(grad(remat)), jax.tree.leaves(grad(plain))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

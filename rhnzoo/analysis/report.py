@@ -151,7 +151,7 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
 def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options) -> dict:
     """gradient_flow.png (and gersgorin.png for a run); returns the numbers."""
     n, steps, batch, m = opts.flow_hidden, opts.flow_steps, 4, 32
-    xs = jax.random.normal(jax.random.PRNGKey(opts.seed), (steps, batch, m))
+    xs = cells.base.flat_draw(jax.random.normal, jax.random.PRNGKey(opts.seed), (steps, batch, m))
     curves, results = {}, {"hidden": n, "steps": steps, "batch": batch, "input": m}
     for label, (name, settings) in FAMILIES.items():
         cell = cells.make(name, n, **settings)

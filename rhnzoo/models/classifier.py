@@ -41,7 +41,8 @@ class SequenceClassifier:
       unroll: time steps per ``lax.scan`` iteration; None: the scan's own default (the
         fused scan's per cell, see :func:`rhnzoo.cells.gated_fused.unroll`; 1 in the
         reference scan). remat: recompute time steps in the backward pass (long
-        sequences; the reference scan only).
+        sequences); the reference scan has it, the fused scan does not, so remat picks
+        the reference scan when scan_impl is None.
       project_per_step: project the inputs inside the time scan (see
         :func:`rhnzoo.cells.unroll`); None: always in the fused scan (measured faster
         there, BUILD_NOTES issue 17), in the reference scan when the input is at most 8
@@ -50,7 +51,7 @@ class SequenceClassifier:
         pass, weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
         SC-LSTM, RRN and Parallel of these), ``'reference'`` (:func:`rhnzoo.cells.unroll`,
         autodiff, each step under ``save_matmuls_only``), or None: ``'fused'`` where the
-        cell has it. The fused path reads each row's output from the final carry, which
+        cell has it and remat is off. The fused path reads each row's output from the final carry, which
         stops at the row's last real step (``lengths``), instead of gathering it from the
         ``[T, B, n]`` outputs: their cotangent is then never written.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
@@ -61,7 +62,7 @@ class SequenceClassifier:
     Raises:
       ValueError: for num_classes < 2, input_size < 1, vocab_size < 2, a drop
         probability outside [0, 1), an unknown scan_impl or dtype, ``'fused'`` for a
-        cell without a fused path, or bfloat16 without the fused scan.
+        cell without a fused path or with remat, or bfloat16 without the fused scan.
     """
 
     cell: Any
@@ -89,6 +90,9 @@ class SequenceClassifier:
             raise ValueError(f"scan_impl must be 'fused' or 'reference', got {self.scan_impl!r}")
         if self.scan_impl == "fused" and not gated_fused.supports(self.cell):
             raise ValueError(f"no fused scan for {type(self.cell).__name__}; use 'reference'")
+        if self.scan_impl == "fused" and self.remat:
+            raise ValueError("remat needs the reference scan (scan_impl='reference'); the "
+                             "fused scan has no remat")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.dtype == "bfloat16" and not self.fused:
@@ -98,7 +102,7 @@ class SequenceClassifier:
     def fused(self) -> bool:
         """Whether :meth:`features` runs :mod:`rhnzoo.cells.gated_fused`."""
         if self.scan_impl is None:
-            return gated_fused.supports(self.cell)
+            return gated_fused.supports(self.cell) and not self.remat
         return self.scan_impl == "fused"
 
     def init(self, key: Array) -> Params:
