@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import check_unroll_gradient, normal, np_tree, random_params, scan_by_hand
 
-from rhnzoo import cells
+from rhnzoo import cells, dropout
 
 sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
 
@@ -85,14 +85,12 @@ def test_parameters_and_dropout_masks_are_the_draws_in_their_own_shape():
     """base.uniform and dropout.mask draw flat (faster to compile) and reshape: the
     numbers of ``jax.random`` drawn in the shape itself, so a seed gives the same
     parameters and masks as before the change."""
-    from rhnzoo import dropout
-
     for shape in [(3, 5, 10), (2, 4, 5), (7,)]:
         key = jax.random.PRNGKey(sum(shape))
         np.testing.assert_array_equal(cells.base.uniform(key, shape, 0.04),
                                       jax.random.uniform(key, shape, jnp.float32, -0.04, 0.04))
         keep = jax.random.bernoulli(key, 0.75, shape).astype(jnp.float32)
-        np.testing.assert_array_equal(dropout.mask(key, shape, 0.25), keep / 0.75)  # fmt: skip
+        np.testing.assert_array_equal(dropout.mask(key, shape, 0.25), keep / 0.75)
 
 
 def test_hsg_closed_gate_is_bare_rhn():

@@ -13,7 +13,7 @@ import pytest
 from helpers import np_tree, random_params
 
 from rhnzoo.analysis import highway as analysis
-from rhnzoo.models.highway import FeedForwardNet, Highway, Plain
+from rhnzoo.models.highway import INITS, FeedForwardNet, Highway, Plain
 from rhnzoo.training import highway as hw
 
 MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
@@ -121,8 +121,6 @@ def test_initialisation():
 def test_initialisers_are_jax_nn_initializers_with_batch_axes():
     """The nets' flat draws are jax.nn.initializers' numbers to the bit: fan-in and
     fan-out the last two axes, the leading axes batch axes (per layer and block)."""
-    from rhnzoo.models.highway import INITS
-
     for shape in [(300, 64), (64, 10), (3, 2, 8, 8)]:
         batch = tuple(range(len(shape) - 2))
         for name, init in INITS.items():

@@ -51,9 +51,10 @@ class SequenceClassifier:
         pass, weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
         SC-LSTM, RRN and Parallel of these), ``'reference'`` (:func:`rhnzoo.cells.unroll`,
         autodiff, each step under ``save_matmuls_only``), or None: ``'fused'`` where the
-        cell has it and remat is off. The fused path reads each row's output from the final carry, which
-        stops at the row's last real step (``lengths``), instead of gathering it from the
-        ``[T, B, n]`` outputs: their cotangent is then never written.
+        cell has it and remat is off. The fused path reads each row's output from the
+        final carry, which stops at the row's last real step (``lengths``), instead of
+        gathering it from the ``[T, B, n]`` outputs: their cotangent is then never
+        written.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
