@@ -140,3 +140,19 @@ def describe(name: str, platform: str | None = None) -> str:
     if where not in BEHAVIOUR:
         return f"{level}: as the {where} backend implements it"
     return f"{level}: {BEHAVIOUR[where][level][1]}, float32 accumulation"
+
+
+def cudnn_rnn(name: str | None = None) -> jax.lax.Precision:
+    """The one ``precision=`` that cuDNN's RNN op (``jax.experimental.rnn.lstm``) takes, for
+    ``name`` (default: the precision in effect): ``HIGHEST`` (float32 inputs) at
+    ``highest`` or the ``F32_F32_F32`` preset, else ``HIGH`` (TensorFloat-32 inputs
+    allowed: what ``default`` and ``high`` compute on a GPU). Passed nothing, the op fails
+    under any ``jax.default_matmul_precision``: it reads ``DEFAULT`` as a bfloat16 request
+    it does not implement (NotImplementedError, JAX 0.10-0.11).
+
+    Raises:
+      ValueError: for an unknown ``name``.
+    """
+    level = resolve(name)
+    full = level == "highest" or level.startswith("F32_F32_F32")
+    return jax.lax.Precision.HIGHEST if full else jax.lax.Precision.HIGH

@@ -641,6 +641,7 @@ def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
     printed once three steps are timed, is their median, 1 s per step, for the 31 steps
     left; each log line's ETA is its window's steady time per step x the steps left."""
     monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
+    monkeypatch.setattr(engine, "_device", lambda: "CPU")  # the same line on any backend
     clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(n, 1.0))
     lines = []
     engine.run(engine_toy.make_task(on_batch=clock.on_batch), cfg(epochs=3, log_every=1), None,

@@ -16,7 +16,9 @@ def test_tanh_is_as_accurate_as_xlas():
     ours = np.asarray(jax.jit(fastmath.tanh)(x), np.float64)
     xla = np.asarray(jax.jit(jnp.tanh)(x), np.float64)
     err, err_xla = np.abs(ours - exact).max(), np.abs(xla - exact).max()
-    assert err < 3e-7 and err <= 1.5 * err_xla, (err, err_xla)
+    # 2.6e-7 on XLA:CPU; 3.3e-7 on an H100, whose float32 division is not correctly
+    # rounded (XLA's own tanh: 3.2e-7 there): within 3 ulps of 1 on both
+    assert err < 3 * np.finfo(np.float32).eps and err <= 1.5 * err_xla, (err, err_xla)
     # odd, saturating, and exact enough near 0 that tanh(x) / x -> 1
     np.testing.assert_array_equal(ours, -np.asarray(jax.jit(fastmath.tanh)(-x), np.float64))
     assert np.all(np.abs(ours) <= 1.0)

@@ -3,6 +3,7 @@
 scan_impl / dtype options."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -308,3 +309,19 @@ def test_classifier_remat_is_honoured_not_dropped():
     assert "policy=None" in jaxpr(remat)  # everything recomputed (save_matmuls keeps dots)
     for a, b in zip(jax.tree.leaves(grad(remat)), jax.tree.leaves(grad(plain))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("backend, lstm, rrn", [("cpu", 1, 2), ("gpu", 8, 8)])
+def test_default_unroll_is_the_backends_measured_one(monkeypatch, backend, lstm, rrn):
+    """``unroll=None`` takes ``default_unroll``: per backend (JAX's default one), as
+    measured (1, RRN 2 on the CPU; 8 on a GPU), in the forward and the backward scan."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    for cell, want in [(cells.LSTM(N), lstm), (cells.RRN(N), rrn)]:
+        params, carry, xs, _, target = setup(cell, 3, jnp.float32)
+        assert gated_fused.default_unroll(cell) == want
+        f = lambda p: loss(functools.partial(gated_fused.unroll, cell), p, carry, xs, target)
+        scans = re.findall(r"\blength=(\d+)[^\]]*?\breverse=(\w+)[^\]]*?\bunroll=(\d+)",
+                           str(jax.make_jaxpr(jax.grad(f))(params)), re.S)  # fmt: skip
+        time_scans = sorted((r, int(u)) for length, r, u in scans if int(length) == T)
+        assert time_scans == [("False", want), ("True", want)], (cell, scans)

@@ -110,7 +110,9 @@ def test_get_config_gives_an_hsg_model_the_papers_rhn_gate_bias():
 
 def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
     """The depth sweep on the runner: the run that diverges stops there (its results say
-    so) and train_all names it; the other run finishes."""
+    so) and train_all names it; the other run finishes. At lr 1e30 the loss overflows to
+    non-finite within 3 steps on XLA:CPU; on an H100 it stayed finite and huge, so the
+    wild run has the steps to be judged by its window mean (step 70) too."""
     rng = np.random.default_rng(0)
     tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
     corpus = data.Corpus(tokens(400), tokens(100), tokens(100), tuple("abcdefghijkl"))
@@ -118,12 +120,13 @@ def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
                     progress=False, eval_batch_size=4, eval_num_steps=20,
                     max_grad_norm=1e30)  # fmt: skip
     configs = [("fine", base.replace(lr=0.1, workdir=str(tmp_path / "fine"))),
-               ("wild", base.replace(lr=1e30, workdir=str(tmp_path / "wild")))]  # fmt: skip
+               ("wild", base.replace(lr=1e30, max_steps=80, workdir=str(tmp_path / "wild")))]
     lines = []
     failed = depth_sweep.train_all(configs, tmp_path, lambda: corpus, log=lines.append)
     assert failed == ["wild"]
     results = json.loads((tmp_path / "wild" / "results.json").read_text())
-    assert "non-finite" in results["diverged"] and results["stopped"] == "diverged"
+    assert results["stopped"] == "diverged"
+    assert "non-finite" in results["diverged"] or "above the chance level" in results["diverged"]
     assert "diverged" not in json.loads((tmp_path / "fine" / "results.json").read_text())
     assert lines[0].startswith("[1/2] fine")
     assert any(line.startswith("[2/2] wild") for line in lines)

@@ -60,6 +60,20 @@ def test_unknown_names_are_one_line_errors(bad):
                 make()
 
 
+def test_cudnn_rnn_precision_follows_the_level():
+    """bench.rnn's cuDNN peer passes ``precision.cudnn_rnn()``: what cuDNN's RNN op makes
+    of it (JAX's own rule, which runs before any GPU is needed) is TensorFloat-32 at
+    default and high, float32 at highest."""
+    rule = pytest.importorskip("jax.experimental.rnn")._lstm_cudnn_allow_tf32
+    for level, tf32 in [("default", True), ("high", True), ("highest", False),
+                        ("F32_F32_F32", False), ("TF32_TF32_F32", True)]:  # fmt: skip
+        with precision.context(level):
+            assert rule(precision.cudnn_rnn()) is tf32, level
+        assert rule(precision.cudnn_rnn(level)) is tf32, level
+    with precision.context("default"), pytest.raises(NotImplementedError):
+        rule(None)  # why the peer passes one: unset, the op refuses the context's default
+
+
 def test_context_none_keeps_jax_setting_and_contexts_nest():
     with precision.context(None):
         assert precision.current() == "highest"

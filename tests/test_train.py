@@ -86,6 +86,14 @@ def run(tmp_path, name, corpus, **kw):
     return train.train(model, corpus, cfg, tmp_path / name, run_cfg, run_config={"test": 1})
 
 
+# Bitwise where reductions have a fixed order: XLA:CPU, or a GPU with deterministic ops
+# (``XLA_FLAGS=--xla_gpu_deterministic_ops=true``). Elsewhere two uninterrupted runs
+# already differ in the last bit of a few embedding rows (seen on an H100: 1 of 160,000
+# elements, 1 ulp), so resume is checked to float32 rounding there.
+BITWISE = (jax.default_backend() == "cpu"
+           or "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", ""))
+
+
 def latest_state(workdir):
     """The engine's checkpointed state: ``{'step', 'task': {'params', ...}}``."""
     mngr = ocp.CheckpointManager(workdir / "checkpoints")
@@ -104,7 +112,10 @@ def test_interrupted_run_resumes_exactly(tmp_path, ptb):
     assert resumed["step"] == full["step"] == 17
     a, b = latest_state(tmp_path / "full"), latest_state(tmp_path / "split")
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
+        if BITWISE:
+            np.testing.assert_array_equal(x, y)
+        else:  # a GPU's scatter-add (the embedding gradient) sums in no fixed order
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8)
     assert resumed["test_ppl"] == pytest.approx(full["test_ppl"], rel=1e-6)
     full_m = [json.loads(l) for l in (tmp_path / "full/metrics.jsonl").read_text().splitlines()]
     split_m = [json.loads(l) for l in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]

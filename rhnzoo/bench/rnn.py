@@ -26,8 +26,8 @@ linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit
   from JAX, with rhnzoo's weights packed into cuDNN's flat layout (:func:`cudnn_weights`,
   checked on any backend against ``jax.experimental.rnn.lstm_ref`` in the tests);
 * **rhnzoo_u{k}** (``--unroll=k,...``): rhnzoo's fused scan with ``unroll=k`` time steps
-  per scan iteration, forward and backward (the default is chosen per cell, see
-  :func:`rhnzoo.cells.gated_fused.unroll`).
+  per scan iteration, forward and backward (the default is chosen per backend and cell:
+  :func:`rhnzoo.cells.gated_fused.default_unroll`).
 
 Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
 steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
@@ -163,12 +163,15 @@ def cudnn_weights(params, m: int, n: int) -> jax.Array:
 
 def cudnn_logits(m: int, n: int, params, xs):
     """cuDNN's LSTM (``jax.experimental.rnn.lstm``, GPU only) over ``xs [T, B, m]`` ->
-    final h -> the linear layer; ``params = {"lstm": cudnn_weights(...), "out": ...}``."""
+    final h -> the linear layer; ``params = {"lstm": cudnn_weights(...), "out": ...}``;
+    TensorFloat-32 allowed or not as the precision in effect says
+    (:func:`rhnzoo.precision.cudnn_rnn`)."""
     B = xs.shape[1]
     zeros = jnp.zeros((1, B, n), xs.dtype)
     _, h, _ = jax_rnn.lstm(jnp.swapaxes(xs, 0, 1), zeros, zeros, params["lstm"],
                            jnp.full((B,), xs.shape[0], jnp.int32), input_size=m, hidden_size=n,
-                           num_layers=1, dropout=0.0, bidirectional=False)  # fmt: skip
+                           num_layers=1, dropout=0.0, bidirectional=False,
+                           precision=precision.cudnn_rnn())  # fmt: skip
     return h[0] @ params["out"]["kernel"] + params["out"]["bias"]
 
 
@@ -224,9 +227,12 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     losses = {k: float(f(p, xs, labels)[0]) for k, (f, p) in steps.items()}
     same = [k for k in losses if k not in ("rhnzoo_bf16", "jax_cudnn")
             and not (k == "flax" and cell_name == "gru")]  # fmt: skip
-    near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own TF32 / reduction order
+    near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own reduction order, and
+    # with TensorFloat-32 its own rounding: 2.4 % off XLA's TF32 loss at the IMDB shape's
+    # 400 steps on an H100, where XLA's paths agreed to 2e-6
+    near_rtol = 1e-3 if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST else 5e-2
     if not (np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
-            and np.allclose(near, losses["rhnzoo"], rtol=1e-3)):  # fmt: skip
+            and np.allclose(near, losses["rhnzoo"], rtol=near_rtol)):  # fmt: skip
         raise AssertionError(f"{cell_name} {name}: the losses differ: {losses}")
 
     timed = alternate(

@@ -441,6 +441,22 @@ def supports(cell: Any) -> bool:
     return isinstance(cell, (LSTM, GRU, SCLSTM, RRN))
 
 
+def default_unroll(cell: Any, backend: str | None = None) -> int:
+    """The time steps per scan iteration :func:`unroll` takes for ``unroll=None``, by
+    ``backend`` (default: JAX's default backend), as measured:
+
+    * GPU: 8. The loop's per-step kernel launches, not FLOPs, bound these scans there;
+      on an H100 (JAX 0.11.2) unroll 8 made the train step 1.5x (LSTM, GRU at the IMDB
+      shape), 1.9x / 1.4x (LSTM / GRU at P-MNIST's), 1.5x (SC-LSTM) and 1.2x (RRN)
+      faster than unroll 1 (BUILD_NOTES issue 33).
+    * Elsewhere: 2 for the RRN (its step, K small matmuls in a row: 2-10 % faster on the
+      CPU, BUILD_NOTES issue 17 round 4), 1 otherwise.
+    """
+    if (backend or jax.default_backend()) in ("gpu", "cuda", "rocm"):
+        return 8
+    return 2 if isinstance(cell, RRN) else 1
+
+
 def output_of(cell: Any, carry: Any) -> Array:
     """The output ``[B, n]`` of the step that produced ``carry``: every fused cell outputs
     its new h (:class:`~rhnzoo.cells.Parallel`: the mean of its parts', HRL eq. 7). With
@@ -481,9 +497,8 @@ def unroll(
         gradient).
       lengths: optional ``[B]`` int real steps per row: padded steps keep the carry and
         output zeros (as :func:`rhnzoo.cells.unroll`).
-      unroll: time steps per scan iteration, forward and backward; None (default): 2
-        for the RRN (its step, K small matmuls in a row, measured 2-10 % faster by the
-        minimum and 6-18 % less CPU time, BUILD_NOTES issue 17 round 4), 1 otherwise.
+      unroll: time steps per scan iteration, forward and backward; None (default):
+        :func:`default_unroll`, measured per backend.
       project_per_step: compute W^T x_t^T inside the scan, one ``[k n, m] x [m, B]``
         matmul per step (an outer product when m = 1; the default: 1.2-1.4x faster train
         steps at the IMDB shape, BUILD_NOTES issue 17), instead of one ``[T, B, k n]``
@@ -541,8 +556,8 @@ def unroll(
         kern, carry0 = _GRUKernel(n, dtype), carry
     else:
         kern, carry0 = _RRNKernel(n, cell.depth, cell.activation, dtype), carry
-    if unroll is None:  # measured (BUILD_NOTES issue 17, round 4)
-        unroll = 2 if isinstance(kern, _RRNKernel) else 1
+    if unroll is None:
+        unroll = default_unroll(cell)
     # Feature-major inside the scan (see the kernels' comment): [B, n] -> [n, B], the
     # batch padded with inert columns to a multiple of the kernel's lanes (see _pad).
     B, extra = xs.shape[1], -xs.shape[1] % kern.lanes

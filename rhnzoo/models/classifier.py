@@ -39,8 +39,8 @@ class SequenceClassifier:
       init_scale: half-width of the uniform initialisation of the embedding and the
         output layer (the cell initialises itself).
       unroll: time steps per ``lax.scan`` iteration; None: the scan's own default (the
-        fused scan's per cell, see :func:`rhnzoo.cells.gated_fused.unroll`; 1 in the
-        reference scan). remat: recompute time steps in the backward pass (long
+        fused scan's per backend and cell, :func:`rhnzoo.cells.gated_fused.default_unroll`;
+        1 in the reference scan). remat: recompute time steps in the backward pass (long
         sequences); the reference scan has it, the fused scan does not, so remat picks
         the reference scan when scan_impl is None.
       project_per_step: project the inputs inside the time scan (see
