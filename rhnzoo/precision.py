@@ -147,8 +147,9 @@ def cudnn_rnn(name: str | None = None) -> jax.lax.Precision:
     ``name`` (default: the precision in effect): ``HIGHEST`` (float32 inputs) at
     ``highest`` or the ``F32_F32_F32`` preset, else ``HIGH`` (TensorFloat-32 inputs
     allowed: what ``default`` and ``high`` compute on a GPU). Passed nothing, the op fails
-    under any ``jax.default_matmul_precision``: it reads ``DEFAULT`` as a bfloat16 request
-    it does not implement (NotImplementedError, JAX 0.10-0.11).
+    under ``jax.default_matmul_precision('default')`` (the benchmarks' default): it reads
+    ``DEFAULT`` as a bfloat16 request it does not implement (NotImplementedError, JAX
+    0.10-0.11).
 
     Raises:
       ValueError: for an unknown ``name``.
