@@ -311,7 +311,6 @@ def test_classifier_remat_is_honoured_not_dropped():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-
 @pytest.mark.parametrize("backend, lstm, rrn", [("cpu", 1, 2), ("gpu", 8, 8)])
 def test_default_unroll_is_the_backends_measured_one(monkeypatch, backend, lstm, rrn):
     """``unroll=None`` takes ``default_unroll``: per backend (JAX's default one), as

@@ -47,8 +47,8 @@ def _horner(coefficients, x2):
 
 def tanh(x: jax.Array) -> jax.Array:
     """``tanh(x)``, elementwise, same shape and dtype; float32 by a rational polynomial
-    (max absolute error 2.6e-7 on XLA:CPU, 3.3e-7 on an H100), other dtypes exact. NaN in, NaN
-    out."""
+    (max absolute error 2.6e-7 on XLA:CPU, 3.3e-7 on an H100), other dtypes exact. NaN
+    in, NaN out."""
     if x.dtype != jnp.float32:
         return jnp.tanh(x)
     x = jnp.clip(x, -_CLAMP, _CLAMP)
