@@ -41,8 +41,6 @@ time each takes.
   python experiments/analyze.py --flow --workdir=runs/ptb_small_d3_n256   # + a trained run
 """
 
-import sys
-
 from absl import flags
 
 from rhnzoo.apps import analyze, cli
@@ -52,8 +50,7 @@ flags.adopt_module_key_flags(analyze)
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {argv[1:]}")
+    del argv
     cli.main(analyze.run)
 
 

@@ -26,9 +26,9 @@ perplexity vs epoch, S&P Fig. 6) and ``ppl_vs_depth.png`` (S&P Fig. 8) to
 mean ± sd (n); the figures show the lowest seed.
 """
 
-from absl import app, flags
+from absl import flags
 
-from rhnzoo.apps import depth_sweep
+from rhnzoo.apps import cli, depth_sweep
 from rhnzoo.training import sweep
 
 depth_sweep.define_flags()
@@ -36,4 +36,4 @@ flags.adopt_module_key_flags(depth_sweep)
 flags.adopt_module_key_flags(sweep)
 
 if __name__ == "__main__":
-    app.run(depth_sweep.main)
+    cli.run_app(depth_sweep.main, positional=True)  # ptb.py's flags after --

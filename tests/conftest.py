@@ -7,9 +7,21 @@ Set before JAX is imported, in the environment, so that subprocesses inherit the
   which a GPU's default TensorFloat-32 (or a TPU's bfloat16 passes) would not meet; the
   experiments' ``--matmul_precision`` defaults to it too. On the CPU every precision
   computes the same. ``tests/test_precision.py`` tests the default precision itself.
-* compiled XLA programs are cached on disk for the session (JAX's persistent
-  compilation cache, in a temporary directory): the many subprocess tests that run the
-  same small models compile each program once.
+* XLA's backend (LLVM on the CPU) at optimisation level 0 (``XLA_FLAGS``, unless it sets
+  a level already): the tests' programs are small and run a few times, so compiling them
+  is most of the suite's time, and level 0 compiles them about 30 % faster. Results can
+  differ from the default level's in float32 rounding, which no test depends on (they
+  compare with float64 references at tolerances, or two runs under the same flags).
+  CI's smoke run of ``ptb.py`` runs outside pytest, at the default level.
+* compiled XLA programs are cached on disk (JAX's persistent compilation cache), shared
+  by the xdist workers and the subprocess tests, which run the same small models: each
+  program is compiled once. The cache is kept between runs in ``$RHNZOO_TEST_JAX_CACHE``
+  (default ``<user cache>/rhnzoo/jax-test-cache``; JAX keys entries by its version,
+  backend and flags), so a rerun compiles only what changed; a session that finds it
+  over 2 GB empties it first (JAX's own size cap, ``jax_compilation_cache_max_size``,
+  locks a file on every read and write and made a cold run 1.6x slower here).
+  ``RHNZOO_TEST_JAX_CACHE=none`` turns it off; ``tmp`` uses a fresh directory for the
+  session, deleted after it (a cold cache, as on a new machine). No test needs the cache.
 """
 
 import atexit
@@ -22,9 +34,29 @@ import time
 import urllib.error
 
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="rhnzoo-test-jax-cache-")
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                        "--xla_backend_optimization_level=0"]).strip()
+
+
+def _test_cache() -> str | None:
+    where = os.environ.get("RHNZOO_TEST_JAX_CACHE", "")
+    if where == "none":
+        return None
+    if where == "tmp":
+        where = tempfile.mkdtemp(prefix="rhnzoo-test-jax-cache-")
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+    elif not where:
+        user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        where = os.path.join(user_cache, "rhnzoo", "jax-test-cache")
+        entries = list(os.scandir(where)) if os.path.isdir(where) else []
+        if sum(e.stat().st_size for e in entries) > 2 << 30:
+            shutil.rmtree(where, ignore_errors=True)
+    os.environ["RHNZOO_TEST_JAX_CACHE"] = where  # xdist workers and subprocesses: the same
+    return where
+
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and (_cache := _test_cache()):
     os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache,
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # fmt: skip

@@ -13,8 +13,8 @@ PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 
 def eight_devices_env() -> dict:
     """The environment of a subprocess that sees 8 virtual CPU devices."""
-    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-                JAX_PLATFORMS="cpu")  # fmt: skip
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
 
 SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np

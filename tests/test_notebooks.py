@@ -72,7 +72,8 @@ def test_quickstart_runs_on_eight_devices_with_the_default_batch(tmp_path, monke
     """A TPU v2-8's 8 cores (virtual CPU devices here): the paper's batch of 20 does not
     split over 8, so the notebook rounds it up to 24 and the run trains on all 8; the
     evaluation batch of 20 is split over the 8 with 4 zero-weight rows appended."""
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} "
+                       "--xla_force_host_platform_device_count=8")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     out = execute("quickstart", tmp_path, BATCH_SIZE=None, ANALYZE=False)
     text = "".join(o.get("text", "") for c in out["cells"] for o in c.get("outputs", []))

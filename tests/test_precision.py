@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import rnn as jax_rnn
 
 import engine_toy
 from helpers import normal, random_params
@@ -64,7 +65,7 @@ def test_cudnn_rnn_precision_follows_the_level():
     """bench.rnn's cuDNN peer passes ``precision.cudnn_rnn()``: what cuDNN's RNN op makes
     of it (JAX's own rule, which runs before any GPU is needed) is TensorFloat-32 at
     default and high, float32 at highest."""
-    rule = pytest.importorskip("jax.experimental.rnn")._lstm_cudnn_allow_tf32
+    rule = jax_rnn._lstm_cudnn_allow_tf32
     for level, tf32 in [("default", True), ("high", True), ("highest", False),
                         ("F32_F32_F32", False), ("TF32_TF32_F32", True)]:  # fmt: skip
         with precision.context(level):

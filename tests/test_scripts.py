@@ -56,3 +56,26 @@ def test_analyze_of_a_directory_without_a_run_writes_nothing(tmp_path):
     assert result.returncode == 1 and lines == [f"error: {tmp_path / 'none'} has no config.json; "
                                                 "is it an rhnzoo training workdir?"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", [s if s == "ptb.py" else pytest.param(s, marks=pytest.mark.slow)
+                                    for s in SCRIPTS])  # fmt: skip
+def test_a_stray_positional_argument_is_one_error_line(script, tmp_path):
+    """``ptb.py --max_steps=2 foo`` must not run with ``foo`` ignored (nor sweep.py pass it
+    on to every run): one ``error:`` line, exit status 1, nothing written."""
+    extra = ["--dry_run"] if script == "sweep.py" else []
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / script), *extra,
+                             "--max_steps=2" if script == "ptb.py" else "--help=false", "foo"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: unexpected arguments foo") and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_sweep_unknown_flag_is_one_error_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"), "--bogus=1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "bogus" in lines[0] and list(tmp_path.iterdir()) == []

@@ -153,10 +153,11 @@ def define_config_flags(
     return [name for _, name, _ in specs]
 
 
-def run_app(main_fn: Callable[[list[str]], Any]) -> None:
-    """``absl.app.run(main_fn)`` whose flag errors (an unknown enum value, a malformed
-    number, a non-finite float: no float flag means anything at NaN or inf) are one
-    ``error: ...`` line and exit status 1, like every other error."""
+def run_app(main_fn: Callable[[list[str]], Any], positional: bool = False) -> None:
+    """``absl.app.run(main_fn)`` whose flag errors (an unknown flag or enum value, a
+    malformed number, a non-finite float: no float flag means anything at NaN or inf) are
+    one ``error: ...`` line and exit status 1, like every other error; so are positional
+    arguments unless ``positional`` (then ``main_fn`` gets them in ``argv[1:]``)."""
     from absl import app
 
     def parse(argv):
@@ -164,6 +165,8 @@ def run_app(main_fn: Callable[[list[str]], Any]) -> None:
             argv = FLAGS(argv)
         except flags.Error as e:
             sys.exit(f"error: {' '.join(str(e).split())}")
+        if len(argv) > 1 and not positional:
+            sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
         for name in FLAGS:
             flag = FLAGS[name]
             if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None

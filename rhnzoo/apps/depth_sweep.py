@@ -90,9 +90,11 @@ def main(argv) -> None:
     if owned:
         sys.exit(f"error: the sweep sets --depth, --hsg and --workdir itself; drop {owned}")
     try:
-        FLAGS([sys.argv[0], *extra])  # ptb.py's flags after --
+        stray = FLAGS([sys.argv[0], *extra])[1:]  # ptb.py's flags after --
     except flags.Error as e:
         sys.exit(f"error: {' '.join(str(e).split())}")
+    if stray:
+        sys.exit(f"error: unexpected arguments {' '.join(stray)} (ptb.py's flags go after --)")
     if FLAGS.dry_run:
         if FLAGS.seeds < 1:
             sys.exit(f"error: --seeds must be >= 1, got {FLAGS.seeds}")

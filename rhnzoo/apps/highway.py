@@ -11,7 +11,6 @@ import dataclasses
 import os
 import pathlib
 import platform
-import sys
 import time
 
 from absl import flags
@@ -85,10 +84,9 @@ def config_from_flags() -> HighwayConfig:
 
 
 def main(argv) -> None:
-    """``experiments/highway.py``'s main: no positional arguments; :func:`experiment`
-    with the shared error and signal handling (:func:`rhnzoo.apps.cli.main`)."""
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
+    """``experiments/highway.py``'s main: :func:`experiment` with the shared error and
+    signal handling (:func:`rhnzoo.apps.cli.main`)."""
+    del argv
     cli.main(experiment)
 
 

@@ -282,7 +282,7 @@ def _host() -> dict:
         pass
     return {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
             "cpu": cpu, "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None}  # fmt: skip
+            "jaxlib": jax.lib.__version__}  # fmt: skip
 
 
 def _loadavg() -> float | None:

@@ -55,10 +55,7 @@ from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused
 
-try:  # cuDNN's LSTM from JAX; absent or CPU-only builds: the peer is skipped
-    from jax.experimental import rnn as jax_rnn
-except ImportError:  # pragma: no cover
-    jax_rnn = None
+from jax.experimental import rnn as jax_rnn
 
 CONFIGS = {
     # Wang & Tian's IMDB shape (embedding 256 -> LSTM 512, reviews cut to 400 words),
@@ -217,7 +214,7 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         model = FlaxLSTMClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), flax_params(params, n))
         peer = "flax"
-        if jax_rnn is not None and jax.default_backend() == "gpu":
+        if jax.default_backend() == "gpu":
             steps["jax_cudnn"] = (loss_of(functools.partial(cudnn_logits, m, n)),
                                   {"lstm": cudnn_weights(params, m, n), "out": params["out"]})
     elif cell_name == "gru":
