@@ -5,8 +5,8 @@ language models (PTB, PTB-char, text8, enwik8; any cell) get the gate analyses b
 (RHN cells) and MC dropout; highway nets (MNIST, CIFAR-100) their gate heatmaps and
 lesions; sequence classifiers (IMDB, P-MNIST, ...) the flow figures of their cell.
 
-  python experiments/analyze.py --workdir=runs/small_hsg
-  python experiments/analyze.py --workdir=runs/ptb_sota_d10_n830 --mc_samples=10 --split=test
+  python experiments/analyze.py --workdir=runs/ptb_small_d3_n256    # after ptb.py --preset=small
+  python experiments/analyze.py --workdir=runs/ptb_default_d10_n830 --mc_samples=10 --split=test
 
 Writes into the workdir (or ``--out``):
 

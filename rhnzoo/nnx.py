@@ -8,6 +8,7 @@ variables, one per array leaf, in the cell's own nested-dict layout, so that
 
     rnn = Recurrent(RHN(256, depth=3), 128, rngs=nnx.Rngs(0))
     carry, ys = rnn(xs)                 # xs [T, B, 128] -> ys [T, B, 256]
+    Recurrent(RHN(256, depth=3), 128, time_major=False, rngs=nnx.Rngs(0))  # [B, T, 128]
     params = rnn.cell_params()          # back to the functional world
     rnn.set_cell_params(params)         # and into the module again
 """
@@ -41,6 +42,10 @@ class Recurrent(nnx.Module):
       rngs: ``nnx.Rngs``; the params are ``cell.init(rngs.params(), input_size)``.
       params: optional existing functional params (from ``cell.init``, a
         checkpoint, ...) to wrap instead of initialising; ``rngs`` is then unused.
+      time_major: the layout of ``xs`` and ``ys``: ``True`` (the default, as
+        :func:`rhnzoo.cells.unroll`), ``[T, B, ...]``; ``False``, ``[B, T, ...]``, the
+        layout of Flax's ``nnx.RNN`` default. The shapes cannot tell the two apart:
+        a batch-major input to a time-major module scans its batch axis.
 
     Raises:
       ValueError: if neither ``rngs`` nor ``params`` is given; whatever
@@ -54,6 +59,7 @@ class Recurrent(nnx.Module):
         *,
         rngs: nnx.Rngs | None = None,
         params: Params | None = None,
+        time_major: bool = True,
     ):
         if params is None:
             if rngs is None:
@@ -61,6 +67,7 @@ class Recurrent(nnx.Module):
             params = cell.init(rngs.params(), input_size)
         self.cell = cell
         self.input_size = input_size
+        self.time_major = time_major
         # Flax >= 0.12 treats a plain dict attribute as static unless it is marked as
         # data; nnx.data makes the nested dict of Params part of the module's state.
         self.params = nnx.data(jax.tree.map(nnx.Param, params))
@@ -92,17 +99,28 @@ class Recurrent(nnx.Module):
         *,
         unroll: int = 1,
     ) -> tuple[cells.Carry, Array]:
-        """Runs the cell over ``xs [T, B, m]``.
+        """Runs the cell over ``xs``.
 
         Args:
-          xs: time-major inputs ``[T, B, m]``.
+          xs: inputs ``[T, B, m]`` (``[B, T, m]`` if the module is not ``time_major``).
           carry: initial carry; ``None`` means the zero carry in ``xs.dtype``.
           mask: the cell's recurrent dropout mask (``[B, n]``) or ``None``.
           unroll: time steps per scan iteration.
 
         Returns:
-          ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
+          ``(carry, ys)``: the final carry and the outputs ``[T, B, n]`` (``[B, T, n]``
+          if not ``time_major``).
+
+        Raises:
+          ValueError: if ``xs`` is not rank 3 with last axis ``input_size``.
         """
+        if xs.ndim != 3 or xs.shape[-1] != self.input_size:
+            layout = "[T, B, m]" if self.time_major else "[B, T, m]"
+            raise ValueError(f"xs must be {layout} with m = {self.input_size}, got shape "
+                             f"{tuple(xs.shape)}")  # fmt: skip
+        if not self.time_major:
+            xs = jnp.swapaxes(xs, 0, 1)
         if carry is None:
             carry = self.cell.initial_carry(xs.shape[1], xs.dtype)
-        return cells.unroll(self.cell, self.cell_params(), carry, xs, mask, unroll=unroll)
+        carry, ys = cells.unroll(self.cell, self.cell_params(), carry, xs, mask, unroll=unroll)
+        return carry, (ys if self.time_major else jnp.swapaxes(ys, 0, 1))

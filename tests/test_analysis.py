@@ -329,6 +329,31 @@ def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     assert "wrote" in out and (tmp_path / "flow.json").is_file()
 
 
+@pytest.mark.parametrize("setting", ["lesion_tokens=-1", "heatmap_steps=-5", "mc_samples=-1",
+                                     "lesion_batch_size=0", "max_eval_tokens=0", "flow_steps=0"])
+def test_analysis_counts_out_of_range_are_one_line_errors(setting):
+    from rhnzoo.analysis import report
+
+    name, value = setting.split("=")
+    with pytest.raises(ValueError, match=rf"^--{name} must be >= \d, got {value}$"):
+        report.Options(**{name: int(value)})
+
+
+@pytest.mark.slow
+def test_analyze_flow_with_few_steps_and_a_bad_count(tmp_path):
+    """--flow_steps under 10 draws the figure (it ended in an IndexError); a bad count is
+    one error line before anything is written."""
+    cli("analyze.py", "--flow", f"--out={tmp_path / 'ok'}", "--flow_hidden=4", "--flow_steps=5")
+    assert len(json.loads((tmp_path / "ok" / "flow.json").read_text())["gradient_norms_at_init"]
+               ["LSTM"]) == 6  # fmt: skip
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "analyze.py"), "--flow",
+                          f"--out={tmp_path / 'bad'}", "--lesion_tokens=-1"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: --lesion_tokens must be >= 1, got -1"]
+    assert not (tmp_path / "bad").exists()
+
+
 def test_plot_helpers_pixel_size(tmp_path):
     records = [{"epoch": e, "valid_ppl": 300.0 / e} for e in (1, 2, 3)]
     path = analysis.plot_learning_curves({"a": records}, tmp_path / "c.png", figsize=(5, 3), dpi=80)

@@ -653,10 +653,13 @@ def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
     assert lines.index(estimates[0]) == lines.index(step_5) + 1  # as soon as it is timed
     step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
     assert "run ETA" not in step_lines[1] and "run ETA" not in step_lines[2]  # compiling
-    assert step_lines[3].endswith("| run ETA 33 s") and step_lines[5].endswith("| run ETA 25 min")
+    assert step_lines[3].endswith("| run ETA 33 s") and step_lines[5].endswith("| run ETA 26 min")
     assert step_lines[6].endswith("| run ETA 30 s") and "run ETA" not in step_lines[36]
     assert engine._duration(40) == "40 s" and engine._duration(7 * 3600 + 300) == "7 h 5 min"
     assert engine._duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
+    # Rounded, not floored: 116 s was printed as "1 min".
+    assert engine._duration(116) == "2 min" and engine._duration(59.6) == "1 min"
+    assert engine._duration(3599) == "1 h 0 min" and engine._duration(86399) == "1 d 0 h"
 
 
 def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypatch):
@@ -691,3 +694,19 @@ def test_pace_times_steady_steps_only(monkeypatch):
     now[0] += 3
     pace.step_done(6)
     assert pace.take("epoch") == pytest.approx(46 / 49) and pace.take("window") == 2.0
+
+
+def test_read_config_errors_name_the_file(tmp_path):
+    """A missing or corrupt config.json is one line that names it (the analysis read it
+    with a bare json.loads: 'Expecting value: line 1 column 1', no path)."""
+    from rhnzoo.training import workdir as workdir_lib
+
+    with pytest.raises(ValueError, match="has no config.json"):
+        workdir_lib.read_config(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(ValueError) as e:
+        workdir_lib.read_config(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'} is unreadable (")
+    assert "\n" not in str(e.value)
+    (tmp_path / "config.json").write_text('{"depth": 3}')
+    assert workdir_lib.read_config(tmp_path) == {"depth": 3}

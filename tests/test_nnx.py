@@ -133,3 +133,21 @@ def test_errors():
     rnn = Recurrent(cells.RHN(N), M, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError):
         rnn.set_cell_params({"W": jnp.zeros((M, 2 * N))})
+    with pytest.raises(ValueError, match=r"\[T, B, m\] with m = 4, got shape \(5, 3, 6\)"):
+        rnn(jnp.zeros((T, B, N)))  # the wrong input width
+    with pytest.raises(ValueError, match="got shape"):
+        rnn(jnp.zeros((T * B, M)))  # no batch axis
+
+
+def test_batch_major_module_is_the_time_major_one_transposed():
+    """``time_major=False`` takes and gives ``[B, T, ...]`` (Flax ``nnx.RNN``'s default
+    layout): the same numbers as the time-major module on the transposed input."""
+    cell = CELLS["rhn3"]
+    xs = xs_data()
+    tm = Recurrent(cell, M, rngs=nnx.Rngs(0))
+    bm = Recurrent(cell, M, rngs=nnx.Rngs(0), time_major=False)
+    carry_tm, ys_tm = tm(xs)
+    carry_bm, ys_bm = bm(jnp.swapaxes(xs, 0, 1))
+    assert ys_bm.shape == (B, T, N)
+    np.testing.assert_array_equal(ys_bm, jnp.swapaxes(ys_tm, 0, 1))
+    jax.tree.map(np.testing.assert_array_equal, carry_bm, carry_tm)

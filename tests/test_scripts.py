@@ -79,3 +79,17 @@ def test_sweep_unknown_flag_is_one_error_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), lines
     assert "bogus" in lines[0] and list(tmp_path.iterdir()) == []
+
+
+def test_analyze_help_names_workdirs_that_ptb_py_creates():
+    """The example workdirs in analyze.py's help are the default workdirs of the ptb.py
+    runs they follow (``--preset=small``; ``--nohsg --depth=10``)."""
+    import re
+
+    from rhnzoo.configs import lm as presets
+
+    text = (ROOT / "experiments" / "analyze.py").read_text()
+    named = set(re.findall(r"--workdir=(runs/ptb\S*)", text))
+    made = {presets.get_config("small").run_dir,
+            presets.get_config(depth=10, hsg=False).run_dir}  # fmt: skip
+    assert named and named <= made, named - made

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import pathlib
@@ -37,6 +36,7 @@ from rhnzoo import cells, dropout
 from rhnzoo.models import lm
 from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
+from rhnzoo.training import workdir as workdir_lib
 
 Array = jax.Array
 Params = Any
@@ -82,13 +82,11 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
         shapes do not match the configured model.
     """
     workdir = pathlib.Path(workdir)
-    config_path = workdir / "config.json"
-    if not config_path.is_file():
-        raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
-    config = json.loads(config_path.read_text())
+    config = workdir_lib.read_config(workdir)
     missing = [k for k in ("hidden_size", "depth") if k not in config]
     if missing:
-        raise ValueError(f"{config_path} lacks {', '.join(missing)}; cannot rebuild the model")
+        raise ValueError(f"{workdir / 'config.json'} lacks {', '.join(missing)}; cannot "
+                         "rebuild the model")  # fmt: skip
     params = engine.restore_params(workdir)
     if params is None:
         raise ValueError(

@@ -19,7 +19,6 @@ for a recurrent run its trained cell's gradient flow and Gersgorin discs
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 from typing import Any
@@ -32,31 +31,49 @@ from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
+from rhnzoo.training import workdir as workdir_lib
+
+
+def _count(default: int | None, least: int = 1):
+    """A count setting: ``default``, and the least value it takes (checked on construction;
+    ``None``, where it is the default, means no limit)."""
+    return dataclasses.field(default=default, metadata={"least": least})
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """The settings of the analyses (``experiments/analyze.py``'s flags)."""
+    """The settings of the analyses (``experiments/analyze.py``'s flags).
+
+    Raises:
+      ValueError: (one line, named as the flag) for a count below its least value, e.g.
+        ``lesion_tokens=-1`` or ``max_eval_tokens=0`` (``None`` means every token).
+    """
 
     split: str = "valid"
-    mc_samples: int = 0
-    mc_batch_size: int = 1
-    max_eval_tokens: int | None = None
-    eval_num_steps: int = 200
-    lesion_tokens: int = 20000
-    lesion_batch_size: int = 20
-    heatmap_steps: int = 40
-    hist_tokens: int = 2000
-    hist_times: int = 200
+    mc_samples: int = _count(0, least=0)
+    mc_batch_size: int = _count(1)
+    max_eval_tokens: int | None = _count(None)
+    eval_num_steps: int = _count(200)
+    lesion_tokens: int = _count(20000)
+    lesion_batch_size: int = _count(20)
+    heatmap_steps: int = _count(40)
+    hist_tokens: int = _count(2000)
+    hist_times: int = _count(200)
     seed: int = 0
     data_dir: str | None = None
     verify: bool = True
-    flow_hidden: int = 64
-    flow_steps: int = 100
-    flow_tokens: int = 50
-    heatmap_examples: int = 1000
-    lesion_examples: int = 10000
+    flow_hidden: int = _count(64)
+    flow_steps: int = _count(100)
+    flow_tokens: int = _count(50)
+    heatmap_examples: int = _count(1000)
+    lesion_examples: int = _count(10000)
     track: Any = None  # the engine's progress/signal tracker for long evaluations
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value, least = getattr(self, field.name), field.metadata.get("least")
+            if least is not None and value is not None and value < least:
+                raise ValueError(f"--{field.name} must be >= {least}, got {value}")
 
 
 # The cell families compared at initialisation: label -> (registered cell, its settings),
@@ -75,11 +92,6 @@ FAMILIES = {
 }
 
 
-def read_config(workdir: pathlib.Path) -> dict:
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
-    return json.loads(path.read_text())
 
 
 def run_kind(config: dict) -> str:
@@ -107,7 +119,7 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
     run: the cell at initialisation and trained, and the first ``length`` steps of the
     first ``opts.split`` sequence as their inputs ``[T, 1, m]`` (embedded by the trained
     and the initial embedding of a language model; by the trained one of a classifier)."""
-    config = read_config(workdir)
+    config = workdir_lib.read_config(workdir)
     kind = run_kind(config)
     seed = int(config.get("seed", 0))
     if kind == "lm":
@@ -157,7 +169,8 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options)
         cell = cells.make(name, n, **settings)
         params = cell.init(jax.random.PRNGKey(opts.seed + 1), m)
         curves[label] = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
-        print(f"{label:>16}: gradient norm {curves[label][10]:.2e} at 10 steps back, "
+        back = min(10, steps)
+        print(f"{label:>16}: gradient norm {curves[label][back]:.2e} at {back} steps back, "
               f"{curves[label][-1]:.2e} at {steps}")  # fmt: skip
     results["gradient_norms_at_init"] = {k: v.tolist() for k, v in curves.items()}
     if workdir is not None:
@@ -201,7 +214,7 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options)
 
 def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
     """The analysis of the run's kind (see the module docstring); writes analysis.json."""
-    kind = run_kind(read_config(workdir))
+    kind = run_kind(workdir_lib.read_config(workdir))
     out.mkdir(parents=True, exist_ok=True)
     if kind == "lm":
         results = analyze_lm(workdir, out, opts)
@@ -253,7 +266,7 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
         raise ValueError(f"the run has a {model.vocab_size}-symbol vocabulary but the data has "
                          f"{corpus.vocab_size}; pass the run's --data_dir")  # fmt: skip
     stream = getattr(corpus, opts.split)
-    if opts.max_eval_tokens:
+    if opts.max_eval_tokens is not None:
         stream = stream[: opts.max_eval_tokens]
     label = lm_analysis.run_label(config)
     results = {"workdir": str(workdir), "model": label, "dataset": dataset, "split": opts.split}

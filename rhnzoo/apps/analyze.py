@@ -13,6 +13,7 @@ from rhnzoo import precision
 from rhnzoo.analysis import report
 from rhnzoo.apps import cli
 from rhnzoo.training import engine
+from rhnzoo.training import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 # The analyses' settings: (absl kind or enum choices, name, help); each defaults to the
@@ -55,7 +56,8 @@ def run() -> None:
     if workdir is None and not (FLAGS.flow and FLAGS.out):
         raise ValueError("--workdir is required (or --flow with --out)")
     # A workdir without config.json is an error before anything is written.
-    recorded = report.read_config(workdir).get("matmul_precision", "default") if workdir else None
+    config = workdir_lib.read_config(workdir) if workdir else {}
+    recorded = config.get("matmul_precision", "default") if workdir else None
     track = lambda it, total=None, desc="": engine.track(it, total=total, desc=desc)
     opts = report.Options(**cli.flag_values([name for _, name, _ in _OPTION_FLAG_SPECS]),
                           track=track)

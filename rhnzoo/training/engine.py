@@ -313,13 +313,16 @@ DIVERGENCE_WINDOW = 50
 
 
 def _duration(seconds: float) -> str:
-    """``'3 d 4 h'``, ``'2 h 5 min'``, ``'7 min'``, ``'40 s'``."""
-    m, h, d = seconds / 60, seconds / 3600, seconds / 86400
-    if d >= 1:
-        return f"{int(d)} d {int(h % 24)} h"
-    if h >= 1:
-        return f"{int(h)} h {int(m % 60)} min"
-    return f"{int(m)} min" if m >= 1 else f"{seconds:.0f} s"
+    """``'3 d 4 h'``, ``'2 h 5 min'``, ``'7 min'``, ``'40 s'``, rounded to the unit shown
+    (116 s is ``'2 min'``)."""
+    minutes = round(seconds / 60)
+    if round(seconds) < 60:
+        return f"{round(seconds)} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        return "{} h {} min".format(*divmod(minutes, 60))
+    return "{} d {} h".format(*divmod(round(seconds / 3600), 24))
 
 
 def _device() -> str:

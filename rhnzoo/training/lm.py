@@ -129,9 +129,13 @@ class LMConfig(engine.RunSettings):
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not self.lr_decay >= 1:
             raise ValueError(f"lr_decay must be >= 1, got {self.lr_decay}")
-        for name in ("batch_size", "num_steps", "max_max_epoch", "eval_num_steps"):
+        for name in ("batch_size", "num_steps", "max_max_epoch", "eval_num_steps", "unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.init_scale > 0:
+            raise ValueError(f"init_scale must be > 0, got {self.init_scale}")
+        if self.workdir is not None and not str(self.workdir).strip():
+            raise ValueError("workdir must not be empty (leave it out for the default)")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.weight_decay < 0 or self.max_grad_norm <= 0:

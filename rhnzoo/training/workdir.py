@@ -84,6 +84,18 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
         raise RunError(f"cannot write {path}: {_one_line(e)}") from None
 
 
+def read_config(workdir: PathLike) -> dict[str, Any]:
+    """The run's settings, ``<workdir>/config.json``. Raises ValueError (one line, with
+    the path) if it is missing or not readable JSON."""
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable ({_one_line(e)})") from None
+
+
 def strict(obj: Any) -> Any:
     """``obj`` with every non-finite float replaced by None (JSON has no NaN/inf)."""
     if isinstance(obj, float | np.floating):
