@@ -7,14 +7,14 @@ Set before JAX is imported, in the environment, so that subprocesses inherit the
   which a GPU's default TensorFloat-32 (or a TPU's bfloat16 passes) would not meet; the
   experiments' ``--matmul_precision`` defaults to it too. On the CPU every precision
   computes the same. ``tests/test_precision.py`` tests the default precision itself.
-* XLA's backend (LLVM on the CPU) at optimisation level 0 in the pytest processes
-  (``XLA_FLAGS``, unless it sets a level already): their programs are small and run a
-  few times, so compiling them is most of their time, and level 0 compiles them about
-  30 % faster. Results can differ from the default level's in float32 rounding, which no
-  test depends on (they compare with float64 references at tolerances, or two runs in
-  one process). The scripts that tests run in subprocesses (end-to-end training, up to
-  the real-IMDB recipe test) get the user's ``XLA_FLAGS`` and the default level: at
-  level 0 that test took over 19 minutes instead of about 10.
+* XLA's backend (LLVM on the CPU) at optimisation level 0 (``XLA_FLAGS``, unless it sets
+  a level already): the tests' programs are small and run a few times, so compiling them
+  is most of the suite's time, and level 0 compiles them about 30 % faster. Results can
+  differ from the default level's in float32 rounding, so every process of the suite,
+  subprocesses too, runs at the same level: the exact-resume tests compare a run in the
+  pytest process with runs in subprocesses bit for bit. The one test whose subprocess
+  trains for minutes (the real-IMDB recipe) asks for the default level
+  (``helpers.default_level_env``): at level 0 it took over 19 minutes instead of about 10.
 * compiled XLA programs are cached on disk (JAX's persistent compilation cache), shared
   by the xdist workers and the subprocess tests, which run the same small models: each
   program is compiled once. The cache is kept between runs in ``$RHNZOO_TEST_JAX_CACHE``
@@ -60,16 +60,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and (_cache := _test_cache()):
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # fmt: skip
 
-# After the cache settings: JAX reads them when it is imported.
-_xla_flags = os.environ.get("XLA_FLAGS")
-if "xla_backend_optimization_level" not in (_xla_flags or ""):
-    os.environ["XLA_FLAGS"] = f"{_xla_flags or ''} --xla_backend_optimization_level=0".strip()
-    import jax  # noqa: E402
-
-    jax.devices()  # XLA reads XLA_FLAGS once, when this process's backend starts
-    os.environ.pop("XLA_FLAGS")  # subprocesses: the user's flags, the default level
-    if _xla_flags is not None:
-        os.environ["XLA_FLAGS"] = _xla_flags
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                        "--xla_backend_optimization_level=0"]).strip()
 
 import pytest  # noqa: E402
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import normal, write_random_mnist
+from helpers import default_level_env, normal, write_random_mnist
 
 from rhnzoo import cells
 from rhnzoo.data import DataError, sequences
@@ -266,7 +266,8 @@ def test_the_paper_recipe_on_real_imdb_is_not_stopped_as_diverged():
     check before issue 31 stopped six of the seven at step 2-3. About 10 minutes on 2
     CPU cores (tests/imdb_paper_losses.py)."""
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "imdb_paper_losses.py"),
-                             "--steps=80"], capture_output=True, text=True, timeout=3600)  # fmt: skip
+                             "--steps=80"], capture_output=True, text=True, timeout=3600,
+                            env=default_level_env())  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["divergence_factor"] == engine.RunConfig(epochs=1).divergence_factor
