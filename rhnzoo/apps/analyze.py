@@ -56,8 +56,8 @@ def run() -> None:
     if workdir is None and not (FLAGS.flow and FLAGS.out):
         raise ValueError("--workdir is required (or --flow with --out)")
     # A workdir without config.json is an error before anything is written.
-    config = workdir_lib.read_config(workdir) if workdir else {}
-    recorded = config.get("matmul_precision", "default") if workdir else None
+    recorded = (workdir_lib.read_config(workdir).get("matmul_precision", "default")
+                if workdir else None)  # fmt: skip
     track = lambda it, total=None, desc="": engine.track(it, total=total, desc=desc)
     opts = report.Options(**cli.flag_values([name for _, name, _ in _OPTION_FLAG_SPECS]),
                           track=track)
