@@ -16,10 +16,23 @@ Writes into the workdir (or ``--out``):
   measured on the first ``--lesion_tokens`` training tokens (Zilly et al. sec. 6);
 * ``hsg_gates.png`` (HSG runs only): histogram of HSG gate values at
   ``--hist_times`` random time steps of ``--split`` (Shoham & Permuter, Fig. 7);
-* ``analysis.json``: every number printed.
+* ``analysis.json``: every number printed, which checkpoint was read (``checkpoint``:
+  ``best`` at its step, or ``latest`` at its step for a run stopped before its first
+  validation; also printed), and the phases run (``phases``: status, seconds, figures).
 
 Every evaluation runs at the run's recorded ``--matmul_precision`` (``default`` for a
 run recorded before the flag; ``--flow`` without a run: JAX's setting).
+
+Each phase (gate_heatmap, lesion, hsg_gate, deterministic, mc_dropout; gradient_flow,
+run_flow with ``--flow``) prints one line when it starts and one with its time left once
+a few chunks are timed, under a progress bar with an ETA (``--noprogress``: no bars).
+Ctrl-C or SIGTERM stops the analysis at the next chunk (an evaluation window, a batch, a
+cell): ``analysis.json`` (``flow.json``) is rewritten with the phases done and their
+figures, the stopped phase marked ``interrupted`` (a lesion study keeps its finished
+lesions; other phases keep nothing), one line says so, and the script exits with status
+128 + signal. Files are written atomically (temporary file, then rename), and
+``analysis.json`` after every phase, so a second Ctrl-C (immediate exit) loses only the
+phase under way.
 
 With ``--mc_samples=K`` the ``--split`` stream is also evaluated with dropout
 ON (the run's rates), K mask draws, probabilities averaged (the reference

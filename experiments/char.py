@@ -14,19 +14,17 @@ The data are downloaded on first use (enwik8.zip 36 MB, text8.zip 31 MB, PTB fro
 
 from absl import flags
 
-from rhnzoo.apps import cli
+from rhnzoo.apps import cli, lm
 from rhnzoo.configs import lm as lm_configs
 
 # Presets: rhnzoo/configs/lm.py (enwik8_sota defaults; --preset=small for ptb_char on a CPU).
-flags.DEFINE_enum("dataset", "enwik8", lm_configs.char_sets(), "Character-level data set.")
-cli.define_lm_flags(lm_configs.defaults("enwik8"), lm_configs.presets("enwik8"))
-flags.adopt_module_key_flags(cli)
-FLAGS = flags.FLAGS
+lm.define_flags("enwik8", choices=lm_configs.char_sets())
+flags.adopt_module_key_flags(lm)
 
 
 def main(argv):
     del argv
-    cli.main(lambda: cli.run_lm(FLAGS.dataset))
+    cli.main(lm.run)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,12 @@ shows mean ± sd.
 
 from absl import flags
 
-from rhnzoo.apps import cli, highway
-from rhnzoo.training import sweep
+from rhnzoo.apps import cli, highway, runner
 
+# Presets: rhnzoo/configs/highway.py (--preset=cpu: the whole sweep on a 2-core CPU).
 highway.define_flags()
-flags.adopt_module_key_flags(cli)
 flags.adopt_module_key_flags(highway)
-flags.adopt_module_key_flags(sweep)
+flags.adopt_module_key_flags(runner)
 
 if __name__ == "__main__":
     cli.run_app(highway.main)

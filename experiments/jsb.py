@@ -13,23 +13,27 @@ best-validation epoch. Any registered cell can join (``--archs=rhn,lstm,hsg_gru`
 
 The study is ``rhnzoo.training.polyphonic.study``: each trial a run of the multi-run
 runner in ``<workdir>/trials/<arch>_d<depth>_t<trial>`` (config.json + results.json;
-trained in memory). Also in ``--workdir``: ``results.jsonl`` (one line per trial),
-``jsb_swarm.png`` (Fig. 4 style), ``results.md`` (best/median test NLL per architecture
-and depth). Rerunning with the same workdir skips the finished trials. ``--jobs=N``
-trains N trials at a time, each in a child process (this command with
-``--sweep_run=<trial>``; it compiles its own step, so this pays off for trials longer
-than a process start, about 10 s).
+trained in memory). Also in ``--workdir``: ``config.json`` (the study's settings),
+``results.jsonl`` (one line per trial), ``jsb_swarm.png`` (Fig. 4 style), ``results.md``
+(best/median test NLL per architecture and depth). Rerunning with the same workdir skips
+the finished trials; more ``--trials`` (or ``--archs``, ``--depths``) extend the study,
+while another value of a setting that shapes a trial's result (``--epochs``,
+``--batch_size``, ``--width``, ``--seed``, ``--max_steps``, ``--max_epochs``,
+``--patience``, ``--divergence_factor``, ``--matmul_precision``) is refused. The
+engine's ``--log_every``, ``--progress``, ``--checkpoint_every_steps`` and
+``--tensorboard`` are not offered: a trial trains silently and keeps nothing but its
+results. ``--jobs=N`` trains N trials at a time, each in a child process (this command
+with ``--sweep_run=<trial>``; it compiles its own step, so this pays off for trials
+longer than a process start, about 10 s).
 """
 
 from absl import flags
 
-from rhnzoo.apps import cli, jsb
-from rhnzoo.training import sweep
+from rhnzoo.apps import cli, jsb, runner
 
 jsb.define_flags()
-flags.adopt_module_key_flags(cli)
 flags.adopt_module_key_flags(jsb)
-flags.adopt_module_key_flags(sweep)
+flags.adopt_module_key_flags(runner)
 
 
 def main(argv) -> None:

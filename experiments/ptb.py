@@ -10,16 +10,15 @@ same ``--workdir`` resumes; results land in ``<workdir>/results.json``.
 
 from absl import flags
 
-from rhnzoo.apps import cli
-from rhnzoo.configs import lm as lm_configs
+from rhnzoo.apps import cli, lm
 
-cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))
-flags.adopt_module_key_flags(cli)
+lm.define_flags("ptb")
+flags.adopt_module_key_flags(lm)
 
 
 def main(argv):
     del argv
-    cli.main(lambda: cli.run_lm("ptb"))
+    cli.main(lambda: lm.run("ptb"))
 
 
 if __name__ == "__main__":

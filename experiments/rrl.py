@@ -18,13 +18,11 @@ sharded over every process's devices; process 0 prints and writes the files).
 
 from absl import flags
 
-from rhnzoo.apps import cli, rrl
-from rhnzoo.training import sweep
+from rhnzoo.apps import cli, rrl, runner
 
 rrl.define_flags()
-flags.adopt_module_key_flags(cli)
 flags.adopt_module_key_flags(rrl)
-flags.adopt_module_key_flags(sweep)
+flags.adopt_module_key_flags(runner)
 
 
 def main(argv):

@@ -28,12 +28,11 @@ mean ± sd (n); the figures show the lowest seed.
 
 from absl import flags
 
-from rhnzoo.apps import cli, depth_sweep
-from rhnzoo.training import sweep
+from rhnzoo.apps import cli, depth_sweep, runner
 
 depth_sweep.define_flags()
 flags.adopt_module_key_flags(depth_sweep)
-flags.adopt_module_key_flags(sweep)
+flags.adopt_module_key_flags(runner)
 
 if __name__ == "__main__":
     cli.run_app(depth_sweep.main, positional=True)  # ptb.py's flags after --

@@ -1,64 +1,176 @@
-"""The base of every task's config: a frozen dataclass read from and written to a
-run's ``config.json``.
+"""The base of every task's config: a frozen dataclass whose fields are the settings.
 
-Each task's config (:class:`rhnzoo.training.lm.LMConfig`, ...) subclasses
-:class:`Config`; its presets live in ``rhnzoo/configs/<task>.py``
-(``get_config(preset)``, through :func:`preset_settings`).
+A setting is one line: a field declared with :func:`setting`, which carries its default,
+its help text (the script's ``--help``), its simple checks (``low``, ``choices``) and
+whether it may change when a run resumes. The scripts' flags are generated from the
+fields (:func:`rhnzoo.apps.cli.define_config_flags`); a run's ``config.json`` is
+:meth:`Config.to_dict`; a workdir resumes unless a structural field differs
+(:meth:`Config.conflicts`), a field missing from an earlier ``config.json`` counting as
+its default. Presets are ``get_config(preset)`` in ``rhnzoo/configs/<task>.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Self, TypeVar
+
+import numpy as np
 
 C = TypeVar("C", bound="Config")
+
+
+def setting(default: Any, help: str, *, low: float | None = None,
+            choices: Sequence[Any] | None = None, resumable: bool = False,
+            flag: bool = True) -> Any:  # fmt: skip
+    """A config field: ``default``, its ``help`` text, its checks and its resume rule.
+
+    Args:
+      default: the value when not given (immutable: a tuple, not a list).
+      help: one or two sentences for ``--help``.
+      low: the least value allowed (ints and floats; None passes when the default is
+        None); checked on construction.
+      choices: the values allowed; checked on construction and the flag's enum.
+      resumable: True where a resumed run may take another value (length, reporting,
+        an implementation of the same function); False: structural, a resumed run
+        with another value is refused.
+      flag: False for a field a script does not offer as a flag.
+    """
+    meta = {"help": help, "low": low, "choices": None if choices is None else tuple(choices),
+            "resumable": resumable, "flag": flag}  # fmt: skip
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def meta(f: dataclasses.Field) -> Mapping[str, Any]:
+    """A field's :func:`setting` metadata (a plain field: structural, a flag, no help)."""
+    return {"help": "", "low": None, "choices": None, "resumable": False, "flag": True,
+            **f.metadata}  # fmt: skip
+
+
+def strict(obj: Any) -> Any:
+    """``obj`` as strict JSON holds it: tuples as lists, NumPy scalars as Python ones,
+    non-finite floats as None (JSON has no NaN/inf)."""
+    if isinstance(obj, float | np.floating):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """A frozen, checked settings record.
 
-    Subclasses declare fields with defaults and override :meth:`check` to raise a
-    one-line ``ValueError`` naming the flag for a value out of range; it runs on
-    construction, so a config that exists is a valid one.
+    Subclasses declare fields with :func:`setting`; each field's ``low`` / ``choices``
+    are checked on construction (and no string may be empty), then :meth:`check`
+    (override it for rules between fields), so a config that exists is a valid one.
+
+    Raises (on construction):
+      ValueError: one line naming the flag, for a value out of range.
     """
 
-    # Keys added to the task's config.json after its first runs: written only where they
-    # differ from their default, so that earlier workdirs (without them) still resume.
-    ADDED_KEYS: ClassVar[tuple[str, ...]] = ()
-
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            m, value = meta(f), getattr(self, f.name)
+            if m["choices"] is not None and value not in m["choices"]:
+                shown = ", ".join(map(str, m["choices"]))
+                raise ValueError(f"--{f.name} must be one of {shown}, got {value!r}")
+            if m["low"] is not None and value is not None and not value >= m["low"]:
+                raise ValueError(f"--{f.name} must be >= {m['low']}, got {value!r}")
+            if isinstance(value, str) and not value.strip():
+                raise ValueError(f"--{f.name} must not be empty (leave it out for the default)")
         self.check()
 
     def check(self) -> None:
-        """Raises ValueError (one line) for a setting out of range; the base checks
-        nothing."""
+        """Raises ValueError (one line) for settings that do not go together; the base
+        checks nothing beyond the fields' own ``low`` and ``choices``."""
 
     @classmethod
-    def from_dict(cls: type[C], values: Mapping[str, Any], *, strict: bool = True) -> C:
+    def from_dict(cls, values: Mapping[str, Any], *, strict: bool = True) -> Self:
         """The config of ``values`` (e.g. a run's ``config.json``); missing keys take
-        their defaults.
+        their defaults, lists become tuples where the default is a tuple.
 
         Raises:
           ValueError: with ``strict``, keys that are not fields (one line naming
-            them); any :meth:`check` failure.
+            them); any check failure.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown and strict:
-            raise ValueError(f"unknown {cls.__name__} setting(s): {', '.join(unknown)}")
-        return cls(**{k: v for k, v in values.items() if k in names})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if strict:
+            _refuse_unknown(cls, values)
+        return cls(**{k: tuple(v) if isinstance(fields[k].default, tuple) and
+                      isinstance(v, list) else v
+                      for k, v in values.items() if k in fields})  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        """``{field: value}``, the inverse of :meth:`from_dict` (tuples stay tuples), but
-        an :attr:`ADDED_KEYS` field at its default left out."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in self.ADDED_KEYS or getattr(self, f.name) != f.default}
+        """``{field: value}`` of every field: the run's ``config.json``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def replace(self: C, **changes: Any) -> C:
-        """A copy with ``changes`` (checked)."""
+    def conflicts(self, recorded_values: Mapping[str, Any]) -> list[str]:
+        """The structural fields whose value in ``recorded_values`` (a workdir's
+        ``config.json``) differs from this config's, as ``'name=<there> there vs
+        <here>'``. The recorded values are read as a config of this class: a field
+        missing there counts as its default (it was added later), a key that is no
+        field is ignored; resumable fields may differ."""
+        try:
+            there = type(self).from_dict(recorded_values, strict=False)
+        except ValueError as e:
+            return [f"settings this version refuses ({e})"]
+        out = []
+        for f in dataclasses.fields(self):
+            old, new = strict(getattr(there, f.name)), strict(getattr(self, f.name))
+            if not meta(f)["resumable"] and old != new:
+                out.append(f"{f.name}={old!r} there vs {new!r}")
+        return out
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (checked). Raises ValueError (one line) for a key that
+        is no field or a value out of range."""
+        _refuse_unknown(type(self), changes)
         return dataclasses.replace(self, **changes)
+
+
+def _refuse_unknown(cls: type[Config], keys: Mapping[str, Any]) -> None:
+    unknown = sorted(set(keys) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} setting(s): {', '.join(unknown)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings(Config):
+    """Where a task's data come from (its config subclasses this)."""
+
+    data_dir: str | None = setting(
+        None, "Directory with the data files (default: $RHNZOO_DATA/<dataset>, else the "
+        "user cache).", resumable=True)
+    download: bool = setting(True, "Download the data when the files are absent.",
+                             resumable=True)
+    verify_data: bool = setting(True, "Check the sha256 of data files already on disk "
+                                "(--noverify_data: files of your own).", resumable=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings(Config):
+    """Several processes or hosts (:func:`rhnzoo.apps.cli.initialize_distributed`)."""
+
+    distributed: bool = setting(
+        False, "Call jax.distributed.initialize() first (several processes/hosts: settings "
+        "from --coordinator_address, --num_processes, --process_id when given, else from the "
+        "TPU/SLURM/MPI/Kubernetes runtime). Only process 0 prints and writes files.",
+        resumable=True)
+    coordinator_address: str | None = setting(None, "With --distributed: host:port of "
+                                              "process 0.", resumable=True)
+    num_processes: int | None = setting(None, "With --distributed: number of processes.",
+                                        low=1, resumable=True)
+    process_id: int | None = setting(None, "With --distributed: this process's index.",
+                                     low=0, resumable=True)
+    distributed_timeout: int = setting(
+        300, "With --distributed: seconds to wait for every process to join at the "
+        "coordinator before giving up with one error line.", low=1, resumable=True)
 
 
 def preset_settings(presets: Mapping[str, Any], name: str | None) -> Any:

@@ -41,17 +41,6 @@ LEVELS = ("default", "high", "highest")
 ALIASES = {"fastest": "default", "bfloat16": "default", "tensorfloat32": "high",
            "bfloat16_3x": "high", "float32": "highest"}  # fmt: skip
 
-# What a float32 matmul's inputs are rounded to, per backend and level: (significant
-# bits, the implicit one included; in words). Accumulation is float32 throughout.
-BEHAVIOUR = {
-    "cpu": {level: (24, "float32") for level in LEVELS},
-    "gpu": {"default": (11, "TensorFloat-32 inputs on NVIDIA Ampere and newer (float32 before)"),
-            "high": (11, "TensorFloat-32 inputs on NVIDIA Ampere and newer (float32 before)"),
-            "highest": (24, "float32")},
-    "tpu": {"default": (8, "one bfloat16 pass"), "high": (16, "3 bfloat16 passes"),
-            "highest": (24, "6 bfloat16 passes (about float32)")},
-}  # fmt: skip
-
 
 def normalize(name: str) -> str:
     """The precision ``name`` as a level (``'default'``, ``'high'``, ``'highest'``) or a
@@ -108,38 +97,6 @@ def context(name: str | None) -> contextlib.AbstractContextManager:
     if name is None:
         return contextlib.nullcontext()
     return jax.default_matmul_precision(normalize(name))
-
-
-def _platform(platform: str | None) -> str:
-    platform = platform or jax.default_backend()
-    return "gpu" if platform in ("cuda", "rocm") else platform
-
-
-def input_bits(name: str, platform: str | None = None) -> int:
-    """Significant bits (the implicit one included) that a float32 matmul keeps of its
-    inputs at level ``name`` on ``platform`` (``'cpu'``, ``'gpu'``, ``'tpu'``; default:
-    JAX's default backend): 24 for float32, 11 for TensorFloat-32, 8 for one bfloat16
-    pass. The worst case where the hardware decides (TF32 on GPUs that have it).
-
-    Raises:
-      ValueError: an unknown name, a DotAlgorithmPreset, or another platform.
-    """
-    level, where = normalize(name), _platform(platform)
-    if where not in BEHAVIOUR or level not in LEVELS:
-        raise ValueError(f"no table for matmul precision {level!r} on {where!r}")
-    return BEHAVIOUR[where][level][0]
-
-
-def describe(name: str, platform: str | None = None) -> str:
-    """What float32 matmuls compute at ``name`` on ``platform`` (default: JAX's default
-    backend), in words, e.g. ``'default: TensorFloat-32 inputs on NVIDIA Ampere and
-    newer (float32 before), float32 accumulation'``."""
-    level, where = normalize(name), _platform(platform)
-    if level not in LEVELS:
-        return f"{level}: the jax.lax.DotAlgorithmPreset of that name"
-    if where not in BEHAVIOUR:
-        return f"{level}: as the {where} backend implements it"
-    return f"{level}: {BEHAVIOUR[where][level][1]}, float32 accumulation"
 
 
 def cudnn_rnn(name: str | None = None) -> jax.lax.Precision:

@@ -19,6 +19,7 @@ validation begins, so a test can signal it mid-evaluation without sleeping.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -29,7 +30,8 @@ import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from rhnzoo.training import classify, engine  # noqa: E402
+from rhnzoo.config import setting
+from rhnzoo.training import classify, engine
 
 N_TRAIN, N_VALID, DIM, BATCH = 96, 32, 5, 8
 
@@ -100,6 +102,19 @@ def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
     )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(engine.RunSettings):
+    """The toy's settings: its flags and ``config.json``."""
+
+    lr: float = setting(0.01, "SGD learning rate.")
+    epochs: int = setting(1000, "Epochs of the schedule.", low=1)
+    workdir: str | None = setting(None, "Run directory (with --runs: their root).",
+                                  resumable=True)
+
+    def run_config(self) -> engine.RunConfig:
+        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
+
+
 def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | None = None,
                   steps_per_epoch: int = 1000, on_batch=None) -> engine.Task:  # fmt: skip
     """A task whose step k reports the loss ``losses[k]`` (nats, one unit per step): the
@@ -129,43 +144,41 @@ def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | 
 
 
 def main(argv: list[str]) -> None:
-    from absl import app, flags
-
     import json
 
+    from absl import app, flags
+
     from rhnzoo.apps import cli
+    from rhnzoo.apps import runner
     from rhnzoo.training import sweep
 
-    cli.define_run_flags(log_every=1, data=False)
-    flags.DEFINE_float("lr", 0.01, "SGD learning rate.")
-    flags.DEFINE_integer("epochs", 1000, "Epochs of the schedule.")
+    names = cli.define_config_flags(ToyConfig(log_every=1))
     flags.DEFINE_boolean("slow_eval", False, "Make every validation practically endless.")
     flags.DEFINE_list("runs", [], "A sweep of these runs, each in <workdir>/<run>.")
     flags.DEFINE_string("fail", None, "With --runs: this run fails at its start.")
-    sweep.define_flags()
+    runner.define_flags()
 
     def body(_):
         F = flags.FLAGS
 
-        def train(name: str, seed: int):
+        def train(name: str, config: ToyConfig):
             def train(workdir, on_divergence="raise"):
                 if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
-                task = make_task(F.lr, seed, F.slow_eval, announce=True)
-                config = {"lr": F.lr, "seed": seed, "epochs": F.epochs}
-                return engine.run(task, cli.run_config(F.epochs, seed=seed), workdir,
-                                  config, on_divergence=on_divergence).results  # fmt: skip
+                task = make_task(config.lr, config.seed, F.slow_eval, announce=True)
+                return engine.run(task, config.run_config(), workdir, config,
+                                  on_divergence=on_divergence).results  # fmt: skip
 
             return train
 
         def run():
+            config = ToyConfig(**{"log_every": 1, **cli.given(names)})
             if not F.runs:
-                return train(None, F.seed)(F.workdir)
-            jobs, seeds = sweep.from_flags()
-            runs = [sweep.Run(sweep.seed_name(name, k), {"lr": F.lr, "seed": F.seed + k,
-                                                         "epochs": F.epochs},
-                              train(name, F.seed + k))
-                    for name in F.runs for k in range(seeds)]  # fmt: skip
+                return train(None, config)(config.workdir)
+            jobs, seeds = runner.from_flags()
+            runs = [sweep.Run(sweep.seed_name(name, k), c, train(name, c))
+                    for name in F.runs for k in range(seeds)
+                    for c in [config.replace(seed=config.seed + k)]]  # fmt: skip
             print(json.dumps(sweep.run_all(runs, F.workdir, jobs=jobs)))
 
         cli.main(run)

@@ -25,10 +25,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
-    from absl import flags
-
-    from rhnzoo.apps import cli
-    from rhnzoo.apps import rrl as rrl_experiment
     from rhnzoo.configs import rrl as presets
     from rhnzoo.training import engine, rrl
 
@@ -38,19 +34,15 @@ def main() -> None:
     parser.add_argument("--divergence_factor", type=float,
                         default=engine.RunConfig(epochs=1).divergence_factor)  # fmt: skip
     opts = parser.parse_args()
-    rrl_experiment.define_flags()
-    flags.FLAGS(["imdb_paper_losses", "--preset=paper", "--dataset=imdb"])
-    cli.apply_preset(presets.PRESETS["paper"]["imdb"])
-    c = rrl.RRLConfig.from_dict(cli.flag_values(rrl_experiment.CONFIG_FLAGS))
-    data = rrl_experiment._dataset()
+    c = presets.get_config("paper", "imdb")  # experiments/rrl.py --preset=paper's config
+    data = rrl.load_data(c)
     vectors = rrl.embeddings_for(c, data, log=lambda line: None)
     out = {"steps": opts.steps, "divergence_factor": opts.divergence_factor, "seconds": {},
            "stopped": {}, "xent": {}}  # fmt: skip
     for name in opts.models.split(","):
         config = c.replace(model=name)
         model = config.classifier(data.num_classes, vocab_size=len(data.vocab))
-        task = rrl.make_task(model, data.train, data.dev, data.test, config.train_config(), 0,
-                             vectors)  # fmt: skip
+        task = rrl.make_task(model, data.train, data.dev, data.test, config, 0, vectors)
         task = dataclasses.replace(task, validate=lambda params, track: {"dev_acc": 0.0},
                                    final_evaluate=lambda params, track: {})  # fmt: skip
         run = engine.RunConfig(epochs=c.epochs, max_steps=opts.steps, log_every=1,

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ import pytest
 
 from rhnzoo import analysis, data, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import engine
+from rhnzoo.training import engine, signals
 from rhnzoo.training import lm as train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -71,24 +72,11 @@ def run(tmp_path_factory):
         eval_num_steps=50,
     )
     run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=6, progress=False)
-    run_config = {
-        "hidden_size": HIDDEN,
-        "depth": DEPTH,
-        "hsg": True,
-        "tied": True,
-        "coupled": True,
-        "init_scale": 0.04,
-        "init_bias": -2.0,
-        "hsg_init_bias": -2.5,
-        "unroll": 1,
-        "drop_x": RATES.x,
-        "drop_i": RATES.i,
-        "drop_h": RATES.h,
-        "drop_o": RATES.o,
-        "data_dir": str(data_dir),
-    }
+    # config.json: the model's settings (what the analyses read) and the data directory.
+    recorded = cfg.replace(hidden_size=HIDDEN, depth=DEPTH, hsg=True, init_bias=-2.0,
+                           data_dir=str(data_dir))
     workdir = tmp / "run"
-    train.train(model, corpus, cfg, workdir, run, run_config=run_config)
+    train.train(model, corpus, cfg, workdir, run, config=recorded)
     return workdir, data_dir, corpus
 
 
@@ -202,12 +190,12 @@ def test_lesion_equals_removing_the_micro_layer(run, loaded):
     params = perturbed(params, scale=0.3)
     tokens = corpus.train[:800]
     result = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50)
-    base, count = train.make_evaluate(model)(params, tokens, 4, 50)
+    base, count = train.Evaluator(model)(params, tokens, 4, 50)
     assert result.num_tokens == count == 4 * (200 - 1)
     assert result.base_nll == pytest.approx(base / count, rel=1e-6)
     for layer in range(DEPTH):
         small_model, small_params = bypassed(model, params, layer)
-        nll, _ = train.make_evaluate(small_model)(small_params, tokens, 4, 50)
+        nll, _ = train.Evaluator(small_model)(small_params, tokens, 4, 50)
         assert result.nll[layer] == pytest.approx(nll / count, rel=1e-6), layer
         assert abs(result.delta_nll[layer]) > 1e-3, "the lesion must change the loss"
     np.testing.assert_allclose(result.ppl, np.exp(result.nll))
@@ -239,7 +227,7 @@ def test_mc_dropout(run, loaded):
     model, params, _ = loaded
     tokens = corpus.test[:300]
     # K = 1 with all rates 0 is the deterministic batch-1 perplexity.
-    nll, count = train.make_evaluate(model)(params, tokens, 1, 50)
+    nll, count = train.Evaluator(model)(params, tokens, 1, 50)
     deterministic = np.exp(nll / count)
     mc0 = analysis.mc_dropout_perplexity(model, params, tokens, dropout.Rates(), 1, num_steps=50)
     assert mc0.num_tokens == count == 299
@@ -257,6 +245,43 @@ def test_mc_dropout(run, loaded):
     assert mc_long.perplexity == pytest.approx(mc.perplexity, rel=1e-5)
     with pytest.raises(ValueError, match="num_samples"):
         analysis.mc_dropout_perplexity(model, params, tokens, RATES, 0)
+
+
+def recording_track(calls):
+    """A tracker recording ``(desc, total, items taken)`` per call (no bar, no signals)."""
+
+    def track(iterable, total=None, desc=""):
+        calls.append([desc, total, 0])
+        for item in iterable:
+            calls[-1][2] += 1
+            yield item
+
+    return track
+
+
+def test_long_analyses_take_one_bar_of_all_their_windows(run, loaded):
+    """Lesions, MC dropout and the HSG sample iterate the tracker over every window (one
+    bar per call, one item per window) and give the same numbers as without it."""
+    _, _, corpus = run
+    model, params, _ = loaded
+    calls = []
+    tokens = corpus.train[:1000]  # 4 rows of 250: 249 predictions, 5 windows of 50
+    lesion = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50,
+                                    track=recording_track(calls))  # fmt: skip
+    assert calls == [["lesion", (DEPTH + 1) * 5, (DEPTH + 1) * 5]]
+    plain = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50)
+    np.testing.assert_allclose(lesion.nll, plain.nll, rtol=1e-6)
+    calls.clear()
+    mc = analysis.mc_dropout_perplexity(model, params, corpus.test[:300], RATES, 2, num_steps=50,
+                                        track=recording_track(calls))  # fmt: skip
+    assert calls == [["mc_dropout", 2 * 6, 2 * 6]] and len(mc.pass_s) == 2
+    calls.clear()
+    stream = corpus.valid[None, :200]
+    windowed = analysis.hsg_gate_sample(model, params, stream, 50, num_steps=30,
+                                        track=recording_track(calls))  # fmt: skip
+    assert [c[1:] for c in calls] == [[7, 7]]  # 200 steps in windows of 30, the last padded
+    np.testing.assert_allclose(windowed, analysis.hsg_gate_sample(model, params, stream, 50),
+                               rtol=1e-6, atol=1e-7)  # fmt: skip
 
 
 def cli(script, *args):
@@ -306,6 +331,99 @@ def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
     assert len(numbers["mc_dropout"]["sample_ppls"]) == 2
     assert numbers["mc_dropout"]["rates"] == [RATES.x, RATES.i, RATES.h, RATES.o]
     assert not (workdir / "gate_heatmap.png").exists(), "--out must be honoured"
+    assert "checkpoint: best at step" in out and numbers["checkpoint"]["kind"] == "best"
+    assert numbers["complete"] is True and "interrupted" not in numbers
+    assert {name: p["status"] for name, p in numbers["phases"].items()} == dict.fromkeys(
+        ["gate_heatmap", "lesion", "hsg_gate", "deterministic", "mc_dropout"], "done")
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def sigterm_in(phase, at):
+    """The engine's tracker (no bar) that sends this process SIGTERM while taking item
+    ``at`` of the phase named ``phase`` (as tests/test_engine.py stops a run)."""
+
+    def track(iterable, total=None, desc=""):
+        for i, item in enumerate(signals.track(iterable, total=total, desc=desc, progress=False)):
+            if desc == phase and i == at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield item
+
+    return track
+
+
+def without_best(workdir, tmp_path):
+    """A copy of the run as if stopped before its first validation (no best/)."""
+    copy = tmp_path / "nobest"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("best"))
+    return copy
+
+
+def latest_step(directory):
+    mngr = ocp.CheckpointManager(directory)
+    step = mngr.latest_step()
+    mngr.close()
+    return step
+
+
+def test_checkpoint_used_is_best_else_latest(run, tmp_path):
+    from rhnzoo.analysis import report
+
+    workdir = run[0]
+    assert report.checkpoint_used(workdir) == {
+        "kind": "best", "step": latest_step(workdir / "best"),
+        "path": str(workdir / "best" / str(latest_step(workdir / "best")))}  # fmt: skip
+    nobest = without_best(workdir, tmp_path)
+    used = report.checkpoint_used(nobest)
+    assert used["kind"] == "latest" and used["step"] == latest_step(nobest / "checkpoints")
+    assert report.checkpoint_used(tmp_path / "nothing") is None
+
+
+def test_analysis_stopped_in_its_lesion_phase_keeps_the_phases_done(run, tmp_path, capsys):
+    """SIGTERM during the lesion study (its 12th of 4 x 5 windows): analysis.json holds the
+    gate heatmap phase and its figure, the lesion phase marked interrupted with the intact
+    model and the first lesion (the evaluations finished), no later phase, no temporary
+    file; one line says so; the checkpoint read (latest: no best/) is printed and recorded."""
+    from rhnzoo.analysis import report
+
+    workdir, data_dir, corpus = run
+    nobest = without_best(workdir, tmp_path)
+    out = tmp_path / "out"
+    opts = report.Options(data_dir=str(data_dir), verify=False, lesion_tokens=1000,
+                          lesion_batch_size=4, eval_num_steps=50, heatmap_steps=30,
+                          hist_tokens=200, hist_times=50, mc_samples=1, max_eval_tokens=300,
+                          track=sigterm_in("lesion", at=11))  # fmt: skip
+    signals.catch_signals()
+    try:
+        with pytest.raises(signals.Interrupted) as stopped:
+            report.analyze(nobest, out, opts)
+    finally:
+        signals.release_signals()
+    assert stopped.value.signum == signal.SIGTERM
+    assert sorted(p.name for p in out.iterdir()) == ["analysis.json", "gate_heatmap.png"]
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert numbers["complete"] is False
+    assert numbers["interrupted"] == {"phase": "lesion", "signal": signal.SIGTERM}
+    assert list(numbers["phases"]) == ["gate_heatmap", "lesion"]
+    assert numbers["phases"]["gate_heatmap"]["status"] == "done"
+    assert numbers["phases"]["gate_heatmap"]["figures"] == ["gate_heatmap.png"]
+    assert numbers["phases"]["lesion"]["status"] == "interrupted"
+    assert numbers["phases"]["lesion"]["figures"] == []
+    assert len(numbers["t_gate_mean_per_layer"]) == DEPTH
+    step = latest_step(nobest / "checkpoints")
+    assert numbers["checkpoint"]["kind"] == "latest" and numbers["checkpoint"]["step"] == step
+    # The finished evaluations, as the whole study gives them.
+    model, params, _ = analysis.load_run(nobest)
+    whole = analysis.lesion_layers(model, params, corpus.train[:1000], batch_size=4, num_steps=50)
+    partial = numbers["lesion"]
+    assert partial["num_layers"] == DEPTH and len(partial["nll"]) == 1
+    assert partial["intact_nll"] == pytest.approx(whole.base_nll, rel=1e-6)
+    assert partial["nll"][0] == pytest.approx(whole.nll[0], rel=1e-6)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"checkpoint: latest at step {step} (no validation has happened yet" in lines[0]
+    assert any(line.startswith("  lesion: about ") and " left (" in line for line in lines)
+    assert lines[-1] == (f"stopped by signal {signal.SIGTERM} in phase lesion: wrote "
+                         f"{out / 'analysis.json'} with the phases done (gate_heatmap) and "
+                         "lesion marked interrupted")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -364,13 +482,57 @@ def test_plot_helpers_pixel_size(tmp_path):
     assert png_shape(path)[:2] == (200, 320)
 
 
+def drawn(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def test_lesion_bar_labels_overlap_no_other_text():
+    """The tallest bar (the last) keeps its label inside the axes, clear of the title and
+    of the note, which the x-axis label carries."""
+    from rhnzoo.analysis import plots
+
+    result = analysis.LesionResult(4.0, np.array([4.1, 4.05, 4.3, 4.2, 9.9]), 100)
+    fig = plots._lesion_figure(result, "RHN+HSG depth 40: lesioning (intact ppl 54.6)",
+                               (6.4, 4.0), 100)  # fmt: skip
+    renderer = drawn(fig)
+    (ax,) = fig.axes
+    assert "bar labels: perplexity" in ax.get_xlabel()
+    texts = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(texts) == 5, "only the bar labels are drawn in the axes"
+    inside, title = ax.get_window_extent(renderer), ax.title.get_window_extent(renderer)
+    for i, box in enumerate(texts):
+        assert inside.y0 <= box.y0 and box.y1 <= inside.y1 and not box.overlaps(title), i
+        assert not any(box.overlaps(other) for other in texts[i + 1 :]), i
+
+
+def test_gradient_flow_legend_is_outside_the_axes_and_the_label_is_mathtext():
+    from rhnzoo.analysis import plots, report
+
+    labels = [*report.FAMILIES, "RHN+HSG depth 40, initialisation (valid)",
+              "RHN+HSG depth 40, trained (valid)"]  # fmt: skip
+    curves = {label: np.exp(-0.02 * (i + 1) * np.arange(101)) for i, label in enumerate(labels)}
+    fig = plots._gradient_flow_figure(curves, "Gradient flow: cells at initialisation (64 "
+                                      "units) and a trained run", (7.0, 4.5), 100)  # fmt: skip
+    renderer = drawn(fig)
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(ax.get_window_extent(renderer))
+    assert legend.x1 <= fig.bbox.x1 and legend.y0 >= 0
+    title = fig._suptitle.get_window_extent(renderer)
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.x1
+    assert ax.get_ylabel() == r"$\Vert\partial L_T / \partial s_{T-k}\Vert$"
+
+
 def fake_run(root, name, depth, hsg, results=None, epochs=()):
     workdir = root / name
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps({"depth": depth, "hsg": hsg}))
     if results is not None:
         (workdir / "results.json").write_text(json.dumps(results))
-    lines = [json.dumps({"epoch": e, "valid_ppl": v}) for e, v in epochs]
+    lines = [json.dumps({"kind": "epoch", "epoch": e, "valid_ppl": v}) for e, v in epochs]
     (workdir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
 
 

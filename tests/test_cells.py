@@ -112,6 +112,7 @@ def test_hsg_closed_gate_is_bare_rhn():
         lambda: cells.RHN(8, 1),
         lambda: cells.RHN(8, 4, coupled=False),
         lambda: cells.HSG(cells.RHN(8, 3)),
+        lambda: cells.GRU(8, reset_after=True),  # PyTorch's GRU: tests/test_torch_interop.py
     ],
 )
 def test_cell_in_user_written_scan_under_jit(make):

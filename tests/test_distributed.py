@@ -98,3 +98,18 @@ def test_two_processes_train_a_classifier_like_one(tmp_path):
     rb = json.loads((two / "results.json").read_text())
     for key in ("dev_acc", "dev_xent", "test_acc", "test_xent"):
         assert rb[key] == pytest.approx(ra[key], rel=1e-5)
+
+
+def test_an_unreachable_coordinator_is_one_line_after_the_timeout(tmp_path):
+    """Issue 48: a process other than 0 says what it waits for, then gives up after
+    --distributed_timeout with one error line (JAX alone would wait, then abort)."""
+    args = [sys.executable, str(SCRIPT), "--distributed", f"--workdir={tmp_path / 'w'}",
+            f"--coordinator_address=localhost:{free_port()}", "--num_processes=2",
+            "--process_id=1", "--distributed_timeout=2"]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stdout.startswith("--distributed: process 1 joining 2 processes at localhost:")
+    assert result.stderr.strip().splitlines() == [
+        f"error: --distributed: no coordinator answered at {args[4].split('=')[1]} within 2 s; "
+        "start process 0 first or check --coordinator_address"]
+    assert not (tmp_path / "w").exists()

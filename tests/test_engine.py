@@ -34,7 +34,7 @@ def cfg(**kw):
 
 
 def run(workdir, task=None, log=None, **kw):
-    return engine.run(task or engine_toy.make_task(), cfg(**kw), workdir, {"toy": 1}, log=log)
+    return engine.run(task or engine_toy.make_task(), cfg(**kw), workdir, engine_toy.ToyConfig(), log=log)
 
 
 def saved_state(workdir):
@@ -295,6 +295,22 @@ def test_a_non_finite_loss_stops_at_once_also_in_the_warm_up():
     assert error.startswith("non-finite training loss at step 3 (nan): the run diverged")
 
 
+def test_a_blow_up_stops_at_once_also_in_the_warm_up():
+    """Issue 48: a loss no start-up transient explains (PTB at --lr=1e6: the perplexity
+    overflows) stops within the first log window, not at step 70: training at step 3,
+    validation after a first epoch of 10 steps (20 nats above chance); 19.9 nats above
+    chance (5e8 x less likely than a uniform guess) trains on through the warm-up."""
+    chance = math.log(10_000)
+    lines, error = scripted([chance, chance, 800.0] + [chance] * 10, chance_loss=chance)
+    assert error.startswith("training loss at step 3 is 800 nats, more than 20 above the "
+                            "chance level (a uniform guess), 9.21: a blow-up: the run diverged")
+    lines, error = scripted([chance] * 30, chance_loss=chance, valid_loss=chance + 20.5,
+                            steps_per_epoch=10)  # fmt: skip
+    assert error.startswith("validation loss after epoch 1 is 29.71 nats, more than 20 above")
+    assert scripted([chance + 19.9] * 60, chance_loss=chance)[1] is None
+    assert scripted([800.0] * 5, chance_loss=chance, divergence_factor=0)[1] is None
+
+
 def test_validation_loss_is_held_to_the_chance_level_after_the_warm_up():
     """Epochs of 40 steps, a validation loss 2 nats above chance: the first validation
     (step 40, before 20 + 50 steps) passes, the second (step 80) stops the run."""
@@ -321,45 +337,19 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
     config = lambda **kw: cfg(epochs=1, max_steps=200, checkpoint_every_steps=25, **kw)
     with pytest.raises(engine.TrainingDiverged) as whole:
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a",
-                   {"toy": 1}, log=None)  # fmt: skip
+                   engine_toy.ToyConfig(), log=None)  # fmt: skip
     with pytest.raises(engine.Interrupted):
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0,
                                             on_batch=sigterm_at_step(59, 1000)),
-                   config(), tmp_path / "b", {"toy": 1}, log=None)  # fmt: skip
+                   config(), tmp_path / "b", engine_toy.ToyConfig(), log=None)  # fmt: skip
     assert int(saved_state(tmp_path / "b")["state"]["step"]) == 60
     with pytest.raises(engine.TrainingDiverged) as resumed:
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "b",
-                   {"toy": 1}, log=None)  # fmt: skip
+                   engine_toy.ToyConfig(), log=None)  # fmt: skip
     assert str(resumed.value) == str(whole.value).replace("(step 50)", "(step 60)")
     assert "steps 21-70" in str(whole.value)
     for workdir, step in ((tmp_path / "a", 50), (tmp_path / "b", 60)):
         assert int(saved_state(workdir)["state"]["step"]) == step
-
-
-def test_a_checkpoint_from_before_the_divergence_window_resumes(tmp_path, uninterrupted):
-    """Checkpoints written before issue 31 held meta['ref_loss'] and no divergence window
-    (meta['recent'], meta['best_mean']): such a checkpoint restores (it is not taken
-    for a corrupt one) and the run finishes with the uninterrupted run's outputs."""
-    workdir = tmp_path / "w"
-    with pytest.raises(engine.Interrupted):
-        run(workdir, engine_toy.make_task(on_batch=sigterm_at(16)), max_steps=30,
-            checkpoint_every_steps=5)  # fmt: skip
-    mngr = ocp.CheckpointManager((workdir / "checkpoints").absolute())
-    step = mngr.latest_step()
-    tree = mngr.restore(step, args=ocp.args.StandardRestore())
-    meta = {k: v for k, v in tree["meta"].items() if k not in ("recent", "best_mean")}
-    old = {"state": jax.tree.map(jax.numpy.asarray, tree["state"]),
-           "meta": {**meta, "ref_loss": np.array(math.nan)}}  # fmt: skip
-    mngr.delete(step)
-    mngr.save(step, args=ocp.args.StandardSave(old))
-    mngr.wait_until_finished()
-    mngr.close()
-    assert "recent" not in saved_state(workdir)["meta"] and step == 17
-    lines = []
-    run(workdir, log=lines.append, max_steps=30, checkpoint_every_steps=5)
-    assert not [l for l in lines if "warning" in l] and f"resumed {workdir} at step 17" in lines
-    assert not (workdir / "corrupt").exists()
-    assert_same_outputs(outputs(workdir), uninterrupted)
 
 
 @pytest.mark.parametrize("damage", ["truncate a data file", "delete _METADATA",
@@ -410,9 +400,9 @@ def test_results_are_strict_json(tmp_path):
 def test_unusable_workdirs_are_refused_with_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a directory"):
-        engine.prepare_workdir(tmp_path / "file", {})
+        engine.prepare_workdir(tmp_path / "file", engine_toy.ToyConfig())
     with pytest.raises(ValueError, match="cannot create workdir .*file/sub"):
-        engine.prepare_workdir(tmp_path / "file" / "sub", {})
+        engine.prepare_workdir(tmp_path / "file" / "sub", engine_toy.ToyConfig())
     assert not (tmp_path / "file" / "sub").exists()
 
 
@@ -465,24 +455,24 @@ def test_a_workdir_without_a_checkpoint_holds_no_run(tmp_path):
     in one line and trains; once a checkpoint exists, other settings are refused."""
     with pytest.raises(engine.TrainingDiverged, match="no checkpoint was written"):
         engine.run(engine_toy.scripted_task([1.0, 1.0, math.inf]), cfg(epochs=1, log_every=1),
-                   tmp_path / "w", {"lr": 1.0}, log=None)  # fmt: skip
+                   tmp_path / "w", engine_toy.ToyConfig(lr=1.0), log=None)  # fmt: skip
     assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2
     lines = []
     engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=4, log_every=1),
-               tmp_path / "w", {"lr": 0.5}, log=lines.append)  # fmt: skip
+               tmp_path / "w", engine_toy.ToyConfig(lr=0.5), log=lines.append)  # fmt: skip
     assert lines[0] == (f"workdir {tmp_path / 'w'} holds no checkpoint of its earlier settings "
                         "(lr=1.0 there vs 0.5); starting afresh with these")
-    assert json.loads((tmp_path / "w" / "config.json").read_text()) == {"lr": 0.5}
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["lr"] == 0.5
     metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in metrics] == [1, 2, 3, 4, 4]  # the first try's lines are gone
     with pytest.raises(ValueError, match=r"holds an incompatible run \(lr=0.5 there vs 0.25\)"):
         engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=8),
-                   tmp_path / "w", {"lr": 0.25}, log=None)  # fmt: skip
+                   tmp_path / "w", engine_toy.ToyConfig(lr=0.25), log=None)  # fmt: skip
     # Anything a run does not write before its first checkpoint (a study's trials) is a run.
-    engine.prepare_workdir(tmp_path / "study", {"epochs": 1})
+    engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1))
     (tmp_path / "study" / "trials").mkdir()
     with pytest.raises(ValueError, match="holds an incompatible run"):
-        engine.prepare_workdir(tmp_path / "study", {"epochs": 2})
+        engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=2))
 
 
 def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupted):
@@ -554,10 +544,11 @@ def test_readers_need_no_lock(tmp_path):
 
 @pytest.mark.parametrize("bad", [dict(max_steps=0), dict(max_epochs=-1), dict(max_epochs=0),
                                  dict(checkpoint_every_steps=-1), dict(log_every=0),
-                                 dict(epochs=0)])  # fmt: skip
+                                 dict(epochs=0), dict(max_steps=2.5)])  # fmt: skip
 def test_run_length_settings_are_validated(bad):
-    name = next(iter(bad))
-    with pytest.raises(ValueError, match=f"--{name} must be an integer >= "):
+    name, value = next(iter(bad.items()))
+    expected = "an integer" if isinstance(value, float) else ">= "
+    with pytest.raises(ValueError, match=f"^--{name} must be {expected}"):
         cfg(**bad)
 
 

@@ -22,6 +22,7 @@ LENGTHS = np.array([9, 0, 4, 7])  # a full row, an empty one, two padded ones
 CELLS = {
     "lstm": lambda: cells.LSTM(N),
     "gru": lambda: cells.GRU(N),
+    "gru_ra": lambda: cells.GRU(N, reset_after=True),  # PyTorch's / cuDNN's variant
     "rrn1": lambda: cells.RRN(N, 1),
     "rrn3_tanh": lambda: cells.RRN(N, 3, activation="tanh", f_bias=-1.0),
     "sclstm_i": lambda: cells.SCLSTM(N, skip=2),
@@ -77,6 +78,7 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
 
 
 @pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow),
+                                  pytest.param("gru_ra", marks=pytest.mark.slow),
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   pytest.param("hrl", marks=pytest.mark.slow)])
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
@@ -102,7 +104,7 @@ def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropo
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   pytest.param("sclstm_p", marks=pytest.mark.slow),
                                   pytest.param("hrl", marks=pytest.mark.slow)])
@@ -115,6 +117,7 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
 @pytest.mark.parametrize("chunk", [1, 3])  # per step, in chunks of 3 (T = 9: the default)
 @pytest.mark.parametrize("name,m,per_step", [pytest.param("lstm", 1, True, marks=pytest.mark.slow),
                                              ("gru", 3, True),
+                                             ("gru_ra", 3, False),  # its extra dz rows
                                              pytest.param("rrn3_tanh", 3, False,
                                                           marks=pytest.mark.slow),
                                              ("sclstm_p", 3, False)])
@@ -135,7 +138,7 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
@@ -173,7 +176,7 @@ def test_without_lengths_every_step_is_real(name):
             tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru",
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
                                   pytest.param("rrn3_tanh", marks=pytest.mark.slow),
                                   pytest.param("sclstm_p", marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(name):
@@ -199,8 +202,8 @@ def test_unsupported_cells_raise():
         gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn1",
-                                  "sclstm_p"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
+                                  "rrn1", "sclstm_p"])
 def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
     """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
     computes the same gradients."""
@@ -254,6 +257,7 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
 
 
 @pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1),
+                                    pytest.param("gru_ra", 8, marks=pytest.mark.slow),
                                     pytest.param("rrn1", 8, marks=pytest.mark.slow)])
 def test_classifier_bfloat16_stays_close_to_float32(name, m):
     """bf16 matmul inputs (float32 accumulation and state) at the initial parameters

@@ -3,6 +3,7 @@ MNIST (every figure and the table written; a rerun skips the finished runs), one
 
 import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -29,8 +30,8 @@ def png_shape(path):
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--depth=1"], "depth must be an integer >= 2"),
-        pytest.param(["--width=0"], "width must be an integer >= 1", marks=pytest.mark.slow),
+        (["--depth=1"], "--depth must be >= 2, got 1"),
+        pytest.param(["--width=0"], "--width must be >= 1, got 0", marks=pytest.mark.slow),
         (["--dataset=svhn"], "flag --dataset=svhn: value should be one of <mnist|cifar100>"),
         (["--activation=gelu"], "flag --activation=gelu: value should be one of"),
         (["--kind=plain", "--depth=30"], "no plain learning rate for depth 30"),
@@ -147,19 +148,83 @@ CONFIG_0016358 = {
 }  # fmt: skip
 
 
-def test_config_json_is_what_the_script_wrote_before_the_config_class():
-    """An existing workdir resumes only if its run's config.json is the same dict."""
+def old_sweep_config(**changes):
+    """The HighwayConfig of CONFIG_0016358's command line (the matmul precision its flag's
+    default then, not the test session's ``highest``), with ``changes``."""
     from rhnzoo.training.highway import HighwayConfig
 
-    cfg = HighwayConfig(sweep=True, depths=("3",), plain_lrs=("3:1e-3",), seeds=2, seed=3,
-                        batch_size=20, valid_size=40, data_dir="/tmp/hw-mnist",
-                        verify_data=False, download=False, workdir="/tmp/hw-old/sweep",
-                        max_steps=4, progress=False, log_every=3)  # fmt: skip
-    runs = dict(cfg.runs())
+    settings = {"sweep": True, "depths": ("3",), "plain_lrs": ("3:1e-3",), "seeds": 2,
+                "seed": 3, "batch_size": 20, "valid_size": 40, "data_dir": "/tmp/hw-mnist",
+                "verify_data": False, "download": False, "workdir": "/tmp/hw-old/sweep",
+                "max_steps": 4, "progress": False, "log_every": 3,
+                "matmul_precision": "default"}  # fmt: skip
+    return HighwayConfig(**{**settings, **changes})
+
+
+def old_workdir(path, **changes):
+    """A workdir holding a run, its config.json CONFIG_0016358 with ``changes``."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({**CONFIG_0016358, **changes}))
+    (path / "results.json").write_text("{}")  # the workdir holds a run
+    return path
+
+
+def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
+    """The old config.json (hand-picked keys, no depths/plain_lrs/analyses) resumes the
+    same command's run, and the same sweep rerun with more depths; the run's config.json
+    is then rewritten with every field."""
+    from rhnzoo.training.workdir import prepare_workdir
+
+    runs = dict(old_sweep_config().runs())
     assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
-    assert json.loads(json.dumps(runs["plain_d3_s1"].config_json())) == CONFIG_0016358
-    highway = runs["highway_d3"].config_json()
-    assert [highway[k] for k in ("kind", "width", "lr", "seed")] == ["highway", 50, 0.1, 3]
+    run = runs["plain_d3_s1"]
+    assert (run.kind, run.depth, run.width, run.lr, run.seed) == ("plain", 3, 71, 0.001, 4)
+    wd = old_workdir(tmp_path / "plain_d3_s1")
+    assert prepare_workdir(wd, run, check_only=True) == wd
+    more = dict(old_sweep_config(depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"),
+                                 diagnostics_depth=0).runs())  # fmt: skip
+    assert len(more) == 8 and more["plain_d3_s1"].depths == ("3",)
+    prepare_workdir(wd, more["plain_d3_s1"], check_only=True)
+    assert json.loads((wd / "config.json").read_text()) == CONFIG_0016358  # only checked
+    prepare_workdir(wd, run)
+    written = json.loads((wd / "config.json").read_text())
+    assert written["init"] == "glorot_uniform" and written["depths"] == ["3"]
+    assert written["workdir"] == "/tmp/hw-old/sweep/plain_d3_s1" and "kernel_init" not in written
+
+
+def test_a_structural_difference_from_an_old_workdir_is_refused(tmp_path):
+    from rhnzoo.training.workdir import prepare_workdir
+
+    wd = old_workdir(tmp_path / "plain_d3_s1")
+    runs = dict(old_sweep_config().runs())
+    for other, shown in (
+        (runs["plain_d3_s1"].replace(activation="relu"), "activation='tanh' there vs 'relu'"),
+        (runs["plain_d3"], "seed=4 there vs 3"),
+        (dict(old_sweep_config(plain_lrs=("3:1e-2",)).runs())["plain_d3_s1"],
+         "lr=0.001 there vs 0.01"),
+        (runs["plain_d3_s1"].replace(init="he_normal"),
+         "init='glorot_uniform' there vs 'he_normal'"),
+        (runs["highway_d3_s1"], "kind='plain' there vs 'highway'"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=r"holds an incompatible run \(.*" + re.escape(shown)):
+            prepare_workdir(wd, other, check_only=True)
+
+
+def test_the_net_of_a_runs_config_json_old_or_new():
+    import dataclasses
+
+    from rhnzoo.analysis.highway import net_from_config
+    from rhnzoo.models.highway import FeedForwardNet
+
+    old = FeedForwardNet("plain", 3, 71, 784, 10, "tanh", "glorot_uniform", -4.0)
+    assert net_from_config(CONFIG_0016358) == old
+    he = net_from_config({**CONFIG_0016358, "init": "he_normal"})
+    assert he == dataclasses.replace(old, kernel_init="he_normal")
+    run = dict(old_sweep_config(dataset="cifar100").runs())["highway_d3"]
+    assert net_from_config(json.loads(json.dumps(run.to_dict()))) == FeedForwardNet(
+        "highway", 3, 50, 3072, 100, "tanh", "glorot_uniform", -4.0)  # fmt: skip
+    with pytest.raises(ValueError, match="not a highway-net run's config .*--dataset must be"):
+        net_from_config({"dataset": "ptb", "depth": 10, "hidden_size": 830})
 
 
 def test_config_round_trip_and_one_line_errors():
@@ -176,16 +241,21 @@ def test_config_round_trip_and_one_line_errors():
         ({"sweep": True, "depths": ("10", "x")}, "--depths must be integers, got 10,x"),
         ({"kind": "plain", "plain_lrs": ("10-1e-3",)}, "--plain_lrs must be depth:rate pairs"),
         ({"kind": "plain", "depth": 30}, "no plain learning rate for depth 30"),
-        ({"depth": 1}, "depth must be an integer >= 2"),
-        ({"lr_decay_steps": 0}, "--lr_decay_steps must be an integer >= 1"),
-        ({"heatmap_examples": 0}, "--heatmap_examples must be >= 1"),
+        ({"kind": "resnet"}, "--kind must be one of highway, plain, got 'resnet'"),
+        ({"depth": 1}, "--depth must be >= 2, got 1"),
+        ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+        ({"momentum": 1.0}, "--momentum must be in [0, 1), got 1.0"),
+        ({"lr_decay_steps": 0}, "--lr_decay_steps must be >= 1, got 0"),
+        ({"batch_size": 2.5}, "--batch_size must be an integer, got 2.5"),
+        ({"heatmap_examples": 0}, "--heatmap_examples must be >= 1, got 0"),
         ({"diagnostics_depth": 1}, "--diagnostics_depth must be 0 or >= 2"),
-        ({"dataset": "ptb"}, "--dataset must be one of mnist, cifar100"),
-        ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),  # the run settings,
-        ({"epochs": 0, "depth": 1}, "--epochs must be an integer >= 1, got 0"),  # first
-        ({"matmul_precision": "fast"}, "--matmul_precision: unknown matmul precision"),
+        ({"dataset": "ptb"}, "--dataset must be one of mnist, cifar100, got 'ptb'"),
+        ({"data_source": "web"}, "--data_source must be one of files, tfds, got 'web'"),
+        ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run settings
+        ({"epochs": 0}, "--epochs must be >= 1, got 0"),
+        ({"matmul_precision": "fast"}, "--matmul_precision: "),
     ):  # fmt: skip
-        with pytest.raises(ValueError, match=message.replace("[", r"\[")) as error:
+        with pytest.raises(ValueError, match=re.escape(message)) as error:
             HighwayConfig.from_dict(values)
         assert "\n" not in str(error.value)
 
@@ -212,11 +282,50 @@ def test_presets_hold_the_reproductions_settings():
         configs.get_config("gpu")
 
 
-def test_config_json_keys_cover_the_scripts_run_and_data_flags():
-    from rhnzoo.apps import cli
-    from rhnzoo.models.highway import NET_KEYS
-    from rhnzoo.training import highway as hw
+def test_help_lists_one_flag_per_setting_with_its_help():
+    """Every HighwayConfig field is a flag of the script (--seeds and --jobs the runner's),
+    its help the field's; --preset too."""
+    import dataclasses
 
-    keys = (*NET_KEYS, "lr", *hw.CONFIG_KEYS, *hw.RUN_KEYS)
-    assert len(set(keys)) == len(keys) == len(CONFIG_0016358)
-    assert set(cli.RUN_FLAGS) | set(cli.DATA_FLAGS) <= set(keys)
+    from rhnzoo.config import meta
+    from rhnzoo.training.highway import HighwayConfig
+
+    result = highway("--help")  # absl: the usage, exit status 1
+    assert "Feed-forward Highway Networks" in result.stdout and not result.stderr
+    text = " ".join(result.stdout.split())
+    for f in dataclasses.fields(HighwayConfig):
+        if f.name == "preset":
+            continue
+        flag = f"--[no]{f.name}:" if isinstance(f.default, bool) else f"--{f.name}:"
+        assert flag in text, f.name
+        if f.name not in ("seeds", "jobs"):
+            assert " ".join(meta(f)["help"].split()[:6]) in text, f.name
+    assert "--preset: <cpu>:" in text and "--sweep_run:" in text
+
+
+@pytest.mark.slow
+def test_a_run_takes_the_preset_under_the_flags_given_and_resumes(tmp_path):
+    """--preset=cpu with flags over it: the run's config.json is its own (its lr from
+    --plain_lrs at its depth, the preset's epochs); a rerun is finished, another
+    activation refused."""
+    from helpers import write_random_mnist
+
+    mnist = write_random_mnist(tmp_path / "mnist", train=100, test=20)
+    wd = tmp_path / "w"
+    args = ["--preset=cpu", "--kind=plain", "--depth=3", "--plain_lrs=3:0.02,10:1", "--seed=7",
+            "--max_steps=3", "--batch_size=20", "--valid_size=40", "--noprogress",
+            f"--data_dir={mnist}", "--noverify_data", "--nodownload", f"--workdir={wd}"]
+    result = highway(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plain net, depth 3, width 71: " in result.stdout
+    written = json.loads((wd / "config.json").read_text())
+    expected = {"preset": "cpu", "epochs": 120, "transform_bias": -4.0, "kind": "plain",
+                "depth": 3, "width": 71, "lr": 0.02, "seed": 7, "depths": ["3"], "sweep": False,
+                "batch_size": 20, "max_steps": 3, "workdir": str(wd), "init": "glorot_uniform"}
+    assert {k: written[k] for k in expected} == expected
+    again = highway(*args)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-3000:]
+    changed = highway(*args, "--activation=relu")
+    lines = changed.stderr.strip().splitlines()
+    assert changed.returncode == 1 and len(lines) == 1, changed.stderr
+    assert "incompatible run (activation='tanh' there vs 'relu')" in lines[0]

@@ -1,9 +1,13 @@
-"""rhnzoo.data.music: the JSB Chorales loader (real file, generated fixture, errors) and pad_batch."""
+"""rhnzoo.data.music: the JSB Chorales loader (real file, generated fixture, errors) and
+pad_batch; experiments/jsb.py's flags."""
 
+import json
 import os
 import pathlib
 import pickle
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -190,3 +194,48 @@ def test_pad_batch():
         music.pad_batch([a, b], batch_size=1)
     with pytest.raises(ValueError):
         music.pad_batch([])
+
+
+# ------------------------------------------------------------ experiments/jsb.py's flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FLAGS_TO_CONFIG = """
+import json, sys
+from absl import flags
+from rhnzoo.apps import jsb
+jsb.define_flags()
+flags.FLAGS(sys.argv)
+print(json.dumps(jsb.config_from_flags().to_dict()))
+print(json.dumps(sorted(flags.FLAGS)))
+"""
+
+
+def test_study_config_is_the_preset_with_the_flags_given_over_it():
+    """The flags -> JSBConfig: --preset's values, the flags given over them (--depths as
+    integers, --noverify an alias); the engine's flags that apply to an in-memory trial
+    are there, those that do not are no flags."""
+    args = ["--preset=cpu", "--trials=3", "--depths=4,1", "--noverify", "--patience=2"]
+    out = subprocess.run([sys.executable, "-c", FLAGS_TO_CONFIG, *args], check=False,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    config, names = (json.loads(line) for line in out.stdout.splitlines()[-2:])
+    assert (config["width"], config["epochs"], config["batch_size"]) == (32, 25, 16)  # preset
+    assert (config["trials"], config["depths"], config["verify_data"], config["patience"],
+            config["preset"], config["seed"]) == (3, [4, 1], False, 2, "cpu", 0)  # fmt: skip
+    engine_flags = {"seed", "max_steps", "max_epochs", "patience", "divergence_factor",
+                    "matmul_precision"}  # fmt: skip
+    assert engine_flags | {"jobs", "sweep_run", "data_dir", "workdir"} <= set(names)
+    assert not {"log_every", "progress", "tensorboard", "checkpoint_every_steps"} & set(names)
+
+
+def test_bad_study_flags_are_one_error_line(tmp_path):
+    cases = [("--epochs=0", "error: --epochs must be >= 1, got 0"),
+             ("--log_every=5", "error: Unknown command line flag 'log_every'")]  # not offered
+    for flag, message in cases:
+        out = subprocess.run([sys.executable, str(ROOT / "experiments" / "jsb.py"), flag,
+                              f"--workdir={tmp_path / 'w'}", "--nodownload"], check=False,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and lines == [lines[0]], out.stderr[-3000:]
+        assert lines[0].startswith(message)
+    assert not (tmp_path / "w").exists()

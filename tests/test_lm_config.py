@@ -1,13 +1,16 @@
 """The language model's one config (rhnzoo.training.lm.LMConfig), its presets
 (rhnzoo.configs.lm) and the depth sweep's runs on the one runner."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from absl import flags
 
 from rhnzoo import data
-from rhnzoo.apps import depth_sweep
+from rhnzoo.apps import cli, depth_sweep
+from rhnzoo.config import setting
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
@@ -28,21 +31,67 @@ OLD_CONFIG_JSON = """{"batch_size": 20, "checkpoint_every_steps": 0, "coordinato
 "workdir": "/tmp/x"}"""
 
 
-def test_an_earlier_config_json_round_trips_unchanged(tmp_path):
+def test_an_earlier_config_json_resumes(tmp_path):
+    """A workdir written before later fields existed (no ``cell``) resumes: a missing
+    field counts as its default; the config.json is then rewritten with every field."""
     old = json.loads(OLD_CONFIG_JSON)
     config = LMConfig.from_dict(old)
-    assert config.to_dict() == old  # same keys (no 'cell' for an RHN), same values
+    assert config.to_dict() == {**old, "cell": "rhn", "distributed_timeout": 300}
     assert config.run_dir == "/tmp/x" and config.metric == "ppl"
     (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
-    engine.prepare_workdir(tmp_path, config.to_dict(), check_only=True)  # resumable
+    engine.prepare_workdir(tmp_path, config, check_only=True)  # no error: resumable
     assert config.replace(workdir=None).run_dir == "runs/ptb_small_d3_n256_hsg"
-
-
-def test_cell_is_in_the_dict_only_when_not_rhn():
-    config = LMConfig(cell="lstm", hidden_size=8)
-    assert config.to_dict()["cell"] == "lstm" and "cell" not in LMConfig().to_dict()
     assert LMConfig.from_dict(config.to_dict()) == config
-    assert config.run_dir == "runs/ptb_default_lstm_n8"  # no depth: an LSTM has none
+
+
+def test_resume_refuses_a_structural_change_and_records_a_resumable_one(tmp_path):
+    config = LMConfig.from_dict(json.loads(OLD_CONFIG_JSON))
+    (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
+    (tmp_path / "results.json").write_text("{}")  # the workdir holds a run
+    with pytest.raises(ValueError, match=r"holds an incompatible run \(cell='rhn' there vs "
+                       r"'gru'.*hidden_size=256 there vs 8"):
+        engine.prepare_workdir(tmp_path, config.replace(cell="gru", hidden_size=8))
+    longer = config.replace(max_steps=80, eval_batch_size=10, unroll=2)  # resumable
+    engine.prepare_workdir(tmp_path, longer)
+    assert json.loads((tmp_path / "config.json").read_text()) == longer.to_dict()
+
+
+def test_a_new_setting_is_one_field(tmp_path):
+    """Issue 46's acceptance: a setting added in one line is a flag with its help, is
+    written to config.json, and a workdir written without it resumes (at its default);
+    another value of it is refused, as it is structural."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Extended(LMConfig):
+        label_smoothing: float = setting(0.0, "Label smoothing of the targets.", low=0.0)
+
+    fv = flags.FlagValues()
+    names = cli.define_config_flags(Extended(), ["small"], flag_values=fv)
+    assert "label_smoothing" in names and "preset" in fv
+    fv(["prog", "--label_smoothing=0.1", "--depth=3"])
+    assert fv["label_smoothing"].help == "Label smoothing of the targets."
+    assert fv["label_smoothing"].default == 0.0
+    given = {n: fv[n].value for n in names if fv[n].present}
+    assert given == {"label_smoothing": 0.1, "depth": 3}
+    assert Extended(**given).to_dict()["label_smoothing"] == 0.1
+    with pytest.raises(ValueError, match="^--label_smoothing must be >= 0.0, got -1.0$"):
+        Extended(label_smoothing=-1.0)
+    (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
+    (tmp_path / "results.json").write_text("{}")
+    before = Extended.from_dict(json.loads(OLD_CONFIG_JSON))
+    engine.prepare_workdir(tmp_path, before, check_only=True)
+    with pytest.raises(ValueError, match="label_smoothing=0.0 there vs 0.1"):
+        engine.prepare_workdir(tmp_path, before.replace(label_smoothing=0.1), check_only=True)
+
+
+def test_every_lm_flag_has_help_and_the_configs_default():
+    fv = flags.FlagValues()
+    names = cli.define_config_flags(lm_configs.defaults("ptb"), flag_values=fv)
+    assert set(names) == {f.name for f in dataclasses.fields(LMConfig)} - {"preset"}
+    for name in names:
+        assert fv[name].help, name
+        assert fv[name].default == getattr(LMConfig(), name), name
+    assert fv["scan_impl"].parser.enum_values == ["auto", "fused", "reference"]
 
 
 @pytest.mark.parametrize("values,message", [
@@ -52,7 +101,9 @@ def test_cell_is_in_the_dict_only_when_not_rhn():
     ({"unroll": 0}, "unroll must be >= 1, got 0"),
     ({"init_scale": -1.0}, "init_scale must be > 0, got -1.0"),
     ({"workdir": ""}, "workdir must not be empty"),
-    ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),
+    ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),
+    ({"max_steps": 1.5}, "--max_steps must be an integer, got 1.5"),
+    ({"scan_impl": "fast"}, "--scan_impl must be one of auto, fused, reference, got 'fast'"),
     ({"dtype": "bfloat16", "scan_impl": "reference"}, "dtype=bfloat16 needs scan_impl='fused'"),
     ({"dataset": "mnist"}, "mnist"),
     ({"learning_rate": 0.1}, "unknown LMConfig setting(s): learning_rate"),
@@ -146,3 +197,38 @@ def test_train_and_evaluate_is_the_one_entry_point(tmp_path):
     results = lm_training.train_and_evaluate(config, corpus, log=None)
     assert results["step"] == 2 and np.isfinite(results["test_ppl"])
     assert json.loads((tmp_path / "w" / "config.json").read_text())["cell"] == "gru"
+
+
+@pytest.mark.parametrize("module,name", [("rhnzoo.training.lm", "LMConfig"),
+                                         ("rhnzoo.training.rrl", "RRLConfig"),
+                                         ("rhnzoo.training.highway", "HighwayConfig"),
+                                         ("rhnzoo.training.polyphonic", "JSBConfig")])
+def test_an_empty_string_setting_is_refused_in_every_task(module, name):
+    """Issue 48: ``--workdir=`` (empty) once trained into the default workdir."""
+    import importlib
+
+    cls = getattr(importlib.import_module(module), name)
+    for field in ("workdir", "data_dir"):
+        with pytest.raises(ValueError, match=f"^--{field} must not be empty"):
+            cls(**{field: " "})
+
+
+def test_a_single_run_writes_its_learning_curves(tmp_path):
+    """Issue 48: after a single run, ``<workdir>/learning_curves.png`` (validation and
+    training perplexity against the epoch) and one line naming it; nothing for a
+    workdir without epoch records."""
+
+    rng = np.random.default_rng(2)
+    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
+                         tuple("abcdefghi"))  # fmt: skip
+    config = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_max_epoch=2,
+                      max_epoch=1, progress=False, eval_batch_size=4,
+                      workdir=str(tmp_path / "w"))  # fmt: skip
+    lm_training.train_and_evaluate(config, corpus, log=None)
+    lines = []
+    path = cli.write_learning_curves(config.run_dir, "valid_ppl", "train_ppl",
+                                        log=lines.append)  # fmt: skip
+    assert path == tmp_path / "w" / "learning_curves.png" and lines == [f"wrote {path}"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.write_learning_curves(tmp_path, "valid_ppl", log=lines.append) is None
+    assert len(lines) == 1 and not (tmp_path / "learning_curves.png").exists()

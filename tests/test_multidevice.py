@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
                       "nll": float(sums["loss"])}
         # A short run end to end.
         res = train.train(model, corpus, cfg, sys.argv[2] + f"/d{n_dev}", run,
-                          devices=jax.devices()[:n_dev], run_config={})
+                          devices=jax.devices()[:n_dev])
         out[n_dev]["run"] = res
         out[n_dev]["metrics"] = open(sys.argv[2] + f"/d{n_dev}/metrics.jsonl").read()
     print("RESULT" + json.dumps(out), flush=True)

@@ -97,16 +97,6 @@ def test_the_precision_reaches_the_compiled_matmul():
         assert f"precision = [{shown}, {shown}]" in text, text
 
 
-def test_behaviour_table():
-    assert [precision.input_bits(n, "cpu") for n in precision.LEVELS] == [24, 24, 24]
-    assert [precision.input_bits(n, "cuda") for n in precision.LEVELS] == [11, 11, 24]
-    assert [precision.input_bits(n, "tpu") for n in precision.LEVELS] == [8, 16, 24]
-    assert "TensorFloat-32" in precision.describe("default", "gpu")
-    assert precision.describe("float32", "tpu").startswith("highest: 6 bfloat16 passes")
-    with pytest.raises(ValueError, match="no table"):
-        precision.input_bits("TF32_TF32_F32", "gpu")
-
-
 def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
     """RunConfig.matmul_precision holds while the train step is traced and while the
     validation and the final evaluation run; JAX's setting is back afterwards; None
@@ -133,13 +123,16 @@ def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
 
 def test_a_workdir_from_before_the_setting_resumes_at_the_default(tmp_path):
     """A config.json without ``matmul_precision`` (written before it was recorded) holds a
-    run at ``default``: it resumes at default and refuses another precision."""
-    engine.prepare_workdir(tmp_path, {"lr": 1.0})
+    run at ``default``: it resumes at default and refuses another precision; the config
+    records the precision as a level."""
+    (tmp_path / "config.json").write_text(json.dumps({"lr": 1.0}))
     (tmp_path / "checkpoints" / "10").mkdir(parents=True)  # it holds a run
-    engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "default"})
-    with pytest.raises(ValueError, match="matmul_precision='default' there vs 'highest'"):
-        engine.prepare_workdir(tmp_path, {"lr": 1.0, "matmul_precision": "highest"})
-    engine.prepare_workdir(tmp_path, {"lr": 1.0})  # a caller that records none
+    with precision.context("default"):  # JAX's setting where the configs are made
+        config = engine_toy.ToyConfig(lr=1.0)
+        assert config.matmul_precision == "default"
+        engine.prepare_workdir(tmp_path, config, check_only=True)
+        with pytest.raises(ValueError, match="matmul_precision='default' there vs 'highest'"):
+            engine.prepare_workdir(tmp_path, config.replace(matmul_precision="float32"))
 
 
 # ------------------------------------------------------- the fast path at the default
@@ -152,7 +145,8 @@ def default_precision_tolerance() -> dict:
     fused scans' bfloat16 inputs (8 bits) on the CPU, four seeds of each case below stayed
     within 3.5 x 2^-8 (as atol and rtol). Never tighter than the float32 tolerances of
     tests/test_gated_fused.py."""
-    eps = 2.0 ** -precision.input_bits("default")
+    bits = {"cpu": 24, "gpu": 11, "cuda": 11, "rocm": 11, "tpu": 8}[jax.default_backend()]
+    eps = 2.0 ** -bits
     return dict(rtol=max(2e-4, 32 * eps), atol=max(2e-5, 32 * eps))
 
 
@@ -226,7 +220,7 @@ def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
     result = ptb("--matmul_precision=fast", f"--workdir={tmp_path / 'w'}")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: flag --matmul_precision=fast: unknown matmul precision")
+    assert lines[0].startswith("error: --matmul_precision: unknown matmul precision 'fast'")
     assert not (tmp_path / "w").exists()
 
 
@@ -234,8 +228,9 @@ def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
 @needs_ptb
 def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
     """config.json holds the precision (here the suite's $JAX_DEFAULT_MATMUL_PRECISION,
-    the flag's default); a workdir written before the flag resumes at ``default`` (any
-    name of it) and refuses another with one line."""
+    the flag's default); a workdir written before the setting resumes at the setting's
+    default, JAX's precision where the config is made (here ``highest``, any name of it),
+    records it, and refuses another with one line."""
     workdir = tmp_path / "w"
     first = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
     assert first.returncode == 0, first.stderr
@@ -243,12 +238,13 @@ def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
     assert config["matmul_precision"] == "highest"
     del config["matmul_precision"]
     (workdir / "config.json").write_text(json.dumps(config))
-    second = ptb(*TINY, "--max_steps=2", "--matmul_precision=bfloat16", f"--workdir={workdir}")
+    second = ptb(*TINY, "--max_steps=2", "--matmul_precision=float32", f"--workdir={workdir}")
     assert second.returncode == 0 and f"resumed {workdir} at step 1" in second.stdout, second.stderr
-    third = ptb(*TINY, "--max_steps=3", f"--workdir={workdir}")
+    assert json.loads((workdir / "config.json").read_text())["matmul_precision"] == "highest"
+    third = ptb(*TINY, "--max_steps=3", "--matmul_precision=bfloat16", f"--workdir={workdir}")
     lines = third.stderr.strip().splitlines()
     assert third.returncode == 1 and len(lines) == 1, third.stderr
-    assert "matmul_precision='default' there vs 'highest'" in lines[0]
+    assert "matmul_precision='highest' there vs 'default'" in lines[0]
 
 
 @pytest.mark.slow

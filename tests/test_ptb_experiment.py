@@ -31,7 +31,7 @@ ptb = functools.partial(run_script, "ptb.py")
 @pytest.mark.parametrize(
     "flag,message",
     [
-        ("--depth=0", "depth must be an integer >= 1"),
+        ("--depth=0", "--depth must be >= 1, got 0"),
         ("--drop_h=1.0", "drop_h must be a drop probability in [0, 1)"),
         pytest.param("--drop_x=-0.1", "drop_x must be a drop probability", marks=pytest.mark.slow),
         pytest.param("--lr=0", "lr must be > 0", marks=pytest.mark.slow),
@@ -141,11 +141,11 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
 @pytest.mark.parametrize(
     "flag,message",
     [
-        ("--max_steps=0", "--max_steps must be an integer >= 1"),
-        ("--max_epochs=-1", "--max_epochs must be an integer >= 1"),
-        ("--max_epochs=0", "--max_epochs must be an integer >= 1"),
-        ("--checkpoint_every_steps=-1", "--checkpoint_every_steps must be an integer >= 0"),
-        ("--log_every=0", "--log_every must be an integer >= 1"),
+        ("--max_steps=0", "--max_steps must be >= 1, got "),
+        ("--max_epochs=-1", "--max_epochs must be >= 1, got "),
+        ("--max_epochs=0", "--max_epochs must be >= 1, got "),
+        ("--checkpoint_every_steps=-1", "--checkpoint_every_steps must be >= 0, got "),
+        ("--log_every=0", "--log_every must be >= 1, got "),
     ],
 )
 def test_run_length_flags_are_validated(tmp_path, flag, message):

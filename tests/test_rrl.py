@@ -157,7 +157,7 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     results = json.loads((tmp_path / "root" / "lstm" / "results.json").read_text())
     assert 0.0 <= results["test_acc"] <= 1.0
     config = json.loads((tmp_path / "root" / "lstm" / "config.json").read_text())
-    assert config["model"] == "lstm" and config["preset"] is None and "dtype" not in config
+    assert config["model"] == "lstm" and config["preset"] is None and config["dtype"] == "float32"
     again = rrl_script(*args, "--table", "--norun_missing")  # collects only
     assert again.returncode == 0 and "parameters" not in again.stdout.split("|")[0]
     assert [l for l in again.stdout.splitlines() if l.startswith("| LSTM")] == rows[:1]
@@ -173,7 +173,8 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     pytest.param("--jobs=0", "--jobs must be >= 1, got 0", marks=pytest.mark.slow),
     pytest.param("--seeds=0", "--seeds must be >= 1, got 0", marks=pytest.mark.slow),
     ("--lr=inf", "error: --lr must be a finite number, got inf"),
-    ("--patience=0", "--patience must be an integer >= 1, got 0"),  # before the data is read
+    ("--patience=0", "--patience must be >= 1, got 0"),  # before the data is read
+    ("--preset=cpu --dataset=pmnist --hidden_size=0", "--hidden_size must be >= 1, got 0"),
     ("--max_grad_norm=nan", "error: --max_grad_norm must be a finite number, got nan"),
 ])  # fmt: skip
 def test_bad_flags_are_one_line_errors_before_anything_is_written(tmp_path, flag, message):
@@ -273,3 +274,61 @@ def test_the_paper_recipe_on_real_imdb_is_not_stopped_as_diverged():
     assert out["divergence_factor"] == engine.RunConfig(epochs=1).divergence_factor
     assert out["stopped"] == {model: None for model in rrl.MODELS}
     assert [len(out["xent"][model]) for model in rrl.MODELS] == [80] * len(rrl.MODELS)
+
+
+def body_rows(text):
+    """The cells of a markdown table's rows (after its header and rule)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines()[2:]]  # fmt: skip
+
+
+def fake_run(workdir, config, dev_accs, results=None):
+    """A run's workdir without training: ``config.json``, one epoch record per dev
+    accuracy in ``metrics.jsonl``, and ``results.json`` when finished."""
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(config))
+    (workdir / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "epoch", "epoch": e, "dev_acc": acc, "elapsed_s": 60.0 * e}) + "\n"
+        for e, acc in enumerate(dev_accs, 1)))  # fmt: skip
+    if results is not None:
+        (workdir / "results.json").write_text(json.dumps(results))
+
+
+def test_tables_mark_an_unfinished_run_and_leave_its_test_cell_blank(tmp_path):
+    """Issue 48: ``--table --norun_missing`` showed LSTM's dev accuracy after 1 of 10
+    epochs like a finished run's."""
+    fake_run(tmp_path / "lstm", {"model": "lstm", "epochs": 10}, [0.7933])
+    fake_run(tmp_path / "gru", {"model": "gru", "epochs": 2}, [0.8, 0.85],
+             {"dev_acc": 0.85, "test_acc": 0.84, "parameters": 1234, "step": 20})
+    fake_run(tmp_path / "gru_s1", {"model": "gru", "epochs": 2}, [0.81])
+    lstm, gru = body_rows(rrl.table_text(tmp_path, ["lstm", "gru"], "imdb", "t"))
+    assert lstm[2:4] == ["79.33 (epoch 1 of 10, unfinished)", "—"], lstm
+    assert gru[2:4] == ["85.00", "84.00"], gru
+    lstm, gru = body_rows(rrl.study_table(tmp_path, ["lstm", "gru"], "t", seeds=2))
+    assert lstm[1:3] == ["79.33 (2 of 2 unfinished: epoch 1 of 10; not started)", "—"], lstm
+    assert gru[1:3] == ["83.00 ± 2.83 (n=2) (1 of 2 unfinished: epoch 1 of 2)", "84.00"], gru
+
+
+def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
+    """Issue 48: ``rrl.py --model=gru --seeds=2`` trained both seeds and showed no mean ±
+    sd. Both seeds' workdirs are finished runs (faked), so nothing trains."""
+    config = rrl.RRLConfig(model="gru", hidden_size=4, embed_size=4, max_len=8, batch_size=4,
+                           epochs=1, embeddings="random", progress=False,
+                           workdir=str(tmp_path))  # fmt: skip
+    for k, (dev, test) in enumerate([(0.80, 0.78), (0.82, 0.74)]):
+        fake_run(tmp_path / rrl.sweep.seed_name("gru", k),
+                 config.replace(seed=config.seed + k).to_dict(), [dev],
+                 {"dev_acc": dev, "test_acc": test, "parameters": 100, "step": 10**6,
+                  "best_step": 1})  # fmt: skip
+    rng = np.random.default_rng(0)
+    split = lambda n: sequences.Split(ragged(rng, n, 10, 8), rng.integers(0, 2, n).astype(np.int32))
+    dataset = sequences.Dataset(split(8), split(4), split(4), 2, tuple("abcdefghij"), None)
+    lines = []
+    text = rrl.run_experiment({"gru": config}, tmp_path, study=None, table=False,
+                              run_missing=False, load=lambda: dataset, title="imdb",
+                              log=lines.append, seeds=2)  # fmt: skip
+    assert text is not None, lines
+    (row,) = body_rows(text)
+    assert row[2:4] == ["81.00 ± 1.41 (n=2)", "76.00 ± 2.83 (n=2)"], row
+    assert (tmp_path / "table.md").read_text() == text + "\n"
+    assert sum("already finished" in line for line in lines) == 2, lines

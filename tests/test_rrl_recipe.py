@@ -95,14 +95,41 @@ def test_input_dropout_drops_input_units_only_in_training():
     kept = h != 0
     assert 0.4 < kept.mean() < 0.6  # element-wise, rate 0.5
     np.testing.assert_allclose(h[kept], 2 * np.broadcast_to(embedded, h.shape)[kept], rtol=1e-6)
-    # Without input dropout, the output mask is drawn from the key itself (as before).
-    from rhnzoo import dropout
 
-    key = jax.random.PRNGKey(5)
-    no_input = SequenceClassifier(_Echo(), 2, 50, vocab_size=9, drop=0.5)
-    h = no_input.features(params, inputs, lengths)
-    expect = (h * dropout.mask(key, h.shape, 0.5)) @ params["W_out"] + params["b_out"]
-    np.testing.assert_allclose(no_input.logits(params, inputs, lengths, key), expect, rtol=1e-6)
+
+class _Ones(_Echo):
+    """A cell whose output is 1 whatever its input (input dropout leaves it unchanged)."""
+
+    def step(self, params, carry, x, mask=None):
+        return jnp.ones_like(x), jnp.ones_like(x)
+
+
+def _identity_readout(model):
+    """``model``'s parameters with ``W_out = I``, ``b_out = 0``: the logits are the
+    (dropped-out) representation itself."""
+    params = model.init(jax.random.PRNGKey(0))
+    return {**params, "W_out": jnp.eye(50), "b_out": jnp.zeros(50)}
+
+
+def test_each_dropout_mask_is_the_same_whether_or_not_the_other_site_drops():
+    """The output-dropout mask for a key is the same with input dropout off and on, and
+    the input-dropout mask the same with output dropout off and on (the output mask read
+    through a cell whose output ignores its input, the input mask through one that
+    echoes it; the softmax layer the identity)."""
+    inputs, lengths, key = jnp.tile(jnp.arange(2, 8), (40, 1)), jnp.full(40, 6), jax.random.key(5)
+    out_mask = {}
+    for input_drop in (0.0, 0.3):
+        model = SequenceClassifier(_Ones(), 50, 50, vocab_size=9, drop=0.5, input_drop=input_drop)
+        out_mask[input_drop] = np.asarray(model.logits(_identity_readout(model), inputs,
+                                                       lengths, key))  # fmt: skip
+    assert set(np.unique(out_mask[0.0])) == {0.0, 2.0}  # a mask at rate 0.5, scaled
+    np.testing.assert_array_equal(out_mask[0.3], out_mask[0.0])
+    echoed = {}
+    for drop in (0.0, 0.5):
+        model = SequenceClassifier(_Echo(), 50, 50, vocab_size=9, drop=drop, input_drop=0.3)
+        echoed[drop] = np.asarray(model.logits(_identity_readout(model), inputs, lengths, key))
+    assert 0.5 < (echoed[0.0] != 0).mean() < 0.9  # the input mask, rate 0.3
+    np.testing.assert_allclose(echoed[0.5], echoed[0.0] * out_mask[0.0], rtol=1e-6)
 
 
 def _topic_corpus(rng, n_docs=300):
@@ -146,7 +173,7 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
     train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
     split = lambda ds: sequences.Split(ds, np.zeros(len(ds), np.int32))
     data = sequences.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
-    config = rrl.RRLConfig(embeddings="word2vec", embed_size=6, dataset="toy")
+    config = rrl.RRLConfig(embeddings="word2vec", embed_size=6, dataset="imdb")
     vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
     assert found[2:20].all() and not found[20:].any()
     assert rrl.embeddings_for(config.replace(embeddings="random"), data) is None
@@ -229,21 +256,40 @@ def test_config_round_trips_and_refuses_unknown_keys_in_one_line():
     assert rrl.RRLConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match=r"^unknown RRLConfig setting\(s\): hiden_size$"):
         rrl.RRLConfig.from_dict({**config.to_dict(), "hiden_size": 8})
-    # scan_impl and dtype came later: config.json holds them only where they are set.
-    assert not {"scan_impl", "dtype"} & set(config.to_dict())
+    # config.json holds every setting, each once under its flag's name.
+    assert list(config.to_dict()) == [f.name for f in dataclasses.fields(rrl.RRLConfig)]
+    assert config.to_dict()["adadelta_eps"] == 1e-6 and "eps" not in config.to_dict()
     fused = config.replace(scan_impl="fused", dtype="bfloat16").to_dict()
     assert (fused["scan_impl"], fused["dtype"]) == ("fused", "bfloat16")
     assert rrl.RRLConfig.from_dict(fused).scan_impl == "fused"
+
+
+def test_the_training_settings_are_the_configs_own():
+    """An RRLConfig is the TrainConfig the task reads: Adadelta's eps is --adadelta_eps,
+    its rho 0.95."""
+    import optax
+
+    config = rrl.RRLConfig(adadelta_eps=0.5, lr=2.0, max_grad_norm=100.0)
+    assert isinstance(config, rrl.TrainConfig)
+    params, grads = {"W": jnp.zeros(3)}, {"W": jnp.array([1.0, -2.0, 0.0])}
+    updates, _ = config.optimizer().update(grads, config.optimizer().init(params), params)
+    direct = optax.adadelta(learning_rate=2.0, rho=0.95, eps=0.5)
+    expect, _ = direct.update(grads, direct.init(params), params)
+    np.testing.assert_allclose(updates["W"], expect["W"], rtol=1e-6)
+    assert float(jnp.abs(updates["W"]).max()) > 0
 
 
 @pytest.mark.parametrize("changes,message", [
     ({"model": "transformer"}, "unknown cell 'transformer'"),
     ({"model": "sc_lstm_i", "skip": 0}, "skip must be an integer >= 1, got 0"),
     ({"max_len": 0}, "max_len must be >= 1, got 0"),
-    ({"lr": 0.0}, "need lr > 0"),
+    ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+    ({"adadelta_eps": -1e-6}, "--adadelta_eps must be > 0, got -1e-06"),
+    ({"dataset": "cifar10"}, "--dataset must be one of imdb, pmnist, agnews, 20ng"),
+    ({"keep": "middle"}, "--keep must be one of last, first, got 'middle'"),
     ({"input_drop": 1.5}, "--input_drop must be a drop probability in [0, 1), got 1.5"),
     ({"subset": 0}, "--subset must be >= 1, got 0"),
-    ({"max_steps": 0}, "--max_steps must be an integer >= 1, got 0"),  # the run's settings
+    ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run's settings
     ({"divergence_factor": 0.5}, "--divergence_factor must be 0 (off) or a finite number >= 1"),
     ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"}, "needs the fused scan"),
 ])  # fmt: skip
@@ -257,7 +303,7 @@ def test_a_bad_setting_is_one_line_on_construction(changes, message):
 def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
     """Every config.json of docs/runs/rrl (written before RRLConfig existed) is a config;
     its keys keep their values, the keys added since take their defaults, and a workdir
-    holding it resumes under the config.json those settings now write."""
+    holding it resumes under that config."""
     from rhnzoo.training import engine
 
     paths = sorted(RUNS.rglob("config.json"))
@@ -267,15 +313,61 @@ def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
         config = rrl.RRLConfig.from_dict(recorded)
         written = config.to_dict()
         assert {k: written[k] for k in recorded} == recorded, path
-        assert set(written) - set(recorded) <= {"preset", "matmul_precision"}, path
+        assert config.conflicts(recorded) == [], path
     workdir = tmp_path / "old"
     workdir.mkdir()
     (workdir / "config.json").write_text(path.read_text())
-    engine.prepare_workdir(workdir, written, check_only=True)  # raises if incompatible
     (workdir / "checkpoints" / "1").mkdir(parents=True)  # a run there: settings count
-    engine.prepare_workdir(workdir, written, check_only=True)
+    engine.prepare_workdir(workdir, config, check_only=True)  # raises if incompatible
     with pytest.raises(ValueError, match="incompatible run"):
-        engine.prepare_workdir(workdir, {**written, "hidden_size": 7}, check_only=True)
+        engine.prepare_workdir(workdir, config.replace(hidden_size=7), check_only=True)
+
+
+def _workdir_with_a_run(tmp_path, recorded):
+    """A workdir whose ``config.json`` is ``recorded`` and which holds a checkpoint."""
+    workdir = tmp_path / "w"
+    (workdir / "checkpoints" / "1").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(recorded))
+    return workdir
+
+
+def test_a_workdir_written_before_later_settings_resumes(tmp_path):
+    """config.json without the settings added since (dtype, hybrid_embed_size, scan_impl,
+    matmul_precision, preset): each counts as its default, so the run resumes, also
+    with other resumable settings (length, scan, root, data flags); the resumed run's
+    config.json then holds every setting."""
+    from rhnzoo.training import engine
+
+    config = presets.get_config("cpu", "pmnist", model="sc_lstm_i", hidden_size=6)
+    later = ("dtype", "hybrid_embed_size", "scan_impl", "matmul_precision", "preset")
+    recorded = {k: v for k, v in config.to_dict().items() if k not in later}
+    workdir = _workdir_with_a_run(tmp_path, recorded)
+    resumed = config.replace(max_steps=5, scan_impl="reference", workdir="elsewhere",
+                             data_dir="/data", patience=2, progress=False)  # fmt: skip
+    engine.prepare_workdir(workdir, resumed, check_only=True)
+    engine.prepare_workdir(workdir, resumed)
+    now = json.loads((workdir / "config.json").read_text())
+    assert (now["dtype"], now["scan_impl"], now["max_steps"], now["preset"]) == (
+        "float32", "reference", 5, "cpu")  # fmt: skip
+
+
+@pytest.mark.parametrize("change", [{"hidden_size": 7}, {"adadelta_eps": 1e-4},
+                                    {"dtype": "bfloat16", "scan_impl": "fused"},
+                                    {"hybrid_embed_size": 4}])  # fmt: skip
+def test_a_structural_change_is_refused_in_one_line(tmp_path, change):
+    from rhnzoo.training import engine
+
+    config = rrl.RRLConfig(model="lstm", dataset="pmnist", hidden_size=6)
+    recorded = {k: v for k, v in config.to_dict().items()
+                if k not in ("dtype", "hybrid_embed_size")}  # fmt: skip
+    workdir = _workdir_with_a_run(tmp_path, recorded)
+    with pytest.raises(ValueError) as e:
+        engine.prepare_workdir(workdir, config.replace(**change), check_only=True)
+    message = str(e.value)
+    assert "\n" not in message and "incompatible run" in message, message
+    name = "dtype" if "dtype" in change else next(iter(change))
+    assert f"{name}=" in message, message
+    assert json.loads((workdir / "config.json").read_text()) == recorded  # left as it was
 
 
 def test_the_sizes_of_the_paper_preset_are_table_2():
@@ -302,43 +394,60 @@ def test_presets_and_the_pixel_input():
             cpu.preset) == (64, 128, 96, 3, "cpu")  # fmt: skip
     assert presets.get_config(None, "imdb") == rrl.RRLConfig()
     assert presets.get_config(None, "pmnist").embed_size == 1  # one pixel per step
-    assert presets.overrides(None, "imdb") == {}
-    assert "hybrid_embed_size" not in rrl.RRLConfig().to_dict()  # earlier workdirs resume
+    assert presets.preset_overrides(None, "imdb") == {}
+    given = presets.get_config("cpu", "pmnist", hidden_size=32, model="rrn")
+    assert (given.hidden_size, given.model, given.embed_size, given.epochs, given.preset) == (
+        32, "rrn", 1, 8, "cpu")  # the given settings over the preset, the rest the preset's
     assert rrl.RRLConfig(model="hrl", hybrid_embed_size=32).embedding_size() == 32
     assert rrl.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
     with pytest.raises(ValueError, match="^--hybrid_embed_size must be >= 1, got 0$"):
         rrl.RRLConfig(hybrid_embed_size=0)
     with pytest.raises(ValueError, match="^--preset must be one of paper, cpu, got 'gpu'$"):
         presets.get_config("gpu")
+    with pytest.raises(ValueError, match=r"^unknown RRLConfig setting\(s\): hiden_size$"):
+        presets.get_config("cpu", "imdb", hiden_size=8)
 
 
 def test_runs_are_one_config_per_model_or_per_study_setting():
-    settings = rrl.RRLConfig(dataset="pmnist", hidden_size=6, seed=4).to_dict()
-    del settings["model"]
-    table = presets.runs(settings, ["gru", "lstm", "gru"])
+    base = rrl.RRLConfig(dataset="pmnist", hidden_size=6, seed=4, model="rhn", epochs=7)
+    table = presets.runs(base, ["gru", "lstm", "gru"])
     assert list(table) == ["gru", "lstm"] and table["lstm"].model == "lstm"
-    assert table["gru"].replace(model="lstm") == table["lstm"]
-    study = presets.runs(settings, ["gru"], "rrn")
+    assert table["gru"].replace(model="lstm") == table["lstm"] == base.replace(model="lstm")
+    study = presets.runs(base, ["gru"], "rrn")
     assert list(study) == list(presets.STUDIES[("rrn", "pmnist")]["settings"])
     assert {c.model for name, c in study.items() if name != "lstm_reference"} == {"rrn"}
     assert study["lstm_reference"].model == "lstm"
     eps = study["eps1e-4"]
     assert (eps.adadelta_eps, eps.subset, eps.epochs, eps.divergence_factor, eps.hidden_size,
-            eps.seed) == (1e-4, 12000, 3, 5.0, 6, 4)  # fmt: skip
+            eps.seed) == (1e-4, 12000, 3, 5.0, 6, 4)  # the budget over the base  # fmt: skip
     with pytest.raises(ValueError, match="no skip study on agnews"):
-        presets.runs({**settings, "dataset": "agnews"}, [], "skip")
+        presets.runs(base.replace(dataset="agnews"), [], "skip")
 
 
-def test_the_config_defaults_are_the_flags_defaults():
-    """RRLConfig() is experiments/rrl.py run without flags (its flags' defaults; that of
-    --matmul_precision is $JAX_DEFAULT_MATMUL_PRECISION's, so unset here)."""
-    code = ("import json; from rhnzoo.apps import cli, rrl; rrl.define_flags(); "
-            "F = cli.FLAGS; print(json.dumps({n: F[n].default for n in rrl.CONFIG_FLAGS + "
-            "cli.RUN_FLAGS + cli.DATA_FLAGS + ('model', 'preset', 'scan_impl', 'dtype')}))")
+def _script_config(*argv):
+    """``{'config': experiments/rrl.py's base config, 'flags': its config flags}`` for
+    the command line ``argv`` (parsed in a fresh process; $JAX_DEFAULT_MATMUL_PRECISION
+    unset)."""
+    code = ("import json, sys; from rhnzoo.apps import cli, rrl; rrl.define_flags(); "
+            "cli.FLAGS(sys.argv); print(json.dumps({'config': rrl.config().to_dict(), "
+            "'flags': rrl._NAMES}))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "JAX_DEFAULT_MATMUL_PRECISION"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    defaults = json.loads(out.stdout)
-    assert set(defaults) == {f.name for f in dataclasses.fields(rrl.RRLConfig)}
-    assert dataclasses.asdict(rrl.RRLConfig()) == defaults
+    return json.loads(out.stdout)
+
+
+def test_the_flags_are_the_configs_fields_and_given_ones_go_over_the_preset():
+    """experiments/rrl.py without flags is RRLConfig(); every field but the recorded
+    preset name is a flag; with --preset the flags given (and only they) override it."""
+    plain = _script_config()
+    assert set(plain["flags"]) == {f.name for f in dataclasses.fields(rrl.RRLConfig)} - {"preset"}
+    default = "default"  # the matmul precision where JAX's is unset
+    assert rrl.RRLConfig.from_dict(plain["config"]) == rrl.RRLConfig(matmul_precision=default)
+    given = _script_config("--dataset=pmnist", "--preset=cpu", "--hidden_size=32",
+                           "--model=rrn", "--epochs=10")  # 10: also the default  # fmt: skip
+    expect = presets.get_config("cpu", "pmnist", hidden_size=32, model="rrn", epochs=10,
+                                matmul_precision=default)  # fmt: skip
+    assert rrl.RRLConfig.from_dict(given["config"]) == expect
+    assert (expect.embed_size, expect.batch_size, expect.epochs) == (1, 100, 10)

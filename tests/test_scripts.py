@@ -37,15 +37,19 @@ def test_help_lists_the_scripts_own_flags_with_defaults(script):
     assert "--logtostderr" not in result.stdout  # absl's own flags stay in --helpfull
 
 
-def test_every_analysis_setting_is_a_flag():
-    """experiments/analyze.py passes report.Options every setting from its flag (none
-    left at the dataclass default by a missing flag)."""
-    from rhnzoo.analysis import report
-    from rhnzoo.apps import analyze
+def test_every_analysis_setting_is_a_flag_with_help():
+    """experiments/analyze.py's flags are report.Options' fields but the tracker, each
+    with its help text and the field's default."""
+    from absl import flags
 
-    names = [name for _, name, _ in analyze._OPTION_FLAG_SPECS]
+    from rhnzoo.analysis import report
+    from rhnzoo.apps import cli
+
+    fv = flags.FlagValues()
+    names = cli.define_config_flags(report.Options(), flag_values=fv)
     assert sorted(names) == sorted(f.name for f in dataclasses.fields(report.Options)
                                    if f.name != "track")  # fmt: skip
+    assert all(fv[n].help and fv[n].default == getattr(report.Options(), n) for n in names)
 
 
 def test_analyze_of_a_directory_without_a_run_writes_nothing(tmp_path):

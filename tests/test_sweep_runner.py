@@ -16,14 +16,17 @@ import time
 import pytest
 
 import engine_toy
-from rhnzoo.training import engine, sweep
+from rhnzoo.training import engine, sweep, tables
+
+
+TOY_CONFIG = engine_toy.ToyConfig()
 
 
 def toy_runs(task, epochs=2):
     cfg = engine.RunConfig(epochs=epochs, progress=False, log_every=100)
-    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, {"toy": 1}, log=None,
+    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, TOY_CONFIG, log=None,
                                                       on_divergence=on_divergence).results
-    return [sweep.Run(name, {"toy": 1}, train) for name in ("a", "b")]
+    return [sweep.Run(name, TOY_CONFIG, train) for name in ("a", "b")]
 
 
 def test_runner_skips_finished_runs_and_resumes_a_killed_one(tmp_path):
@@ -56,8 +59,8 @@ def test_runner_skips_finished_runs_and_resumes_a_killed_one(tmp_path):
 
 def test_incompatible_workdir_stops_the_sweep_before_training(tmp_path):
     task = engine_toy.make_task()
-    sweep.run_all(toy_runs(task)[1:], tmp_path, log=None)  # b exists with {"toy": 1}
-    runs = [dataclasses.replace(r, config={"toy": 2}) for r in toy_runs(task)]
+    sweep.run_all(toy_runs(task)[1:], tmp_path, log=None)  # b exists with lr 0.01
+    runs = [dataclasses.replace(r, config=TOY_CONFIG.replace(lr=0.02)) for r in toy_runs(task)]
     with pytest.raises(ValueError, match="incompatible"):
         sweep.run_all(runs, tmp_path, log=None)
     assert not (tmp_path / "a").exists()
@@ -172,25 +175,38 @@ def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path
 
 
 def test_mean_sd_is_the_mean_and_sample_standard_deviation():
-    assert sweep.mean_sd([]) is None
-    assert sweep.mean_sd([0.5]) == "0.50" and sweep.mean_sd([3], ".0f", "%") == "3%"
-    assert sweep.mean_sd([1.0, 2.0, 6.0]) == "3.00 ± 2.65 (n=3)"  # sd = sqrt(14 / 2)
-    assert sweep.mean_sd([89.5, 89.5], ".1f") == "89.5 ± 0.0 (n=2)"
+    assert tables.mean_sd([]) is None
+    assert tables.mean_sd([0.5]) == "0.50" and tables.mean_sd([3], ".0f", "%") == "3%"
+    assert tables.mean_sd([1.0, 2.0, 6.0]) == "3.00 ± 2.65 (n=3)"  # sd = sqrt(14 / 2)
+    assert tables.mean_sd([89.5, 89.5], ".1f") == "89.5 ± 0.0 (n=2)"
     assert sweep.seed_name("lstm", 0) == "lstm" and sweep.seed_name("lstm", 2) == "lstm_s2"
 
 
 def test_markdown_lays_out_blanks_and_alignment():
-    text = sweep.markdown(["depth", "acc", "note"], [[10, "97.1", None], [20, None, "x"]],
+    text = tables.markdown(["depth", "acc", "note"], [[10, "97.1", None], [20, None, "x"]],
                           align="rr-")
     assert text.splitlines() == ["| depth | acc | note |", "|---:|---:|---|",
                                  "| 10 | 97.1 | — |", "| 20 | — | x |"]
-    assert sweep.markdown(["a"], [[None]], blank="-").splitlines()[1:] == ["|---|", "| - |"]
+    assert tables.markdown(["a"], [[None]], blank="-").splitlines()[1:] == ["|---|", "| - |"]
     with pytest.raises(ValueError, match="one of l, r, c"):
-        sweep.markdown(["a", "b"], [], align="r")
+        tables.markdown(["a", "b"], [], align="r")
 
 
 def test_write_table_replaces_the_file_whole(tmp_path):
-    path = sweep.write_table(tmp_path / "sub" / "table.md", "| a |\n")
+    path = tables.write_table(tmp_path / "sub" / "table.md", "| a |\n")
     assert path.read_text() == "| a |\n" and not list(path.parent.glob("*.tmp"))
-    sweep.write_table(path, "| b |")
+    tables.write_table(path, "| b |")
     assert path.read_text() == "| b |\n"
+
+
+@pytest.mark.parametrize("name", ["config.json", "results.json", "metrics.jsonl"])
+def test_collect_names_an_unreadable_file_in_one_line(tmp_path, name):
+    """Issue 48: a corrupt config.json was a JSONDecodeError traceback without its path."""
+    wd = tmp_path / "a"
+    wd.mkdir()
+    (wd / "config.json").write_text("{}")
+    (wd / name).write_text('{"lr": 0.1,\n')  # cut short
+    with pytest.raises(ValueError) as error:
+        sweep.collect(tmp_path, ["a"])
+    assert str(error.value).splitlines() == [str(error.value)]
+    assert str(error.value).startswith(f"{wd / name} is unreadable (JSONDecodeError: ")

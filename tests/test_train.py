@@ -83,7 +83,7 @@ def run(tmp_path, name, corpus, **kw):
                                       lr_decay=2.0, drop_x=0.2, drop_i=0.3, drop_h=0.2,
                                       drop_o=0.3),
                                **kw})  # fmt: skip
-    return train.train(model, corpus, cfg, tmp_path / name, run_cfg, run_config={"test": 1})
+    return train.train(model, corpus, cfg, tmp_path / name, run_cfg, config=cfg)
 
 
 # Bitwise where reductions have a fixed order: XLA:CPU, or a GPU with deterministic ops
@@ -135,11 +135,12 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, ptb):
 
 def test_incompatible_workdir_is_refused(tmp_path, ptb):
     corpus = ptb_slice(ptb, 1200, 300)
-    engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 5})
+    config = train.LMConfig(depth=2, max_steps=5)
+    engine.prepare_workdir(tmp_path / "w", config)
     engine.write_json(tmp_path / "w" / "results.json", {"step": 5})  # it holds a run
-    engine.prepare_workdir(tmp_path / "w", {"depth": 2, "max_steps": 50})  # run length may change
+    engine.prepare_workdir(tmp_path / "w", config.replace(max_steps=50))  # length may change
     with pytest.raises(ValueError, match="incompatible.*depth"):
-        engine.prepare_workdir(tmp_path / "w", {"depth": 3, "max_steps": 5})
+        engine.prepare_workdir(tmp_path / "w", config.replace(depth=3))
     del corpus
 
 
@@ -163,7 +164,7 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
     cfg, run_cfg = configs(lr=1.0, batch_size=4, num_steps=10, progress=False, log_every=1,
                            checkpoint_every_steps=2, weight_decay=0.0, max_grad_norm=1e9)
     with pytest.raises(engine.TrainingDiverged, match=r"non-finite.*at step 4.*step 2\) is intact"):
-        train.train(model, corpus, cfg, tmp_path / "nan", run_cfg, run_config={})
+        train.train(model, corpus, cfg, tmp_path / "nan", run_cfg)
     assert int(latest_state(tmp_path / "nan")["step"]) == 2
 
 

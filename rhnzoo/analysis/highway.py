@@ -6,9 +6,9 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
   Deep Networks", Fig. 2; the ECBM4040 report's heatmaps): trained T biases, mean
   T over many training images, T and the block outputs for one image, per
   highway layer x unit;
-* :func:`highway_lesion_params` / :func:`highway_lesions`: remove one highway
-  layer at a time by forcing its transform gate to 0 (y = x: the layer becomes
-  the identity) and measure the training cross-entropy (Fig. 4);
+* :func:`highway_lesion_params` / :func:`highway_lesions` / :func:`iter_highway_lesions`:
+  remove one highway layer at a time by forcing its transform gate to 0 (y = x: the
+  layer becomes the identity) and measure the training cross-entropy (Fig. 4);
 * :func:`activation_statistics`, :func:`gradient_norms`, :func:`plain_diagnostics`:
   mean and variance of every layer's activations and the L2 norm of every
   layer's gradient, for plain nets with several activations and
@@ -17,18 +17,20 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
   workdir; the depth sweep's table and figures.
 
 Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.training.highway.split_data`
-gives them); the nets see pixel / 255.
+gives them); the nets see pixel / 255. The gate statistics and lesions take the engine's
+``track`` (:func:`rhnzoo.training.signals.track`): a progress bar over their batches and a
+signal check before each, which raises :class:`~rhnzoo.training.signals.Interrupted`.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-import json
 import math
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -36,33 +38,36 @@ import jax.numpy as jnp
 import numpy as np
 
 from rhnzoo.analysis import flow, plots
-from rhnzoo.analysis.lm import LESION_BIAS, LesionResult
-from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
-from rhnzoo.training import classify, engine, sweep
+from rhnzoo.analysis.lm import LESION_BIAS, LesionResult, Track, lesion_snapshots
+from rhnzoo.models.highway import FeedForwardNet
+from rhnzoo.training import classify, tables
 from rhnzoo.training import highway as hw_training
+from rhnzoo.training import workdir as workdir_lib
 
 Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
 
 __all__ = ["net_from_config", "load_highway_run", "GateStats", "gate_statistics",
-           "highway_lesion_params", "highway_lesions", "activation_statistics",
+           "highway_lesion_params", "highway_lesions", "iter_highway_lesions",
+           "activation_statistics",
            "gradient_norms", "plain_diagnostics", "sweep_table", "sweep_report"]  # fmt: skip
 
 # ----------------------------------------------------------------------------- runs
 
 
 def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
-    """The :class:`FeedForwardNet` of a run's ``config.json`` (keys
-    :data:`rhnzoo.models.highway.NET_KEYS`).
+    """The :class:`FeedForwardNet` of a run's ``config.json`` (its
+    :class:`~rhnzoo.training.highway.HighwayConfig`; keys that are no field are ignored,
+    fields it lacks take their defaults).
 
     Raises:
-      ValueError: if a key is missing or a value is invalid.
+      ValueError: (one line) if it is not a highway-net run's config or a value is invalid.
     """
-    missing = [k for k in NET_KEYS if k not in config]
-    if missing:
-        raise ValueError(f"config lacks {', '.join(missing)}; is it a highway-net run?")
-    return FeedForwardNet(**{k: config[k] for k in NET_KEYS})
+    try:
+        return hw_training.HighwayConfig.from_dict(config, strict=False).net()
+    except ValueError as e:
+        raise ValueError(f"not a highway-net run's config ({e})") from None
 
 
 def load_highway_run(workdir: PathLike) -> tuple[FeedForwardNet, Params, dict[str, Any]]:
@@ -74,12 +79,9 @@ def load_highway_run(workdir: PathLike) -> tuple[FeedForwardNet, Params, dict[st
         or checkpoint shapes that do not match the config.
     """
     workdir = pathlib.Path(workdir)
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{workdir} has no config.json; is it a training workdir?")
-    config = json.loads(path.read_text())
+    config = workdir_lib.read_config(workdir)
     net = net_from_config(config)
-    params = engine.restore_params(workdir)
+    params = workdir_lib.restore_params(workdir)
     if params is None:
         raise ValueError(f"{workdir} has no checkpoint; train it first")
     params = jax.tree.map(jnp.asarray, params)
@@ -129,7 +131,7 @@ def _gate_sum_fn(net: FeedForwardNet):
 
 def gate_statistics(
     net: FeedForwardNet, params: Params, images: np.ndarray, *, sample: int = 0,
-    batch_size: int = 1000,
+    batch_size: int = 1000, track: Track | None = None,
 ) -> GateStats:  # fmt: skip
     """The four heatmap columns of Srivastava et al. Fig. 2 for a trained highway net.
 
@@ -139,12 +141,14 @@ def gate_statistics(
         training images).
       sample: index in ``images`` of the single image of columns 3 and 4.
       batch_size: images per jit call (the last batch is padded, weight 0).
+      track: the engine's tracker over the batches (progress, signal check), if any.
 
     Returns:
       :class:`GateStats`.
 
     Raises:
       ValueError: for a plain net, no images, or ``sample`` outside [0, N).
+      Interrupted: from ``track``, on a signal (between batches).
     """
     if net.kind != "highway":
         raise ValueError("gate statistics need a highway net")
@@ -152,7 +156,11 @@ def gate_statistics(
     if not 0 <= sample < len(images):
         raise ValueError(f"sample must be in [0, {len(images)}), got {sample}")
     sum_fn = _gate_sum_fn(net)
-    total = classify.add_up(sum_fn(params, *b) for b in classify.padded_slices((images,), batch_size))
+    starts = range(0, len(images), batch_size)
+    if track is not None:
+        starts = track(starts, total=len(starts))
+    batches = classify.padded_slices((images,), batch_size, starts)
+    total = classify.add_up(sum_fn(params, *b) for b in batches)
     one = _stats_fn(net)(params, images[sample : sample + 1])
     n = net.width
     return GateStats(
@@ -205,9 +213,39 @@ def _lesioned_sums_fn(net: FeedForwardNet):
     return jax.jit(f)
 
 
+def iter_highway_lesions(
+    net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
+    batch_size: int = 1000, track: Track | None = None,
+) -> Iterator[LesionResult]:  # fmt: skip
+    """:func:`highway_lesions` as it goes (:func:`rhnzoo.analysis.lm.lesion_snapshots`): a
+    :class:`LesionResult` after the intact net's evaluation and after each removed layer's.
+
+    With ``track``, one bar over all ``depth x ceil(N / batch_size)`` batches, a signal
+    check before each.
+
+    Raises:
+      ValueError: (at the call) for a plain net.
+      Interrupted: from ``track``, on a signal (between batches).
+    """
+    if net.kind != "highway":
+        raise ValueError("lesioning needs a highway net (plain layers have no gate)")
+    fn = _lesioned_sums_fn(net)
+
+    def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
+        if layer is None:
+            result = hw_training.evaluate(net, params, split, batch_size, sub)
+        else:
+            sums_fn = functools.partial(lambda l, p, x, y, w: fn(p, l, x, y, w), jnp.int32(layer))
+            result = classify.evaluate(sums_fn, params, split, batch_size, sub)
+        return result["loss"], result["count"]
+
+    batches = -(-len(split[0]) // batch_size)
+    return lesion_snapshots(evaluate, net.depth - 1, batches, track=track)
+
+
 def highway_lesions(
     net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
-    batch_size: int = 1000, track=None,
+    batch_size: int = 1000, track: Track | None = None,
 ) -> LesionResult:  # fmt: skip
     """Removes each highway layer in turn and measures the mean cross-entropy on
     ``split`` (Srivastava et al. Fig. 4: the training set).
@@ -219,25 +257,21 @@ def highway_lesions(
       net, params: a highway :class:`FeedForwardNet` and its parameters.
       split: ``(images uint8 [N, m], labels [N])``.
       batch_size: images per call.
-      track: the engine's progress/signal iterator over the lesions, if any.
+      track: the engine's tracker: one bar over every batch of the ``depth``
+        evaluations, a signal check before each.
 
     Returns:
       :class:`rhnzoo.analysis.lm.LesionResult`: ``base_nll`` the intact net's and
       ``nll [depth - 1]`` each lesion's mean cross-entropy (nats per image),
       ``num_tokens`` = N images.
+
+    Raises:
+      ValueError: for a plain net.
+      Interrupted: from ``track``, on a signal (keep the finished lesions with
+        :func:`iter_highway_lesions`).
     """
-    if net.kind != "highway":
-        raise ValueError("lesioning needs a highway net (plain layers have no gate)")
-    base = hw_training.evaluate(net, params, split, batch_size)
-    fn = _lesioned_sums_fn(net)
-    layers = range(net.depth - 1)
-    if track is not None:
-        layers = track(layers, total=net.depth - 1, desc="lesions")
-    losses = []
-    for layer in layers:
-        sums_fn = functools.partial(lambda l, p, x, y, w: fn(p, l, x, y, w), jnp.int32(layer))
-        losses.append(classify.evaluate(sums_fn, params, split, batch_size)["loss"])
-    return LesionResult(base["loss"], np.asarray(losses), base["count"])
+    lesions = iter_highway_lesions(net, params, split, batch_size=batch_size, track=track)
+    return collections.deque(lesions, maxlen=1)[0]
 
 
 # --------------------------------------------------------- activations and gradients
@@ -350,7 +384,7 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     Columns: epochs run, final training cross-entropy (mean over the last epoch, the
     curves' last point), and the test accuracy of the best-validation parameters.
     Several runs of one kind and depth (seeds): train CE and test accuracy as mean ± sd
-    over them (:func:`rhnzoo.training.sweep.mean_sd`), epochs the mean. Unfinished runs
+    over them (:func:`rhnzoo.training.tables.mean_sd`), epochs the mean. Unfinished runs
     show "—".
     """
     groups: dict[tuple[str, int], list] = {}
@@ -367,7 +401,7 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
             group = groups.get((kind, depth))
             row += [None] * 5 if group is None else _sweep_cells(group)
         rows.append(row)
-    return sweep.markdown(head, rows, align="r" * len(head))
+    return tables.markdown(head, rows, align="r" * len(head))
 
 
 def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -378,13 +412,13 @@ def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
              if x is not None and math.isfinite(x)]  # fmt: skip
     accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
     diverged = sum(bool(res.get("diverged")) for res in results)
-    acc = sweep.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
+    acc = tables.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
                                             else "—")  # fmt: skip
     if diverged:
         acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
     epochs = [last.get("epoch", 0) for last in lasts]
     return [f"{group[0]['params']:,}", f"{group[0]['lr']:g}", f"{sum(epochs) / len(epochs):.0f}",
-            sweep.mean_sd(xents, ".4f") or "—", acc]  # fmt: skip
+            tables.mean_sd(xents, ".4f") or "—", acc]  # fmt: skip
 
 
 def sweep_report(
@@ -424,7 +458,7 @@ def sweep_report(
     root = pathlib.Path(root)
     written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
     table = sweep_table(runs)
-    written.append(sweep.write_table(root / "results.md",
+    written.append(tables.write_table(root / "results.md",
                                      (header + "\n\n" if header else "") + table))  # fmt: skip
     log(table)
 
@@ -482,6 +516,6 @@ def sweep_report(
             title=f"Plain nets of depth {diagnostics_depth} at initialisation "
                   f"({diagnostics_examples:,} training images)"))  # fmt: skip
     path = root / "analysis.json"
-    engine.write_json(path, numbers)
+    workdir_lib.write_json(path, numbers)
     written.append(path)
     return written

@@ -7,25 +7,31 @@ Pure functions over ``(model, params)`` pairs (plots: :mod:`rhnzoo.analysis.plot
 * :func:`gate_activity`: every micro-layer's transform gate T (and the HSG gate
   g) over a token sequence; :func:`plot_gate_heatmap` draws the mean T-gate
   activity per micro-layer over time (Zilly et al. 2017, sec. 6, Fig. 5b);
-* :func:`lesion_params` / :func:`lesion_layers`: switch off one micro-layer at a
-  time by forcing its transform gate shut (T = 0, so s^[l] = s^[l-1]) and
-  measure the loss (Zilly et al. 2017, sec. 6); :func:`plot_lesion`;
+* :func:`lesion_params` / :func:`lesion_layers` / :func:`iter_lesions`: switch off one
+  micro-layer at a time by forcing its transform gate shut (T = 0, so s^[l] = s^[l-1])
+  and measure the loss (Zilly et al. 2017, sec. 6); :func:`plot_lesion`;
 * :func:`hsg_gate_sample` / :func:`plot_gate_histogram`: HSG gate values at
   random time steps (Shoham & Permuter, Fig. 7);
 * :func:`mc_dropout_perplexity`: Monte-Carlo dropout evaluation as in the
   reference code's ``evaluate_mc`` (``rhn_train.py``, ``mc_steps``).
 
+The long ones (lesions, the HSG sample, MC dropout) run window by window and take the
+engine's ``track`` (:func:`rhnzoo.training.signals.track`): one progress bar per call
+(:func:`shared_bar`) and a signal check before every window, which raises
+:class:`~rhnzoo.training.signals.Interrupted`.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
 import math
 import os
 import pathlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -34,17 +40,17 @@ import numpy as np
 
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import engine
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.training.signals import Track  # track(iterable, total=None, desc='') -> iterator
 
 Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
 
 __all__ = ["LESION_BIAS", "load_run", "run_label", "Gates", "gate_activity", "hsg_gate_sample",
-           "lesion_params", "LesionResult", "lesion_layers", "MCResult", "make_mc_pass",
-           "mc_dropout_perplexity"]  # fmt: skip
+           "lesion_params", "LesionResult", "lesion_snapshots", "iter_lesions", "lesion_layers",
+           "MCResult", "MCPass", "mc_dropout_perplexity", "shared_bar"]  # fmt: skip
 
 # config.json keys forwarded to lm.language_model when present (cell options only when
 # the run's cell takes them).
@@ -53,6 +59,33 @@ _MODEL_KEYS = ("tied", "init_scale", "hsg_init_bias", "unroll")
 # Bias that closes a transform gate: sigmoid(-1e4 + anything moderate) is exactly
 # 0.0 in float32, so the lesioned micro-layer passes its input through unchanged.
 LESION_BIAS = -1e4
+
+
+@contextlib.contextmanager
+def shared_bar(track: Track | None, total: int, desc: str = "") -> Iterator[Track | None]:
+    """One ``track`` bar of ``total`` items, advanced by several loops in turn.
+
+    Yields a tracker ``(iterable, total=None, desc='') -> iterator`` for those loops: it
+    passes ``iterable``'s items through, taking one item of the shared bar before each
+    (so the engine's tracker checks for a signal there and raises
+    :class:`~rhnzoo.training.signals.Interrupted`); the bar is closed on exit. With
+    ``track`` None, yields None (no bar, no checks).
+    """
+    if track is None:
+        yield None
+        return
+    items = iter(track(range(total), total=total, desc=desc))
+
+    def advance(iterable: Iterable, total: int | None = None, desc: str = "") -> Iterator:
+        del total, desc  # the shared bar's
+        for item in iterable:
+            next(items, None)
+            yield item
+
+    try:
+        yield advance
+    finally:
+        getattr(items, "close", lambda: None)()
 
 
 # ----------------------------------------------------------------------------- runs
@@ -87,7 +120,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
     if missing:
         raise ValueError(f"{workdir / 'config.json'} lacks {', '.join(missing)}; cannot "
                          "rebuild the model")  # fmt: skip
-    params = engine.restore_params(workdir)
+    params = workdir_lib.restore_params(workdir)
     if params is None:
         raise ValueError(
             f"{workdir} has no checkpoint (neither best/ nor checkpoints/ holds a step); "
@@ -167,6 +200,30 @@ def _gate_scan(model: lm.LanguageModel, params: Params, carry: Array, tokens: Ar
     return jax.lax.scan(body, carry, x_proj)
 
 
+def _gate_windows(
+    model: lm.LanguageModel, params: Params, tokens: Array, num_steps: int | None,
+    track: Track | None = None, carry: Array | None = None,
+) -> Iterator[Gates]:  # fmt: skip
+    """:class:`Gates` of ``tokens [B, T]`` in windows of ``num_steps`` time steps (None: one
+    window), the state carried across them; the last window is padded to ``num_steps``
+    (one compilation) and the padding cut off. ``track`` iterates the windows."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
+    _rhn_parts(model, params)
+    length = tokens.shape[1]
+    num_steps = num_steps or length
+    if carry is None:
+        carry = model.initial_carry(tokens.shape[0])
+    starts = range(0, length, num_steps)
+    for start in starts if track is None else track(starts, total=len(starts)):
+        window = tokens[:, start : start + num_steps]
+        n = window.shape[1]
+        window = np.pad(window, ((0, 0), (0, num_steps - n)))
+        carry, (t, g) = _gate_scan(model, params, carry, jnp.asarray(window))
+        yield Gates(t[:n], None if g is None else g[:n])
+
+
 def gate_activity(
     model: lm.LanguageModel, params: Params, tokens: Array, carry: Array | None = None
 ) -> Gates:
@@ -189,19 +246,14 @@ def gate_activity(
     Raises:
       ValueError: for another cell type or ``tokens`` that is not 2-D.
     """
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
-    _rhn_parts(model, params)
-    if carry is None:
-        carry = model.initial_carry(tokens.shape[0])
-    _, (t, g) = _gate_scan(model, params, carry, tokens)
-    return Gates(t, g)
+    (gates,) = _gate_windows(model, params, tokens, None, carry=carry)
+    return gates
 
 
 def hsg_gate_sample(
-    model: lm.LanguageModel, params: Params, tokens: Array, num_times: int, seed: int = 0
-) -> np.ndarray:
+    model: lm.LanguageModel, params: Params, tokens: Array, num_times: int, seed: int = 0, *,
+    num_steps: int | None = None, track: Track | None = None,
+) -> np.ndarray:  # fmt: skip
     """HSG gate values at ``num_times`` random time steps (Shoham & Permuter, Fig. 7).
 
     Args:
@@ -209,21 +261,26 @@ def hsg_gate_sample(
       tokens: ``[B, T]`` int ids; the gates are computed from a zero state.
       num_times: time steps drawn uniformly without replacement (at most T).
       seed: NumPy seed of the draw.
+      num_steps: the gates are computed in windows of this many time steps, the state
+        carried across them (None: one window of T).
+      track: the engine's tracker over the windows (progress, signal check), if any.
 
     Returns:
       ``[num_times * B * n]`` float32 gate values g in (0, 1).
 
     Raises:
       ValueError: if the model has no HSG, or ``num_times`` is not in [1, T].
+      Interrupted: from ``track``, on a signal.
     """
-    gates = gate_activity(model, params, tokens)
-    if gates.g is None:
+    if _rhn_parts(model, params)[2] is None:
         raise ValueError("the model has no HSG gate")
-    num_steps = gates.g.shape[0]
-    if not 1 <= num_times <= num_steps:
-        raise ValueError(f"num_times must be in [1, {num_steps}], got {num_times}")
-    times = np.random.default_rng(seed).choice(num_steps, num_times, replace=False)
-    return np.asarray(gates.g)[np.sort(times)].reshape(-1)
+    num_steps_total = np.shape(tokens)[-1]
+    if not 1 <= num_times <= num_steps_total:
+        raise ValueError(f"num_times must be in [1, {num_steps_total}], got {num_times}")
+    windows = _gate_windows(model, params, tokens, num_steps, track)
+    g = np.concatenate([np.asarray(gates.g) for gates in windows])
+    times = np.random.default_rng(seed).choice(num_steps_total, num_times, replace=False)
+    return g[np.sort(times)].reshape(-1)
 
 
 # -------------------------------------------------------------------------- lesions
@@ -280,7 +337,7 @@ class LesionResult:
 
     @property
     def base_ppl(self) -> float:
-        return math.exp(self.base_nll)
+        return lm_training.METRICS["ppl"](self.base_nll)
 
     @property
     def ppl(self) -> np.ndarray:
@@ -293,9 +350,69 @@ class LesionResult:
         """``[L]`` loss increase (nats/token) = log(ppl_lesioned / ppl_intact)."""
         return self.nll - self.base_nll
 
-    @property
-    def delta_ppl(self) -> np.ndarray:
-        return self.ppl - self.base_ppl
+
+def lesion_snapshots(
+    evaluate: Callable[[int | None, Track | None], tuple[float, int]], num_layers: int,
+    chunks: int, *, track: Track | None = None, desc: str = "lesion",
+) -> Iterator[LesionResult]:  # fmt: skip
+    """A lesion study as it goes: the intact model, then each of ``num_layers`` lesions.
+
+    Yields a :class:`LesionResult` after the intact evaluation (``nll`` empty) and after
+    each lesion (``nll [l + 1]`` for layers 0..l), so a consumer stopped by a signal
+    keeps the evaluations that finished.
+
+    Args:
+      evaluate: ``(layer, track) -> (mean loss in nats, count)`` with ``layer`` lesioned
+        (None: intact), iterating its ``chunks`` chunks (windows, batches) with ``track``.
+      num_layers: the lesions, layers 0 .. num_layers - 1.
+      chunks: chunks per evaluation; the one bar (:func:`shared_bar`) has
+        ``(num_layers + 1) * chunks`` items.
+      track: the engine's tracker, if any.
+
+    Raises:
+      Interrupted: from ``track``, on a signal (between chunks).
+    """
+    with shared_bar(track, (num_layers + 1) * chunks, desc) as sub:
+        base, count = evaluate(None, sub)
+        nll: list[float] = []
+        yield LesionResult(base, np.zeros(0), count)
+        for layer in range(num_layers):
+            nll.append(evaluate(layer, sub)[0])
+            yield LesionResult(base, np.asarray(nll), count)
+
+
+def iter_lesions(
+    model: lm.LanguageModel,
+    params: Params,
+    tokens: np.ndarray,
+    *,
+    batch_size: int = 20,
+    num_steps: int = 35,
+    bias: float = LESION_BIAS,
+    track: Track | None = None,
+) -> Iterator[LesionResult]:
+    """:func:`lesion_layers` as it goes (:func:`lesion_snapshots`): a :class:`LesionResult`
+    after the intact evaluation and after each micro-layer's lesion.
+
+    With ``track``, one bar over all ``(L + 1) x W`` evaluation windows, a signal check
+    before each.
+
+    Raises:
+      ValueError: (at the call) for another cell type, or ``tokens`` too short for
+        ``batch_size``.
+      Interrupted: from ``track``, on a signal (between windows).
+    """
+    rhn, *_ = _rhn_parts(model, params)
+    tokens = np.asarray(tokens)
+    windows = len(lm_training.eval_windows(tokens, batch_size, num_steps)[0])
+    evaluator = lm_training.Evaluator(model)
+
+    def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
+        p = params if layer is None else lesion_params(model, params, layer, bias)
+        total, count = evaluator(p, tokens, batch_size, num_steps, sub)
+        return total / count, int(count)
+
+    return lesion_snapshots(evaluate, rhn.depth, windows, track=track)
 
 
 def lesion_layers(
@@ -306,10 +423,11 @@ def lesion_layers(
     batch_size: int = 20,
     num_steps: int = 35,
     bias: float = LESION_BIAS,
+    track: Track | None = None,
 ) -> LesionResult:
     """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
 
-    Evaluation is :func:`rhnzoo.training.lm.make_evaluate` (no dropout, ``batch_size``
+    Evaluation is :class:`rhnzoo.training.lm.Evaluator` (no dropout, ``batch_size``
     rows, carry across windows of ``num_steps``), compiled once and reused for
     the intact and the L lesioned parameter sets.
 
@@ -318,21 +436,20 @@ def lesion_layers(
       tokens: ``[N]`` int token stream (e.g. a slice of the training set).
       batch_size, num_steps: evaluation rows and window length.
       bias: the T-gate bias of a lesioned layer (:func:`lesion_params`).
+      track: the engine's tracker: one bar over the ``(L + 1) x W`` windows, a signal
+        check before each.
 
     Returns:
       :class:`LesionResult` (nats/token; perplexities via its properties).
 
     Raises:
       ValueError: for another cell type, or ``tokens`` too short for ``batch_size``.
+      Interrupted: from ``track``, on a signal (the finished lesions are lost; keep
+        them with :func:`iter_lesions`).
     """
-    rhn, *_ = _rhn_parts(model, params)
-    evaluate = lm_training.make_evaluate(model)
-    base, count = evaluate(params, tokens, batch_size, num_steps)
-    nll = [
-        evaluate(lesion_params(model, params, layer, bias), tokens, batch_size, num_steps)[0]
-        for layer in range(rhn.depth)
-    ]
-    return LesionResult(base / count, np.asarray(nll) / count, int(count))
+    return collections.deque(iter_lesions(model, params, tokens, batch_size=batch_size,
+                                          num_steps=num_steps, bias=bias, track=track),
+                             maxlen=1)[0]  # fmt: skip
 
 
 # ------------------------------------------------------------------------ MC dropout
@@ -364,34 +481,64 @@ class MCResult:
         return self.compile_s + sum(self.pass_s)
 
 
-def make_mc_pass(model: lm.LanguageModel, rates: dropout.Rates):
-    """Returns ``mc_pass(params, x, y, key) -> log p [W, B, T]``, jit-compiled.
+def _mc_window(model: lm.LanguageModel, params, carry, x, y, masks):
+    """One window of an MC-dropout pass: ``(carry, log p of the targets [B, T])``."""
+    carry, ys = model.hidden(params, carry, x, masks)
+    logp = jax.nn.log_softmax(model.logits(params, ys))  # [T, B, V]
+    target = jnp.take_along_axis(logp, y.T[..., None], axis=-1)[..., 0]
+    return carry, target.T
 
-    ``x, y [W, B, T]`` are the windows of :func:`rhnzoo.training.lm.eval_windows`. One
-    set of dropout masks (:func:`rhnzoo.dropout.lm_masks`, ``rates``) is drawn
-    from ``key`` for the whole pass: the word mask per (row, word type), the
-    input/state/output masks per row, shared by every window, as the reference
-    code draws them once per pass over the data. The carry runs across windows.
+
+class MCPass:
+    """``mc_pass(params, x, y, key, track=None) -> log p [W, B, T]``: one Monte-Carlo
+    dropout pass over the windows ``x, y [W, B, T]`` of
+    :func:`rhnzoo.training.lm.eval_windows`.
+
+    One set of dropout masks (:func:`rhnzoo.dropout.lm_masks`, ``rates``) is drawn from
+    ``key`` for the whole pass: the word mask per (row, word type), the input/state/output
+    masks per row, shared by every window, as the reference code draws them once per
+    pass over the data. The carry runs across windows, one jit-compiled call per window
+    (at most two in flight), so ``track`` (the engine's tracker) shows progress and stops
+    the pass at a window boundary on a signal (:class:`~rhnzoo.training.signals.Interrupted`).
     Output: log-probability (nats) of each target under that mask draw.
     """
-    @jax.jit
-    def mc_pass(params, x, y, key):
-        num_windows, batch, num_steps = x.shape
-        rows = x.transpose(1, 0, 2).reshape(batch, num_windows * num_steps)
-        masks = model.dropout_masks(key, rows, rates)
-        mask_x = masks["x"].reshape(batch, num_windows, num_steps).transpose(1, 0, 2)
 
-        def body(carry, window):
-            xw, yw, mxw = window
-            carry, ys = model.hidden(params, carry, xw, dict(masks, x=mxw))
-            logp = jax.nn.log_softmax(model.logits(params, ys))  # [T, B, V]
-            target = jnp.take_along_axis(logp, yw.T[..., None], axis=-1)[..., 0]
-            return carry, target.T
+    def __init__(self, model: lm.LanguageModel, rates: dropout.Rates):
+        self.model = model
 
-        _, logp = jax.lax.scan(body, model.initial_carry(batch), (x, y, mask_x))
-        return logp
+        def masks(key, x):
+            num_windows, batch, num_steps = x.shape
+            rows = x.transpose(1, 0, 2).reshape(batch, num_windows * num_steps)
+            drawn = model.dropout_masks(key, rows, rates)
+            by_window = drawn["x"].reshape(batch, num_windows, num_steps).transpose(1, 0, 2)
+            return dict(drawn, x=by_window)  # x [W, B, T]
 
-    return mc_pass
+        self._masks = jax.jit(masks)
+        self._window = jax.jit(functools.partial(_mc_window, model))
+
+    def compile(self, params: Params, x: np.ndarray, y: np.ndarray, key: Array) -> float:
+        """Compiles the pass for these shapes ahead of time (later calls use it); returns
+        the seconds it took."""
+        t0 = time.perf_counter()
+        masks = jax.eval_shape(self._masks, key, x)
+        window_masks = dict(masks, x=jax.ShapeDtypeStruct(masks["x"].shape[1:], masks["x"].dtype))
+        carry = self.model.initial_carry(x.shape[1])
+        self._masks = self._masks.lower(key, x).compile()
+        self._window = self._window.lower(params, carry, x[0], y[0], window_masks).compile()
+        return time.perf_counter() - t0
+
+    def __call__(self, params: Params, x: np.ndarray, y: np.ndarray, key: Array,
+                 track: Track | None = None) -> Array:  # fmt: skip
+        masks = self._masks(key, x)
+        carry = self.model.initial_carry(x.shape[1])
+        windows = range(len(x)) if track is None else track(range(len(x)), total=len(x))
+        logp: list[Array] = []
+        for i in windows:
+            carry, out = self._window(params, carry, x[i], y[i], dict(masks, x=masks["x"][i]))
+            if logp:
+                logp[-1].block_until_ready()
+            logp.append(out)
+        return jnp.stack(logp)
 
 
 def mc_dropout_perplexity(
@@ -404,6 +551,7 @@ def mc_dropout_perplexity(
     seed: int = 0,
     batch_size: int = 1,
     num_steps: int = 100,
+    track: Track | None = None,
 ) -> MCResult:
     """Perplexity with dropout ON, averaging predicted probabilities over mask draws.
 
@@ -428,35 +576,38 @@ def mc_dropout_perplexity(
       num_samples: K >= 1.
       seed: seeds the mask draws.
       batch_size: rows of the stream (1: reference protocol).
-      num_steps: window length of the scan (any value gives the same result up
-        to float rounding: the masks are per pass, not per window).
+      num_steps: window length (any value gives the same result up to float
+        rounding: the masks are per pass, not per window).
+      track: the engine's tracker: one bar over the K x W windows, a signal check
+        before each.
 
     Returns:
       :class:`MCResult` with the perplexity and its cost in seconds.
 
     Raises:
       ValueError: if ``num_samples < 1`` or the stream is too short.
+      Interrupted: from ``track``, on a signal (between windows; nothing is returned).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     x, y, w = lm_training.eval_windows(np.asarray(tokens), batch_size, num_steps)
-    x, y, w = jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)
+    w = jnp.asarray(w)
     key = jax.random.PRNGKey(seed)
-    t0 = time.perf_counter()
-    mc_pass = make_mc_pass(model, rates).lower(params, x, y, key).compile()
-    compile_s = time.perf_counter() - t0
-    count = float(w.sum())
+    mc_pass = MCPass(model, rates)
+    compile_s = mc_pass.compile(params, x, y, key)
+    count, ppl = float(w.sum()), lm_training.METRICS["ppl"]
     lse, sample_ppl, pass_s = None, [], []
-    for k in range(num_samples):
-        t0 = time.perf_counter()
-        logp = mc_pass(params, x, y, jax.random.fold_in(key, k))
-        logp.block_until_ready()
-        pass_s.append(time.perf_counter() - t0)
-        sample_ppl.append(lm_training.perplexity(-float((logp * w).sum()), count))
-        lse = logp if lse is None else jnp.logaddexp(lse, logp)
+    with shared_bar(track, num_samples * len(x), "mc_dropout") as sub:
+        for k in range(num_samples):
+            t0 = time.perf_counter()
+            logp = mc_pass(params, x, y, jax.random.fold_in(key, k), sub)
+            logp.block_until_ready()
+            pass_s.append(time.perf_counter() - t0)
+            sample_ppl.append(ppl(-float((logp * w).sum()) / count))
+            lse = logp if lse is None else jnp.logaddexp(lse, logp)
     nll = -float(((lse - math.log(num_samples)) * w).sum()) / count
     return MCResult(
-        perplexity=lm_training.perplexity(nll, 1.0),
+        perplexity=ppl(nll),
         nll=nll,
         sample_perplexities=tuple(sample_ppl),
         num_tokens=int(count),

@@ -1,7 +1,8 @@
 """matplotlib figures of the analyses (no pyplot, no global state, works headless).
 
 Plots are drawn on a bare :class:`matplotlib.figure.Figure` and saved without
-``bbox_inches='tight'``, so a PNG is exactly ``figsize * dpi`` pixels. One plot
+``bbox_inches='tight'``, so a PNG is exactly ``figsize * dpi`` pixels; each is written to a
+temporary file renamed over the target, so an interrupted save never leaves half a PNG. One plot
 function per figure kind, shared by the papers where the figure is the same
 (gate heatmaps and lesioning for RHN micro-layers and highway layers).
 """
@@ -29,9 +30,16 @@ __all__ = ["plot_gate_heatmap", "plot_lesion", "plot_gate_histogram", "plot_lear
 
 
 def _save(fig: Figure, path: PathLike) -> pathlib.Path:
+    """Writes ``fig`` at its dpi to ``path`` atomically (a hidden temporary file in the same
+    directory, then a rename; the format from the suffix, PNG without one)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=fig.dpi)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=fig.dpi, format=path.suffix[1:] or "png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -123,29 +131,28 @@ def plot_lesion(
 
     Bars are Δ loss in nats/token (= log of the perplexity ratio, so a layer whose
     lesion multiplies perplexity by 20 does not hide the others); each bar is
-    annotated with the lesioned perplexity. The PNG is ``figsize * dpi`` pixels.
+    annotated with the lesioned perplexity (said in the x-axis label, clear of the
+    bars; the y range leaves room for the labels). The PNG is ``figsize * dpi`` pixels.
     """
+    return _save(_lesion_figure(result, title, figsize, dpi), path)
+
+
+def _lesion_figure(result: LesionResult, title: str | None, figsize: tuple[float, float],
+                   dpi: int) -> Figure:  # fmt: skip
     delta = result.delta_nll
     layers = np.arange(1, delta.size + 1)
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
     bars = ax.bar(layers, delta, color="tab:red")
     ax.bar_label(bars, [f"{p:.0f}" if p < 1e6 else f"{p:.1e}" for p in result.ppl], fontsize=7)
+    ax.margins(y=0.12)  # room for the bar labels inside the axes, below the title
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(layers)
-    ax.set_xlabel("lesioned micro-layer l (T gate bias set to -1e4)")
+    ax.set_xlabel("lesioned micro-layer l (T gate bias set to -1e4)\n"
+                  "bar labels: perplexity with that micro-layer lesioned")  # fmt: skip
     ax.set_ylabel("Δ loss (nats/token)")
-    ax.text(
-        0.99,
-        0.98,
-        "bar labels: lesioned perplexity",
-        transform=ax.transAxes,
-        ha="right",
-        va="top",
-        fontsize=7,
-    )
     ax.set_title(title or f"Lesioning: intact perplexity {result.base_ppl:.1f}")
-    return _save(fig, path)
+    return fig
 
 
 def plot_gate_histogram(
@@ -181,6 +188,7 @@ def plot_learning_curves(
     title: str | None = None,
     figsize: tuple[float, float] = (6.4, 4.0),
     dpi: int = 100,
+    style: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> pathlib.Path:
     """Validation perplexity vs epoch, one line per run (Shoham & Permuter, Fig. 6).
 
@@ -189,10 +197,11 @@ def plot_learning_curves(
         (:func:`read_metrics`); runs without records are skipped.
       path: PNG file; the image is ``figsize * dpi`` pixels.
       key: the record field on the y axis (log scale).
+      style: label -> ``Axes.plot`` keywords of its line (e.g. ``{'marker': 'o'}``).
     """
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
-    _curves(ax, curves, key)
+    _curves(ax, curves, key, **(style or {}))
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(title or "Learning curves")
     return _save(fig, path)
@@ -437,13 +446,19 @@ def plot_gradient_flow(
     figsize: tuple[float, float] = (7.0, 4.5),
     dpi: int = 100,
 ) -> pathlib.Path:
-    """Gradient norm vs steps back in time, one line per cell (log scale).
+    """Gradient norm vs steps back in time, one line per cell (log scale), the legend to
+    the right of the axes (never over a curve).
 
     Args:
       curves: label -> ``[K + 1]`` norms ``‖∂L_T/∂s_{T-k}‖`` for k = 0..K
         (:func:`rhnzoo.analysis.flow.gradient_norms_through_time`).
       path: PNG file; the image is ``figsize * dpi`` pixels.
     """
+    return _save(_gradient_flow_figure(curves, title, figsize, dpi), path)
+
+
+def _gradient_flow_figure(curves: Mapping[str, np.ndarray], title: str | None,
+                          figsize: tuple[float, float], dpi: int) -> Figure:  # fmt: skip
     import matplotlib
 
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
@@ -456,11 +471,12 @@ def plot_gradient_flow(
                 color=colors[(2 * i) % 20 + (i // 10) % 2])  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("steps back in time k")
-    ax.set_ylabel("‖∂L_T / ∂s_{T-k}‖")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel(r"$\Vert\partial L_T / \partial s_{T-k}\Vert$")
+    if curves:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
-    ax.set_title(title or "Gradient flow through time")
-    return _save(fig, path)
+    fig.suptitle(title or "Gradient flow through time")  # centred over axes and legend
+    return fig
 
 
 def plot_trial_swarm(

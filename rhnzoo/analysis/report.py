@@ -14,66 +14,77 @@ entry of :data:`rhnzoo.data.DATASETS`, whose task says what the run is.
 :func:`flow_figures` draws the gradient flow of every cell family at initialisation, and
 for a recurrent run its trained cell's gradient flow and Gersgorin discs
 (:mod:`rhnzoo.analysis.flow`).
+
+Each analysis runs as named phases (:class:`Phases`: e.g. ``gate_heatmap``, ``lesion``,
+``hsg_gate``, ``deterministic``, ``mc_dropout``), each announced by one line, its long
+loops under a progress bar with an ETA (``progress``) and one line with the time left once
+it is known. The JSON file (``analysis.json``, ``flow.json``) is rewritten atomically after
+every phase. SIGTERM/SIGINT (:func:`rhnzoo.training.signals.catch_signals`) stops the
+analysis at the next chunk (evaluation window, batch, cell): the file then holds the
+phases done, the stopped one marked ``interrupted`` (with the numbers of its finished
+units: a lesion study's finished lesions, the cell families drawn so far; nothing of an
+unfinished MC-dropout or gate computation), and
+:class:`~rhnzoo.training.signals.Interrupted` propagates (exit status 128 + signal in
+``experiments/analyze.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import pathlib
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from rhnzoo import cells, data, dropout
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
-from rhnzoo.training import engine
+from rhnzoo.config import Config, setting
 from rhnzoo.training import lm as lm_training
+from rhnzoo.training import signals
 from rhnzoo.training import workdir as workdir_lib
 
 
-def _count(default: int | None, least: int = 1):
-    """A count setting: ``default``, and the least value it takes (checked on construction;
-    ``None``, where it is the default, means no limit)."""
-    return dataclasses.field(default=default, metadata={"least": least})
-
-
 @dataclasses.dataclass(frozen=True)
-class Options:
-    """The settings of the analyses (``experiments/analyze.py``'s flags).
+class Options(Config):
+    """The settings of the analyses (``experiments/analyze.py``'s flags, one field each).
 
     Raises:
       ValueError: (one line, named as the flag) for a count below its least value, e.g.
         ``lesion_tokens=-1`` or ``max_eval_tokens=0`` (``None`` means every token).
     """
 
-    split: str = "valid"
-    mc_samples: int = _count(0, least=0)
-    mc_batch_size: int = _count(1)
-    max_eval_tokens: int | None = _count(None)
-    eval_num_steps: int = _count(200)
-    lesion_tokens: int = _count(20000)
-    lesion_batch_size: int = _count(20)
-    heatmap_steps: int = _count(40)
-    hist_tokens: int = _count(2000)
-    hist_times: int = _count(200)
-    seed: int = 0
-    data_dir: str | None = None
-    verify: bool = True
-    flow_hidden: int = _count(64)
-    flow_steps: int = _count(100)
-    flow_tokens: int = _count(50)
-    heatmap_examples: int = _count(1000)
-    lesion_examples: int = _count(10000)
-    track: Any = None  # the engine's progress/signal tracker for long evaluations
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value, least = getattr(self, field.name), field.metadata.get("least")
-            if least is not None and value is not None and value < least:
-                raise ValueError(f"--{field.name} must be >= {least}, got {value}")
+    split: str = setting("valid", "Split for gates and MC.", choices=("train", "valid", "test"))
+    mc_samples: int = setting(0, "MC-dropout passes K (0: skip MC evaluation).", low=0)
+    mc_batch_size: int = setting(1, "Rows of the MC evaluation (1: reference).", low=1)
+    max_eval_tokens: int | None = setting(None, "Evaluate only the first N tokens of --split.",
+                                          low=1)
+    eval_num_steps: int = setting(200, "Window length of evaluation scans.", low=1)
+    lesion_tokens: int = setting(20000, "Training tokens for the lesion study.", low=1)
+    lesion_batch_size: int = setting(20, "Rows of the lesion evaluation.", low=1)
+    heatmap_steps: int = setting(40, "Time steps shown in the gate heatmap.", low=1)
+    hist_tokens: int = setting(2000, "Tokens of --split run for the HSG histogram.", low=1)
+    hist_times: int = setting(200, "Random time steps in the HSG histogram.", low=1)
+    seed: int = setting(0, "Seed of the MC masks and the histogram's time steps.")
+    data_dir: str | None = setting(None, "Data directory (default: the run's data_dir "
+                                   "setting).")
+    verify: bool = setting(True, "Check the data files' sha256 (off for your own corpora).")
+    flow_hidden: int = setting(64, "Units of the cells compared at initialisation.", low=1)
+    flow_steps: int = setting(100, "Time steps T of the gradient-flow sequences.", low=1)
+    flow_tokens: int = setting(50, "Tokens read before the Gersgorin Jacobian is taken.",
+                               low=1)
+    heatmap_examples: int = setting(1000, "Highway runs: images in the gate heatmap.", low=1)
+    lesion_examples: int = setting(10000, "Highway runs: images in the lesion study.", low=1)
+    progress: bool = setting(True, "Show progress bars (with an ETA) for the long phases.")
+    # The engine's progress/signal tracker for long evaluations (not a setting); None:
+    # rhnzoo.training.signals.track with ``progress``.
+    track: Any = dataclasses.field(default=None, metadata={"flag": False})
 
 
 # The cell families compared at initialisation: label -> (registered cell, its settings),
@@ -111,6 +122,126 @@ def _is_rhn(cell) -> bool:
     return isinstance(cell.cell if isinstance(cell, cells.HSG) else cell, cells.RHN)
 
 
+# ------------------------------------------------------------------ phases
+
+
+WARMUP_ITEMS = 2  # a phase's first items are not timed (compilations)
+ESTIMATE_ITEMS = 3  # timed items before a phase's time left is printed
+
+
+def _about(seconds: float) -> str:
+    """``'about 40 s'``, ``'about 3 min'``, ``'about 2.5 h'``."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    return f"about {seconds / 60:.0f} min" if seconds < 5400 else f"about {seconds / 3600:.1f} h"
+
+
+class Phases:
+    """The phases of one analysis, run in order, and the numbers they gather (:attr:`results`).
+
+    ``with phases(name, what, unit) as track:`` runs one phase: it prints
+    ``'<name>: <what>'``; the phase's long loops iterate with ``track`` (``opts.track``,
+    else :func:`rhnzoo.training.signals.track` with a bar when ``opts.progress``; a
+    signal check before every item), which prints ``'  <name>: about 3 min left (...)'``
+    once a few items (``unit``) after the first ones (the compilations) are timed.
+    ``results['phases'][name]`` records ``{'status': 'done' | 'interrupted', 'seconds',
+    'figures'}`` (figures: the files :meth:`wrote` names). After each finished phase
+    ``results`` (``'complete': False`` until :meth:`finish`) is written to every path of
+    ``paths``, atomically (:func:`rhnzoo.training.workdir.write_json`).
+
+    On SIGTERM/SIGINT (between items, or before a phase starts) the phase is marked
+    ``'interrupted'`` (with ``'signal'``), ``results['interrupted'] = {'phase', 'signal'}``,
+    the files are written with what the phases put into ``results`` so far, one line
+    says so, and :class:`~rhnzoo.training.signals.Interrupted` propagates.
+    """
+
+    def __init__(self, paths: Sequence[pathlib.Path], opts: Options):
+        self.paths = list(paths)
+        self.results: dict[str, Any] = {"complete": False, "phases": {}}
+        self._track = opts.track or functools.partial(signals.track, progress=opts.progress)
+        self._record: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, what: str, unit: str = "chunks") -> Iterator[signals.Track]:
+        print(f"{name}: {what}", flush=True)
+        record = self._record = self.results["phases"][name] = {"status": "running", "figures": []}
+        t0 = time.perf_counter()
+        try:
+            if signals.stop_requested() is not None:
+                raise signals.Interrupted(signals.stop_requested())
+            yield functools.partial(self._timed, name, unit)
+        except signals.Interrupted as e:
+            record.update(status="interrupted", signal=e.signum, seconds=time.perf_counter() - t0)
+            self.results["interrupted"] = {"phase": name, "signal": e.signum}
+            self._write()
+            done = [n for n, r in self.results["phases"].items() if r["status"] == "done"]
+            files = ", ".join(map(str, self.paths)) or "nothing"
+            print(f"stopped by signal {e.signum} in phase {name}: wrote {files} with the phases "
+                  f"done ({', '.join(done) or 'none'}) and {name} marked interrupted", flush=True)
+            raise
+        record.update(status="done", seconds=time.perf_counter() - t0)
+        self._write()
+
+    def _timed(self, name: str, unit: str, iterable: Iterable, total: int | None = None,
+               desc: str = "") -> Iterator:  # fmt: skip
+        """The phase's tracker: the bar named ``name``; once :data:`ESTIMATE_ITEMS` items
+        after the first :data:`WARMUP_ITEMS` (compilations) are timed, and more are left,
+        the time left: their median time x the items left."""
+        del desc
+        durations, last = [], None
+        for i, item in enumerate(self._track(iterable, total=total, desc=name)):
+            now = time.perf_counter()
+            if i > WARMUP_ITEMS:
+                durations.append(now - last)
+            if len(durations) == ESTIMATE_ITEMS and total and total > i:
+                each = float(np.median(durations))
+                tqdm.write(f"  {name}: {_about(each * (total - i))} left ({total - i:,} of "
+                           f"{total:,} {unit} to go, {each:.3g} s each)")  # fmt: skip
+            last = now
+            yield item
+
+    def wrote(self, path: pathlib.Path) -> None:
+        """Prints ``'wrote <path>'`` and records the file among the phase's figures."""
+        print(f"wrote {path}", flush=True)
+        self._record["figures"].append(pathlib.Path(path).name)
+
+    def _write(self) -> None:
+        for path in self.paths:
+            workdir_lib.write_json(path, self.results)
+
+    def finish(self) -> dict[str, Any]:
+        """Marks the analysis complete, writes the files and returns :attr:`results`."""
+        self.results["complete"] = True
+        self._write()
+        return self.results
+
+
+def checkpoint_used(workdir: pathlib.Path) -> dict[str, Any] | None:
+    """The checkpoint whose parameters the analyses read
+    (:func:`rhnzoo.training.workdir.restore_params`): ``{'kind': 'best', 'step': N,
+    'path'}``, the latest step in ``best/``, else ``{'kind': 'latest', ...}``, the latest
+    in ``checkpoints/`` (no validation has saved a best yet); None if neither has a step.
+    Steps are the directories named by an integer (orbax's finished saves)."""
+    for kind, directory in (("best", "best"), ("latest", "checkpoints")):
+        path = pathlib.Path(workdir) / directory
+        steps = [int(p.name) for p in path.iterdir() if p.name.isdigit()] if path.is_dir() else []
+        if steps:
+            return {"kind": kind, "step": max(steps), "path": str(path / str(max(steps)))}
+    return None
+
+
+def _note_checkpoint(workdir: pathlib.Path, results: dict) -> None:
+    """Prints which checkpoint the analyses read and records it as ``results['checkpoint']``
+    (once)."""
+    used = checkpoint_used(workdir)
+    if used is None or "checkpoint" in results:
+        return
+    results["checkpoint"] = used
+    why = ("best validation" if used["kind"] == "best"
+           else "no validation has happened yet: best/ holds no step")  # fmt: skip
+    print(f"checkpoint: {used['kind']} at step {used['step']} ({why}): {used['path']}")
+
+
 # ------------------------------------------------------------------ the run's cell
 
 
@@ -138,7 +269,7 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
         if name is None:
             raise ValueError(f"{workdir}/config.json names no model")
         cell = rrl.RRLConfig.from_dict(config).cell()
-        trained = engine.restore_params(workdir)
+        trained = workdir_lib.restore_params(workdir)
         if trained is None:
             raise ValueError(f"{workdir} has no checkpoint; train it first")
         trained = jax.tree.map(jax.numpy.asarray, trained)
@@ -160,81 +291,138 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
                      "figures need a recurrent one")  # fmt: skip
 
 
-def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options) -> dict:
-    """gradient_flow.png (and gersgorin.png for a run); returns the numbers."""
+def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options,
+                 phases: Phases | None = None) -> dict:  # fmt: skip
+    """gradient_flow.png (and gersgorin.png for a run); returns the numbers.
+
+    Phases (:class:`Phases`): ``gradient_flow``, every family of :data:`FAMILIES` at
+    initialisation (one bar item per family; gradient_flow.png), then, with a ``workdir``,
+    ``run_flow``, the run's cell at initialisation and trained (their curves added to
+    gradient_flow.png; gersgorin.png). ``phases``: the analysis' own (its caller finishes
+    it); None: new ones writing ``out/flow.json``.
+
+    Raises:
+      Interrupted: on a signal, after writing the numbers of the phases done (and of the
+        cell families finished) into the JSON file.
+    """
+    own = phases is None
+    phases = Phases([out / "flow.json"], opts) if own else phases
+    results = phases.results
     n, steps, batch, m = opts.flow_hidden, opts.flow_steps, 4, 32
-    xs = cells.base.flat_draw(jax.random.normal, jax.random.PRNGKey(opts.seed), (steps, batch, m))
-    curves, results = {}, {"hidden": n, "steps": steps, "batch": batch, "input": m}
-    for label, (name, settings) in FAMILIES.items():
-        cell = cells.make(name, n, **settings)
-        params = cell.init(jax.random.PRNGKey(opts.seed + 1), m)
-        curves[label] = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
-        back = min(10, steps)
-        print(f"{label:>16}: gradient norm {curves[label][back]:.2e} at {back} steps back, "
-              f"{curves[label][-1]:.2e} at {steps}")  # fmt: skip
-    results["gradient_norms_at_init"] = {k: v.tolist() for k, v in curves.items()}
+    results.update(hidden=n, steps=steps, batch=batch, input=m)
+    curves: dict[str, np.ndarray] = {}
+    title = f"Gradient flow: cells at initialisation ({n} units)"
+    with phases("gradient_flow", f"{len(FAMILIES)} cell families at initialisation, {n} units, "
+                f"{steps} steps", unit="cells") as track:  # fmt: skip
+        xs = cells.base.flat_draw(jax.random.normal, jax.random.PRNGKey(opts.seed),
+                                  (steps, batch, m))  # fmt: skip
+        norms = results["gradient_norms_at_init"] = {}
+        for label, (name, settings) in track(FAMILIES.items(), total=len(FAMILIES)):
+            cell = cells.make(name, n, **settings)
+            params = cell.init(jax.random.PRNGKey(opts.seed + 1), m)
+            curve = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
+            curves[label], norms[label] = curve, curve.tolist()
+            back = min(10, steps)
+            tqdm.write(f"{label:>16}: gradient norm {curve[back]:.2e} at {back} steps back, "
+                       f"{curve[-1]:.2e} at {steps}")  # fmt: skip
+        phases.wrote(plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title))
     if workdir is not None:
-        length = max(opts.flow_tokens, steps) + 1
-        label, cell, init, trained, xs_trained, xs_init = run_cell(workdir, opts, length)
-        panels, run_numbers = [], {}
-        for name, cp, seq in (("initialisation", init, xs_init), ("trained", trained, xs_trained)):
-            carry = cell.initial_carry(1)
-            curves[f"{label}, {name} ({opts.split})"] = flow.gradient_norms_through_time(
-                cell, cp, carry, seq[:steps])
-            a = flow.jacobians_along(cell, cp, carry, seq[: opts.flow_tokens + 1])[:, 0]
-            last = np.asarray(a[-1])
-            centres, radii = flow.gersgorin_discs(last)
-            panels.append({"title": f"{label}, {name}: after {opts.flow_tokens} steps",
-                           "centres": centres, "radii": radii,
-                           "eigenvalues": flow.eigenvalues(last)})  # fmt: skip
-            run_numbers[name] = {
-                "spectral_radius": flow.spectral_radius(a).tolist(),
-                "largest_singular_value": flow.largest_singular_value(a).tolist(),
-                "disc_radius_mean": float(radii.mean()), "disc_centre_mean": float(centres.mean()),
-            }  # fmt: skip
-            rho = np.asarray(run_numbers[name]["spectral_radius"])
-            print(f"{label}, {name}: spectral radius along {len(rho)} steps: mean "
-                  f"{rho.mean():.3f}, max {rho.max():.3f}; mean disc radius {radii.mean():.3f}")  # fmt: skip
-        results["run"] = {"workdir": str(workdir), "label": label, **run_numbers}
-        path = plots.plot_gersgorin(panels, out / "gersgorin.png",
-                                    title="Gersgorin discs of the temporal Jacobian")  # fmt: skip
-        print(f"wrote {path}")
-    path = plots.plot_gradient_flow(
-        curves, out / "gradient_flow.png",
-        title=f"Gradient flow: cells at initialisation ({n} units)"
-        + (" and a trained run" if workdir is not None else ""),
-    )  # fmt: skip
-    print(f"wrote {path}")
-    engine.write_json(out / "flow.json", results)
+        _run_flow(workdir, out, opts, phases, curves, title + " and a trained run")
+    if own:
+        phases.finish()
+        print(f"wrote {out / 'flow.json'}")
     return results
+
+
+def _run_flow(workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: Phases,
+              curves: dict, title: str) -> None:  # fmt: skip
+    """Phase ``run_flow``: the run's cell at initialisation and trained; adds its curves
+    to ``curves`` and redraws gradient_flow.png, draws gersgorin.png."""
+    steps, tokens = opts.flow_steps, opts.flow_tokens
+    with phases("run_flow", f"the run's cell at initialisation and trained: gradient flow over "
+                f"{steps} steps, Jacobians along {tokens + 1} tokens of {opts.split}",
+                unit="parameter sets") as track:  # fmt: skip
+        label, cell, init, trained, xs_trained, xs_init = run_cell(workdir, opts,
+                                                                   max(tokens, steps) + 1)
+        _note_checkpoint(workdir, phases.results)
+        run = phases.results["run"] = {"workdir": str(workdir), "label": label}
+        panels = []
+        sets = (("initialisation", init, xs_init), ("trained", trained, xs_trained))
+        for name, cell_params, seq in track(sets, total=len(sets)):
+            curve, panel, run[name] = _cell_flow(cell, cell_params, seq, steps, tokens)
+            curves[f"{label}, {name} ({opts.split})"] = curve
+            panels.append({"title": f"{label}, {name}: after {tokens} steps", **panel})
+            rho = np.asarray(run[name]["spectral_radius"])
+            tqdm.write(f"{label}, {name}: spectral radius along {len(rho)} steps: mean "
+                       f"{rho.mean():.3f}, max {rho.max():.3f}; mean disc radius "
+                       f"{run[name]['disc_radius_mean']:.3f}")  # fmt: skip
+        gersgorin = "Gersgorin discs of the temporal Jacobian"
+        phases.wrote(plots.plot_gersgorin(panels, out / "gersgorin.png", title=gersgorin))
+        phases.wrote(plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title))
+
+
+def _cell_flow(cell, params, seq, steps: int, tokens: int):
+    """``(curve, panel, numbers)`` of a cell reading ``seq [T, 1, m]`` from its initial
+    carry: the gradient norms over ``steps`` steps ``[steps + 1]``; the Gersgorin discs
+    and eigenvalues of the Jacobian after ``tokens`` steps; its spectral radius and
+    largest singular value at every step, the mean disc radius and centre, the curve."""
+    carry = cell.initial_carry(1)
+    curve = flow.gradient_norms_through_time(cell, params, carry, seq[:steps])
+    a = flow.jacobians_along(cell, params, carry, seq[: tokens + 1])[:, 0]
+    last = np.asarray(a[-1])
+    centres, radii = flow.gersgorin_discs(last)
+    numbers = {
+        "spectral_radius": flow.spectral_radius(a).tolist(),
+        "largest_singular_value": flow.largest_singular_value(a).tolist(),
+        "disc_radius_mean": float(radii.mean()), "disc_centre_mean": float(centres.mean()),
+        "gradient_norms": curve.tolist(),
+    }  # fmt: skip
+    panel = {"centres": centres, "radii": radii, "eigenvalues": flow.eigenvalues(last)}
+    return curve, panel, numbers
 
 
 # ------------------------------------------------------------------ the analyses
 
 
 def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
-    """The analysis of the run's kind (see the module docstring); writes analysis.json."""
+    """The analysis of the run's kind (see the module docstring) as :class:`Phases`, whose
+    numbers go to ``out/analysis.json`` (and ``flow.json`` for a sequence classifier),
+    rewritten after every phase; prints and records (``'checkpoint'``) which checkpoint
+    it reads. Returns the numbers.
+
+    Raises:
+      ValueError: (one line) no config.json, no checkpoint, data that do not fit the run.
+      Interrupted: on a signal, after writing the phases done (see the module docstring).
+    """
     kind = run_kind(workdir_lib.read_config(workdir))
     out.mkdir(parents=True, exist_ok=True)
+    extra = [out / "flow.json"] if kind == "sequences" else []
+    phases = Phases([out / "analysis.json", *extra], opts)
+    _note_checkpoint(workdir, phases.results)
     if kind == "lm":
-        results = analyze_lm(workdir, out, opts)
+        analyze_lm(workdir, out, opts, phases)
     elif kind == "images":
-        results = analyze_highway(workdir, out, opts)
+        analyze_highway(workdir, out, opts, phases=phases)
     else:
         print("a sequence classifier: its analysis is the information flow of its cell")
-        results = flow_figures(workdir, out, opts)
-    engine.write_json(out / "analysis.json", results)
+        flow_figures(workdir, out, opts, phases)
+    results = phases.finish()
     print(f"wrote {out / 'analysis.json'}")
     return results
 
 
 def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
-                    train_split=None) -> dict:  # fmt: skip
+                    train_split=None, phases: Phases | None = None) -> dict:  # fmt: skip
     """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only),
-    on the run's training images (``train_split``: ``(images, labels)`` already loaded)."""
+    on the run's training images (``train_split``: ``(images, labels)`` already loaded).
+
+    Phases ``gate_heatmaps`` and ``lesion`` (bars over batches); ``phases``: the
+    analysis' (None: new ones that write no file). Returns the numbers.
+    """
     from rhnzoo.analysis import highway as hw_analysis
     from rhnzoo.training import highway as hw
 
+    phases = phases or Phases([], opts)
     net, params, config = hw_analysis.load_highway_run(workdir)
     if train_split is None:
         images = data.load(config["dataset"], _data_dir(config, opts), download=False,
@@ -243,22 +431,38 @@ def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
                                     images.test_images, images.test_labels,
                                     int(config.get("valid_size", 10000)))["train"]  # fmt: skip
     x, y = train_split
-    results = {"workdir": str(workdir), "model": f"{net.kind} depth {net.depth}"}
+    results = phases.results
+    results.update(workdir=str(workdir), model=f"{net.kind} depth {net.depth}")
     if net.kind == "highway":
-        gates = hw_analysis.gate_statistics(net, params, x[: opts.heatmap_examples])
-        path = plots.plot_highway_gates({f"depth {net.depth}": gates}, out / "gate_heatmaps.png")
-        print(f"wrote {path}")
+        shown = x[: opts.heatmap_examples]
+        with phases("gate_heatmaps", f"transform gates over {len(shown):,} training images",
+                    unit="batches") as track:  # fmt: skip
+            gates = hw_analysis.gate_statistics(net, params, shown, track=track)
+            phases.wrote(plots.plot_highway_gates({f"depth {net.depth}": gates},
+                                                  out / "gate_heatmaps.png"))  # fmt: skip
     n = opts.lesion_examples
-    lesion = hw_analysis.highway_lesions(net, params, (x[:n], y[:n]), track=opts.track)
-    path = plots.plot_lesion_curve({f"depth {net.depth}": lesion}, out / "lesion.png")
-    results["lesion"] = {"intact_nll": lesion.base_nll, "nll": np.asarray(lesion.nll).tolist()}
-    print(f"lesions: intact {lesion.base_nll:.4f} nats, removed layers "
-          f"{lesion.nll.min():.4f} .. {lesion.nll.max():.4f}; wrote {path}")  # fmt: skip
+    with phases("lesion", f"the intact net and {net.depth - 1} removed highway layers, "
+                f"{len(x[:n]):,} training images each", unit="batches") as track:  # fmt: skip
+        for lesion in hw_analysis.iter_highway_lesions(net, params, (x[:n], y[:n]), track=track):
+            results["lesion"] = {
+                "intact_nll": lesion.base_nll, "nll": lesion.nll.tolist(),
+                "num_images": lesion.num_tokens, "num_layers": net.depth - 1,
+            }  # fmt: skip
+        print(f"lesions: intact {lesion.base_nll:.4f} nats, removed layers "
+              f"{lesion.nll.min():.4f} .. {lesion.nll.max():.4f}")  # fmt: skip
+        phases.wrote(plots.plot_lesion_curve({f"depth {net.depth}": lesion}, out / "lesion.png"))
     return results
 
 
-def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
-    """Gates, lesions (RHN cells), HSG gates (HSG(RHN)) and MC dropout (any cell)."""
+def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
+               phases: Phases | None = None) -> dict:  # fmt: skip
+    """Gates, lesions (RHN cells), HSG gates (HSG(RHN)) and MC dropout (any cell).
+
+    Phases ``gate_heatmap``, ``lesion``, ``hsg_gate`` (RHN cells; the last for HSG),
+    ``deterministic`` and ``mc_dropout`` (with ``opts.mc_samples``); ``phases``: the
+    analysis' (None: new ones that write no file). Returns the numbers.
+    """
+    phases = phases or Phases([], opts)
     model, params, config = lm_analysis.load_run(workdir)
     dataset = config.get("dataset", "ptb")
     corpus = data.load(dataset, _data_dir(config, opts), download=False, verify=opts.verify)
@@ -269,84 +473,117 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
     if opts.max_eval_tokens is not None:
         stream = stream[: opts.max_eval_tokens]
     label = lm_analysis.run_label(config)
-    results = {"workdir": str(workdir), "model": label, "dataset": dataset, "split": opts.split}
+    results = phases.results
+    results.update(workdir=str(workdir), model=label, dataset=dataset, split=opts.split)
     print(f"{label} on {dataset}: {sum(p.size for p in jax.tree.leaves(params))} parameters")
+    run = (model, params, label, out, opts, phases)
     if _is_rhn(model.cell):
-        _rhn_gates(model, params, corpus, stream, label, out, opts, results)
+        _gate_heatmap(*run, corpus, stream)
+        _lesions(*run, corpus.train[: opts.lesion_tokens])
+        if isinstance(model.cell, cells.HSG):
+            _hsg_gates(*run, stream[: opts.hist_tokens])
     else:
-        print(f"{label}: no transform gates (gate heatmap, lesions and HSG gates are for RHN cells)")
+        print(f"{label}: no transform gates (gate heatmap, lesions and HSG gates are for RHN "
+              "cells)")  # fmt: skip
     if opts.mc_samples:
-        _mc_dropout(model, params, config, stream, opts, results)
+        _deterministic(*run, stream)
+        _mc_dropout(*run, stream, config)
     return results
 
 
-def _rhn_gates(model, params, corpus, stream, label, out, opts, results) -> None:
-    # Transform gates over an example sequence (Zilly et al. Fig. 5b).
+def _gate_heatmap(model, params, label, out, opts, phases, corpus, stream) -> None:
+    """Phase ``gate_heatmap``: transform gates over an example sequence (Zilly et al. Fig. 5b)."""
     example = stream[: opts.heatmap_steps]
-    gates = lm_analysis.gate_activity(model, params, example[None])
-    layer_mean = gates.t.mean(axis=(0, 2, 3))
-    results["t_gate_mean_per_layer"] = [float(v) for v in layer_mean]
-    print("mean T gate per micro-layer:", " ".join(f"{v:.3f}" for v in layer_mean))
-    path = plots.plot_gate_heatmap(
-        gates.t, out / "gate_heatmap.png", labels=[corpus.vocab[i] for i in example],
-        title=f"{label}: mean T-gate activity ({opts.split}, first {len(example)} tokens)",
-    )  # fmt: skip
-    print(f"wrote {path}")
+    with phases("gate_heatmap", f"transform gates over the first {len(example)} tokens of "
+                f"{opts.split}"):  # fmt: skip
+        gates = lm_analysis.gate_activity(model, params, example[None])
+        layer_mean = gates.t.mean(axis=(0, 2, 3))
+        phases.results["t_gate_mean_per_layer"] = [float(v) for v in layer_mean]
+        print("mean T gate per micro-layer:", " ".join(f"{v:.3f}" for v in layer_mean))
+        phases.wrote(plots.plot_gate_heatmap(
+            gates.t, out / "gate_heatmap.png", labels=[corpus.vocab[i] for i in example],
+            title=f"{label}: mean T-gate activity ({opts.split}, first {len(example)} tokens)",
+        ))  # fmt: skip
 
-    # Lesions (Zilly et al. sec. 6).
-    lesion = lm_analysis.lesion_layers(model, params, corpus.train[: opts.lesion_tokens],
-                                       batch_size=opts.lesion_batch_size,
-                                       num_steps=opts.eval_num_steps)  # fmt: skip
-    results["lesion"] = {"num_tokens": lesion.num_tokens, "intact_nll": lesion.base_nll,
-                         "intact_ppl": lesion.base_ppl, "nll": lesion.nll.tolist(),
-                         "ppl": lesion.ppl.tolist()}  # fmt: skip
-    print(f"lesions on {lesion.num_tokens} training tokens: intact {lesion.base_nll:.4f} "
-          f"nats/token, perplexity {lesion.base_ppl:.2f}")  # fmt: skip
-    for layer, (nll, ppl, d) in enumerate(zip(lesion.nll, lesion.ppl, lesion.delta_nll)):
-        print(f"  lesion micro-layer {layer + 1}: {nll:.4f} nats/token (Δ {d:+.4f}), "
-              f"perplexity {ppl:.2f} (Δ {ppl - lesion.base_ppl:+.2f})")  # fmt: skip
-    path = plots.plot_lesion(lesion, out / "lesion.png",
-                             title=f"{label}: lesioning (intact ppl {lesion.base_ppl:.1f})")  # fmt: skip
-    print(f"wrote {path}")
 
-    # HSG gate histogram (Shoham & Permuter Fig. 7).
-    if gates.g is not None:
-        hist_stream = stream[: opts.hist_tokens]
-        values = lm_analysis.hsg_gate_sample(model, params, hist_stream[None],
-                                             min(opts.hist_times, len(hist_stream)),
-                                             seed=opts.seed)  # fmt: skip
-        results["hsg_gate"] = {
+def _lesions(model, params, label, out, opts, phases, tokens) -> None:
+    """Phase ``lesion`` (Zilly et al. sec. 6): ``results['lesion']`` holds the finished
+    evaluations as they come (``nll``/``ppl`` of the layers lesioned so far)."""
+    depth = (model.cell.cell if isinstance(model.cell, cells.HSG) else model.cell).depth
+    with phases("lesion", f"the intact model and {depth} lesioned micro-layers, {len(tokens):,} "
+                f"training tokens each (batch {opts.lesion_batch_size}, windows of "
+                f"{opts.eval_num_steps})", unit="windows") as track:  # fmt: skip
+        lesions = lm_analysis.iter_lesions(model, params, tokens, batch_size=opts.lesion_batch_size,
+                                           num_steps=opts.eval_num_steps, track=track)  # fmt: skip
+        for lesion in lesions:
+            phases.results["lesion"] = {
+                "num_tokens": lesion.num_tokens, "intact_nll": lesion.base_nll,
+                "intact_ppl": lesion.base_ppl, "nll": lesion.nll.tolist(),
+                "ppl": lesion.ppl.tolist(), "num_layers": depth,
+            }  # fmt: skip
+        print(f"lesions on {lesion.num_tokens} training tokens: intact {lesion.base_nll:.4f} "
+              f"nats/token, perplexity {lesion.base_ppl:.2f}")  # fmt: skip
+        for layer, (nll, ppl, d) in enumerate(zip(lesion.nll, lesion.ppl, lesion.delta_nll)):
+            print(f"  lesion micro-layer {layer + 1}: {nll:.4f} nats/token (Δ {d:+.4f}), "
+                  f"perplexity {ppl:.2f} (Δ {ppl - lesion.base_ppl:+.2f})")  # fmt: skip
+        title = f"{label}: lesioning (intact ppl {lesion.base_ppl:.1f})"
+        phases.wrote(plots.plot_lesion(lesion, out / "lesion.png", title=title))
+
+
+def _hsg_gates(model, params, label, out, opts, phases, tokens) -> None:
+    """Phase ``hsg_gate``: HSG gate histogram (Shoham & Permuter Fig. 7)."""
+    times = min(opts.hist_times, len(tokens))
+    with phases("hsg_gate", f"HSG gates at {times} random steps of the first {len(tokens):,} "
+                f"tokens of {opts.split}", unit="windows") as track:  # fmt: skip
+        values = lm_analysis.hsg_gate_sample(model, params, tokens[None], times,
+                                             seed=opts.seed, num_steps=opts.eval_num_steps,
+                                             track=track)  # fmt: skip
+        below, above = float((values < 0.1).mean()), float((values > 0.9).mean())
+        phases.results["hsg_gate"] = {
             "num_values": int(values.size), "mean": float(values.mean()),
-            "fraction_below_0.1": float((values < 0.1).mean()),
-            "fraction_above_0.9": float((values > 0.9).mean()),
+            "fraction_below_0.1": below, "fraction_above_0.9": above,
         }  # fmt: skip
         print(f"HSG gate over {values.size} values: mean {values.mean():.3f}, "
-              f"< 0.1: {(values < 0.1).mean():.1%}, > 0.9: {(values > 0.9).mean():.1%}")  # fmt: skip
-        path = plots.plot_gate_histogram(values, out / "hsg_gates.png",
-                                         title=f"{label}: HSG gate values ({opts.split})")  # fmt: skip
-        print(f"wrote {path}")
+              f"< 0.1: {below:.1%}, > 0.9: {above:.1%}")  # fmt: skip
+        title = f"{label}: HSG gate values ({opts.split})"
+        phases.wrote(plots.plot_gate_histogram(values, out / "hsg_gates.png", title=title))
 
 
-def _mc_dropout(model, params, config, stream, opts, results) -> None:
-    """Deterministic vs MC-dropout perplexity (the reference code's ``evaluate_mc``)."""
-    t0 = time.perf_counter()
-    nll, count = lm_training.make_evaluate(model)(params, stream, opts.mc_batch_size,
-                                                  opts.eval_num_steps)  # fmt: skip
-    det_s = time.perf_counter() - t0
+def _deterministic(model, params, label, out, opts, phases, stream) -> None:
+    """Phase ``deterministic``: the batch-``mc_batch_size`` perplexity without dropout."""
+    del label, out
+    batch = opts.mc_batch_size
+    with phases("deterministic", f"{opts.split} perplexity without dropout, {len(stream):,} "
+                f"tokens at batch {batch}", unit="windows") as track:  # fmt: skip
+        t0 = time.perf_counter()
+        nll, count = lm_training.Evaluator(model)(params, stream, batch, opts.eval_num_steps,
+                                                  track)  # fmt: skip
+        seconds = time.perf_counter() - t0
+        ppl = lm_training.METRICS["ppl"](nll / count)
+        phases.results["deterministic"] = {"ppl": ppl, "seconds": seconds}
+        print(f"{opts.split} perplexity, batch {batch}, {int(count)} tokens: deterministic "
+              f"{ppl:.3f} ({seconds:.1f} s incl. compile)")  # fmt: skip
+
+
+def _mc_dropout(model, params, label, out, opts, phases, stream, config) -> None:
+    """Phase ``mc_dropout``: MC-dropout perplexity (the reference code's ``evaluate_mc``);
+    its numbers only when all K passes are done."""
+    del label, out
     rates = dropout.Rates(*(float(config.get(f"drop_{s}", 0.0)) for s in "xiho"))
-    mc = lm_analysis.mc_dropout_perplexity(model, params, stream, rates, opts.mc_samples,
-                                           seed=opts.seed, batch_size=opts.mc_batch_size,
-                                           num_steps=opts.eval_num_steps)  # fmt: skip
-    results["deterministic"] = {"ppl": lm_training.perplexity(nll, count), "seconds": det_s}
-    results["mc_dropout"] = {
-        "samples": opts.mc_samples, "rates": [rates.x, rates.i, rates.h, rates.o],
-        "ppl": mc.perplexity, "sample_ppls": list(mc.sample_perplexities),
-        "num_tokens": mc.num_tokens, "compile_s": mc.compile_s, "pass_s": list(mc.pass_s),
-        "seconds": mc.seconds,
-    }  # fmt: skip
-    print(f"{opts.split} perplexity, batch {opts.mc_batch_size}, {mc.num_tokens} tokens: "
-          f"deterministic {lm_training.perplexity(nll, count):.3f} ({det_s:.1f} s incl. compile); "
-          f"MC dropout K={opts.mc_samples} {mc.perplexity:.3f} "
-          f"({mc.seconds:.1f} s: compile {mc.compile_s:.1f} s + "
-          f"{sum(mc.pass_s) / len(mc.pass_s):.1f} s per pass)")  # fmt: skip
-    print("  single-pass perplexities:", " ".join(f"{p:.2f}" for p in mc.sample_perplexities))
+    k, batch = opts.mc_samples, opts.mc_batch_size
+    with phases("mc_dropout", f"{k} passes with dropout over {len(stream):,} tokens of "
+                f"{opts.split} at batch {batch}", unit="windows") as track:  # fmt: skip
+        mc = lm_analysis.mc_dropout_perplexity(model, params, stream, rates, k, seed=opts.seed,
+                                               batch_size=batch, num_steps=opts.eval_num_steps,
+                                               track=track)  # fmt: skip
+        phases.results["mc_dropout"] = {
+            "samples": k, "rates": [rates.x, rates.i, rates.h, rates.o],
+            "ppl": mc.perplexity, "sample_ppls": list(mc.sample_perplexities),
+            "num_tokens": mc.num_tokens, "compile_s": mc.compile_s, "pass_s": list(mc.pass_s),
+            "seconds": mc.seconds,
+        }  # fmt: skip
+        per_pass = sum(mc.pass_s) / len(mc.pass_s)
+        print(f"{opts.split} perplexity, batch {batch}, {mc.num_tokens} tokens: MC dropout "
+              f"K={k} {mc.perplexity:.3f} ({mc.seconds:.1f} s: compile {mc.compile_s:.1f} s + "
+              f"{per_pass:.1f} s per pass)")  # fmt: skip
+        print("  single-pass perplexities:", " ".join(f"{p:.2f}" for p in mc.sample_perplexities))

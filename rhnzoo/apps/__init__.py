@@ -2,9 +2,9 @@
 above the library (``experiments/*.py`` are their command lines; nothing in the library
 imports this package).
 
-* :mod:`rhnzoo.apps.cli`: the flags every script shares (run engine, data, precision),
-  the main wrapper (signals, one ``error: ...`` line), the language-model flags and
-  :func:`~rhnzoo.apps.cli.run_lm` (``experiments/ptb.py``, ``experiments/char.py``).
+* :mod:`rhnzoo.apps.cli`: what every script shares: flags generated from a config's
+  fields, the main wrapper (signals, one ``error: ...`` line).
+* :mod:`rhnzoo.apps.lm`: the language models (``experiments/ptb.py``, ``experiments/char.py``).
 * :mod:`rhnzoo.apps.depth_sweep`: the HSG depth sweep (``experiments/sweep.py``).
 * :mod:`rhnzoo.apps.jsb`: the JSB Chorales optimisation study (``experiments/jsb.py``).
 * :mod:`rhnzoo.apps.highway`: highway vs plain nets (``experiments/highway.py``).

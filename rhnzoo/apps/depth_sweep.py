@@ -13,7 +13,6 @@ and perplexity against depth (Fig. 8).
 from __future__ import annotations
 
 import functools
-import json
 import pathlib
 import shlex
 import sys
@@ -22,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from absl import flags
 
-from rhnzoo.apps import cli
-from rhnzoo.configs import lm as lm_configs
-from rhnzoo.training import sweep
+from rhnzoo.apps import cli, lm, runner
+from rhnzoo.training import sweep, tables
+from rhnzoo.training import workdir as workdir_lib
 
 if TYPE_CHECKING:
     from rhnzoo.training.lm import LMConfig
@@ -51,9 +50,8 @@ def define_flags() -> None:
     flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run "
                          "nothing.")
     flags.DEFINE_string("out", None, "Where --table writes its PNGs (default: --root).")
-    # ptb.py's flags, for every run
-    cli.define_lm_flags(lm_configs.defaults("ptb"), lm_configs.presets("ptb"))
-    sweep.define_flags()
+    lm.define_flags("ptb")  # ptb.py's flags, for every run
+    runner.define_flags()
 
 
 def main(argv) -> None:
@@ -81,7 +79,7 @@ def main(argv) -> None:
         if diverged:
             print(f"\ndiverged (not in the table): {', '.join(diverged)}")
         out = pathlib.Path(FLAGS.out) if FLAGS.out else root
-        for path in [sweep.write_table(out / TABLE, text), *write_plots(runs, out)]:
+        for path in [tables.write_table(out / TABLE, text), *write_plots(runs, out)]:
             print(f"wrote {path}")
         return
 
@@ -110,14 +108,15 @@ def experiment(depths: list[int], root: pathlib.Path) -> None:
     from rhnzoo import data
     from rhnzoo.training import engine
 
-    jobs, seeds = sweep.from_flags()
+    jobs, seeds = runner.from_flags()
     runs = [(d, hsg, k, sweep.seed_name(workdir_name(d, hsg), k))
             for d in depths for hsg in (False, True) for k in range(seeds)]  # fmt: skip
-    configs = [(name, cli.lm_config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
-                                    workdir=str(root / name)))
+    configs = [(name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
+                                workdir=str(root / name)))
                for d, hsg, k, name in runs]  # fmt: skip
-    load = functools.partial(data.load, "ptb", FLAGS.data_dir, download=FLAGS.download,
-                             verify=FLAGS.verify_data)  # fmt: skip
+    first = configs[0][1]
+    load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
+                             verify=first.verify_data)  # fmt: skip
     failed = train_all(configs, root, load, jobs=jobs)
     if failed:
         raise engine.RunError(f"{len(failed)} run(s) diverged or failed: {', '.join(failed)}")
@@ -160,8 +159,8 @@ def read_runs(root: pathlib.Path) -> list[dict]:
         runs.append(
             {
                 "workdir": workdir,
-                "config": json.loads(config_path.read_text()),
-                "results": json.loads(results_path.read_text()) if results_path.is_file() else None,
+                "config": workdir_lib.read_config(workdir),
+                "results": workdir_lib.read_json(results_path),
             }
         )
     return runs
@@ -174,8 +173,8 @@ def diverged_run(run: dict) -> bool:
 
 def table(depths: list[int], runs: list[dict]) -> str:
     """The markdown results table (see the module docstring; laid out by
-    :func:`rhnzoo.training.sweep.markdown`): finished runs that did not diverge; the runs
-    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.sweep.mean_sd`)."""
+    :func:`rhnzoo.training.tables.markdown`): finished runs that did not diverge; the runs
+    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.tables.mean_sd`)."""
     cells: dict[tuple[int, bool], dict[Any, dict]] = {}
     for run in runs:
         if run["results"] is None or diverged_run(run):
@@ -203,12 +202,12 @@ def table(depths: list[int], runs: list[dict]) -> str:
                  if d == depth]  # fmt: skip
         row.append("; ".join(paper) or None)
         rows.append(row)
-    return sweep.markdown(header, rows, blank=BLANK, align="rrrrrl")
+    return tables.markdown(header, rows, blank=BLANK, align="rrrrrl")
 
 
 def _cell(group: dict[Any, dict], name: str) -> str | None:
     """Result ``name`` over a group's seeds as mean ± sd (one decimal); None if none has it."""
-    return sweep.mean_sd([r["results"][name] for r in group.values() if name in r["results"]],
+    return tables.mean_sd([r["results"][name] for r in group.values() if name in r["results"]],
                          ".1f")  # fmt: skip
 
 
@@ -259,7 +258,7 @@ def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpu
     ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
     or have no results (a child process that failed)."""
     corpus = corpus_loader()
-    runs = [sweep.Run(name, config.to_dict(), functools.partial(_train_run, config, corpus, log))
+    runs = [sweep.Run(name, config, functools.partial(_train_run, config, corpus, log))
             for name, config in configs]  # fmt: skip
     done = sweep.run_all(runs, root, log=log, jobs=jobs, on_divergence="stop")
     return [name for name, results in done.items() if not results or results.get("diverged")]

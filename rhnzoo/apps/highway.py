@@ -1,13 +1,13 @@
 """``experiments/highway.py``'s flags and body: one highway or plain net, or the depth
 sweep on the multi-run runner, with its table and figures (Srivastava et al. 2015; the
-ECBM4040 reproduction). The flags become one
-:class:`~rhnzoo.training.highway.HighwayConfig` (:func:`config_from_flags`), which
+ECBM4040 reproduction). The flags, generated from
+:class:`~rhnzoo.training.highway.HighwayConfig`'s fields, become one config
+(:func:`config_from_flags`: ``--preset``'s, the flags given over it), which
 :func:`train_and_evaluate` reads.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import platform
@@ -16,71 +16,32 @@ import time
 from absl import flags
 
 from rhnzoo import data, precision
-from rhnzoo.apps import cli
+from rhnzoo.apps import cli, runner
 from rhnzoo.configs import highway as configs
-from rhnzoo.models.highway import ACTIVATIONS, KINDS
 from rhnzoo.training import classify, engine, sweep
 from rhnzoo.training import highway as hw
 from rhnzoo.training.highway import HighwayConfig
 
 FLAGS = flags.FLAGS
+# HighwayConfig's fields whose flags are the runner's (rhnzoo.apps.runner.define_flags).
+RUNNER_FIELDS = ("seeds", "jobs")
+_NAMES: list[str] = []  # the flags generated from HighwayConfig's fields
 
 
 def define_flags() -> None:
-    """Defines the script's flags (call once, at import of the script); their defaults
-    are :func:`rhnzoo.configs.highway.get_config`'s."""
-    d = configs.get_config()
-    cli.define_presets(configs.PRESETS)
-    cli.define_run_flags()
-    flags.DEFINE_enum("kind", d.kind, list(KINDS), "Net.")
-    flags.DEFINE_integer("depth", d.depth, "Hidden layers in all (>= 2): the first plain "
-                         "layer and depth - 1 highway or plain layers.")  # fmt: skip
-    flags.DEFINE_integer("width", d.width, "Units per layer (default 50 for highway, 71 for "
-                         "plain).")  # fmt: skip
-    flags.DEFINE_enum("dataset", d.dataset, list(data.names("images")), "Data set.")
-    flags.DEFINE_enum("data_source", d.data_source, list(data.SOURCES), "The original idx / "
-                      "python pickle files, or TensorFlow Datasets (pip install "
-                      "'rhnzoo[tfds]').")  # fmt: skip
-    flags.DEFINE_enum("activation", d.activation, list(ACTIVATIONS), "H and plain-layer "
-                      "nonlinearity.")  # fmt: skip
-    flags.DEFINE_enum("init", d.init, ["glorot_uniform", "he_normal"], "Weight initialisation.")
-    flags.DEFINE_float("transform_bias", d.transform_bias, "Initial transform-gate bias b_T "
-                       "(papers: -1 to -10; -2 for the MNIST heatmaps, -4 for the depth "
-                       "curves).")  # fmt: skip
-    flags.DEFINE_float("lr", d.lr, "Initial learning rate (default: 0.1 for highway nets, "
-                       "--plain_lrs at the depth for plain nets).")  # fmt: skip
-    flags.DEFINE_list("plain_lrs", list(d.plain_lrs), "depth:rate pairs, the plain nets' "
-                      "learning rates when --lr is not given.")  # fmt: skip
-    flags.DEFINE_float("momentum", d.momentum, "SGD momentum.")
-    flags.DEFINE_float("lr_decay_rate", d.lr_decay_rate, "Learning-rate factor every "
-                       "--lr_decay_steps.")  # fmt: skip
-    flags.DEFINE_integer("lr_decay_steps", d.lr_decay_steps, "Steps between learning-rate "
-                         "decays.")  # fmt: skip
-    flags.DEFINE_integer("batch_size", d.batch_size, "Images per SGD step.")
-    flags.DEFINE_integer("eval_batch_size", d.eval_batch_size, "Images per evaluation call.")
-    flags.DEFINE_integer("epochs", d.epochs, "Training epochs (the papers: 400).")
-    flags.DEFINE_integer("valid_size", d.valid_size, "Last training images held out for "
-                         "validation.")  # fmt: skip
-    flags.DEFINE_boolean("sweep", d.sweep, "Train every --depths x (plain, highway), then "
-                         "write the table and figures.")  # fmt: skip
-    flags.DEFINE_list("depths", list(d.depths), "Depths of --sweep.")
-    flags.DEFINE_boolean("analyze", d.analyze, "After training a highway net, write its gate "
-                         "heatmaps and lesioning figure.")  # fmt: skip
-    flags.DEFINE_integer("heatmap_examples", d.heatmap_examples, "Training images averaged "
-                         "in the mean-T heatmap.")  # fmt: skip
-    flags.DEFINE_integer("lesion_examples", d.lesion_examples, "Training images of the "
-                         "lesioning study.")  # fmt: skip
-    flags.DEFINE_integer("diagnostics_depth", d.diagnostics_depth, "Depth of the plain nets "
-                         "of the sweep's activation / gradient diagnostics (0: skip).")  # fmt: skip
-    sweep.define_flags()
+    """Defines the script's flags (call once, at import of the script): one per
+    :class:`HighwayConfig` field, their defaults :func:`rhnzoo.configs.highway.get_config`'s,
+    ``--preset``; the runner's ``--jobs``, ``--seeds``, ``--sweep_run``."""
+    _NAMES.extend(cli.define_config_flags(configs.get_config(None), list(configs.PRESETS),
+                                          skip=RUNNER_FIELDS, module_name=__name__))
+    runner.define_flags()
 
 
-def config_from_flags() -> HighwayConfig:
-    """The flags (a preset applied) as one :class:`HighwayConfig`. Raises ValueError (one
-    line) for a bad setting."""
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(HighwayConfig)}
-    values.update(plain_lrs=tuple(values["plain_lrs"]), depths=tuple(values["depths"]))
-    return HighwayConfig.from_dict(values)
+def config_from_flags(jobs: sweep.Jobs, seeds: int) -> HighwayConfig:
+    """``--preset``'s config with the flags given over it, and the runner's ``jobs`` /
+    ``seeds`` (:func:`rhnzoo.apps.runner.from_flags`). Raises ValueError (one line)
+    for a bad setting."""
+    return cli.config_from_flags(configs.get_config, _NAMES, seeds=seeds, jobs=jobs.n)
 
 
 def main(argv) -> None:
@@ -93,9 +54,8 @@ def main(argv) -> None:
 def experiment() -> None:
     """The script's body: :func:`train_and_evaluate` with every flag, at
     ``--matmul_precision`` (the figures' evaluations too)."""
-    cli.apply_preset()
-    jobs, _ = sweep.from_flags()
-    cfg = config_from_flags()
+    jobs, seeds = runner.from_flags()
+    cfg = config_from_flags(jobs, seeds)
     with precision.context(cfg.matmul_precision):
         train_and_evaluate(cfg, jobs)
 
@@ -120,9 +80,10 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     if cfg.sweep:
         _sweep(cfg, splits, jobs)
         return
-    net, workdir = cfg.net(), cfg.output_dir()
+    run = cfg.narrow()  # its width and learning rate resolved: the run's config.json
+    net, workdir = run.net(), run.output_dir()
     print(f"{net.kind} net, depth {net.depth}, width {net.width}: {net.num_params():,} parameters")
-    result = hw.train(net, splits, cfg, workdir, cfg.config_json())
+    result = hw.train(net, splits, run, workdir)
     if net.kind == "highway" and cfg.analyze and not result.diverged:
         _figures(cfg, pathlib.Path(workdir), splits["train"])
 

@@ -386,7 +386,7 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
                       speedup_paired_median=r["paired_median"])  # fmt: skip
 
     if eval_tokens:
-        evaluate = train.make_evaluate(model)
+        evaluate = train.Evaluator(model)
         params = boxes["rhnzoo"][0]["params"]
         for b in (1, c["batch"]):
             toks = tokens[: max(eval_tokens, 2 * b)]

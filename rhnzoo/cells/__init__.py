@@ -6,8 +6,11 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
 * :mod:`rhnzoo.cells.rhn`: ``RHN`` (Zilly et al. 2017), ``HSG`` (Shoham & Permuter);
   :mod:`rhnzoo.cells.rhn_fused`: their fast unroll with a hand-written backward pass.
 * :mod:`rhnzoo.cells.deep_transition`: ``DTRNN``, ``DTSRNN`` (Pascanu et al. 2014).
-* :mod:`rhnzoo.cells.lstm`: ``LSTM``, ``GRU`` (Cho et al. 2014) and ``SCLSTM``, the
-  skip-connected LSTM (Wang & Tian 2016).
+* :mod:`rhnzoo.cells.lstm`: ``LSTM``, ``GRU`` (Cho et al. 2014; ``reset_after=True``:
+  PyTorch's / cuDNN's variant) and ``SCLSTM``, the skip-connected LSTM (Wang & Tian
+  2016); :mod:`rhnzoo.cells.gated_fused`: their fast unroll;
+  :mod:`rhnzoo.cells.torch_interop`: LSTM / GRU weights to and from ``torch.nn.LSTM`` /
+  ``torch.nn.GRU`` state dicts (NumPy; torch not needed).
 * :mod:`rhnzoo.cells.residual`: ``RRN``, the recurrent residual network, and
   ``Parallel``, cells side by side with averaged outputs (``Parallel((LSTM(n), RRN(n)))``
   is Wang & Tian's HRL).

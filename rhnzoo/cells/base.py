@@ -146,9 +146,8 @@ def flat_draw(sample, key: Array, shape: tuple[int, ...], **kwargs: Any) -> Arra
     normal, truncated_normal, bernoulli, ...), drawn flat and reshaped.
 
     The same numbers as the draw in ``shape`` (threefry counts the elements in row-major
-    order either way; tests hold this), but compiled faster: on the CPU (JAX 0.10.2) a
-    stacked ``R [L, n, kn]`` draw takes 0.2-0.4 s flat against 0.9-1.3 s in its own
-    shape (BUILD_NOTES). rhnzoo draws its parameters and dropout masks through it.
+    order either way; tests hold this), but compiled faster for a stacked ``R [L, n, kn]``
+    (figures in BUILD_NOTES.md). rhnzoo draws its parameters and dropout masks through it.
     """
     return sample(key, shape=(math.prod(shape),), **kwargs).reshape(shape)
 

@@ -1,14 +1,12 @@
 """float32 tanh and logistic sigmoid as rational polynomials, for the fused scans.
 
-XLA:CPU evaluates ``tanh`` and ``logistic`` at about 0.5-1.2 ns per float32 element
-(measured inside a time scan on the 2-core development machine: 8.9 µs for a
-``[32, 512]`` tanh, 10.3 µs for a sigmoid), several times the cost of the multiplies
-around them. In a recurrent step these nonlinearities are most of the elementwise work
+XLA:CPU evaluates ``tanh`` and ``logistic`` at several times the cost of the multiplies
+around them (figures in BUILD_NOTES.md). In a recurrent step these nonlinearities are most of the elementwise work
 (an LSTM evaluates 5n of them per row and step), so :mod:`rhnzoo.cells.gated_fused` and
 :mod:`rhnzoo.cells.rhn_fused` use these instead: the same [13/6] minimax rational
 approximation of tanh that Eigen (``generic_fast_tanh_float``) and XLA:CPU's own tanh
 use, written with multiplies, adds and one division so that XLA fuses and vectorises
-it with its neighbours: 2.5x faster than ``jnp.tanh`` in the same scan. Maximum
+it with its neighbours (faster than ``jnp.tanh`` in the same scan). Maximum
 absolute error 2.6e-7 over [-12, 12] against float64 tanh, equal to ``jnp.tanh``'s on
 XLA:CPU (tested in ``tests/test_fastmath.py``); the sigmoid is ``(1 + tanh(x / 2)) / 2``
 (absolute error <= 1.5e-7).

@@ -1,5 +1,5 @@
-"""Fast unrolls of the gated cells (LSTM, SC-LSTM, GRU, RRN, Parallel) with a
-hand-written backward pass.
+"""Fast unrolls of the gated cells (LSTM, SC-LSTM, GRU in both variants, RRN,
+Parallel) with a hand-written backward pass.
 
 Same mathematics as the cells' ``step`` functions (:mod:`rhnzoo.cells.lstm`,
 :mod:`rhnzoo.cells.residual`) run by :func:`rhnzoo.cells.unroll`, tested against them
@@ -19,8 +19,9 @@ weight gradients are formed as large matmuls over many T x B positions at once::
 where a chunk is C consecutive steps: a divisor of T up to 16 when the input is
 projected in the scan (the default: the chunk's dz stays in cache and no ``[T, B, k n]``
 cotangent is written), C = T (one matmul after the reverse scan) for a projection done
-before the scan. (Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8,
-differentiated; the derivatives are written out in each kernel below.)
+before the scan. (Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8, and
+the reset-after GRU of PyTorch / cuDNN, ``GRU(reset_after=True)``, differentiated; the
+derivatives are written out in each kernel below.)
 
 Inside the scans every per-step array is feature-major, ``[features, B]`` (see the
 kernels' comment: the weight matrix on the left of each per-step matmul measured
@@ -105,10 +106,12 @@ def _pad(a: Array, extra: int, axis: int) -> Array:
 #   prepare(w) -> p: the weights as the step uses them (transposed once per call)
 #   forward(p, carry, xp, aux_t, mask) -> (new carry, output y, saved)
 #   backward(p, dcarry, dy, saved, aux_t, mask) -> (dcarry_prev, dz, extra)
-#   weight_grads(w, saved [C, ...], dZ [C, k n, B], extra [C, B], mask) -> dw, the
+#   weight_grads(w, saved [C, ...], dZ [k n + e, C B], extra [C, ...], mask) -> dw, the
 #     weight gradients of C consecutive steps (a chunk, see _scan_bwd)
 #   lanes: the batch columns are padded to a multiple of this, where cheap (see _pad)
-# where xp is the step's input projection W^T x_t^T ([k n, B]) and dz its cotangent;
+#   extra_dz_rows: e, rows of dz after xp's cotangent (0 but for the reset-after GRU)
+# where xp is the step's input projection W^T x_t^T ([k n, B]) and dz's first k n rows
+# its cotangent (any e further rows are the kernel's own, for its weight gradients);
 # ``aux_t`` holds [B] per-row flags and ``mask`` is [n, B]. The driver (_scan) applies
 # the padding masks around both.
 
@@ -162,6 +165,7 @@ class _LSTMKernel:
     skip: bool = False
     learn_alpha: bool = False
     lanes: ClassVar[int] = 1
+    extra_dz_rows: ClassVar[int] = 0
 
     def prepare(self, w):  # matmul weights cast once per call, not once per step
         U = _cast(w["U"], self.dtype)
@@ -224,6 +228,7 @@ class _GRUKernel:
     n: int
     dtype: Any
     lanes: ClassVar[int] = 8
+    extra_dz_rows: ClassVar[int] = 0
 
     def prepare(self, w):
         U, n = _cast(w["U"], self.dtype), self.n
@@ -262,6 +267,70 @@ class _GRUKernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class _GRUResetAfterKernel:
+    """The reset-after GRU (``GRU(reset_after=True)``: PyTorch's ``nn.GRU``, cuDNN)::
+
+      a = U^T h m                  one [3n, n] x [n, B] matmul per step
+      r | z = σ(xp_rz + a_rz),  g = a_h + b_hn,  h̃ = tanh(xp_h + r ⊙ g)
+      h' = h̃ + z ⊙ (h - h̃)
+
+    Backward, with dh the cotangent of h' (dp: of a pre-activation)::
+
+      dp_h = dh (1 - z)(1 - h̃²),  dg = r dp_h,  dp_r = g dp_h r (1 - r)
+      dp_z = dh (h - h̃) z (1 - z),  dh_prev = z dh + m ⊙ U [dp_r; dp_z; dg]
+
+    xp's cotangent (and b's) is [dp_r; dp_z; dp_h], U's and b_hn's [dp_r; dp_z; dg]:
+    they differ in the last block, so dz carries both, ``[dp_r; dp_z; dp_h; dg]``
+    (``extra_dz_rows`` = n). Saved per step: h_{t-1}, r | z, h̃ and g.
+    """
+
+    n: int
+    dtype: Any
+    lanes: ClassVar[int] = 8
+
+    @property
+    def extra_dz_rows(self) -> int:
+        return self.n
+
+    def prepare(self, w):
+        U, n = _cast(w["U"], self.dtype), self.n
+        return {"UT": U.T, "U_rz": U[:, : 2 * n], "U_h": U[:, 2 * n :], "b": _bias(w["b"]),
+                "b_hn": _bias(w["b_hn"])}  # fmt: skip
+
+    def forward(self, p, h, xp, aux, mask):
+        n = self.n
+        xp = xp + p["b"]
+        a = _dot(p["UT"], _masked(h, mask), self.dtype).astype(h.dtype)
+        rz = fastmath.sigmoid(xp[: 2 * n] + a[: 2 * n])
+        r, z = rz[:n], rz[n:]
+        g = a[2 * n :] + p["b_hn"]
+        ht = fastmath.tanh(xp[2 * n :] + r * g)
+        h_new = ht + z * (h - ht)
+        return h_new, h_new, {"h": h, "rz": rz, "ht": ht, "g": g}
+
+    def backward(self, p, dh, dy, saved, aux, mask):
+        n = self.n
+        h, rz, ht, g = saved["h"], saved["rz"], saved["ht"], saved["g"]
+        r, z = rz[:n], rz[n:]
+        dh = _plus(dh, dy)
+        dp_h = dh * (1 - z) * (1 - ht * ht)  # h̃'s pre-activation
+        dg = dp_h * r
+        dp_r = dp_h * g * r * (1 - r)
+        dp_z = dh * (h - ht) * z * (1 - z)
+        dz = _rows([dp_r, dp_z, dp_h, dg])
+        dhm = _dot(p["U_rz"], dz[: 2 * n], self.dtype) + _dot(p["U_h"], dg, self.dtype)
+        return dh * z + _masked(dhm.astype(dh.dtype), mask), dz, None
+
+    def weight_grads(self, w, saved, dZ, extra, mask):
+        n = self.n
+        hm = _masked(saved["h"], mask)
+        dU_rz = _outer_sum(hm, dZ[: 2 * n], self.dtype)
+        dU_h = _outer_sum(hm, dZ[3 * n :], self.dtype)
+        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ[: 3 * n].sum(axis=1),
+                "b_hn": dZ[3 * n :].sum(axis=1)}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class _RRNKernel:
     """RRN (Wang & Tian eqs. 3-4), K layers. Saved per step: h_{t-1} and y_1..y_K (one
     [K n, B] block)."""
@@ -271,6 +340,7 @@ class _RRNKernel:
     activation: str
     dtype: Any
     lanes: ClassVar[int] = 8
+    extra_dz_rows: ClassVar[int] = 0
 
     def _act(self, x):
         return fastmath.sigmoid(x) if self.activation == "sigmoid" else fastmath.tanh(x)
@@ -395,7 +465,8 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
     w, W, xs, aux, mask, saved = res
     dcarry_T, dys = cotangents
     p, (T, _, B) = kern.prepare(w), saved["h"].shape
-    kn = w["b"].shape[0]  # rows of dz: the gate pre-activations
+    kx = w["b"].shape[0]  # rows of xp's cotangent: the gate pre-activations
+    kn = kx + kern.extra_dz_rows  # rows of dz
     Wc = None if W is None else _cast(W, kern.dtype)
     chunks = lambda tree: jax.tree.map(lambda a: a.reshape((T // chunk, chunk) + a.shape[1:]), tree)
 
@@ -415,10 +486,12 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
                                                reverse=True, unroll=unroll)  # fmt: skip
         dZ = dZ_buf.reshape(kn, chunk * B)  # columns t B + b: a free reshape
         dw = jax.tree.map(jnp.add, dw, kern.weight_grads(w, saved_c, dZ, extra, mask))
-        if W is None:  # the projection was done before the scan: its cotangent is dZ
-            return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dZ_buf, 0, 1)
-        dW = dW + _outer_sum(xs_c, dZ, kern.dtype).astype(W.dtype)
-        dx = _dot(Wc, dZ, kern.dtype).astype(xs_c.dtype).reshape(-1, chunk, B)
+        dZx = dZ if kn == kx else dZ[:kx]  # xp's cotangent
+        if W is None:  # the projection was done before the scan: its cotangent is dZx
+            dZx_buf = dZ_buf if kn == kx else dZ_buf[:kx]
+            return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dZx_buf, 0, 1)
+        dW = dW + _outer_sum(xs_c, dZx, kern.dtype).astype(W.dtype)
+        dx = _dot(Wc, dZx, kern.dtype).astype(xs_c.dtype).reshape(-1, chunk, B)
         return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dx, 0, 1)
 
     zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W),
@@ -434,8 +507,8 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
 def supports(cell: Any) -> bool:
-    """Whether :func:`unroll` has a fused path for ``cell``: LSTM, GRU, SC-LSTM, RRN,
-    and Parallel of those."""
+    """Whether :func:`unroll` has a fused path for ``cell``: LSTM, GRU (Cho et al.'s and
+    ``reset_after``), SC-LSTM, RRN, and Parallel of those."""
     if isinstance(cell, Parallel):
         return all(supports(c) for c in cell.cells)
     return isinstance(cell, (LSTM, GRU, SCLSTM, RRN))
@@ -486,10 +559,11 @@ def unroll(
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
     Args:
-      cell: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.GRU`,
-        :class:`~rhnzoo.cells.SCLSTM` (I or P), :class:`~rhnzoo.cells.RRN` (any depth
-        and activation), or :class:`~rhnzoo.cells.Parallel` of these (each part is
-        unrolled by its own fused scan; the output is their mean, HRL eq. 7).
+      cell: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.GRU` (either
+        ``reset_after``), :class:`~rhnzoo.cells.SCLSTM` (I or P),
+        :class:`~rhnzoo.cells.RRN` (any depth and activation), or
+        :class:`~rhnzoo.cells.Parallel` of these (each part is unrolled by its own fused
+        scan; the output is their mean, HRL eq. 7).
       params: the cell's parameters (``cell.init``).
       carry: the initial carry (``cell.initial_carry(B)``), float32 or float64.
       xs: ``[T, B, m]`` float inputs, time-major.
@@ -553,7 +627,8 @@ def unroll(
     elif isinstance(cell, LSTM):
         kern, carry0 = _LSTMKernel(n, dtype), tuple(carry)
     elif isinstance(cell, GRU):
-        kern, carry0 = _GRUKernel(n, dtype), carry
+        kern = (_GRUResetAfterKernel if cell.reset_after else _GRUKernel)(n, dtype)
+        carry0 = carry
     else:
         kern, carry0 = _RRNKernel(n, cell.depth, cell.activation, dtype), carry
     if unroll is None:

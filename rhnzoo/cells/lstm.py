@@ -1,12 +1,13 @@
 """Gated baselines of Wang & Tian ("Recurrent Residual Learning for Sequence
 Classification", EMNLP 2016) as cells of the :mod:`rhnzoo.cells` protocol: the LSTM
-(their eq. 1), the GRU (Cho et al. 2014) and the skip-connected LSTM, SC-LSTM (their
-eq. 5).
+(their eq. 1), the GRU (Cho et al. 2014; ``reset_after=True``: PyTorch's / cuDNN's
+variant) and the skip-connected LSTM, SC-LSTM (their eq. 5).
 
 All three share one parameter layout (row-vector convention ``x @ W``): ``W [m, k n]``
 input weights, applied to every time step at once in ``project_inputs`` (one large
 matmul outside the recurrence), ``U [n, k n]`` recurrent weights and ``b [k n]``
-biases, the k gate blocks fused into one matrix. The bias is added inside the step,
+biases, the k gate blocks fused into one matrix (the reset-after GRU adds its recurrent
+candidate bias ``b_hn [n]``). The bias is added inside the step,
 where it fuses with the gate nonlinearities; adding it to the ``[T, B, k n]``
 projection instead costs one more pass over that array (the LSTM's forward pass was
 25% slower on CPU that way). Weights are initialised uniform in
@@ -80,7 +81,9 @@ class LSTM:
     σ is the logistic sigmoid. No peepholes.
 
     Parameters (a dict): ``W [m, 4n]``, ``U [n, 4n]``, ``b [4n]``, the blocks in the
-    order i | f | o | c̃ (the three sigmoid gates first, so one sigmoid covers them).
+    order i | f | o | c̃ (the three sigmoid gates first, so one sigmoid covers them;
+    PyTorch's ``nn.LSTM`` orders them i | f | g=c̃ | o, transposed, with two biases that
+    only enter as their sum: :mod:`rhnzoo.cells.torch_interop` converts).
     W and U uniform in [-init_scale, init_scale]; b zero except b_f = ``forget_bias``
     (default 1.0: the forget gate starts mostly open, Gers et al. 2000; Jozefowicz,
     Zaremba & Sutskever 2015). Parameter count 4(m n + n² + n).
@@ -142,31 +145,54 @@ class LSTM:
 @dataclasses.dataclass(frozen=True)
 class GRU:
     """Gated recurrent unit (Cho et al., "Learning Phrase Representations using RNN
-    Encoder-Decoder for Statistical Machine Translation", EMNLP 2014, eqs. 5-8)::
+    Encoder-Decoder for Statistical Machine Translation", EMNLP 2014, eqs. 5-8), in
+    either place of the reset gate.
+
+    Default (``reset_after=False``), Cho et al.'s cell, the reset gate applied to
+    h_{t-1} before the recurrent matmul::
 
       r_t = σ(W_r x_t + U_r h_{t-1} + b_r)                       (eq. 5)
       z_t = σ(W_z x_t + U_z h_{t-1} + b_z)                       (eq. 6)
       h̃_t = tanh(W_h x_t + U_h (r_t ⊙ h_{t-1}) + b_h)            (eq. 8)
       h_t = z_t ⊙ h_{t-1} + (1 - z_t) ⊙ h̃_t                      (eq. 7)
 
+    It is the default because it is the GRU of the paper Wang & Tian (2016) cite for
+    their LSTM+GRU baseline (sec. 4, Table 3: Cho et al. 2014), and it changes nothing
+    that existed before the option.
+
+    ``reset_after=True``: the variant of cuDNN, ``torch.nn.GRU``, Keras
+    (``reset_after=True``) and Flax's ``GRUCell``, the reset gate applied after the
+    recurrent matmul, to U_h h_{t-1} plus its own recurrent bias b_hn::
+
+      h̃_t = tanh(W_h x_t + b_h + r_t ⊙ (U_h h_{t-1} + b_hn))
+
+    (r_t, z_t and eq. 7 as above). It is a different function of the same weights (for
+    generic weights the two disagree), with n more parameters; its three recurrent
+    matmuls no longer wait for r_t, so they fuse into one per step. In PyTorch's names
+    (``torch.nn.GRU``, gates r, z, n): W = ``weight_ih_l0``ᵀ, U = ``weight_hh_l0``ᵀ,
+    b = (b_ir + b_hr | b_iz + b_hz | b_in) and b_hn = PyTorch's b_hn;
+    :mod:`rhnzoo.cells.torch_interop` converts.
+
     Sign convention: Cho et al.'s original eq. 7, z is the fraction of h_{t-1} kept
-    (also PyTorch's and Flax's ``GRUCell``); Chung et al. (2014) write the same cell
-    with z and 1 - z swapped. The reset gate multiplies h_{t-1} before U_h, as in the
-    paper (not after, as cuDNN's variant does). Cho et al. have no biases; we add them
-    (zero at init).
+    (also PyTorch's and Flax's); Chung et al. (2014) write the same cell with z and
+    1 - z swapped. Cho et al. have no biases; we add them (zero at init).
 
-    Parameters: ``W [m, 3n]``, ``U [n, 3n]``, ``b [3n]``, blocks in the order
-    r | z | h̃; weights uniform in [-init_scale, init_scale]. Per step: one fused
-    matmul for r and z, then one for h̃ (which needs r first). Parameter count
-    3(m n + n² + n).
+    Parameters (a dict, float32 from ``init``): ``W [m, 3n]``, ``U [n, 3n]``,
+    ``b [3n]``, blocks in the order r | z | h̃, and with ``reset_after`` also
+    ``b_hn [n]``; weights uniform in [-init_scale, init_scale], biases zero. Parameter
+    count 3(m n + n² + n), + n with ``reset_after``. Per step: Cho's cell one fused
+    matmul for r and z, then one for h̃ (which needs r first); ``reset_after`` one
+    ``[B, n] x [n, 3n]`` matmul.
 
-    Carry: h ``[B, n]``; output h_t. The dropout ``mask`` ([B, n]) multiplies h_{t-1}
-    where it enters U (both matmuls); the interpolation of eq. 7 uses the undropped
-    h_{t-1}.
+    Carry: h ``[B, n]`` (float32 or float64: ``step`` computes in the carry's dtype);
+    output h_t ``[B, n]``. The dropout ``mask`` ([B, n]) multiplies h_{t-1} where it
+    enters U (both matmuls); the interpolation of eq. 7 uses the undropped h_{t-1}.
 
     Attributes:
       hidden_size: n.
       init_scale: half-width of the uniform weight initialisation.
+      reset_after: apply the reset gate after the recurrent matmul (PyTorch / cuDNN /
+        Flax); default False, Cho et al.'s before.
 
     Raises:
       ValueError: if hidden_size < 1.
@@ -174,16 +200,21 @@ class GRU:
 
     hidden_size: int
     init_scale: float = 0.04
+    reset_after: bool = False
 
     def __post_init__(self):
         check_positive("hidden_size", self.hidden_size)
 
     def init(self, key: Array, input_size: int) -> Params:
-        """Returns ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n]}`` float32.
+        """Returns ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n]}`` (+ ``'b_hn': [n]`` zeros
+        with ``reset_after``) float32.
 
         Raises ValueError if input_size < 1.
         """
-        return _init_gated(key, input_size, self.hidden_size, 3, self.init_scale)
+        params = _init_gated(key, input_size, self.hidden_size, 3, self.init_scale)
+        if self.reset_after:
+            params["b_hn"] = jnp.zeros((self.hidden_size,), jnp.float32)
+        return params
 
     def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> Array:
         """Returns the zero state ``[B, n]``."""
@@ -201,9 +232,16 @@ class GRU:
         U = params["U"].astype(dt)
         x_proj = x_proj.astype(dt) + params["b"].astype(dt)
         h_in = carry if mask is None else carry * mask
-        rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + h_in @ U[:, : 2 * n])
-        r, z = rz[..., :n], rz[..., n:]
-        h_tilde = jnp.tanh(x_proj[..., 2 * n :] + (r * h_in) @ U[:, 2 * n :])
+        if self.reset_after:
+            hU = h_in @ U  # [B, 3n]: r's and z's recurrent terms and U_h h_{t-1}
+            rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + hU[..., : 2 * n])
+            r, z = rz[..., :n], rz[..., n:]
+            g = hU[..., 2 * n :] + params["b_hn"].astype(dt)
+            h_tilde = jnp.tanh(x_proj[..., 2 * n :] + r * g)
+        else:
+            rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + h_in @ U[:, : 2 * n])
+            r, z = rz[..., :n], rz[..., n:]
+            h_tilde = jnp.tanh(x_proj[..., 2 * n :] + (r * h_in) @ U[:, 2 * n :])
         h = h_tilde + z * (carry - h_tilde)
         return h, h
 

@@ -7,6 +7,7 @@ flow analysis), so any cell runs in any task from one flag::
     cells.make("rhn", 256, depth=5, init_bias=-2.5)  # RHN(256, 5, init_bias=-2.5)
     cells.make("hsg_rhn", 256, depth=10)             # HSG(RHN(256, 10))
     cells.make("gru", 256, hsg=True)                 # HSG(GRU(256))
+    cells.make("gru", 256, reset_after=True)         # GRU(256, reset_after=True): PyTorch's
 
 Names (:data:`NAMES`): ``rhn``, ``dtrnn``, ``dtsrnn``, ``lstm``, ``gru``, ``rrn``,
 ``sc_lstm_i``, ``sc_lstm_p``, ``hrl`` (``Parallel((LSTM, RRN))``), ``lstm_gru``

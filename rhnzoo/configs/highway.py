@@ -21,7 +21,8 @@ Networks", a reproduction of Srivastava, Greff & Schmidhuber 2015; text in
   exact settings were on a web page that no longer exists). The batch of 128 is this
   zoo's choice; the report's text does not state one.
 
-Presets (``--preset=NAME``; flags given explicitly still win):
+Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`'s
+``overrides``):
 
 * ``cpu``: the whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in
   about 35 minutes (36.1 measured, shared cores; results in BUILD_NOTES.md and
@@ -43,10 +44,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def get_config(preset: str | None = None) -> HighwayConfig:
-    """The defaults (``preset`` None) or the named preset's settings.
+def get_config(preset: str | None = None, **overrides: Any) -> HighwayConfig:
+    """The defaults (``preset`` None) or the named preset's settings (its name recorded
+    in ``preset``), then ``overrides`` (e.g. the flags given: ``depth=50``) over them.
 
     Raises:
-      ValueError: (one line) for a name not in :data:`PRESETS`.
+      ValueError: (one line) for a name not in :data:`PRESETS`, or a bad setting.
     """
-    return HighwayConfig(preset=preset, **preset_settings(PRESETS, preset))
+    return HighwayConfig(preset=preset, **{**preset_settings(PRESETS, preset), **overrides})

@@ -16,17 +16,21 @@ from typing import Any
 from rhnzoo.config import preset_settings
 from rhnzoo.training.polyphonic import JSBConfig
 
-# name -> the settings it changes (the flags it sets; flags given explicitly still win).
+# name -> the settings it changes (flags given explicitly still win).
 PRESETS: dict[str, dict[str, Any]] = {
-    # 2-core CPU, about 9 minutes (8.7 measured): small widths, few trials and epochs.
+    # 2-core CPU, about 9 minutes (BUILD_NOTES.md): small widths, few trials and epochs.
     "cpu": {"width": 32, "trials": 10, "epochs": 25, "batch_size": 16},
 }
 
 
-def get_config(preset: str | None = None) -> JSBConfig:
-    """The study's settings: the full study (None) or preset ``preset`` (:data:`PRESETS`).
+def get_config(preset: str | None = None, **overrides: Any) -> JSBConfig:
+    """The study's settings: the full study (:class:`JSBConfig`'s defaults), then preset
+    ``preset`` (None: none; :data:`PRESETS`; recorded in the config), then ``overrides``
+    (e.g. the flags given; lists become tuples).
 
     Raises:
-      ValueError: an unknown preset (one line naming the known ones).
+      ValueError: an unknown preset (one line naming the known ones), an unknown or bad
+        setting (one line).
     """
-    return JSBConfig(**preset_settings(PRESETS, preset))
+    settings = {**preset_settings(PRESETS, preset), **overrides, "preset": preset}
+    return JSBConfig.from_dict(settings)

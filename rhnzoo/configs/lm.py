@@ -18,10 +18,7 @@ from typing import Any
 
 from rhnzoo import data
 from rhnzoo.config import preset_settings
-from rhnzoo.training.lm import LMConfig
-
-# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
-HSG_RHN_INIT_BIAS = -2.5
+from rhnzoo.training.lm import HSG_RHN_INIT_BIAS, LMConfig
 
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(
@@ -86,4 +83,4 @@ def get_config(preset: str | None = None, dataset: str = "ptb", **overrides: Any
     settings = {**preset_settings(presets(dataset), preset), **overrides}
     if settings.get("hsg") and "init_bias" not in settings:
         settings["init_bias"] = HSG_RHN_INIT_BIAS
-    return LMConfig.from_dict({**defaults(dataset).to_dict(), "preset": preset, **settings})
+    return defaults(dataset).replace(preset=preset, **settings)

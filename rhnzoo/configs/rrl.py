@@ -2,13 +2,14 @@
 the paper's and the 2-core CPU's sizes per data set, and the studies of what the paper
 leaves open (screened on dev at a reduced budget).
 
-  get_config("cpu", "imdb")        # RRLConfig: the CPU sizes on IMDB
-  runs(settings, models, "rrn")    # a study's runs: {setting: RRLConfig}
+  get_config("cpu", "imdb")              # RRLConfig: the CPU sizes on IMDB
+  get_config("cpu", "imdb", model="rrn") # ... with settings over the preset
+  runs(base, models, "rrn")              # a study's runs: {setting: RRLConfig}
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rhnzoo.config import preset_settings
@@ -36,7 +37,7 @@ CPU_SIZES = {
     "pmnist": dict(embed_size=1, hidden_size=64, hybrid_hidden_size=48, max_len=784,
                    buckets=1, epochs=8, batch_size=100),
 }  # fmt: skip
-# preset -> data set -> settings (flags given explicitly win over them).
+# preset -> data set -> settings (overrides, e.g. flags given explicitly, win over them).
 PRESETS = {"paper": PAPER_SIZES, "cpu": CPU_SIZES}
 
 # Studies (issue 15): what the paper leaves open, screened at a reduced budget on dev.
@@ -81,7 +82,7 @@ STUDIES = {
 }
 
 
-def overrides(preset: str | None, dataset: str) -> dict[str, Any]:
+def preset_overrides(preset: str | None, dataset: str) -> dict[str, Any]:
     """The settings ``preset`` (None: none) gives on ``dataset``, beside the defaults:
     P-MNIST's input is one pixel per step (``embed_size=1``) under every preset.
 
@@ -92,10 +93,18 @@ def overrides(preset: str | None, dataset: str) -> dict[str, Any]:
     return {**pixel, **preset_settings(PRESETS, preset).get(dataset, {})}
 
 
-def get_config(preset: str | None = None, dataset: str = "imdb") -> RRLConfig:
+def get_config(preset: str | None = None, dataset: str = "imdb", **overrides: Any) -> RRLConfig:
     """The config of ``preset`` (``'paper'``: Table 2's sizes; ``'cpu'``: the 2-core CPU
-    budget; None: the flags' defaults) on ``dataset``. Raises ValueError (one line)."""
-    return RRLConfig(dataset=dataset, preset=preset, **overrides(preset, dataset))
+    budget; None: the defaults) on ``dataset``, with ``overrides`` (e.g. the flags given)
+    over it; the preset's name is recorded in it.
+
+    Example: ``get_config("cpu", "pmnist", model="rrn", epochs=2)``.
+
+    Raises:
+      ValueError: an unknown preset or data set, an unknown or bad setting (one line).
+    """
+    return RRLConfig.from_dict({**preset_overrides(preset, dataset), **overrides,
+                                "dataset": dataset, "preset": preset})  # fmt: skip
 
 
 def study(name: str, dataset: str) -> dict[str, Any]:
@@ -108,20 +117,19 @@ def study(name: str, dataset: str) -> dict[str, Any]:
     return spec
 
 
-def runs(settings: Mapping[str, Any], models: Sequence[str],
+def runs(base: RRLConfig, models: Sequence[str],
          study_name: str | None = None) -> dict[str, RRLConfig]:  # fmt: skip
-    """Every run of an experiment, ``{name: config}``, from one set of ``settings`` (the
-    script's flags, :class:`RRLConfig`'s fields but ``model``): one run per model of
-    ``models`` (named by the model), or with ``study_name`` one per setting of that study
-    on ``settings['dataset']`` (its budget and the setting over ``settings``).
+    """Every run of an experiment, ``{name: config}``, from one ``base`` config (the
+    script's flags): one run per model of ``models`` (named by the model; ``base.model``
+    replaced), or with ``study_name`` one per setting of that study on ``base.dataset``
+    (its model, its budget and the setting over ``base``).
 
     Raises:
       ValueError: no such study, or a bad setting of any run (one line, before anything
         is trained).
     """
     if study_name is None:
-        return {m: RRLConfig.from_dict({**settings, "model": m}) for m in dict.fromkeys(models)}
-    spec = study(study_name, settings["dataset"])
-    return {name: RRLConfig.from_dict({**settings, **spec["budget"], "model": spec["model"],
-                                       **setting})
+        return {m: base.replace(model=m) for m in dict.fromkeys(models)}
+    spec = study(study_name, base.dataset)
+    return {name: base.replace(**{**spec["budget"], "model": spec["model"], **setting})
             for name, setting in spec["settings"].items()}  # fmt: skip

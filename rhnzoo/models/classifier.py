@@ -158,11 +158,13 @@ class SequenceClassifier:
     def logits(
         self, params: Params, inputs: Array, lengths: Array, key: Array | None = None
     ) -> Array:
-        """``[B, C]`` unnormalised log-probabilities; dropout on the representation when
-        ``key`` is given (training), none otherwise."""
-        # Without input dropout the output mask uses the key itself (as before it existed).
-        k_in, k_out = jax.random.split(key) if key is not None and self.input_drop else (None, key)
+        """``[B, C]`` unnormalised log-probabilities; dropout on the inputs and on the
+        representation when ``key`` is given (training; their masks from the two halves
+        of ``jax.random.split(key)``), none otherwise."""
+        # One key per dropout site, always split: each site's mask is the same whether
+        # or not the other site drops anything.
+        k_in, k_out = (None, None) if key is None else jax.random.split(key)
         h = self.features(params, inputs, lengths, k_in)
-        if key is not None and self.drop:
+        if k_out is not None and self.drop:
             h = h * dropout.mask(k_out, h.shape, self.drop, h.dtype)
         return h @ params["W_out"] + params["b_out"]

@@ -302,8 +302,3 @@ class FeedForwardNet:
         if gates is not None:
             stats["gates"] = gates
         return self._output(params, h), stats
-
-
-# A run's config.json keys that define its net: FeedForwardNet's fields.
-NET_KEYS = ("kind", "depth", "width", "input_size", "num_classes", "activation", "kernel_init",
-            "transform_bias")  # fmt: skip

@@ -4,8 +4,8 @@ An experiment brings a :class:`Task` (its jit-able train step, how batch k of
 epoch e is made, its evaluation, its metric); :func:`run` owns everything else,
 once, for all of them:
 
-* the workdir and its ``config.json`` (checked on resume: only the keys in
-  ``resumable_keys``, run length and reporting, may differ);
+* the workdir and its ``config.json`` (checked on resume: only the config's resumable
+  settings, run length, reporting and implementation choices, may differ);
 * orbax checkpoints: ``checkpoints/`` (latest three, every epoch and every
   ``checkpoint_every_steps``; the whole state, so resume is exact) and ``best/``
   (the best-validation parameters); a checkpoint that cannot be read is moved to
@@ -64,10 +64,10 @@ import numpy as np
 from tqdm import tqdm
 
 from rhnzoo import precision
-from rhnzoo.config import Config
-from rhnzoo.models import num_params  # noqa: F401  (re-exported: one count for every model)
+from rhnzoo.config import Config, setting
+from rhnzoo.models import num_params
 from rhnzoo.training import signals
-from rhnzoo.training.signals import (  # noqa: F401  (re-exported: engine.Interrupted, ...)
+from rhnzoo.training.signals import (
     Interrupted,
     Track,
     catch_signals,
@@ -76,7 +76,6 @@ from rhnzoo.training.signals import (  # noqa: F401  (re-exported: engine.Interr
     track,
 )
 from rhnzoo.training.workdir import (  # noqa: F401  (re-exported: engine.RunError, ...)
-    RESUMABLE_KEYS,
     Checkpoints,
     MetricsLog,
     RunError,
@@ -181,42 +180,72 @@ class RunSettings(Config):
         lower of the task's chance-level loss (a uniform guess) and the run's best
         window mean so far: the data then became F times less likely per unit
         (a perplexity F times the uniform guess's, or F times the run's best).
-        A validation loss from step 70 on is held to the chance level alike.
+        A validation loss from step 70 on is held to the chance level alike. A
+        training or validation loss more than :data:`BLOWUP_NATS` (20) nats above chance
+        stops the run at any step.
         Default 3 (ln 3 = 1.1 nats): at ``--preset=paper`` on IMDB the σ-RRN's
         window means stay up to 0.6 nats above chance for 250 steps and train on.
       patience: early stopping: end training when the validation ``select`` metric
         has not improved for this many epochs (None: never).
       matmul_precision: precision of float32 matmuls in training and evaluation
         (:mod:`rhnzoo.precision`: ``'default'``, ``'high'``, ``'highest'``, JAX's
-        aliases), applied with ``jax.default_matmul_precision``; None: JAX's setting
-        where :func:`run` is called.
+        aliases), applied with ``jax.default_matmul_precision``; recorded as a level,
+        None taking JAX's setting where the config is made.
 
     Raises:
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    seed: int = 0
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    checkpoint_every_steps: int = 0
-    log_every: int = 100
-    progress: bool = True
-    tensorboard: bool = False
-    divergence_factor: float = 3.0
-    patience: int | None = None
-    matmul_precision: str | None = None
+    seed: int = setting(0, "Random seed (initialisation, dropout, batch order).")
+    max_steps: int | None = setting(
+        None, "Stop after this many train steps in all.", low=1, resumable=True)
+    max_epochs: int | None = setting(None, "Stop after this many epochs in all.", low=1,
+                                     resumable=True)
+    checkpoint_every_steps: int = setting(
+        0, "Also checkpoint every N steps (0: at the end of every epoch only).", low=0,
+        resumable=True)
+    log_every: int = setting(100, "Steps between training-loss lines.", low=1, resumable=True)
+    progress: bool = setting(True, "Show progress bars (training and evaluation).",
+                             resumable=True)
+    tensorboard: bool = setting(
+        False, "Also write TensorBoard event files to <workdir>/tensorboard (pip install "
+        "'rhnzoo[tensorboard]').", resumable=True)
+    divergence_factor: float = setting(
+        3.0, "F: the run stops as diverged (one error line; the last checkpoint is kept) at "
+        "a NaN/inf loss, at any step whose training or validation loss is more than 20 nats "
+        "above the chance level (a uniform guess: a blow-up), or when, from step 70 on, the "
+        "mean training loss of the last 50 steps is more than ln F nats above chance or "
+        "above the run's best such mean, or a validation loss is more than ln F above "
+        "chance. 0: only NaN/inf stop the run.", resumable=True)
+    patience: int | None = setting(
+        None, "Early stopping: end training after this many epochs without a better "
+        "validation metric (default: never).", low=1, resumable=True)
+    matmul_precision: str | None = setting(
+        None, "Precision of float32 matmuls (jax.default_matmul_precision), recorded in "
+        "config.json: 'default' is the backend's fastest (CPU: float32; NVIDIA GPU: "
+        "TensorFloat-32 inputs, about 1e-3 relative error; TPU: one bfloat16 pass), 'high' "
+        "(GPU: TF32; TPU: 3 bfloat16 passes), 'highest' (float32; TPU: 6 passes); also "
+        "JAX's names bfloat16, tensorfloat32, float32. Default: "
+        "$JAX_DEFAULT_MATMUL_PRECISION, else 'default'.")
+
+    def __post_init__(self):
+        # Recorded as a level: None takes JAX's setting where the config is made.
+        try:
+            level = precision.resolve(self.matmul_precision)
+        except ValueError as e:
+            raise ValueError(f"--matmul_precision: {e}") from None
+        object.__setattr__(self, "matmul_precision", level)
+        super().__post_init__()
 
     def check(self) -> None:
-        checks = [("log_every", self.log_every, 1),
-                  ("checkpoint_every_steps", self.checkpoint_every_steps, 0)]  # fmt: skip
-        checks += [(k, getattr(self, k), 1) for k in ("max_steps", "max_epochs", "patience")
-                   if getattr(self, k) is not None]  # fmt: skip
-        for name, value, low in checks:
-            _check_integer(name, value, low)
+        for name in ("seed", "log_every", "checkpoint_every_steps", "max_steps", "max_epochs",
+                     "patience"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, int):
+                raise ValueError(f"--{name} must be an integer, got {value!r}")
         if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
             raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
                              f"got {self.divergence_factor}")  # fmt: skip
-        precision.check_setting(self.matmul_precision)
 
     def run_settings(self) -> dict[str, Any]:
         """``{field: value}`` of the run settings alone (a subclass's other fields left
@@ -226,11 +255,6 @@ class RunSettings(Config):
 
 # The run settings' names (RunSettings' fields; the engine's flags but --epochs).
 RUN_SETTINGS = tuple(f.name for f in dataclasses.fields(RunSettings))
-
-
-def _check_integer(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or value < low:
-        raise ValueError(f"--{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,11 +267,7 @@ class RunConfig(RunSettings):
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    epochs: int = dataclasses.field(kw_only=True)
-
-    def check(self) -> None:
-        _check_integer("epochs", self.epochs, 1)  # first: the schedule, then its limits
-        super().check()
+    epochs: int = dataclasses.field(kw_only=True, metadata={"low": 1})
 
     def total_steps(self, steps_per_epoch: int) -> int:
         epochs = min(self.epochs, self.max_epochs or self.epochs)
@@ -306,7 +326,12 @@ def _fmt(v: Any) -> str:
 ESTIMATE_MIN_S = 60.0  # a run expected to take less gets no estimate line
 WARMUP_STEPS = 2  # the first steps of a process are not timed (XLA compilation)
 ESTIMATE_STEPS = 3  # timed steps before the whole run's estimated time is printed
-DIVERGENCE_WARMUP = 20  # steps of a run whose finite losses are never judged
+DIVERGENCE_WARMUP = 20  # steps of a run whose finite losses are judged only as blow-ups
+# A loss this many nats per unit above the chance level (a uniform guess) is a blow-up no
+# start-up transient explains (the data e^20 = 5e8 times less likely per unit than by a
+# uniform guess; the largest transient seen, the Table 3 GRU's step 3 at the paper preset
+# on IMDB, is 4.7 nats above chance): the run stops at any step, warm-up or not.
+BLOWUP_NATS = 20.0
 # Steps whose mean loss is judged; the length of the checkpointed meta['recent'] (a
 # change makes earlier checkpoints unreadable).
 DIVERGENCE_WINDOW = 50
@@ -347,9 +372,6 @@ class LossBook:
         self.task, self.cfg, self.meta, self.keys = task, cfg, meta, tuple(sums_keys)
         self.chance = math.inf if task.chance_loss is None else task.chance_loss
         self.last_saved: int | None = None  # named in divergence messages
-        # The window holds no step before this one (a checkpoint written before the
-        # window was checkpointed was resumed here).
-        self.judged_from = 0
 
     def zeros(self) -> dict:
         return {k: np.zeros((), np.float64) for k in self.keys}
@@ -372,9 +394,8 @@ class LossBook:
         recent[at % DIVERGENCE_WINDOW] = (values["loss"], values[self.task.count_key])
         self.meta["recent"] = recent
         done, first = at + 1, at + 2 - DIVERGENCE_WINDOW  # steps 1-based
-        if not math.isfinite(loss):
-            self.check(f"training loss at step {done}", loss, done)
-        if first <= max(DIVERGENCE_WARMUP, self.judged_from):
+        self.check(f"training loss at step {done}", loss, done, window=False)
+        if first <= DIVERGENCE_WARMUP:
             return values
         loss_sum, count = recent.sum(axis=0)
         mean, best = loss_sum / max(count, 1.0), float(self.meta["best_mean"])
@@ -387,14 +408,19 @@ class LossBook:
         self.check(f"mean training loss over steps {first}-{done}", mean, done)
         return values
 
-    def check(self, what: str, loss: float, at: int) -> None:
-        """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite, or, from step
-        ``DIVERGENCE_WARMUP + DIVERGENCE_WINDOW`` on, more than ln ``divergence_factor``
-        above the chance level. ``what`` names the loss."""
+    def check(self, what: str, loss: float, at: int, window: bool = True) -> None:
+        """Raises TrainingDiverged if ``loss`` (nats per unit) is non-finite, more than
+        :data:`BLOWUP_NATS` above the chance level (at any step), or (with ``window``)
+        from step ``DIVERGENCE_WARMUP + DIVERGENCE_WINDOW`` on, more than ln
+        ``divergence_factor`` above the chance level. ``what`` names the loss."""
         if not math.isfinite(loss):
             raise self.diverged(f"non-finite {what} ({loss})")
         factor = self.cfg.divergence_factor
-        judged = at >= DIVERGENCE_WARMUP + DIVERGENCE_WINDOW
+        if factor and loss > self.chance + BLOWUP_NATS:
+            raise self.diverged(f"{what} is {loss:.4g} nats, more than {BLOWUP_NATS:g} above "
+                                f"the chance level (a uniform guess), {self.chance:.4g}: a "
+                                "blow-up")  # fmt: skip
+        judged = window and at >= DIVERGENCE_WARMUP + DIVERGENCE_WINDOW
         if factor and judged and loss > self.chance + math.log(factor):
             raise self.diverged(f"{what} is {loss:.4g} nats, more than ln {factor:g} above "
                                 f"the chance level (a uniform guess), {self.chance:.4g}")  # fmt: skip
@@ -493,14 +519,6 @@ def _finished(workdir, total: int) -> dict | None:
     return results if int(results.get("step", -1)) >= total else None
 
 
-def _legacy_tree(state: State, meta: dict) -> dict:
-    """The checkpoint tree of rhnzoo before the divergence window: ``meta`` held the
-    chance level (``'ref_loss'``) and no ``'recent'`` / ``'best_mean'``; such a
-    checkpoint restores, and the window starts empty at its step."""
-    old = {k: v for k, v in meta.items() if k not in ("recent", "best_mean")}
-    return {"state": state, "meta": {**old, "ref_loss": np.array(math.nan)}}
-
-
 class Every:
     """A periodic action of the training loop (as clu's ``periodic_actions``):
     ``action(step)`` after every step whose count ``step`` (1-based, over the whole run)
@@ -575,15 +593,11 @@ class _Run:
         """The latest readable checkpoint's state and bookkeeping, else ``state``, ``meta``."""
         if self.ckpt is None:
             return state, meta
-        restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say,
-                                            legacy=_legacy_tree(state, meta))  # fmt: skip
+        restored = self.ckpt.restore_latest({"state": state, "meta": meta}, self.say)
         if restored is None:
             return state, meta
-        old = restored["meta"]
-        self.book.meta = meta = {**meta, **{k: v for k, v in old.items() if k in meta}}
-        if "recent" not in old:  # the divergence window starts empty here
-            self.book.judged_from = int(restored["state"]["step"])
-        return restored["state"], meta
+        self.book.meta = restored["meta"]
+        return restored["state"], restored["meta"]
 
     # ------------------------------------------------------------------------ the loop
 
@@ -821,9 +835,8 @@ def run(
     task: Task,
     cfg: RunConfig,
     workdir: PathLike | None = None,
-    config: Mapping[str, Any] | None = None,
+    config: Config | None = None,
     *,
-    resumable_keys=RESUMABLE_KEYS,
     on_divergence: str = "raise",
     log: Callable[[str], None] | None = print,
 ) -> RunResult:
@@ -843,8 +856,8 @@ def run(
       workdir: run directory (``config.json``, ``metrics.jsonl``, ``checkpoints/``,
         ``best/``, ``results.json``); rerunning with it resumes exactly. None: an
         in-memory run (nothing written, no resume), e.g. a random-search trial.
-      config: every setting of the run, written to / checked against ``config.json``.
-      resumable_keys: config keys that may differ on resume.
+      config: every setting of the run, written to ``config.json`` and checked against
+        it on resume (:meth:`rhnzoo.config.Config.conflicts`); None: no settings.
       on_divergence: ``'raise'`` (:class:`TrainingDiverged`) or ``'stop'`` (end
         the run, evaluate the best parameters so far, ``RunResult.diverged``).
       log: receives every printed line (one per epoch, every ``log_every`` steps,
@@ -869,16 +882,16 @@ def run(
     lock = ckpt = r = None
     try:
         if workdir is not None:
-            workdir, config = pathlib.Path(workdir).absolute(), config or {}
+            workdir, config = pathlib.Path(workdir).absolute(), config or Config()
             if (workdir / "results.json").is_file():  # a finished run is read, never written
-                prepare_workdir(workdir, config, resumable_keys, check_only=True)
+                prepare_workdir(workdir, config, check_only=True)
                 done = _finished(workdir, cfg.total_steps(task.steps_per_epoch))
                 if done is not None:
                     say(f"already finished: {done.get('final') or final_line(task, done)}")
                     return RunResult(done, read_metrics(workdir), restore_params(workdir),
                                      "diverged" in done)  # fmt: skip
             lock = WorkdirLock(workdir, warn=say) if primary else None
-            workdir = prepare_workdir(workdir, config, resumable_keys, log=say)
+            workdir = prepare_workdir(workdir, config, log=say)
             if jax.process_count() > 1:
                 from jax.experimental import multihost_utils
 

@@ -31,7 +31,8 @@ import numpy as np
 import optax
 
 from rhnzoo import data
-from rhnzoo.models.highway import NET_KEYS, FeedForwardNet
+from rhnzoo.config import DataSettings, setting
+from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
 from rhnzoo.training import classify, engine, sharding, step
 from rhnzoo.training import sweep as runner
 
@@ -46,90 +47,90 @@ __all__ = ["HighwayConfig", "inputs", "split_data", "make_optimizer", "forward",
 
 HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer either way
-# A run's config.json: the net's keys (rhnzoo.models.highway.NET_KEYS), its "lr", these
-# settings of HighwayConfig and the engine's RUN_KEYS (engine.RunSettings' but the seed).
-CONFIG_KEYS = ("dataset", "data_source", "momentum", "lr_decay_rate", "lr_decay_steps",
-               "batch_size", "eval_batch_size", "epochs", "valid_size", "workdir", "seed",
-               "data_dir", "download", "verify_data", "preset")  # fmt: skip
-RUN_KEYS = tuple(name for name in engine.RUN_SETTINGS if name != "seed")
 
 
 @dataclasses.dataclass(frozen=True)
-class HighwayConfig(engine.RunSettings):
-    """The settings of a highway run or depth sweep: ``experiments/highway.py``'s flags,
-    one field per flag (same names), built once from them; the engine's settings
-    (``--max_steps``, ``--progress``...: :class:`~rhnzoo.training.engine.RunSettings`)
-    with ``epochs`` are its :meth:`run_config`.
+class HighwayConfig(engine.RunSettings, DataSettings):
+    """Every setting of a highway / plain net run or depth sweep, one field each
+    (``experiments/highway.py``'s flags are generated from them, ``--jobs`` and
+    ``--seeds`` are the runner's). The
+    engine's settings come from :class:`~rhnzoo.training.engine.RunSettings` (with
+    ``epochs``: :meth:`run_config`), the data flags from
+    :class:`~rhnzoo.config.DataSettings`; presets: :mod:`rhnzoo.configs.highway`.
 
-    A sweep's config narrows to each of its runs (:meth:`runs`); a run's ``config.json``
-    is :meth:`config_json`. Presets: :mod:`rhnzoo.configs.highway`.
-
-    The net: ``kind`` ('highway' or 'plain'), ``depth`` (>= 2 hidden layers), ``width``
-    (None: :data:`DEFAULT_WIDTH` of the kind), ``activation``, ``init`` (the kernel
-    initialiser), ``transform_bias``; the data: ``dataset`` (an image data set of
-    :data:`rhnzoo.data.DATASETS`), ``data_source``, ``valid_size`` (the last training
-    images held out); the optimisation: ``lr`` (None: :data:`HIGHWAY_LR` for highway
-    nets, ``plain_lrs`` at the depth for plain nets), ``plain_lrs`` ('depth:rate'
-    strings), ``momentum`` in [0, 1), ``lr_decay_rate`` in (0, 1] every
-    ``lr_decay_steps`` steps (staircase), ``batch_size`` (the last partial batch of an
-    epoch is dropped), ``eval_batch_size``, ``epochs``; the sweep: ``sweep``, ``depths``
-    (integer strings), ``seeds``, ``jobs``; the analyses: ``analyze``,
-    ``heatmap_examples``, ``lesion_examples``, ``diagnostics_depth`` (0 or >= 2);
-    ``workdir`` (None: :meth:`output_dir`'s default), the data flags ``data_dir``,
-    ``download``, ``verify_data``; ``preset``; the run settings, ``seed`` among them
-    (initialisation and batch order; a sweep's seeds ``seed`` .. ``seed + seeds - 1``).
+    A sweep's config narrows to each of its runs (:meth:`runs`; one net:
+    :meth:`narrow`): the net's kind, depth, width and learning rate resolved, its own
+    seed, no sweep. A run's ``config.json`` is its narrowed config's ``to_dict()``; the
+    sweep-level fields (``sweep``, ``depths``, ``seeds``, ``jobs``, ``plain_lrs``) are
+    resumable, as the run's own net, rate and seed are the structural ``kind``,
+    ``depth``, ``width``, ``lr``, ``seed``.
 
     Raises:
-      ValueError: (one line naming the flag, as the script prints it) for a value out
-        of range, a plain net without a learning rate, or ``--seeds`` / ``--jobs``
-        without ``--sweep``; a bad run setting first (as the script checked them).
+      ValueError: on construction (one line naming the flag, as the script prints it):
+        a value out of range, a plain net without a learning rate, or ``--seeds`` /
+        ``--jobs`` without ``--sweep``.
     """
 
-    kind: str = "highway"
-    depth: int = 10
-    width: int | None = None
-    dataset: str = "mnist"
-    data_source: str = "files"
-    activation: str = "tanh"
-    init: str = "glorot_uniform"
-    transform_bias: float = -4.0
-    # optimisation
-    lr: float | None = None
-    plain_lrs: tuple[str, ...] = ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5")
-    momentum: float = 0.9
-    lr_decay_rate: float = 0.96
-    lr_decay_steps: int = 100_000
-    batch_size: int = 128
-    eval_batch_size: int = 1000
-    epochs: int = 400
-    valid_size: int = 10000
-    # the sweep and the analyses
-    sweep: bool = False
-    depths: tuple[str, ...] = ("10", "20", "50", "100")
-    seeds: int = 1
-    jobs: int = 1
-    analyze: bool = True
-    heatmap_examples: int = 10000
-    lesion_examples: int = 10000
-    diagnostics_depth: int = 50
-    # the run's workdir, the data flags, the preset (as config.json records them); the
-    # engine's settings are engine.RunSettings' (matmul precision: the flag's default)
-    workdir: str | None = None
-    data_dir: str | None = None
-    download: bool = True
-    verify_data: bool = True
-    preset: str | None = None
-    matmul_precision: str = "default"
+    # the net
+    kind: str = setting("highway", "Net.", choices=KINDS)
+    depth: int = setting(10, "Hidden layers in all (>= 2): the first plain layer and depth - "
+                         "1 highway or plain layers.", low=2)
+    width: int | None = setting(None, "Units per layer (default 50 for highway, 71 for "
+                                "plain).", low=1)
+    activation: str = setting("tanh", "H and plain-layer nonlinearity.",
+                              choices=tuple(ACTIVATIONS))
+    init: str = setting("glorot_uniform", "Weight initialisation.", choices=sorted(INITS))
+    transform_bias: float = setting(-4.0, "Initial transform-gate bias b_T (papers: -1 to "
+                                    "-10; -2 for the MNIST heatmaps, -4 for the depth "
+                                    "curves).")
+    # the data
+    dataset: str = setting("mnist", "Data set.", choices=data.names("images"))
+    data_source: str = setting("files", "The original idx / python pickle files, or "
+                               "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
+                               choices=data.SOURCES)
+    valid_size: int = setting(10000, "Last training images held out for validation.", low=1)
+    # the optimisation
+    lr: float | None = setting(None, f"Initial learning rate (default: {HIGHWAY_LR} for "
+                               "highway nets, --plain_lrs at the depth for plain nets).")
+    plain_lrs: tuple[str, ...] = setting(
+        ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"), "depth:rate pairs, the plain nets' "
+        "learning rates when --lr is not given.", resumable=True)
+    momentum: float = setting(0.9, "SGD momentum, in [0, 1).", low=0)
+    lr_decay_rate: float = setting(0.96, "Learning-rate factor every --lr_decay_steps, in "
+                                   "(0, 1].")
+    lr_decay_steps: int = setting(100_000, "Steps between learning-rate decays.", low=1)
+    batch_size: int = setting(128, "Images per SGD step (an epoch's last partial batch is "
+                              "dropped).", low=1)
+    eval_batch_size: int = setting(1000, "Images per evaluation call.", low=1,
+                                   resumable=True)
+    epochs: int = setting(400, "Training epochs (the papers: 400).", low=1)
+    # the sweep (a run's own net and seed: kind, depth, seed) and the analyses
+    sweep: bool = setting(False, "Train every --depths x (plain, highway), then write the "
+                          "table and figures.", resumable=True)
+    depths: tuple[str, ...] = setting(("10", "20", "50", "100"), "Depths of --sweep.",
+                                      resumable=True)
+    seeds: int = setting(1, "Runs per (kind, depth) of --sweep, seeds --seed ... --seed + "
+                         "seeds - 1.", low=1, resumable=True)
+    jobs: int = setting(1, "Runs of --sweep at a time (child processes when > 1).", low=1,
+                        resumable=True)
+    analyze: bool = setting(True, "After training a highway net, write its gate heatmaps and "
+                            "lesioning figure.", resumable=True)
+    heatmap_examples: int = setting(10000, "Training images averaged in the mean-T heatmap.",
+                                    low=1, resumable=True)
+    lesion_examples: int = setting(10000, "Training images of the lesioning study.", low=1,
+                                   resumable=True)
+    diagnostics_depth: int = setting(50, "Depth of the plain nets of the sweep's activation / "
+                                     "gradient diagnostics (0: skip; else >= 2).", low=0,
+                                     resumable=True)
+    workdir: str | None = setting(
+        None, "Run directory (a sweep's root); rerunning with it resumes (default: "
+        "runs/highway_<dataset>_<kind>_d<depth>, a sweep's runs/highway_<dataset>_<preset "
+        "or full>).", resumable=True)
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
+                                 flag=False)
 
     def check(self) -> None:
-        self.run_config()  # the engine's settings and epochs
-        if self.dataset not in data.names("images"):
-            raise ValueError(f"--dataset must be one of {', '.join(data.names('images'))}, "
-                             f"got {self.dataset!r}")  # fmt: skip
-        data.common.check_source(self.data_source)
-        for name in ("seeds", "jobs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        super().check()  # the run settings'
         if not self.sweep and (self.seeds > 1 or self.jobs > 1):
             raise ValueError("--jobs and --seeds are for --sweep")
         for kind, depth in self.plan():  # each net and its learning rate
@@ -137,19 +138,17 @@ class HighwayConfig(engine.RunSettings):
             lr = self.learning_rate(kind, depth)
             if not lr > 0:
                 raise ValueError(f"--lr must be > 0, got {lr}")
-        if not 0 <= self.momentum < 1:
+        if not self.momentum < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
         if not 0 < self.lr_decay_rate <= 1:
             raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
-        for name in ("lr_decay_steps", "batch_size", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
-        for name in ("heatmap_examples", "lesion_examples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.diagnostics_depth == 1 or self.diagnostics_depth < 0:
-            raise ValueError(f"--diagnostics_depth must be 0 or >= 2, got {self.diagnostics_depth}")
+        counts = ("lr_decay_steps", "batch_size", "eval_batch_size", "valid_size")
+        not_int = [name for name in counts if not isinstance(getattr(self, name), int)]
+        if not_int:
+            raise ValueError(f"--{not_int[0]} must be an integer, got "
+                             f"{getattr(self, not_int[0])!r}")  # fmt: skip
+        if self.diagnostics_depth == 1:
+            raise ValueError("--diagnostics_depth must be 0 or >= 2, got 1")
 
     def plan(self) -> list[tuple[str, int]]:
         """``[(kind, depth)]``: every ``depths`` x (plain, highway) for a sweep, else
@@ -194,19 +193,34 @@ class HighwayConfig(engine.RunSettings):
         return FeedForwardNet(kind, depth, width, spec.input_size, spec.num_classes,
                               self.activation, self.init, self.transform_bias)  # fmt: skip
 
+    def narrow(self, kind: str | None = None, depth: int | None = None, k: int = 0,
+               **changes: Any) -> HighwayConfig:  # fmt: skip
+        """The config of one run: the ``kind`` net of ``depth`` (default: the config's)
+        with its width and learning rate resolved, seed ``seed + k``, no sweep (``depths``
+        its depth, ``seeds`` and ``jobs`` 1); ``changes`` (e.g. ``workdir``) applied.
+        Its ``to_dict()`` is the run's ``config.json``."""
+        kind = self.kind if kind is None else kind
+        depth = self.depth if depth is None else depth
+        return self.replace(kind=kind, depth=depth, width=self.net(kind, depth).width,
+                            lr=self.learning_rate(kind, depth), seed=self.seed + k,
+                            sweep=False, depths=(str(depth),), seeds=1, jobs=1,
+                            **changes)  # fmt: skip
+
     def runs(self) -> list[tuple[str, HighwayConfig]]:
         """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
         named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.training.sweep.seed_name`),
-        its config narrowed to it (one net, its width and learning rate, seed
-        ``seed + k``, no sweep)."""
-        return [(runner.seed_name(f"{kind}_d{depth}", k),
-                 self.replace(kind=kind, depth=depth, width=self.net(kind, depth).width,
-                              lr=self.learning_rate(kind, depth), seed=self.seed + k,
-                              sweep=False, seeds=1, jobs=1))
-                for kind, depth in self.plan() for k in range(self.seeds)]  # fmt: skip
+        its config :meth:`narrow`-ed to it, ``workdir`` ``<output_dir()>/<name>`` for a
+        sweep (one net: the config's)."""
+        out = []
+        for kind, depth in self.plan():
+            for k in range(self.seeds):
+                name = runner.seed_name(f"{kind}_d{depth}", k)
+                own = {"workdir": str(pathlib.Path(self.output_dir()) / name)}
+                out.append((name, self.narrow(kind, depth, k, **(own if self.sweep else {}))))
+        return out
 
     def run_config(self) -> engine.RunConfig:
-        """The engine's settings of the run (``epochs`` long). Raises ValueError."""
+        """The engine's settings of the run (``epochs`` long)."""
         return engine.RunConfig(epochs=self.epochs, **self.run_settings())
 
     def output_dir(self) -> str:
@@ -217,16 +231,6 @@ class HighwayConfig(engine.RunSettings):
         if self.sweep:
             return f"runs/highway_{self.dataset}_{self.preset or 'full'}"
         return f"runs/highway_{self.dataset}_{self.kind}_d{self.depth}"
-
-    def config_json(self) -> dict[str, Any]:
-        """The run's ``config.json``: the net's :data:`~rhnzoo.models.highway.NET_KEYS`,
-        its ``lr``, :data:`CONFIG_KEYS` and :data:`RUN_KEYS` (the keys and values every
-        workdir since the script's first version holds, so that existing workdirs
-        resume)."""
-        net = self.net()
-        return {**{k: getattr(net, k) for k in NET_KEYS},
-                "lr": self.learning_rate(self.kind, self.depth),
-                **{k: getattr(self, k) for k in (*CONFIG_KEYS, *RUN_KEYS)}}  # fmt: skip
 
 
 def inputs(images: Array) -> Array:
@@ -385,13 +389,18 @@ def train(
     splits: Mapping[str, Split],
     cfg: HighwayConfig,
     workdir=None,
-    config: Mapping[str, Any] | None = None,
     **kwargs,
 ) -> engine.RunResult:
-    """Trains ``net`` with :func:`make_task` through :func:`rhnzoo.training.engine.run`
-    at ``cfg``'s :meth:`~HighwayConfig.run_config` (``kwargs``: ``on_divergence``,
-    ``log``)."""
-    return engine.run(make_task(net, splits, cfg), cfg.run_config(), workdir, config, **kwargs)
+    """Trains ``net`` (normally ``cfg.net()``) with :func:`make_task` through
+    :func:`rhnzoo.training.engine.run` at ``cfg``'s :meth:`~HighwayConfig.run_config`,
+    in ``workdir`` (None: in memory) whose ``config.json`` is ``cfg.to_dict()`` (a run's
+    own config: :meth:`HighwayConfig.narrow`); ``kwargs``: ``on_divergence``, ``log``.
+
+    Raises:
+      ValueError: an incompatible workdir (another structural setting); and what
+        :func:`rhnzoo.training.engine.run` raises.
+    """
+    return engine.run(make_task(net, splits, cfg), cfg.run_config(), workdir, cfg, **kwargs)
 
 
 def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
@@ -399,8 +408,8 @@ def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pat
     """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
     :func:`functools.partial` to the first three): trains the run ``cfg`` (one of
     :meth:`HighwayConfig.runs`) in ``workdir``; returns its results."""
-    return train(cfg.net(), splits, cfg, workdir, cfg.config_json(),
-                 on_divergence=on_divergence, log=log).results  # fmt: skip
+    return train(cfg.net(), splits, cfg, workdir, on_divergence=on_divergence,
+                 log=log).results  # fmt: skip
 
 
 def sweep(
@@ -431,7 +440,7 @@ def sweep(
     """
     root = pathlib.Path(cfg.output_dir())
     runs = cfg.runs()
-    plan = [runner.Run(name, r.config_json(), functools.partial(train_run, r, splits, log))
+    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log))
             for name, r in runs]  # fmt: skip
     runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop")
     done = runner.collect(root, [name for name, _ in runs])

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from rhnzoo import cells, data, dropout
+from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
 from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
 from rhnzoo.training import engine, sharding, step
@@ -46,101 +47,80 @@ State = dict[str, Any]
 
 # The LM settings that go to the cell (:func:`rhnzoo.cells.make`) where it has them.
 CELL_KEYS = ("depth", "coupled", "init_bias")
+# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
+HSG_RHN_INIT_BIAS = -2.5
 
 
 @dataclasses.dataclass(frozen=True)
-class LMConfig(engine.RunSettings):
-    """Every setting of a language-model run: ``experiments/ptb.py`` / ``char.py``'s flags,
-    one field each, as written to the run's ``config.json`` (defaults: the reference
-    code's ``ptb_sota``; the presets are :mod:`rhnzoo.configs.lm`).
-
-    Model: ``cell`` (a registered cell; ``'rhn'`` stays out of :meth:`to_dict`, so that
-    earlier RHN workdirs resume), ``depth``, ``coupled``, ``init_bias`` (for the cells
-    that take them), ``hidden_size``, ``hsg`` / ``hsg_init_bias`` (the Highway State
-    Gate), ``tied``, ``init_scale``, ``unroll``, ``scan_impl`` (``'auto'``: fused for a
-    coupled RHN), ``remat``, ``dtype``.
-
-    Optimisation: ``lr`` (lr0, for a loss summed over time / B), ``lr_decay`` (divisor
-    per epoch after ``max_epoch``), ``max_epoch`` (epochs at constant learning rate),
-    ``max_max_epoch`` (epochs of the schedule), ``weight_decay`` (L2 coefficient on
-    0.5 * sum(p ** 2)), ``max_grad_norm`` (global-norm clipping), ``batch_size`` (B, rows
-    of the training stream), ``num_steps`` (truncated-BPTT window T), ``drop_{x,i,h,o}``
-    (dropout probabilities, :class:`rhnzoo.dropout.Rates`).
-
-    Evaluation: ``eval_batch_size`` (final evaluation; None: 1, the reference protocol,
-    for a full run, ``batch_size`` for a run cut short), ``eval_num_steps`` (window of
-    evaluation scans; any value gives the same numbers up to float rounding).
-
-    Run: ``dataset`` (a registered LM data set: its metric), ``preset`` (the preset's
-    name, recorded), ``workdir`` (None: :attr:`run_dir`'s default), the engine's
-    settings (:class:`rhnzoo.training.engine.RunConfig`), the data flags
-    (``data_dir``, ``download``, ``verify_data``) and the multi-process ones
-    (``distributed``, ``coordinator_address``, ``num_processes``, ``process_id``).
+class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
+    """Every setting of a language-model run, one field each (the flags of
+    ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
+    run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
+    :mod:`rhnzoo.configs.lm`. The engine's settings come from
+    :class:`~rhnzoo.training.engine.RunSettings`, the data and multi-process ones from
+    :class:`~rhnzoo.config.DataSettings` and :class:`~rhnzoo.config.DistributedSettings`.
 
     Raises:
       ValueError: on construction, for a setting out of range (one line naming it): an
         unknown data set, a bad rate, learning rate, size, run setting or model option.
     """
 
-    dataset: str = "ptb"
-    preset: str | None = None
-    cell: str = "rhn"
-    depth: int = 10
-    hidden_size: int = 830
-    hsg: bool = False
-    hsg_init_bias: float = -2.5
-    coupled: bool = True
-    tied: bool = True
-    init_scale: float = 0.04
-    init_bias: float = -2.0
-    lr: float = 0.2
-    lr_decay: float = 1.02
-    max_epoch: int = 20
-    max_max_epoch: int = 500
-    weight_decay: float = 1e-7
-    max_grad_norm: float = 10.0
-    num_steps: int = 35
-    batch_size: int = 20
-    drop_x: float = 0.25
-    drop_i: float = 0.75
-    drop_h: float = 0.25
-    drop_o: float = 0.75
-    unroll: int = 1
-    scan_impl: str = "auto"
-    remat: bool = False
-    dtype: str = "float32"
-    distributed: bool = False
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    eval_batch_size: int | None = None
-    eval_num_steps: int = 100
-    workdir: str | None = None
-    data_dir: str | None = None
-    download: bool = True
-    verify_data: bool = True
-
-    ADDED_KEYS = ("cell",)  # config.json holds cell only when not 'rhn' (earlier RHN runs)
+    dataset: str = setting("ptb", "Language-model data set (its metric: perplexity or "
+                           "bits per character).")
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
+                                 flag=False)
+    cell: str = setting("rhn", "Recurrent cell (rhnzoo.cells registry); RHN uses the fused "
+                        "scan, the others the reference scan.", choices=cells.registry.NAMES)
+    depth: int = setting(10, "Recurrence depth L (micro-layers per time step; cells with a "
+                         "depth: rhn, dtrnn, dtsrnn, rrn, hrl).", low=1)
+    hidden_size: int = setting(830, "Units per micro-layer.", low=1)
+    hsg: bool = setting(False, "Add the Highway State Gate (Shoham & Permuter) around --cell; "
+                        f"the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")
+    hsg_init_bias: float = setting(-2.5, "Initial HSG gate bias b_G.")
+    coupled: bool = setting(True, "Coupled carry gate C = 1 - T (RHN).")
+    tied: bool = setting(True, "Tie the embedding and softmax weights.")
+    init_scale: float = setting(0.04, "Uniform initialisation half-width (> 0).")
+    init_bias: float = setting(-2.0, "Initial RHN transform-gate bias (with --hsg: "
+                               f"{HSG_RHN_INIT_BIAS} unless given).")
+    lr: float = setting(0.2, "Initial SGD learning rate lr0 (loss summed over time / batch).")
+    lr_decay: float = setting(1.02, "Learning-rate divisor per epoch after max_epoch.", low=1)
+    max_epoch: int = setting(20, "Epochs at constant learning rate.")
+    max_max_epoch: int = setting(500, "Total epochs of the schedule (alias --epochs).", low=1)
+    weight_decay: float = setting(1e-7, "L2 coefficient (on 0.5 ||theta||^2).", low=0)
+    max_grad_norm: float = setting(10.0, "Global-norm gradient clipping (> 0).")
+    num_steps: int = setting(35, "Truncated-BPTT window length T.", low=1)
+    batch_size: int = setting(20, "Batch size B (rows of the token stream).", low=1)
+    drop_x: float = setting(0.25, "Word-dropout probability on the embedding.")
+    drop_i: float = setting(0.75, "Dropout probability on the cell input.")
+    drop_h: float = setting(0.25, "Dropout probability on the recurrent state.")
+    drop_o: float = setting(0.75, "Dropout probability on the cell output.")
+    unroll: int = setting(1, "Time steps per lax.scan iteration.", low=1, resumable=True)
+    scan_impl: str = setting(
+        "auto", "Time-scan implementation: 'fused' (hand-written backward pass, coupled "
+        "RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' (fused where supported).",
+        choices=("auto", "fused", "reference"), resumable=True)
+    remat: bool = setting(False, "Recompute time steps in the backward pass (less memory).",
+                          resumable=True)
+    dtype: str = setting(
+        "float32", "Matmul input dtype, float32 accumulation: float32 (computed at "
+        "--matmul_precision, whose default on GPUs and TPUs rounds the inputs to TF32 / "
+        "bfloat16) or bfloat16 (needs the fused scan).", choices=("float32", "bfloat16"))
+    eval_batch_size: int | None = setting(
+        None, "Final evaluation batch size (default: 1, the reference protocol, for a full "
+        "run; the training batch for a run cut short).", low=1, resumable=True)
+    eval_num_steps: int = setting(100, "Window length of evaluation scans (any value gives "
+                                  "the same numbers up to float rounding).", low=1,
+                                  resumable=True)
+    workdir: str | None = setting(None, "Run directory; rerunning with it resumes (default: "
+                                  "runs/<dataset>_<settings>).", resumable=True)
 
     def check(self) -> None:
         data.registry.get(self.dataset, task="lm")
+        super().check()
         self.rates  # checks the rates
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not self.lr_decay >= 1:
-            raise ValueError(f"lr_decay must be >= 1, got {self.lr_decay}")
-        for name in ("batch_size", "num_steps", "max_max_epoch", "eval_num_steps", "unroll"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.init_scale > 0:
-            raise ValueError(f"init_scale must be > 0, got {self.init_scale}")
-        if self.workdir is not None and not str(self.workdir).strip():
-            raise ValueError("workdir must not be empty (leave it out for the default)")
-        if self.eval_batch_size is not None and self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
-        if self.weight_decay < 0 or self.max_grad_norm <= 0:
-            raise ValueError("weight_decay must be >= 0 and max_grad_norm > 0")
-        self.run_config()
+        for name in ("lr", "init_scale", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
         self.model(2)
 
     @property
@@ -276,17 +256,10 @@ def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
     an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
 
     Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
-    words) made ``ptb.py`` on CPU spend most of its evaluation in the kernel, paging in
-    fresh memory on every call: a 10-step ``--preset=small`` run with ``--eval_batch_size=20``
-    took 37 s (17 s system time) with whole windows, 32 s (2 s) in 8 MB chunks (BUILD_NOTES).
+    words) make the CPU page in fresh memory on every call (figures in BUILD_NOTES.md).
     """
     steps = max(1, max_logits // (batch_size * vocab_size))
     return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
-
-
-def make_evaluate(model: LanguageModel, mesh: jax.sharding.Mesh | None = None) -> Evaluator:
-    """The :class:`Evaluator` of ``model`` (on ``mesh``)."""
-    return Evaluator(model, mesh)
 
 
 def _eval_window(model: LanguageModel, params, carry, total, x, y, w):
@@ -302,7 +275,7 @@ class Evaluator:
     One jit-compiled call per window of ``num_steps`` (the state carried across
     windows, at most two in flight), so a long evaluation shows progress and stops
     promptly on a signal when given the engine's ``track``; no dropout.
-    Perplexity is ``exp(nll_sum / count)``; nats per symbol ``nll_sum / count``.
+    Nats per symbol are ``nll_sum / count``; :data:`METRICS` turns them into the metric.
 
     With a ``mesh`` (the params' devices, possibly spread over processes) the
     windows' rows are sharded over its ``"data"`` axis, zero-weight rows appended when
@@ -332,12 +305,8 @@ class Evaluator:
         return float(total), float(w.sum())
 
 
-def perplexity(nll_sum: float, count: float) -> float:
-    return math.exp(nll_sum / count) if nll_sum / count < 700 else math.inf
-
-
+# Metric name -> nats per symbol to the metric: perplexity (inf past e^700), bits per character.
 METRICS = {
-    # name -> nats per symbol to the metric
     "ppl": lambda nats: math.exp(nats) if nats < 700 else math.inf,
     "bpc": lambda nats: nats / math.log(2),
 }
@@ -369,7 +338,7 @@ class LMTask:
         data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
         self.tx = make_optimizer(cfg, self.steps_per_epoch)
         self.rows = sharding.put(rows_np, sharding.by_rows(self.mesh))
-        self.evaluate = make_evaluate(model, self.mesh)
+        self.evaluate = Evaluator(model, self.mesh)
         self.cut = run.cut_short(self.steps_per_epoch)
         self.eval_batch = cfg.eval_batch_size or (cfg.batch_size if self.cut else 1)
         self.protocol = "reference batch-1" if self.eval_batch == 1 else "batched"
@@ -450,7 +419,7 @@ def train(
     cfg: LMConfig,
     workdir: str | os.PathLike | None,
     run: engine.RunConfig | None = None,
-    run_config: dict[str, Any] | None = None,
+    config: Config | None = None,
     metric_name: str = "ppl",
     devices: list | None = None,
     log=print,
@@ -467,7 +436,7 @@ def train(
         with the same workdir resumes exactly.
       run: run length and reporting (default: ``cfg.run_config()``, the whole
         ``cfg.max_max_epoch`` schedule).
-      run_config: every setting of the run, checked on resume.
+      config: every setting of the run (``config.json``), checked on resume.
       metric_name: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
       devices: devices for data-parallel training (default: all); batch rows are
         sharded over a ``Mesh(("data",))``, parameters replicated.
@@ -483,7 +452,7 @@ def train(
     """
     run = run or cfg.run_config()
     task = make_task(model, corpus, cfg, run, metric_name, devices)
-    return engine.run(task, run, workdir, run_config, on_divergence=on_divergence,
+    return engine.run(task, run, workdir, config, on_divergence=on_divergence,
                       log=log).results  # fmt: skip
 
 
@@ -495,5 +464,5 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
     ``config.run_dir``): the one entry point of ``experiments/ptb.py``, ``char.py`` and
     the depth sweep. Returns and raises as :func:`train`."""
     return train(config.model(corpus.vocab_size), corpus, config, workdir or config.run_dir,
-                 config.run_config(), run_config=config.to_dict(), metric_name=config.metric,
+                 config.run_config(), config=config, metric_name=config.metric,
                  devices=devices, log=log, on_divergence=on_divergence)  # fmt: skip

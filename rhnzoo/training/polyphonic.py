@@ -8,9 +8,12 @@ of epoch e is the k-th slice of a permutation drawn from ``(seed, e)``, padded t
 longest training sequence, so every step has one shape and a resumed run sees the same
 batches.
 
-Settings: :class:`PolyphonicConfig` (one model's training), :class:`JSBConfig` (the
-study; presets in :mod:`rhnzoo.configs.jsb`), :class:`TrialConfig` (one trial: its
-``config.json``).
+Settings, each declared once (:func:`rhnzoo.config.setting`): :class:`TrainSettings`
+(the engine's :class:`~rhnzoo.training.engine.RunSettings`, ``epochs``, ``batch_size``),
+:class:`PolyphonicConfig` (one model's training: those and the SGD hyperparameters),
+:class:`StudySettings` (what every trial of a study shares), :class:`JSBConfig` (the
+study: its flags, its root's ``config.json``; presets in :mod:`rhnzoo.configs.jsb`) and
+:class:`TrialConfig` (one trial: its workdir's ``config.json``).
 """
 
 from __future__ import annotations
@@ -29,58 +32,64 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import cells, precision
-from rhnzoo.config import Config
+from rhnzoo import cells
+from rhnzoo.config import DataSettings, setting
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
-from rhnzoo.training import engine, step, sweep
+from rhnzoo.training import engine, step, sweep, tables
 
 Array = jax.Array
 Params = Any
 
-__all__ = ["PianoRollModel", "nll_sums", "num_params", "pad_batch", "sgd", "nll_loss",
-           "train_step", "evaluate", "PolyphonicConfig", "PianoRollTask", "make_task", "train",
-           "TrainResult", "JSBConfig", "TrialConfig", "study"]  # fmt: skip
+# The init settings of the compiled model of every trial: one compiled step per (arch,
+# depth); a trial's own init_scale / init_bias only shape its initial parameters.
+STATIC_INIT = {"init_scale": 0.04, "init_bias": -2.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class PolyphonicConfig(Config):
-    """How one piano-roll model trains (:func:`train`, :func:`make_task`).
-
-    Attributes:
-      lr, momentum, max_grad_norm: SGD hyperparameters (see :func:`sgd`); lr > 0,
-        0 <= momentum < 1, max_grad_norm > 0.
-      batch_size: sequences per step (>= 1); epochs: >= 1.
-      max_steps: stop after this many steps (>= 1; None: ``epochs`` full epochs).
-      matmul_precision: of the float32 matmuls (:mod:`rhnzoo.precision`; None: JAX's
-        setting).
+class TrainSettings(engine.RunSettings):
+    """How long, and on what batches, a piano-roll model trains: the engine's
+    :class:`~rhnzoo.training.engine.RunSettings` (seed, run limits, reporting, the
+    divergence check, patience, matmul precision), ``epochs`` and ``batch_size``.
+    Defaults: the full JSB study's.
 
     Raises:
-      ValueError: (one line) a value out of range or an unknown matmul precision.
+      ValueError: (one line naming the flag) a value out of range.
     """
 
-    lr: float
-    momentum: float = 0.0
-    max_grad_norm: float = 10.0
-    batch_size: int = 16
-    epochs: int = 10
-    max_steps: int | None = None
-    matmul_precision: str | None = None
+    epochs: int = setting(40, "Epochs of SGD at a constant learning rate (the best "
+                          "validation epoch is kept).", low=1)  # fmt: skip
+    batch_size: int = setting(16, "Sequences per SGD step (whole-sequence BPTT, padded to "
+                              "the longest training sequence).", low=1)  # fmt: skip
+
+    def run_config(self) -> engine.RunConfig:
+        """The engine's settings of the run: ``epochs`` full epochs unless
+        ``max_epochs`` / ``max_steps`` end it sooner."""
+        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
+
+
+@dataclasses.dataclass(frozen=True)
+class PolyphonicConfig(TrainSettings):
+    """How one piano-roll model trains (:func:`train`, :func:`make_task`): the
+    :class:`TrainSettings` and the clipped-SGD hyperparameters (:func:`sgd`).
+
+    Raises:
+      ValueError: (one line naming the flag) lr <= 0, momentum outside [0, 1),
+        max_grad_norm <= 0, or any :class:`TrainSettings` value out of range.
+    """
+
+    lr: float = setting(0.1, "SGD learning rate (> 0).")
+    momentum: float = setting(0.0, "Heavy-ball momentum in [0, 1) (0: plain SGD).", low=0)
+    max_grad_norm: float = setting(10.0, "Global-norm gradient clipping threshold (> 0).")
 
     def check(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if not self.lr > 0 or not 0 <= self.momentum < 1 or not self.max_grad_norm > 0:
-            raise ValueError(
-                f"need lr > 0, 0 <= momentum < 1, max_grad_norm > 0; got {self.lr}, "
-                f"{self.momentum}, {self.max_grad_norm}"
-            )
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        precision.check_setting(self.matmul_precision)
+        super().check()
+        for name in ("lr", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
+        if not self.momentum < 1:
+            raise ValueError(f"--momentum must be < 1, got {self.momentum}")
 
 
 # ------------------------------------------------------------------------ the step
@@ -111,30 +120,13 @@ def nll_loss(model: PianoRollModel, params: Params, batch, key: Array, carry):
     return total / jnp.maximum(count, 1.0), ({"loss": total, "count": count}, carry)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _engine_step(model: PianoRollModel):
     """The engine's ``train_step(state, batch, key) -> (state, sums)`` for ``model``: the
     one step (:func:`rhnzoo.training.step.make_train_step`) on :func:`nll_loss` with the
     clipped SGD whose hyperparameters come from the optimizer state. One function object
     per model, so every trial of a random search reuses the compiled step."""
     return step.make_train_step(functools.partial(nll_loss, model), sgd(0.0, 0.0, 1.0))
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 2))
-def train_step(model: PianoRollModel, params, opt_state, x: Array, mask: Array):
-    """One SGD step on a padded minibatch (the engine's step, jitted); the loss is the
-    NLL per prediction of the batch.
-
-    Args:
-      model: static (hashable); params, opt_state: donated; opt_state from
-        ``sgd(...).init(params)``; x ``[T, B, 88]``, mask ``[T, B]`` (``pad_batch``).
-    Returns:
-      ``(params, opt_state, loss)``; loss is the batch's mean NLL per time step (nats)
-      before the update.
-    """
-    state = {"params": params, "opt_state": opt_state}
-    state, sums = _engine_step(model)(state, (x, mask), None)
-    return state["params"], state["opt_state"], sums["loss"] / jnp.maximum(sums["count"], 1.0)
 
 
 _nll_sums_jit = jax.jit(nll_sums, static_argnums=0)
@@ -187,10 +179,8 @@ class PianoRollTask:
     (:meth:`task`). Args as :func:`make_task`."""
 
     def __init__(self, model: PianoRollModel, data: dict[str, Sequence[np.ndarray]],
-                 config: PolyphonicConfig, *, seed: int = 0,
-                 params: Params | None = None):  # fmt: skip
-        self.model, self.data, self.config = model, data, config
-        self.seed, self.params = seed, params
+                 config: PolyphonicConfig, *, params: Params | None = None):  # fmt: skip
+        self.model, self.data, self.config, self.params = model, data, config, params
         self.train_seqs = list(data["train"])
         self.length = max(s.shape[0] for s in self.train_seqs)
         # Valid and test padded to one shape: the evaluation compiles once per model.
@@ -206,7 +196,8 @@ class PianoRollTask:
 
     def get_batch(self, epoch: int, index: int):
         b = self.config.batch_size
-        picked = epoch_order(self.seed, epoch, len(self.train_seqs))[index * b : (index + 1) * b]
+        order = epoch_order(self.config.seed, epoch, len(self.train_seqs))
+        picked = order[index * b : (index + 1) * b]
         return pad_batch([self.train_seqs[j] for j in picked], self.length, b)
 
     def validate(self, params: Params, track) -> dict[str, float]:
@@ -229,10 +220,11 @@ class PianoRollTask:
 
 
 def make_task(model: PianoRollModel, data: dict[str, Sequence[np.ndarray]],
-              config: PolyphonicConfig, *, seed: int = 0,
+              config: PolyphonicConfig, *,
               params: Params | None = None) -> engine.Task:  # fmt: skip
-    """The next-step piano-roll task for the run engine (see :func:`train` for the args)."""
-    return PianoRollTask(model, data, config, seed=seed, params=params).task()
+    """The next-step piano-roll task for the run engine (see :func:`train` for the args;
+    the batch order is drawn from ``config.seed``)."""
+    return PianoRollTask(model, data, config, params=params).task()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +247,7 @@ def train(
     data: dict[str, Sequence[np.ndarray]],
     config: PolyphonicConfig | None = None,
     *,
-    key: Array | int = 0,
+    key: Array | int | None = None,
     params: Params | None = None,
     log: Callable[[str], None] | None = None,
     workdir: str | None = None,
@@ -268,31 +260,35 @@ def train(
     from ``(seed, epoch)``, in minibatches of ``batch_size`` (the last one padded with
     empty sequences) padded to the longest training sequence. After each epoch the
     validation NLL is computed; the test figure reported is the test NLL of the best
-    validation epoch. A non-finite or exploding loss (above twice the chance level,
-    88 log 2) stops the trial, which is then reported as diverged.
+    validation epoch. A non-finite or exploding loss (``divergence_factor``, judged
+    against the chance level 88 log 2) stops the run, which is then reported as diverged.
 
     Args:
       model: the model; data: ``{'train', 'valid', 'test'}`` -> rolls ``[T_i, 88]``.
-      config: the training settings (:class:`PolyphonicConfig`); ``settings``: its
-        fields as keywords (``lr=0.1, epochs=3``), replacing those of ``config``.
-      key: PRNG key or int seed: initialisation (unless ``params`` given) and batch order.
+      config: the settings (:class:`PolyphonicConfig`, or a subclass such as
+        :class:`TrialConfig`; default: its defaults); ``settings``: its fields as
+        keywords (``lr=0.1, epochs=3``), replacing those of ``config``.
+      key: PRNG key or int seed replacing ``config.seed``: initialisation (unless
+        ``params`` given) and batch order.
       params: initial parameters (default ``model.init``); consumed (donated to the step).
-      log: called with one line per epoch, if given.
-      workdir: a run directory for checkpoints and resume (default: in memory).
-      on_divergence: ``'stop'`` (the trial ends, reported as diverged) or ``'raise'``
+      log: receives the engine's lines (one per epoch, the training loss every
+        ``log_every`` steps, the final line); None: silent.
+      workdir: a run directory for ``config.json``, checkpoints and resume (default: in
+        memory).
+      on_divergence: ``'stop'`` (the run ends, reported as diverged) or ``'raise'``
         (:class:`rhnzoo.training.engine.TrainingDiverged`).
     Returns: TrainResult.
-    Raises: ValueError for invalid hyperparameters.
+    Raises:
+      ValueError: (one line) an invalid setting. TypeError: a keyword that is no setting.
     """
-    config = PolyphonicConfig(**settings) if config is None else config.replace(**settings)
-    seed = key if isinstance(key, int) else int(jax.random.randint(key, (), 0, 2**31 - 1))
-    task = make_task(model, data, config, seed=seed, params=params)
-    run = engine.RunConfig(epochs=config.epochs, seed=seed, max_steps=config.max_steps,
-                           progress=False, log_every=10**9,
-                           matmul_precision=config.matmul_precision)  # fmt: skip
-    epoch_lines = None if log is None else functools.partial(_epoch_lines, log)
+    config = (config or PolyphonicConfig()).replace(**settings)
+    if key is not None:
+        seed = key if isinstance(key, int) else int(jax.random.randint(key, (), 0, 2**31 - 1))
+        config = config.replace(seed=seed)
+    task = make_task(model, data, config, params=params)
     start = time.perf_counter()
-    out = engine.run(task, run, workdir, on_divergence=on_divergence, log=epoch_lines)
+    out = engine.run(task, config.run_config(), workdir, config, on_divergence=on_divergence,
+                     log=log)  # fmt: skip
     spe = task.steps_per_epoch
     best_step = out.results["best_step"]
     return TrainResult(
@@ -302,15 +298,9 @@ def train(
         diverged=out.diverged,
         epochs_run=-(-out.results["step"] // spe),
         history=tuple({"epoch": r["epoch"], "train": r["train_nll"], "valid": r["valid_nll"],
-                       "seconds": r["elapsed_s"]} for r in out.history),  # fmt: skip
+                       "seconds": r["elapsed_s"]} for r in out.history),
         seconds=time.perf_counter() - start,
     )
-
-
-def _epoch_lines(log: Callable[[str], None], line: str) -> None:
-    """Passes the engine's epoch lines on to ``log``."""
-    if line.startswith("epoch"):
-        log(line)
 
 
 # ----------------------------------------------- the JSB optimisation study (Zilly et al.)
@@ -327,46 +317,69 @@ SEARCH_SPACE = {
     "log10_init_scale": (-2.0, math.log10(0.3)),
     "init_bias": (-4.0, 0.0),
 }
-# Settings that must match for a rerun to extend a study (the study root's config.json).
-STUDY_KEYS = ("width", "epochs", "batch_size", "seed", "max_steps", "matmul_precision")
-# A trial's results.json (and its row's keys beside its config).
-RESULT_KEYS = ("valid_nll", "test_nll", "best_epoch", "epochs_run", "diverged", "seconds")
-# The init settings of the compiled model of every trial: one compiled step per (arch,
-# depth); a trial's own init_scale / init_bias only shape its initial parameters.
-STATIC_INIT = {"init_scale": 0.04, "init_bias": -2.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class JSBConfig(Config):
-    """The JSB Chorales optimisation study (``experiments/jsb.py``; defaults: the full
-    study, presets in :mod:`rhnzoo.configs.jsb`).
+class StudySettings(TrainSettings):
+    """What every trial of a study shares: the :class:`TrainSettings` and ``width``.
 
-    Attributes:
-      archs: registered cells (:data:`rhnzoo.cells.ALL_NAMES`); Zilly et al. Fig. 4
-        compares RHN, DT-RNN and DT(S)-RNN.
-      depths: recurrence (transition) depths (>= 1); Fig. 4: 1, 2, 4 and 6.
-      trials: random-search trials per (architecture, depth) (>= 1).
-      width: RHN width defining the target parameter count at each depth (>= 1).
-      epochs, batch_size, max_steps, matmul_precision: every trial's
-        (:class:`PolyphonicConfig`).
-      seed: of the hyperparameter draws, the initialisation and the shuffling.
+    A study's finished trials are never trained again (they keep their results only),
+    so here the run settings that shape a trial's result are structural, though a
+    checkpointed run may change them on resume: ``max_steps``, ``max_epochs``,
+    ``patience`` and ``divergence_factor`` (like ``epochs``, ``batch_size``, ``seed``
+    and ``matmul_precision`` everywhere); a rerun with another value is refused. Their
+    help, and ``seed``'s (it also draws the hyperparameters), is the study's.
+
+    Raises:
+      ValueError: (one line naming the flag) a value out of range.
+    """
+
+    seed: int = setting(0, "Seed of the hyperparameter draws, the initialisation and the "
+                        "batch order.")  # fmt: skip
+    width: int = setting(64, "RHN width defining the target parameter count at each depth "
+                         "(the other cells get the width with the nearest count).", low=1)
+    max_steps: int | None = setting(None, "Stop every trial after this many steps.", low=1)
+    max_epochs: int | None = setting(None, "Stop every trial after this many epochs.", low=1)
+    patience: int | None = setting(None, "Early stopping: a trial ends after this many epochs "
+                                   "without a lower validation NLL (default: never).", low=1)
+    divergence_factor: float = setting(
+        3.0, "F: a trial stops as diverged (its result: its best epoch before) at a NaN/inf "
+        "loss, or when a mean training loss over 50 steps (from step 70 on) or a validation "
+        "loss is more than ln F nats above chance (88 ln 2) or the trial's best such mean. "
+        "0: only NaN/inf stop a trial.")
+
+
+@dataclasses.dataclass(frozen=True)
+class JSBConfig(StudySettings, DataSettings):
+    """The JSB Chorales optimisation study (``experiments/jsb.py``, whose flags are these
+    fields); defaults: the full study, presets in :mod:`rhnzoo.configs.jsb`.
+    :meth:`to_dict` is the study root's ``config.json``; a rerun in the same root is
+    refused when a structural setting differs (:meth:`~rhnzoo.config.Config.conflicts`).
+
+    Its extent, ``archs``, ``depths`` and ``trials``, is resumable: a rerun with more
+    trains only the new trials. The engine's ``checkpoint_every_steps``, ``tensorboard``,
+    ``log_every`` and ``progress`` do not apply: a trial trains in memory (no workdir,
+    so no checkpoints or event files) and silently (one line when it is done).
 
     Once checked, repeated architectures and depths are dropped (the first kept).
 
     Raises:
-      ValueError: (one line, as ``experiments/jsb.py`` reports it) an unknown or no
-        architecture, a depth that is not an integer, a size below 1.
+      ValueError: (one line naming the flag) an unknown or no architecture, a depth that
+        is not an integer >= 1, any other value out of range.
     """
 
-    archs: tuple[str, ...] = ("rhn", "dtrnn", "dtsrnn")
-    depths: tuple[int, ...] = (1, 2, 4, 6)
-    trials: int = 20
-    width: int = 64
-    epochs: int = 40
-    batch_size: int = 16
-    seed: int = 0
-    max_steps: int | None = None
-    matmul_precision: str | None = None
+    archs: tuple[str, ...] = setting(
+        ("rhn", "dtrnn", "dtsrnn"), "Architectures: any registered cell "
+        f"({', '.join(cells.ALL_NAMES)}).", resumable=True)
+    depths: tuple[int, ...] = setting((1, 2, 4, 6), "Recurrence (transition) depths.",
+                                      resumable=True)
+    trials: int = setting(20, "Random-search trials per (architecture, depth); a rerun with "
+                          "more trains only the new ones.", low=1, resumable=True)
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
+                                 flag=False)
+    workdir: str | None = setting(None, "Output directory (default: runs/jsb_<preset or "
+                                  "full>); rerunning with it skips the finished trials.",
+                                  resumable=True)
 
     def __post_init__(self):
         object.__setattr__(self, "archs", tuple(self.archs))
@@ -376,67 +389,45 @@ class JSBConfig(Config):
         object.__setattr__(self, "depths", tuple(dict.fromkeys(self.depths)))
 
     def check(self) -> None:
+        super().check()
         unknown = [a for a in self.archs if a not in cells.ALL_NAMES]
         if unknown or not self.archs:
             raise ValueError(f"--archs must be a non-empty subset of {list(cells.ALL_NAMES)}, "
                              f"got {unknown}")  # fmt: skip
         if not all(isinstance(d, int) for d in self.depths):
             raise ValueError(f"--depths must be integers, got {list(self.depths)}")
-        sizes = [(k, getattr(self, k)) for k in ("width", "epochs", "batch_size", "max_steps")
-                 if getattr(self, k) is not None]  # fmt: skip
-        for name, value in sizes + [("trials", self.trials), *(("depth", d) for d in self.depths)]:
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        precision.check_setting(self.matmul_precision)
-
-    def settings(self) -> dict[str, Any]:
-        """The settings every trial shares (:data:`STUDY_KEYS`; the precision resolved):
-        the study root's ``config.json``."""
-        values = {k: getattr(self, k) for k in STUDY_KEYS}
-        return {**values, "matmul_precision": precision.resolve(self.matmul_precision)}
+        if not self.depths or min(self.depths) < 1:
+            raise ValueError(f"--depths: every depth must be >= 1, got {list(self.depths)}")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrialConfig(Config):
+class TrialConfig(StudySettings, PolyphonicConfig):
     """One trial of the study: an (architecture, depth, trial index), its width and
-    parameter count (:func:`plan`), its hyperparameters (:func:`sample_hparams`) and the
-    study's settings; :meth:`to_dict` is its workdir's ``config.json`` (keys in this order).
+    parameter count (:func:`plan`), its hyperparameters (:func:`sample_hparams`) and
+    the study's :class:`StudySettings`; :meth:`to_dict` is its workdir's
+    ``config.json``. Being a :class:`PolyphonicConfig`, it is how its model trains.
 
     Raises:
-      ValueError: (one line) hyperparameters out of range (:class:`PolyphonicConfig`).
+      ValueError: (one line) a value out of range (e.g. :class:`PolyphonicConfig`'s).
     """
 
-    arch: str
-    depth: int
-    trial: int
-    hidden: int
-    params: int
-    lr: float
-    momentum: float
-    max_grad_norm: float
-    init_scale: float
-    init_bias: float
-    width: int
-    epochs: int
-    batch_size: int
-    seed: int
-    max_steps: int | None
-    matmul_precision: str | None
-
-    def check(self) -> None:
-        self.training()
+    arch: str = setting("rhn", "Registered cell (rhnzoo.cells).", choices=cells.ALL_NAMES)
+    depth: int = setting(1, "Recurrence (transition) depth.", low=1)
+    trial: int = setting(0, "Index of the random-search draw: the hyperparameters are "
+                         "sample_hparams(seed, trial).", low=0)  # fmt: skip
+    hidden: int = setting(64, "Cell width (plan: the study's width for the RHN, else the "
+                          "width with the nearest parameter count).", low=1)  # fmt: skip
+    params: int = setting(0, "Parameters of the whole model, cell and output layer (plan).",
+                          low=0)
+    init_scale: float = setting(STATIC_INIT["init_scale"], "Uniform half-width of the "
+                                "trial's initial parameters.", low=0)  # fmt: skip
+    init_bias: float = setting(STATIC_INIT["init_bias"], "Initial transform-gate bias of the "
+                               "trial's initial parameters (cells with one).")  # fmt: skip
 
     @property
     def name(self) -> str:
         """Its workdir's name: ``<arch>_d<depth>_t<trial>``."""
         return f"{self.arch}_d{self.depth}_t{self.trial}"
-
-    def training(self) -> PolyphonicConfig:
-        """How its model trains."""
-        return PolyphonicConfig(lr=self.lr, momentum=self.momentum,
-                                max_grad_norm=self.max_grad_norm, batch_size=self.batch_size,
-                                epochs=self.epochs, max_steps=self.max_steps,
-                                matmul_precision=self.matmul_precision)  # fmt: skip
 
 
 def sample_hparams(seed: int, trial: int) -> dict:
@@ -492,29 +483,42 @@ def plan(archs, depths, width) -> dict:
     return out
 
 
+def plan_lines(sizes: dict, width: int) -> list[str]:
+    """The lines saying :func:`plan`'s ``sizes``: per (arch, depth) its width and count."""
+    lines = [f"parameter counts (target: RHN of width {width} at each depth):"]
+    for (arch, depth), s in sizes.items():
+        lines.append(f"  {cells.label(arch):>9} depth {depth}: hidden {s['hidden']:4d}, "
+                     f"{s['params']:8,d} params (target {s['target']:,}, "
+                     f"{100 * (s['params'] / s['target'] - 1):+.2f}%)")  # fmt: skip
+    return lines
+
+
 def trial_configs(config: JSBConfig, sizes: dict) -> list[TrialConfig]:
     """Every trial of the study, trials outermost (a study cut short has every (arch,
-    depth) with some trials); ``sizes``: :func:`plan`'s."""
-    out, settings = [], config.settings()
+    depth) with some trials); ``sizes``: :func:`plan`'s. Each trial takes the study's
+    :class:`StudySettings`, ``progress`` off (it trains silently)."""
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(StudySettings)}
+    shared["progress"] = False
+    out = []
     for trial in range(config.trials):
         hp = sample_hparams(config.seed, trial)
         for depth in config.depths:
             for arch in config.archs:
                 s = sizes[arch, depth]
                 out.append(TrialConfig(arch=arch, depth=depth, trial=trial, hidden=s["hidden"],
-                                       params=s["params"], **hp, **settings))  # fmt: skip
+                                       params=s["params"], **hp, **shared))  # fmt: skip
     return out
 
 
 def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") -> TrainResult:
-    """Trains one trial in memory: its key is ``fold_in(PRNGKey(seed), trial)`` (the batch
-    order), its initial parameters those of ``fold_in(key, 1)`` under its init settings."""
+    """Trains one trial in memory, silently: its key is ``fold_in(PRNGKey(seed), trial)``
+    (the batch order), its initial parameters those of ``fold_in(key, 1)`` under its init
+    settings."""
     model = study_model(trial.arch, trial.hidden, trial.depth)
     init_model = study_model(trial.arch, trial.hidden, trial.depth,
                              init_scale=trial.init_scale, init_bias=trial.init_bias)  # fmt: skip
     key = jax.random.fold_in(jax.random.PRNGKey(trial.seed), trial.trial)
-    return train(model, data, trial.training(), key=key,
-                 params=init_model.init(jax.random.fold_in(key, 1)),
+    return train(model, data, trial, key=key, params=init_model.init(jax.random.fold_in(key, 1)),
                  on_divergence=on_divergence)  # fmt: skip
 
 
@@ -554,25 +558,36 @@ def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_diverge
 
 def _study_run(trial: TrialConfig, data: dict, progress: _Progress) -> sweep.Run:
     """The runner's :class:`~rhnzoo.training.sweep.Run` of a trial (trained in memory)."""
-    config = trial.to_dict()
     compute = functools.partial(_study_trial, trial, data, progress)
-    return sweep.Run(trial.name, config, sweep.in_memory(compute, config))
+    return sweep.Run(trial.name, trial, sweep.in_memory(compute, trial))
 
 
 def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = print,
           jobs: sweep.Jobs | None = None) -> list[dict]:  # fmt: skip
-    """The JSB random search on the multi-run runner: one trial = one (arch, depth, trial)
-    workdir ``root/trials/<arch>_d<depth>_t<trial>`` holding its config.json
-    (:class:`TrialConfig`) and results.json (trials train in memory: no checkpoints; a
-    finished trial is not run again, an interrupted study goes on from the finished
-    ones). A trial that diverges stops there (the runner's policy). Every trial runs at
-    ``config.matmul_precision`` (None: JAX's setting), recorded in its config. ``jobs``
+    """The JSB random search on the multi-run runner.
+
+    ``root`` holds the study's ``config.json`` (``config.to_dict()``; a rerun in it is
+    refused when a structural setting differs, a setting its config.json lacks counting
+    as the default) and one workdir per trial, ``root/trials/<arch>_d<depth>_t<trial>``,
+    with its config.json (:class:`TrialConfig`) and results.json. Trials train in
+    memory (no checkpoints): a finished trial is not run again, an interrupted study
+    goes on from the finished ones, a rerun with more trials (archs, depths) trains
+    the new ones only. A trial that diverges stops there (the runner's policy). ``jobs``
     (:class:`rhnzoo.training.sweep.Jobs`): trials side by side in child processes (a
-    trial that fails there is left out of the rows). Returns every finished trial's row
-    (also ``root/results.jsonl``)."""
-    root = pathlib.Path(root)
+    trial that fails there is left out of the rows). ``log`` gets the planned sizes,
+    one line per trial and the runner's lines.
+
+    Returns:
+      Every finished trial's row, its config and results (also ``root/results.jsonl``);
+      a non-finite NLL is inf.
+    Raises:
+      ValueError: (one line) ``root`` holds a study with other structural settings, or
+        cannot be written.
+    """
+    root = engine.prepare_workdir(root, config, log=log)
     sizes = plan(config.archs, config.depths, config.width)
-    _import_results_jsonl(root, config.settings())
+    for line in plan_lines(sizes, config.width):
+        log(line)
     trials = trial_configs(config, sizes)
     progress = _Progress(root / "trials", tuple(t.name for t in trials), time.perf_counter(), log)
     runs = [_study_run(t, data, progress) for t in trials]
@@ -595,7 +610,7 @@ def _finite(row: dict) -> dict:
 
 
 def study_table(rows: list[dict], config: JSBConfig, sizes: dict) -> str:
-    """Markdown table (:func:`rhnzoo.training.sweep.markdown`): per (arch, depth) the test
+    """Markdown table (:func:`rhnzoo.training.tables.markdown`): per (arch, depth) the test
     NLL of the best-validation trial and the median over trials (failed trials count as
     +inf)."""
     header = ["architecture", "depth", "hidden", "params", "target", "trials", "failed",
@@ -614,25 +629,8 @@ def study_table(rows: list[dict], config: JSBConfig, sizes: dict) -> str:
                 _nll(float(np.median(tests))) if tests else None,
                 _nll(best["valid_nll"]) if best else None,
             ])  # fmt: skip
-    return sweep.markdown(header, table, blank="-")
+    return tables.markdown(header, table, blank="-")
 
 
 def _nll(value: float) -> str:
     return f"{value:.3f}" if math.isfinite(value) else "inf"
-
-
-def _import_results_jsonl(root: pathlib.Path, settings: dict) -> None:
-    """A study from before the runner kept its trials in ``root/results.jsonl``: each row
-    becomes its trial's workdir (once), so those trials are not run again."""
-    path = root / "results.jsonl"
-    if not path.is_file() or (root / "trials").is_dir():
-        return
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        config = {k: v for k, v in row.items() if k not in RESULT_KEYS} | settings
-        workdir = root / "trials" / f"{row['arch']}_d{row['depth']}_t{row['trial']}"
-        engine.prepare_workdir(workdir, config)
-        engine.write_json(workdir / "results.json",
-                          {k: row[k] for k in RESULT_KEYS if k in row})  # fmt: skip

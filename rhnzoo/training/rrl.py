@@ -14,6 +14,11 @@
 * Optimiser: Adadelta (Zeiler 2012; rho 0.95, eps 1e-6, ``optax.adadelta`` with
   ``learning_rate=1.0`` — its default of None would not negate the update) after
   global-norm gradient clipping; loss = mean cross-entropy over the batch's real rows.
+
+:class:`RRLConfig` holds every setting of a run (``config.json``; its optimisation and
+batching part, :class:`TrainConfig`, is what :func:`make_task` reads); its presets and
+studies are in :mod:`rhnzoo.configs.rrl`; :func:`run_experiment` is
+``experiments/rrl.py``'s body.
 """
 
 from __future__ import annotations
@@ -30,55 +35,50 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import cells, dropout
+from rhnzoo import cells, data, dropout
 from rhnzoo.cells import registry
-from rhnzoo.config import Config
+from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine, sharding, step, sweep
+from rhnzoo.training import classify, engine, sharding, step, sweep, tables
 
 Array = jax.Array
 
 
+# Wang & Tian's models (Table 2), the rows of Table 3 (labels: rhnzoo.cells.label).
+MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
+# Adadelta's decay (Zeiler 2012), as the paper's Keras code had it.
+ADADELTA_RHO = 0.95
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Config):
-    """Optimisation and batching settings of :func:`make_task`.
-
-    Attributes:
-      batch_size: sequences per step.
-      max_len: training and evaluation sequences keep ``max_len`` steps.
-      keep: ``'last'`` (default) or ``'first'``: which steps of a longer sequence.
-      buckets: number of padded lengths (``max_len`` / 2^k, k < buckets, multiples of 8).
-      lr: Adadelta learning rate (1.0: Zeiler's method as published).
-      rho, eps: Adadelta's decay and epsilon.
-      max_grad_norm: global-norm clipping threshold.
-      epochs: epochs of the schedule.
-      freeze_embeddings: keep the embedding (``params['embed']``) at its initial
-        value (e.g. pre-trained vectors); default False: fine-tuned with the rest.
+    """Optimisation and batching settings of :func:`make_task` (an :class:`RRLConfig` is
+    one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping, sequences cut
+    to ``max_len`` steps in ``buckets`` padded lengths.
 
     Raises:
-      ValueError: for a setting outside its range.
+      ValueError: on construction, for a setting outside its range (one line naming it).
     """
 
-    batch_size: int = 32
-    max_len: int = 400
-    keep: str = "last"
-    buckets: int = 4
-    lr: float = 1.0
-    rho: float = 0.95
-    eps: float = 1e-6
-    max_grad_norm: float = 5.0
-    epochs: int = 10
-    freeze_embeddings: bool = False
+    batch_size: int = setting(32, "Sequences per step.", low=1)
+    max_len: int = setting(400, "Steps kept per sequence.", low=1)
+    keep: str = setting("last", "Which steps a longer sequence keeps.",
+                        choices=("last", "first"))
+    buckets: int = setting(4, "Padded lengths: max_len / 2^k, k < buckets.", low=1)
+    lr: float = setting(1.0, "Adadelta learning rate (> 0; 1: Zeiler's method as "
+                        "published).")
+    adadelta_eps: float = setting(1e-6, "Adadelta's epsilon (> 0).")
+    max_grad_norm: float = setting(5.0, "Global-norm gradient clipping (> 0).")
+    epochs: int = setting(10, "Epochs.", low=1)
+    freeze_embeddings: bool = setting(False, "Keep the (pre-trained) embedding, "
+                                      "params['embed'], fixed.")
 
     def check(self) -> None:
-        for name in ("batch_size", "max_len", "buckets", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.keep not in ("first", "last"):
-            raise ValueError(f"keep must be 'first' or 'last', got {self.keep!r}")
-        if not (self.lr > 0 and 0 < self.rho < 1 and self.eps > 0 and self.max_grad_norm > 0):
-            raise ValueError("need lr > 0, 0 < rho < 1, eps > 0 and max_grad_norm > 0")
+        super().check()
+        for name in ("lr", "adadelta_eps", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
 
     def bucket_lengths(self) -> tuple[int, ...]:
         """The padded lengths, ascending, the last ``max_len``."""
@@ -88,9 +88,11 @@ class TrainConfig(Config):
         return tuple(sorted(x for x in lengths if x <= self.max_len))
 
     def optimizer(self) -> optax.GradientTransformation:
+        """Clipping to ``max_grad_norm``, then Adadelta (``lr``, ``adadelta_eps``); with
+        ``freeze_embeddings`` the embedding gets zero updates and no part of the norm."""
         tx = optax.chain(
             optax.clip_by_global_norm(self.max_grad_norm),
-            optax.adadelta(learning_rate=self.lr, rho=self.rho, eps=self.eps),
+            optax.adadelta(learning_rate=self.lr, rho=ADADELTA_RHO, eps=self.adadelta_eps),
         )
         if not self.freeze_embeddings:
             return tx
@@ -104,96 +106,86 @@ def _embedding_frozen(params: Mapping[str, Any]) -> dict[str, str]:
     return {k: "frozen" if k == "embed" else "trained" for k in params}
 
 
-@dataclasses.dataclass(frozen=True)
-class RRLConfig(engine.RunSettings):
-    """One sequence-classification run: every flag of ``experiments/rrl.py`` that its
-    ``config.json`` holds (the defaults are the flags'; presets in
-    :mod:`rhnzoo.configs.rrl`).
+# The data sets of experiments/rrl.py, the default first, then the registry's order.
+DATASETS = ("imdb", *(name for name in data.names("sequences") if name != "imdb"))
 
-    Model: ``model`` (a cell of :func:`rhnzoo.cells.make`; :data:`MODELS` are Wang &
-    Tian's), ``embed_size`` (m; P-MNIST: 1, the pixel), ``hidden_size`` (n; the two hybrids:
-    ``hybrid_hidden_size`` per cell and ``hybrid_embed_size``, None: m), the RRN's
-    ``rrn_depth`` (K, eq. 4; every cell with a depth), ``rrn_activation``,
-    ``rrn_recurrent_init``, ``rrn_f_bias``, SC-LSTM's ``skip`` (L, eq. 5), the LSTM's
-    ``forget_bias``, ``init_scale`` (uniform half-width), ``drop`` / ``input_drop`` (dropout
-    probabilities on the final state / the inputs), ``scan_impl`` (``'auto'``, ``'fused'``,
-    ``'reference'``) and ``dtype`` of the recurrent layer's matmuls. Training:
-    :class:`TrainConfig`'s settings (``adadelta_eps`` is its ``eps``), ``subset`` (training
-    sequences kept; None: all), ``embeddings`` (``'word2vec'``, ``'random'`` or a word2vec
-    file). Data: ``dataset``, ``coverage``, ``dev_seed``, ``permute``, ``data_source``,
-    ``data_dir``, ``download``, ``verify_data``. The run
-    (:class:`rhnzoo.training.engine.RunConfig`): ``seed``, ``max_steps``, ``max_epochs``,
-    ``checkpoint_every_steps``, ``log_every``, ``progress``, ``tensorboard``,
-    ``divergence_factor``, ``patience``, ``matmul_precision``; ``workdir`` and ``preset`` as
-    given.
+
+@dataclasses.dataclass(frozen=True)
+class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettings):
+    """One sequence-classification run, one field per setting (the flags of
+    ``experiments/rrl.py`` are generated from them); ``to_dict()`` is its
+    ``config.json``. The defaults are the flags'; the presets are
+    :mod:`rhnzoo.configs.rrl`. Optimisation and batching are :class:`TrainConfig`'s
+    fields, the engine's :class:`~rhnzoo.training.engine.RunSettings`', the data files'
+    and several processes' :class:`~rhnzoo.config.DataSettings` and
+    :class:`~rhnzoo.config.DistributedSettings`.
 
     Raises:
-      ValueError: (one line, on construction) an unknown cell or a bad cell setting, a
-        training setting out of range, a drop probability outside [0, 1), ``subset`` < 1,
-        a bad run setting (:class:`~rhnzoo.training.engine.RunSettings`).
+      ValueError: (one line, on construction) an unknown cell or data set, a bad cell
+        setting, a training setting out of range, a drop probability outside [0, 1),
+        ``subset`` < 1, a bad run setting.
     """
 
     # The model: the cell and its width (Table 2), the embedding (m) or pixel.
-    model: str = "lstm"
-    embed_size: int = 256
-    hidden_size: int = 512
-    hybrid_hidden_size: int = 384
-    hybrid_embed_size: int | None = None
+    model: str = setting("lstm", "Recurrent layer: a cell of rhnzoo.cells (Wang & Tian's: "
+                         f"{', '.join(MODELS)}; also rhn, hsg_rhn, dtrnn, ...).")
+    embed_size: int = setting(256, "Embedding width m (P-MNIST: 1, the pixel).", low=1)
+    hidden_size: int = setting(512, "Hidden units n (LSTM, GRU, RRN, SC-LSTM).", low=1)
+    hybrid_hidden_size: int = setting(384, "Hidden units per cell of HRL / LSTM+GRU.", low=1)
+    hybrid_embed_size: int | None = setting(None, "Embedding width of HRL / LSTM+GRU "
+                                            "(default: --embed_size).", low=1)
     # The cells' own settings (each goes to the cells that have it).
-    rrn_depth: int = 2
-    rrn_activation: str = "sigmoid"
-    rrn_recurrent_init: str = "uniform"
-    rrn_f_bias: float = 0.0
-    skip: int = 20
+    rrn_depth: int = setting(2, "K, layers of the RRN transition F (eq. 4).")
+    rrn_activation: str = setting("sigmoid", "Inner activation of the RRN transition (the "
+                                  "paper's σ is the logistic function).",
+                                  choices=("sigmoid", "tanh"))
+    rrn_recurrent_init: str = setting("uniform", "RRN U_k init.",
+                                      choices=("uniform", "orthogonal"))
+    rrn_f_bias: float = setting(0.0, "Initial bias of the RRN's last F layer (paper: 0).")
+    skip: int = setting(20, "SC-LSTM skip length L (eq. 5).")
+    gru_reset_after: bool = setting(False, "GRU: reset gate after the recurrent matmul, "
+                                    "as torch.nn.GRU / cuDNN (default: before, Cho et al. "
+                                    "2014, the paper's).")
     # Initialisation, dropout and the time scan.
-    forget_bias: float = 1.0
-    init_scale: float = 0.1
-    drop: float = 0.5
-    input_drop: float = 0.0
-    scan_impl: str = "auto"
-    dtype: str = "float32"
-    # Batches (TrainConfig).
-    batch_size: int = 32
-    max_len: int = 400
-    keep: str = "last"
-    buckets: int = 4
-    # Adadelta and its schedule (TrainConfig).
-    lr: float = 1.0
-    adadelta_eps: float = 1e-6
-    max_grad_norm: float = 5.0
-    epochs: int = 10
-    freeze_embeddings: bool = False
+    forget_bias: float = setting(1.0, "Initial LSTM forget-gate bias.")
+    init_scale: float = setting(0.1, "Uniform initialisation half-width.")
+    drop: float = setting(0.5, "Dropout probability on the final representation.")
+    input_drop: float = setting(0.0, "Dropout probability on the embedded inputs.")
+    scan_impl: str = setting(
+        "auto", "Time scan: 'fused' (hand-written backward pass, rhnzoo.cells.gated_fused), "
+        "'reference' (lax.scan + autodiff); auto: fused where the cell has it.",
+        choices=("auto", "fused", "reference"), resumable=True)
+    dtype: str = setting(
+        "float32", "Matmul inputs of the recurrent layer, float32 accumulation: float32 "
+        "(computed at --matmul_precision: TF32 / bfloat16 passes by default on GPUs / TPUs) "
+        "or bfloat16 (float32 state and parameters).", choices=("float32", "bfloat16"))
     # The data.
-    dataset: str = "imdb"
-    subset: int | None = None
-    embeddings: str | None = "word2vec"
-    coverage: float = 0.95
-    dev_seed: int = 0
-    # Where the data comes from.
-    permute: bool = True
-    data_source: str = "files"
-    data_dir: str | None = None
-    download: bool = True
-    verify_data: bool = True
-    # The run: its directory and preset; the engine's settings are engine.RunSettings'
-    # (matmul precision: the flag's default).
-    workdir: str | None = None
-    preset: str | None = None
-    matmul_precision: str = "default"
-
-    # config.json holds them only when not the default
-    ADDED_KEYS = ("scan_impl", "dtype", "hybrid_embed_size")
+    dataset: str = setting("imdb", "Data set.", choices=DATASETS)
+    subset: int | None = setting(None, "Train on this many training sequences "
+                                 "(screening).", low=1)
+    embeddings: str | None = setting(
+        "word2vec", "Text: 'word2vec' (trained on the training split, cached), 'random' "
+        "(learned from scratch) or a word2vec file.")
+    coverage: float = setting(0.95, "Vocabulary: most frequent words covering this fraction "
+                              "of the training tokens; the rest is <unk>.")
+    dev_seed: int = setting(0, "Seed of the 15 % dev split.")
+    permute: bool = setting(True, "P-MNIST: the fixed pixel permutation (--nopermute: "
+                            "sequential MNIST).")
+    data_source: str = setting("files", "Original files (download, checksum, cache) or "
+                               "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
+                               choices=data.SOURCES)
+    # The run: its directory and preset (the engine's settings are RunSettings').
+    workdir: str | None = setting(None, "Root directory: a model trains in <root>/<model>, "
+                                  "a study in <root>/study_<study>; rerunning resumes "
+                                  "(default: runs/rrl_<dataset>_<preset>).", resumable=True)
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
+                                 flag=False)
 
     def check(self) -> None:
+        super().check()  # the training and run settings
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
-        self.train_config()
         dropout.check_rate("--drop", self.drop)
         dropout.check_rate("--input_drop", self.input_drop)
-        if self.subset is not None and self.subset < 1:
-            raise ValueError(f"--subset must be >= 1, got {self.subset}")
-        if self.hybrid_embed_size is not None and self.hybrid_embed_size < 1:
-            raise ValueError(f"--hybrid_embed_size must be >= 1, got {self.hybrid_embed_size}")
-        self.run_config()  # the engine's settings, before any data is read
 
     def cell(self):
         """The recurrent layer: :func:`rhnzoo.cells.make` of ``model`` with
@@ -202,7 +194,8 @@ class RRLConfig(engine.RunSettings):
         setting goes to the cells that have it. Raises ValueError (one line)."""
         settings = dict(depth=self.rrn_depth, activation=self.rrn_activation, skip=self.skip,
                         recurrent_init=self.rrn_recurrent_init, f_bias=self.rrn_f_bias,
-                        forget_bias=self.forget_bias, init_scale=self.init_scale)  # fmt: skip
+                        forget_bias=self.forget_bias, init_scale=self.init_scale,
+                        reset_after=self.gru_reset_after)  # fmt: skip
         n = self.hybrid_hidden_size if self.model in registry.PARALLEL_NAMES else self.hidden_size
         return cells.make(self.model, n, **cells.applicable(self.model, settings))
 
@@ -225,16 +218,22 @@ class RRLConfig(engine.RunSettings):
                                   vocab_size, drop=self.drop, input_drop=self.input_drop,
                                   init_scale=self.init_scale, **self._scan())  # fmt: skip
 
-    def train_config(self) -> TrainConfig:
-        """The optimisation and batching settings (Adadelta's rho: 0.95)."""
-        return TrainConfig(batch_size=self.batch_size, max_len=self.max_len, keep=self.keep,
-                           buckets=self.buckets, lr=self.lr, eps=self.adadelta_eps,
-                           max_grad_norm=self.max_grad_norm, epochs=self.epochs,
-                           freeze_embeddings=self.freeze_embeddings)  # fmt: skip
-
     def run_config(self) -> engine.RunConfig:
-        """The engine's settings of the run. Raises ValueError for a bad one."""
+        """The engine's settings of the run (the schedule: ``epochs``)."""
         return engine.RunConfig(epochs=self.epochs, **self.run_settings())
+
+
+def load_data(config: RRLConfig) -> Dataset:
+    """The data set of ``config`` (``dataset`` from ``data_dir`` / ``data_source``, its
+    vocabulary at ``coverage``, its dev split from ``dev_seed``; P-MNIST ``permute``d).
+
+    Raises:
+      rhnzoo.data.DataError: missing or corrupt files (one line naming them).
+    """
+    return data.load_dataset(
+        config.dataset, data_dir=config.data_dir, download=config.download,
+        verify=config.verify_data, source=config.data_source, coverage=config.coverage,
+        dev_seed=config.dev_seed, permute=config.permute)  # fmt: skip
 
 
 def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
@@ -379,9 +378,6 @@ def make_task(
 
 # --------------------------------------------------------------------- the paper's models
 
-# Wang & Tian's models (Table 2), the rows of Table 3 (labels: rhnzoo.cells.label).
-MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
-
 # Wang & Tian 2016, Table 3 (test accuracy, %), ../shared/papers/004_b303ba294415a388.txt.
 PAPER_TABLE3: dict[tuple[str, str], float] = {
     (model, dataset): acc
@@ -432,16 +428,15 @@ def train_model(config: RRLConfig, dataset: Dataset, workdir, on_divergence: str
                 log=print) -> dict:  # fmt: skip
     """Trains ``config.model`` under ``config`` on ``dataset`` in ``workdir``; its
     results (``on_divergence``: see :func:`rhnzoo.training.engine.run`)."""
-    data = subset(dataset, config.subset)
-    model = config.classifier(data.num_classes, data.input_size,
-                              None if data.vocab is None else len(data.vocab))  # fmt: skip
-    log(f"{cells.label(config.model)} on {config.dataset}: {len(data.train.labels):,} train / "
-        f"{len(data.dev.labels):,} dev / {len(data.test.labels):,} test sequences")
-    vectors = embeddings_for(config, data, log)
+    kept = subset(dataset, config.subset)
+    model = config.classifier(kept.num_classes, kept.input_size,
+                              None if kept.vocab is None else len(kept.vocab))  # fmt: skip
+    log(f"{cells.label(config.model)} on {config.dataset}: {len(kept.train.labels):,} train / "
+        f"{len(kept.dev.labels):,} dev / {len(kept.test.labels):,} test sequences")
+    vectors = embeddings_for(config, kept, log)
     run = config.run_config()
-    task = make_task(model, data.train, data.dev, data.test, config.train_config(), run.seed,
-                     vectors)  # fmt: skip
-    return engine.run(task, run, workdir, config.to_dict(), on_divergence=on_divergence,
+    task = make_task(model, kept.train, kept.dev, kept.test, config, run.seed, vectors)
+    return engine.run(task, run, workdir, config, on_divergence=on_divergence,
                       log=log).results  # fmt: skip
 
 
@@ -458,12 +453,17 @@ def _measured(runs: Sequence[dict | None]) -> list:
     """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
     row's runs, one per seed (:func:`rhnzoo.training.sweep.collect`): each seed's best dev
     accuracy and its test accuracy at that checkpoint; over several seeds the mean ± sd
-    of those measured (:func:`rhnzoo.training.sweep.mean_sd`), the test cell naming the
-    seeds that diverged or failed, epochs and minutes the mean per seed. None where
-    nothing is measured (yet)."""
-    devs, tests, epochs, minutes, notes = [], [], [], [], []
+    of those measured (:func:`rhnzoo.training.tables.mean_sd`), the test cell naming the
+    seeds that diverged or failed, epochs and minutes the mean per seed. A run not
+    finished (no results, not failed; or, beside a seed that started, not started) has
+    no test accuracy and the dev cell says so (:func:`_unfinished`). None where nothing
+    is measured (yet)."""
+    devs, tests, epochs, minutes, notes, unfinished = [], [], [], [], [], []
+    started = any(run is not None for run in runs)
     for run in runs:
         r, hist = (run or {}).get("results"), (run or {}).get("history") or []
+        if started and r is None and not (run or {}).get("failed"):
+            unfinished.append(_progress(run))
         best = max((h.get("dev_acc", math.nan) for h in hist), default=None)
         best = r["dev_acc"] if r and "dev_acc" in r else best
         if best is not None:
@@ -477,12 +477,35 @@ def _measured(runs: Sequence[dict | None]) -> list:
         if hist:
             epochs.append(len(hist))
             minutes.append(hist[-1]["elapsed_s"] / 60)
-    test = sweep.mean_sd(tests)
+    test = tables.mean_sd(tests)
     if notes:
         counts = {n: notes.count(n) for n in dict.fromkeys(notes)}
         said = ", ".join(n if len(runs) == 1 else f"{k} {n}" for n, k in counts.items())
         test = said if test is None else f"{test}; {said}"
-    return [sweep.mean_sd(devs), test, _mean(epochs, ".0f"), _mean(minutes, ".1f")]
+    dev = _unfinished(tables.mean_sd(devs), unfinished, len(runs))
+    return [dev, test, _mean(epochs, ".0f"), _mean(minutes, ".1f")]
+
+
+def _progress(run: dict | None) -> str:
+    """``'epoch <e> of <epochs>'``: how far an unfinished run of
+    :func:`rhnzoo.training.sweep.collect` got (its last epoch record; 0 before one);
+    ``'not started'`` for None."""
+    if run is None:
+        return "not started"
+    hist, config = run.get("history") or [], run.get("config") or {}
+    total = f" of {config['epochs']}" if "epochs" in config else ""
+    return f"epoch {hist[-1]['epoch'] if hist else 0}{total}"
+
+
+def _unfinished(dev: str | None, progress: Sequence[str], n: int) -> str | None:
+    """The dev cell ``dev`` of a row of ``n`` runs marked with the ``progress`` of its
+    unfinished ones: ``'79.33 (epoch 1 of 10, unfinished)'`` for one run, ``'... (1 of
+    2 unfinished: epoch 1 of 10)'`` for seeds; ``dev`` itself when every run finished."""
+    if not progress:
+        return dev
+    note = (f"({progress[0]}, unfinished)" if n == 1
+            else f"({len(progress)} of {n} unfinished: {'; '.join(progress)})")  # fmt: skip
+    return note if dev is None else f"{dev} {note}"
 
 
 def _mean(values: Sequence[float], spec: str) -> str | None:
@@ -494,7 +517,10 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
     """Table 3's layout from the workdirs ``root/<model>`` (seed k > 0:
     ``<model>_s<k>``): the paper's test accuracy beside our dev and test accuracy (several
     seeds: mean ± sd), parameters, epochs and minutes (a run not yet finished: its best
-    dev accuracy so far)."""
+    dev accuracy so far, marked ``(epoch e of N, unfinished)``, and no test accuracy).
+
+    Raises:
+      ValueError: a workdir's JSON file is unreadable (one line naming it)."""
     rows = []
     for name in models:
         runs = list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
@@ -506,16 +532,17 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
                      dev, test, params, epochs, minutes])  # fmt: skip
     header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
               "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
-    return sweep.markdown(header, rows)
+    return tables.markdown(header, rows)
 
 
 def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
-    """The recipe study's table: setting, dev accuracy (best epoch), epochs, minutes
-    (several seeds: mean ± sd)."""
+    """The recipe study's table: setting, dev accuracy (best epoch), test accuracy,
+    epochs, minutes (several seeds: mean ± sd; unfinished runs marked as in
+    :func:`table_text`). Raises ValueError as :func:`table_text`."""
     rows = [[name, *_measured(list(sweep.collect(root, [sweep.seed_name(name, k)
                                                        for k in range(seeds)]).values()))]
             for name in names]  # fmt: skip
-    return sweep.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
+    return tables.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
                            "epochs", "minutes"], rows)  # fmt: skip
 
 
@@ -531,9 +558,11 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     :func:`rhnzoo.configs.rrl.runs`); ``load()`` loads the data set, once, when a run
     trains. A model trains in ``root/<model>``, a study's setting in
     ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
-    seed ``config.seed + k``. With several runs a diverging one is recorded and the
-    others go on (:func:`rhnzoo.training.sweep.run_all`). Returns the table (also
-    written to ``table.md``) for ``table`` or ``study``, else None.
+    seed ``config.seed + k``. With several runs (``table``, ``study`` or ``seeds`` > 1) a
+    diverging one is recorded and the others go on
+    (:func:`rhnzoo.training.sweep.run_all`). Returns the table (also written to
+    ``root/table.md``) for ``table``, ``study`` or one model's ``seeds`` > 1 (its one row:
+    mean ± sd over the seeds), else None.
 
     Args:
       log: where progress lines go (None: nowhere; a multi-process run's other
@@ -545,9 +574,10 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     say = log or (lambda line: None)
     root = pathlib.Path(root) / f"study_{study}" if study else pathlib.Path(root)
     several = bool(table or study)
+    tabled = several or seeds > 1  # a table to show
     seeded = {sweep.seed_name(name, k): c.replace(seed=c.seed + k)
               for name, c in configs.items() for k in range(seeds)}  # fmt: skip
-    runs = [sweep.Run(name, c.to_dict(), functools.partial(_train, c, load, say))
+    runs = [sweep.Run(name, c, functools.partial(_train, c, load, say))
             for name, c in seeded.items()]  # fmt: skip
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
@@ -555,11 +585,11 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
             for c in {(c.embeddings, c.embedding_size(), c.subset): c
                       for c in seeded.values()}.values():  # fmt: skip
                 embeddings_for(c, subset(dataset, c.subset), say)
-        sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence="stop" if several else "raise")
-    if not several:
+        sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence="stop" if tabled else "raise")
+    if not tabled:
         return None
     first = next(iter(configs.values()))
     text = (study_table(root, list(configs), f"{first.model} {title}", seeds) if study
             else table_text(root, list(configs), first.dataset, title, seeds))  # fmt: skip
-    sweep.write_table(root / "table.md", text)
+    tables.write_table(root / "table.md", text)
     return text

@@ -1,4 +1,4 @@
-"""The one multi-run runner: named configurations, one workdir each, one table.
+"""The one multi-run runner: named configurations, one workdir each.
 
 Every multi-run experiment (the HSG depth sweep, the highway ``--sweep``, the RRL
 ``--table`` and recipe ``--study``, the JSB random search) is a list of :class:`Run`:
@@ -18,29 +18,27 @@ prints one line per run finished, records a run that fails in ``<workdir>/failed
 checkpoints, then waits for them.
 
 Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
-own name for k = 0); :func:`mean_sd` is the table cell over them.
-:func:`collect` reads the workdirs back and :func:`markdown` lays out the table.
+own name for k = 0). :func:`collect` reads the workdirs back; the tables are
+:mod:`rhnzoo.training.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-from absl import flags
 
+from rhnzoo.config import Config
 from rhnzoo.training import engine, signals
+from rhnzoo.training import workdir as workdir_lib
 
 PathLike = str | pathlib.Path
 LOG = "sweep.log"  # a child's stdout and stderr, in its workdir
@@ -54,14 +52,14 @@ class Run:
 
     Attributes:
       name: the workdir's name under the sweep's root (a path component, no ``/``).
-      config: the run's settings as written to ``config.json``.
+      config: the run's settings (``config.json`` is ``config.to_dict()``).
       train: ``train(workdir, on_divergence) -> results`` (``results.json``'s content);
         ``on_divergence`` is the runner's policy, passed on to
         :func:`rhnzoo.training.engine.run`.
     """
 
     name: str
-    config: Mapping[str, Any]
+    config: Config
     train: Callable[[pathlib.Path, str], Mapping[str, Any] | None]
 
     def __post_init__(self):
@@ -105,7 +103,7 @@ class Jobs:
 
 def run_all(
     runs: Sequence[Run], root: PathLike, *, log: Callable[[str], None] | None = print,
-    resumable_keys=engine.RESUMABLE_KEYS, jobs: Jobs | None = None, on_divergence: str = "stop",
+    jobs: Jobs | None = None, on_divergence: str = "stop",
 ) -> dict[str, Mapping[str, Any] | None]:  # fmt: skip
     """Trains ``runs``, each in ``root/<name>``: one after another in this process, or
     side by side in child processes (``jobs``, see :class:`Jobs`).
@@ -141,7 +139,7 @@ def run_all(
                              f"({', '.join(names)})")  # fmt: skip
     for r in runs:
         if (root / r.name / "config.json").is_file():
-            engine.prepare_workdir(root / r.name, r.config, resumable_keys, check_only=True)
+            engine.prepare_workdir(root / r.name, r.config, check_only=True)
     say = log or (lambda line: None)
     if jobs.only is not None:
         (root / jobs.only / FAILED).unlink(missing_ok=True)
@@ -285,8 +283,8 @@ def stop_with_parent() -> None:
     threading.Thread(target=watch, name="rhnzoo-sweep-parent", daemon=True).start()
 
 
-def in_memory(compute: Callable[[str], Mapping[str, Any]], config: Mapping[str, Any],
-              resumable_keys=engine.RESUMABLE_KEYS) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:  # fmt: skip
+def in_memory(compute: Callable[[str], Mapping[str, Any]],
+              config: Config) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:  # fmt: skip
     """A :attr:`Run.train` for a run that keeps nothing but its results (a random-search
     trial trained in memory, no checkpoints): a workdir holding ``results.json`` is
     finished and its results are returned; otherwise ``compute(on_divergence)`` runs and
@@ -298,7 +296,7 @@ def in_memory(compute: Callable[[str], Mapping[str, Any]], config: Mapping[str, 
         if path.is_file():
             return json.loads(path.read_text())
         results = compute(on_divergence)
-        engine.prepare_workdir(workdir, config, resumable_keys)
+        engine.prepare_workdir(workdir, config)
         engine.write_json(path, results)
         return results
 
@@ -309,7 +307,11 @@ def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | 
     """What the workdirs ``root/<name>`` hold: ``{name: {'config', 'results', 'history',
     'failed'}}`` (``results`` None while unfinished; ``failed`` the ``failed.json`` of a
     run that failed in a child process, else None; ``config`` None if it failed before
-    writing one); None for a workdir with neither ``config.json`` nor ``failed.json``."""
+    writing one); None for a workdir with neither ``config.json`` nor ``failed.json``.
+
+    Raises:
+      ValueError: one of those files, or ``metrics.jsonl``, is unreadable (one line
+        naming it)."""
     root = pathlib.Path(root)
     out = {}
     for name in names:
@@ -318,113 +320,27 @@ def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | 
         if not config.is_file() and not failed.is_file():
             out[name] = None
             continue
-        read = lambda path: json.loads(path.read_text()) if path.is_file() else None
         out[name] = {
-            "config": read(config),
-            "results": read(results),
-            "history": engine.read_metrics(wd) if config.is_file() else [],
-            "failed": None if results.is_file() else read(failed),
+            "config": workdir_lib.read_json(config),
+            "results": workdir_lib.read_json(results),
+            "history": _history(wd) if config.is_file() else [],
+            "failed": None if results.is_file() else workdir_lib.read_json(failed),
         }
     return out
+
+
+def _history(workdir: pathlib.Path) -> list[dict[str, Any]]:
+    """:func:`rhnzoo.training.workdir.read_metrics` of ``workdir``. Raises ValueError
+    (one line naming ``metrics.jsonl``) if it is unreadable."""
+    path = workdir / "metrics.jsonl"
+    try:
+        return workdir_lib.read_metrics(workdir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path} is unreadable ({type(e).__name__}: {why})") from None
 
 
 def seed_name(name: str, k: int) -> str:
     """The workdir name of seed ``k`` (0, 1, ...) of run ``name``: ``name`` itself for
     k = 0, so a sweep of one seed keeps its workdirs, else ``<name>_s<k>``."""
     return name if k == 0 else f"{name}_s{k}"
-
-
-def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | None:
-    """A table cell over seeds: ``'<mean> ± <sd><unit> (n=<n>)'`` for n >= 2 values (sd:
-    the sample standard deviation, n - 1 in the denominator), ``'<value><unit>'`` for
-    one, None for none. ``fmt``: the format spec of both numbers."""
-    values = [float(v) for v in values]
-    if not values:
-        return None
-    mean = math.fsum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:{fmt}}{unit}"
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:{fmt}} ± {sd:{fmt}}{unit} (n={len(values)})"
-
-
-_RULES = {"-": "---", "l": ":---", "r": "---:", "c": ":---:"}
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—",
-             align: str | None = None) -> str:  # fmt: skip
-    """A markdown table; None cells print as ``blank``. Every table of every sweep is
-    laid out here.
-
-    ``align``: one letter per column, ``'l'``, ``'r'``, ``'c'`` or ``'-'`` (none), e.g.
-    ``'rrrrrl'``; None: no alignment. Raises ValueError if its length is not the
-    number of columns."""
-    align = "-" * len(header) if align is None else align
-    if len(align) != len(header) or set(align) - _RULES.keys():
-        raise ValueError(f"align must be one of l, r, c, - per column ({len(header)}), "
-                         f"got {align!r}")  # fmt: skip
-    cell = lambda v: blank if v is None else str(v)
-    rules = [_RULES[a] for a in align]
-    lines = ["| " + " | ".join(header) + " |", "|" + "".join(r + "|" for r in rules)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def write_table(path: PathLike, text: str) -> pathlib.Path:
-    """Writes a sweep's table (``text`` plus a newline) to ``path`` whole (a temporary
-    file renamed into place), from process 0 only; returns ``path``."""
-    path = pathlib.Path(path)
-    if jax.process_index() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text.rstrip("\n") + "\n")
-        os.replace(tmp, path)
-    return path
-
-
-# ------------------------------------------------------------------- the scripts' flags
-
-
-def define_flags(*, seeds: bool = True) -> None:
-    """``--jobs``, ``--sweep_run`` (a child's) and, with ``seeds``, ``--seeds``; call once,
-    at import of a sweep's script; :func:`from_flags` reads them."""
-    flags.DEFINE_integer("jobs", 1, "Runs at a time: 1 trains them one after another in "
-                         "this process; N > 1 runs each as a child process (this command "
-                         "with --sweep_run=<run>), N side by side, each with its share of "
-                         f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
-                         "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
-                         f"goes to <workdir>/{LOG}.")  # fmt: skip
-    flags.DEFINE_string("sweep_run", None, "Train this run of the sweep alone (what the "
-                        "children of --jobs do).")  # fmt: skip
-    if seeds:
-        flags.DEFINE_integer("seeds", 1, "Runs per row, with seeds --seed, --seed+1, ... "
-                             "(initialisation, dropout, data order; the dev split stays "
-                             "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
-                             "(n).")  # fmt: skip
-
-
-def from_flags() -> tuple[Jobs, int]:
-    """``(Jobs, seeds)`` of ``--jobs``, ``--sweep_run`` and ``--seeds`` (1 where the script
-    has no ``--seeds``); the command line is ``sys.argv``.
-
-    With ``--jobs`` > 1 this process only starts children and waits, so it keeps JAX from
-    preallocating an accelerator's memory here (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` for
-    this process, unless set; call this before JAX touches a device). Children run with
-    ``--noprogress`` where the script has it.
-
-    Raises:
-      ValueError: ``--jobs`` or ``--seeds`` < 1.
-    """
-    F = flags.FLAGS
-    seeds = F.seeds if "seeds" in F else 1
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    if F.sweep_run is not None:
-        stop_with_parent()
-        return Jobs(only=F.sweep_run), seeds
-    if F.jobs <= 1:
-        return Jobs(F.jobs), seeds
-    env = dict(os.environ)
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    quiet = ["--noprogress"] if "progress" in F else []
-    return Jobs(F.jobs, [sys.executable, sys.argv[0], *quiet, *sys.argv[1:]], env=env), seeds

@@ -8,7 +8,8 @@
   with one warning and the previous one is used;
 * :class:`MetricsLog`: ``metrics.jsonl`` and optional TensorBoard event files;
 * :func:`write_json` / :func:`strict`: strict JSON (NaN/inf as null), written atomically;
-* :func:`restore_params`, :func:`read_metrics`: what analyses read back.
+* :func:`restore_params`, :func:`read_metrics`, :func:`read_config`, :func:`read_json`:
+  what analyses and tables read back.
 
 Only process 0 writes files in a multi-process run.
 """
@@ -17,37 +18,22 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
+
+from rhnzoo.config import Config, strict
 
 Params = Any
 PathLike = str | os.PathLike
-
-# Settings that only change how long a run is or how it reports; a workdir may be
-# resumed with other values of these (every other setting must match).
-RESUMABLE_KEYS = frozenset(
-    {"max_steps", "max_epochs", "checkpoint_every_steps", "log_every", "progress",
-     "tensorboard", "workdir", "data_dir", "download", "verify_data", "preset",
-     "eval_batch_size", "eval_num_steps", "divergence_factor", "patience",
-     # Same function, other implementation: a run may switch these on resume.
-     "scan_impl", "remat", "unroll", "distributed", "coordinator_address", "num_processes",
-     "process_id"}
-)  # fmt: skip
-
-# Settings added after runs were written, with the value a config.json without them had.
-ADDED_KEYS = {"matmul_precision": "default"}
-
 
 class RunError(RuntimeError):
     """A run cannot go on (disk full, unreadable checkpoint, ...); the message is one line."""
@@ -84,36 +70,33 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
         raise RunError(f"cannot write {path}: {_one_line(e)}") from None
 
 
-def read_config(workdir: PathLike) -> dict[str, Any]:
-    """The run's settings, ``<workdir>/config.json``. Raises ValueError (one line, with
-    the path) if it is missing or not readable JSON."""
-    path = pathlib.Path(workdir) / "config.json"
+def read_json(path: PathLike) -> Any:
+    """The JSON of ``path``; None if there is no such file. Raises ValueError (one line
+    naming the file) if it is unreadable."""
+    path = pathlib.Path(path)
     if not path.is_file():
-        raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
+        return None
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path} is unreadable ({_one_line(e)})") from None
 
 
-def strict(obj: Any) -> Any:
-    """``obj`` with every non-finite float replaced by None (JSON has no NaN/inf)."""
-    if isinstance(obj, float | np.floating):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [strict(v) for v in obj]
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+def read_config(workdir: PathLike) -> dict[str, Any]:
+    """The run's settings, ``<workdir>/config.json``. Raises ValueError (one line, with
+    the path) if it is missing or not readable JSON."""
+    config = read_json(pathlib.Path(workdir) / "config.json")
+    if config is None:
+        raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
+    return config
 
 
 def prepare_workdir(
-    workdir: PathLike, config: Mapping[str, Any], resumable_keys=RESUMABLE_KEYS, *,
-    log: Callable[[str], None] | None = None, check_only: bool = False,
+    workdir: PathLike, config: Config, *, log: Callable[[str], None] | None = None,
+    check_only: bool = False,
 ) -> pathlib.Path:  # fmt: skip
-    """Creates ``workdir`` with ``config.json``, or checks a resumed run's config.
+    """Creates ``workdir`` with ``config.json`` (``config.to_dict()``), or checks a resumed
+    run's config.
 
     A workdir whose ``config.json`` holds other settings but which holds no run
     (:func:`holds_run`: e.g. a run stopped before its first checkpoint) takes the new
@@ -128,8 +111,8 @@ def prepare_workdir(
 
     Raises:
       ValueError: if ``workdir`` is a file, cannot be created, or holds a run
-        whose settings differ in anything but ``resumable_keys`` (one line; a key of
-        ``ADDED_KEYS`` that its config.json lacks counts as the value given there).
+        whose structural settings differ (:meth:`rhnzoo.config.Config.conflicts`: a
+        setting its config.json lacks counts as the default; one line).
     """
     workdir = pathlib.Path(workdir).absolute()
     path = workdir / "config.json"
@@ -139,12 +122,12 @@ def prepare_workdir(
             old = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"{path} is unreadable ({_one_line(e)}); use another --workdir")
-        old = {**{k: v for k, v in ADDED_KEYS.items() if k in config}, **old}
-        keys = (set(old) | set(config)) - set(resumable_keys)
-        diff = sorted(k for k in keys if old.get(k) != strict(config.get(k)))
+        diff = config.conflicts(old)
         if not diff:
+            if writes and old != strict(config.to_dict()):
+                write_json(path, config.to_dict())  # the resumed run's settings, recorded
             return workdir
-        shown = ", ".join(f"{k}={old.get(k)!r} there vs {config.get(k)!r}" for k in diff[:4])
+        shown = ", ".join(diff[:4])
         if holds_run(workdir):
             raise ValueError(
                 f"workdir {workdir} holds an incompatible run ({shown}); "
@@ -160,7 +143,7 @@ def prepare_workdir(
         return workdir
     _make_dir(workdir)
     try:
-        write_json(path, dict(config))
+        write_json(path, config.to_dict())
     except RunError as e:
         raise ValueError(str(e)) from None
     return workdir
@@ -283,12 +266,11 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
         return found
 
-    def restore_latest(self, like: Any, warn: Callable[[str], None],
-                       legacy: Any | None = None) -> Any | None:  # fmt: skip
-        """The newest readable checkpoint (restored like ``like``, or like ``legacy``, the
-        tree an earlier version saved, if it has that structure), or None.
+    def restore_latest(self, like: Any, warn: Callable[[str], None]) -> Any | None:
+        """The newest readable checkpoint, restored like ``like``, or None.
 
-        An unreadable one is moved to ``<workdir>/corrupt/`` with one warning line.
+        An unreadable one (or one of another structure) is moved to
+        ``<workdir>/corrupt/`` with one warning line.
         """
         while True:
             step = self.latest.latest_step()
@@ -299,12 +281,6 @@ class Checkpoints:
                     return self.latest.restore(step, args=ocp.args.StandardRestore(like))
             except Exception as e:  # any failure to read: truncated, missing files, structure
                 reason = _one_line(e)
-            if legacy is not None:
-                try:
-                    with _quiet_orbax():
-                        return self.latest.restore(step, args=ocp.args.StandardRestore(legacy))
-                except Exception:  # noqa: S110  (unreadable either way: the first reason)
-                    pass
             with _quiet_orbax(collect=True):  # the exception is released: its leftovers go now
                 bad = self.latest.directory / str(step)
                 aside = self.workdir / "corrupt" / f"checkpoints_{step}_{int(time.time())}"
@@ -445,8 +421,7 @@ def restore_params(workdir: PathLike) -> Params | None:
     """The parameters of a run: ``best/`` if it has a step, else the latest state in
     ``checkpoints/`` (a run stopped before its first validation); None if neither.
 
-    Reads checkpoints as saved (host arrays), in the engine's layout or the
-    pre-engine one (``{'params': ...}`` at the top of the state).
+    Reads checkpoints as saved (host arrays).
     """
 
     def latest(directory: pathlib.Path) -> Any | None:
@@ -465,7 +440,7 @@ def restore_params(workdir: PathLike) -> Params | None:
     if params is None:
         state = latest(workdir / "checkpoints")
         if state is not None:
-            params = state["state"]["task"]["params"] if "state" in state else state["params"]
+            params = state["state"]["task"]["params"]
     return params
 
 
@@ -473,14 +448,13 @@ def read_metrics(workdir: PathLike, kind: str = "epoch") -> list[dict[str, Any]]
     """The ``kind`` records (``'epoch'`` or ``'train'``) of ``workdir/metrics.jsonl``, in order.
 
     For ``'epoch'``, one record per epoch: if a resumed run reported an epoch twice
-    (cut short, then completed), the last record wins. Records of runs that predate
-    the ``kind`` field count as epoch records. A missing file gives ``[]``.
+    (cut short, then completed), the last record wins. A missing file gives ``[]``.
     """
     path = pathlib.Path(workdir) / "metrics.jsonl"
     if not path.is_file():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    records = [r for r in records if r.get("kind", "epoch") == kind]
+    records = [r for r in records if r["kind"] == kind]
     if kind != "epoch":
         return records
     by_epoch = {int(r["epoch"]): r for r in records}

@@ -1,0 +1,70 @@
+"""The language-model experiments (``experiments/ptb.py``, ``experiments/char.py``): the
+flags, generated from :class:`~rhnzoo.training.lm.LMConfig`, -> one config (presets:
+:mod:`rhnzoo.configs.lm`) -> data -> :func:`rhnzoo.training.lm.train_and_evaluate` ->
+the run's ``learning_curves.png`` (:func:`rhnzoo.apps.cli.write_learning_curves`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from absl import flags
+
+from rhnzoo import cells, data
+from rhnzoo.apps import cli
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training.lm import LMConfig
+
+FLAGS = flags.FLAGS
+_NAMES: list[str] = []  # the flags of LMConfig's fields
+
+
+def define_flags(dataset: str, choices: list[str] | None = None) -> None:
+    """Defines the language-model flags (call once, at import of the script): one per
+    :class:`LMConfig` field, their defaults ``dataset``'s reference configuration
+    (:func:`rhnzoo.configs.lm.defaults`), ``--preset`` from its presets, ``--epochs`` an
+    alias of ``--max_max_epoch``; ``--dataset`` only with ``choices`` (its default
+    ``dataset``)."""
+    if choices:
+        flags.DEFINE_enum("dataset", dataset, choices, "Data set.", module_name=__name__)
+    _NAMES.extend(cli.define_config_flags(lm_configs.defaults(dataset),
+                                          list(lm_configs.presets(dataset)),
+                                          skip=("dataset",), module_name=__name__))
+    flags.DEFINE_alias("epochs", "max_max_epoch", module_name=__name__)
+
+
+def config(dataset: str | None = None, **overrides: Any) -> LMConfig:
+    """The flags of data set ``dataset`` (None: ``--dataset``) as one :class:`LMConfig` (checked; ``to_dict()`` is ``config.json``):
+    ``--preset``'s settings, then the flags given, then ``overrides`` (e.g. a sweep run's
+    ``depth``, ``hsg``, ``workdir``). With HSG the RHN's T bias defaults to -2.5 (Shoham &
+    Permuter). Raises ValueError (one line) for a bad setting, or a cell flag given to a
+    cell without it."""
+    settings = {**cli.given(_NAMES), **overrides}
+    cell = settings.get("cell", "rhn")
+    stray = [f"--{k}" for k in lm_training.CELL_KEYS
+             if k in settings and k not in cells.options(cell)]  # fmt: skip
+    if stray:
+        raise ValueError(f"{', '.join(stray)} does not apply to --cell={cell} (its "
+                         f"options: {', '.join(cells.options(cell))})")  # fmt: skip
+    return lm_configs.get_config(FLAGS.preset, dataset or FLAGS.dataset, **settings)
+
+
+def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = None) -> None:
+    """The language-model experiments' main: the flags as one config (:func:`config`,
+    checked before any data is read) -> data -> :func:`~rhnzoo.training.lm.train_and_evaluate`
+    -> the run's learning curves (:func:`rhnzoo.apps.cli.write_learning_curves`).
+
+    Args:
+      dataset: a registered language-model data set (``'ptb'``...; None: ``--dataset``);
+        it gives the metric (perplexity or bits per character) and the default workdir.
+      load_corpus: ``load_corpus(data_dir, download=..., verify=...) -> Corpus``
+        (default: the data set's registered loader).
+    """
+    cfg = config(dataset)
+    cli.initialize_distributed(cfg)
+    load = load_corpus or data.DATASETS[cfg.dataset].load
+    corpus = load(cfg.data_dir, download=cfg.download, verify=cfg.verify_data)
+    lm_training.train_and_evaluate(cfg, corpus)
+    cli.write_learning_curves(cfg.run_dir, f"valid_{cfg.metric}", f"train_{cfg.metric}")

@@ -1,0 +1,56 @@
+"""The multi-run runner's flags (:mod:`rhnzoo.training.sweep`): ``--jobs``, ``--seeds`` and
+``--sweep_run`` (a child's), the same in every multi-run script."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+from rhnzoo.training.sweep import LOG, MEMORY_SHARE, Jobs, stop_with_parent
+
+
+def define_flags(*, seeds: bool = True) -> None:
+    """``--jobs``, ``--sweep_run`` (a child's) and, with ``seeds``, ``--seeds``; call once,
+    at import of a sweep's script; :func:`from_flags` reads them."""
+    flags.DEFINE_integer("jobs", 1, "Runs at a time: 1 trains them one after another in "
+                         "this process; N > 1 runs each as a child process (this command "
+                         "with --sweep_run=<run>), N side by side, each with its share of "
+                         f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
+                         "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
+                         f"goes to <workdir>/{LOG}.")  # fmt: skip
+    flags.DEFINE_string("sweep_run", None, "Train this run of the sweep alone (what the "
+                        "children of --jobs do).")  # fmt: skip
+    if seeds:
+        flags.DEFINE_integer("seeds", 1, "Runs per row, with seeds --seed, --seed+1, ... "
+                             "(initialisation, dropout, data order; the dev split stays "
+                             "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
+                             "(n).")  # fmt: skip
+
+
+def from_flags() -> tuple[Jobs, int]:
+    """``(Jobs, seeds)`` of ``--jobs``, ``--sweep_run`` and ``--seeds`` (1 where the script
+    has no ``--seeds``); the command line is ``sys.argv``.
+
+    With ``--jobs`` > 1 this process only starts children and waits, so it keeps JAX from
+    preallocating an accelerator's memory here (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` for
+    this process, unless set; call this before JAX touches a device). Children run with
+    ``--noprogress`` where the script has it.
+
+    Raises:
+      ValueError: ``--jobs`` or ``--seeds`` < 1.
+    """
+    F = flags.FLAGS
+    seeds = F.seeds if "seeds" in F else 1
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if F.sweep_run is not None:
+        stop_with_parent()
+        return Jobs(only=F.sweep_run), seeds
+    if F.jobs <= 1:
+        return Jobs(F.jobs), seeds
+    env = dict(os.environ)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    quiet = ["--noprogress"] if "progress" in F else []
+    return Jobs(F.jobs, [sys.executable, sys.argv[0], *quiet, *sys.argv[1:]], env=env), seeds
