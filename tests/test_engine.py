@@ -6,6 +6,7 @@ No test depends on timing: subprocess tests wait for a line the run prints once 
 training or validating, and assert on what was saved, not on when.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -627,30 +628,65 @@ class FakeClock:
 
 
 def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
-    """Batches take 100 s (compilation), 30 s, then 1 s, with a 50 s recompilation (a new
-    batch shape) at the fifth step: the first two steps are not timed and the estimate,
-    printed once three steps are timed, is their median, 1 s per step, for the 31 steps
-    left; each log line's ETA is its window's steady time per step x the steps left."""
+    """Batches take 100 s (compilation), 30 s, then 1 s, every fourth 2 s (a loaded
+    machine), with a 50 s recompilation (a new batch shape) at the fifth step: the first
+    two steps are not timed and the estimate, printed once 20 steps are timed, is their
+    mean without the recompilation, 24 s / 19 steps, x the 78 steps left (it was the
+    median of 3 steps, 1 s: low); each log line's ETA is its window's steady time per
+    step x the steps left."""
     monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
     monkeypatch.setattr(engine, "_device", lambda: "CPU")  # the same line on any backend
-    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(n, 1.0))
+    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(
+        n, 2.0 if n % 4 == 0 else 1.0))  # fmt: skip
+    task = engine_toy.scripted_task(np.ones(100), steps_per_epoch=100, on_batch=clock.on_batch)
     lines = []
-    engine.run(engine_toy.make_task(on_batch=clock.on_batch), cfg(epochs=3, log_every=1), None,
-               log=lines.append)  # fmt: skip
+    engine.run(task, cfg(epochs=1, log_every=1), None, log=lines.append)
     estimates = [l for l in lines if l.startswith("estimated ")]
-    assert estimates == ["estimated 31 s for the 31 steps left (1 s per step on CPU, timed after "
-                         "compilation; validation not included)"]
-    step_5 = next(l for l in lines if l.startswith("  step       5 |"))
-    assert lines.index(estimates[0]) == lines.index(step_5) + 1  # as soon as it is timed
+    assert estimates == [("estimated 2 min for the 78 steps left (1.26 s per step on CPU, "
+                          "timed after compilation; validation not included)")]  # 98.5 s
+    step_22 = next(l for l in lines if l.startswith("  step      22 |"))
+    assert lines.index(estimates[0]) == lines.index(step_22) + 1  # as soon as it is timed
     step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
     assert "run ETA" not in step_lines[1] and "run ETA" not in step_lines[2]  # compiling
-    assert step_lines[3].endswith("| run ETA 33 s") and step_lines[5].endswith("| run ETA 26 min")
-    assert step_lines[6].endswith("| run ETA 30 s") and "run ETA" not in step_lines[36]
+    assert step_lines[3].endswith("| run ETA 2 min") and step_lines[5].endswith("| run ETA 1 h 19 min")
+    assert step_lines[90].endswith("| run ETA 10 s") and "run ETA" not in step_lines[100]
     assert engine._duration(40) == "40 s" and engine._duration(7 * 3600 + 300) == "7 h 5 min"
     assert engine._duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
     # Rounded, not floored: 116 s was printed as "1 min".
     assert engine._duration(116) == "2 min" and engine._duration(59.6) == "1 min"
     assert engine._duration(3599) == "1 h 0 min" and engine._duration(86399) == "1 d 0 h"
+
+
+def test_estimate_after_the_first_validation_counts_the_validations(monkeypatch):
+    """Steps take 1 s after compilation (100 s, 30 s), validations 10 s, then 4 s: after
+    epoch 1 (before the first estimate's 20 timed steps, which is then not printed) the
+    run's time left is the epoch's 1 s per step x 24 steps + 10 s x 2 validations, and
+    the log lines' ETAs count the validations left at their mean so far (the ETAs left
+    validation out: 23 s at step 13)."""
+    import dataclasses
+
+    monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
+    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0}.get(n, 1.0))
+    task = engine_toy.make_task(on_batch=clock.on_batch)
+    validations = iter([10.0, 4.0, 4.0])
+
+    def validate(params, track):
+        clock.t += next(validations)
+        return task.validate(params, track)
+
+    lines = []
+    engine.run(dataclasses.replace(task, validate=validate), cfg(epochs=3, log_every=1), None,
+               log=lines.append)  # fmt: skip
+    estimates = [l for l in lines if l.startswith("estimated ")]
+    assert estimates == [("estimated 44 s for the 24 steps and 2 validations left (1 s per "
+                          "step in epoch 1, 10 s per validation and its checkpoints; "
+                          "validation included, the final evaluation not)")]  # fmt: skip
+    epoch_1 = next(l for l in lines if l.startswith("epoch   1 |"))
+    assert lines.index(estimates[0]) == lines.index(epoch_1) + 1
+    step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
+    assert step_lines[12].endswith("| run ETA 24 s")  # 24 steps; no validation timed yet
+    assert step_lines[13].endswith("| run ETA 43 s")  # 23 steps + 2 x 10 s
+    assert step_lines[25].endswith("| run ETA 18 s")  # 11 steps + 1 x 7 s (10 s, 4 s)
 
 
 def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypatch):
@@ -678,7 +714,8 @@ def test_pace_times_steady_steps_only(monkeypatch):
     for seconds, units in [(90, 5), (20, 5), (2, 10), (2, 10), (40, 10), (2, 10)]:
         now[0] += seconds
         pace.step_done(units)
-    assert pace.first == [2, 2, 40] and pace.seconds_per_step("window") == 2.0
+    assert pace.first == [2, 2, 40, 2] and pace.seconds_per_step("window") == 2.0  # 40 s: out
+    assert engine.Pace.steady([1, 1, 2, 50]) == pytest.approx(4 / 3)  # the mean, 50 s left out
     assert pace.take("window") == pytest.approx(40 / 46) and pace.seconds_per_step() is None
     now[0] += 500  # a validation
     pace.restart()
@@ -701,3 +738,27 @@ def test_read_config_errors_name_the_file(tmp_path):
     assert "\n" not in str(e.value)
     (tmp_path / "config.json").write_text('{"depth": 3}')
     assert workdir_lib.read_config(tmp_path) == {"depth": 3}
+
+
+def test_a_finished_run_is_evaluated_again_with_other_final_settings(tmp_path):
+    """Issue 48: a finished run rerun with another final-evaluation setting (the LM's
+    --eval_batch_size) is not trained again, but its best checkpoint is evaluated again
+    and results.json says so; with the same settings it is only read."""
+    base = engine_toy.make_task()
+
+    def task(k):
+        final = lambda params, track: {**base.final_evaluate(params, track), "k": k}
+        return dataclasses.replace(base, final_evaluate=final, final_settings={"k": k})
+
+    first = run(tmp_path / "w", task=task(1), max_steps=20).results
+    metrics = (tmp_path / "w" / "metrics.jsonl").read_text()
+    lines = []
+    same = run(tmp_path / "w", task=task(1), max_steps=20, log=lines.append).results
+    assert lines[0].startswith("already finished:") and same == first
+    lines = []
+    again = run(tmp_path / "w", task=task(2), max_steps=20, log=lines.append).results
+    assert lines[0] == "finished; evaluating its best checkpoint again (k 1 -> 2)"
+    assert again["k"] == 2 and again["step"] == first["step"] == 20
+    assert again["best_step"] == first["best_step"]
+    assert json.loads((tmp_path / "w" / "results.json").read_text())["k"] == 2
+    assert (tmp_path / "w" / "metrics.jsonl").read_text() == metrics  # nothing trained

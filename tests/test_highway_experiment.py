@@ -74,7 +74,9 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
 
     again = highway("--sweep", *SMALL, "--diagnostics_depth=0", f"--workdir={root}")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("already finished: final (") == 2
+    assert again.stdout.count(": final (") == 2  # the runner's lines; the runs' in sweep.log
+    for kind in ("plain", "highway"):
+        assert "already finished: final (" in (root / f"{kind}_d3" / "sweep.log").read_text()
     changed = highway("--sweep", *SMALL, "--activation=relu", f"--workdir={root}")
     assert changed.returncode == 1 and "incompatible" in changed.stderr
 
@@ -128,6 +130,30 @@ def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
         assert cells[column] == expected, row
     assert (root / "gate_heatmaps_d3.png").is_file() and "seeds 3-4" in result.stdout + (
         root / "results.md").read_text()  # fmt: skip
+
+
+def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
+    """Issue 48: the in-process sweep printed every run's training log (about 4,800 lines
+    at --preset=cpu). Each run's lines go to its sweep.log; the terminal gets the runner's
+    start and end lines (the run's final line in it), whatever --log_every."""
+    import numpy as np
+
+    from rhnzoo.training import highway as hw
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (240, 784), np.uint8), rng.integers(0, 10, 240)
+    splits = hw.split_data(images[:200], labels[:200], images[200:], labels[200:], 40)
+    cfg = hw.HighwayConfig(sweep=True, depths=("3",), plain_lrs=("3:1e-3",), max_steps=6,
+                           batch_size=20, log_every=1, progress=False, diagnostics_depth=0,
+                           workdir=str(tmp_path / "sweep"))  # fmt: skip
+    lines = []
+    hw.sweep(cfg, splits, log=lines.append)
+    assert len(lines) == 4, lines
+    assert lines[1].startswith("[1/2] plain_d3 done in ") and ": final (best checkpoint" in lines[1]
+    assert lines[2] == f"[2/2] highway_d3 -> {tmp_path / 'sweep' / 'highway_d3'} (its lines: sweep.log)"
+    for name in ("plain_d3", "highway_d3"):
+        log = (tmp_path / "sweep" / name / "sweep.log").read_text()
+        assert log.count("  step ") == 6 and "final (best checkpoint" in log
 
 
 # ------------------------------------------------------------------ the config, in process

@@ -281,7 +281,7 @@ def test_the_training_settings_are_the_configs_own():
 
 @pytest.mark.parametrize("changes,message", [
     ({"model": "transformer"}, "unknown cell 'transformer'"),
-    ({"model": "sc_lstm_i", "skip": 0}, "skip must be an integer >= 1, got 0"),
+    ({"model": "sc_lstm_i", "skip": 0}, "--skip must be >= 1, got 0"),
     ({"max_len": 0}, "max_len must be >= 1, got 0"),
     ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
     ({"adadelta_eps": -1e-6}, "--adadelta_eps must be > 0, got -1e-06"),

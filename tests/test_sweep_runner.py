@@ -66,6 +66,67 @@ def test_incompatible_workdir_stops_the_sweep_before_training(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+class Clock:
+    """``engine._now`` for the runner's estimate: time moves only when a fake run trains."""
+
+    def __init__(self, monkeypatch):
+        self.t = 0.0
+        monkeypatch.setattr(engine, "_now", lambda: self.t)
+
+    def run(self, name, seconds, size=1.0):
+        """A :class:`sweep.Run` whose training takes ``seconds`` and writes results.json
+        (none if it holds one: already finished)."""
+
+        def train(workdir, on_divergence):
+            if (workdir / "results.json").is_file():
+                return json.loads((workdir / "results.json").read_text())
+            self.t += seconds
+            results = {"final": f"final ({name})"}
+            engine.prepare_workdir(workdir, TOY_CONFIG)
+            engine.write_json(workdir / "results.json", results)
+            return results
+
+        return sweep.Run(name, TOY_CONFIG, train, size=size)
+
+
+def test_each_run_done_estimates_the_runs_left_scaled_by_their_size(tmp_path, monkeypatch):
+    """Runs of sizes 1, 2, 3, 4 taking 60 s per unit: after the first, 9 units x 60 s
+    for the 3 runs left; after the second, 7 x 60 s (the in-process lines name no final
+    line: the run printed it). Rerun with one more: the finished runs take no time and
+    are not timed, nor is a resumed one (c, its config.json written before)."""
+    clock = Clock(monkeypatch)
+    runs = [clock.run(name, 60.0 * size, size) for name, size in
+            (("a", 1), ("b", 2), ("c", 3), ("d", 4))]  # fmt: skip
+    lines = []
+    sweep.run_all(runs, tmp_path, log=lines.append)
+    done = [l for l in lines if " done in " in l]
+    assert done == ["[1/4] a done in 1.0 min; about 9 min for the 3 runs left",
+                    "[2/4] b done in 2.0 min; about 7 min for the 2 runs left",
+                    "[3/4] c done in 3.0 min; about 4 min for the 1 run left",
+                    "[4/4] d done in 4.0 min"]  # fmt: skip
+    lines.clear()
+    (tmp_path / "c" / "results.json").unlink()  # c trains again, as does a fresh e
+    sweep.run_all([*runs, clock.run("e", 60.0)], tmp_path, log=lines.append)
+    assert [l for l in lines if " done in " in l] == [
+        "[1/5] a done in 0.0 min", "[2/5] b done in 0.0 min", "[3/5] c done in 3.0 min",
+        "[4/5] d done in 0.0 min", "[5/5] e done in 1.0 min"]  # fmt: skip
+
+
+def test_children_s_estimate_is_divided_by_the_jobs(tmp_path, monkeypatch):
+    """--jobs=2, runs of one size: the first child done in 2 min, the other running as
+    long: the 4 runs left take 2 min each, less the running one's 2 min, 2 at a time;
+    never less than the longest run left."""
+    clock = Clock(monkeypatch)
+    runs = [clock.run(name, 0.0) for name in ("a", "b", "c", "d", "e")]
+    estimate = sweep._Estimate(runs, tmp_path, at_a_time=2)
+    assert estimate.done("a", 120.0, running={"b": 120.0}) == (
+        "; about 3 min for the 4 runs left, 2 at a time")  # (0 + 3 x 2 min) / 2  # fmt: skip
+    assert estimate.done("b", 120.0, running={"c": 30.0}) == (
+        "; about 3 min for the 3 runs left, 2 at a time")  # (1.5 + 2 + 2 min) / 2  # fmt: skip
+    assert estimate.done("c", 0.0, measured=False, running={"d": 60.0}) == (
+        "; about 2 min for the 2 runs left, 2 at a time")  # e: 2 min > (1 + 2 min) / 2  # fmt: skip
+
+
 @pytest.mark.slow
 def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path):
     """experiments/sweep.py on the runner: two tiny PTB runs, then a rerun that trains nothing."""

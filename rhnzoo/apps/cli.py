@@ -195,9 +195,14 @@ def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | N
     (:func:`rhnzoo.analysis.plots.plot_learning_curves`); then ``wrote <path>`` to ``log``.
 
     Returns:
-      The PNG's path; None, with nothing written, on a process other than 0 or for a
-      workdir without epoch records.
+      The PNG's path (not drawn again when it is newer than ``metrics.jsonl``); None,
+      with nothing written, on a process other than 0 or for a workdir without epoch
+      records.
     """
+    workdir = pathlib.Path(workdir)
+    png, metrics = workdir / "learning_curves.png", workdir / "metrics.jsonl"
+    if png.is_file() and metrics.is_file() and png.stat().st_mtime >= metrics.stat().st_mtime:
+        return png  # drawn after the last record (an already finished run: nothing written)
     records = workdir_lib.read_metrics(workdir) if jax.process_index() == 0 else []
     if not records:
         return None
@@ -206,8 +211,7 @@ def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | N
     metric = valid.split("_", 1)[-1]  # the y axis: 'ppl', 'bpc', 'acc'
     curves = {label: [{"epoch": r["epoch"], metric: r.get(key)} for r in records]
               for label, key in (("validation", valid), ("training", train)) if key}  # fmt: skip
-    workdir = pathlib.Path(workdir)
-    path = plots.plot_learning_curves(curves, workdir / "learning_curves.png", key=metric,
+    path = plots.plot_learning_curves(curves, png, key=metric,
                                       title=f"Learning curves: {workdir.resolve().name}",
                                       style={label: {"marker": "o"} for label in curves})  # fmt: skip
     log(f"wrote {path}")

@@ -93,27 +93,38 @@ def main(argv) -> None:
         sys.exit(f"error: {' '.join(str(e).split())}")
     if stray:
         sys.exit(f"error: unexpected arguments {' '.join(stray)} (ptb.py's flags go after --)")
-    if FLAGS.dry_run:
-        if FLAGS.seeds < 1:
-            sys.exit(f"error: --seeds must be >= 1, got {FLAGS.seeds}")
-        for _, cmd in commands(depths, root, extra, FLAGS.seeds, FLAGS.seed):
-            print(shlex.join(cmd))
-        return
-    cli.main(lambda: experiment(depths, root))
+    cli.main(lambda: (dry_run if FLAGS.dry_run else experiment)(depths, root, extra))
 
 
-def experiment(depths: list[int], root: pathlib.Path) -> None:
-    """Trains the sweep's runs from the flags (:func:`train_all`; the PTB corpus read once).
-    Raises RunError naming the runs that diverged or failed."""
+def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple[str, LMConfig]]:
+    """``(name, config)`` of every run of the sweep from the flags (each checked: one
+    line for a bad setting), depth-major, without HSG before with HSG, seed-minor."""
+    runs = [(d, hsg, k, sweep.seed_name(workdir_name(d, hsg), k))
+            for d in depths for hsg in (False, True) for k in range(seeds)]  # fmt: skip
+    return [(name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
+                             workdir=str(root / name)))
+            for d, hsg, k, name in runs]  # fmt: skip
+
+
+def dry_run(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
+    """Prints the sweep's ``ptb.py`` commands, one per line, once every run's settings
+    are checked (:func:`run_configs`)."""
+    _, seeds = runner.from_flags()
+    run_configs(depths, root, seeds)
+    for _, cmd in commands(depths, root, extra, seeds, FLAGS.seed):
+        print(shlex.join(cmd))
+
+
+def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
+    """Trains the sweep's runs from the flags (:func:`train_all`; the PTB corpus read once;
+    ``extra``, ptb.py's flags, are already parsed). Raises RunError naming the runs that
+    diverged or failed."""
     from rhnzoo import data
     from rhnzoo.training import engine
 
+    del extra
     jobs, seeds = runner.from_flags()
-    runs = [(d, hsg, k, sweep.seed_name(workdir_name(d, hsg), k))
-            for d in depths for hsg in (False, True) for k in range(seeds)]  # fmt: skip
-    configs = [(name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
-                                workdir=str(root / name)))
-               for d, hsg, k, name in runs]  # fmt: skip
+    configs = run_configs(depths, root, seeds)
     first = configs[0][1]
     load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
                              verify=first.verify_data)  # fmt: skip

@@ -27,7 +27,8 @@ once, for all of them:
   ``log_every`` steps (``"kind": "train"``), also printed as one line each; an
   optional TensorBoard event log (``tensorboardX``, no TensorFlow needed); tqdm
   bars with ETA for training and evaluation; the whole run's estimated time once
-  a few steps after compilation are timed (:class:`Pace`);
+  steps after compilation are timed (:class:`Pace`), and again after the first
+  validation, counting the validations left;
 * the final evaluation of the best parameters, written to ``results.json``
   (strict JSON: non-finite numbers become ``null``).
 
@@ -137,6 +138,9 @@ class Task:
         ``count_key``), e.g. ``'tokens'`` when the loss is per sequence.
       learning_rate: ``step -> lr`` for the log, or None.
       final_label: shown in the final line, e.g. ``'eval batch 1'``.
+      final_settings: the final evaluation's settings as its results record them (e.g.
+        ``{'eval_batch_size': 1}``): a finished run whose ``results.json`` holds other
+        values is not trained again but its best checkpoint is evaluated again.
     """
 
     init_state: Callable[[Array], State]
@@ -156,6 +160,7 @@ class Task:
     throughput_key: str | None = None
     learning_rate: Callable[[int], float] | None = None
     final_label: str = ""
+    final_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +330,8 @@ def _fmt(v: Any) -> str:
 
 ESTIMATE_MIN_S = 60.0  # a run expected to take less gets no estimate line
 WARMUP_STEPS = 2  # the first steps of a process are not timed (XLA compilation)
-ESTIMATE_STEPS = 3  # timed steps before the whole run's estimated time is printed
+ESTIMATE_STEPS = 20  # timed steps before the whole run's estimated time is printed
+STEADY_FACTOR = 5.0  # a step over this many times its span's median time is not steady
 DIVERGENCE_WARMUP = 20  # steps of a run whose finite losses are judged only as blow-ups
 # A loss this many nats per unit above the chance level (a uniform guess) is a blow-up no
 # start-up transient explains (the data e^20 = 5e8 times less likely per unit than by a
@@ -449,12 +455,15 @@ class Pace:
     A step's time runs from the previous step's completion (or from :meth:`restart`,
     e.g. after a validation) to its own. The first :data:`WARMUP_STEPS` steps of the
     process, started or resumed, are not timed: they hold the XLA compilation. Spans:
-    ``'window'`` (the log window) and ``'epoch'``, each restarted by :meth:`take`.
+    ``'window'`` (the log window) and ``'epoch'``, each restarted by :meth:`take`. An
+    epoch's end (validation, checkpoints) is timed apart: :meth:`epoch_end`.
     """
 
     def __init__(self):
         self.steps = 0  # completed in this process
         self.first: list[float] = []  # the first ESTIMATE_STEPS timed steps' seconds
+        self.ends: list[float] = []  # this process's epoch ends' seconds
+        self.epoch_steps: list[float] = []  # the step time of each epoch ended here
         self.spans = {kind: self._span() for kind in ("window", "epoch")}
         self.restart()
 
@@ -483,10 +492,17 @@ class Pace:
                 span["durations"].append(seconds)
 
     def seconds_per_step(self, kind: str = "window") -> float | None:
-        """The median time of the span's timed steps (a recompilation, e.g. for a new
-        batch shape, does not move it); None before one."""
+        """The :meth:`steady` time of the span's timed steps; None before one."""
         durations = self.spans[kind]["durations"]
-        return float(np.median(durations)) if durations else None
+        return self.steady(durations) if durations else None
+
+    @staticmethod
+    def steady(durations) -> float:
+        """The mean of ``durations`` (one or more), those over :data:`STEADY_FACTOR` x
+        their median left out: a recompilation (e.g. for a new batch shape) does not
+        move it, a loaded machine's slow steps do."""
+        d = np.asarray(durations, np.float64)
+        return float(d[d <= STEADY_FACTOR * np.median(d)].mean())
 
     def take(self, kind: str) -> float:
         """The span's units per second (its timed steps; all its steps if none is timed
@@ -496,6 +512,19 @@ class Pace:
                           else (span["all_units"], span["all_seconds"]))  # fmt: skip
         self.spans[kind] = self._span()
         return units / max(seconds, 1e-9)
+
+    def epoch_end(self, seconds: float, per_step: float | None) -> None:
+        """An epoch's end (validation, checkpoints) took ``seconds`` after its steps took
+        ``per_step`` each (:meth:`seconds_per_step`; None: none was timed); the next
+        step's time starts now."""
+        self.ends.append(seconds)
+        if per_step is not None:
+            self.epoch_steps.append(per_step)
+        self.restart()
+
+    def seconds_per_end(self) -> float:
+        """The mean time of this process's epoch ends (0 before the first)."""
+        return float(np.mean(self.ends)) if self.ends else 0.0
 
 
 def final_line(task: Task, results: Mapping[str, Any]) -> str:
@@ -517,6 +546,17 @@ def _finished(workdir, total: int) -> dict | None:
     if results.get("stopped") in ("patience", "diverged") or "diverged" in results:
         return results
     return results if int(results.get("step", -1)) >= total else None
+
+
+def _evaluate_again(task: Task, done: dict | None, say) -> bool:
+    """Whether the finished run's results (``done``) were evaluated with other final
+    settings than ``task.final_settings`` (then it says which, in one line)."""
+    stale = {k: v for k, v in task.final_settings.items()
+             if done is not None and done.get(k) != v}  # fmt: skip
+    if stale:
+        shown = ", ".join(f"{k} {done.get(k)} -> {v}" for k, v in stale.items())
+        say(f"finished; evaluating its best checkpoint again ({shown})")
+    return bool(stale)
 
 
 class Every:
@@ -671,12 +711,13 @@ class _Run:
     # ------------------------------------------------------------ periodic actions, saving
 
     def estimate(self) -> None:
-        """Once, as soon as :data:`ESTIMATE_STEPS` steps after the warm-up are timed: the
-        whole run's time (their median time per step x the steps left)."""
+        """Once, as soon as :data:`ESTIMATE_STEPS` steps after the warm-up are timed
+        (unless :meth:`revise` came first): the whole run's time (their
+        :meth:`Pace.steady` time per step x the steps left)."""
         if self.estimated or len(self.pace.first) < ESTIMATE_STEPS:
             return
         self.estimated = True
-        per_step = float(np.median(self.pace.first))
+        per_step = self.pace.steady(self.pace.first)
         left = self.total - (self.step - len(self.pending))
         seconds = per_step * left
         if seconds >= ESTIMATE_MIN_S:
@@ -686,12 +727,38 @@ class _Run:
                      f"per step on {_device()}, timed after compilation; validation not "
                      f"included){hint}")  # fmt: skip
 
+    def revise(self, at: int, per_step: float | None) -> None:
+        """Once, after this process's first epoch with timed steps (its end at step count
+        ``at``): the whole run's time left, the validations included (:meth:`time_left`
+        at the epoch's :meth:`Pace.steady` time per step); the first estimate is then not
+        printed."""
+        if per_step is None or len(self.pace.epoch_steps) != 1 or at >= self.total:
+            return
+        self.estimated = True
+        seconds, n = self.time_left(at, per_step), self.validations_left(at)
+        if seconds >= ESTIMATE_MIN_S:
+            self.say(f"estimated {_duration(seconds)} for the {self.total - at:,} steps and {n} "
+                     f"validation{'s' if n != 1 else ''} left ({per_step:.3g} s per step in "
+                     f"epoch {self.epoch_of(at)}, {self.pace.seconds_per_end():.3g} s per "
+                     "validation and its checkpoints; validation included, the final "
+                     "evaluation not)")  # fmt: skip
+
+    def validations_left(self, at: int) -> int:
+        """The epoch ends (each validated) after step count ``at``."""
+        return 0 if at >= self.total else self.epochs - at // self.spe
+
+    def time_left(self, at: int, per_step: float) -> float:
+        """Seconds for the steps after step count ``at`` at ``per_step`` each, and their
+        epoch ends at this process's mean epoch end (none before the first)."""
+        ends = self.pace.seconds_per_end() * self.validations_left(at)
+        return per_step * (self.total - at) + ends
+
     def log_train(self, at: int) -> None:
         """The training-log line and record of the steps since the last one (every
-        ``log_every`` steps)."""
+        ``log_every`` steps), with the run's time left (:meth:`time_left`)."""
         self.drain()
         per_step = self.pace.seconds_per_step("window")
-        eta = (f" | run ETA {_duration(per_step * (self.total - at))}"
+        eta = (f" | run ETA {_duration(self.time_left(at, per_step))}"
                if per_step is not None and self.total > at else "")  # fmt: skip
         sums, rate = self.book.take("window"), self.pace.take("window")
         shown = self.task.train_metrics(sums)
@@ -734,10 +801,11 @@ class _Run:
     # ------------------------------------------------------------------ an epoch's end
 
     def end_of_epoch(self) -> None:
-        """Validate -> (if better) best checkpoint -> metrics record -> latest checkpoint."""
+        """Validate -> (if better) best checkpoint -> metrics record -> latest checkpoint
+        (timed: :meth:`Pace.epoch_end`) -> the revised estimate (:meth:`revise`)."""
         self.close_bar()
         self.drain()
-        at = self.step
+        at, started, per_step = self.step, _now(), self.pace.seconds_per_step("epoch")
         sums, rate = self.book.take("epoch"), self.pace.take("epoch")  # before validation
         valid = self.validate(at)
         self.keep_if_best(valid[self.task.select], at)
@@ -745,7 +813,8 @@ class _Run:
         self.meta["validated"] = np.array(at)
         self.save(at)
         self.pace.take("window")  # the next epoch's steps start a new log window
-        self.pace.restart()
+        self.pace.epoch_end(_now() - started, per_step)
+        self.revise(at, per_step)
 
     def epoch_of(self, at: int) -> int:
         """The 1-based epoch that step count ``at`` (>= 1) falls in."""
@@ -845,7 +914,9 @@ def run(
     A workdir whose run is already over at this run length (``results.json`` at the
     total number of steps, or stopped early by patience or divergence) is not trained
     or evaluated again: one line ``already finished: <its final line>`` and its stored
-    results (read only: the workdir may be read-only). A longer ``--max_steps`` /
+    results (read only: the workdir may be read-only), unless its results were evaluated
+    with other ``task.final_settings`` (then its best checkpoint is evaluated again and
+    ``results.json`` rewritten; no training). A longer ``--max_steps`` /
     ``--max_epochs`` / ``epochs`` extends it. Otherwise process 0 holds the workdir's
     :class:`WorkdirLock` until the run ends; incomplete checkpoint saves left by an
     earlier process are deleted.
@@ -879,14 +950,16 @@ def run(
     say = log if log is not None and primary else (lambda line: None)
     installed_here = not signals.installed()
     catch_signals()
-    lock = ckpt = r = None
+    lock = ckpt = r = done = None
+    again = False
     try:
         if workdir is not None:
             workdir, config = pathlib.Path(workdir).absolute(), config or Config()
             if (workdir / "results.json").is_file():  # a finished run is read, never written
                 prepare_workdir(workdir, config, check_only=True)
                 done = _finished(workdir, cfg.total_steps(task.steps_per_epoch))
-                if done is not None:
+                again = _evaluate_again(task, done, say)
+                if done is not None and not again:
                     say(f"already finished: {done.get('final') or final_line(task, done)}")
                     return RunResult(done, read_metrics(workdir), restore_params(workdir),
                                      "diverged" in done)  # fmt: skip
@@ -902,6 +975,8 @@ def run(
         r = _Run(task, cfg, workdir, ckpt, say, primary)
         with precision.context(cfg.matmul_precision):  # every step and evaluation traced here
             r.start()
+            if again:  # a finished run, evaluated with other final settings; no training
+                return r.finish(done.get("stopped", "end"), done.get("diverged"))
             diverged = None
             try:
                 stopped = r.train()

@@ -404,10 +404,14 @@ def train(
 
 
 def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
-              on_divergence: str) -> dict[str, Any]:  # fmt: skip
+              on_divergence: str, quiet: bool = False) -> dict[str, Any]:  # fmt: skip
     """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
-    :func:`functools.partial` to the first three): trains the run ``cfg`` (one of
-    :meth:`HighwayConfig.runs`) in ``workdir``; returns its results."""
+    :func:`functools.partial` to the first three and ``quiet``): trains the run ``cfg``
+    (one of :meth:`HighwayConfig.runs`) in ``workdir``; returns its results. With
+    ``quiet`` (and a ``log``) its lines go to ``<workdir>/sweep.log``
+    (:func:`rhnzoo.training.sweep.run_log`)."""
+    if quiet and log is not None:
+        log = runner.run_log(workdir)
     return train(cfg.net(), splits, cfg, workdir, on_divergence=on_divergence,
                  log=log).results  # fmt: skip
 
@@ -422,6 +426,9 @@ def sweep(
     """Trains every run of ``cfg`` (:meth:`HighwayConfig.runs`), each in its own workdir
     under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.training.sweep`):
     one after another in this process, or side by side in child processes (``jobs``).
+    Either way each run's lines go to its workdir's ``sweep.log`` and ``log`` gets the
+    runner's lines: one as each run starts and ends (its final line, the estimated time
+    of the runs left, each run's size its epochs x parameters).
 
     A finished run says ``already finished`` (the engine), an interrupted one resumes
     from its checkpoint. A run that diverges stops there and is reported
@@ -439,10 +446,11 @@ def sweep(
       run's state saved); RunError: a file could not be written.
     """
     root = pathlib.Path(cfg.output_dir())
-    runs = cfg.runs()
-    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log))
+    runs, quiet = cfg.runs(), jobs is None or jobs.here
+    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log, quiet=quiet),
+                       size=r.epochs * r.net().num_params())
             for name, r in runs]  # fmt: skip
-    runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop")
+    runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
     done = runner.collect(root, [name for name, _ in runs])
     out = []
     for name, r in runs:

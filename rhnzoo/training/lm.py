@@ -84,7 +84,7 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
                                f"{HSG_RHN_INIT_BIAS} unless given).")
     lr: float = setting(0.2, "Initial SGD learning rate lr0 (loss summed over time / batch).")
     lr_decay: float = setting(1.02, "Learning-rate divisor per epoch after max_epoch.", low=1)
-    max_epoch: int = setting(20, "Epochs at constant learning rate.")
+    max_epoch: int = setting(20, "Epochs at constant learning rate.", low=0)
     max_max_epoch: int = setting(500, "Total epochs of the schedule (alias --epochs).", low=1)
     weight_decay: float = setting(1e-7, "L2 coefficient (on 0.5 ||theta||^2).", low=0)
     max_grad_norm: float = setting(10.0, "Global-norm gradient clipping (> 0).")
@@ -117,7 +117,8 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
     def check(self) -> None:
         data.registry.get(self.dataset, task="lm")
         super().check()
-        self.rates  # checks the rates
+        for site in "xiho":
+            dropout.check_rate(f"--drop_{site}", getattr(self, f"drop_{site}"))
         for name in ("lr", "init_scale", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
@@ -392,6 +393,7 @@ class LMTask:
             learning_rate=self.learning_rate,
             final_label=f"eval batch {self.eval_batch}"
             + (short if self.cut and self.cfg.eval_batch_size is None else ""),
+            final_settings={"eval_batch_size": self.eval_batch},
         )
 
 

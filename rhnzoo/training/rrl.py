@@ -135,14 +135,14 @@ class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettin
     hybrid_embed_size: int | None = setting(None, "Embedding width of HRL / LSTM+GRU "
                                             "(default: --embed_size).", low=1)
     # The cells' own settings (each goes to the cells that have it).
-    rrn_depth: int = setting(2, "K, layers of the RRN transition F (eq. 4).")
+    rrn_depth: int = setting(2, "K, layers of the RRN transition F (eq. 4).", low=1)
     rrn_activation: str = setting("sigmoid", "Inner activation of the RRN transition (the "
                                   "paper's σ is the logistic function).",
                                   choices=("sigmoid", "tanh"))
     rrn_recurrent_init: str = setting("uniform", "RRN U_k init.",
                                       choices=("uniform", "orthogonal"))
     rrn_f_bias: float = setting(0.0, "Initial bias of the RRN's last F layer (paper: 0).")
-    skip: int = setting(20, "SC-LSTM skip length L (eq. 5).")
+    skip: int = setting(20, "SC-LSTM skip length L (eq. 5).", low=1)
     gru_reset_after: bool = setting(False, "GRU: reset gate after the recurrent matmul, "
                                     "as torch.nn.GRU / cuDNN (default: before, Cho et al. "
                                     "2014, the paper's).")

@@ -15,7 +15,12 @@ command restricted to that run (``--sweep_run=<name>``), so a child does exactly
 the same run does in-process. Its output goes to ``<workdir>/sweep.log``; this process
 prints one line per run finished, records a run that fails in ``<workdir>/failed.json``
 (the others go on) and passes SIGTERM/SIGINT on to the children, which save their
-checkpoints, then waits for them.
+checkpoints, then waits for them. In this process, a sweep whose runs log to their
+``sweep.log`` (:func:`run_log`, ``run_all(quiet=True)``) prints the same lines.
+
+Each run-finished line estimates the time the runs left take (:class:`_Estimate`): the
+seconds per unit of :attr:`Run.size` of the runs trained from the start so far, times
+the sizes of the runs left, divided by the runs at a time.
 
 Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
 own name for k = 0). :func:`collect` reads the workdirs back; the tables are
@@ -56,11 +61,15 @@ class Run:
       train: ``train(workdir, on_divergence) -> results`` (``results.json``'s content);
         ``on_divergence`` is the runner's policy, passed on to
         :func:`rhnzoo.training.engine.run`.
+      size: the run's cost relative to the sweep's other runs (e.g. its steps x its
+        parameters), for the runner's estimate of the time left; the default, 1 for
+        every run, counts the runs as the same size.
     """
 
     name: str
     config: Config
     train: Callable[[pathlib.Path, str], Mapping[str, Any] | None]
+    size: float = 1.0
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -95,6 +104,11 @@ class Jobs:
         if self.n > 1 and self.only is None and len(self.command) < 2:
             raise ValueError("jobs > 1 needs the sweep's command line")
 
+    @property
+    def here(self) -> bool:
+        """Whether :func:`run_all` trains the runs one after another in this process."""
+        return self.n == 1 and self.only is None
+
     def child_command(self, name: str) -> list[str]:
         """The command that trains run ``name`` alone: ``command`` with
         ``--sweep_run=<name>`` after the script."""
@@ -103,7 +117,7 @@ class Jobs:
 
 def run_all(
     runs: Sequence[Run], root: PathLike, *, log: Callable[[str], None] | None = print,
-    jobs: Jobs | None = None, on_divergence: str = "stop",
+    jobs: Jobs | None = None, on_divergence: str = "stop", quiet: bool = False,
 ) -> dict[str, Mapping[str, Any] | None]:  # fmt: skip
     """Trains ``runs``, each in ``root/<name>``: one after another in this process, or
     side by side in child processes (``jobs``, see :class:`Jobs`).
@@ -111,8 +125,15 @@ def run_all(
     The runner owns the divergence policy: with ``on_divergence='stop'`` (a sweep) a run
     that diverges ends there, its best parameters evaluated and ``results['diverged']``
     set, and the others go on; ``'raise'`` (a script's single run) raises
-    :class:`~rhnzoo.training.engine.TrainingDiverged`. It counts the runs (``[i/n]``
-    before each, in turn; one line per run finished with ``jobs``).
+    :class:`~rhnzoo.training.engine.TrainingDiverged`. It counts the runs: ``[i/n]``
+    before each, in turn, and with several runs ``[i/n] <name> done in X min`` after
+    each, with the estimated time of the runs left (one line per run finished with
+    ``jobs``, the run's final line in it).
+
+    Args:
+      quiet: the runs trained in this process write their lines to their workdir's
+        ``sweep.log`` (their ``train`` logs to :func:`run_log`), as a child's go: the
+        runner's lines name the file and show each run's final line.
 
     Returns:
       ``{name: results}`` in the order of ``runs`` (with ``jobs.n > 1``: None for a run
@@ -147,12 +168,80 @@ def run_all(
         raise SystemExit(0)
     if jobs.n > 1:
         return _run_children(runs, root, jobs, say)
-    out = {}
+    return _run_here(runs, root, on_divergence, say, quiet)
+
+
+def _run_here(runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say,
+              quiet: bool) -> dict:  # fmt: skip
+    """:func:`run_all` in this process, one run after another."""
+    out, estimate = {}, _Estimate(runs, root)
     for i, r in enumerate(runs, 1):
-        say(f"[{i}/{len(runs)}] {r.name} -> {root / r.name}")
+        count = f"[{i}/{len(runs)}]"
+        say(f"{count} {r.name} -> {root / r.name}" + (f" (its lines: {LOG})" if quiet else ""))
         (root / r.name / FAILED).unlink(missing_ok=True)
+        started = engine._now()
         out[r.name] = r.train(root / r.name, on_divergence)
+        seconds = engine._now() - started
+        left = estimate.done(r.name, seconds)
+        if quiet or len(runs) > 1:
+            say(_done_line(count, r.name, seconds, out[r.name] if quiet else None, left))
     return out
+
+
+def _done_line(count: str, name: str, seconds: float, results: Mapping | None,
+               left: str) -> str:  # fmt: skip
+    """``[i/n] <name> done in X min``, then ``: <its final line>`` (from ``results``) and
+    ``left`` (:meth:`_Estimate.done`)."""
+    final = f": {results['final']}" if results and "final" in results else ""
+    return f"{count} {name} done in {seconds / 60:.1f} min{final}{left}"
+
+
+class _Estimate:
+    """The time the runs left take: the seconds per unit of :attr:`Run.size` of the runs
+    trained from the start in this sweep (no ``config.json`` when it began) x the sizes of
+    the runs left, less what the running ones have done, divided by the runs at a time
+    (never less than the longest run left). A run already finished when the sweep began
+    (``results.json``) counts as none left; a resumed one as a whole run."""
+
+    def __init__(self, runs: Sequence[Run], root: pathlib.Path, at_a_time: int = 1):
+        self.size = {r.name: float(r.size) for r in runs}
+        self.left = [r.name for r in runs if not (root / r.name / "results.json").is_file()]
+        self.fresh = {r.name for r in runs if not (root / r.name / "config.json").is_file()}
+        self.at_a_time, self.seconds, self.units = at_a_time, 0.0, 0.0
+
+    def done(self, name: str, seconds: float, measured: bool = True,
+             running: Mapping[str, float] | None = None) -> str:  # fmt: skip
+        """Run ``name`` ended after ``seconds`` (``measured``: it trained to its end);
+        ``running``: the runs still training, with their seconds so far. Returns
+        ``'; about 15 min for the 7 runs left'`` (``''`` when none is left, or no run has
+        been timed)."""
+        if name in self.left:
+            self.left.remove(name)
+        if measured and name in self.fresh:
+            self.seconds, self.units = self.seconds + seconds, self.units + self.size[name]
+        if not self.left or not self.units:
+            return ""
+        rate, running = self.seconds / self.units, running or {}
+        each = [max(rate * self.size[n] - running.get(n, 0.0), 0.0) for n in self.left]
+        total = max(sum(each) / self.at_a_time, max(each))
+        runs = f"{len(self.left)} run{'s' if len(self.left) != 1 else ''}"
+        side = f", {self.at_a_time} at a time" if self.at_a_time > 1 else ""
+        return f"; about {engine._duration(total)} for the {runs} left{side}"
+
+
+def run_log(workdir: PathLike) -> Callable[[str], None]:
+    """A run's ``log`` for a quiet sweep in this process (``run_all(quiet=True)``): each
+    line appended to ``<workdir>/sweep.log``, where a child's output goes; a header
+    line first."""
+    path = pathlib.Path(workdir) / LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+    log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} in process {os.getpid()}")
+    return log
 
 
 def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> dict:
@@ -166,6 +255,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
     say(f"{len(runs)} runs, {jobs.n} at a time in child processes (output: "
         f"{root}/<run>/{LOG})")  # fmt: skip
     pending, running, out, done = list(runs), {}, {}, 0
+    estimate = _Estimate(runs, root, jobs.n)
     installed_here = not signals.installed()
     signals.catch_signals()
     stop = None
@@ -188,7 +278,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
                 del running[name]
                 done += 1
                 out[name] = _finished(name, root / name, child, stop, say,
-                                      f"[{done}/{len(runs)}]")  # fmt: skip
+                                      f"[{done}/{len(runs)}]", estimate, running)  # fmt: skip
             time.sleep(0.2)
     finally:
         for child in running.values():  # only after an error here: stop them and wait
@@ -211,7 +301,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
 class _Child:
     proc: subprocess.Popen
     slot: int
-    start: float
+    start: float  # engine._now()
     log: pathlib.Path
 
 
@@ -233,7 +323,7 @@ def _start(name: str, root: pathlib.Path, jobs: Jobs, env: dict, slot: int) -> _
             os.sched_setaffinity(proc.pid, _cpu_share(slot, jobs.n))
         except OSError:
             pass
-    return _Child(proc, slot, time.time(), path)
+    return _Child(proc, slot, engine._now(), path)
 
 
 def _cpu_share(slot: int, n: int) -> list[int]:
@@ -245,14 +335,19 @@ def _cpu_share(slot: int, n: int) -> list[int]:
     return cores[slot * len(cores) // n : (slot + 1) * len(cores) // n]
 
 
-def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str):
-    """The results of a child that ended (None if it failed or was stopped) and its line."""
-    code, minutes = child.proc.returncode, (time.time() - child.start) / 60
+def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str,
+              estimate: _Estimate, running: Mapping[str, _Child]):  # fmt: skip
+    """The results of a child that ended (None if it failed or was stopped) and its line
+    (with ``estimate``'s time for the runs left; ``running``: the children still training)."""
+    now = engine._now()
+    code, minutes = child.proc.returncode, (now - child.start) / 60
     results = workdir / "results.json"
-    if code == 0 and results.is_file():
+    ok = code == 0 and results.is_file()
+    left = estimate.done(name, now - child.start, measured=ok,
+                         running={n: now - c.start for n, c in running.items()})  # fmt: skip
+    if ok:
         out = json.loads(results.read_text())
-        say(f"{count} {name} done in {minutes:.1f} min"
-            + (f": {out['final']}" if "final" in out else ""))  # fmt: skip
+        say(_done_line(count, name, now - child.start, out, "" if stop is not None else left))
         return out
     if stop is not None and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         say(f"{count} {name} stopped (its state saved; {child.log})")
