@@ -38,7 +38,8 @@ def records(workdir):
 def one_and_two_processes(script, args, workdir):
     """Runs ``script args`` as one process in ``workdir/one`` and as two (``--distributed``
     on localhost) in ``workdir/two``; returns the two processes' stdout lines (gloo's
-    banner left out) after checking that every run exits 0."""
+    banner and each process's line saying what it joins left out, after checking it)
+    after checking that every run exits 0."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     one = subprocess.run([sys.executable, str(script), *args, f"--workdir={workdir / 'one'}"],
                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
@@ -55,7 +56,10 @@ def one_and_two_processes(script, args, workdir):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    return [[l for l in out.splitlines() if not l.startswith("[Gloo]")] for out, _ in outs]
+    for i, (out, _) in enumerate(outs):
+        assert out.startswith(f"--distributed: process {i} joining 2 processes at localhost:")
+    return [[l for l in out.splitlines() if not l.startswith(("[Gloo]", "--distributed: "))]
+            for out, _ in outs]  # fmt: skip
 
 
 @pytest.mark.skipif(not (PTB_DIR / "ptb.train.txt").exists(),
