@@ -61,20 +61,6 @@ def normalize(name: str) -> str:
                      "name")  # fmt: skip
 
 
-def check_setting(name: str | None) -> None:
-    """Checks a run's ``matmul_precision`` setting: None (JAX's setting stays) or a name
-    :func:`normalize` knows.
-
-    Raises:
-      ValueError: ``--matmul_precision: unknown matmul precision ...`` (one line).
-    """
-    if name is not None:
-        try:
-            normalize(name)
-        except ValueError as e:
-            raise ValueError(f"--matmul_precision: {e}") from None
-
-
 def current() -> str:
     """The precision in effect here (JAX's setting, normalised; ``'default'`` when unset)."""
     value = jax.config.jax_default_matmul_precision

@@ -418,21 +418,10 @@ def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | 
         out[name] = {
             "config": workdir_lib.read_json(config),
             "results": workdir_lib.read_json(results),
-            "history": _history(wd) if config.is_file() else [],
+            "history": workdir_lib.read_metrics(wd) if config.is_file() else [],
             "failed": None if results.is_file() else workdir_lib.read_json(failed),
         }
     return out
-
-
-def _history(workdir: pathlib.Path) -> list[dict[str, Any]]:
-    """:func:`rhnzoo.training.workdir.read_metrics` of ``workdir``. Raises ValueError
-    (one line naming ``metrics.jsonl``) if it is unreadable."""
-    path = workdir / "metrics.jsonl"
-    try:
-        return workdir_lib.read_metrics(workdir)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        why = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"{path} is unreadable ({type(e).__name__}: {why})") from None
 
 
 def seed_name(name: str, k: int) -> str:

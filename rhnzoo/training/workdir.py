@@ -449,13 +449,18 @@ def read_metrics(workdir: PathLike, kind: str = "epoch") -> list[dict[str, Any]]
 
     For ``'epoch'``, one record per epoch: if a resumed run reported an epoch twice
     (cut short, then completed), the last record wins. A missing file gives ``[]``.
+
+    Raises:
+      ValueError: the file is unreadable, or a record is not the engine's (one line
+        naming the file).
     """
     path = pathlib.Path(workdir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    records = [r for r in records if r["kind"] == kind]
-    if kind != "epoch":
-        return records
-    by_epoch = {int(r["epoch"]): r for r in records}
-    return [by_epoch[e] for e in sorted(by_epoch)]
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = [r for r in records if r["kind"] == kind]
+        by_epoch = {int(r["epoch"]): r for r in records} if kind == "epoch" else None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is unreadable ({_one_line(e)})") from None
+    return records if by_epoch is None else [by_epoch[e] for e in sorted(by_epoch)]
