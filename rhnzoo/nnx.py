@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rhnzoo import cells
+from rhnzoo.cells import scan
 
 Array = jax.Array
 Params = Any
@@ -98,6 +99,7 @@ class Recurrent(nnx.Module):
         mask: Array | None = None,
         *,
         unroll: int = 1,
+        scan_impl: str = "reference",
     ) -> tuple[cells.Carry, Array]:
         """Runs the cell over ``xs``.
 
@@ -106,13 +108,17 @@ class Recurrent(nnx.Module):
           carry: initial carry; ``None`` means the zero carry in ``xs.dtype``.
           mask: the cell's recurrent dropout mask (``[B, n]``) or ``None``.
           unroll: time steps per scan iteration.
+          scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES`
+            (:func:`rhnzoo.cells.scan.unroll`; default ``'reference'``, the cell's own
+            ``step`` under autodiff). They compute the same function.
 
         Returns:
           ``(carry, ys)``: the final carry and the outputs ``[T, B, n]`` (``[B, T, n]``
           if not ``time_major``).
 
         Raises:
-          ValueError: if ``xs`` is not rank 3 with last axis ``input_size``.
+          ValueError: if ``xs`` is not rank 3 with last axis ``input_size``; a
+            ``scan_impl`` the cell does not have (one line).
         """
         if xs.ndim != 3 or xs.shape[-1] != self.input_size:
             layout = "[T, B, m]" if self.time_major else "[B, T, m]"
@@ -122,5 +128,6 @@ class Recurrent(nnx.Module):
             xs = jnp.swapaxes(xs, 0, 1)
         if carry is None:
             carry = self.cell.initial_carry(xs.shape[1], xs.dtype)
-        carry, ys = cells.unroll(self.cell, self.cell_params(), carry, xs, mask, unroll=unroll)
+        carry, ys = scan.unroll(self.cell, self.cell_params(), carry, xs, mask, impl=scan_impl,
+                                unroll=unroll)  # fmt: skip
         return carry, (ys if self.time_major else jnp.swapaxes(ys, 0, 1))

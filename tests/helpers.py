@@ -60,6 +60,26 @@ def random_params(params, key, scale=0.5):
     )
 
 
+def random_problem(cell, *, T, B, m, n, dtype, seed=0):
+    """``(params, carry, xs [T, B, m], mask [B, n], target [T, B, n])`` for a scan test:
+    random (not initial) parameters and carry, inputs, a dropout mask (keep 0.8, scaled)
+    and a target; an integer carry leaf (the SC-LSTM step counter) a random phase per row."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    params = jax.tree.map(lambda a: a.astype(dtype), random_params(cell.init(keys[0], m), keys[1]))
+    xs = normal(keys[2], (T, B, m), dtype)
+
+    def rand(a, k):
+        if jnp.issubdtype(a.dtype, jnp.integer):
+            return jax.random.randint(k, a.shape, 0, 5)
+        return 0.5 * normal(k, a.shape, dtype)
+
+    leaves, tree = jax.tree.flatten(cell.initial_carry(B, dtype))
+    carry_keys = jax.random.split(keys[3], len(leaves))
+    carry = jax.tree.unflatten(tree, [rand(a, k) for a, k in zip(leaves, carry_keys)])
+    mask = (jax.random.bernoulli(keys[4], 0.8, (B, n)) / 0.8).astype(dtype)
+    return params, carry, xs, mask, normal(keys[5], (T, B, n), dtype)
+
+
 def np_tree(t):
     """The pytree as float64 NumPy arrays (for NumPy transcriptions of the equations)."""
     return jax.tree.map(lambda a: np.asarray(a, np.float64), t)

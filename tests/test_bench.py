@@ -313,3 +313,99 @@ def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
             assert r[f"ratio_rhnzoo_u{k}_over_rhnzoo"]["min"] > 0
     bad = subprocess.run(base + ["--unroll=0"], capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")
+
+
+def test_rnn_bench_imports_neither_torch_nor_the_pallas_module():
+    """bench.rnn imports torch only where a torch peer is built (:func:`torch_step`,
+    :func:`torch_skip_reason`), and ``gated_pallas`` (being written) only where the
+    ``pallas`` candidate is asked for: importing the module loads neither."""
+    code = ("import sys, rhnzoo.bench.rnn; "
+            "print(sorted(m for m in ('torch', 'rhnzoo.cells.gated_pallas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_rnn_bench_pallas_and_torch_candidates_say_why_they_were_skipped():
+    """``--pallas --torch`` off a GPU: the record names each new candidate as skipped with
+    its reason (not a GPU; torch absent, or no CUDA for it; no PyTorch SC-LSTM), times the
+    others as before, and names commit, versions and every timed candidate's precision."""
+    import importlib.util
+
+    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny",
+                          "--cells=lstm,sc_lstm", "--rounds=1", "--pallas", "--torch"],
+                         check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["cell"] for r in records] == ["lstm", "sc_lstm"]
+    torch_names = ["torch_fp32", "torch_tf32", "torch_bf16", "torch_fp16"]
+    no_torch = importlib.util.find_spec("torch") is None
+    for r in records:
+        skipped = r["skipped"]
+        assert set(skipped) == {"pallas", *torch_names}
+        assert skipped["pallas"].startswith("not a GPU (backend cpu)")
+        for k in torch_names:
+            if r["cell"] == "sc_lstm":
+                assert skipped[k] == "no PyTorch peer for sc_lstm (PyTorch has LSTM and GRU only)"
+            elif no_torch:
+                assert skipped[k].startswith("torch is not importable here (ModuleNotFoundError")
+            else:
+                assert skipped[k].startswith("CUDA is not available to torch")
+        assert not set(skipped) & (set(r["seconds"]) | set(r["losses"]))
+        assert not [k for k in r if k.endswith("_over_pallas") or k.startswith("ratio_torch")]
+        assert r["loss_checks"] == {}
+        assert set(r["precisions"]) == set(r["seconds"])
+        assert set(r["precisions"].values()) == {"fp32"}  # the CPU computes float32
+        assert r["commit"] is None or len(r["commit"]) == 40
+        assert r["versions"]["jax"] == jax.__version__ and "torch" not in r["versions"]
+    assert "pallas skipped: not a GPU" in out.stderr  # and said in the log
+
+
+@pytest.mark.slow
+def test_rnn_bench_torch_peer_weights_compute_pytorchs_equations():
+    """The torch peers' weights (``torch_weights``: rhnzoo's LSTM converted; the GRU's W,
+    U, b as the reset-after GRU with b_hn = 0) through PyTorch's documented equations
+    (``test_torch_interop``'s transcription, float64) give the loss the peers are checked
+    against (``torch_function_loss``, rhnzoo's reference scan at float32); no torch needed.
+    Also the precision labels of the JAX candidates (in a subprocess: bench.rnn's flags
+    would clash with bench.lm's in this one)."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax, numpy as np, optax, pytest
+from test_torch_interop import torch_gru, torch_lstm
+from rhnzoo.bench import rnn
+c = rnn.CONFIGS["tiny"]
+for name in ("lstm", "gru"):
+    cell, params, xs, labels = rnn.problem(name, c)
+    params["cell"]["b"] = 0.5 * jax.random.normal(jax.random.PRNGKey(3), params["cell"]["b"].shape)
+    _, p, sd = rnn.torch_weights(name, params)
+    assert sorted(sd) == ["bias_hh_l0", "bias_ih_l0", "weight_hh_l0", "weight_ih_l0"]
+    sd = {k: np.asarray(v, np.float64) for k, v in sd.items()}
+    x64, h0 = np.asarray(xs, np.float64), np.zeros((c["batch"], c["hidden"]))
+    ys, _ = torch_lstm(np, sd, x64, h0, h0) if name == "lstm" else torch_gru(np, sd, x64, h0)
+    out = {k: np.asarray(v, np.float64) for k, v in params["out"].items()}
+    logits = ys[-1] @ out["kernel"] + out["bias"]
+    peer = float(optax.softmax_cross_entropy_with_integer_labels(logits, np.asarray(labels)).mean())
+    ours = rnn.torch_function_loss(name, params, xs, labels)
+    np.testing.assert_allclose(ours, peer, rtol=1e-6)
+    if name == "gru":  # PyTorch's GRU is not rhnzoo's default (Cho et al.'s) GRU
+        cho = rnn.rhnzoo_logits(cell, params, xs, scan_impl="reference")
+        assert not np.allclose(cho, logits, rtol=1e-3)
+with pytest.raises(ValueError, match="no PyTorch peer for rrn"):
+    rnn.torch_weights("rrn", rnn.problem("rrn", c)[1])
+labels = {(b, l): rnn.jax_precision(b, l) for b in ("cpu", "gpu", "tpu")
+          for l in ("default", "high", "highest")}
+assert labels == {("cpu", "default"): "fp32", ("cpu", "high"): "fp32",
+                  ("cpu", "highest"): "fp32", ("gpu", "default"): "tf32",
+                  ("gpu", "high"): "tf32", ("gpu", "highest"): "fp32", ("tpu", "default"): "bf16",
+                  ("tpu", "high"): "bf16_3x", ("tpu", "highest"): "fp32"}
+assert rnn.jax_precision("gpu", "float32") == "fp32"
+assert rnn.jax_precision("gpu", "BF16_BF16_F32") == "BF16_BF16_F32"
+print("same losses")
+"""
+    here = str(__import__("pathlib").Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code, here], check=False, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0 and "same losses" in out.stdout, out.stderr[-2000:]

@@ -1,6 +1,6 @@
 """The fused gated-cell unroll (hand-written backward pass) against the reference
 ``cells.unroll`` (lax.scan + autodiff) and finite differences, and the classifier's
-scan_impl / dtype options."""
+scan_impl / dtype options (the dispatcher itself: tests/test_scan_dispatch.py)."""
 
 import functools
 import re
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import check_gradient_by_finite_differences, normal, random_params
+from helpers import check_gradient_by_finite_differences, random_params, random_problem
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
@@ -34,21 +34,7 @@ CELLS = {
 
 def setup(cell, m, dtype, seed=0, batch=B):
     """Random (not initial) parameters and carry, inputs, a dropout mask and a target."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
-    params = jax.tree.map(lambda a: a.astype(dtype), random_params(cell.init(keys[0], m), keys[1]))
-    xs = normal(keys[2], (T, batch, m), dtype)
-
-    def rand(a, k):  # the SC-LSTM step counter stays an int (a random phase per row)
-        if jnp.issubdtype(a.dtype, jnp.integer):
-            return jax.random.randint(k, a.shape, 0, 5)
-        return 0.5 * normal(k, a.shape, dtype)
-
-    leaves, tree = jax.tree.flatten(cell.initial_carry(batch, dtype))
-    carry = jax.tree.unflatten(tree, [rand(a, k) for a, k in
-                                      zip(leaves, jax.random.split(keys[3], len(leaves)))])  # fmt: skip
-    mask = (jax.random.bernoulli(keys[4], 0.8, (batch, N)) / 0.8).astype(dtype)
-    target = normal(keys[5], (T, batch, N), dtype)
-    return params, carry, xs, mask, target
+    return random_problem(cell, T=T, B=batch, m=m, n=N, dtype=dtype, seed=seed)
 
 
 def loss(unroll, params, carry, xs, target):
@@ -245,7 +231,7 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
     kw = dict(cell=CELLS[name](), num_classes=3, input_size=6, vocab_size=11)
     ref = SequenceClassifier(**kw, scan_impl="reference")
     fused = SequenceClassifier(**kw)
-    assert fused.fused and not ref.fused
+    assert (fused.resolved_scan(B), ref.resolved_scan(B)) == ("fused", "reference")
     params = random_params(ref.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
     batch = classifier_batch()
     np.testing.assert_allclose(fused.logits(params, *batch[:2]), ref.logits(params, *batch[:2]),
@@ -283,28 +269,29 @@ def test_classifier_bfloat16_stays_close_to_float32(name, m):
 def test_classifier_options_are_checked():
     with pytest.raises(ValueError, match="scan_impl"):
         SequenceClassifier(cells.LSTM(N), 2, 3, scan_impl="fast")
-    with pytest.raises(ValueError, match="no fused scan"):
-        SequenceClassifier(cells.RHN(N, 2), 2, 3, scan_impl="fused")
+    with pytest.raises(ValueError, match="cannot run DTRNN"):
+        SequenceClassifier(cells.DTRNN(N, 2), 2, 3, scan_impl="fused")
     with pytest.raises(ValueError, match="dtype"):
         SequenceClassifier(cells.LSTM(N), 2, 3, dtype="float16")
     with pytest.raises(ValueError, match="bfloat16"):
         SequenceClassifier(cells.LSTM(N), 2, 3, scan_impl="reference", dtype="bfloat16")
     with pytest.raises(ValueError, match="bfloat16"):
-        SequenceClassifier(cells.RHN(N, 2), 2, 3, dtype="bfloat16")
-    assert not SequenceClassifier(cells.RHN(N, 2), 2, 3).fused  # auto: the reference scan
+        SequenceClassifier(cells.DTRNN(N, 2), 2, 3, dtype="bfloat16")
+    assert SequenceClassifier(cells.DTRNN(N, 2), 2, 3).resolved_scan() == "reference"  # auto
+    assert SequenceClassifier(cells.RHN(N, 2), 2, 3, scan_impl=None).resolved_scan() == "fused"
 
 
 def test_classifier_remat_is_honoured_not_dropped():
     """remat=True recomputes time steps (jax.checkpoint's ``remat`` primitive, saving
-    nothing, in the jaxpr) with the same gradients; with scan_impl None it takes the reference
-    scan, which has remat, and ``'fused'`` with remat is refused (one line)."""
+    nothing, in the jaxpr) with the same gradients; with scan_impl 'auto' it takes the
+    reference scan, which has remat, and ``'fused'`` with remat is refused (one line)."""
     kw = dict(cell=cells.LSTM(N), num_classes=3, input_size=6, vocab_size=11)
     with pytest.raises(ValueError, match="remat needs the reference scan"):
         SequenceClassifier(**kw, scan_impl="fused", remat=True)
     with pytest.raises(ValueError, match="bfloat16"):
         SequenceClassifier(**kw, remat=True, dtype="bfloat16")
     plain, remat = SequenceClassifier(**kw), SequenceClassifier(**kw, remat=True)
-    assert plain.fused and not remat.fused
+    assert (plain.resolved_scan(B), remat.resolved_scan(B)) == ("fused", "reference")
     params = random_params(plain.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
     batch = classifier_batch()
     grad = lambda model: jax.grad(classifier_loss, argnums=1)(model, params, *batch)

@@ -91,7 +91,7 @@ def test_every_lm_flag_has_help_and_the_configs_default():
     for name in names:
         assert fv[name].help, name
         assert fv[name].default == getattr(LMConfig(), name), name
-    assert fv["scan_impl"].parser.enum_values == ["auto", "fused", "reference"]
+    assert fv["scan_impl"].parser.enum_values == ["auto", "reference", "fused", "pallas"]
 
 
 @pytest.mark.parametrize("values,message", [
@@ -103,8 +103,12 @@ def test_every_lm_flag_has_help_and_the_configs_default():
     ({"workdir": ""}, "workdir must not be empty"),
     ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),
     ({"max_steps": 1.5}, "--max_steps must be an integer, got 1.5"),
-    ({"scan_impl": "fast"}, "--scan_impl must be one of auto, fused, reference, got 'fast'"),
-    ({"dtype": "bfloat16", "scan_impl": "reference"}, "dtype=bfloat16 needs scan_impl='fused'"),
+    ({"scan_impl": "fast"},
+     "--scan_impl must be one of auto, reference, fused, pallas, got 'fast'"),
+    ({"dtype": "bfloat16", "scan_impl": "reference"},
+     "dtype=bfloat16 needs the fused or pallas scan"),
+    ({"cell": "dtrnn", "scan_impl": "fused"},
+     "scan_impl='fused' cannot run DTRNN; its scans: reference"),
     ({"dataset": "mnist"}, "mnist"),
     ({"learning_rate": 0.1}, "unknown LMConfig setting(s): learning_rate"),
 ])  # fmt: skip

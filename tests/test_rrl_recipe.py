@@ -291,7 +291,9 @@ def test_the_training_settings_are_the_configs_own():
     ({"subset": 0}, "--subset must be >= 1, got 0"),
     ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run's settings
     ({"divergence_factor": 0.5}, "--divergence_factor must be 0 (off) or a finite number >= 1"),
-    ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"}, "needs the fused scan"),
+    ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"},
+     "needs the fused or pallas scan"),
+    ({"model": "dtrnn", "scan_impl": "fused"}, "scan_impl='fused' cannot run DTRNN"),
 ])  # fmt: skip
 def test_a_bad_setting_is_one_line_on_construction(changes, message):
     with pytest.raises(ValueError) as e:

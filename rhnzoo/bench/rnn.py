@@ -1,13 +1,15 @@
-r"""Gated-cell classifier train-step benchmarks: rhnzoo's fused scan against Flax and
-against its own reference path.
+r"""Gated-cell classifier train-step benchmarks: rhnzoo's fused scan (and its persistent
+Pallas kernel) against Flax, cuDNN (from JAX and from PyTorch) and its own reference path.
 
   python -m rhnzoo.bench.rnn                                   # every cell and shape
   python -m rhnzoo.bench.rnn --cells=lstm --configs=imdb_cpu,pmnist --rounds=7
   python -m rhnzoo.bench.rnn --cells=lstm --bfloat16           # adds rhnzoo in bfloat16
+  python -m rhnzoo.bench.rnn --configs=pmnist --cells=lstm,gru --pallas --torch --bfloat16
 
 Every candidate computes the forward and backward pass of a sequence classifier: a
 recurrent layer over ``xs [T, B, m]`` float32 (time-major), its last output through a
-linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit``:
+linear softmax layer, mean cross-entropy, its value and the gradients of every parameter
+(no optimizer step); the JAX ones as ``jax.value_and_grad`` under ``jax.jit``:
 
 * **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
   hand-written backward pass), as the classifier calls it: with ``lengths`` (here all
@@ -27,7 +29,44 @@ linear softmax layer, mean cross-entropy, ``jax.value_and_grad`` under ``jax.jit
   checked on any backend against ``jax.experimental.rnn.lstm_ref`` in the tests);
 * **rhnzoo_u{k}** (``--unroll=k,...``): rhnzoo's fused scan with ``unroll=k`` time steps
   per scan iteration, forward and backward (the default is chosen per backend and cell:
-  :func:`rhnzoo.cells.gated_fused.default_unroll`).
+  :func:`rhnzoo.cells.gated_fused.default_unroll`);
+* **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernel,
+  :func:`rhnzoo.cells.gated_pallas.unroll`, called as the fused scan is (``lengths``,
+  ``outputs=False``, the output from the final carry) with ``dtype=bfloat16``
+  (bfloat16 U and matmul inputs, float32 accumulation and gates). Timed only on a GPU
+  and where ``gated_pallas.supports(cell)``; its loss is checked against rhnzoo's to
+  ``PALLAS_RTOL`` (``loss_checks``; a mismatch is reported, not fatal). Elsewhere, or
+  where the kernel fails to build or run, ``skipped['pallas']`` says why;
+* **torch_fp32**, **torch_tf32**, **torch_bf16**, **torch_fp16** (``--torch``; LSTM and
+  GRU: PyTorch has no SC-LSTM or RRN): ``torch.nn.LSTM`` / ``torch.nn.GRU`` (cuDNN on a
+  GPU) -> ``nn.Linear`` -> ``F.cross_entropy`` (float32), ``backward()``, every
+  parameter's ``.grad`` set to None before each step; the step ends with
+  ``torch.cuda.synchronize()``, so that :func:`rhnzoo.bench.alternate`'s wall clock
+  covers the device work as ``jax.block_until_ready`` does for the JAX steps. Weights:
+  rhnzoo's LSTM converted by :func:`rhnzoo.cells.torch_interop.lstm_to_torch`; for the GRU
+  (PyTorch's is the reset-after variant) the same W, U, b with b_hn = 0, as
+  ``GRU(n, reset_after=True)`` (:func:`torch_weights`). Their losses are checked
+  (``loss_checks``, reported, not fatal) against ``losses['torch_function_fp32']``, the
+  same function computed by rhnzoo's reference scan at float32 (``highest``).
+  Precision: ``torch_fp32`` float32 with TensorFloat-32 off for cuBLAS and cuDNN's RNN,
+  ``torch_tf32`` on (set through PyTorch's ``fp32_precision`` API, 'ieee' / 'tf32' for
+  ``torch.backends.cuda.matmul`` and ``torch.backends.cudnn.rnn``, onto which the legacy
+  ``allow_tf32`` flags map; those flags where the API is absent; set again before every
+  step since the peers alternate), ``torch_bf16`` / ``torch_fp16`` the modules and inputs
+  converted with ``.to(torch.bfloat16)`` / ``.to(torch.float16)``, not autocast (autocast
+  casts cuDNN's RNN to float16 whatever dtype it is given). By PyTorch's source
+  (``aten/src/ATen/native/cudnn/RNN.cpp``, ``get_algo``) cuDNN runs its persistent
+  small-hidden algorithm for n <= 128 (backward; 192 forward) and its persistent
+  algorithm for larger n in float16 only (n, m multiples of 128, LSTM, B <= 128). On one
+  H100 (docs/runs/gpu/2026-11-27) the small-hidden persistent kernels ran in float32, TF32
+  and float16 but not in bfloat16 (one GEMM launch per step each way). PyTorch 2.11's own
+  default is TF32 in cuDNN's RNN and IEEE in cuBLAS.
+  ``--torch_profile`` records which kernels ran: after all timings, each torch peer's
+  five longest GPU kernels (one extra JSON line per peer, ``"record": "torch_kernels"``).
+  ``--torch_device`` chooses the device (``cpu`` checks the peers' code without a GPU;
+  its times are not cuDNN's).
+  Where torch does not import or has no CUDA, ``skipped`` says so. torch is imported
+  only when a torch peer is built.
 
 Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
 steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
@@ -35,25 +74,38 @@ matmul peak between rounds); one JSON line per (cell, shape) gives the times and
 ratios peer / rhnzoo (> 1: rhnzoo is faster) of the minima, of the medians, and the
 median of the per-round ratios (``paired_median``: each round's pair ran back to back,
 so it is the estimator least moved by load that drifts between rounds), the peer being
-Flax for LSTM and GRU and the reference path for SC-LSTM and RRN.
+Flax for LSTM and GRU and the reference path for SC-LSTM and RRN. Ratios are named
+``ratio_{a}_over_{b}`` (a's time / b's); with ``--pallas`` / ``--torch`` also every torch
+peer over ``rhnzoo`` (and the bf16 / fp16 ones over ``rhnzoo_bf16``), and the peer,
+``rhnzoo``, ``rhnzoo_bf16`` and every torch peer over ``pallas``. Each line also names
+the device, the backend, the commit (``git rev-parse HEAD``, None outside a checkout),
+the versions (Python, JAX, jaxlib, Flax, optax; torch, its CUDA and cuDNN when a torch
+peer was built) and ``precisions``: each candidate's arithmetic (``fp32``, ``tf32``,
+``bf16``, ``fp16``; JAX's float32 candidates at the matmul precision in effect, TF32
+inputs on a GPU by default).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import platform
+import subprocess
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import optax
-from absl import app, flags
+from absl import app, flags, logging
 
 from rhnzoo import cells, precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
-from rhnzoo.cells import gated_fused
+from rhnzoo.cells import gated_fused, torch_interop
 
 from jax.experimental import rnn as jax_rnn
 
@@ -71,6 +123,19 @@ CELLS = {
     "sc_lstm": lambda n: cells.SCLSTM(n, skip=20, learn_alpha=True),
     "rrn": lambda n: cells.RRN(n, 2),
 }
+# The PyTorch peers: name -> (torch dtype, TensorFloat-32 allowed in cuBLAS and cuDNN's RNN).
+TORCH_PEERS = {
+    "torch_fp32": ("float32", False),
+    "torch_tf32": ("float32", True),
+    "torch_bf16": ("bfloat16", False),
+    "torch_fp16": ("float16", False),
+}
+TORCH_CELLS = ("lstm", "gru")  # PyTorch has no SC-LSTM or RRN
+# Relative tolerances of the (non-fatal) loss checks of the new candidates: cuDNN's own
+# reduction order at float32 (as jax_cudnn's check), its rounding at TF32 (2.4 % off at
+# the IMDB shape for jax_cudnn), bfloat16 / float16 over hundreds of steps.
+TORCH_RTOL = {"torch_fp32": 1e-3, "torch_tf32": 5e-2, "torch_bf16": 5e-2, "torch_fp16": 5e-2}
+PALLAS_RTOL = 5e-2
 
 flags.DEFINE_list("configs", ["imdb_cpu", "pmnist"], f"Shapes, of {list(CONFIGS)}.")
 flags.DEFINE_list("cells", list(CELLS), "Cells.")
@@ -79,6 +144,15 @@ flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
 flags.DEFINE_list("unroll", [], "Also time rhnzoo's fused scan with these unroll=k (time steps "
                   "per scan iteration, forward and backward), e.g. 2,4,8.")
+flags.DEFINE_boolean("pallas", False, "Also time rhnzoo's persistent Pallas kernel "
+                     "(rhnzoo.cells.gated_pallas, bfloat16) where it supports the cell, on a GPU.")
+flags.DEFINE_boolean("torch", False, "Also time torch.nn.LSTM / nn.GRU (cuDNN) in float32, TF32, "
+                     "bfloat16 and float16 (LSTM and GRU; skipped with a reason where torch or "
+                     "CUDA is absent).")
+flags.DEFINE_string("torch_device", "cuda", "Device of the torch peers (cpu: check their code "
+                    "without a GPU; not cuDNN's times).")
+flags.DEFINE_boolean("torch_profile", False, "With --torch: after all timings, one JSON line "
+                     "per torch peer with its five longest GPU kernels (torch.profiler).")
 cli.define_precision_flag()
 flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
@@ -112,12 +186,21 @@ class FlaxGRUClassifier(nn.Module):
 
 def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unroll=None):
     """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
-    as the classifier computes it (the reference scan projects inside the scan when m <= 8)."""
+    as the classifier computes it (the reference scan projects inside the scan when m <= 8).
+    ``scan_impl``: ``fused`` (:mod:`~rhnzoo.cells.gated_fused`), ``pallas``
+    (:mod:`~rhnzoo.cells.gated_pallas`, called as the fused scan, without ``unroll``) or
+    ``reference``."""
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
     if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
         carry, _ = gated_fused.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
                                       dtype=dtype, outputs=False, unroll=unroll)  # fmt: skip
+        last = gated_fused.output_of(cell, carry)
+    elif scan_impl == "pallas":
+        from rhnzoo.cells import gated_pallas  # being built: imported only where asked for
+
+        carry, _ = gated_pallas.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
+                                       dtype=dtype, outputs=False)  # fmt: skip
         last = gated_fused.output_of(cell, carry)
     else:
         _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,
@@ -193,11 +276,249 @@ def loss_of(logits_fn):
     return jax.jit(jax.value_and_grad(lambda p, xs, y: xent(logits_fn(p, xs), y).mean()))
 
 
+@functools.cache
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout this module lies in, or None (no git, no
+    checkout). Read once per process."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True,
+                             text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def versions(torch_module=None) -> dict:
+    """Python, JAX, jaxlib, Flax and optax versions; with ``torch_module`` (an imported
+    ``torch``) also torch's, the CUDA it was built for and the cuDNN it loaded."""
+    out = {"python": platform.python_version(), "jax": jax.__version__,
+           "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+           "optax": optax.__version__}  # fmt: skip
+    if torch_module is not None:
+        cudnn = torch_module.backends.cudnn
+        out.update(torch=torch_module.__version__, torch_cuda=torch_module.version.cuda,
+                   torch_cudnn=cudnn.version() if cudnn.is_available() else None)  # fmt: skip
+    return out
+
+
+def jax_precision(backend: str, level: str | None = None) -> str:
+    """What a float32 JAX matmul computes at ``level`` (default: the precision in effect)
+    on ``backend``: ``fp32``, ``tf32`` (a GPU's ``default`` / ``high``, Ampere and
+    newer), ``bf16`` / ``bf16_3x`` (a TPU's), or a ``DotAlgorithmPreset`` name as is."""
+    level = precision.resolve(level)
+    if level == "highest" or level.startswith("F32_F32_F32"):
+        return "fp32"
+    if level not in precision.LEVELS:
+        return level
+    if backend == "cpu":
+        return "fp32"
+    if backend in ("gpu", "cuda", "rocm"):
+        return "tf32"
+    if backend == "tpu":
+        return "bf16_3x" if level == "high" else "bf16"
+    return level
+
+
+def pallas_skip_reason(cell, backend: str | None = None) -> str | None:
+    """Why the ``pallas`` candidate is not timed for ``cell`` on ``backend`` (default:
+    JAX's), or None where it is: only compiled on a GPU, and only where
+    ``gated_pallas.supports(cell)``."""
+    backend = backend or jax.default_backend()
+    if backend != "gpu":
+        return (f"not a GPU (backend {backend}): the persistent Pallas kernel is timed "
+                "compiled on a GPU only")  # fmt: skip
+    try:
+        from rhnzoo.cells import gated_pallas
+    except Exception as e:  # noqa: BLE001 - a module being written may fail in any way
+        return f"rhnzoo.cells.gated_pallas does not import: {_one_line(e)}"
+    if not gated_pallas.supports(cell):
+        return f"gated_pallas.supports({cell!r}) is False"
+    return None
+
+
+def _pallas_fits(cell, c: dict) -> bool | None:
+    """``gated_pallas.fits`` for shape ``c`` in bfloat16 (whether ``auto`` would pick the
+    kernel), None where it cannot say."""
+    try:
+        from rhnzoo.cells import gated_pallas
+
+        try:
+            return bool(gated_pallas.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))
+        except TypeError:  # a fits() without input_size
+            return bool(gated_pallas.fits(cell, c["batch"], jnp.bfloat16))
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """``'TypeName: first line of the message'``, cut to ``limit`` characters."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:limit]
+
+
+def _import_torch():
+    """``(torch, None)``, or ``(None, why)`` where torch does not import."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken CUDA library load
+        return None, f"torch is not importable here ({_one_line(e)})"
+    return torch, None
+
+
+def torch_skip_reason(cell_name: str, device: str) -> str | None:
+    """Why the torch peers are not timed for ``cell_name`` on ``device``, or None where
+    they are. Imports torch (only here and in :func:`torch_step`)."""
+    if cell_name not in TORCH_CELLS:
+        return f"no PyTorch peer for {cell_name} (PyTorch has LSTM and GRU only)"
+    torch, why = _import_torch()
+    if torch is None:
+        return why
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return (f"CUDA is not available to torch {torch.__version__} (built for CUDA "
+                f"{torch.version.cuda}): the torch peers are cuDNN on a GPU")  # fmt: skip
+    return None
+
+
+def torch_weights(cell_name: str, params):
+    """The function the torch peer of ``cell_name`` computes, as rhnzoo parameters, and its
+    weights in PyTorch's layout (NumPy; no torch needed).
+
+    Returns:
+      ``(cell, cell_params, state_dict)``: for ``lstm`` rhnzoo's LSTM and its parameters
+      (:func:`~rhnzoo.cells.torch_interop.lstm_to_torch`); for ``gru`` (PyTorch's GRU is
+      the reset-after variant, rhnzoo's default is Cho et al.'s) ``GRU(n,
+      reset_after=True)`` with the same W, U, b and b_hn = 0
+      (:func:`~rhnzoo.cells.torch_interop.gru_to_torch`). ``state_dict`` holds
+      ``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0`` of
+      ``torch.nn.LSTM`` / ``torch.nn.GRU``.
+
+    Raises:
+      ValueError: for a cell PyTorch does not have.
+    """
+    p = {k: np.asarray(v) for k, v in params["cell"].items()}
+    n = p["U"].shape[0]
+    if cell_name == "lstm":
+        return cells.LSTM(n), p, torch_interop.lstm_to_torch(p)
+    if cell_name == "gru":
+        p = dict(p, b_hn=np.zeros((n,), p["b"].dtype))
+        return cells.GRU(n, reset_after=True), p, torch_interop.gru_to_torch(p)
+    raise ValueError(f"no PyTorch peer for {cell_name}; PyTorch has {list(TORCH_CELLS)}")
+
+
+def torch_function_loss(cell_name: str, params, xs, labels) -> float:
+    """The loss the torch peers compute, by rhnzoo's reference scan at float32
+    (``highest``): the value their losses are checked against."""
+    cell, p, _ = torch_weights(cell_name, params)
+    xent = optax.softmax_cross_entropy_with_integer_labels
+    with precision.context("highest"):
+        f = jax.jit(lambda p, xs, y: xent(rhnzoo_logits(cell, p, xs, scan_impl="reference"),
+                                          y).mean())  # fmt: skip
+        return float(f({"cell": p, "out": params["out"]}, xs, labels))
+
+
+def _set_tf32(torch, allowed: bool) -> dict:
+    """TensorFloat-32 on or off for cuBLAS matmuls and cuDNN's RNNs: PyTorch's
+    ``fp32_precision`` API ('tf32' / 'ieee') where it has one (2.9+; the legacy
+    ``allow_tf32`` flags map onto it, and mixing the two is an error when read back),
+    else ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``.
+    Returns the settings now in effect."""
+    backends = torch.backends
+    rnn = getattr(backends.cudnn, "rnn", None)
+    if rnn is not None and hasattr(rnn, "fp32_precision"):
+        mode = "tf32" if allowed else "ieee"
+        backends.cuda.matmul.fp32_precision = mode
+        rnn.fp32_precision = mode
+        return {"cuda.matmul.fp32_precision": backends.cuda.matmul.fp32_precision,
+                "cudnn.rnn.fp32_precision": rnn.fp32_precision}  # fmt: skip
+    backends.cuda.matmul.allow_tf32 = allowed
+    backends.cudnn.allow_tf32 = allowed
+    return {"cuda.matmul.allow_tf32": backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": backends.cudnn.allow_tf32}  # fmt: skip
+
+
+def torch_step(cell_name: str, params, xs, labels, *, dtype: str = "float32",
+               tf32: bool = False, device: str = "cuda"):  # fmt: skip
+    """The torch peer's train step: a zero-argument callable, built here (torch is
+    imported here, not when this module is).
+
+    ``torch.nn.LSTM(m, n)`` / ``torch.nn.GRU(m, n)`` with :func:`torch_weights`'s weights
+    -> its output at the last step -> ``torch.nn.Linear(n, classes)`` with rhnzoo's output
+    layer -> ``F.cross_entropy`` in float32 (mean) -> ``backward()``: the gradients of every
+    parameter (set to None before each step; no optimizer step, as the JAX candidates).
+    Modules and inputs are converted to ``dtype`` (``.to``, not autocast); ``tf32`` sets
+    TensorFloat-32 for cuBLAS and cuDNN's RNN before every step (:func:`_set_tf32`). On a
+    CUDA device the step ends with ``torch.cuda.synchronize()``.
+
+    Returns:
+      ``step()`` -> the loss (a detached 0-d tensor, already computed).
+    """
+    import torch
+
+    _, _, sd = torch_weights(cell_name, params)
+    m, n = xs.shape[-1], sd["weight_hh_l0"].shape[-1]
+    kernel, bias = np.asarray(params["out"]["kernel"]), np.asarray(params["out"]["bias"])
+    rnn = (torch.nn.LSTM if cell_name == "lstm" else torch.nn.GRU)(m, n)
+    rnn.load_state_dict({k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()})
+    linear = torch.nn.Linear(n, kernel.shape[1])
+    linear.load_state_dict({"weight": torch.from_numpy(np.array(kernel.T, np.float32)),
+                            "bias": torch.from_numpy(np.array(bias, np.float32))})  # fmt: skip
+    tdtype = getattr(torch, dtype)
+    rnn.to(device=device, dtype=tdtype)
+    linear.to(device=device, dtype=tdtype)
+    x = torch.from_numpy(np.array(xs, np.float32)).to(device=device, dtype=tdtype)
+    y = torch.from_numpy(np.array(labels, np.int64)).to(device=device)
+    weights = [*rnn.parameters(), *linear.parameters()]
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    cross_entropy = torch.nn.functional.cross_entropy
+
+    def step():
+        _set_tf32(torch, tf32)
+        for w in weights:
+            w.grad = None
+        ys, _ = rnn(x)
+        loss = cross_entropy(linear(ys[-1]).float(), y)
+        loss.backward()
+        sync()
+        return loss.detach()
+
+    return step
+
+
+def torch_kernels(step, top: int = 5) -> list[dict]:
+    """The ``top`` GPU kernels of one call of ``step`` by their total device time
+    (``torch.profiler``): ``[{'name', 'calls', 'ms'}]``, longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+    torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = next((getattr(e, a) for a in ("self_device_time_total", "self_cuda_time_total")
+                   if hasattr(e, a)), 0)  # fmt: skip
+        if us > 0:
+            rows.append({"name": str(e.key)[:160], "calls": int(e.count), "ms": us / 1e3})
+    return sorted(rows, key=lambda r: -r["ms"])[:top]
+
+
+def _loss_check(loss: float, against: str, value: float, rtol: float) -> dict:
+    ok = bool(np.isfinite(loss) and np.isclose(loss, value, rtol=rtol, atol=0))
+    return {"against": against, "rtol": rtol, "ok": ok}
+
+
 def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
-          bfloat16: bool = False, unrolls=()) -> dict:  # fmt: skip
+          bfloat16: bool = False, unrolls=(), pallas: bool = False,
+          torch_device: str | None = None, profile_into: list | None = None) -> dict:  # fmt: skip
     """Times rhnzoo's train step (value and grad) against its peers on shape ``c``
-    (``unrolls``: extra fused candidates ``rhnzoo_u{k}``)."""
+    (``unrolls``: extra fused candidates ``rhnzoo_u{k}``; ``pallas``: the persistent
+    Pallas kernel where it can run; ``torch_device``: the torch peers on that device, None:
+    none). ``profile_into``: a list that gets ``(cell, config, peer, step)`` for every
+    torch peer timed (for :func:`torch_kernels` after all timings)."""
     m, n, C = c["input"], c["hidden"], c["classes"]
+    backend = jax.default_backend()
     cell, params, xs, labels = problem(cell_name, c)
     steps = {
         "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
@@ -214,7 +535,7 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         model = FlaxLSTMClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), flax_params(params, n))
         peer = "flax"
-        if jax.default_backend() == "gpu":
+        if backend == "gpu":
             steps["jax_cudnn"] = (loss_of(functools.partial(cudnn_logits, m, n)),
                                   {"lstm": cudnn_weights(params, m, n), "out": params["out"]})
     elif cell_name == "gru":
@@ -231,18 +552,85 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     if not (np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
             and np.allclose(near, losses["rhnzoo"], rtol=near_rtol)):  # fmt: skip
         raise AssertionError(f"{cell_name} {name}: the losses differ: {losses}")
+    fns = {k: functools.partial(f, p, xs, labels) for k, (f, p) in steps.items()}
+    level = jax_precision(backend)
+    precisions = {k: "bf16" if k == "rhnzoo_bf16" else level for k in steps}
+    if "jax_cudnn" in steps:
+        precisions["jax_cudnn"] = ("fp32" if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST
+                                   else "tf32")  # fmt: skip
+    skipped, checks, extra = {}, {}, {}
+    torch_module = None
+
+    def skip(what, why):
+        skipped[what] = why
+        logging.warning("bench.rnn %s %s: %s skipped: %s", cell_name, name, what, why)
+
+    if pallas:
+        why = pallas_skip_reason(cell, backend)
+        if why is None:
+            extra["pallas_fits"] = _pallas_fits(cell, c)
+            try:
+                f = loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="pallas",
+                                              dtype=jnp.bfloat16))  # fmt: skip
+                losses["pallas"] = float(f(params, xs, labels)[0])
+            except Exception as e:  # noqa: BLE001 - a kernel that fails to build or run
+                why = f"failed: {_one_line(e)}"
+            else:
+                fns["pallas"] = functools.partial(f, params, xs, labels)
+                precisions["pallas"] = "bf16"
+                checks["pallas"] = _loss_check(losses["pallas"], "rhnzoo", losses["rhnzoo"],
+                                               PALLAS_RTOL)  # fmt: skip
+        if why is not None:
+            skip("pallas", why)
+    if torch_device is not None:
+        why = torch_skip_reason(cell_name, torch_device)
+        if why is None:
+            torch_module, _ = _import_torch()
+            try:
+                losses["torch_function_fp32"] = torch_function_loss(cell_name, params, xs, labels)
+            except Exception as e:  # noqa: BLE001 - the peers are still timed, unchecked
+                logging.warning("bench.rnn %s %s: no loss to check the torch peers against: %s",
+                                cell_name, name, _one_line(e))  # fmt: skip
+            for peer_name, (dtype, tf32) in TORCH_PEERS.items():
+                try:
+                    step = torch_step(cell_name, params, xs, labels, dtype=dtype, tf32=tf32,
+                                      device=torch_device)  # fmt: skip
+                    losses[peer_name] = float(step())  # also the warm-up
+                except Exception as e:  # noqa: BLE001 - e.g. a cuDNN that does not load
+                    skip(peer_name, f"failed: {_one_line(e)}")
+                    continue
+                fns[peer_name] = step
+                precisions[peer_name] = {"float32": "tf32" if tf32 else "fp32",
+                                         "bfloat16": "bf16", "float16": "fp16"}[dtype]  # fmt: skip
+                if "torch_function_fp32" in losses:
+                    checks[peer_name] = _loss_check(losses[peer_name], "torch_function_fp32",
+                                                    losses["torch_function_fp32"],
+                                                    TORCH_RTOL[peer_name])  # fmt: skip
+                if profile_into is not None:
+                    profile_into.append((cell_name, name, peer_name, step))
+            extra["torch_settings"] = {p: _set_tf32(torch_module, tf)
+                                       for p, (dt, tf) in TORCH_PEERS.items()
+                                       if p in fns and dt == "float32"}  # fmt: skip
+            extra["torch_device"] = torch_device
+        else:
+            for peer_name in TORCH_PEERS:
+                skip(peer_name, why)
+    bad = sorted(k for k, v in checks.items() if not v["ok"])
+    if bad:
+        logging.warning("bench.rnn %s %s: loss check failed for %s (timed all the same): %s",
+                        cell_name, name, bad, losses)  # fmt: skip
 
     timed = alternate(
-        {k: functools.partial(f, p, xs, labels) for k, (f, p) in steps.items()},
+        fns,
         rounds=rounds,
         repeats=repeats,
-        warmup=False,  # the loss check above compiled and ran every step once
+        warmup=False,  # the loss checks above compiled and ran every step once
     )
     s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
     ratio = functools.partial(ratios, timed["seconds"])
     out = {
         "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
-        "backend": jax.default_backend(), "matmul_precision": precision.current(), **c,
+        "backend": backend, "matmul_precision": precision.current(), **c,
         "losses": losses, "seconds": s, "peer": peer,
         f"ratio_{peer}_over_rhnzoo": ratio(peer, "rhnzoo"),
         "peak_flops_per_s": {k: timed["peak_flops_per_s"][k] for k in ("max", "min")},
@@ -256,6 +644,18 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         out["ratio_jax_cudnn_over_rhnzoo"] = ratio("jax_cudnn", "rhnzoo")
     for k in unrolls:
         out[f"ratio_rhnzoo_u{k}_over_rhnzoo"] = ratio(f"rhnzoo_u{k}", "rhnzoo")
+    torch_timed = [k for k in TORCH_PEERS if k in fns]
+    for k in torch_timed:  # peer / candidate at (about) the same precision, and across
+        out[f"ratio_{k}_over_rhnzoo"] = ratio(k, "rhnzoo")
+        if bfloat16 and k in ("torch_bf16", "torch_fp16"):
+            out[f"ratio_{k}_over_rhnzoo_bf16"] = ratio(k, "rhnzoo_bf16")
+    if "pallas" in fns:
+        for k in (peer, "rhnzoo", "rhnzoo_bf16", *torch_timed):
+            if k in fns:
+                out[f"ratio_{k}_over_pallas"] = ratio(k, "pallas")
+    out.update(precisions=precisions, commit=git_commit(), versions=versions(torch_module))
+    if pallas or torch_device is not None:
+        out.update(skipped=skipped, loss_checks=checks, **extra)
     return out
 
 
@@ -271,13 +671,27 @@ def main(argv):
         unrolls = [0]
     if any(k < 1 for k in unrolls):
         raise SystemExit(f"error: --unroll takes integers >= 1, got {','.join(FLAGS.unroll)}")
+    if FLAGS.torch and not FLAGS.torch_device.strip():
+        raise SystemExit("error: --torch_device must name a device (cuda, cuda:0, cpu)")
+    torch_device = FLAGS.torch_device.strip() if FLAGS.torch else None
+    profiled = [] if FLAGS.torch and FLAGS.torch_profile else None
     for cell_name in FLAGS.cells:
         for name in FLAGS.configs:
             with precision.context(FLAGS.matmul_precision):
                 result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
                                repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16,
-                               unrolls=unrolls)  # fmt: skip
+                               unrolls=unrolls, pallas=FLAGS.pallas, torch_device=torch_device,
+                               profile_into=profiled)  # fmt: skip
             print(json.dumps(result), flush=True)
+    for cell_name, name, peer_name, step in profiled or ():  # after every timing: the
+        # profiler may leave the process slower
+        record = {"record": "torch_kernels", "cell": cell_name, "config": name,
+                  "candidate": peer_name, "commit": git_commit()}  # fmt: skip
+        try:
+            record["kernels"] = torch_kernels(step)
+        except Exception as e:  # noqa: BLE001 - no CUPTI, a CPU device, ...
+            record["error"] = _one_line(e)
+        print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

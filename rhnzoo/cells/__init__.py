@@ -14,6 +14,9 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
 * :mod:`rhnzoo.cells.residual`: ``RRN``, the recurrent residual network, and
   ``Parallel``, cells side by side with averaged outputs (``Parallel((LSTM(n), RRN(n)))``
   is Wang & Tian's HRL).
+* :mod:`rhnzoo.cells.scan`: the one scan dispatcher every model calls,
+  ``scan.unroll(cell, ..., impl='auto'|'reference'|'fused'|'pallas')`` and the rule for
+  ``auto`` (``scan.resolve``).
 * :mod:`rhnzoo.cells.registry`: every cell by name, ``make(name, hidden_size, **kwargs)``
   (``NAMES``; ``hsg_<name>`` wraps one in HSG), the one registry every task uses.
 """

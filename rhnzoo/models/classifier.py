@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo import cells, dropout
-from rhnzoo.cells import gated_fused
+from rhnzoo.cells import scan
 
 Array = jax.Array
 Params = Any
@@ -39,31 +39,36 @@ class SequenceClassifier:
       init_scale: half-width of the uniform initialisation of the embedding and the
         output layer (the cell initialises itself).
       unroll: time steps per ``lax.scan`` iteration; None: the scan's own default (the
-        fused scan's per backend and cell, :func:`rhnzoo.cells.gated_fused.default_unroll`;
-        1 in the reference scan). remat: recompute time steps in the backward pass (long
-        sequences); the reference scan has it, the fused scan does not, so remat picks
-        the reference scan when scan_impl is None.
+        gated fused scan's per backend and cell, :func:`rhnzoo.cells.gated_fused.default_unroll`;
+        1 in the reference and the RHN scan). remat: recompute time steps in the backward
+        pass (long sequences); the reference scan and the RHN's fused one have it, the
+        gated fused scan does not, so with remat ``auto`` picks the reference scan for a
+        gated cell.
       project_per_step: project the inputs inside the time scan (see
-        :func:`rhnzoo.cells.unroll`); None: always in the fused scan (measured faster
-        there, BUILD_NOTES issue 17), in the reference scan when the input is at most 8
-        wide (P-MNIST).
-      scan_impl: ``'fused'`` (:mod:`rhnzoo.cells.gated_fused`: hand-written backward
-        pass, weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
-        SC-LSTM, RRN and Parallel of these), ``'reference'`` (:func:`rhnzoo.cells.unroll`,
-        autodiff, each step under ``save_matmuls_only``), or None: ``'fused'`` where the
-        cell has it and remat is off. The fused path reads each row's output from the
-        final carry, which stops at the row's last real step (``lengths``), instead of
-        gathering it from the ``[T, B, n]`` outputs: their cotangent is then never
-        written.
+        :func:`rhnzoo.cells.unroll`); None: always in the gated fused scan (measured
+        faster there, BUILD_NOTES issue 17), in the reference scan when the input is at
+        most 8 wide (P-MNIST); the RHN and pallas scans have their own.
+      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (None: the old
+        spelling of ``'auto'``, the default): ``'fused'`` (hand-written backward pass,
+        weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
+        SC-LSTM, RRN, Parallel of these, coupled RHN, HSG(RHN)), ``'reference'``
+        (:func:`rhnzoo.cells.unroll`, autodiff, each step under ``save_matmuls_only``),
+        ``'pallas'``, or ``'auto'`` (:func:`rhnzoo.cells.scan.resolve`'s rule, at the
+        batch of each call). Every scan but the reference one reads each row's output
+        from the final carry, which stops at the row's last real step (``lengths``),
+        instead of gathering it from the ``[T, B, n]`` outputs: the gated scans then
+        never write those, nor their cotangent.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
-        float32. bfloat16 needs the fused scan.
+        float32. bfloat16 needs the fused or pallas scan.
 
     Raises:
       ValueError: for num_classes < 2, input_size < 1, vocab_size < 2, a drop
-        probability outside [0, 1), an unknown scan_impl or dtype, ``'fused'`` for a
-        cell without a fused path or with remat, or bfloat16 without the fused scan.
+        probability outside [0, 1), an unknown scan_impl or dtype, or a scan the cell
+        does not have with these settings (:func:`rhnzoo.cells.scan.resolve`: e.g.
+        ``'fused'`` for a DT-RNN, ``'fused'`` with remat for an LSTM, bfloat16 with the
+        reference scan; one line).
     """
 
     cell: Any
@@ -76,7 +81,7 @@ class SequenceClassifier:
     unroll: int | None = None
     remat: bool = False
     project_per_step: bool | None = None
-    scan_impl: str | None = None
+    scan_impl: str | None = "auto"
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -87,24 +92,17 @@ class SequenceClassifier:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         dropout.check_rate("drop", self.drop)
         dropout.check_rate("input_drop", self.input_drop)
-        if self.scan_impl not in (None, "fused", "reference"):
-            raise ValueError(f"scan_impl must be 'fused' or 'reference', got {self.scan_impl!r}")
-        if self.scan_impl == "fused" and not gated_fused.supports(self.cell):
-            raise ValueError(f"no fused scan for {type(self.cell).__name__}; use 'reference'")
-        if self.scan_impl == "fused" and self.remat:
-            raise ValueError("remat needs the reference scan (scan_impl='reference'); the "
-                             "fused scan has no remat")
+        if self.scan_impl is None:
+            object.__setattr__(self, "scan_impl", "auto")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.dtype == "bfloat16" and not self.fused:
-            raise ValueError("dtype='bfloat16' needs the fused scan (scan_impl='fused')")
+        self.resolved_scan()  # an unknown scan_impl, or one this cell does not have: one line
 
-    @property
-    def fused(self) -> bool:
-        """Whether :meth:`features` runs :mod:`rhnzoo.cells.gated_fused`."""
-        if self.scan_impl is None:
-            return gated_fused.supports(self.cell) and not self.remat
-        return self.scan_impl == "fused"
+    def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
+        """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
+        None: any batch, so ``auto`` does not consider ``pallas``)."""
+        return scan.resolve(self.scan_impl, self.cell, batch=batch, dtype=self.dtype,
+                            remat=self.remat, input_size=self.input_size)  # fmt: skip
 
     def init(self, key: Array) -> Params:
         """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
@@ -137,22 +135,26 @@ class SequenceClassifier:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
         carry = self.cell.initial_carry(batch, xs.dtype)
+        impl = self.resolved_scan(batch)
+        reference = impl is scan.ScanImpl.REFERENCE
         per_step = self.project_per_step
         if per_step is None:  # measured faster: always in the fused scan, narrow inputs otherwise
-            per_step = self.fused or self.input_size <= 8
-        if self.fused:
-            # Each row's carry stops at its last real step, and its output is in it: no
-            # [T, B, n] output stack is written, nor its (zero) cotangent read.
-            dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
-            carry, _ = gated_fused.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
-                                          unroll=self.unroll, project_per_step=per_step,
-                                          dtype=dtype, outputs=False)  # fmt: skip
-            last = gated_fused.output_of(self.cell, carry)
-        else:
-            _, ys = cells.unroll(self.cell, params["cell"], carry, xs, lengths=lengths,
-                                 unroll=self.unroll or 1, remat=self.remat,
-                                 project_per_step=per_step, save_matmuls=True)  # fmt: skip
+            per_step = not reference or self.input_size <= 8
+        # The bfloat16 scans take jnp.bfloat16; float32 is None: the inputs' own dtype.
+        dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
+        if reference:
+            _, ys = scan.unroll(self.cell, params["cell"], carry, xs, impl=impl, lengths=lengths,
+                                unroll=self.unroll, remat=self.remat, project_per_step=per_step,
+                                save_matmuls=True)  # fmt: skip
             last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
+        else:
+            # Each row's carry stops at its last real step, and its output is in it: the
+            # gated scans write no [T, B, n] output stack, nor read its (zero) cotangent.
+            carry, _ = scan.unroll(self.cell, params["cell"], carry, xs, impl=impl,
+                                   lengths=lengths, unroll=self.unroll, remat=self.remat,
+                                   project_per_step=per_step, dtype=dtype,
+                                   outputs=False)  # fmt: skip
+            last = scan.output_of(self.cell, carry)
         return jnp.where((lengths > 0)[:, None], last, 0.0)
 
     def logits(

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from rhnzoo import cells, dropout
-from rhnzoo.cells import rhn_fused
+from rhnzoo.cells import scan
 
 Array = jax.Array
 Params = Any
@@ -33,16 +33,21 @@ class LanguageModel:
       tied: share the embedding ``[V, n]`` as the softmax weights (transposed).
       init_scale: half-width of the uniform initialisation of embedding/softmax.
       unroll: time steps per ``lax.scan`` iteration.
-      scan_impl: ``'fused'`` (:mod:`rhnzoo.cells.rhn_fused`, hand-written backward pass;
-        coupled RHN and HSG(RHN) only) or ``'reference'`` (:func:`rhnzoo.cells.unroll`,
-        plain autodiff; any cell). They compute the same function.
-      remat: recompute each time step's activations in the backward pass.
+      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES`
+        (:func:`rhnzoo.cells.scan.unroll`): ``'reference'`` (the default here: plain
+        autodiff, any cell), ``'fused'`` (hand-written backward pass: coupled RHN,
+        HSG(RHN), LSTM, GRU, SC-LSTM, RRN, HRL, LSTM+GRU), ``'pallas'`` or ``'auto'``
+        (:func:`rhnzoo.cells.scan.resolve`'s rule, at the batch of each call). They
+        compute the same function.
+      remat: recompute each time step's activations in the backward pass (the
+        reference scan and the RHN's fused one).
       dtype: matmul input dtype, ``'float32'`` or ``'bfloat16'`` (float32
-        parameters, state and accumulation); bfloat16 needs ``scan_impl='fused'``.
+        parameters, state and accumulation); bfloat16 needs the fused or pallas scan.
 
     Raises:
       ValueError: if ``tied`` and ``embed_size != cell.hidden_size``, for an
-        unknown ``scan_impl``/``dtype``, or bfloat16 with the reference scan.
+        unknown ``scan_impl``/``dtype``, or a scan the cell does not have with these
+        settings (:func:`rhnzoo.cells.scan.resolve`; one line).
     """
 
     cell: Any
@@ -56,20 +61,20 @@ class LanguageModel:
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.scan_impl not in ("reference", "fused"):
-            raise ValueError(f"scan_impl must be 'reference' or 'fused', got {self.scan_impl!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.dtype == "bfloat16" and self.scan_impl != "fused":
-            raise ValueError("dtype=bfloat16 needs scan_impl='fused'")
-        if self.scan_impl == "fused" and not fused_supported(self.cell):
-            raise ValueError("scan_impl='fused' supports coupled RHN and HSG(RHN) cells only; "
-                             "use scan_impl='reference' for this cell")
+        self.resolved_scan()  # an unknown scan_impl, or one this cell does not have: one line
         if self.tied and self.embed_size != self.cell.hidden_size:
             raise ValueError(
                 f"weight tying needs embed_size == hidden_size, got {self.embed_size} "
                 f"and {self.cell.hidden_size}"
             )
+
+    def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
+        """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
+        None: any batch, so ``auto`` does not consider ``pallas``)."""
+        return scan.resolve(self.scan_impl, self.cell, batch=batch, dtype=self.dtype,
+                            remat=self.remat, input_size=self.embed_size)  # fmt: skip
 
     def init(self, key: Array) -> Params:
         """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n, V]``)."""
@@ -108,20 +113,9 @@ class LanguageModel:
         if masks is not None:
             xs = xs * (masks["x"].T[..., None] * masks["i"][None])
         mask_h = None if masks is None else masks["h"]
-        if self.scan_impl == "fused":
-            carry, ys = rhn_fused.unroll(
-                self.cell,
-                params["cell"],
-                carry,
-                xs,
-                mask_h,
-                unroll=self.unroll,
-                remat=self.remat,
-                dtype=self.dtype,
-            )
-        else:
-            carry, ys = cells.unroll(self.cell, params["cell"], carry, xs, mask_h,
-                                     unroll=self.unroll, remat=self.remat)  # fmt: skip
+        carry, ys = scan.unroll(self.cell, params["cell"], carry, xs, mask_h,
+                                impl=self.scan_impl, unroll=self.unroll, remat=self.remat,
+                                dtype=self.dtype)  # fmt: skip
         if masks is not None:
             ys = ys * masks["o"][None]
         return carry, ys
@@ -210,12 +204,6 @@ def language_model(
     embed = hidden_size if tied else min(vocab_size, hidden_size)
     return LanguageModel(rnn, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll,
                          scan_impl=scan_impl, remat=remat, dtype=dtype)  # fmt: skip
-
-
-def fused_supported(cell: Any) -> bool:
-    """Whether :mod:`rhnzoo.cells.rhn_fused` can unroll ``cell`` (coupled RHN, HSG(RHN))."""
-    inner = cell.cell if isinstance(cell, cells.HSG) else cell
-    return isinstance(inner, cells.RHN) and inner.coupled
 
 
 def rhn_language_model(

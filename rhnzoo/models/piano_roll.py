@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo import cells
+from rhnzoo.cells import scan
 from rhnzoo.data.music import NUM_NOTES
 
 Array = jax.Array
@@ -41,10 +42,21 @@ class PianoRollModel:
       cell: any cell of the :mod:`rhnzoo.cells` protocol (e.g. ``cells.make(name, n)``)
         whose output is ``[B, n]`` with n = ``cell.hidden_size``.
       num_notes: piano-roll width (88).
+      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES`
+        (:func:`rhnzoo.cells.scan.unroll`; default ``'reference'``, plain autodiff;
+        ``'auto'``: :func:`rhnzoo.cells.scan.resolve`'s rule). They compute the same
+        function.
+
+    Raises:
+      ValueError: an unknown ``scan_impl`` or one the cell does not have (one line).
     """
 
     cell: Any
     num_notes: int = NUM_NOTES
+    scan_impl: str = "reference"
+
+    def __post_init__(self):
+        scan.resolve(self.scan_impl, self.cell)
 
     def init(self, key: Array) -> Params:
         kc, ko = jax.random.split(key)
@@ -59,7 +71,7 @@ class PianoRollModel:
     def logits(self, params: Params, x: Array) -> Array:
         """``x [T, B, 88]`` frames -> ``[T, B, 88]`` logits of the frames t + 1."""
         carry = self.cell.initial_carry(x.shape[1], x.dtype)
-        _, ys = cells.unroll(self.cell, params["cell"], carry, x)
+        _, ys = scan.unroll(self.cell, params["cell"], carry, x, impl=self.scan_impl)
         return ys @ params["W_out"].astype(ys.dtype) + params["b_out"]
 
 

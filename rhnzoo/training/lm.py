@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from rhnzoo import cells, data, dropout
+from rhnzoo.cells import scan
 from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
 from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
@@ -69,8 +70,8 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
                            "bits per character).")
     preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
                                  flag=False)
-    cell: str = setting("rhn", "Recurrent cell (rhnzoo.cells registry); RHN uses the fused "
-                        "scan, the others the reference scan.", choices=cells.registry.NAMES)
+    cell: str = setting("rhn", "Recurrent cell (rhnzoo.cells registry; --scan_impl picks its "
+                        "time scan).", choices=cells.registry.NAMES)
     depth: int = setting(10, "Recurrence depth L (micro-layers per time step; cells with a "
                          "depth: rhn, dtrnn, dtsrnn, rrn, hrl).", low=1)
     hidden_size: int = setting(830, "Units per micro-layer.", low=1)
@@ -95,16 +96,14 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
     drop_h: float = setting(0.25, "Dropout probability on the recurrent state.")
     drop_o: float = setting(0.75, "Dropout probability on the cell output.")
     unroll: int = setting(1, "Time steps per lax.scan iteration.", low=1, resumable=True)
-    scan_impl: str = setting(
-        "auto", "Time-scan implementation: 'fused' (hand-written backward pass, coupled "
-        "RHN/HSG), 'reference' (plain autodiff, any cell), or 'auto' (fused where supported).",
-        choices=("auto", "fused", "reference"), resumable=True)
+    scan_impl: str = scan.scan_impl_setting()
     remat: bool = setting(False, "Recompute time steps in the backward pass (less memory).",
                           resumable=True)
     dtype: str = setting(
         "float32", "Matmul input dtype, float32 accumulation: float32 (computed at "
         "--matmul_precision, whose default on GPUs and TPUs rounds the inputs to TF32 / "
-        "bfloat16) or bfloat16 (needs the fused scan).", choices=("float32", "bfloat16"))
+        "bfloat16) or bfloat16 (needs the fused or pallas scan).",
+        choices=("float32", "bfloat16"))
     eval_batch_size: int | None = setting(
         None, "Final evaluation batch size (default: 1, the reference protocol, for a full "
         "run; the training batch for a run cut short).", low=1, resumable=True)
@@ -150,13 +149,10 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
 
     def model(self, vocab_size: int) -> LanguageModel:
         """The language model of these settings over ``vocab_size`` symbols."""
-        scan_impl = self.scan_impl
-        if scan_impl == "auto":
-            scan_impl = "fused" if self.cell == "rhn" and self.coupled else "reference"
         return lm_models.language_model(
             self.cell, vocab_size, self.hidden_size, hsg=self.hsg, tied=self.tied,
             init_scale=self.init_scale, hsg_init_bias=self.hsg_init_bias, unroll=self.unroll,
-            scan_impl=scan_impl, remat=self.remat, dtype=self.dtype,
+            scan_impl=self.scan_impl, remat=self.remat, dtype=self.dtype,
             **cells.applicable(self.cell, {k: getattr(self, k) for k in CELL_KEYS}),
         )  # fmt: skip
 

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from rhnzoo import cells
+from rhnzoo.cells import scan
 from rhnzoo.config import DataSettings, setting
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
@@ -321,7 +322,8 @@ SEARCH_SPACE = {
 
 @dataclasses.dataclass(frozen=True)
 class StudySettings(TrainSettings):
-    """What every trial of a study shares: the :class:`TrainSettings` and ``width``.
+    """What every trial of a study shares: the :class:`TrainSettings`, ``width`` and the
+    time scan ``scan_impl`` (resumable: every scan computes the same function).
 
     A study's finished trials are never trained again (they keep their results only),
     so here the run settings that shape a trial's result are structural, though a
@@ -347,6 +349,7 @@ class StudySettings(TrainSettings):
         "loss, or when a mean training loss over 50 steps (from step 70 on) or a validation "
         "loss is more than ln F nats above chance (88 ln 2) or the trial's best such mean. "
         "0: only NaN/inf stop a trial.")
+    scan_impl: str = scan.scan_impl_setting()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +401,8 @@ class JSBConfig(StudySettings, DataSettings):
             raise ValueError(f"--depths must be integers, got {list(self.depths)}")
         if not self.depths or min(self.depths) < 1:
             raise ValueError(f"--depths: every depth must be >= 1, got {list(self.depths)}")
+        for arch in self.archs:  # a scan an architecture does not have: one line, up front
+            study_model(arch, 1, 1, scan_impl=self.scan_impl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,12 +450,15 @@ def sample_hparams(seed: int, trial: int) -> dict:
     }
 
 
-def study_model(arch: str, n: int, depth: int, **init: float) -> PianoRollModel:
+def study_model(arch: str, n: int, depth: int, *, scan_impl: str = "reference",
+                **init: float) -> PianoRollModel:  # fmt: skip
     """The study's model: registered cell ``arch`` (:func:`rhnzoo.cells.make`) of width
     ``n`` and recurrence depth ``depth`` with those settings it takes, ``init``
-    (``init_scale``, ``init_bias``) over :data:`STATIC_INIT`."""
+    (``init_scale``, ``init_bias``) over :data:`STATIC_INIT`, its time scan
+    ``scan_impl``."""
     settings = {"depth": depth, **STATIC_INIT, **init}
-    return PianoRollModel(cells.make(arch, n, **cells.applicable(arch, settings)))
+    return PianoRollModel(cells.make(arch, n, **cells.applicable(arch, settings)),
+                          scan_impl=scan_impl)
 
 
 @functools.cache  # plan() asks again for the same widths (abstract shapes: no FLOPs)
@@ -514,7 +522,7 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
     """Trains one trial in memory, silently: its key is ``fold_in(PRNGKey(seed), trial)``
     (the batch order), its initial parameters those of ``fold_in(key, 1)`` under its init
     settings."""
-    model = study_model(trial.arch, trial.hidden, trial.depth)
+    model = study_model(trial.arch, trial.hidden, trial.depth, scan_impl=trial.scan_impl)
     init_model = study_model(trial.arch, trial.hidden, trial.depth,
                              init_scale=trial.init_scale, init_bias=trial.init_bias)  # fmt: skip
     key = jax.random.fold_in(jax.random.PRNGKey(trial.seed), trial.trial)

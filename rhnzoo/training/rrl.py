@@ -36,7 +36,7 @@ import numpy as np
 import optax
 
 from rhnzoo import cells, data, dropout
-from rhnzoo.cells import registry
+from rhnzoo.cells import registry, scan
 from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
@@ -151,10 +151,7 @@ class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettin
     init_scale: float = setting(0.1, "Uniform initialisation half-width.")
     drop: float = setting(0.5, "Dropout probability on the final representation.")
     input_drop: float = setting(0.0, "Dropout probability on the embedded inputs.")
-    scan_impl: str = setting(
-        "auto", "Time scan: 'fused' (hand-written backward pass, rhnzoo.cells.gated_fused), "
-        "'reference' (lax.scan + autodiff); auto: fused where the cell has it.",
-        choices=("auto", "fused", "reference"), resumable=True)
+    scan_impl: str = scan.scan_impl_setting()
     dtype: str = setting(
         "float32", "Matmul inputs of the recurrent layer, float32 accumulation: float32 "
         "(computed at --matmul_precision: TF32 / bfloat16 passes by default on GPUs / TPUs) "
@@ -206,8 +203,7 @@ class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettin
         return self.hybrid_embed_size if hybrid else self.embed_size
 
     def _scan(self) -> dict[str, Any]:
-        return {"scan_impl": None if self.scan_impl == "auto" else self.scan_impl,
-                "dtype": self.dtype}  # fmt: skip
+        return {"scan_impl": self.scan_impl, "dtype": self.dtype}
 
     def classifier(self, num_classes: int, input_size: int | None = None,
                    vocab_size: int | None = None) -> SequenceClassifier:  # fmt: skip

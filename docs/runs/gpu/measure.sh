@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# The GPU measurements of issues 31 and 33, one part per device call (each < 10 min):
+# The GPU measurements of issues 31, 33 and 45, one part per device call (each < 10 min):
 #
 #   bash docs/runs/gpu/measure.sh suite   # the test suite on the GPU (issue 31 part 1)
 #   bash docs/runs/gpu/measure.sh rnn     # bench.rnn: fused / reference / Flax / cuDNN, unroll k
 #   bash docs/runs/gpu/measure.sh flags   # bench.rnn P-MNIST under XLA loop command buffers
 #   bash docs/runs/gpu/measure.sh lm      # bench.lm ptb_sota / ptb_d40_hsg, unroll, bf16, trace
+#   bash docs/runs/gpu/measure.sh pallas  # issue 45 part 3, < 8 min: the kernels timed alone
+#                                         # (pallas_probe.py), the Pallas tests compiled on the
+#                                         # GPU, then bench.rnn with the persistent kernel and
+#                                         # PyTorch's cuDNN LSTM / GRU (fp32, TF32, bf16, fp16)
+#                                         # at the P-MNIST and IMDB shapes, LSTM and GRU, min
+#                                         # of 3, and torch's kernels (profiler)
+#   bash docs/runs/gpu/measure.sh pallas-quick  # the same in ~3 min for a second try in
+#                                         # the same window: P-MNIST, LSTM and GRU, min of 2
 #
 # Everything goes to $OUT (the device tool brings it back): JSONL per benchmark, logs,
-# and env.txt (device, JAX version, commit, flags). Run from the repository root.
+# and env.txt (device, JAX version, commit, flags; torch's versions for pallas). Run from
+# the repository root. The pallas parts write pallas-pytest.log, pallas.jsonl (one line
+# per cell and shape, then one "torch_kernels" line per torch peer) and pallas.log; each
+# step runs under a timeout within the part's budget, and the JSONL is written line by
+# line, so a step cut short keeps what it finished. If the Pallas tests time out (a hung
+# kernel), the benchmark runs without --pallas.
 set -uo pipefail
 OUT="${OUT:-/tmp/rhnzoo-gpu-out}"
 mkdir -p "$OUT"
@@ -45,6 +58,72 @@ case "${1:-}" in
     timeout 100 python -m rhnzoo.bench.trace --cell=lstm --config=pmnist --top=40 \
       > "$OUT/trace_lstm_pmnist.txt" 2>&1
     cut -c1-300 "$OUT/lm.jsonl"; head -25 "$OUT/trace_lstm_pmnist.txt" ;;
+  pallas|pallas-quick)
+    # LSTM and GRU only: SC-LSTM and RRN have neither a kernel nor a torch peer yet (their
+    # fused figures are in 2026-11-26/).
+    if [ "$1" = pallas ]; then
+      end=$((SECONDS + 420)) t_test=120 t_probe=90 rounds=3 prof=--torch_profile
+      configs=pmnist,imdb cells=lstm,gru
+    else
+      end=$((SECONDS + 170)) t_test=60 t_probe=45 rounds=2 prof=
+      configs=pmnist cells=lstm,gru
+    fi
+    # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
+    # scan in bfloat16: one JSON line per figure.
+    timeout -k 5 "$t_probe" python docs/runs/gpu/pallas_probe.py > "$OUT/pallas-probe.jsonl" \
+      2> "$OUT/pallas-probe.log"
+    echo "pallas probe: rc=$?"; cut -c1-200 "$OUT/pallas-probe.jsonl"
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.is_available())" >> "$OUT/env.txt" 2>&1
+    pallas=--pallas
+    if [ -f tests/test_gated_pallas.py ]; then
+      t0=$SECONDS
+      timeout -k 5 "$t_test" python -m pytest -q -p no:cacheprovider -rfE \
+        tests/test_gated_pallas.py > "$OUT/pallas-pytest.log" 2>&1
+      rc=$?
+      echo "pallas tests: rc=$rc in $((SECONDS - t0)) s"; tail -3 "$OUT/pallas-pytest.log"
+      if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        pallas=; echo "pallas tests timed out: bench.rnn runs without --pallas"
+      fi
+    else
+      echo "no tests/test_gated_pallas.py: no Pallas tests run" | tee "$OUT/pallas-pytest.log"
+    fi
+    t_bench=$((end - SECONDS)); [ $t_bench -ge 60 ] || t_bench=60
+    t0=$SECONDS
+    timeout -k 5 "$t_bench" python -m rhnzoo.bench.rnn --configs=$configs --cells=$cells \
+      $pallas --torch $prof --bfloat16 --unroll=8 --rounds=$rounds \
+      > "$OUT/pallas.jsonl" 2> "$OUT/pallas.log"
+    echo "bench.rnn: rc=$? in $((SECONDS - t0)) s (limit $t_bench s)"
+    grep -v "^[IW][0-9]\{4\} " "$OUT/pallas.log" | grep -E "Error|error" | head -5
+    python - "$OUT/pallas.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("record") == "torch_kernels":
+        ks = "; ".join(f"{k['name'][:60]} x{k['calls']} {k['ms']:.2f} ms"
+                       for k in r.get("kernels", [])[:3])
+        print(f"  kernels {r['cell']} {r['config']} {r['candidate']}: {ks or r.get('error')}")
+        continue
+    ms = {k: round(v["min"] * 1e3, 2) for k, v in r["seconds"].items()}
+    print(f"{r['cell']} {r['config']} ({r['device']}, {r['matmul_precision']}) ms:", ms)
+    ratio = {k[6:]: round(v["min"], 2) for k, v in r.items()
+             if k.startswith("ratio_") and ("pallas" in k or "torch" in k)}
+    if ratio:
+        print("  ratios (min/min, > 1: the second is faster):", ratio)
+    checks = r.get("loss_checks", {})
+    bad = [k for k, v in checks.items() if not v["ok"]]
+    if bad:
+        print("  LOSS CHECK FAILED:", {k: r["losses"][k] for k in bad},
+              "against", {k: r["losses"].get(checks[k]["against"]) for k in bad})
+    for k, why in r.get("skipped", {}).items():
+        if not (k.startswith("torch") and r["cell"] in ("sc_lstm", "rrn")):
+            print(f"  skipped {k}: {why[:160]}")
+PY
+    ;;
   *)
-    echo "usage: bash docs/runs/gpu/measure.sh suite|rnn|flags|lm" >&2; exit 2 ;;
+    echo "usage: bash docs/runs/gpu/measure.sh suite|rnn|flags|lm|pallas|pallas-quick" >&2
+    exit 2 ;;
 esac

@@ -1,0 +1,581 @@
+"""A persistent recurrent kernel for the LSTM (Pallas, Mosaic GPU): the time loop inside
+one kernel, the recurrent weights held in shared memory for all T steps.
+
+On a GPU the scans of :mod:`rhnzoo.cells.gated_fused` are launch-bound: every time step
+launches its small kernels from the host. Here one kernel runs the whole forward
+recurrence and a second the whole reverse one, as cuDNN's persistent algorithm does
+for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over time:
+
+* **forward** (Wang & Tian 2016, eq. 1), one warpgroup (128 threads) per 64 hidden
+  units: U (``[4, N, N]`` bfloat16, one block per gate i | f | o | c̃) and W are copied
+  once into shared memory by TMA; per step the tile's ``x_t`` arrives by TMA
+  (double-buffered, the next step's copy in flight), each warpgroup forms its units'
+  gate pre-activations ``x_t W + h_{t-1} U + b`` as tensor-core products
+  (``plgpu.wgmma``, float32 accumulation; b read from shared memory), the gates and the
+  cell state c are float32 in registers, and h_t goes to shared memory twice: as the
+  next step's bfloat16 matmul operand and as the float32 output, stored to HBM by TMA;
+  the warpgroups meet at a barrier once per step.
+* **backward**, one warpgroup: the reverse recurrence of the state cotangents (dh, dc)
+  with U's gate blocks in shared memory; per step and per quarter of 32 hidden units
+  the step's gate coefficients arrive by TMA (double-buffered at N = 64), dz is formed in
+  registers and multiplied into ``dh_{t-1} = dz U^T`` on the tensor cores; the kernel
+  writes dh_t and dc_t.
+* **outside the kernels** (large, parallel XLA ops, as in :mod:`~rhnzoo.cells.gated_fused`):
+  the gates and c_t are recomputed from the forward's outputs (one ``[T B, n] x [n, 4n]``
+  matmul and an associative scan for c), dz_t is formed in float32 from the kernel's
+  dh_t and dc_t, and the weight gradients dU, dW, db and the input gradient are single
+  large matmuls over all T x B positions.
+
+Precision (the project's bfloat16 policy, ``dtype=jnp.bfloat16``): every matmul takes
+bfloat16 inputs (x, W, h, U, dz) with float32 accumulation; gates, states, their
+cotangents and the forget-gate product along the cell-state path are float32. The
+backward kernel reads the other four per-step gate coefficients (o(1 - tanh² c),
+c̃ i(1 - i), c_{t-1} f(1 - f), i(1 - c̃²), tanh(c) o(1 - o)) in bfloat16: they only enter the
+bfloat16 matmul input dz and an additive term of dc. dz for the weight gradients is
+re-formed in float32 outside the kernel. Values and gradients agree with
+:func:`rhnzoo.cells.unroll` to bfloat16 rounding (tested in GPU interpret mode on CPU).
+
+Shapes: hidden n is padded to N = 64 or 128 (n <= 128), the batch to a multiple of 64
+rows, the input width m to a multiple of 16; padded units, rows and columns are inert
+(zero weights, zero length). What fits one CTA's shared memory (:func:`fits`) is checked
+before a kernel is built; lowering for ``cuda`` reports any excess (tested in CI).
+
+Supported: :class:`~rhnzoo.cells.LSTM`, with ``lengths`` (:func:`rhnzoo.cells.unroll`'s
+semantics: padded steps keep the carry and output zeros) and the recurrent dropout mask
+(a constant multiplying h_{t-1} where it enters U). Not yet: SC-LSTM, GRU, RRN (use
+:mod:`~rhnzoo.cells.gated_fused`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from rhnzoo.cells.lstm import LSTM
+
+Array = jax.Array
+
+ROWS = 64  # batch rows per CTA: one warpgroup's wgmma M
+SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
+_HALF = 64  # hidden units per forward half (one 128-byte swizzle of bfloat16)
+_QUARTER = 32  # hidden units per backward phase
+_bf16, _f32 = jnp.bfloat16, jnp.float32
+# tanh.approx.f32 in the kernels (about 2^-11 relative error, under bfloat16 rounding):
+# off until measured (docs/speed.md).
+_APPROX_MATH = False
+
+
+def supports(cell: Any) -> bool:
+    """Whether :func:`unroll` has a kernel for ``cell`` at all: an
+    :class:`~rhnzoo.cells.LSTM` with hidden size at most 128."""
+    return type(cell) is LSTM and cell.hidden_size <= 128
+
+
+def _padded(n: int, m: int) -> tuple[int, int]:
+    """(N, MP): hidden size padded to 64 or 128, input width to a multiple of 16."""
+    return (64 if n <= 64 else 128), -(-m // 16) * 16
+
+
+def _backward_parts(N: int, with_dy: bool) -> tuple[int, int]:
+    """(bytes of one phase's input tiles, slots): the backward kernel double-buffers its
+    per-phase inputs (the next phase's TMA in flight during this one) at N = 64, where
+    that measured faster on an H100 (2.8 -> 2.5 ms at P-MNIST's T and B). At N = 128 it
+    measured slower (8.6 -> 10.8 ms; docs/runs/gpu/2026-11-27, calls 2 and 3) and the
+    kernel keeps one slot."""
+    q = ROWS * _QUARTER
+    tiles = 5 * q * 2 + q * 4 + (q * 4 if with_dy else 0)
+    return tiles, 2 if N <= 64 else 1
+
+
+def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+    """Shared memory (bytes) of the forward and backward kernels for hidden size ``n``
+    and input width ``m``: the scratch buffers listed in the kernels (barriers aside)."""
+    N, MP = _padded(n, m)
+    fwd = 4 * N * N * 2 + 4 * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
+    fwd += ROWS * N * 4 + 4 * N * 4 + ROWS * 4
+    q = ROWS * _QUARTER
+    tiles, slots = _backward_parts(N, with_dy)
+    bwd = 4 * N * N * 2 + slots * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4
+    return fwd, bwd
+
+
+def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
+         input_size: int = 1) -> bool:
+    """Whether ``auto`` may pick the kernel: where it was measured faster than the fused
+    scan. That is an LSTM with hidden size n <= 64, bfloat16 matmul inputs
+    (``dtype``), a GPU of compute capability 9.0
+    (``backend`` None: JAX's default device), and both kernels within one CTA's shared
+    memory for this ``input_size``. At 64 < n <= 128 the kernel runs (:func:`supports`)
+    but its backward kernel made the train step slower than the fused scan's on an
+    H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
+    dispatcher's signature (any batch is padded to 64-row tiles)."""
+    del batch
+    if not supports(cell) or cell.hidden_size > 64:
+        return False
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        return False
+    if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+        return False
+    try:
+        cc = getattr(jax.devices()[0], "compute_capability", None)
+    except RuntimeError:
+        return False
+    if cc != "9.0":
+        return False
+    return max(smem_bytes(cell.hidden_size, input_size)) + 1024 <= SMEM_LIMIT
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+def _plgpu():
+    """Pallas's Mosaic GPU module, imported on first use (it loads MLIR bindings)."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return pl, plgpu
+
+
+def _swizzled(plgpu, dtype, minor: int):
+    """Tiling and swizzle transforms for a shared-memory tile whose minor dimension
+    holds ``minor`` elements (up to 128 bytes per swizzle)."""
+    size = jnp.dtype(dtype).itemsize
+    swizzle = min(128, minor * size)
+    return plgpu.TilingTransform((8, swizzle // size)), plgpu.SwizzleTransform(swizzle)
+
+
+def _sigmoid(x):
+    return 0.5 * jnp.tanh(0.5 * x) + 0.5  # one tanh: the form the kernel and recompute share
+
+
+def _interpret_params(interpret: bool):
+    _, plgpu = _plgpu()
+    return plgpu.InterpretGPUParams() if interpret else None
+
+
+def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
+    """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
+
+    Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, N, 64]`` bf16, U's gate blocks split by
+    output columns (``u[g, k, :, j] = U_g[:, 64 k + j]``); ``w [4, H, 64, MP]`` bf16, W's
+    likewise, transposed; ``b [4, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16; ``c0 [H, Bp, 64]``
+    f32; ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or None, the recurrent dropout mask
+    (h0 comes masked). Returns ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on
+    padded ones."""
+    pl, plgpu = _plgpu()
+    T, Bp, MP = x.shape
+    H, N = u.shape[1], u.shape[2]
+    L = plgpu.Layout.WGMMA
+    masked = mask is not None
+
+    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
+        if masked:
+            m_ref, *refs = refs
+        y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs
+        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
+        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
+
+        @pl.when(wg == 0)
+        def _load_once():
+            for g in range(4):
+                for k in range(H):
+                    plgpu.copy_gmem_to_smem(u_ref.at[g, k], u_s.at[g, k], bar_w.at[g * H + k])
+                    plgpu.copy_gmem_to_smem(w_ref.at[g, k], w_s.at[g, k], bar_w.at[4 * H + g * H + k])
+            plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
+            plgpu.copy_gmem_to_smem(c0_ref.at[:, rows], y_s, bar_init.at[1])
+            plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
+            plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
+            plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
+
+        for k in range(8 * H):
+            plgpu.barrier_wait(bar_w.at[k])
+        for k in range(4):
+            plgpu.barrier_wait(bar_init.at[k])
+        c = plgpu.load(y_s.at[wg], layout=L)
+        lens_v = plgpu.load(len_s, layout=L.reduce(1))
+        m = None
+        if masked:  # the mask, through y_s once every warpgroup has read c
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(bar_step)
+            plgpu.barrier_wait(bar_step)
+            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(m_ref.at[:, rows], y_s, bar_init.at[4]))
+            plgpu.barrier_wait(bar_init.at[4])
+            m = plgpu.load(y_s.at[wg], layout=L)
+
+        def step(t, c):
+            slot = lax.rem(t, 2)
+            plgpu.barrier_wait(bar_x.at[slot])
+
+            # Every warpgroup's products of step t - 1 are done (they passed bar_step).
+            @pl.when((t + 1 < T) & (wg == 0))
+            def _prefetch():
+                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
+
+            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
+
+            def products(*accs):
+                for g in range(4):
+                    plgpu.wgmma(accs[g], x_s.at[slot], w_s.at[g, wg].transpose((1, 0)))
+                    for k in range(H):
+                        plgpu.wgmma(accs[g], h_s.at[slot, k], u_s.at[g, wg, pl.ds(k * _HALF, _HALF)])
+                return tuple(a[...] for a in accs)
+
+            z = pl.run_scoped(products, *[plgpu.ACC((ROWS, _HALF), _f32)] * 4)
+            z = [z[g] + lax.broadcast_in_dim(plgpu.load(b_s.at[g, wg], layout=L.reduce(0)),
+                                             (ROWS, _HALF), [1]) for g in range(4)]  # fmt: skip
+            i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
+            c_new = f * c + i * g
+            h_new = o * jnp.tanh(c_new)
+            kept = plgpu.load(h_s.at[slot, wg], layout=L)
+            h_in = h_new if m is None else h_new * m  # what enters U next step
+            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
+            y_s[wg] = jnp.where(valid, h_new, 0.0)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
+            plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
+            plgpu.barrier_wait(bar_step)
+            return jnp.where(valid, c_new, c)
+
+        lax.fori_loop(0, T, step, c)
+        plgpu.wait_smem_to_gmem(0)
+
+    sw = functools.partial(_swizzled, plgpu)
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((T, H, Bp, _HALF), _f32),
+        scratch_types=(
+            plgpu.SMEM((4, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((4, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
+            plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
+            plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
+            plgpu.SMEM((4, H, _HALF), _f32),
+            plgpu.SMEM((ROWS,), jnp.int32),
+            plgpu.Barrier(num_barriers=8 * H),
+            plgpu.Barrier(num_barriers=2),
+            plgpu.Barrier(num_barriers=5),
+            plgpu.Barrier(num_arrivals=H),
+        ),
+        grid=(Bp // ROWS,),
+        grid_names=("b",),
+        num_threads=H,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
+        interpret=_interpret_params(interpret),
+    )
+    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ())))
+
+
+def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool):
+    """The backward kernel: the reverse recurrence of (dh, dc).
+
+    Args: ``coef [T, 5, Bp, N]`` bf16, the per-step coefficients A = o(1 - tanh² c_t),
+    P = c̃ i(1 - i), Q = c_{t-1} f(1 - f), R = i(1 - c̃²), S = tanh(c_t) o(1 - o);
+    ``F [T, Bp, N]`` f32 (f_t); ``dy [T, Bp, N]`` f32 or None (the outputs' cotangents,
+    zero on padded steps); ``u [4, N, N]`` bf16 (U's gate blocks); ``lens [Bp]``;
+    ``dhT, dcT [Bp, N]`` f32, the final carry's cotangents; ``mask [Bp, N]`` f32 or None
+    (dh_{t-1} = mask (dz U^T)). Returns ``(DH, DC)``, each
+    ``[T, Bp, N]`` f32: at step t, dh_t = dh_{t+1 -> t} + dy_t and dc_t = (carried dc) +
+    dh_t A_t on real steps, the carried cotangents on padded ones."""
+    pl, plgpu = _plgpu()
+    T, _, Bp, N = coef.shape
+    quarters = N // _QUARTER
+    has_dy = dy is not None
+    L = plgpu.Layout.WGMMA
+    n_in = 7 if has_dy else 6
+    slots = _backward_parts(N, has_dy)[1]
+    masked = mask is not None
+
+    def body(*refs):
+        coef_ref, F_ref = refs[:2]
+        dy_ref = refs[2] if has_dy else None
+        u_ref, len_ref, dhT_ref, dcT_ref = refs[2 + has_dy : 6 + has_dy]
+        m_ref = refs[6 + has_dy] if masked else None
+        DH_ref, DC_ref = refs[6 + has_dy + masked : 8 + has_dy + masked]
+        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs[8 + has_dy + masked :]
+        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
+        for g in range(4):
+            plgpu.copy_gmem_to_smem(u_ref.at[g], u_s.at[g], bar_w.at[g])
+        plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[4])
+        qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
+        dhc, dcc = [], []
+        for q, cs in enumerate(qcols):  # the initial carries, a quarter at a time through out_s
+            if q:
+                plgpu.commit_smem()  # every thread has read out_s before TMA refills it
+            plgpu.copy_gmem_to_smem(dhT_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
+            plgpu.copy_gmem_to_smem(dcT_ref.at[rows, cs], out_s.at[1], bar_w.at[6])
+            plgpu.barrier_wait(bar_w.at[5])
+            plgpu.barrier_wait(bar_w.at[6])
+            dhc.append(plgpu.load(out_s.at[0], layout=L))
+            dcc.append(plgpu.load(out_s.at[1], layout=L))
+        ms = []
+        for q, cs in enumerate(qcols if masked else ()):  # the mask, a quarter at a time
+            plgpu.commit_smem()
+            plgpu.copy_gmem_to_smem(m_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
+            plgpu.barrier_wait(bar_w.at[5])
+            ms.append(plgpu.load(out_s.at[0], layout=L))
+        for k in range(5):
+            plgpu.barrier_wait(bar_w.at[k])
+        lens_v = plgpu.load(len_s, layout=L.reduce(1))
+
+        def fetch(t, q):  # phase (t, q)'s tiles into slot q % slots (quarters is even)
+            j, cs = q % slots, qcols[q]
+            for k in range(5):
+                plgpu.copy_gmem_to_smem(coef_ref.at[t, k, rows, cs], co_s.at[j, k], bar_in.at[7 * j + k])
+            plgpu.copy_gmem_to_smem(F_ref.at[t, rows, cs], F_s.at[j], bar_in.at[7 * j + 5])
+            if has_dy:
+                plgpu.copy_gmem_to_smem(dy_ref.at[t, rows, cs], dy_s.at[j], bar_in.at[7 * j + 6])
+
+        def fetch_next(t, q):
+            if q + 1 < quarters:
+                fetch(t, q + 1)
+            else:
+                pl.when(t > 0)(lambda: fetch(t - 1, 0))
+
+        fetch(T - 1, 0)
+
+        def step(s, carry):
+            t = T - 1 - s
+            dhc, dcc = carry
+            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
+
+            def phases(acc):
+                new_dc = []
+                for q in range(quarters):
+                    j = q % slots
+                    for k in range(n_in):
+                        plgpu.barrier_wait(bar_in.at[7 * j + k])
+                    if slots == 2:  # the other slot was read in the last phase (and committed)
+                        fetch_next(t, q)
+                    A, P, Q, R, S = (plgpu.load(co_s.at[j, k], layout=L).astype(_f32) for k in range(5))
+                    f = plgpu.load(F_s.at[j], layout=L)
+                    dh = (dhc[q] + plgpu.load(dy_s.at[j], layout=L)) if has_dy else dhc[q]
+                    plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
+                    if slots == 1:
+                        fetch_next(t, q)
+                    dc = dcc[q] + dh * A
+                    zero = jnp.zeros_like(dc)
+                    dz = [jnp.where(valid, v, zero) for v in (dc * P, dc * Q, dh * S, dc * R)]
+                    new_dc.append(jnp.where(valid, dc * f, dcc[q]))
+                    if q:
+                        plgpu.wgmma_wait(0)  # the last quarter's products have read dz_s
+                    for g in range(4):
+                        dz_s[g] = dz[g].astype(_bf16)
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    out_s[0] = dh
+                    out_s[1] = jnp.where(valid, dc, dcc[q])
+                    plgpu.commit_smem()
+                    for g in range(4):
+                        plgpu.wgmma(acc, dz_s.at[g], u_s.at[g, :, qcols[q]].transpose((1, 0)))
+                    plgpu.copy_smem_to_gmem(out_s.at[0], DH_ref.at[t, rows, qcols[q]])
+                    plgpu.copy_smem_to_gmem(out_s.at[1], DC_ref.at[t, rows, qcols[q]])
+                return tuple(new_dc), acc[...]
+
+            new_dc, dh_prev = pl.run_scoped(phases, plgpu.ACC((ROWS, N), _f32))
+            new_dh = []
+            for q in range(quarters):
+                d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
+                new_dh.append(jnp.where(valid, d * ms[q] if masked else d, dhc[q]))
+            new_dh = tuple(new_dh)
+            return new_dh, new_dc
+
+        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
+        plgpu.wait_smem_to_gmem(0)
+
+    sw = functools.partial(_swizzled, plgpu)
+    tile = (ROWS, _QUARTER)
+    kernel = plgpu.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),) * 2,
+        scratch_types=(
+            plgpu.SMEM((4, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((slots, 5) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
+            plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)) if has_dy else None,
+            plgpu.SMEM((4,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((2,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
+            plgpu.SMEM((ROWS,), jnp.int32),
+            plgpu.Barrier(num_barriers=7),
+            plgpu.Barrier(num_barriers=7 * slots),
+        ),
+        grid=(Bp // ROWS,),
+        grid_names=("b",),
+        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
+        interpret=_interpret_params(interpret),
+    )
+    return kernel(*((coef, F) + ((dy,) if has_dy else ()) + (u, lens, dhT, dcT)
+                    + ((mask,) if masked else ())))
+
+
+# ------------------------------------------------------------------------------ the unroll
+
+
+def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
+    return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
+
+
+def _blocks(M: Array, n: int, N: int) -> Array:
+    """``[r, 4 n] -> [4, r, N]``: the gate blocks of a fused weight matrix, padded."""
+    return _pad_to(jnp.moveaxis(M.reshape(M.shape[0], 4, n), 1, 0), (4, M.shape[0], N))
+
+
+def _carries(y: Array, h0: Array, lens: Array) -> Array:
+    """H_t, the carry h after each step ``[T, B, n]``: y_t on real steps, the row's last
+    real output (or h0) on the padded steps after it."""
+    T = y.shape[0]
+    last = jnp.clip(jnp.minimum(jnp.arange(T)[:, None], lens[None, :] - 1), 0)  # [T, B]
+    H = jnp.take_along_axis(y, last[:, :, None], axis=0)
+    return jnp.where((lens > 0)[None, :, None], H, h0[None])
+
+
+def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
+    """The forward's gates and cell states, in parallel over T: ``z = x W + (h_{t-1} m) U
+    + b`` (bfloat16 inputs, float32 accumulation, as in the kernel) and c by an
+    associative scan of c_t = f c_{t-1} + i c̃ (carried unchanged on padded steps).
+    Returns the masked h_{t-1} (what entered U), the gates and c."""
+    n = U.shape[0]
+    H_prev = jnp.concatenate([h0[None], H[:-1]])
+    if mask is not None:
+        H_prev = H_prev * mask
+    z = jnp.einsum("tbm,mk->tbk", xs.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
+    z = z + jnp.einsum("tbn,nk->tbk", H_prev.astype(_bf16), U.astype(_bf16),
+                       preferred_element_type=_f32) + b  # fmt: skip
+    i, f, o = (_sigmoid(z[..., k * n : (k + 1) * n]) for k in range(3))
+    g = jnp.tanh(z[..., 3 * n :])
+    v = valid[:, :, None]
+    a, d = jnp.where(v, f, 1.0), jnp.where(v, i * g, 0.0)
+    d = d.at[0].add(a[0] * c0)
+
+    def combine(left, right):
+        return right[0] * left[0], right[0] * left[1] + right[1]
+
+    C = lax.associative_scan(combine, (a, d))[1]
+    return H_prev, i, f, o, g, C
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _lstm(outputs: bool, interpret: bool, W, U, b, h0, c0, xs, lens, mask):
+    return _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask)[0]
+
+
+def _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask):
+    T, B, m = xs.shape
+    n = U.shape[0]
+    N, MP = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    H = N // _HALF
+    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
+    y = _forward_call(
+        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
+        halves(_pad_to(_blocks(U, n, N), (4, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(_pad_to(_blocks(W, n, N), (4, MP, N))), -1, -2).astype(_bf16),
+        _pad_to(b.reshape(4, n), (4, N)).reshape(4, H, _HALF).astype(_f32),
+        halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
+        halves(_pad_to(c0.astype(_f32), (Bp, N))),
+        _pad_to(lens, (Bp,)),
+        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
+        interpret=interpret,
+    )
+    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+    H = _carries(y, h0, lens)
+    valid = jnp.arange(T)[:, None] < lens[None, :]
+    H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
+    out = ((H[-1], C[-1]), y if outputs else None)
+    return out, (W, U, b, xs, h0, c0, lens, mask, H_prev, i, f, o, g, C)
+
+
+def _lstm_bwd(outputs, interpret, res, cotangents):
+    W, U, b, xs, h0, c0, lens, mask, H_prev, i, f, o, g, C = res
+    (dhT, dcT), dys = cotangents
+    T, B, m = xs.shape
+    n = U.shape[0]
+    N, _ = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    C_prev = jnp.concatenate([c0[None], C[:-1]])
+    tc = jnp.tanh(C)
+    A, P, Q = o * (1 - tc * tc), g * i * (1 - i), C_prev * f * (1 - f)
+    R, S = i * (1 - g * g), tc * o * (1 - o)
+    pad = lambda a: _pad_to(a, (T, Bp, N))
+    coef = jnp.stack([pad(a) for a in (A, P, Q, R, S)], axis=1).astype(_bf16)
+    dy = None
+    if outputs and dys is not None:
+        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
+    DH, DC = _backward_call(
+        coef, pad(f.astype(_f32)), dy, _pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
+        _pad_to(lens, (Bp,)), _pad_to(dhT.astype(_f32), (Bp, N)), _pad_to(dcT.astype(_f32), (Bp, N)),
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), interpret=interpret,
+    )  # fmt: skip
+    DH, DC = DH[:, :B, :n], DC[:, :B, :n]
+    dZ = jnp.where(valid, jnp.concatenate([DC * P, DC * Q, DH * S, DC * R], axis=-1), 0.0)
+    dZ16 = dZ.astype(_bf16)
+    dU = jnp.einsum("tbn,tbk->nk", H_prev.astype(_bf16), dZ16, preferred_element_type=_f32)
+    dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZ16, preferred_element_type=_f32)
+    db = dZ.sum(axis=(0, 1))
+    dxs = jnp.einsum("tbk,mk->tbm", dZ16, W.astype(_bf16), preferred_element_type=_f32)
+    dh0 = jnp.einsum("bk,nk->bn", dZ16[0], U.astype(_bf16), preferred_element_type=_f32)
+    if mask is not None:
+        dh0 = dh0 * mask
+    v0 = valid[0]
+    dh0 = jnp.where(v0, dh0, DH[0])
+    dc0 = jnp.where(v0, DC[0] * f[0], DC[0])
+    dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
+    return (dW.astype(W.dtype), dU.astype(U.dtype), db.astype(b.dtype), dh0.astype(h0.dtype),
+            dc0.astype(c0.dtype), dxs.astype(xs.dtype), None, dmask)  # fmt: skip
+
+
+_lstm.defvjp(_lstm_fwd, _lstm_bwd)
+
+
+def unroll(
+    cell: Any,
+    params: Any,
+    carry: Any,
+    xs: Array,
+    mask: Array | None = None,
+    *,
+    lengths: Array | None = None,
+    dtype: Any = _bf16,
+    outputs: bool = True,
+    interpret: bool | None = None,
+) -> tuple[Any, Array | None]:
+    """The LSTM over ``xs`` by the persistent kernels; the contract of
+    :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
+
+    Args:
+      cell: an :class:`~rhnzoo.cells.LSTM` with hidden size n <= 128.
+      params: ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` float32 (``cell.init``).
+      carry: ``LSTMState(h [B, n], c [B, n])`` float32.
+      xs: ``[T, B, m]`` float32, time-major.
+      mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
+        enters U, and is treated as a constant (zero gradient), as in the fused scans.
+      lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
+        output zeros).
+      dtype: ``jnp.bfloat16``, the only precision the kernels have (module docstring).
+      outputs: False: return ``ys`` None (the classifier reads the final carry).
+      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
+        backend only (compiled on a GPU).
+
+    Returns:
+      ``(LSTMState(h_T, c_T), ys [T, B, n] float32 or None)``.
+
+    Raises:
+      ValueError: for a cell without a kernel (see :func:`supports`), or a ``dtype``
+        other than bfloat16.
+    """
+    if not supports(cell):
+        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM with hidden size <= 128 only")
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    T, B, _ = xs.shape
+    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    (h, c), ys = _lstm(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
+                       carry.h, carry.c, xs, lens, mask)  # fmt: skip
+    return type(carry)(h, c), ys

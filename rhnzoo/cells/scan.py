@@ -1,0 +1,285 @@
+"""One scan dispatcher: every model runs its cell over time through :func:`unroll`.
+
+Three implementations compute the same function (``lengths`` and the recurrent dropout
+mask with :func:`rhnzoo.cells.unroll`'s semantics), and ``auto`` picks one of them by
+one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
+
+* ``reference``: :func:`rhnzoo.cells.unroll`, the cell's own ``step`` in a ``lax.scan``,
+  differentiated by autodiff; any cell; ``remat``; no bfloat16.
+* ``fused``: the hand-written backward scans, :mod:`rhnzoo.cells.gated_fused` for LSTM,
+  GRU, SC-LSTM, RRN and ``Parallel`` of these (HRL, LSTM+GRU), and
+  :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
+  ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
+  cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
+* ``pallas``: the persistent Mosaic GPU kernel of :mod:`rhnzoo.cells.gated_pallas`
+  (the cells of its ``supports``); no ``remat``.
+
+The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
+writes, and the ``reference`` implementation here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rhnzoo.cells import base, gated_fused, gated_pallas, rhn_fused
+from rhnzoo.cells.residual import Parallel
+from rhnzoo.cells.rhn import HSG, RHN
+from rhnzoo.config import setting
+
+Array = jax.Array
+
+
+class ScanImpl(enum.StrEnum):
+    """The time-scan implementations; a plain string (``'fused'``) names one as well."""
+
+    REFERENCE = "reference"
+    FUSED = "fused"
+    PALLAS = "pallas"
+    AUTO = "auto"
+
+
+# The values of ``--scan_impl`` / ``scan_impl=``, ``auto`` (every task's default) first.
+CHOICES: tuple[str, ...] = ("auto", "reference", "fused", "pallas")
+
+HELP = ("Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + autodiff; "
+        "any cell), 'fused' (hand-written backward scans: LSTM, GRU, SC-LSTM, RRN, HRL, "
+        "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (persistent GPU kernel for the gated "
+        "cells) or 'auto' (pallas where it fits, else fused where the cell has it and "
+        "--remat allows, else reference).")  # fmt: skip
+
+
+def scan_impl_setting() -> Any:
+    """The ``scan_impl`` field of every task's config (:func:`rhnzoo.config.setting`):
+    default ``'auto'``, :data:`CHOICES`, :data:`HELP`, resumable (the implementations
+    compute the same function)."""
+    return setting("auto", HELP, choices=CHOICES, resumable=True)
+
+
+def rhn_fused_supports(cell: Any) -> bool:
+    """Whether :mod:`rhnzoo.cells.rhn_fused` runs ``cell``: a coupled RHN, or HSG around one."""
+    inner = cell.cell if isinstance(cell, HSG) else cell
+    return isinstance(inner, RHN) and inner.coupled
+
+
+def _fused_has_remat(cell: Any) -> bool:
+    return rhn_fused_supports(cell)  # gated_fused has no remat
+
+
+def implementations(cell: Any) -> tuple[ScanImpl, ...]:
+    """The implementations that can run ``cell`` (at some size and dtype)."""
+    out = [ScanImpl.REFERENCE]
+    if gated_fused.supports(cell) or rhn_fused_supports(cell):
+        out.append(ScanImpl.FUSED)
+    if gated_pallas.supports(cell):
+        out.append(ScanImpl.PALLAS)
+    return tuple(out)
+
+
+def describe(cell: Any) -> str:
+    """A short name of ``cell`` for messages: ``'LSTM'``, ``'HSG(RHN)'``,
+    ``'Parallel(LSTM, RRN)'``, ``'RHN(coupled=False)'``."""
+    if isinstance(cell, HSG):
+        return f"HSG({describe(cell.cell)})"
+    if isinstance(cell, Parallel):
+        return f"Parallel({', '.join(describe(c) for c in cell.cells)})"
+    if isinstance(cell, RHN) and not cell.coupled:
+        return "RHN(coupled=False)"
+    return type(cell).__name__
+
+
+def _bfloat16(dtype: Any) -> bool:
+    return dtype is not None and jnp.dtype(dtype) == jnp.bfloat16
+
+
+def resolve(
+    impl: str | ScanImpl,
+    cell: Any,
+    *,
+    batch: int | None = None,
+    dtype: Any = None,
+    backend: str | None = None,
+    remat: bool = False,
+    input_size: int | None = None,
+) -> ScanImpl:
+    """The implementation that runs ``cell``: ``impl`` itself when the cell has it, and
+    for ``auto`` the one rule below (never returns ``AUTO``).
+
+    ``auto``, in this order:
+
+    1. ``pallas`` where ``gated_pallas.fits(cell, batch, dtype, backend)``: a GPU of
+       compute capability 9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's
+       shared memory, bfloat16 matmul inputs, a known ``batch``, and no ``remat``. The kernel targets launch-bound shapes (issue 45).
+       One H100 (2026-11-27, docs/runs/gpu/2026-11-27/call2), LSTM value and gradient at
+       1 -> n, B 100, T 784 in bfloat16, pallas / fused: n = 64 7.1 / 9.5 ms; n = 100
+       13.7 / 11.1 ms (its backward kernel is the slow part), hence n <= 64. Never
+       chosen on a CPU.
+    2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
+       has remat: the RHN's; the gated cells then take ``reference``). Faster wherever it
+       was timed in quiet runs. CPU (2 cores, 614dfb3, train step, peer / fused): LSTM,
+       GRU 1.2x Flax ``nn.RNN`` at P-MNIST's shape (1 -> 100, B 100, T 784), 1.5-1.7x at
+       the IMDB shape (256 -> 512, B 32, T 100); SC-LSTM-P, RRN 1.4-1.6x the reference
+       scan at both; RRL training fused / reference 1.0-1.8x (BUILD_NOTES, rounds 2-3);
+       the RHN LM at ``ptb_sota`` 1.33-1.44x a plain-JAX RHN. One H100 (576120b, unroll
+       8, reference / fused): IMDB shape LSTM 14.2 / 10.6 ms, GRU 15.9 / 9.2; P-MNIST
+       shape LSTM 28.6 / 13.3, GRU 29.1 / 14.7, SC-LSTM-P 33.5 / 18.7, RRN 37.7 / 16.0;
+       the RHN LM at ``ptb_sota`` 12.4 ms vs the plain-JAX peer's 16.4. Not timed: the
+       gated scans in a language model (B 20, m = n) and the RHN scan in a classifier (it
+       runs the padded steps, as the reference scan does, and reads each row's output
+       at its last real one).
+    3. ``reference`` otherwise (every other cell: DT-RNN, DT(S)-RNN, an uncoupled RHN,
+       HSG around a gated cell); bfloat16 then has no implementation (a ValueError).
+
+    Args:
+      impl: one of :data:`CHOICES` (or a :class:`ScanImpl`).
+      cell: the cell to run.
+      batch: B, the rows per call (None: unknown; ``auto`` then skips ``pallas``).
+      dtype: the matmul input dtype (None or float32; bfloat16 needs fused or pallas).
+      backend: for ``gated_pallas.fits`` (None: JAX's default backend).
+      remat: recompute time steps in the backward pass.
+      input_size: m, the input width, for ``gated_pallas.fits`` (None: its default).
+
+    Raises:
+      ValueError: (one line naming the cell and its implementations) an unknown
+        ``impl``; an implementation the cell does not have; ``remat`` with a scan that
+        has none; bfloat16 with the reference scan.
+    """
+    try:
+        impl = ScanImpl(impl)
+    except ValueError:
+        raise ValueError(f"scan_impl must be one of {', '.join(CHOICES)}, got {impl!r}") from None
+    have = implementations(cell)
+    name, listed = describe(cell), ", ".join(have)
+    bf16 = _bfloat16(dtype)
+    if impl is ScanImpl.AUTO:
+        size = {} if input_size is None else {"input_size": input_size}
+        if (ScanImpl.PALLAS in have and not remat and batch is not None
+                and gated_pallas.fits(cell, batch, dtype, backend, **size)):  # fmt: skip
+            return ScanImpl.PALLAS
+        if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
+            return ScanImpl.FUSED
+        impl = ScanImpl.REFERENCE
+        if bf16:
+            raise ValueError(f"dtype=bfloat16 needs the fused or pallas scan, which {name} "
+                             f"does not have{' with remat' if remat else ''} (its scans: "
+                             f"{listed})")  # fmt: skip
+    if impl not in have:
+        raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}")
+    no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
+    if remat and no_remat:
+        raise ValueError(f"remat needs the reference scan (scan_impl='reference'): the {impl} "
+                         f"scan of {name} has no remat")  # fmt: skip
+    if bf16 and impl is ScanImpl.REFERENCE:
+        raise ValueError(f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
+                         f"computes in the inputs' dtype); {name}'s scans: {listed}")  # fmt: skip
+    return impl
+
+
+def unroll(
+    cell: Any,
+    params: Any,
+    carry: Any,
+    xs: Array,
+    mask: Array | None = None,
+    *,
+    impl: str | ScanImpl = "auto",
+    lengths: Array | None = None,
+    dtype: Any = None,
+    unroll: int | None = None,
+    remat: bool = False,
+    outputs: bool = True,
+    project_per_step: bool | None = None,
+    save_matmuls: bool = False,
+    interpret: Any = None,
+) -> tuple[Any, Array | None]:
+    """Runs ``cell`` over ``xs`` with the implementation :func:`resolve` picks; the one
+    call every model makes.
+
+    Args:
+      cell, params, carry, xs, mask: as :func:`rhnzoo.cells.unroll` (``xs [T, B, m]``
+        time-major, ``mask [B, n]`` or None).
+      impl: one of :data:`CHOICES`; resolved with B = ``xs.shape[1]`` and m =
+        ``xs.shape[2]``.
+      lengths: optional ``[B]`` real steps per row: padded steps keep the carry and
+        output zeros. The RHN's fused scan runs every step and reads each row's final
+        carry from its output at its last real step (the carry is the output), so its
+        padded inputs must be finite.
+      dtype: matmul input dtype: None (the inputs' own, e.g. float64 in tests), float32
+        or bfloat16 (float32 accumulation, state and parameters; fused and pallas only).
+        Passed as given to the fused scans.
+      unroll: time steps per scan iteration; None: each scan's default (1 for the
+        reference and the RHN scan, :func:`rhnzoo.cells.gated_fused.default_unroll` for
+        the gated ones); the pallas kernel has its own loop and ignores it.
+      remat: recompute time steps in the backward pass (reference, RHN fused).
+      outputs: False: return ``(carry, None)``; the gated scans then write no outputs
+        (read the last output with :func:`output_of`).
+      project_per_step: compute the input projection inside the time scan; None: the
+        reference scan's default (False) and the gated fused scan's (True); the RHN and
+        pallas scans have their own and ignore it.
+      save_matmuls: the reference scan's :func:`rhnzoo.cells.base.save_matmuls_only`
+        (ignored by the others, whose backward passes are written by hand).
+      interpret: passed to the pallas kernel (its GPU interpret mode).
+
+    Returns:
+      ``(carry, ys [T, B, n])``, or ``(carry, None)`` with ``outputs=False``.
+
+    Raises:
+      ValueError: what :func:`resolve` raises.
+    """
+    which = resolve(impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat,
+                    input_size=xs.shape[-1])  # fmt: skip
+    if which is ScanImpl.REFERENCE:
+        carry, ys = base.unroll(cell, params, carry, xs, mask, lengths=lengths,
+                                unroll=unroll or 1, remat=remat,
+                                project_per_step=bool(project_per_step),
+                                save_matmuls=save_matmuls)  # fmt: skip
+        return carry, ys if outputs else None
+    if which is ScanImpl.PALLAS:
+        return gated_pallas.unroll(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
+                                   outputs=outputs, interpret=interpret)  # fmt: skip
+    if gated_fused.supports(cell):
+        per_step = True if project_per_step is None else project_per_step
+        return gated_fused.unroll(cell, params, carry, xs, mask, lengths=lengths,
+                                  unroll=unroll, project_per_step=per_step, dtype=dtype,
+                                  outputs=outputs)  # fmt: skip
+    return _rhn_fused(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
+                      unroll=unroll or 1, remat=remat, outputs=outputs)  # fmt: skip
+
+
+def _rhn_fused(cell, params, carry, xs, mask, *, lengths, dtype, unroll, remat, outputs):
+    """:func:`rhnzoo.cells.rhn_fused.unroll` with ``lengths``: its carry is its output, so
+    a row's final carry is its output at its last real step (the initial carry for an
+    empty row) and padded outputs are zeroed; the padded steps run and get zero
+    cotangents."""
+    carry_T, ys = rhn_fused.unroll(cell, params, carry, xs, mask, unroll=unroll, remat=remat,
+                                   dtype=dtype)  # fmt: skip
+    if lengths is None:
+        return carry_T, ys if outputs else None
+    T, B = xs.shape[:2]
+    lengths = jnp.asarray(lengths)
+    last = ys[jnp.clip(lengths - 1, 0, T - 1), jnp.arange(B)]
+    carry_T = jnp.where((lengths > 0)[:, None], last, carry).astype(carry_T.dtype)
+    if not outputs:
+        return carry_T, None
+    valid = jnp.arange(T)[:, None] < lengths[None, :]
+    return carry_T, jnp.where(valid[..., None], ys, jnp.zeros((), ys.dtype))
+
+
+def output_of(cell: Any, carry: Any) -> Array:
+    """The output ``[B, n]`` of the step that produced ``carry``, for a cell with a fused
+    scan (with ``lengths``, each row's output at its last real step): the gated cells'
+    h (:func:`rhnzoo.cells.gated_fused.output_of`; ``Parallel``: the mean of its
+    parts'), the RHN's and HSG's state (their carry is their output).
+
+    Raises:
+      ValueError: for a cell whose output is not read from its carry here.
+    """
+    if rhn_fused_supports(cell):
+        return carry
+    if gated_fused.supports(cell):
+        return gated_fused.output_of(cell, carry)
+    raise ValueError(f"no output_of for {describe(cell)}: read its outputs from the scan")

@@ -1,0 +1,205 @@
+"""The persistent Pallas LSTM kernels (rhnzoo.cells.gated_pallas) against the reference
+scan (lax.scan + autodiff, float32) and the fused scan in bfloat16, values and every
+gradient; and the kernels lowered for ``cuda`` (an H100's shared memory and layouts)
+on any host.
+
+On the CPU the kernels run in Pallas's GPU interpret mode; on a GPU backend the same
+tests run them compiled. The interpreter hangs, rather than fails, on a wrong barrier
+count: every kernel run here is under a timeout."""
+
+import contextlib
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import normal, random_params
+
+from rhnzoo import cells
+from rhnzoo.cells import gated_fused, gated_pallas
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Fails the test instead of hanging (the interpreter waits forever on a barrier
+    that is never completed)."""
+
+    def expired(*_):
+        raise TimeoutError(f"kernel still running after {seconds} s: a barrier never completed?")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def setup(n, B, m, T, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    cell = cells.LSTM(n)
+    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
+    carry = cells.LSTMState(0.5 * normal(keys[2], (B, n)), 0.5 * normal(keys[3], (B, n)))
+    return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
+
+
+def value_and_grads(unroll, params, carry, xs, target, outputs=True):
+    """A loss on every output and both leaves of the final carry, and its gradients with
+    respect to the parameters, the initial carry and the inputs."""
+
+    def loss(params, carry, xs):
+        (h, c), ys = unroll(params, carry, xs)
+        out = jnp.sum(jnp.sin(ys) * target) if outputs else 0.0
+        return out + jnp.sum(h**2) + jnp.sum(jnp.cos(c))
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))(params, carry, xs)
+
+
+def assert_close(got, want, rtol):
+    """Every leaf within ``rtol`` of the largest magnitude of ``want``'s leaf (bfloat16
+    matmul inputs: relative errors of a few 1e-3 are rounding)."""
+    for path, a in jax.tree_util.tree_flatten_with_path(got)[0]:
+        b = want
+        for k in path:
+            b = b[k.key] if hasattr(k, "key") else b[k.idx] if hasattr(k, "idx") else getattr(b, k.name)
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        err = float(jnp.max(jnp.abs(a - b)))
+        assert err <= rtol * scale, f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
+
+
+CASES = {
+    # name: (n, B, m, T, lengths, dropout mask)
+    "small_padded_rows": (5, 4, 3, 6, np.array([6, 0, 3, 5]), False),  # an empty row
+    "small_masked": (5, 4, 3, 6, np.array([6, 2, 0, 5]), True),
+    "pmnist_like": (100, 100, 1, 5, None, False),  # n -> 128, B -> 128 (two CTAs), m -> 16
+    "two_warpgroups_masked": (100, 4, 3, 4, None, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_values_and_gradients_match_the_reference(case):
+    n, B, m, T, lengths, masked = CASES[case]
+    cell, params, carry, xs, target = setup(n, B, m, T)
+    lens = None if lengths is None else jnp.asarray(lengths)
+    mask = None
+    if masked:  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
+        mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
+            params, carry, xs, target)  # fmt: skip
+    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
+                          params, carry, xs, target)  # fmt: skip
+    fused = value_and_grads(
+        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lens, dtype=jnp.bfloat16),
+        params, carry, xs, target)  # fmt: skip
+    # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
+    # bfloat16 mode is (the same precision policy).
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+    assert_close(got[1], fused[1], rtol=1.5e-2)
+
+
+def test_outputs_false_reads_the_final_carry():
+    n, B, m, T, lengths, _ = CASES["small_padded_rows"]
+    cell, params, carry, xs, target = setup(n, B, m, T, seed=1)
+    lens = jnp.asarray(lengths)
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+            params, carry, xs, target, outputs=False)  # fmt: skip
+    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, lengths=lens),
+                          params, carry, xs, target, outputs=False)  # fmt: skip
+    assert gated_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+
+
+def test_refuses_what_it_does_not_compute():
+    cell, params, carry, xs, _ = setup(5, 4, 3, 2)
+    with pytest.raises(ValueError, match="bfloat16"):
+        gated_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
+    gru = cells.GRU(5)
+    with pytest.raises(ValueError, match="no Pallas kernel"):
+        gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
+    assert gated_pallas.supports(cells.LSTM(128)) and not gated_pallas.supports(cells.LSTM(129))
+    assert not gated_pallas.supports(gru) and not gated_pallas.supports(cells.SCLSTM(8, skip=2))
+
+
+def test_auto_never_picks_the_kernel_off_an_h100_class_gpu():
+    lstm = cells.LSTM(100)
+    assert not gated_pallas.fits(lstm, 100, jnp.float32, "gpu")  # float32: the fused scan
+    if jax.default_backend() == "cpu":
+        assert not gated_pallas.fits(lstm, 100, jnp.bfloat16)
+    assert not gated_pallas.fits(lstm, 100, jnp.bfloat16, "cpu")
+
+
+# ------------------------------------------------------------------ lowering for cuda
+
+
+def lower_for_cuda(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def forward_args(T, n, m, B=64):
+    N, MP = gated_pallas._padded(n, m)
+    z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
+    H = N // 64
+    return (z((T, B, MP), jnp.bfloat16), z((4, H, N, 64), jnp.bfloat16),
+            z((4, H, 64, MP), jnp.bfloat16), z((4, H, 64), jnp.float32),
+            z((H, B, 64), jnp.bfloat16), z((H, B, 64), jnp.float32), z((B,), jnp.int32))  # fmt: skip
+
+
+def backward_args(T, n, with_dy, B=64):
+    N, _ = gated_pallas._padded(n, 1)
+    z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
+    dy = z((T, B, N), jnp.float32) if with_dy else None
+    return (z((T, 5, B, N), jnp.bfloat16), z((T, B, N), jnp.float32), dy,
+            z((4, N, N), jnp.bfloat16), z((B,), jnp.int32), z((B, N), jnp.float32),
+            z((B, N), jnp.float32))  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_kernels_lower_for_an_h100(n):
+    """Every configuration ``fits`` can admit (N = 64 or 128, a 1-wide input; backward
+    with and without output cotangents) lowers for ``cuda``: its shared memory, TMA
+    boxes and wgmma layouts are what an sm_90 device accepts."""
+    fwd = lambda *a: gated_pallas._forward_call(*a, interpret=False)
+    lower_for_cuda(fwd, *forward_args(12, n, 1))
+    args = backward_args(12, n, with_dy=True)
+    lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args)
+    without_dy = lambda c, f, *a: gated_pallas._backward_call(c, f, None, *a, interpret=False)
+    lower_for_cuda(without_dy, *(args[:2] + args[3:]))
+
+
+def test_shared_memory_estimate_matches_the_lowering():
+    """``smem_bytes`` (what ``fits`` reads) predicts the lowering's verdict: a 64-wide
+    input at n = 128 needs more than an H100 CTA has, and the lowering says so."""
+    fwd_bytes, _ = gated_pallas.smem_bytes(128, 64)
+    assert fwd_bytes > gated_pallas.SMEM_LIMIT
+    assert max(gated_pallas.smem_bytes(128, 16)) + 1024 <= gated_pallas.SMEM_LIMIT
+    fwd = lambda *a: gated_pallas._forward_call(*a, interpret=False)
+    with pytest.raises(Exception, match="exceeds available shared memory"):
+        lower_for_cuda(fwd, *forward_args(4, 128, 64))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
+@pytest.mark.parametrize("n, outputs", [(100, True), (5, False)])  # two warpgroups forward,
+def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, outputs):  # 1 and 2 slots back
+    """The interpreter's race detector watches every shared-memory access of the
+    kernels (threads' loads and stores, TMA copies, wgmma operands): none may race. It
+    reports a removed ``commit_smem`` before a TMA refill (checked by hand)."""
+    _, plgpu = gated_pallas._plgpu()
+    monkeypatch.setattr(gated_pallas, "_interpret_params",
+                        lambda interpret: plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
+    cell, params, carry, xs, target = setup(n, 4, 3, 3)
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (4, n)) / 0.75
+    with deadline(300):
+        jax.block_until_ready(value_and_grads(
+            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, outputs=outputs),
+            params, carry, xs, target, outputs=outputs))  # fmt: skip
+    out, err = capfd.readouterr()
+    assert "RACE DETECTED" not in out + err

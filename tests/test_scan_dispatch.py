@@ -1,0 +1,409 @@
+"""The one scan dispatcher (``rhnzoo.cells.scan``): every registered cell under every
+implementation it has against the reference scan (values and every gradient, with and
+without ``lengths``), the ``auto`` rule and its one-line refusals, one ``--scan_impl``
+in every task, and each task's model under 'fused' against 'reference'. (The pallas
+kernel's own tests are in ``tests/test_gated_pallas.py``.)"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import normal, random_params, random_problem
+
+from rhnzoo import cells, dropout
+from rhnzoo.cells import gated_pallas, scan
+from rhnzoo.cells.scan import ScanImpl
+from rhnzoo.models import lm
+from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training import polyphonic, rrl
+
+B, N, M, T = 4, 5, 3, 7
+LENGTHS = np.array([7, 0, 3, 5], np.int32)  # a full row, an empty one, two padded ones
+SETTINGS = dict(depth=2, init_scale=0.1, init_bias=-1.0, skip=2)
+FLOAT64 = dict(rtol=1e-10, atol=1e-12)
+
+
+def build(name, n=N):
+    return cells.make(name, n, **cells.applicable(name, SETTINGS))
+
+
+def impls(name):
+    """(name, impl) for every implementation the cell has, but the pallas kernel."""
+    return [(name, str(i)) for i in scan.implementations(build(name)) if i is not ScanImpl.PALLAS]
+
+
+# The fast selection: each kind of fused scan at least once (gated, Parallel of gated,
+# the RHN and HSG(RHN)); the rest are variants of these.
+FAST = {"lstm", "gru", "sc_lstm_p", "hrl", "rhn", "hsg_rhn"}
+FUSED = [n for n in cells.ALL_NAMES if ScanImpl.FUSED in scan.implementations(build(n))]
+
+
+def setup(cell, seed=0, dtype=jnp.float64):
+    """Random (not initial) parameters and carry, inputs, a dropout mask, a target."""
+    return random_problem(cell, T=T, B=B, m=M, n=N, dtype=dtype, seed=seed)
+
+
+def loss(run, params, carry, xs, target):
+    """Depends on every output and every float leaf of the final carry."""
+    carry, ys = run(params, carry, xs)
+    floats = [c for c in jax.tree.leaves(carry) if jnp.issubdtype(c.dtype, jnp.floating)]
+    return jnp.sum(jnp.sin(ys) * target) + sum(jnp.sum(jnp.cos(c) * c) for c in floats)
+
+
+def assert_trees_close(got, want, **tol):
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if a.dtype == jax.dtypes.float0:  # the SC-LSTM step counter's "gradient"
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, **tol)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
+@pytest.mark.parametrize("name,impl", [
+    pytest.param(n, i, marks=() if n in FAST else pytest.mark.slow)
+    for name in cells.ALL_NAMES for n, i in impls(name)])  # fmt: skip
+def test_every_cell_under_every_scan_matches_the_reference(name, impl, lengths):
+    """float64: the dispatched scan's outputs, final carry and the gradients of a loss
+    on both (params, initial carry, inputs) equal the reference scan's
+    (``rhnzoo.cells.unroll``, autodiff), with the dropout mask, padded or not."""
+    cell = build(name)
+    with jax.enable_x64(True):
+        params, carry, xs, mask, target = setup(cell)
+        ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
+        run = functools.partial(scan.unroll, cell, mask=mask, impl=impl, lengths=lengths,
+                                unroll=2)  # fmt: skip
+        assert_trees_close(jax.jit(run)(params, carry, xs), ref(params, carry, xs), **FLOAT64)
+        grad = jax.grad(loss, argnums=(1, 2, 3), allow_int=True)
+        g_ref = grad(ref, params, carry, xs, target)
+        g_run = jax.jit(grad, static_argnums=0)(run, params, carry, xs, target)
+        assert_trees_close(g_run, g_ref, **FLOAT64)
+        for g in jax.tree.leaves(g_run[0]):  # ... and not vacuously
+            assert float(jnp.abs(g).max()) > 0
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
+                                  for n in FUSED])  # fmt: skip
+def test_fused_final_output_without_the_output_stack_matches_the_reference(name):
+    """What the classifier reads: ``outputs=False`` and ``output_of`` of the final carry
+    give each row's output at its last real step, with the reference scan's gradients
+    (float64; the RHN's fused scan has no lengths of its own: the dispatcher reads its
+    carry from the output at the last real step)."""
+    cell = build(name)
+    idx = (np.maximum(LENGTHS - 1, 0), np.arange(B))
+    real = LENGTHS > 0
+
+    def ref(params, carry, xs):
+        ys = cells.unroll(cell, params, carry, xs, lengths=LENGTHS)[1]
+        return jnp.where(real[:, None], ys[idx], 0.0)
+
+    def run(params, carry, xs):
+        carry, ys = scan.unroll(cell, params, carry, xs, impl="fused", lengths=LENGTHS,
+                                outputs=False)  # fmt: skip
+        assert ys is None
+        return jnp.where(real[:, None], scan.output_of(cell, carry), 0.0)
+
+    with jax.enable_x64(True):
+        params, carry, xs, _, _ = setup(cell, seed=1)
+        w = normal(jax.random.PRNGKey(7), (B, N), jnp.float64)
+        assert_trees_close(run(params, carry, xs), ref(params, carry, xs), **FLOAT64)
+        grad = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a)) * w),
+                                  argnums=(0, 1, 2), allow_int=True)(params, carry, xs)  # fmt: skip
+        assert_trees_close(grad(run), grad(ref), **FLOAT64)
+
+
+@pytest.mark.parametrize("name", cells.ALL_NAMES)
+def test_the_reference_scan_is_exactly_rhnzoo_cells_unroll(name):
+    cell = build(name)
+    params, carry, xs, mask, _ = setup(cell, dtype=jnp.float32)
+    for kw in (dict(lengths=LENGTHS), dict(lengths=None, project_per_step=True)):
+        got = scan.unroll(cell, params, carry, xs, mask, impl="reference", **kw)
+        want = cells.unroll(cell, params, carry, xs, mask, **kw)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------ resolve
+
+
+def test_auto_is_fused_where_the_cell_has_it_else_reference():
+    want = {"rhn": "fused", "dtrnn": "reference", "dtsrnn": "reference", "lstm": "fused",
+            "gru": "fused", "rrn": "fused", "sc_lstm_i": "fused", "sc_lstm_p": "fused",
+            "hrl": "fused", "lstm_gru": "fused", "hsg_rhn": "fused", "hsg_dtrnn": "reference",
+            "hsg_dtsrnn": "reference", "hsg_gru": "reference", "hsg_rrn": "reference"}  # fmt: skip
+    assert {n: str(scan.resolve("auto", build(n))) for n in cells.ALL_NAMES} == want
+    assert scan.resolve("auto", cells.RHN(N, 2, coupled=False)) is ScanImpl.REFERENCE
+    # remat: the RHN's fused scan has it, the gated ones do not
+    assert scan.resolve("auto", build("hsg_rhn"), remat=True) is ScanImpl.FUSED
+    assert scan.resolve("auto", build("lstm"), remat=True) is ScanImpl.REFERENCE
+    # bfloat16: the reference scan has none
+    assert scan.resolve("auto", build("gru"), dtype=jnp.bfloat16) is ScanImpl.FUSED
+    assert scan.resolve(ScanImpl.REFERENCE, build("gru")) is ScanImpl.REFERENCE
+
+
+@pytest.mark.parametrize("dtype", [None, jnp.float32, jnp.bfloat16])
+def test_auto_never_picks_pallas_on_the_cpu(dtype):
+    """With the real ``gated_pallas`` (whatever it supports by now): the CPU, named or
+    JAX's default in this suite, never gets the kernel."""
+    for name in cells.ALL_NAMES:
+        for batch in (None, 1, 64, 100, 128):
+            for backend in ("cpu", None):
+                try:
+                    got = scan.resolve("auto", build(name, 64), batch=batch, dtype=dtype,
+                                       backend=backend)  # fmt: skip
+                except ValueError:  # bfloat16 and no fused scan
+                    assert dtype is jnp.bfloat16
+                    continue
+                assert got is not ScanImpl.PALLAS, (name, batch, dtype, backend)
+
+
+def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
+    """The rule's first step, with a stand-in kernel that supports the LSTM and fits on
+    'gpu' at batch 64 in bfloat16 for inputs narrower than 100: it receives the cell,
+    batch, dtype, backend and input width, and auto takes it only there, never with
+    remat or an unknown batch."""
+    seen = []
+
+    def fits(cell, batch, dtype, backend=None, input_size=1):
+        seen.append((cell, batch, dtype, backend, input_size))
+        return backend == "gpu" and batch == 64 and dtype == jnp.bfloat16 and input_size < 100
+
+    monkeypatch.setattr(gated_pallas, "supports", lambda cell: isinstance(cell, cells.LSTM))
+    monkeypatch.setattr(gated_pallas, "fits", fits)
+    lstm, bf16 = build("lstm"), jnp.bfloat16
+    assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu") is ScanImpl.PALLAS
+    assert seen == [(lstm, 64, bf16, "gpu", 1)]
+    assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu",
+                        input_size=300) is ScanImpl.FUSED  # fmt: skip
+    assert seen[-1] == (lstm, 64, bf16, "gpu", 300)
+    assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="cpu") is ScanImpl.FUSED
+    assert scan.resolve("auto", lstm, batch=32, dtype=bf16, backend="gpu") is ScanImpl.FUSED
+    assert scan.resolve("auto", lstm, batch=64, dtype=None, backend="gpu") is ScanImpl.FUSED
+    assert scan.resolve("auto", lstm, dtype=bf16, backend="gpu") is ScanImpl.FUSED  # batch None
+    with pytest.raises(ValueError, match="LSTM does not have with remat"):  # not pallas
+        scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu", remat=True)
+    assert scan.resolve("auto", build("gru"), batch=64, dtype=bf16, backend="gpu") is ScanImpl.FUSED
+    assert scan.resolve("pallas", lstm) is ScanImpl.PALLAS  # explicit: no fits() needed
+    with pytest.raises(ValueError, match="the pallas scan of LSTM has no remat"):
+        scan.resolve("pallas", lstm, remat=True)
+
+
+@pytest.mark.parametrize("impl, cell, kw, message", [
+    ("fast", cells.LSTM(N), {},
+     "scan_impl must be one of auto, reference, fused, pallas, got 'fast'"),
+    ("fused", cells.DTRNN(N, 2), {}, "scan_impl='fused' cannot run DTRNN; its scans: reference"),
+    ("fused", cells.HSG(cells.GRU(N)), {}, "cannot run HSG(GRU); its scans: reference"),
+    ("fused", cells.RHN(N, 2, coupled=False), {},
+     "cannot run RHN(coupled=False); its scans: reference"),
+    ("pallas", cells.HSG(cells.RHN(N, 2)), {},
+     "scan_impl='pallas' cannot run HSG(RHN); its scans: reference, fused"),
+    ("fused", cells.Parallel((cells.LSTM(N), cells.RRN(N))), {"remat": True},
+     ("remat needs the reference scan (scan_impl='reference'): the fused scan of "
+      "Parallel(LSTM, RRN) has no remat")),
+    ("reference", cells.GRU(N), {"dtype": "bfloat16"},
+     "dtype=bfloat16 needs the fused or pallas scan"),
+    ("auto", cells.DTSRNN(N, 2), {"dtype": jnp.bfloat16},
+     "DTSRNN does not have (its scans: reference)"),
+    ("auto", cells.LSTM(N), {"dtype": jnp.bfloat16, "remat": True},
+     "LSTM does not have with remat"),
+])  # fmt: skip
+def test_a_scan_the_cell_does_not_have_is_one_line(impl, cell, kw, message):
+    with pytest.raises(ValueError) as e:
+        scan.resolve(impl, cell, **kw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="scan"):  # the dispatcher refuses the same
+        scan.unroll(cell, cell.init(jax.random.PRNGKey(0), M), cell.initial_carry(B),
+                    jnp.zeros((T, B, M)), impl=impl, **kw)  # fmt: skip
+
+
+def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
+    """``cell='hsg_rhn'`` and ``cell='rhn', hsg=True`` build the same cell, so every
+    model resolves them to the same scan, under every choice and with remat."""
+    a = cells.make("hsg_rhn", N, depth=2)
+    b = cells.make("rhn", N, depth=2, hsg=True)
+    assert a == b
+    for impl in ("auto", "reference", "fused"):
+        for remat in (False, True):
+            assert scan.resolve(impl, a, remat=remat) is scan.resolve(impl, b, remat=remat)
+    models = [lm.language_model("hsg_rhn", 11, N, depth=2, scan_impl="auto"),
+              lm.language_model("rhn", 11, N, depth=2, hsg=True, scan_impl="auto")]
+    assert models[0] == models[1] and models[0].resolved_scan(20) is ScanImpl.FUSED
+    clf = [SequenceClassifier(c, 2, M) for c in (a, b)]
+    assert clf[0] == clf[1] and clf[0].resolved_scan(20) is ScanImpl.FUSED
+
+
+def test_scan_impl_is_one_setting_in_every_task():
+    """``--scan_impl``: the same default, choices, help and resume rule in every config."""
+    fields = [{f.name: f for f in dataclasses.fields(c)}["scan_impl"]
+              for c in (lm_training.LMConfig, rrl.RRLConfig, polyphonic.JSBConfig,
+                        polyphonic.TrialConfig)]  # fmt: skip
+    metas = [(f.default, dict(f.metadata)) for f in fields]
+    assert all(m == metas[0] for m in metas)
+    default, meta = metas[0]
+    assert default == "auto" and meta["resumable"]
+    assert meta["choices"] == ("auto", "reference", "fused", "pallas") == scan.CHOICES
+    assert set(meta["choices"]) == {str(i) for i in ScanImpl}
+
+
+def test_a_workdir_recorded_with_the_old_values_resumes():
+    for value in ("auto", "fused", "reference"):
+        old = lm_training.LMConfig(scan_impl=value).to_dict()
+        assert lm_training.LMConfig(scan_impl="reference").conflicts(old) == []
+        assert rrl.RRLConfig.from_dict({"scan_impl": value}).scan_impl == value
+
+
+# ------------------------------------------------------------------------- the tasks
+
+
+def has_fused_scan(f, *args):
+    """Whether the jaxpr of ``f(*args)`` holds a custom VJP (the fused scans' backward)."""
+    return "custom_vjp_call" in str(jax.make_jaxpr(f)(*args))
+
+
+def assert_same_loss_and_gradients(loss_of, models, params):
+    """The two models (fused, reference) give the same loss and gradient, and only the
+    first runs a fused scan."""
+    fused, ref = models
+    assert has_fused_scan(functools.partial(loss_of, fused), params)
+    assert not has_fused_scan(functools.partial(loss_of, ref), params)
+    (v_f, g_f), (v_r, g_r) = (jax.value_and_grad(functools.partial(loss_of, m))(params)
+                              for m in models)  # fmt: skip
+    np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
+    assert_trees_close(g_f, g_r, rtol=1e-4, atol=1e-6)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(g_r))
+
+
+@pytest.mark.parametrize("cell", ["lstm", pytest.param("gru", marks=pytest.mark.slow),
+                                  pytest.param("hrl", marks=pytest.mark.slow)])
+def test_a_gated_language_model_runs_the_fused_scan_with_the_references_numbers(cell):
+    """The LM task (``LMConfig.model``, ``window_loss`` with all four dropout sites and
+    weight decay) with --cell=lstm under 'fused' (not possible before the dispatcher)
+    and 'reference': the same loss and gradients."""
+    rng = np.random.default_rng(0)
+    rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
+    cfg = lm_training.LMConfig(cell=cell, hidden_size=8, batch_size=3, num_steps=9,
+                               drop_x=0.1, drop_i=0.2, drop_h=0.2, drop_o=0.2)  # fmt: skip
+    models = [cfg.replace(scan_impl=impl).model(13) for impl in ("fused", "reference")]
+    assert [m.resolved_scan(3) for m in models] == [ScanImpl.FUSED, ScanImpl.REFERENCE]
+    assert cfg.model(13).resolved_scan(3) is ScanImpl.FUSED  # auto
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(3))
+
+    def loss_of(model, params):
+        loss, (_, carry_out) = lm_training.window_loss(model, cfg, params, (rows, jnp.int32(1)),
+                                                       jax.random.PRNGKey(2), carry)  # fmt: skip
+        return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
+
+    assert_same_loss_and_gradients(loss_of, models, params)
+
+
+@pytest.mark.slow
+def test_an_rhn_language_model_runs_the_same_scan_as_before():
+    """--cell=rhn: auto is the fused RHN scan, as it was, with and without --hsg."""
+    for hsg in (False, True):
+        model = lm_training.LMConfig(hidden_size=8, depth=2, hsg=hsg).model(13)
+        assert model.resolved_scan(20) is ScanImpl.FUSED
+        tokens = jnp.zeros((2, 5), jnp.int32)
+
+        def nll(params, model=model, tokens=tokens):
+            return model.nll(params, model.initial_carry(2), tokens, tokens)[0]
+
+        assert has_fused_scan(nll, model.init(jax.random.PRNGKey(0)))
+
+
+@pytest.mark.parametrize("name", ["rhn", pytest.param("hsg_rhn", marks=pytest.mark.slow),
+                                  pytest.param("sc_lstm_p", marks=pytest.mark.slow)])
+def test_an_rhn_classifier_runs_the_fused_scan_with_the_references_numbers(name):
+    """The RRL task's model (``RRLConfig.classifier``: embedding, input and output
+    dropout, padded rows with an empty one) with --model=rhn under 'fused' (not possible
+    before the dispatcher) and 'reference': the same loss and gradients."""
+    cfg = rrl.RRLConfig(model=name, hidden_size=6, embed_size=4, drop=0.3, input_drop=0.2,
+                        rrn_depth=2, skip=2)  # fmt: skip
+    models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
+              for impl in ("fused", "reference")]  # fmt: skip
+    assert cfg.classifier(3, vocab_size=11).resolved_scan(B) is ScanImpl.FUSED  # auto
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 11, (B, T)), jnp.int32)
+    lengths, labels = jnp.asarray(LENGTHS), jnp.asarray([0, 1, 2, 1])
+
+    def loss_of(model, params):
+        logits = model.logits(params, tokens, lengths, jax.random.PRNGKey(3))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    assert_same_loss_and_gradients(loss_of, models, params)
+
+
+@pytest.mark.parametrize("arch", ["rhn", pytest.param("lstm_gru", marks=pytest.mark.slow)])
+def test_the_jsb_model_runs_the_fused_scan_with_the_references_numbers(arch):
+    """The JSB study's model (``study_model``) on a padded batch of piano rolls: the same
+    NLL and gradients under 'fused' and 'reference'."""
+    models = [polyphonic.study_model(arch, 6, 2, scan_impl=i) for i in ("fused", "reference")]
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray((rng.uniform(size=(T, B, 88)) < 0.2).astype(np.float32))
+    mask = jnp.asarray(np.arange(T)[:, None] < LENGTHS[None, :], jnp.float32)
+
+    def loss_of(model, params):
+        total, count = polyphonic.nll_sums(model, params, x, mask)
+        return total / count
+
+    assert_same_loss_and_gradients(loss_of, models, params)
+
+
+def test_a_jsb_trial_trains_the_model_of_its_scan_impl(monkeypatch):
+    monkeypatch.setattr(polyphonic, "train", lambda model, *args, **kwargs: model)
+    for impl in ("fused", "reference", "auto"):
+        trial = polyphonic.TrialConfig(arch="gru", hidden=4, scan_impl=impl)
+        model = polyphonic.run_trial(trial, {})
+        assert model.scan_impl == impl and model.cell == polyphonic.study_model("gru", 4, 1).cell
+
+
+def test_a_jsb_study_refuses_a_scan_an_architecture_lacks_in_one_line():
+    with pytest.raises(ValueError) as e:
+        polyphonic.JSBConfig(archs=("rhn", "dtrnn"), scan_impl="fused")
+    assert "cannot run DTRNN" in str(e.value) and "\n" not in str(e.value)
+    assert polyphonic.JSBConfig(archs=("rhn", "lstm"), scan_impl="fused").scan_impl == "fused"
+
+
+def test_the_nnx_module_takes_the_scan_too():
+    from flax import nnx
+
+    from rhnzoo.nnx import Recurrent
+
+    rnn = Recurrent(cells.make("hsg_rhn", N, depth=2), M, rngs=nnx.Rngs(0))
+    xs = normal(jax.random.PRNGKey(1), (T, B, M))
+
+    def loss_of(impl, module):
+        carry, ys = module(xs, scan_impl=impl)
+        return jnp.sum(jnp.sin(ys)) + jnp.sum(carry**2)
+
+    (v_f, g_f), (v_r, g_r) = (nnx.value_and_grad(functools.partial(loss_of, i))(rnn)
+                              for i in ("fused", "reference"))  # fmt: skip
+    np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
+    assert_trees_close(nnx.to_pure_dict(g_f), nnx.to_pure_dict(g_r), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="cannot run DTRNN"):
+        Recurrent(cells.DTRNN(N, 2), M, rngs=nnx.Rngs(0))(xs, scan_impl="fused")
+
+
+def test_the_lm_dropout_mask_reaches_the_fused_gated_scan():
+    """An LSTM LM's recurrent dropout (``masks['h']``) changes the fused scan's output as
+    it changes the reference scan's (the mask is passed, not dropped)."""
+    model = lm.language_model("lstm", 11, N, scan_impl="fused")
+    params = random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(3))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (B, T)), jnp.int32)
+    masks = dropout.lm_masks(jax.random.PRNGKey(1), tokens, 11, N, N,
+                             dropout.Rates(0.0, 0.0, 0.5, 0.0))  # fmt: skip
+    ref = dataclasses.replace(model, scan_impl="reference")
+    for m in (None, masks):
+        got = model.hidden(params, model.initial_carry(B), tokens, m)[1]
+        want = ref.hidden(params, model.initial_carry(B), tokens, m)[1]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    plain = model.hidden(params, model.initial_carry(B), tokens, None)[1]
+    assert float(jnp.abs(plain - got).max()) > 0.1 * float(jnp.abs(plain).max())
