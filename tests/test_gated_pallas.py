@@ -13,11 +13,15 @@ import signal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import normal, random_params
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, gated_pallas
+from rhnzoo.cells.scan import ScanImpl
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training import rrl
 
 
 @contextlib.contextmanager
@@ -37,22 +41,28 @@ def deadline(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-def setup(n, B, m, T, seed=0):
+KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True)}
+
+
+def setup(n, B, m, T, seed=0, kind="lstm"):
+    """The cell, random (not initial) parameters and carry, inputs and a target."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 6)
-    cell = cells.LSTM(n)
+    cell = KINDS[kind](n)
     params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
-    carry = cells.LSTMState(0.5 * normal(keys[2], (B, n)), 0.5 * normal(keys[3], (B, n)))
+    carry = 0.5 * normal(keys[2], (B, n))
+    if kind == "lstm":
+        carry = cells.LSTMState(carry, 0.5 * normal(keys[3], (B, n)))
     return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
 
 
 def value_and_grads(unroll, params, carry, xs, target, outputs=True):
-    """A loss on every output and both leaves of the final carry, and its gradients with
+    """A loss on every output and every leaf of the final carry, and its gradients with
     respect to the parameters, the initial carry and the inputs."""
 
     def loss(params, carry, xs):
-        (h, c), ys = unroll(params, carry, xs)
+        carry, ys = unroll(params, carry, xs)
         out = jnp.sum(jnp.sin(ys) * target) if outputs else 0.0
-        return out + jnp.sum(h**2) + jnp.sum(jnp.cos(c))
+        return out + sum(jnp.sum(jnp.cos(leaf + k)) for k, leaf in enumerate(jax.tree.leaves(carry)))
 
     return jax.value_and_grad(loss, argnums=(0, 1, 2))(params, carry, xs)
 
@@ -70,18 +80,24 @@ def assert_close(got, want, rtol):
 
 
 CASES = {
-    # name: (n, B, m, T, lengths, dropout mask)
-    "small_padded_rows": (5, 4, 3, 6, np.array([6, 0, 3, 5]), False),  # an empty row
-    "small_masked": (5, 4, 3, 6, np.array([6, 2, 0, 5]), True),
-    "pmnist_like": (100, 100, 1, 5, None, False),  # n -> 128, B -> 128 (two CTAs), m -> 16
-    "two_warpgroups_masked": (100, 4, 3, 4, None, True),
+    # name: (cell, n, B, m, T, lengths, dropout mask)
+    "lstm_padded_rows": ("lstm", 5, 4, 3, 6, np.array([6, 0, 3, 5]), False),  # an empty row
+    "lstm_masked": ("lstm", 5, 4, 3, 6, np.array([6, 2, 0, 5]), True),
+    "lstm_pmnist_like": ("lstm", 100, 100, 1, 5, None, False),  # n -> 128, B -> 128, m -> 16
+    "lstm_two_warpgroups_masked": ("lstm", 100, 4, 3, 4, None, True),
+    "gru_padded_rows_masked": ("gru", 5, 4, 3, 6, np.array([6, 0, 3, 5]), True),
+    "gru_pmnist_like": ("gru", 100, 70, 1, 4, None, False),  # two CTAs, two warpgroups
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+BIG = {"lstm_pmnist_like", "gru_pmnist_like"}  # two CTAs of 64 rows: slow to interpret
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in BIG else c
+                                  for c in CASES])  # fmt: skip
 def test_values_and_gradients_match_the_reference(case):
-    n, B, m, T, lengths, masked = CASES[case]
-    cell, params, carry, xs, target = setup(n, B, m, T)
+    kind, n, B, m, T, lengths, masked = CASES[case]
+    cell, params, carry, xs, target = setup(n, B, m, T, kind=kind)
     lens = None if lengths is None else jnp.asarray(lengths)
     mask = None
     if masked:  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
@@ -104,7 +120,7 @@ def test_values_and_gradients_match_the_reference(case):
 
 
 def test_outputs_false_reads_the_final_carry():
-    n, B, m, T, lengths, _ = CASES["small_padded_rows"]
+    _, n, B, m, T, lengths, _ = CASES["lstm_padded_rows"]
     cell, params, carry, xs, target = setup(n, B, m, T, seed=1)
     lens = jnp.asarray(lengths)
     with deadline(300):
@@ -122,19 +138,79 @@ def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2)
     with pytest.raises(ValueError, match="bfloat16"):
         gated_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
-    gru = cells.GRU(5)
+    gru = cells.GRU(5)  # Cho et al.'s: the reset gate before the matmul, no kernel
     with pytest.raises(ValueError, match="no Pallas kernel"):
         gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
     assert gated_pallas.supports(cells.LSTM(128)) and not gated_pallas.supports(cells.LSTM(129))
+    assert gated_pallas.supports(cells.GRU(128, reset_after=True))
     assert not gated_pallas.supports(gru) and not gated_pallas.supports(cells.SCLSTM(8, skip=2))
 
 
 def test_auto_never_picks_the_kernel_off_an_h100_class_gpu():
     lstm = cells.LSTM(100)
     assert not gated_pallas.fits(lstm, 100, jnp.float32, "gpu")  # float32: the fused scan
+    # not measured on a GPU yet: auto leaves the GRU to the fused scan
+    assert not gated_pallas.fits(cells.GRU(64, reset_after=True), 100, jnp.bfloat16, "gpu")
     if jax.default_backend() == "cpu":
         assert not gated_pallas.fits(lstm, 100, jnp.bfloat16)
     assert not gated_pallas.fits(lstm, 100, jnp.bfloat16, "cpu")
+
+
+# ------------------------------------------------------------------ in the tasks
+
+
+def assert_tasks_agree(loss_of, models, params):
+    """The same loss and gradients (to bfloat16 rounding) from the models under 'pallas'
+    and 'fused', both in bfloat16."""
+    with deadline(300):
+        got = jax.value_and_grad(lambda p: loss_of(models[0], p))(params)
+    want = jax.value_and_grad(lambda p: loss_of(models[1], p))(params)
+    assert abs(float(got[0]) - float(want[0])) <= 2e-3 * abs(float(want[0]))
+    assert_close(got[1], want[1], rtol=2e-2)
+
+
+def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
+    """--cell=lstm --dtype=bfloat16 --scan_impl=pallas in the LM task (``window_loss``,
+    all four dropout sites: the recurrent mask reaches the kernel) against the fused
+    scan in bfloat16."""
+    rng = np.random.default_rng(0)
+    rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
+    cfg = lm_training.LMConfig(cell="lstm", hidden_size=8, batch_size=3, num_steps=5,
+                               dtype="bfloat16", drop_x=0.1, drop_i=0.2, drop_h=0.2,
+                               drop_o=0.2)  # fmt: skip
+    models = [cfg.replace(scan_impl=impl).model(13) for impl in ("pallas", "fused")]
+    assert models[0].resolved_scan(3) is ScanImpl.PALLAS
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(3))
+
+    def loss_of(model, params):
+        loss, (_, carry_out) = lm_training.window_loss(model, cfg, params, (rows, jnp.int32(1)),
+                                                       jax.random.PRNGKey(2), carry)  # fmt: skip
+        return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
+
+    assert_tasks_agree(loss_of, models, params)
+
+
+@pytest.mark.parametrize("model", ["lstm", "gru"])
+def test_the_classifier_task_runs_the_kernel(model):
+    """The RRL task's classifier (embedding, input and output dropout, padded rows with
+    an empty one) with --scan_impl=pallas --dtype=bfloat16, the GRU reset-after, against
+    the fused scan in bfloat16."""
+    cfg = rrl.RRLConfig(model=model, gru_reset_after=True, hidden_size=6, embed_size=4,
+                        drop=0.3, input_drop=0.2, dtype="bfloat16")  # fmt: skip
+    models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
+              for impl in ("pallas", "fused")]  # fmt: skip
+    assert models[0].resolved_scan(4) is ScanImpl.PALLAS
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 11, (4, 6)), jnp.int32)
+    lengths, labels = jnp.asarray([6, 0, 3, 5]), jnp.asarray([0, 1, 2, 1])
+
+    def loss_of(model, params):
+        logits = model.logits(params, tokens, lengths, jax.random.PRNGKey(3))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    assert_tasks_agree(loss_of, models, params)
 
 
 # ------------------------------------------------------------------ lowering for cuda
@@ -153,24 +229,37 @@ def forward_args(T, n, m, B=64):
             z((H, B, 64), jnp.bfloat16), z((H, B, 64), jnp.float32), z((B,), jnp.int32))  # fmt: skip
 
 
-def backward_args(T, n, with_dy, B=64):
+def backward_args(T, n, with_dy, B=64, blocks=4, coefficients=5):
     N, _ = gated_pallas._padded(n, 1)
     z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
     dy = z((T, B, N), jnp.float32) if with_dy else None
-    return (z((T, 5, B, N), jnp.bfloat16), z((T, B, N), jnp.float32), dy,
-            z((4, N, N), jnp.bfloat16), z((B,), jnp.int32), z((B, N), jnp.float32),
+    return (z((T, coefficients, B, N), jnp.bfloat16), z((T, B, N), jnp.float32), dy,
+            z((blocks, N, N), jnp.bfloat16), z((B,), jnp.int32), z((B, N), jnp.float32),
             z((B, N), jnp.float32))  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("n", [64, 128])
-def test_kernels_lower_for_an_h100(n):
-    """Every configuration ``fits`` can admit (N = 64 or 128, a 1-wide input; backward
-    with and without output cotangents) lowers for ``cuda``: its shared memory, TMA
-    boxes and wgmma layouts are what an sm_90 device accepts."""
-    fwd = lambda *a: gated_pallas._forward_call(*a, interpret=False)
-    lower_for_cuda(fwd, *forward_args(12, n, 1))
-    args = backward_args(12, n, with_dy=True)
+def test_kernels_lower_for_an_h100(n, kind):
+    """Every kernel configuration (N = 64 or 128, a 1-wide input, a dropout mask or none;
+    backward with and without output cotangents) lowers for ``cuda``: its shared memory,
+    TMA boxes and wgmma layouts are what an sm_90 device accepts."""
+    gru = kind == "gru"
+    fargs = forward_args(12, n, 1)
+    fwd = lambda *a: gated_pallas._forward_call(*a, gru=gru, interpret=False)
+    lower_for_cuda(fwd, *fargs)
+    lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
+    args = backward_args(12, n, with_dy=True, blocks=3 if gru else 4, coefficients=3 if gru else 5)
+    if gru:  # no dc carry
+        bwd = lambda c, f, dy, u, lens, dh, m: gated_pallas._backward_call(
+            c, f, dy, u, lens, dh, None, m, interpret=False)
+        lower_for_cuda(bwd, *args[:6], args[5])  # with a mask
+        without_dy = lambda c, f, u, lens, dh: gated_pallas._backward_call(
+            c, f, None, u, lens, dh, None, interpret=False)
+        lower_for_cuda(without_dy, *(args[:2] + args[3:6]))
+        return
     lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args)
+    lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args, args[5])
     without_dy = lambda c, f, *a: gated_pallas._backward_call(c, f, None, *a, interpret=False)
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
 
@@ -187,15 +276,16 @@ def test_shared_memory_estimate_matches_the_lowering():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("n, outputs", [(100, True), (5, False)])  # two warpgroups forward,
-def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, outputs):  # 1 and 2 slots back
+def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, outputs, kind):  # 1 and 2 slots back
     """The interpreter's race detector watches every shared-memory access of the
     kernels (threads' loads and stores, TMA copies, wgmma operands): none may race. It
     reports a removed ``commit_smem`` before a TMA refill (checked by hand)."""
     _, plgpu = gated_pallas._plgpu()
     monkeypatch.setattr(gated_pallas, "_interpret_params",
                         lambda interpret: plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
-    cell, params, carry, xs, target = setup(n, 4, 3, 3)
+    cell, params, carry, xs, target = setup(n, 4, 3, 3, kind=kind)
     mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (4, n)) / 0.75
     with deadline(300):
         jax.block_until_ready(value_and_grads(

@@ -138,6 +138,15 @@ def test_two_jobs_give_the_trials_of_one_after_another(tmp_path):
             if line.startswith("[") and " done in " in line]  # fmt: skip
     assert sorted(done) == ["rhn_d1_t0", "rhn_d1_t1"]
     lines = lambda root: (tmp_path / root / "results.jsonl").read_text().splitlines()
+    nll = ("valid_nll", "test_nll")
     untimed = lambda root: [{k: v for k, v in json.loads(line).items() if k != "seconds"}
                             for line in lines(root)]  # fmt: skip
-    assert untimed("par") == untimed("seq") and len(untimed("par")) == 2
+    par, seq = untimed("par"), untimed("seq")
+    assert len(par) == 2 and [{k: v for k, v in r.items() if k not in nll} for r in par] == [
+        {k: v for k, v in r.items() if k not in nll} for r in seq]
+    # The NLLs to float32 rounding: with the fused RHN scan (auto since issue 45) the second
+    # trial's validation NLL in one process differed from the same trial's in a fresh
+    # child by 1.3e-7 relative (13.2031940 vs 13.2031923; its test NLL equal), where the
+    # reference scan agreed to the bit. Cause not found (BUILD_NOTES, known gaps).
+    for a, b in zip(par, seq):
+        np.testing.assert_allclose([a[k] for k in nll], [b[k] for k in nll], rtol=1e-6)

@@ -68,7 +68,9 @@ linear softmax layer, mean cross-entropy, its value and the gradients of every p
   Where torch does not import or has no CUDA, ``skipped`` says so. torch is imported
   only when a torch peer is built.
 
-Cells: ``lstm``, ``gru``, ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). The
+Cells: ``lstm``, ``gru`` (Cho et al.'s), ``gru_ra`` (reset-after: PyTorch's and cuDNN's
+function, and the one with a Pallas kernel), ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn``
+(K = 2, σ). The
 steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
 matmul peak between rounds); one JSON line per (cell, shape) gives the times and the
 ratios peer / rhnzoo (> 1: rhnzoo is faster) of the minima, of the medians, and the
@@ -120,6 +122,7 @@ CONFIGS = {
 CELLS = {
     "lstm": lambda n: cells.LSTM(n),
     "gru": lambda n: cells.GRU(n),
+    "gru_ra": lambda n: cells.GRU(n, reset_after=True),  # PyTorch's / cuDNN's GRU
     "sc_lstm": lambda n: cells.SCLSTM(n, skip=20, learn_alpha=True),
     "rrn": lambda n: cells.RRN(n, 2),
 }
@@ -130,7 +133,7 @@ TORCH_PEERS = {
     "torch_bf16": ("bfloat16", False),
     "torch_fp16": ("float16", False),
 }
-TORCH_CELLS = ("lstm", "gru")  # PyTorch has no SC-LSTM or RRN
+TORCH_CELLS = ("lstm", "gru", "gru_ra")  # PyTorch has no SC-LSTM or RRN
 # Relative tolerances of the (non-fatal) loss checks of the new candidates: cuDNN's own
 # reduction order at float32 (as jax_cudnn's check), its rounding at TF32 (2.4 % off at
 # the IMDB shape for jax_cudnn), bfloat16 / float16 over hundreds of steps.
@@ -404,6 +407,8 @@ def torch_weights(cell_name: str, params):
     if cell_name == "gru":
         p = dict(p, b_hn=np.zeros((n,), p["b"].dtype))
         return cells.GRU(n, reset_after=True), p, torch_interop.gru_to_torch(p)
+    if cell_name == "gru_ra":  # the same function as torch.nn.GRU
+        return cells.GRU(n, reset_after=True), p, torch_interop.gru_to_torch(p)
     raise ValueError(f"no PyTorch peer for {cell_name}; PyTorch has {list(TORCH_CELLS)}")
 
 
@@ -538,13 +543,13 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         if backend == "gpu":
             steps["jax_cudnn"] = (loss_of(functools.partial(cudnn_logits, m, n)),
                                   {"lstm": cudnn_weights(params, m, n), "out": params["out"]})
-    elif cell_name == "gru":
+    elif cell_name in ("gru", "gru_ra"):
         model = FlaxGRUClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), model.init(jax.random.PRNGKey(1), xs))
         peer = "flax"
     losses = {k: float(f(p, xs, labels)[0]) for k, (f, p) in steps.items()}
     same = [k for k in losses if k not in ("rhnzoo_bf16", "jax_cudnn")
-            and not (k == "flax" and cell_name == "gru")]  # fmt: skip
+            and not (k == "flax" and cell_name in ("gru", "gru_ra"))]  # fmt: skip
     near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own reduction order, and
     # with TensorFloat-32 its own rounding: 2.4 % off XLA's TF32 loss at the IMDB shape's
     # 400 steps on an H100, where XLA's paths agreed to 2e-6

@@ -1,5 +1,6 @@
-"""A persistent recurrent kernel for the LSTM (Pallas, Mosaic GPU): the time loop inside
-one kernel, the recurrent weights held in shared memory for all T steps.
+"""Persistent recurrent kernels for the LSTM and the reset-after GRU (Pallas, Mosaic GPU):
+the time loop inside one kernel, the recurrent weights held in shared memory for all T
+steps.
 
 On a GPU the scans of :mod:`rhnzoo.cells.gated_fused` are launch-bound: every time step
 launches its small kernels from the host. Here one kernel runs the whole forward
@@ -40,10 +41,18 @@ rows, the input width m to a multiple of 16; padded units, rows and columns are 
 (zero weights, zero length). What fits one CTA's shared memory (:func:`fits`) is checked
 before a kernel is built; lowering for ``cuda`` reports any excess (tested in CI).
 
-Supported: :class:`~rhnzoo.cells.LSTM`, with ``lengths`` (:func:`rhnzoo.cells.unroll`'s
-semantics: padded steps keep the carry and output zeros) and the recurrent dropout mask
-(a constant multiplying h_{t-1} where it enters U). Not yet: SC-LSTM, GRU, RRN (use
-:mod:`~rhnzoo.cells.gated_fused`).
+The reset-after GRU (``GRU(n, reset_after=True)``: PyTorch's and cuDNN's) runs on the
+same two kernels: its forward blocks are r | z | the candidate's input part ``x W_n +
+b_n`` | its recurrent part ``h U_n + b_hn`` (n = tanh(third + r fourth), h_t = z h_{t-1} +
+(1 - z) n, the carry h float32 in registers); its backward carries dh alone, the
+coefficients of its three dz blocks streamed as the LSTM's and z_t (float32) as the
+direct path dh_{t-1} += dh_t z_t.
+
+Supported: :class:`~rhnzoo.cells.LSTM` and the reset-after :class:`~rhnzoo.cells.GRU`,
+with ``lengths`` (:func:`rhnzoo.cells.unroll`'s semantics: padded steps keep the carry
+and output zeros) and the recurrent dropout mask (a constant multiplying h_{t-1} where it
+enters U). Not yet: SC-LSTM, Cho et al.'s GRU (its candidate's matmul waits on r), RRN
+(use :mod:`~rhnzoo.cells.gated_fused`).
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.lstm import LSTM
+from rhnzoo.cells.lstm import GRU, LSTM
 
 Array = jax.Array
 
@@ -71,7 +80,10 @@ _APPROX_MATH = False
 
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a kernel for ``cell`` at all: an
-    :class:`~rhnzoo.cells.LSTM` with hidden size at most 128."""
+    :class:`~rhnzoo.cells.LSTM` or a reset-after :class:`~rhnzoo.cells.GRU` (PyTorch's and
+    cuDNN's variant) with hidden size at most 128."""
+    if type(cell) is GRU:
+        return cell.reset_after and cell.hidden_size <= 128
     return type(cell) is LSTM and cell.hidden_size <= 128
 
 
@@ -114,7 +126,7 @@ def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
     H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
     dispatcher's signature (any batch is padded to 64-row tiles)."""
     del batch
-    if not supports(cell) or cell.hidden_size > 64:
+    if type(cell) is not LSTM or not supports(cell) or cell.hidden_size > 64:
         return False
     if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
         return False
@@ -157,8 +169,14 @@ def _interpret_params(interpret: bool):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
+def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, interpret: bool):
     """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
+
+    The LSTM's four blocks are i | f | o | c̃, each ``x W_g + h U_g + b_g``. With ``gru``,
+    the reset-after GRU's: r | z | the candidate's input part ``x W_n + b_n`` (no U
+    block) | its recurrent part ``h U_n + b_hn`` (no W block); ``c0`` is then h0 in
+    float32 (the carry the update gate interpolates), and the recurrence is
+    n = tanh(block 2 + r block 3), h_t = z h_{t-1} + (1 - z) n.
 
     Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, N, 64]`` bf16, U's gate blocks split by
     output columns (``u[g, k, :, j] = U_g[:, 64 k + j]``); ``w [4, H, 64, MP]`` bf16, W's
@@ -171,6 +189,8 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
     H, N = u.shape[1], u.shape[2]
     L = plgpu.Layout.WGMMA
     masked = mask is not None
+    uses_w = (True, True, True, not gru)
+    uses_u = (True, True, not gru, True)
 
     def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
         if masked:
@@ -183,16 +203,22 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
         def _load_once():
             for g in range(4):
                 for k in range(H):
-                    plgpu.copy_gmem_to_smem(u_ref.at[g, k], u_s.at[g, k], bar_w.at[g * H + k])
-                    plgpu.copy_gmem_to_smem(w_ref.at[g, k], w_s.at[g, k], bar_w.at[4 * H + g * H + k])
+                    if uses_u[g]:
+                        plgpu.copy_gmem_to_smem(u_ref.at[g, k], u_s.at[g, k], bar_w.at[g * H + k])
+                    if uses_w[g]:
+                        plgpu.copy_gmem_to_smem(w_ref.at[g, k], w_s.at[g, k], bar_w.at[4 * H + g * H + k])
             plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
             plgpu.copy_gmem_to_smem(c0_ref.at[:, rows], y_s, bar_init.at[1])
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
             plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
             plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
 
-        for k in range(8 * H):
-            plgpu.barrier_wait(bar_w.at[k])
+        for g in range(4):
+            for k in range(H):
+                if uses_u[g]:
+                    plgpu.barrier_wait(bar_w.at[g * H + k])
+                if uses_w[g]:
+                    plgpu.barrier_wait(bar_w.at[4 * H + g * H + k])
         for k in range(4):
             plgpu.barrier_wait(bar_init.at[k])
         c = plgpu.load(y_s.at[wg], layout=L)
@@ -219,17 +245,23 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
 
             def products(*accs):
                 for g in range(4):
-                    plgpu.wgmma(accs[g], x_s.at[slot], w_s.at[g, wg].transpose((1, 0)))
-                    for k in range(H):
+                    if uses_w[g]:
+                        plgpu.wgmma(accs[g], x_s.at[slot], w_s.at[g, wg].transpose((1, 0)))
+                    for k in range(H if uses_u[g] else 0):
                         plgpu.wgmma(accs[g], h_s.at[slot, k], u_s.at[g, wg, pl.ds(k * _HALF, _HALF)])
                 return tuple(a[...] for a in accs)
 
             z = pl.run_scoped(products, *[plgpu.ACC((ROWS, _HALF), _f32)] * 4)
             z = [z[g] + lax.broadcast_in_dim(plgpu.load(b_s.at[g, wg], layout=L.reduce(0)),
                                              (ROWS, _HALF), [1]) for g in range(4)]  # fmt: skip
-            i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
-            c_new = f * c + i * g
-            h_new = o * jnp.tanh(c_new)
+            if gru:  # c is h_{t-1}, float32
+                r, u_gate = _sigmoid(z[0]), _sigmoid(z[1])
+                h_new = u_gate * c + (1 - u_gate) * jnp.tanh(z[2] + r * z[3])
+                c_new = h_new
+            else:
+                i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
+                c_new = f * c + i * g
+                h_new = o * jnp.tanh(c_new)
             kept = plgpu.load(h_s.at[slot, wg], layout=L)
             h_in = h_new if m is None else h_new * m  # what enters U next step
             h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
@@ -272,7 +304,10 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, interpret: bool):
 
 
 def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool):
-    """The backward kernel: the reverse recurrence of (dh, dc).
+    """The backward kernel: the reverse recurrence of (dh, dc) (the LSTM), or of dh alone
+    (the reset-after GRU: ``dcT`` None, ``coef [T, 3, Bp, N]`` the coefficients of its
+    three dz blocks, ``F`` = z_t, ``u [3, N, N]``; the kernel then returns ``(DH,)``, and
+    dh_{t-1} = mask (dz U^T) + dh_t z_t).
 
     Args: ``coef [T, 5, Bp, N]`` bf16, the per-step coefficients A = o(1 - tanh² c_t),
     P = c̃ i(1 - i), Q = c_{t-1} f(1 - f), R = i(1 - c̃²), S = tanh(c_t) o(1 - o);
@@ -290,16 +325,22 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
     n_in = 7 if has_dy else 6
     slots = _backward_parts(N, has_dy)[1]
     masked = mask is not None
+    lstm = dcT is not None
+    n_co, k_dz = coef.shape[1], u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
 
     def body(*refs):
         coef_ref, F_ref = refs[:2]
         dy_ref = refs[2] if has_dy else None
-        u_ref, len_ref, dhT_ref, dcT_ref = refs[2 + has_dy : 6 + has_dy]
-        m_ref = refs[6 + has_dy] if masked else None
-        DH_ref, DC_ref = refs[6 + has_dy + masked : 8 + has_dy + masked]
-        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs[8 + has_dy + masked :]
+        refs = list(refs[2 + has_dy :])
+        u_ref, len_ref, dhT_ref = refs[:3]
+        dcT_ref = refs[3] if lstm else None
+        refs = refs[3 + lstm :]
+        m_ref = refs.pop(0) if masked else None
+        DH_ref = refs.pop(0)
+        DC_ref = refs.pop(0) if lstm else None
+        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
-        for g in range(4):
+        for g in range(k_dz):
             plgpu.copy_gmem_to_smem(u_ref.at[g], u_s.at[g], bar_w.at[g])
         plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[4])
         qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
@@ -308,24 +349,25 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
             if q:
                 plgpu.commit_smem()  # every thread has read out_s before TMA refills it
             plgpu.copy_gmem_to_smem(dhT_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
-            plgpu.copy_gmem_to_smem(dcT_ref.at[rows, cs], out_s.at[1], bar_w.at[6])
             plgpu.barrier_wait(bar_w.at[5])
-            plgpu.barrier_wait(bar_w.at[6])
             dhc.append(plgpu.load(out_s.at[0], layout=L))
-            dcc.append(plgpu.load(out_s.at[1], layout=L))
+            if lstm:
+                plgpu.copy_gmem_to_smem(dcT_ref.at[rows, cs], out_s.at[1], bar_w.at[6])
+                plgpu.barrier_wait(bar_w.at[6])
+                dcc.append(plgpu.load(out_s.at[1], layout=L))
         ms = []
         for q, cs in enumerate(qcols if masked else ()):  # the mask, a quarter at a time
             plgpu.commit_smem()
             plgpu.copy_gmem_to_smem(m_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
             plgpu.barrier_wait(bar_w.at[5])
             ms.append(plgpu.load(out_s.at[0], layout=L))
-        for k in range(5):
+        for k in (*range(k_dz), 4):
             plgpu.barrier_wait(bar_w.at[k])
         lens_v = plgpu.load(len_s, layout=L.reduce(1))
 
         def fetch(t, q):  # phase (t, q)'s tiles into slot q % slots (quarters is even)
             j, cs = q % slots, qcols[q]
-            for k in range(5):
+            for k in range(n_co):
                 plgpu.copy_gmem_to_smem(coef_ref.at[t, k, rows, cs], co_s.at[j, k], bar_in.at[7 * j + k])
             plgpu.copy_gmem_to_smem(F_ref.at[t, rows, cs], F_s.at[j], bar_in.at[7 * j + 5])
             if has_dy:
@@ -348,41 +390,51 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
                 new_dc = []
                 for q in range(quarters):
                     j = q % slots
-                    for k in range(n_in):
+                    for k in (*range(n_co), *range(5, n_in)):
                         plgpu.barrier_wait(bar_in.at[7 * j + k])
                     if slots == 2:  # the other slot was read in the last phase (and committed)
                         fetch_next(t, q)
-                    A, P, Q, R, S = (plgpu.load(co_s.at[j, k], layout=L).astype(_f32) for k in range(5))
+                    co = [plgpu.load(co_s.at[j, k], layout=L).astype(_f32) for k in range(n_co)]
                     f = plgpu.load(F_s.at[j], layout=L)
                     dh = (dhc[q] + plgpu.load(dy_s.at[j], layout=L)) if has_dy else dhc[q]
                     plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
                     if slots == 1:
                         fetch_next(t, q)
-                    dc = dcc[q] + dh * A
-                    zero = jnp.zeros_like(dc)
-                    dz = [jnp.where(valid, v, zero) for v in (dc * P, dc * Q, dh * S, dc * R)]
-                    new_dc.append(jnp.where(valid, dc * f, dcc[q]))
+                    zero = jnp.zeros_like(dh)
+                    if lstm:  # LSTM: A, P, Q, R, S; F = f
+                        A, P, Q, R, S = co
+                        dc = dcc[q] + dh * A
+                        dz = (dc * P, dc * Q, dh * S, dc * R)
+                        new_dc.append(jnp.where(valid, dc * f, dcc[q]))
+                    else:  # reset-after GRU: dz = dh (A_r, A_z, A_n); F = z, the direct path
+                        dz = tuple(dh * a for a in co)
+                        new_dc.append(jnp.where(valid, dh * f, zero))
+                    dz = [jnp.where(valid, v, zero) for v in dz]
                     if q:
                         plgpu.wgmma_wait(0)  # the last quarter's products have read dz_s
-                    for g in range(4):
+                    for g in range(k_dz):
                         dz_s[g] = dz[g].astype(_bf16)
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     out_s[0] = dh
-                    out_s[1] = jnp.where(valid, dc, dcc[q])
+                    if lstm:
+                        out_s[1] = jnp.where(valid, dc, dcc[q])
                     plgpu.commit_smem()
-                    for g in range(4):
+                    for g in range(k_dz):
                         plgpu.wgmma(acc, dz_s.at[g], u_s.at[g, :, qcols[q]].transpose((1, 0)))
                     plgpu.copy_smem_to_gmem(out_s.at[0], DH_ref.at[t, rows, qcols[q]])
-                    plgpu.copy_smem_to_gmem(out_s.at[1], DC_ref.at[t, rows, qcols[q]])
+                    if lstm:
+                        plgpu.copy_smem_to_gmem(out_s.at[1], DC_ref.at[t, rows, qcols[q]])
                 return tuple(new_dc), acc[...]
 
             new_dc, dh_prev = pl.run_scoped(phases, plgpu.ACC((ROWS, N), _f32))
             new_dh = []
             for q in range(quarters):
                 d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
-                new_dh.append(jnp.where(valid, d * ms[q] if masked else d, dhc[q]))
-            new_dh = tuple(new_dh)
-            return new_dh, new_dc
+                d = d * ms[q] if masked else d
+                if not lstm:  # the GRU's direct path dh_t z_t (new_dc holds it)
+                    d = d + new_dc[q]
+                new_dh.append(jnp.where(valid, d, dhc[q]))
+            return tuple(new_dh), (new_dc if lstm else ())
 
         lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
         plgpu.wait_smem_to_gmem(0)
@@ -391,13 +443,13 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
     tile = (ROWS, _QUARTER)
     kernel = plgpu.kernel(
         body,
-        out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),) * 2,
+        out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),) * (2 if lstm else 1),
         scratch_types=(
-            plgpu.SMEM((4, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots, 5) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((k_dz, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((slots, n_co) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
             plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)) if has_dy else None,
-            plgpu.SMEM((4,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((k_dz,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((2,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
             plgpu.SMEM((ROWS,), jnp.int32),
             plgpu.Barrier(num_barriers=7),
@@ -408,8 +460,8 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
-    return kernel(*((coef, F) + ((dy,) if has_dy else ()) + (u, lens, dhT, dcT)
-                    + ((mask,) if masked else ())))
+    return kernel(*((coef, F) + ((dy,) if has_dy else ()) + (u, lens, dhT)
+                    + ((dcT,) if lstm else ()) + ((mask,) if masked else ())))
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -419,9 +471,9 @@ def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
     return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
 
 
-def _blocks(M: Array, n: int, N: int) -> Array:
-    """``[r, 4 n] -> [4, r, N]``: the gate blocks of a fused weight matrix, padded."""
-    return _pad_to(jnp.moveaxis(M.reshape(M.shape[0], 4, n), 1, 0), (4, M.shape[0], N))
+def _blocks(M: Array, n: int, N: int, k: int = 4) -> Array:
+    """``[r, k n] -> [k, r, N]``: the gate blocks of a fused weight matrix, padded."""
+    return _pad_to(jnp.moveaxis(M.reshape(M.shape[0], k, n), 1, 0), (k, M.shape[0], N))
 
 
 def _carries(y: Array, h0: Array, lens: Array) -> Array:
@@ -532,6 +584,91 @@ def _lstm_bwd(outputs, interpret, res, cotangents):
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
 
 
+# The reset-after GRU (PyTorch's / cuDNN's): the same two kernels, the forward with the
+# blocks r | z | n's input part | n's recurrent part, the backward with dh alone.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _gru(outputs: bool, interpret: bool, W, U, b, b_hn, h0, xs, lens, mask):
+    return _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask)[0]
+
+
+def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
+    T, B, m = xs.shape
+    n = U.shape[0]
+    N, MP = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    H = N // _HALF
+    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
+    Wb, Ub = _blocks(W, n, N, 3), _blocks(U, n, N, 3)
+    W4 = jnp.concatenate([Wb, jnp.zeros_like(Wb[:1])])  # no W block for n's recurrent part
+    U4 = jnp.concatenate([Ub[:2], jnp.zeros_like(Ub[:1]), Ub[2:]])  # nor U for its input part
+    b4 = jnp.concatenate([b.reshape(3, n), b_hn.reshape(1, n)])
+    h_in = h0 if mask is None else h0 * mask
+    y = _forward_call(
+        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
+        halves(_pad_to(U4, (4, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(_pad_to(W4, (4, MP, N))), -1, -2).astype(_bf16),
+        _pad_to(b4, (4, N)).reshape(4, H, _HALF).astype(_f32),
+        halves(_pad_to(h_in.astype(_bf16), (Bp, N))),
+        halves(_pad_to(h0.astype(_f32), (Bp, N))),
+        _pad_to(lens, (Bp,)),
+        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
+        gru=True, interpret=interpret,
+    )  # fmt: skip
+    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+    H_all = _carries(y, h0, lens)
+    H_prev = jnp.concatenate([h0[None], H_all[:-1]])
+    Hm = H_prev if mask is None else H_prev * mask
+    zx = jnp.einsum("tbm,mk->tbk", xs.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32) + b
+    zh = jnp.einsum("tbn,nk->tbk", Hm.astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
+    r, z = _sigmoid(zx[..., :n] + zh[..., :n]), _sigmoid(zx[..., n : 2 * n] + zh[..., n : 2 * n])
+    g = zh[..., 2 * n :] + b_hn
+    cand = jnp.tanh(zx[..., 2 * n :] + r * g)
+    out = (H_all[-1], y if outputs else None)
+    return out, (W, U, b, b_hn, xs, h0, lens, mask, H_prev, Hm, r, z, g, cand)
+
+
+def _gru_bwd(outputs, interpret, res, cotangents):
+    W, U, b, b_hn, xs, h0, lens, mask, H_prev, Hm, r, z, g, cand = res
+    dhT, dys = cotangents
+    T, B, m = xs.shape
+    n = U.shape[0]
+    N, _ = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    dn = (1 - z) * (1 - cand * cand)  # dh_t -> the candidate's pre-activation
+    Ar, Az, An = dn * g * r * (1 - r), (H_prev - cand) * z * (1 - z), dn * r
+    pad = lambda a: _pad_to(a, (T, Bp, N))
+    coef = jnp.stack([pad(a) for a in (Ar, Az, An)], axis=1).astype(_bf16)
+    dy = None
+    if outputs and dys is not None:
+        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
+    (DH,) = _backward_call(
+        coef, pad(z.astype(_f32)), dy, _pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
+        _pad_to(lens, (Bp,)), _pad_to(dhT.astype(_f32), (Bp, N)), None,
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), interpret=interpret,
+    )  # fmt: skip
+    DH = DH[:, :B, :n]
+    dr, dz, dn_h, dn_x = (jnp.where(valid, DH * a, 0.0) for a in (Ar, Az, An, dn))
+    dZh = jnp.concatenate([dr, dz, dn_h], axis=-1)  # what multiplies U
+    dZx = jnp.concatenate([dr, dz, dn_x], axis=-1)  # what multiplies W, and b's gradient
+    dU = jnp.einsum("tbn,tbk->nk", Hm.astype(_bf16), dZh.astype(_bf16), preferred_element_type=_f32)
+    dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZx.astype(_bf16), preferred_element_type=_f32)
+    dxs = jnp.einsum("tbk,mk->tbm", dZx.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
+    dh0 = jnp.einsum("bk,nk->bn", dZh[0].astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
+    if mask is not None:
+        dh0 = dh0 * mask
+    dh0 = jnp.where(valid[0], dh0 + DH[0] * z[0], DH[0])
+    dmask = None if mask is None else jnp.zeros_like(mask)
+    return (dW.astype(W.dtype), dU.astype(U.dtype), dZx.sum(axis=(0, 1)).astype(b.dtype),
+            dn_h.sum(axis=(0, 1)).astype(b_hn.dtype), dh0.astype(h0.dtype), dxs.astype(xs.dtype),
+            None, dmask)  # fmt: skip
+
+
+_gru.defvjp(_gru_fwd, _gru_bwd)
+
+
 def unroll(
     cell: Any,
     params: Any,
@@ -544,13 +681,15 @@ def unroll(
     outputs: bool = True,
     interpret: bool | None = None,
 ) -> tuple[Any, Array | None]:
-    """The LSTM over ``xs`` by the persistent kernels; the contract of
+    """The cell over ``xs`` by the persistent kernels; the contract of
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
 
     Args:
-      cell: an :class:`~rhnzoo.cells.LSTM` with hidden size n <= 128.
-      params: ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` float32 (``cell.init``).
-      carry: ``LSTMState(h [B, n], c [B, n])`` float32.
+      cell: an :class:`~rhnzoo.cells.LSTM` or ``GRU(n, reset_after=True)``, n <= 128.
+      params: the cell's parameters (``cell.init``), float32: ``{'W': [m, 4n], 'U': [n,
+        4n], 'b': [4n]}`` (LSTM), ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}``
+        (GRU).
+      carry: ``LSTMState(h [B, n], c [B, n])`` (LSTM) or h ``[B, n]`` (GRU), float32.
       xs: ``[T, B, m]`` float32, time-major.
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U, and is treated as a constant (zero gradient), as in the fused scans.
@@ -562,20 +701,24 @@ def unroll(
         backend only (compiled on a GPU).
 
     Returns:
-      ``(LSTMState(h_T, c_T), ys [T, B, n] float32 or None)``.
+      ``(carry_T, ys [T, B, n] float32 or None)``.
 
     Raises:
       ValueError: for a cell without a kernel (see :func:`supports`), or a ``dtype``
         other than bfloat16.
     """
     if not supports(cell):
-        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM with hidden size <= 128 only")
+        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM or a reset-after GRU with "
+                         "hidden size <= 128 only")
     if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
         raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     T, B, _ = xs.shape
     lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    if type(cell) is GRU:
+        return _gru(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
+                    params["b_hn"], carry, xs, lens, mask)  # fmt: skip
     (h, c), ys = _lstm(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
                        carry.h, carry.c, xs, lens, mask)  # fmt: skip
     return type(carry)(h, c), ys

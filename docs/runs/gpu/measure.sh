@@ -63,10 +63,10 @@ case "${1:-}" in
     # fused figures are in 2026-11-26/).
     if [ "$1" = pallas ]; then
       end=$((SECONDS + 420)) t_test=120 t_probe=90 rounds=3 prof=--torch_profile
-      configs=pmnist,imdb cells=lstm,gru
+      configs=pmnist,imdb cells=lstm,gru_ra
     else
       end=$((SECONDS + 170)) t_test=60 t_probe=45 rounds=2 prof=
-      configs=pmnist cells=lstm,gru
+      configs=pmnist cells=lstm,gru_ra
     fi
     # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
     # scan in bfloat16: one JSON line per figure.
