@@ -30,9 +30,9 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
 Precision (the project's bfloat16 policy, ``dtype=jnp.bfloat16``): every matmul takes
 bfloat16 inputs (x, W, h, U, dz) with float32 accumulation; gates, states, their
 cotangents and the forget-gate product along the cell-state path are float32. The
-backward kernel reads the other four per-step gate coefficients (o(1 - tanh² c),
-c̃ i(1 - i), c_{t-1} f(1 - f), i(1 - c̃²), tanh(c) o(1 - o)) in bfloat16: they only enter the
-bfloat16 matmul input dz and an additive term of dc. dz for the weight gradients is
+backward kernel reads the LSTM's other five per-step coefficients (o(1 - tanh² c),
+c̃ i(1 - i), c_{t-1} f(1 - f), i(1 - c̃²), tanh(c) o(1 - o)) in bfloat16: they only enter
+the bfloat16 matmul input dz and an additive term of dc. dz for the weight gradients is
 re-formed in float32 outside the kernel. Values and gradients agree with
 :func:`rhnzoo.cells.unroll` to bfloat16 rounding (tested in GPU interpret mode on CPU).
 
@@ -74,7 +74,7 @@ _HALF = 64  # hidden units per forward half (one 128-byte swizzle of bfloat16)
 _QUARTER = 32  # hidden units per backward phase
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 # tanh.approx.f32 in the kernels (about 2^-11 relative error, under bfloat16 rounding):
-# off until measured (docs/speed.md).
+# measured faster (docs/speed.md), off until the compiled kernels are checked with it.
 _APPROX_MATH = False
 
 
@@ -118,10 +118,9 @@ def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
 def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
          input_size: int = 1) -> bool:
     """Whether ``auto`` may pick the kernel: where it was measured faster than the fused
-    scan. That is an LSTM with hidden size n <= 64, bfloat16 matmul inputs
-    (``dtype``), a GPU of compute capability 9.0
-    (``backend`` None: JAX's default device), and both kernels within one CTA's shared
-    memory for this ``input_size``. At 64 < n <= 128 the kernel runs (:func:`supports`)
+    scan. That is an LSTM with hidden size n <= 64, bfloat16 matmul inputs (``dtype``),
+    a GPU of compute capability 9.0 (``backend`` None: JAX's default device), and both
+    kernels within one CTA's shared memory for this ``input_size``. At 64 < n <= 128 the kernel runs (:func:`supports`)
     but its backward kernel made the train step slower than the fused scan's on an
     H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
     dispatcher's signature (any batch is padded to 64-row tiles)."""
