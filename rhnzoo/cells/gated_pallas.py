@@ -509,30 +509,42 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     return H_prev, i, f, o, g, C
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _lstm(outputs: bool, interpret: bool, W, U, b, h0, c0, xs, lens, mask):
-    return _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask)[0]
-
-
-def _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask):
+def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
+    """The forward kernel on unpadded arrays: ``Ub [4, n, N]``, ``Wb [4, m, N]`` (the four
+    blocks, :func:`_blocks`), ``b4 [4, n]``, ``h0 [B, n]``, ``c0 [B, n]`` (the float32
+    carry: c, or h for the GRU), ``lens [B]``, ``mask [B, n]`` or None. Pads and splits
+    them into the kernel's layout (:func:`_forward_call`); returns ``y [T, B, n]``."""
     T, B, m = xs.shape
-    n = U.shape[0]
+    n = h0.shape[-1]
     N, MP = _padded(n, m)
     Bp = -(-B // ROWS) * ROWS
     H = N // _HALF
     halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
     y = _forward_call(
         _pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(_pad_to(_blocks(U, n, N), (4, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(_pad_to(_blocks(W, n, N), (4, MP, N))), -1, -2).astype(_bf16),
-        _pad_to(b.reshape(4, n), (4, N)).reshape(4, H, _HALF).astype(_f32),
+        halves(_pad_to(Ub, (4, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(_pad_to(Wb, (4, MP, N))), -1, -2).astype(_bf16),
+        _pad_to(b4, (4, N)).reshape(4, H, _HALF).astype(_f32),
         halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
         halves(_pad_to(c0.astype(_f32), (Bp, N))),
         _pad_to(lens, (Bp,)),
         None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
-        interpret=interpret,
-    )
-    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+        gru=gru, interpret=interpret,
+    )  # fmt: skip
+    return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _lstm(outputs: bool, interpret: bool, W, U, b, h0, c0, xs, lens, mask):
+    return _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask)[0]
+
+
+def _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask):
+    T = xs.shape[0]
+    n = U.shape[0]
+    N, _ = _padded(n, xs.shape[2])
+    y = _forward(xs, _blocks(U, n, N), _blocks(W, n, N), b.reshape(4, n), h0, c0, lens, mask,
+                 gru=False, interpret=interpret)  # fmt: skip
     H = _carries(y, h0, lens)
     valid = jnp.arange(T)[:, None] < lens[None, :]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
@@ -593,29 +605,13 @@ def _gru(outputs: bool, interpret: bool, W, U, b, b_hn, h0, xs, lens, mask):
 
 
 def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
-    T, B, m = xs.shape
     n = U.shape[0]
-    N, MP = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    H = N // _HALF
-    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
+    N, _ = _padded(n, xs.shape[2])
     Wb, Ub = _blocks(W, n, N, 3), _blocks(U, n, N, 3)
     W4 = jnp.concatenate([Wb, jnp.zeros_like(Wb[:1])])  # no W block for n's recurrent part
     U4 = jnp.concatenate([Ub[:2], jnp.zeros_like(Ub[:1]), Ub[2:]])  # nor U for its input part
     b4 = jnp.concatenate([b.reshape(3, n), b_hn.reshape(1, n)])
-    h_in = h0 if mask is None else h0 * mask
-    y = _forward_call(
-        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(_pad_to(U4, (4, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(_pad_to(W4, (4, MP, N))), -1, -2).astype(_bf16),
-        _pad_to(b4, (4, N)).reshape(4, H, _HALF).astype(_f32),
-        halves(_pad_to(h_in.astype(_bf16), (Bp, N))),
-        halves(_pad_to(h0.astype(_f32), (Bp, N))),
-        _pad_to(lens, (Bp,)),
-        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
-        gru=True, interpret=interpret,
-    )  # fmt: skip
-    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+    y = _forward(xs, U4, W4, b4, h0, h0, lens, mask, gru=True, interpret=interpret)
     H_all = _carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask
