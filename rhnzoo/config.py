@@ -18,6 +18,8 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
+from rhnzoo import precision
+
 C = TypeVar("C", bound="Config")
 
 
@@ -171,6 +173,121 @@ class DistributedSettings(Config):
     distributed_timeout: int = setting(
         300, "With --distributed: seconds to wait for every process to join at the "
         "coordinator before giving up with one error line.", low=1, resumable=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings(Config):
+    """The run engine's settings (:func:`rhnzoo.training.engine.run`): run length limits,
+    reporting, the divergence check, patience and matmul precision. Every task's config
+    (whose ``config.json`` is flat) subclasses it and has ``epochs``, the epochs of its
+    full schedule (a field, or a property such as the LM's ``max_max_epoch``);
+    :class:`RunConfig` is the settings alone with an ``epochs`` field.
+
+    Attributes:
+      seed: seeds the initialisation and the per-step PRNG keys.
+      max_steps: stop after this many steps in all (None: no limit; else >= 1).
+      max_epochs: stop after this many epochs in all (None: ``epochs``; else >= 1).
+      checkpoint_every_steps: also checkpoint every N steps (0: at epoch ends only).
+      log_every: steps between training-loss lines and records (>= 1).
+      progress: tqdm bars.
+      tensorboard: also write TensorBoard event files (needs ``tensorboardX``).
+      divergence_factor: F, the divergence check's tolerance (0: only a
+        non-finite loss stops the run; else >= 1). A finite training loss counts
+        as diverged when its mean over a window of :data:`DIVERGENCE_WINDOW` (50)
+        steps, judged for every window after the run's first
+        :data:`DIVERGENCE_WARMUP` (20) steps, is more than ln F nats above the
+        lower of the task's chance-level loss (a uniform guess) and the run's best
+        window mean so far: the data then became F times less likely per unit
+        (a perplexity F times the uniform guess's, or F times the run's best).
+        A validation loss from step 70 on is held to the chance level alike. A
+        training or validation loss more than :data:`BLOWUP_NATS` (20) nats above chance
+        stops the run at any step.
+        Default 3 (ln 3 = 1.1 nats): at ``--preset=paper`` on IMDB the σ-RRN's
+        window means stay up to 0.6 nats above chance for 250 steps and train on.
+      patience: early stopping: end training when the validation ``select`` metric
+        has not improved for this many epochs (None: never).
+      matmul_precision: precision of float32 matmuls in training and evaluation
+        (:mod:`rhnzoo.precision`: ``'default'``, ``'high'``, ``'highest'``, JAX's
+        aliases), applied with ``jax.default_matmul_precision``; recorded as a level,
+        None taking JAX's setting where the config is made.
+
+    Raises:
+      ValueError: for a value outside its range (one line naming the flag).
+    """
+
+    seed: int = setting(0, "Random seed (initialisation, dropout, batch order).")
+    max_steps: int | None = setting(
+        None, "Stop after this many train steps in all.", low=1, resumable=True)
+    max_epochs: int | None = setting(None, "Stop after this many epochs in all.", low=1,
+                                     resumable=True)
+    checkpoint_every_steps: int = setting(
+        0, "Also checkpoint every N steps (0: at the end of every epoch only).", low=0,
+        resumable=True)
+    log_every: int = setting(100, "Steps between training-loss lines.", low=1, resumable=True)
+    progress: bool = setting(True, "Show progress bars (training and evaluation).",
+                             resumable=True)
+    tensorboard: bool = setting(
+        False, "Also write TensorBoard event files to <workdir>/tensorboard (pip install "
+        "'rhnzoo[tensorboard]').", resumable=True)
+    divergence_factor: float = setting(
+        3.0, "F: the run stops as diverged (one error line; the last checkpoint is kept) at "
+        "a NaN/inf loss, at any step whose training or validation loss is more than 20 nats "
+        "above the chance level (a uniform guess: a blow-up), or when, from step 70 on, the "
+        "mean training loss of the last 50 steps is more than ln F nats above chance or "
+        "above the run's best such mean, or a validation loss is more than ln F above "
+        "chance. 0: only NaN/inf stop the run.", resumable=True)
+    patience: int | None = setting(
+        None, "Early stopping: end training after this many epochs without a better "
+        "validation metric (default: never).", low=1, resumable=True)
+    matmul_precision: str | None = setting(
+        None, "Precision of float32 matmuls (jax.default_matmul_precision), recorded in "
+        "config.json: 'default' is the backend's fastest (CPU: float32; NVIDIA GPU: "
+        "TensorFloat-32 inputs, about 1e-3 relative error; TPU: one bfloat16 pass), 'high' "
+        "(GPU: TF32; TPU: 3 bfloat16 passes), 'highest' (float32; TPU: 6 passes); also "
+        "JAX's names bfloat16, tensorfloat32, float32. Default: "
+        "$JAX_DEFAULT_MATMUL_PRECISION, else 'default'.")
+
+    def __post_init__(self):
+        # Recorded as a level: None takes JAX's setting where the config is made.
+        try:
+            level = precision.resolve(self.matmul_precision)
+        except ValueError as e:
+            raise ValueError(f"--matmul_precision: {e}") from None
+        object.__setattr__(self, "matmul_precision", level)
+        super().__post_init__()
+
+    def check(self) -> None:
+        for name in ("seed", "log_every", "checkpoint_every_steps", "max_steps", "max_epochs",
+                     "patience"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, int):
+                raise ValueError(f"--{name} must be an integer, got {value!r}")
+        if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
+            raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
+                             f"got {self.divergence_factor}")  # fmt: skip
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """The run's steps: ``epochs`` at ``steps_per_epoch``, ended sooner by
+        ``max_epochs`` / ``max_steps``."""
+        epochs = min(self.epochs, self.max_epochs or self.epochs)
+        total = epochs * steps_per_epoch
+        return total if self.max_steps is None else min(total, self.max_steps)
+
+    def cut_short(self, steps_per_epoch: int) -> bool:
+        """Whether --max_steps / --max_epochs end the run before its schedule does."""
+        return self.total_steps(steps_per_epoch) < self.epochs * steps_per_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(RunSettings):
+    """The :class:`RunSettings` alone and ``epochs``, the epochs of the full schedule (>= 1;
+    keyword only): an ad-hoc run's config.
+
+    Raises:
+      ValueError: for a value outside its range (one line naming the flag).
+    """
+
+    epochs: int = dataclasses.field(kw_only=True, metadata={"low": 1})
 
 
 def preset_settings(presets: Mapping[str, Any], name: str | None) -> Any:

@@ -30,7 +30,7 @@ import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from rhnzoo.config import setting
+from rhnzoo.config import RunSettings, setting
 from rhnzoo.training import classify, engine
 
 N_TRAIN, N_VALID, DIM, BATCH = 96, 32, 5, 8
@@ -103,16 +103,14 @@ def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyConfig(engine.RunSettings):
+class ToyConfig(RunSettings):
     """The toy's settings: its flags and ``config.json``."""
 
     lr: float = setting(0.01, "SGD learning rate.")
-    epochs: int = setting(1000, "Epochs of the schedule.", low=1)
+    epochs: int = setting(1000, "Epochs of the schedule (the toy's step does not read it).",
+                          low=1, resumable=True)
     workdir: str | None = setting(None, "Run directory (with --runs: their root).",
                                   resumable=True)
-
-    def run_config(self) -> engine.RunConfig:
-        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
 
 
 def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | None = None,
@@ -148,8 +146,7 @@ def main(argv: list[str]) -> None:
 
     from absl import app, flags
 
-    from rhnzoo.apps import cli
-    from rhnzoo.apps import runner
+    from rhnzoo.apps import cli, runner
     from rhnzoo.training import sweep
 
     names = cli.define_config_flags(ToyConfig(log_every=1))
@@ -166,7 +163,7 @@ def main(argv: list[str]) -> None:
                 if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
                 task = make_task(config.lr, config.seed, F.slow_eval, announce=True)
-                return engine.run(task, config.run_config(), workdir, config,
+                return engine.run(task, config, workdir,
                                   on_divergence=on_divergence).results  # fmt: skip
 
             return train

@@ -23,8 +23,8 @@ import pytest
 
 from rhnzoo import analysis, data, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import engine, signals
 from rhnzoo.training import lm as train
+from rhnzoo.training import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
@@ -71,12 +71,11 @@ def run(tmp_path_factory):
         eval_batch_size=4,
         eval_num_steps=50,
     )
-    run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=6, progress=False)
     # config.json: the model's settings (what the analyses read) and the data directory.
     recorded = cfg.replace(hidden_size=HIDDEN, depth=DEPTH, hsg=True, init_bias=-2.0,
-                           data_dir=str(data_dir))
+                           data_dir=str(data_dir), max_steps=6, progress=False)
     workdir = tmp / "run"
-    train.train(model, corpus, cfg, workdir, run, config=recorded)
+    train.train_and_evaluate(recorded, corpus, workdir=workdir, model=model)
     return workdir, data_dir, corpus
 
 

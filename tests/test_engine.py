@@ -16,13 +16,13 @@ import signal
 import subprocess
 import sys
 
+import engine_toy
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import engine_toy
-from rhnzoo.training import engine
+from rhnzoo.training import engine, progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "engine_toy.py"
@@ -31,11 +31,12 @@ TIMING = ("_per_s", "elapsed_s", "_eval_s")  # fields that differ between any tw
 
 
 def cfg(**kw):
-    return engine.RunConfig(**{"epochs": 3, "progress": False, "log_every": 5, **kw})
+    """The toy's config (its lr is recorded, not read: the task's comes from make_task)."""
+    return engine_toy.ToyConfig(**{"epochs": 3, "progress": False, "log_every": 5, **kw})
 
 
 def run(workdir, task=None, log=None, **kw):
-    return engine.run(task or engine_toy.make_task(), cfg(**kw), workdir, engine_toy.ToyConfig(), log=log)
+    return engine.run(task or engine_toy.make_task(), cfg(**kw), workdir, log=log)
 
 
 def saved_state(workdir):
@@ -106,7 +107,7 @@ def test_resume_after_a_signal_reproduces_the_uninterrupted_run(tmp_path, uninte
 def test_every_fires_on_multiples_of_n_and_never_for_0():
     fired = []
     for n in (3, 0):
-        every = engine.Every(n, fired.append)
+        every = progress.Every(n, fired.append)
         for step in range(1, 10):
             every(step)
     assert fired == [3, 6, 9]
@@ -338,15 +339,15 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
     config = lambda **kw: cfg(epochs=1, max_steps=200, checkpoint_every_steps=25, **kw)
     with pytest.raises(engine.TrainingDiverged) as whole:
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a",
-                   engine_toy.ToyConfig(), log=None)  # fmt: skip
+                   log=None)  # fmt: skip
     with pytest.raises(engine.Interrupted):
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0,
                                             on_batch=sigterm_at_step(59, 1000)),
-                   config(), tmp_path / "b", engine_toy.ToyConfig(), log=None)  # fmt: skip
+                   config(), tmp_path / "b", log=None)  # fmt: skip
     assert int(saved_state(tmp_path / "b")["state"]["step"]) == 60
     with pytest.raises(engine.TrainingDiverged) as resumed:
         engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "b",
-                   engine_toy.ToyConfig(), log=None)  # fmt: skip
+                   log=None)  # fmt: skip
     assert str(resumed.value) == str(whole.value).replace("(step 50)", "(step 60)")
     assert "steps 21-70" in str(whole.value)
     for workdir, step in ((tmp_path / "a", 50), (tmp_path / "b", 60)):
@@ -455,25 +456,25 @@ def test_a_workdir_without_a_checkpoint_holds_no_run(tmp_path):
     leaves a config.json but no run: a rerun with other settings starts afresh, says so
     in one line and trains; once a checkpoint exists, other settings are refused."""
     with pytest.raises(engine.TrainingDiverged, match="no checkpoint was written"):
-        engine.run(engine_toy.scripted_task([1.0, 1.0, math.inf]), cfg(epochs=1, log_every=1),
-                   tmp_path / "w", engine_toy.ToyConfig(lr=1.0), log=None)  # fmt: skip
+        engine.run(engine_toy.scripted_task([1.0, 1.0, math.inf]), cfg(epochs=1, log_every=1, lr=1.0),
+                   tmp_path / "w", log=None)  # fmt: skip
     assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2
     lines = []
-    engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=4, log_every=1),
-               tmp_path / "w", engine_toy.ToyConfig(lr=0.5), log=lines.append)  # fmt: skip
+    engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=4, log_every=1, lr=0.5),
+               tmp_path / "w", log=lines.append)  # fmt: skip
     assert lines[0] == (f"workdir {tmp_path / 'w'} holds no checkpoint of its earlier settings "
                         "(lr=1.0 there vs 0.5); starting afresh with these")
     assert json.loads((tmp_path / "w" / "config.json").read_text())["lr"] == 0.5
     metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in metrics] == [1, 2, 3, 4, 4]  # the first try's lines are gone
     with pytest.raises(ValueError, match=r"holds an incompatible run \(lr=0.5 there vs 0.25\)"):
-        engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=8),
-                   tmp_path / "w", engine_toy.ToyConfig(lr=0.25), log=None)  # fmt: skip
+        engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=8, lr=0.25),
+                   tmp_path / "w", log=None)  # fmt: skip
     # Anything a run does not write before its first checkpoint (a study's trials) is a run.
     engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1))
     (tmp_path / "study" / "trials").mkdir()
     with pytest.raises(ValueError, match="holds an incompatible run"):
-        engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=2))
+        engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1, lr=0.5))
 
 
 def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupted):
@@ -613,14 +614,14 @@ def test_a_finished_run_is_not_trained_or_evaluated_again(tmp_path):
 
 
 class FakeClock:
-    """``engine._now`` for the timing tests: time moves only when a batch is made, by
+    """``progress.now`` for the timing tests: time moves only when a batch is made, by
     ``seconds(n)`` for the process's n-th step (1-based; the engine makes one batch at
     start-up to trace shapes: no time). With ``log_every=1`` every step is read at its
     log line, so step n's time is exactly ``seconds(n)``."""
 
     def __init__(self, monkeypatch, seconds):
         self.t, self.n, self.seconds = 1000.0, -1, seconds
-        monkeypatch.setattr(engine, "_now", lambda: self.t)
+        monkeypatch.setattr(progress, "now", lambda: self.t)
 
     def on_batch(self, epoch, index):
         self.n += 1
@@ -634,8 +635,8 @@ def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
     mean without the recompilation, 24 s / 19 steps, x the 78 steps left (it was the
     median of 3 steps, 1 s: low); each log line's ETA is its window's steady time per
     step x the steps left."""
-    monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
-    monkeypatch.setattr(engine, "_device", lambda: "CPU")  # the same line on any backend
+    monkeypatch.setattr(progress, "ESTIMATE_MIN_S", 0.0)
+    monkeypatch.setattr(progress, "device_name", lambda: "CPU")  # the same line on any backend
     clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(
         n, 2.0 if n % 4 == 0 else 1.0))  # fmt: skip
     task = engine_toy.scripted_task(np.ones(100), steps_per_epoch=100, on_batch=clock.on_batch)
@@ -650,11 +651,11 @@ def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
     assert "run ETA" not in step_lines[1] and "run ETA" not in step_lines[2]  # compiling
     assert step_lines[3].endswith("| run ETA 2 min") and step_lines[5].endswith("| run ETA 1 h 19 min")
     assert step_lines[90].endswith("| run ETA 10 s") and "run ETA" not in step_lines[100]
-    assert engine._duration(40) == "40 s" and engine._duration(7 * 3600 + 300) == "7 h 5 min"
-    assert engine._duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
+    assert progress.duration(40) == "40 s" and progress.duration(7 * 3600 + 300) == "7 h 5 min"
+    assert progress.duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
     # Rounded, not floored: 116 s was printed as "1 min".
-    assert engine._duration(116) == "2 min" and engine._duration(59.6) == "1 min"
-    assert engine._duration(3599) == "1 h 0 min" and engine._duration(86399) == "1 d 0 h"
+    assert progress.duration(116) == "2 min" and progress.duration(59.6) == "1 min"
+    assert progress.duration(3599) == "1 h 0 min" and progress.duration(86399) == "1 d 0 h"
 
 
 def test_estimate_after_the_first_validation_counts_the_validations(monkeypatch):
@@ -665,7 +666,7 @@ def test_estimate_after_the_first_validation_counts_the_validations(monkeypatch)
     validation out: 23 s at step 13)."""
     import dataclasses
 
-    monkeypatch.setattr(engine, "ESTIMATE_MIN_S", 0.0)
+    monkeypatch.setattr(progress, "ESTIMATE_MIN_S", 0.0)
     clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0}.get(n, 1.0))
     task = engine_toy.make_task(on_batch=clock.on_batch)
     validations = iter([10.0, 4.0, 4.0])
@@ -709,13 +710,13 @@ def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypat
 
 def test_pace_times_steady_steps_only(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(engine, "_now", lambda: now[0])
-    pace = engine.Pace()
+    monkeypatch.setattr(progress, "now", lambda: now[0])
+    pace = progress.Pace()
     for seconds, units in [(90, 5), (20, 5), (2, 10), (2, 10), (40, 10), (2, 10)]:
         now[0] += seconds
         pace.step_done(units)
     assert pace.first == [2, 2, 40, 2] and pace.seconds_per_step("window") == 2.0  # 40 s: out
-    assert engine.Pace.steady([1, 1, 2, 50]) == pytest.approx(4 / 3)  # the mean, 50 s left out
+    assert progress.Pace.steady([1, 1, 2, 50]) == pytest.approx(4 / 3)  # the mean, 50 s left out
     assert pace.take("window") == pytest.approx(40 / 46) and pace.seconds_per_step() is None
     now[0] += 500  # a validation
     pace.restart()

@@ -184,7 +184,7 @@ def trained_tiny():
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
     splits = hw.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
     cfg = hw.HighwayConfig(lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False)
-    out = hw.train(net, splits, cfg, log=None)
+    out = hw.train_and_evaluate(cfg, splits, net=net, log=None)
     return net, jax.tree.map(jnp.asarray, out.best_params), splits
 
 
@@ -267,7 +267,8 @@ def test_split_and_config_errors():
         with pytest.raises(ValueError, match=flag):
             hw.HighwayConfig(**kwargs)
     with pytest.raises(ValueError, match="batch_size must be in"):
-        hw.make_task(FeedForwardNet(input_size=16), splits, hw.HighwayConfig(batch_size=71))
+        hw.train_and_evaluate(hw.HighwayConfig(batch_size=71), splits,
+                              net=FeedForwardNet(input_size=16))
 
 
 @pytest.mark.skipif(not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
@@ -282,10 +283,12 @@ def test_depth10_highway_learns_real_mnist():
     data = load_mnist(MNIST_DIR, download=False)
     splits = hw.split_data(data.train_images[:7400], data.train_labels[:7400],
                            data.test_images[:2000], data.test_labels[:2000], 1000)  # fmt: skip
-    net = FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
+    cfg = hw.HighwayConfig(lr=0.1, batch_size=64, epochs=3, transform_bias=-2.0,
+                           log_every=10**6, progress=False)  # fmt: skip
+    net = cfg.net()
+    assert net == FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
     at_init = hw.evaluate(net, net.init(jax.random.key(0)), splits["valid"])["loss"]
-    cfg = hw.HighwayConfig(lr=0.1, batch_size=64, epochs=3, log_every=10**6, progress=False)
-    out = hw.train(net, splits, cfg, log=None)
+    out = hw.train_and_evaluate(cfg, splits, log=None)
     curve = [r["train_xent"] for r in out.history]
     assert at_init > 2.0 and len(curve) == 3 and curve[-1] < 0.4 and curve[-1] < curve[0], curve
     assert out.results["test_acc"] > 0.85, out.results

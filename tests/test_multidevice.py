@@ -20,28 +20,32 @@ SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo import data
     from rhnzoo.models import lm
-    from rhnzoo.training import engine, lm as train
+    from rhnzoo.training import lm as train, sharding, workdir
     assert jax.device_count() == 8, jax.devices()
     corpus = data.load_ptb(sys.argv[1])
     corpus = data.Corpus(corpus.train[:4000], corpus.valid[:800], corpus.test[:800], corpus.vocab)
+    meshes, by_rows = [], sharding.by_rows
+    sharding.by_rows = lambda mesh: meshes.append(mesh.size) or by_rows(mesh)  # rows split over
     out = {}
     for n_dev in (1, 8):
         print("devices", n_dev, flush=True)
         model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True, scan_impl="fused")
         cfg = train.LMConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
-                             drop_x=0.2, drop_i=0.3, drop_h=0.2, drop_o=0.3)
-        run = engine.RunConfig(epochs=cfg.max_max_epoch, max_steps=60, progress=False)
-        # One train step, compared parameter by parameter.
-        task = train.make_task(model, corpus, cfg, run, devices=jax.devices()[:n_dev])
-        state = task.init_state(jax.random.PRNGKey(0))
-        step = jax.jit(task.train_step, donate_argnums=0)
-        state, sums = step(state, task.get_batch(0, 0), jax.random.PRNGKey(1))
-        assert len(state["carry"].sharding.device_set) == n_dev
-        out[n_dev] = {"params": [np.asarray(p).tolist() for p in jax.tree.leaves(state["params"])],
-                      "nll": float(sums["loss"])}
+                             drop_x=0.2, drop_i=0.3, drop_h=0.2, drop_o=0.3, progress=False)
+        devices = jax.devices()[:n_dev]
+        # One train step (a run of one step), compared parameter by parameter.
+        one = sys.argv[2] + f"/one{n_dev}"
+        meshes.clear()
+        train.train_and_evaluate(cfg.replace(max_steps=1), corpus, workdir=one, model=model,
+                                 devices=devices, log=None)
+        assert set(meshes) == {n_dev}, meshes  # the rows split over the devices
+        out[n_dev] = {"params": [np.asarray(p).tolist()
+                                 for p in jax.tree.leaves(workdir.restore_params(one))],
+                      "nll": workdir.read_metrics(one)[0]["train_ppl"]}
         # A short run end to end.
-        res = train.train(model, corpus, cfg, sys.argv[2] + f"/d{n_dev}", run,
-                          devices=jax.devices()[:n_dev])
+        res = train.train_and_evaluate(cfg.replace(max_steps=60), corpus,
+                                       workdir=sys.argv[2] + f"/d{n_dev}", model=model,
+                                       devices=devices, log=None)
         out[n_dev]["run"] = res
         out[n_dev]["metrics"] = open(sys.argv[2] + f"/d{n_dev}/metrics.jsonl").read()
     print("RESULT" + json.dumps(out), flush=True)
@@ -91,11 +95,9 @@ def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
 
 CLASSIFIER_SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
-    from rhnzoo import cells
-    from rhnzoo.models.classifier import SequenceClassifier
     from rhnzoo.data import sequences
     from rhnzoo.models.highway import FeedForwardNet
-    from rhnzoo.training import engine, highway as hw, rrl, sharding
+    from rhnzoo.training import highway as hw, rrl, sharding
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
 
@@ -108,28 +110,33 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
 
     text = {k: seqs(n) for k, n in (("train", 64), ("dev", 24), ("test", 20))}
     splits = {k: images(n) for k, n in (("train", 96), ("valid", 40), ("test", 30))}
-    tasks = {
-        "rrl": lambda devices: rrl.make_task(
-            SequenceClassifier(cells.LSTM(8), 3, 6, vocab_size=20, drop=0.3, input_drop=0.2),
-            text["train"], text["dev"], text["test"],
-            rrl.TrainConfig(batch_size=16, max_len=10, buckets=2, epochs=2), devices=devices),
-        "highway": lambda devices: hw.make_task(
-            FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3), splits,
-            hw.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1), devices=devices),
+    dataset = sequences.Dataset(text["train"], text["dev"], text["test"], num_classes=3,
+                                vocab=tuple(map(str, range(20))), input_size=None)
+    tasks = {  # embeddings="random": no word2vec training (nor its cache)
+        "rrl": lambda devices, **run: rrl.train_and_evaluate(
+            rrl.RRLConfig(model="lstm", hidden_size=8, embed_size=6, drop=0.3, input_drop=0.2,
+                          embeddings="random", batch_size=16, max_len=10, buckets=2, epochs=2,
+                          progress=False, **run),
+            dataset, devices=devices, log=None),
+        "highway": lambda devices, **run: hw.train_and_evaluate(
+            hw.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1, epochs=2, progress=False,
+                             **run),
+            splits, net=FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3),
+            devices=devices, log=None),
     }
+    meshes, put_rows = [], sharding.put_rows
+    sharding.put_rows = lambda x, mesh, **kw: meshes.append(mesh.size) or put_rows(x, mesh, **kw)
     out = {}
     for name, make in tasks.items():
         for n_dev in (1, 8):
-            task = make(jax.devices()[:n_dev])
-            state = task.init_state(jax.random.PRNGKey(0))
-            batch = task.get_batch(0, 0)
-            assert len(jax.tree.leaves(batch)[-1].sharding.device_set) == n_dev
-            state, sums = jax.jit(task.train_step, donate_argnums=0)(state, batch, jax.random.PRNGKey(1))
-            run = engine.run(make(jax.devices()[:n_dev]), engine.RunConfig(epochs=2, progress=False),
-                             log=None)
+            meshes.clear()
+            step = make(jax.devices()[:n_dev], max_steps=1)  # one step, then its parameters
+            assert set(meshes) == {n_dev}, (name, meshes)  # the batches' rows split over
+            run = make(jax.devices()[:n_dev])
             out[f"{name}{n_dev}"] = {
-                "params": [np.asarray(p).tolist() for p in jax.tree.leaves(state["params"])],
-                "loss": float(sums["loss"]), "history": run.history, "results": run.results}
+                "params": [np.asarray(p).tolist() for p in jax.tree.leaves(step.best_params)],
+                "loss": step.history[0]["train_xent"], "history": run.history,
+                "results": run.results}
     try:
         tasks["rrl"](jax.devices()[:3])
     except ValueError as e:

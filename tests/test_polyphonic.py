@@ -110,10 +110,9 @@ def test_training_steps_are_clipped_heavy_ball_sgd():
     config = polyphonic.PolyphonicConfig(lr=lr, momentum=mu, max_grad_norm=clip, batch_size=3,
                                          epochs=2, progress=False)  # fmt: skip
     data = {"train": seqs, "valid": seqs, "test": seqs}
-    task = polyphonic.make_task(model, data, config, params=jax.tree.map(jnp.array, params))
-    out = engine.run(task, config.run_config(), log=None)
-    assert [r["train_nll"] for r in out.history] == pytest.approx(expected_losses, rel=1e-5)
-    best = out.results["best_step"]  # one step per epoch
+    out = polyphonic.train(model, data, config, params=jax.tree.map(jnp.array, params))
+    assert [r["train"] for r in out.history] == pytest.approx(expected_losses, rel=1e-5)
+    best = out.best_epoch  # one step per epoch
     for a, b in zip(jax.tree.leaves(out.best_params), jax.tree.leaves(thetas[best])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -179,8 +178,8 @@ def test_polyphonic_config_round_trip_and_one_line_errors():
         "lr": 0.3, "momentum": 0.9, "max_grad_norm": 10.0, "batch_size": 16, "epochs": 40,
         "max_steps": 7, "patience": 2, "seed": 0}  # fmt: skip
     assert polyphonic.PolyphonicConfig.from_dict(values) == config
-    run = config.run_config()  # the engine gets the run settings and the epochs
-    assert (run.epochs, run.max_steps, run.patience, run.seed) == (40, 7, 2, 0)
+    # The engine reads the run's length from the config itself: 40 epochs cut to 7 steps.
+    assert config.total_steps(steps_per_epoch=2) == 7 and config.cut_short(2)
     with pytest.raises(ValueError, match="unknown PolyphonicConfig setting.*: dropout$"):
         polyphonic.PolyphonicConfig.from_dict({**values, "dropout": 0.1})
 

@@ -14,18 +14,18 @@ import json
 import subprocess
 import sys
 
+import engine_toy
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import rnn as jax_rnn
-
-import engine_toy
 from helpers import normal, random_params
+from jax.experimental import rnn as jax_rnn
 from test_ptb_experiment import TINY, needs_ptb, ptb
 
 from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
+from rhnzoo.config import RunConfig
 from rhnzoo.training import engine
 
 
@@ -54,7 +54,7 @@ def test_unknown_names_are_one_line_errors(bad):
     if bad is not None:  # every config holding the setting says it the same way
         from rhnzoo.training import polyphonic
 
-        for make in (lambda: engine.RunConfig(epochs=1, matmul_precision=bad),
+        for make in (lambda: RunConfig(epochs=1, matmul_precision=bad),
                      lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),
                      lambda: polyphonic.JSBConfig(matmul_precision=bad)):  # fmt: skip
             with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
@@ -115,7 +115,7 @@ def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
         task = dataclasses.replace(task, train_step=step,
                                    validate=wrap("validate", task.validate),
                                    final_evaluate=wrap("final", task.final_evaluate))  # fmt: skip
-        cfg = engine.RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
+        cfg = RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
         engine.run(task, cfg, None, log=None)
         assert seen == {"step": {expected}, "validate": {expected}, "final": {expected}}
         assert precision.current() == "highest"

@@ -13,18 +13,17 @@ import subprocess
 import sys
 import time
 
+import engine_toy
 import pytest
 
-import engine_toy
-from rhnzoo.training import engine, sweep, tables
-
+from rhnzoo.training import engine, progress, sweep, tables
 
 TOY_CONFIG = engine_toy.ToyConfig()
 
 
 def toy_runs(task, epochs=2):
-    cfg = engine.RunConfig(epochs=epochs, progress=False, log_every=100)
-    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, TOY_CONFIG, log=None,
+    cfg = TOY_CONFIG.replace(epochs=epochs, progress=False, log_every=100)
+    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, log=None,
                                                       on_divergence=on_divergence).results
     return [sweep.Run(name, TOY_CONFIG, train) for name in ("a", "b")]
 
@@ -67,11 +66,11 @@ def test_incompatible_workdir_stops_the_sweep_before_training(tmp_path):
 
 
 class Clock:
-    """``engine._now`` for the runner's estimate: time moves only when a fake run trains."""
+    """``progress.now`` for the runner's estimate: time moves only when a fake run trains."""
 
     def __init__(self, monkeypatch):
         self.t = 0.0
-        monkeypatch.setattr(engine, "_now", lambda: self.t)
+        monkeypatch.setattr(progress, "now", lambda: self.t)
 
     def run(self, name, seconds, size=1.0):
         """A :class:`sweep.Run` whose training takes ``seconds`` and writes results.json

@@ -1,6 +1,5 @@
 """Language modelling on the run engine with real PTB data: learning, determinism, exact resume."""
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -65,25 +64,14 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
     assert np.mean(losses[-50:]) < unigram_entropy - 0.1, (np.mean(losses[-50:]), unigram_entropy)
 
 
-RUN_FIELDS = {f.name for f in dataclasses.fields(engine.RunConfig)}
-
-
-def configs(**kw):
-    """(LMConfig, RunConfig) from keyword settings of either."""
-    cfg = train.LMConfig(**{k: v for k, v in kw.items() if k not in RUN_FIELDS})
-    run = engine.RunConfig(epochs=cfg.max_max_epoch,
-                           **{k: v for k, v in kw.items() if k in RUN_FIELDS})  # fmt: skip
-    return cfg, run
-
-
 def run(tmp_path, name, corpus, **kw):
     model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True)
-    cfg, run_cfg = configs(**{**dict(lr=0.5, batch_size=4, num_steps=10, progress=False,
-                                      eval_batch_size=2, eval_num_steps=50, max_epoch=1,
-                                      lr_decay=2.0, drop_x=0.2, drop_i=0.3, drop_h=0.2,
-                                      drop_o=0.3),
-                               **kw})  # fmt: skip
-    return train.train(model, corpus, cfg, tmp_path / name, run_cfg, config=cfg)
+    cfg = train.LMConfig(**{**dict(lr=0.5, batch_size=4, num_steps=10, progress=False,
+                                   eval_batch_size=2, eval_num_steps=50, max_epoch=1,
+                                   lr_decay=2.0, drop_x=0.2, drop_i=0.3, drop_h=0.2,
+                                   drop_o=0.3),
+                            **kw})  # fmt: skip
+    return train.train_and_evaluate(cfg, corpus, workdir=tmp_path / name, model=model, log=None)
 
 
 # Bitwise where reductions have a fixed order: XLA:CPU, or a GPU with deterministic ops
@@ -161,10 +149,10 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
     corpus = ptb_slice(ptb, 1200, 300)
     base = lm.rhn_language_model(corpus.vocab_size, 8, 1)
     model = NaNAfterThreeSteps(base.cell, base.vocab_size, base.embed_size)
-    cfg, run_cfg = configs(lr=1.0, batch_size=4, num_steps=10, progress=False, log_every=1,
-                           checkpoint_every_steps=2, weight_decay=0.0, max_grad_norm=1e9)
+    cfg = train.LMConfig(lr=1.0, batch_size=4, num_steps=10, progress=False, log_every=1,
+                         checkpoint_every_steps=2, weight_decay=0.0, max_grad_norm=1e9)
     with pytest.raises(engine.TrainingDiverged, match=r"non-finite.*at step 4.*step 2\) is intact"):
-        train.train(model, corpus, cfg, tmp_path / "nan", run_cfg)
+        train.train_and_evaluate(cfg, corpus, workdir=tmp_path / "nan", model=model, log=None)
     assert int(latest_state(tmp_path / "nan")["step"]) == 2
 
 

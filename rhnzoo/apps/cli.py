@@ -34,6 +34,7 @@ from absl import flags, logging
 
 from rhnzoo import config as config_lib
 from rhnzoo import precision
+from rhnzoo.config import RunSettings
 from rhnzoo.data.common import DataError
 from rhnzoo.training import engine
 from rhnzoo.training import workdir as workdir_lib
@@ -224,7 +225,7 @@ def define_precision_flag() -> None:
     when the flag is defined: ``$JAX_DEFAULT_MATMUL_PRECISION``, else ``default``."""
     if "matmul_precision" in FLAGS:
         return
-    field = {f.name: f for f in dataclasses.fields(engine.RunSettings)}["matmul_precision"]
+    field = {f.name: f for f in dataclasses.fields(RunSettings)}["matmul_precision"]
     flags.DEFINE(_PrecisionParser(), "matmul_precision", precision.current(),
                  config_lib.meta(field)["help"])
 

@@ -83,7 +83,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     run = cfg.narrow()  # its width and learning rate resolved: the run's config.json
     net, workdir = run.net(), run.output_dir()
     print(f"{net.kind} net, depth {net.depth}, width {net.width}: {net.num_params():,} parameters")
-    result = hw.train(net, splits, run, workdir)
+    result = hw.train_and_evaluate(run, splits, workdir)
     if net.kind == "highway" and cfg.analyze and not result.diverged:
         _figures(cfg, pathlib.Path(workdir), splits["train"])
 

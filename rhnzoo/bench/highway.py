@@ -11,7 +11,7 @@ split, pixel / 255):
 * **rhnzoo**: :class:`rhnzoo.models.highway.FeedForwardNet`, the ``depth - 1``
   layers' weights stacked and the depth loop a ``lax.scan``, H and T in one matmul
   per layer; the train step of :mod:`rhnzoo.training.highway` under ``jax.jit``
-  (state donated), as the run engine runs it;
+  (state donated), as the run engine runs it, on the default device as the peers;
 * **nnx**: what a Flax user would write: an ``nnx.Module`` with a Python loop over
   ``nnx.Linear`` layers (one for H, one for T per highway layer), ``nnx.Optimizer``
   and an ``nnx.jit`` train step; **nnx_cached**: the same step through
@@ -37,6 +37,7 @@ NNX net (its compilation of 99 unrolled layers, and its epochs).
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -51,7 +52,6 @@ from flax import nnx
 from rhnzoo import precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
-from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.training import classify
 from rhnzoo.training import highway as hw
 
@@ -153,14 +153,23 @@ def data() -> tuple[dict, str]:
         return hw.split_data(x, y, x[:10000], y[:10000], 10000), f"random ({e})"
 
 
+def batch_indices(splits, steps: int) -> list[np.ndarray]:
+    """int32 ``[BATCH]`` indices of the first ``steps`` batches of epoch 0 (seed 0), the
+    batches every net trains on."""
+    n = len(splits["train"][0])
+    return [classify.batch_indices(0, 0, i, n, BATCH).astype(np.int32) for i in range(steps)]
+
+
 def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
     """``{'rhnzoo': epoch, 'one': step}``: zero-argument callables running ``steps`` (one)
     train steps of the rhnzoo net, returning the last loss sums."""
-    net = FeedForwardNet("highway", depth, WIDTH, transform_bias=T_BIAS)
-    task = hw.make_task(net, splits, hw.HighwayConfig(lr=LR, momentum=MOMENTUM, batch_size=BATCH))
-    step = jax.jit(task.train_step, donate_argnums=0)
-    state = {"s": task.init_state(jax.random.key(0))}
-    batches = [task.get_batch(0, i) for i in range(steps)]
+    cfg = hw.HighwayConfig(depth=depth, width=WIDTH, transform_bias=T_BIAS, lr=LR,
+                           momentum=MOMENTUM, batch_size=BATCH)  # fmt: skip
+    net, (tx, _) = cfg.net(), hw.make_optimizer(cfg, LR)
+    step = jax.jit(hw.make_train_step(net, tx), donate_argnums=0)
+    state = {"s": jax.jit(functools.partial(hw.init_state, net, tx))(jax.random.key(0))}
+    images, labels = jnp.asarray(splits["train"][0]), jnp.asarray(splits["train"][1])
+    batches = [(images, labels, jnp.asarray(idx)) for idx in batch_indices(splits, steps)]
     key = jax.random.key(1)
 
     def run(n):
@@ -195,8 +204,7 @@ def nnx_epoch(depth: int, splits, steps: int, scan: bool = False) -> dict:
         optimizer.update(model, grads)
         return loss
 
-    idx = [classify.batch_indices(0, 0, i, len(x_train), BATCH).astype(np.int32)
-           for i in range(steps)]  # fmt: skip
+    idx = batch_indices(splits, steps)
     cached = nnx.cached_partial(train_step, model, optimizer)
 
     def run(n, call):

@@ -1,5 +1,8 @@
 """Training the fully connected highway and plain nets (Srivastava et al.) on the run engine.
 
+:func:`train_and_evaluate` is the one entry point of a run (:func:`sweep`: of a depth
+sweep, each run through it).
+
 The optimiser is the ECBM4040 reproduction's: SGD with momentum 0.9 on the batch's
 mean cross-entropy, the learning rate decayed by 0.96 every 100,000 steps
 (staircase), batches of 128. Images are ``uint8``; the step divides by 255.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,7 +35,7 @@ import numpy as np
 import optax
 
 from rhnzoo import data
-from rhnzoo.config import DataSettings, setting
+from rhnzoo.config import DataSettings, RunSettings, setting
 from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
 from rhnzoo.training import classify, engine, sharding, step
 from rhnzoo.training import sweep as runner
@@ -41,7 +45,7 @@ Params = Any
 Split = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, m], labels int32 [N])
 
 __all__ = ["HighwayConfig", "inputs", "split_data", "make_optimizer", "forward",
-           "make_train_step", "make_sums_fn", "evaluate", "ImageTask", "make_task", "train",
+           "make_train_step", "make_sums_fn", "evaluate", "init_state", "train_and_evaluate",
            "train_run", "sweep"]  # fmt: skip
 
 
@@ -50,13 +54,13 @@ DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer
 
 
 @dataclasses.dataclass(frozen=True)
-class HighwayConfig(engine.RunSettings, DataSettings):
+class HighwayConfig(RunSettings, DataSettings):
     """Every setting of a highway / plain net run or depth sweep, one field each
     (``experiments/highway.py``'s flags are generated from them, ``--jobs`` and
-    ``--seeds`` are the runner's). The
-    engine's settings come from :class:`~rhnzoo.training.engine.RunSettings` (with
-    ``epochs``: :meth:`run_config`), the data flags from
-    :class:`~rhnzoo.config.DataSettings`; presets: :mod:`rhnzoo.configs.highway`.
+    ``--seeds`` are the runner's). The engine's settings come from
+    :class:`~rhnzoo.config.RunSettings` (the run's length: ``epochs``), the data flags
+    from :class:`~rhnzoo.config.DataSettings`; presets: :mod:`rhnzoo.configs.highway`.
+    The config itself is the engine's (:func:`train_and_evaluate`).
 
     A sweep's config narrows to each of its runs (:meth:`runs`; one net:
     :meth:`narrow`): the net's kind, depth, width and learning rate resolved, its own
@@ -219,10 +223,6 @@ class HighwayConfig(engine.RunSettings, DataSettings):
                 out.append((name, self.narrow(kind, depth, k, **(own if self.sweep else {}))))
         return out
 
-    def run_config(self) -> engine.RunConfig:
-        """The engine's settings of the run (``epochs`` long)."""
-        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
-
     def output_dir(self) -> str:
         """``workdir``, else the default: ``runs/highway_<dataset>_<preset or full>`` for a
         sweep (its root), ``runs/highway_<dataset>_<kind>_d<depth>`` for one net."""
@@ -303,104 +303,86 @@ def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int 
     return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
 
 
-class ImageTask:
-    """A highway or plain net's classification task: its bound methods are the engine
-    :class:`~rhnzoo.training.engine.Task`'s callables (:meth:`task`).
+def init_state(net: FeedForwardNet, tx: optax.GradientTransformation, key: Array) -> dict:
+    """A fresh training state ``{'params', 'opt_state'}``: ``net.init(key)`` and ``tx``'s
+    state of it."""
+    params = net.init(key)
+    return {"params": params, "opt_state": tx.init(params)}
+
+
+def _check_images(net: FeedForwardNet, splits: Mapping[str, Split]) -> None:
+    """Raises ValueError (one line) unless every split's images are ``[N, net.input_size]``."""
+    for name, (x, _) in splits.items():
+        if x.ndim != 2 or x.shape[1] != net.input_size:
+            raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
+                             f"{net.input_size} inputs")  # fmt: skip
+
+
+def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
+                       workdir: str | os.PathLike | None = None, *,
+                       net: FeedForwardNet | None = None, devices: list | None = None,
+                       log: Callable[[str], None] | None = print,
+                       on_divergence: str = "raise") -> engine.RunResult:  # fmt: skip
+    """Trains and evaluates one net: the one entry point of a highway / plain net run.
+
+    Builds the net, the optimizer (:func:`make_optimizer` at
+    :meth:`HighwayConfig.learning_rate` of the net's kind and depth), the state, the
+    batches (:func:`rhnzoo.training.classify.batch_indices` of ``cfg.seed``) and the
+    evaluation, and runs them on :func:`rhnzoo.training.engine.run` at ``cfg``, in
+    ``workdir`` (None: in memory), whose ``config.json`` is ``cfg.to_dict()`` (a run's
+    own config: :meth:`HighwayConfig.narrow`).
 
     Args:
-      net: the model; splits: :func:`split_data`; cfg: the optimisation settings (the
-        learning rate :meth:`HighwayConfig.learning_rate` of the net's kind and depth)
-        and ``seed``, which orders the batches (the engine's key, from it too, the
-        initialisation); devices: data parallelism over these (default: all): the training split and
-        parameters are replicated, each batch's rows split over a ``Mesh(("data",))``.
+      cfg: the run's settings; splits: :func:`split_data`'s (images uint8 ``[N, m]``).
+      net: the model; default ``cfg.net()`` (the dataset's sizes): pass one only for
+        images of other sizes (synthetic data). ``config.json`` records ``cfg``.
+      devices: data parallelism over these (default: all): the training split and the
+        parameters replicated, each batch's rows split over a ``Mesh(("data",))``.
+      log, on_divergence: :func:`rhnzoo.training.engine.run`'s.
+
+    Returns:
+      The engine's :class:`~rhnzoo.training.engine.RunResult`: results ``valid_xent``,
+      ``valid_acc``, ``test_xent``, ``test_acc`` (nats, fractions) of the best epoch.
 
     Raises:
-      ValueError: if the training split has fewer images than a batch, the images
-        are not ``[N, net.input_size]``, or the devices do not divide the batch.
+      ValueError: (one line) images not ``[N, net.input_size]``, a training split
+        smaller than a batch, devices that do not divide the batch, an incompatible
+        workdir; and what :func:`rhnzoo.training.engine.run` raises.
     """
+    net = cfg.net() if net is None else net
+    _check_images(net, splits)
+    x_train, y_train = splits["train"]
+    steps_per_epoch = classify.steps_per_epoch(len(x_train), cfg.batch_size)
+    mesh = sharding.data_mesh(devices)
+    sharding.check_divisible(cfg.batch_size, mesh)
+    tx, schedule = make_optimizer(cfg, cfg.learning_rate(net.kind, net.depth))
+    replicated = sharding.replicated(mesh)
+    images, labels = sharding.put_tree((x_train, y_train), replicated)
+    fresh = jax.jit(functools.partial(init_state, net, tx))  # one compilation per run
 
-    def __init__(self, net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig,
-                 *, devices: list | None = None):  # fmt: skip
-        x_train, y_train = splits["train"]
-        for name, (x, _) in splits.items():
-            if x.ndim != 2 or x.shape[1] != net.input_size:
-                raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
-                                 f"{net.input_size} inputs")  # fmt: skip
-        self.net, self.splits, self.cfg = net, splits, cfg
-        self.steps_per_epoch = classify.steps_per_epoch(len(x_train), cfg.batch_size)
-        self.mesh = sharding.data_mesh(devices)
-        sharding.check_divisible(cfg.batch_size, self.mesh)
-        self.tx, self.schedule = make_optimizer(cfg, cfg.learning_rate(net.kind, net.depth))
-        self.images, self.labels = sharding.put_tree((x_train, y_train),
-                                                     sharding.replicated(self.mesh))  # fmt: skip
-        self._init = jax.jit(self._fresh_state)  # one compilation, not one per key shape
+    def get_batch(epoch: int, index: int):
+        idx = classify.batch_indices(cfg.seed, epoch, index, len(x_train), cfg.batch_size)
+        return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
 
-    def _fresh_state(self, key):
-        params = self.net.init(key)
-        return {"params": params, "opt_state": self.tx.init(params)}
-
-    def init_state(self, key):
-        """``key -> {'params', 'opt_state'}``, replicated over the devices."""
-        return sharding.put_tree(self._init(key), sharding.replicated(self.mesh))
-
-    def get_batch(self, epoch: int, index: int):
-        """``(images, labels, idx)``: the device-resident split and batch ``index`` of
-        ``epoch``'s indices (:func:`rhnzoo.training.classify.batch_indices`)."""
-        idx = classify.batch_indices(self.cfg.seed, epoch, index, len(self.splits["train"][0]),
-                                     self.cfg.batch_size)  # fmt: skip
-        return self.images, self.labels, sharding.put_rows(idx.astype(np.int32), self.mesh)
-
-    def metrics(self, params, split: str, track, desc: str) -> dict[str, float]:
-        """``{'<split>_xent', '<split>_acc'}`` of ``params`` on ``splits[split]``."""
-        r = evaluate(self.net, params, self.splits[split], self.cfg.eval_batch_size, track,
-                     desc, self.mesh)  # fmt: skip
+    def metrics(params, split: str, track) -> dict[str, float]:
+        r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, split, mesh)
         return {f"{split}_xent": r["loss"], f"{split}_acc": r["accuracy"]}
 
-    def validate(self, params, track) -> dict[str, float]:
-        out = self.metrics(params, "valid", track, "valid")
+    def validate(params, track) -> dict[str, float]:
+        out = metrics(params, "valid", track)
         return {**out, "valid_loss": out["valid_xent"]}
 
-    def final_evaluate(self, params, track) -> dict[str, float]:
-        return {**self.metrics(params, "valid", track, "valid"),
-                **self.metrics(params, "test", track, "test")}  # fmt: skip
-
-    def learning_rate(self, step: int) -> float:
-        return float(self.schedule(step))
-
-    def task(self) -> engine.Task:
-        """The engine's :class:`~rhnzoo.training.engine.Task` of these methods."""
-        return engine.Task(
-            init_state=self.init_state, train_step=make_train_step(self.net, self.tx),
-            get_batch=self.get_batch, steps_per_epoch=self.steps_per_epoch,
-            validate=self.validate, final_evaluate=self.final_evaluate, select="valid_xent",
-            train_metrics=classify.train_metrics, chance_loss=math.log(self.net.num_classes),
-            unit="img", learning_rate=self.learning_rate,
-        )  # fmt: skip
-
-
-def make_task(net: FeedForwardNet, splits: Mapping[str, Split], cfg: HighwayConfig, *,
-              devices: list | None = None) -> engine.Task:  # fmt: skip
-    """The classification task for the run engine: :class:`ImageTask`'s (same arguments)."""
-    return ImageTask(net, splits, cfg, devices=devices).task()
-
-
-def train(
-    net: FeedForwardNet,
-    splits: Mapping[str, Split],
-    cfg: HighwayConfig,
-    workdir=None,
-    **kwargs,
-) -> engine.RunResult:
-    """Trains ``net`` (normally ``cfg.net()``) with :func:`make_task` through
-    :func:`rhnzoo.training.engine.run` at ``cfg``'s :meth:`~HighwayConfig.run_config`,
-    in ``workdir`` (None: in memory) whose ``config.json`` is ``cfg.to_dict()`` (a run's
-    own config: :meth:`HighwayConfig.narrow`); ``kwargs``: ``on_divergence``, ``log``.
-
-    Raises:
-      ValueError: an incompatible workdir (another structural setting); and what
-        :func:`rhnzoo.training.engine.run` raises.
-    """
-    return engine.run(make_task(net, splits, cfg), cfg.run_config(), workdir, cfg, **kwargs)
+    task = engine.Task(
+        init_state=lambda key: sharding.put_tree(fresh(key), replicated),
+        train_step=make_train_step(net, tx), get_batch=get_batch,
+        steps_per_epoch=steps_per_epoch, validate=validate,
+        final_evaluate=lambda p, track: {**metrics(p, "valid", track),
+                                         **metrics(p, "test", track)},
+        select="valid_xent", train_metrics=classify.train_metrics,
+        chance_loss=math.log(net.num_classes), unit="img",
+        learning_rate=lambda step: float(schedule(step)),
+    )  # fmt: skip
+    return engine.run(task, cfg, workdir, on_divergence=on_divergence, log=log)
 
 
 def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
@@ -412,8 +394,8 @@ def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pat
     (:func:`rhnzoo.training.sweep.run_log`)."""
     if quiet and log is not None:
         log = runner.run_log(workdir)
-    return train(cfg.net(), splits, cfg, workdir, on_divergence=on_divergence,
-                 log=log).results  # fmt: skip
+    return train_and_evaluate(cfg, splits, workdir, log=log,
+                              on_divergence=on_divergence).results  # fmt: skip
 
 
 def sweep(

@@ -37,7 +37,7 @@ import optax
 
 from rhnzoo import cells, data, dropout
 from rhnzoo.cells import scan
-from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
+from rhnzoo.config import DataSettings, DistributedSettings, RunSettings, setting
 from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
 from rhnzoo.training import engine, sharding, step
@@ -53,7 +53,7 @@ HSG_RHN_INIT_BIAS = -2.5
 
 
 @dataclasses.dataclass(frozen=True)
-class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
+class LMConfig(RunSettings, DataSettings, DistributedSettings):
     """Every setting of a language-model run, one field each (the flags of
     ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
     run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
@@ -143,9 +143,10 @@ class LMConfig(engine.RunSettings, DataSettings, DistributedSettings):
                 f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
                 f"{'_hsg' if self.hsg else ''}")  # fmt: skip
 
-    def run_config(self) -> engine.RunConfig:
-        """The engine's settings (the whole ``max_max_epoch`` schedule)."""
-        return engine.RunConfig(epochs=self.max_max_epoch, **self.run_settings())
+    @property
+    def epochs(self) -> int:
+        """The schedule's epochs (the engine's run length): ``max_max_epoch``."""
+        return self.max_max_epoch
 
     def model(self, vocab_size: int) -> LanguageModel:
         """The language model of these settings over ``vocab_size`` symbols."""
@@ -309,158 +310,82 @@ METRICS = {
 }
 
 
-class LMTask:
-    """The language-modelling task of ``model`` on ``corpus``: its bound methods are the
-    engine's :class:`~rhnzoo.training.engine.Task` callables (:meth:`task`).
-
-    Raises:
-      ValueError: bad settings for this corpus (batch too large, windows too long,
-        batch not divisible by the devices) or an unknown ``metric_name``.
-    """
-
-    def __init__(self, model: LanguageModel, corpus: data.Corpus, cfg: LMConfig,
-                 run: engine.RunConfig, metric_name: str = "ppl",
-                 devices: list | None = None):  # fmt: skip
-        if metric_name not in METRICS:
-            raise ValueError(f"metric_name must be one of {list(METRICS)}, got {metric_name!r}")
-        if run.epochs != cfg.max_max_epoch:
-            raise ValueError(f"run.epochs={run.epochs} differs from "
-                             f"max_max_epoch={cfg.max_max_epoch}")  # fmt: skip
-        self.model, self.corpus, self.cfg, self.metric_name = model, corpus, cfg, metric_name
-        self.to_metric = METRICS[metric_name]
-        self.mesh = sharding.data_mesh(devices)
-        sharding.check_divisible(cfg.batch_size, self.mesh)
-        rows_np = data.batchify(corpus.train, cfg.batch_size)
-        self.steps_per_epoch = data.num_windows(rows_np.shape[1], cfg.num_steps)
-        data.batchify(corpus.valid, cfg.batch_size)  # fail early if valid is too short
-        self.tx = make_optimizer(cfg, self.steps_per_epoch)
-        self.rows = sharding.put(rows_np, sharding.by_rows(self.mesh))
-        self.evaluate = Evaluator(model, self.mesh)
-        self.cut = run.cut_short(self.steps_per_epoch)
-        self.eval_batch = cfg.eval_batch_size or (cfg.batch_size if self.cut else 1)
-        self.protocol = "reference batch-1" if self.eval_batch == 1 else "batched"
-        self._schedule = cfg.schedule(self.steps_per_epoch)
-
-    def init_state(self, key: Array) -> State:
-        state = init_state(self.model, self.cfg, self.tx, key)
-        placed = sharding.put_tree(state, sharding.replicated(self.mesh))
-        placed["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(self.mesh))
-        return placed
-
-    def get_batch(self, epoch: int, index: int):
-        return self.rows, np.int32(index)
-
-    def validate(self, params, track) -> dict[str, float]:
-        nll, count = self.evaluate(params, self.corpus.valid, self.cfg.batch_size,
-                                   self.cfg.num_steps, track)  # fmt: skip
-        return {f"valid_{self.metric_name}": self.to_metric(nll / count),
-                "valid_loss": nll / count}  # fmt: skip
-
-    def final_evaluate(self, params, track) -> dict[str, Any]:
-        out = {"eval_batch_size": self.eval_batch, "eval_protocol": self.protocol}
-        for split in ("valid", "test"):
-            t0 = time.perf_counter()
-            split_track = functools.partial(track, desc=f"final {split} (batch {self.eval_batch})")
-            nll, count = self.evaluate(params, getattr(self.corpus, split), self.eval_batch,
-                                       self.cfg.eval_num_steps, split_track)  # fmt: skip
-            out[f"{split}_{self.metric_name}"] = self.to_metric(nll / count)
-            out[f"{split}_eval_s"] = time.perf_counter() - t0
-        return out
-
-    def train_metrics(self, sums) -> dict[str, float]:
-        return {f"train_{self.metric_name}": self.to_metric(sums["loss"] / max(sums["count"], 1))}
-
-    def learning_rate(self, step: int) -> float:
-        return float(self._schedule(step))
-
-    def task(self) -> engine.Task:
-        short = ", batched because the run was cut short"
-        return engine.Task(
-            init_state=self.init_state,
-            train_step=make_train_step(self.model, self.cfg, self.tx),
-            get_batch=self.get_batch,
-            steps_per_epoch=self.steps_per_epoch,
-            validate=self.validate,
-            final_evaluate=self.final_evaluate,
-            select=f"valid_{self.metric_name}",
-            train_metrics=self.train_metrics,
-            chance_loss=math.log(self.model.vocab_size),
-            unit="tok",
-            learning_rate=self.learning_rate,
-            final_label=f"eval batch {self.eval_batch}"
-            + (short if self.cut and self.cfg.eval_batch_size is None else ""),
-            final_settings={"eval_batch_size": self.eval_batch},
-        )
-
-
-def make_task(
-    model: LanguageModel,
-    corpus: data.Corpus,
-    cfg: LMConfig,
-    run: engine.RunConfig,
-    metric_name: str = "ppl",
-    devices: list | None = None,
-) -> engine.Task:
-    """The language-modelling task of ``model`` on ``corpus`` for the run engine
-    (:class:`LMTask`; ``cfg``'s optimisation and evaluation settings, ``run``'s length).
-
-    Raises:
-      ValueError: bad settings for this corpus (batch too large, windows too long,
-        batch not divisible by the devices) or an unknown ``metric_name``.
-    """
-    return LMTask(model, corpus, cfg, run, metric_name, devices).task()
-
-
-def train(
-    model: LanguageModel,
-    corpus: data.Corpus,
-    cfg: LMConfig,
-    workdir: str | os.PathLike | None,
-    run: engine.RunConfig | None = None,
-    config: Config | None = None,
-    metric_name: str = "ppl",
-    devices: list | None = None,
-    log=print,
-    on_divergence: str = "raise",
-) -> dict[str, Any]:
-    """Trains ``model`` on ``corpus`` on the run engine and evaluates the best params.
+def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
+                       workdir: str | os.PathLike | None = None, devices: list | None = None,
+                       log=print, on_divergence: str = "raise",
+                       model: LanguageModel | None = None) -> dict[str, Any]:  # fmt: skip
+    """Trains the language model ``config`` describes on ``corpus`` and evaluates its best
+    parameters: the one entry point of ``experiments/ptb.py``, ``char.py`` and the depth
+    sweep.
 
     Args:
-      model: the language model.
-      corpus: token id streams (``train``, ``valid``, ``test``).
-      cfg: optimisation and evaluation settings (its model and run fields are not read
-        here).
-      workdir: run directory (see :func:`rhnzoo.training.engine.run`); rerunning
-        with the same workdir resumes exactly.
-      run: run length and reporting (default: ``cfg.run_config()``, the whole
-        ``cfg.max_max_epoch`` schedule).
-      config: every setting of the run (``config.json``), checked on resume.
-      metric_name: ``'ppl'`` (perplexity) or ``'bpc'`` (bits per character).
-      devices: devices for data-parallel training (default: all); batch rows are
-        sharded over a ``Mesh(("data",))``, parameters replicated.
+      config: every setting of the run (model, optimisation, evaluation, run length);
+        ``config.json`` is ``config.to_dict()``, checked on resume.
+      corpus: token id streams (``train``, ``valid``, ``test``: int arrays).
+      workdir: run directory (default ``config.run_dir``); rerunning with it resumes
+        exactly (:func:`rhnzoo.training.engine.run`).
+      devices: data parallelism over these (default: all): batch rows are sharded over
+        a ``Mesh(("data",))``, parameters replicated.
+      log: receives every printed line; None: silent.
       on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.training.engine.run`).
+      model: a language model of one's own to train by this protocol (default:
+        ``config.model(corpus.vocab_size)``; ``config.json`` still records ``config``).
 
     Returns:
-      The final results dict (also written to ``results.json``).
+      The final results (also ``results.json``): ``valid_<metric>``, ``test_<metric>``
+      (``config.metric``: perplexity or BPC), the evaluation protocol and the run's
+      bookkeeping.
 
     Raises:
-      ValueError: bad settings for this corpus, or an incompatible workdir.
+      ValueError: bad settings for this corpus (batch too large, windows too long, batch
+        not divisible by the devices), or an incompatible workdir.
       engine.TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
       engine.Interrupted: a signal arrived (the state was saved).
     """
-    run = run or cfg.run_config()
-    task = make_task(model, corpus, cfg, run, metric_name, devices)
-    return engine.run(task, run, workdir, config, on_divergence=on_divergence,
+    model, metric = model or config.model(corpus.vocab_size), config.metric
+    to_metric = METRICS[metric]
+    mesh = sharding.data_mesh(devices)
+    sharding.check_divisible(config.batch_size, mesh)
+    rows_np = data.batchify(corpus.train, config.batch_size)
+    data.batchify(corpus.valid, config.batch_size)  # fail early if valid is too short
+    steps_per_epoch = data.num_windows(rows_np.shape[1], config.num_steps)
+    rows = sharding.put(rows_np, sharding.by_rows(mesh))
+    tx, schedule = make_optimizer(config, steps_per_epoch), config.schedule(steps_per_epoch)
+    evaluate = Evaluator(model, mesh)
+    cut = config.cut_short(steps_per_epoch)
+    eval_batch = config.eval_batch_size or (config.batch_size if cut else 1)
+
+    def init(key):
+        state = sharding.put_tree(init_state(model, config, tx, key), sharding.replicated(mesh))
+        state["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(mesh))
+        return state
+
+    def validate(params, track):
+        nll, count = evaluate(params, corpus.valid, config.batch_size, config.num_steps, track)
+        return {f"valid_{metric}": to_metric(nll / count), "valid_loss": nll / count}
+
+    def final_evaluate(params, track):
+        out = {"eval_batch_size": eval_batch,
+               "eval_protocol": "reference batch-1" if eval_batch == 1 else "batched"}  # fmt: skip
+        for split in ("valid", "test"):
+            t0 = time.perf_counter()
+            split_track = functools.partial(track, desc=f"final {split} (batch {eval_batch})")
+            nll, count = evaluate(params, getattr(corpus, split), eval_batch,
+                                  config.eval_num_steps, split_track)  # fmt: skip
+            out[f"{split}_{metric}"] = to_metric(nll / count)
+            out[f"{split}_eval_s"] = time.perf_counter() - t0
+        return out
+
+    short = ", batched because the run was cut short" if cut and config.eval_batch_size is None else ""
+    task = engine.Task(
+        init_state=init, train_step=make_train_step(model, config, tx),
+        get_batch=lambda epoch, index: (rows, np.int32(index)), steps_per_epoch=steps_per_epoch,
+        validate=validate, final_evaluate=final_evaluate, select=f"valid_{metric}",
+        train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
+        chance_loss=math.log(model.vocab_size), unit="tok",
+        learning_rate=lambda step: float(schedule(step)),
+        final_label=f"eval batch {eval_batch}{short}",
+        final_settings={"eval_batch_size": eval_batch},
+    )  # fmt: skip
+    return engine.run(task, config, workdir or config.run_dir, on_divergence=on_divergence,
                       log=log).results  # fmt: skip
-
-
-def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
-                       workdir: str | os.PathLike | None = None, devices: list | None = None,
-                       log=print, on_divergence: str = "raise") -> dict[str, Any]:  # fmt: skip
-    """Trains the run ``config`` describes on ``corpus`` (its model, optimisation and run
-    settings; ``config.json`` = ``config.to_dict()``) in ``workdir`` (default:
-    ``config.run_dir``): the one entry point of ``experiments/ptb.py``, ``char.py`` and
-    the depth sweep. Returns and raises as :func:`train`."""
-    return train(config.model(corpus.vocab_size), corpus, config, workdir or config.run_dir,
-                 config.run_config(), config=config, metric_name=config.metric,
-                 devices=devices, log=log, on_divergence=on_divergence)  # fmt: skip

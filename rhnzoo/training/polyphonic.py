@@ -1,15 +1,16 @@
 """Training piano-roll models (JSB Chorales) on the run engine, and the JSB optimisation
 study of Zilly et al. (2017, sec. 5.1, Fig. 4).
 
-:func:`train` keeps the random search simple: one call per trial, in memory (no
-workdir, no checkpoints) unless a workdir is given, and every trial of the same model
-shares one compiled step (the hyperparameters live in the optimizer state). Minibatch k
-of epoch e is the k-th slice of a permutation drawn from ``(seed, e)``, padded to the
-longest training sequence, so every step has one shape and a resumed run sees the same
-batches.
+:func:`train` is the task's one entry point (its train_and_evaluate): it builds the
+optimizer state, the batches and the evaluation and runs the engine's loop. It keeps the
+random search simple: one call per trial, in memory (no workdir, no checkpoints) unless a
+workdir is given, and every trial of the same model shares one compiled step (the
+hyperparameters live in the optimizer state). Minibatch k of epoch e is the k-th slice of
+a permutation drawn from ``(seed, e)``, padded to the longest training sequence, so every
+step has one shape and a resumed run sees the same batches.
 
 Settings, each declared once (:func:`rhnzoo.config.setting`): :class:`TrainSettings`
-(the engine's :class:`~rhnzoo.training.engine.RunSettings`, ``epochs``, ``batch_size``),
+(the engine's :class:`~rhnzoo.config.RunSettings`, ``epochs``, ``batch_size``),
 :class:`PolyphonicConfig` (one model's training: those and the SGD hyperparameters),
 :class:`StudySettings` (what every trial of a study shares), :class:`JSBConfig` (the
 study: its flags, its root's ``config.json``; presets in :mod:`rhnzoo.configs.jsb`) and
@@ -34,7 +35,7 @@ import optax
 
 from rhnzoo import cells
 from rhnzoo.cells import scan
-from rhnzoo.config import DataSettings, setting
+from rhnzoo.config import DataSettings, RunSettings, setting
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
@@ -49,9 +50,9 @@ STATIC_INIT = {"init_scale": 0.04, "init_bias": -2.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSettings(engine.RunSettings):
+class TrainSettings(RunSettings):
     """How long, and on what batches, a piano-roll model trains: the engine's
-    :class:`~rhnzoo.training.engine.RunSettings` (seed, run limits, reporting, the
+    :class:`~rhnzoo.config.RunSettings` (seed, run limits, reporting, the
     divergence check, patience, matmul precision), ``epochs`` and ``batch_size``.
     Defaults: the full JSB study's.
 
@@ -64,15 +65,10 @@ class TrainSettings(engine.RunSettings):
     batch_size: int = setting(16, "Sequences per SGD step (whole-sequence BPTT, padded to "
                               "the longest training sequence).", low=1)  # fmt: skip
 
-    def run_config(self) -> engine.RunConfig:
-        """The engine's settings of the run: ``epochs`` full epochs unless
-        ``max_epochs`` / ``max_steps`` end it sooner."""
-        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
-
 
 @dataclasses.dataclass(frozen=True)
 class PolyphonicConfig(TrainSettings):
-    """How one piano-roll model trains (:func:`train`, :func:`make_task`): the
+    """How one piano-roll model trains (:func:`train`): the
     :class:`TrainSettings` and the clipped-SGD hyperparameters (:func:`sgd`).
 
     Raises:
@@ -175,64 +171,12 @@ def _train_metrics(sums) -> dict[str, float]:
     return {"train_nll": sums["loss"] / max(sums["count"], 1.0)}
 
 
-class PianoRollTask:
-    """The next-step piano-roll task; its bound methods are the engine's callables
-    (:meth:`task`). Args as :func:`make_task`."""
-
-    def __init__(self, model: PianoRollModel, data: dict[str, Sequence[np.ndarray]],
-                 config: PolyphonicConfig, *, params: Params | None = None):  # fmt: skip
-        self.model, self.data, self.config, self.params = model, data, config, params
-        self.train_seqs = list(data["train"])
-        self.length = max(s.shape[0] for s in self.train_seqs)
-        # Valid and test padded to one shape: the evaluation compiles once per model.
-        self.eval_pad = {
-            "length": max(s.shape[0] for split in ("valid", "test") for s in data[split]),
-            "batch_size": max(len(data["valid"]), len(data["test"])),
-        }
-
-    def init_state(self, key: Array):
-        p = self.model.init(key) if self.params is None else self.params
-        c = self.config
-        return {"params": p, "opt_state": sgd(c.lr, c.momentum, c.max_grad_norm).init(p)}
-
-    def get_batch(self, epoch: int, index: int):
-        b = self.config.batch_size
-        order = epoch_order(self.config.seed, epoch, len(self.train_seqs))
-        picked = order[index * b : (index + 1) * b]
-        return pad_batch([self.train_seqs[j] for j in picked], self.length, b)
-
-    def validate(self, params: Params, track) -> dict[str, float]:
-        nll = evaluate(self.model, params, self.data["valid"], **self.eval_pad)
-        return {"valid_nll": nll, "valid_loss": nll}
-
-    def final_evaluate(self, params: Params, track) -> dict[str, float]:
-        return {f"{split}_nll": evaluate(self.model, params, self.data[split], **self.eval_pad)
-                for split in ("valid", "test")}  # fmt: skip
-
-    def task(self) -> engine.Task:
-        """The :class:`rhnzoo.training.engine.Task`."""
-        return engine.Task(
-            init_state=self.init_state, train_step=_engine_step(self.model),
-            get_batch=self.get_batch,
-            steps_per_epoch=-(-len(self.train_seqs) // self.config.batch_size),
-            validate=self.validate, final_evaluate=self.final_evaluate, select="valid_nll",
-            chance_loss=NUM_NOTES * math.log(2), unit="step", train_metrics=_train_metrics,
-        )  # fmt: skip
-
-
-def make_task(model: PianoRollModel, data: dict[str, Sequence[np.ndarray]],
-              config: PolyphonicConfig, *,
-              params: Params | None = None) -> engine.Task:  # fmt: skip
-    """The next-step piano-roll task for the run engine (see :func:`train` for the args;
-    the batch order is drawn from ``config.seed``)."""
-    return PianoRollTask(model, data, config, params=params).task()
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
     """Outcome of :func:`train`. NLLs are nats per time step. ``diverged``: training
     stopped at a non-finite or exploding loss; ``best_valid`` / ``test_at_best`` are still
-    those of the best epoch before it, or inf (and ``best_epoch`` 0) if there was none."""
+    those of the best epoch before it, or inf (and ``best_epoch`` 0) if there was none.
+    ``best_params``: the best-validation parameters (host arrays)."""
 
     best_valid: float
     test_at_best: float
@@ -241,6 +185,7 @@ class TrainResult:
     epochs_run: int
     history: tuple[dict, ...]  # per epoch: epoch, train, valid, seconds
     seconds: float
+    best_params: Params = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def train(
@@ -258,11 +203,11 @@ def train(
     """Train ``model`` on ``data['train']`` with clipped SGD, keeping the best validation epoch.
 
     Runs on the run engine: each epoch visits the training sequences in an order drawn
-    from ``(seed, epoch)``, in minibatches of ``batch_size`` (the last one padded with
-    empty sequences) padded to the longest training sequence. After each epoch the
-    validation NLL is computed; the test figure reported is the test NLL of the best
-    validation epoch. A non-finite or exploding loss (``divergence_factor``, judged
-    against the chance level 88 log 2) stops the run, which is then reported as diverged.
+    from ``(seed, epoch)`` (:func:`epoch_order`), in minibatches of ``batch_size`` (the
+    last one padded with empty sequences) padded to the longest training sequence. After
+    each epoch the validation NLL is computed; the test figure reported is the test NLL of
+    the best validation epoch. A non-finite or exploding loss (``divergence_factor``,
+    judged against the chance level 88 log 2) stops the run, reported as diverged.
 
     Args:
       model: the model; data: ``{'train', 'valid', 'test'}`` -> rolls ``[T_i, 88]``.
@@ -286,21 +231,57 @@ def train(
     if key is not None:
         seed = key if isinstance(key, int) else int(jax.random.randint(key, (), 0, 2**31 - 1))
         config = config.replace(seed=seed)
-    task = make_task(model, data, config, params=params)
+    train_seqs, size = list(data["train"]), config.batch_size
+    length = max(s.shape[0] for s in train_seqs)
+    # Valid and test padded to one shape: the evaluation compiles once per model.
+    pad = {"length": max(s.shape[0] for split in ("valid", "test") for s in data[split]),
+           "batch_size": max(len(data["valid"]), len(data["test"]))}  # fmt: skip
+
+    def init_state(key: Array):
+        p = model.init(key) if params is None else params
+        return {"params": p, "opt_state": sgd(config.lr, config.momentum,
+                                               config.max_grad_norm).init(p)}  # fmt: skip
+
+    def get_batch(epoch: int, index: int):
+        order = epoch_order(config.seed, epoch, len(train_seqs))
+        picked = order[index * size : (index + 1) * size]
+        return pad_batch([train_seqs[j] for j in picked], length, size)
+
+    def nlls(p: Params, splits: tuple[str, ...]) -> dict[str, float]:
+        return {f"{split}_nll": evaluate(model, p, data[split], **pad) for split in splits}
+
+    def validate(p: Params, track) -> dict[str, float]:
+        nll = nlls(p, ("valid",))["valid_nll"]
+        return {"valid_nll": nll, "valid_loss": nll}
+
+    steps_per_epoch = -(-len(train_seqs) // size)
+    task = engine.Task(
+        init_state=init_state, train_step=_engine_step(model), get_batch=get_batch,
+        steps_per_epoch=steps_per_epoch, validate=validate,
+        final_evaluate=lambda p, track: nlls(p, ("valid", "test")),
+        select="valid_nll", chance_loss=NUM_NOTES * math.log(2), unit="step",
+        train_metrics=_train_metrics,
+    )  # fmt: skip
     start = time.perf_counter()
-    out = engine.run(task, config.run_config(), workdir, config, on_divergence=on_divergence,
-                     log=log)  # fmt: skip
-    spe = task.steps_per_epoch
+    out = engine.run(task, config, workdir, on_divergence=on_divergence, log=log)
+    return _result(out, steps_per_epoch, time.perf_counter() - start)
+
+
+def _result(out: engine.RunResult, steps_per_epoch: int, seconds: float) -> TrainResult:
+    """:func:`train`'s :class:`TrainResult` of the engine's ``out``: steps counted in
+    epochs, the NLLs inf when no epoch was kept."""
     best_step = out.results["best_step"]
+    kept = best_step > 0
     return TrainResult(
-        best_valid=out.results.get("valid_nll", math.inf) if best_step > 0 else math.inf,
-        test_at_best=out.results.get("test_nll", math.inf) if best_step > 0 else math.inf,
-        best_epoch=-(-best_step // spe) if best_step > 0 else 0,
+        best_valid=out.results.get("valid_nll", math.inf) if kept else math.inf,
+        test_at_best=out.results.get("test_nll", math.inf) if kept else math.inf,
+        best_epoch=-(-best_step // steps_per_epoch) if kept else 0,
         diverged=out.diverged,
-        epochs_run=-(-out.results["step"] // spe),
+        epochs_run=-(-out.results["step"] // steps_per_epoch),
         history=tuple({"epoch": r["epoch"], "train": r["train_nll"], "valid": r["valid_nll"],
                        "seconds": r["elapsed_s"]} for r in out.history),
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
+        best_params=out.best_params,
     )
 
 

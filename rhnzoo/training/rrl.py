@@ -15,8 +15,9 @@
   ``learning_rate=1.0`` — its default of None would not negate the update) after
   global-norm gradient clipping; loss = mean cross-entropy over the batch's real rows.
 
-:class:`RRLConfig` holds every setting of a run (``config.json``; its optimisation and
-batching part, :class:`TrainConfig`, is what :func:`make_task` reads); its presets and
+:func:`train_and_evaluate` is the one entry point: one run of an :class:`RRLConfig`
+(every setting, ``config.json``; its optimisation and batching part is
+:class:`TrainConfig`) on a :class:`~rhnzoo.data.sequences.Dataset`. The presets and
 studies are in :mod:`rhnzoo.configs.rrl`; :func:`run_experiment` is
 ``experiments/rrl.py``'s body.
 """
@@ -37,7 +38,7 @@ import optax
 
 from rhnzoo import cells, data, dropout
 from rhnzoo.cells import registry, scan
-from rhnzoo.config import Config, DataSettings, DistributedSettings, setting
+from rhnzoo.config import Config, DataSettings, DistributedSettings, RunSettings, setting
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.training import classify, engine, sharding, step, sweep, tables
@@ -53,8 +54,8 @@ ADADELTA_RHO = 0.95
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Config):
-    """Optimisation and batching settings of :func:`make_task` (an :class:`RRLConfig` is
-    one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping, sequences cut
+    """Optimisation and batching settings of :func:`train_and_evaluate` (an
+    :class:`RRLConfig` is one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping, sequences cut
     to ``max_len`` steps in ``buckets`` padded lengths.
 
     Raises:
@@ -111,12 +112,12 @@ DATASETS = ("imdb", *(name for name in data.names("sequences") if name != "imdb"
 
 
 @dataclasses.dataclass(frozen=True)
-class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettings):
+class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     """One sequence-classification run, one field per setting (the flags of
     ``experiments/rrl.py`` are generated from them); ``to_dict()`` is its
     ``config.json``. The defaults are the flags'; the presets are
     :mod:`rhnzoo.configs.rrl`. Optimisation and batching are :class:`TrainConfig`'s
-    fields, the engine's :class:`~rhnzoo.training.engine.RunSettings`', the data files'
+    fields, the engine's :class:`~rhnzoo.config.RunSettings`', the data files'
     and several processes' :class:`~rhnzoo.config.DataSettings` and
     :class:`~rhnzoo.config.DistributedSettings`.
 
@@ -189,10 +190,10 @@ class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettin
         ``hybrid_hidden_size`` units per cell for the two-cell hybrids
         (:data:`rhnzoo.cells.registry.PARALLEL_NAMES`), else ``hidden_size``; each
         setting goes to the cells that have it. Raises ValueError (one line)."""
-        settings = dict(depth=self.rrn_depth, activation=self.rrn_activation, skip=self.skip,
-                        recurrent_init=self.rrn_recurrent_init, f_bias=self.rrn_f_bias,
-                        forget_bias=self.forget_bias, init_scale=self.init_scale,
-                        reset_after=self.gru_reset_after)  # fmt: skip
+        settings = {"depth": self.rrn_depth, "activation": self.rrn_activation,
+                    "skip": self.skip, "recurrent_init": self.rrn_recurrent_init,
+                    "f_bias": self.rrn_f_bias, "forget_bias": self.forget_bias,
+                    "init_scale": self.init_scale, "reset_after": self.gru_reset_after}
         n = self.hybrid_hidden_size if self.model in registry.PARALLEL_NAMES else self.hidden_size
         return cells.make(self.model, n, **cells.applicable(self.model, settings))
 
@@ -213,10 +214,6 @@ class RRLConfig(TrainConfig, engine.RunSettings, DataSettings, DistributedSettin
         return SequenceClassifier(self.cell(), num_classes, input_size or self.embedding_size(),
                                   vocab_size, drop=self.drop, input_drop=self.input_drop,
                                   init_scale=self.init_scale, **self._scan())  # fmt: skip
-
-    def run_config(self) -> engine.RunConfig:
-        """The engine's settings of the run (the schedule: ``epochs``)."""
-        return engine.RunConfig(epochs=self.epochs, **self.run_settings())
 
 
 def load_data(config: RRLConfig) -> Dataset:
@@ -281,95 +278,40 @@ def plan(split: Split, cfg: TrainConfig, shuffle_seed: tuple[int, int] | None):
     return batches
 
 
-class _Classification:
-    """The engine callables of :func:`make_task` (its arguments, see there), as bound
-    methods."""
-
-    def __init__(self, model: SequenceClassifier, train: Split, dev: Split, test: Split,
-                 cfg: TrainConfig, seed: int, embeddings, devices) -> None:  # fmt: skip
-        for name, split in (("train", train), ("dev", dev), ("test", test)):
-            if not len(split.labels):
-                raise ValueError(f"the {name} split is empty")
-        self.model, self.train, self.cfg, self.seed = model, train, cfg, seed
-        self.embeddings = embeddings
-        self.mesh = sharding.data_mesh(devices)
-        sharding.check_divisible(cfg.batch_size, self.mesh)
-        self.tx = cfg.optimizer()
-        self.steps_per_epoch = len(plan(train, cfg, None))
-        self.train_step = step.make_train_step(classify.xent_loss(self.forward), self.tx)
-        self.epoch_plan = functools.lru_cache(maxsize=2)(self._epoch_plan)
-        self.eval_sums = jax.jit(self._eval_sums)
-        self.splits = {"dev": dev, "test": test}
-        self.eval_plans = {name: plan(split, cfg, None) for name, split in self.splits.items()}
-
-    def init_state(self, key):
-        params = self.model.init(key)
-        if self.embeddings is not None:
-            vectors, found = self.embeddings
-            params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
-        return sharding.put_tree({"params": params, "opt_state": self.tx.init(params)},
-                                 sharding.replicated(self.mesh))  # fmt: skip
-
-    def forward(self, params, batch, key):
-        inputs, lengths, labels, weights = batch
-        logits = self.model.logits(params, inputs, lengths, key)
-        return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
-
-    def _epoch_plan(self, epoch):
-        return plan(self.train, self.cfg, (self.seed, epoch))
-
-    def get_batch(self, epoch, index):
-        length, rows = self.epoch_plan(epoch)[index]
-        return sharding.put_rows(pad(self.train, rows, self.cfg.batch_size, length,
-                                     self.cfg.keep), self.mesh)  # fmt: skip
-
-    def _eval_sums(self, params, inputs, lengths, labels, weights):
-        return classify.xent_sums(self.model.logits(params, inputs, lengths), labels, weights)
-
-    def evaluate(self, params, name, track):
-        split, batches, cfg = self.splits[name], self.eval_plans[name], self.cfg
-        m = classify.means(classify.add_up(
-            self.eval_sums(params, *sharding.put_rows(pad(split, rows, cfg.batch_size, length,
-                                                          cfg.keep), self.mesh))
-            for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
-        return m["accuracy"], m["loss"]
-
-    def validate(self, params, track):
-        acc, xent = self.evaluate(params, "dev", track)
-        return {"dev_acc": acc, "dev_xent": xent, "valid_loss": xent}
-
-    def final_evaluate(self, params, track):
-        out = {}
-        for name in self.splits:
-            out[f"{name}_acc"], out[f"{name}_xent"] = self.evaluate(params, name, track)
-        return out
+def _forward(model: SequenceClassifier, params, batch, key):
+    """:func:`rhnzoo.training.classify.xent_loss`'s ``forward`` on a training batch
+    ``(inputs, lengths [B], labels [B], weights [B])``: the logits ``[B, C]`` (``key``:
+    dropout), labels, weights and the tokens read (``'tokens'``, the throughput)."""
+    inputs, lengths, labels, weights = batch
+    logits = model.logits(params, inputs, lengths, key)
+    return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
 
 
-def make_task(
-    model: SequenceClassifier, train: Split, dev: Split, test: Split, cfg: TrainConfig,
-    seed: int = 0, embeddings: tuple[np.ndarray, np.ndarray] | None = None,
-    devices: list | None = None,
-) -> engine.Task:  # fmt: skip
-    """The classification task of ``model`` for the run engine.
+def _eval_sums(model: SequenceClassifier, params, inputs, lengths, labels, weights):
+    """:func:`rhnzoo.training.classify.xent_sums` of an evaluation batch (no dropout)."""
+    return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
 
-    Args:
-      embeddings: optional ``(vectors [V, m], found [V] bool)``
-        (:func:`rhnzoo.data.word2vec.load_word2vec`): found rows replace the random
-        initial embedding.
-      devices: data parallelism over these (default: all): every batch's rows are
-        split over a ``Mesh(("data",))``, parameters and optimizer state replicated.
 
-    Raises:
-      ValueError: an empty split, or a batch the devices do not divide.
-    """
-    t = _Classification(model, train, dev, test, cfg, seed, embeddings, devices)
-    return engine.Task(
-        init_state=t.init_state, train_step=t.train_step, get_batch=t.get_batch,
-        steps_per_epoch=t.steps_per_epoch, validate=t.validate,
-        final_evaluate=t.final_evaluate, select="dev_acc", higher_is_better=True,
-        train_metrics=classify.train_metrics, chance_loss=math.log(model.num_classes),
-        unit="tok", throughput_key="tokens",
-    )  # fmt: skip
+def _initial_params(model: SequenceClassifier, key: Array, embeddings) -> dict:
+    """``model.init(key)``, the found rows of ``embeddings`` (``(vectors [V, m], found [V]
+    bool)`` or None) replacing the random ones of ``params['embed']``."""
+    params = model.init(key)
+    if embeddings is not None:
+        vectors, found = embeddings
+        params["embed"] = jnp.where(found[:, None], vectors, params["embed"])
+    return params
+
+
+def _evaluate(sums_fn, params, name: str, split: Split, batches, config: TrainConfig, mesh,
+              track) -> dict[str, float]:  # fmt: skip
+    """``{'<name>_acc': accuracy, '<name>_xent': mean cross-entropy (nats)}`` of ``params``
+    on ``split`` in its evaluation ``batches`` (:func:`plan`), each padded and its rows
+    split over ``mesh``; ``sums_fn``: the jitted :func:`_eval_sums`, ``track``: the engine's."""
+    m = classify.means(classify.add_up(
+        sums_fn(params, *sharding.put_rows(pad(split, rows, config.batch_size, length,
+                                               config.keep), mesh))
+        for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
+    return {f"{name}_acc": m["accuracy"], f"{name}_xent": m["loss"]}
 
 
 # --------------------------------------------------------------------- the paper's models
@@ -420,27 +362,92 @@ def subset(dataset: Dataset, n: int | None) -> Dataset:
     return dataclasses.replace(dataset, train=dataset.train.subset(index))
 
 
-def train_model(config: RRLConfig, dataset: Dataset, workdir, on_divergence: str = "raise",
-                log=print) -> dict:  # fmt: skip
-    """Trains ``config.model`` under ``config`` on ``dataset`` in ``workdir``; its
-    results (``on_divergence``: see :func:`rhnzoo.training.engine.run`)."""
+def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
+                       devices: list | None = None, on_divergence: str = "raise",
+                       log: Callable[[str], None] | None = print) -> engine.RunResult:  # fmt: skip
+    """Trains ``config.classifier`` under ``config`` on ``dataset`` (its first
+    ``config.subset`` training sequences, :func:`subset`; the initial embedding
+    :func:`embeddings_for`'s), validating on dev every epoch (the best: highest
+    ``dev_acc``), and evaluates the best parameters on dev and test: the task's one
+    entry point.
+
+    Args:
+      config: every setting; written to ``workdir/config.json``.
+      dataset: token ids with ``vocab`` (its size the embedding's), or float features of
+        ``input_size`` per step.
+      workdir: the run directory (rerunning resumes); None: in memory.
+      devices: data parallelism over these (default: all): every batch's rows are split
+        over a ``Mesh(("data",))``, parameters and optimizer state replicated.
+      on_divergence, log: as :func:`rhnzoo.training.engine.run` (``log`` None: silent).
+
+    Returns:
+      :class:`rhnzoo.training.engine.RunResult`; its ``results`` (``results.json``) hold
+      ``dev_acc``, ``dev_xent``, ``test_acc``, ``test_xent`` (nats per sequence).
+
+    Raises:
+      ValueError: an empty split, a ``batch_size`` the devices do not divide, a bad model
+        size (one line); as :func:`rhnzoo.training.engine.run`.
+      rhnzoo.data.DataError: an unreadable embedding file.
+    """
+    say = log or (lambda line: None)
     kept = subset(dataset, config.subset)
+    splits = {"train": kept.train, "dev": kept.dev, "test": kept.test}
+    for name, split in splits.items():
+        if not len(split.labels):
+            raise ValueError(f"the {name} split is empty")
     model = config.classifier(kept.num_classes, kept.input_size,
                               None if kept.vocab is None else len(kept.vocab))  # fmt: skip
-    log(f"{cells.label(config.model)} on {config.dataset}: {len(kept.train.labels):,} train / "
+    mesh = sharding.data_mesh(devices)
+    sharding.check_divisible(config.batch_size, mesh)
+    say(f"{cells.label(config.model)} on {config.dataset}: {len(kept.train.labels):,} train / "
         f"{len(kept.dev.labels):,} dev / {len(kept.test.labels):,} test sequences")
-    vectors = embeddings_for(config, kept, log)
-    run = config.run_config()
-    task = make_task(model, kept.train, kept.dev, kept.test, config, run.seed, vectors)
-    return engine.run(task, run, workdir, config, on_divergence=on_divergence,
-                      log=log).results  # fmt: skip
+    embeddings = embeddings_for(config, kept, say)
+    tx = config.optimizer()
+
+    def init_state(key):
+        params = _initial_params(model, key, embeddings)
+        return sharding.put_tree({"params": params, "opt_state": tx.init(params)},
+                                 sharding.replicated(mesh))  # fmt: skip
+
+    # Batch k of epoch e: a pure function of (seed, e, k); the plan of an epoch is kept.
+    epoch_plan = functools.lru_cache(maxsize=2)(
+        lambda epoch: plan(kept.train, config, (config.seed, epoch)))
+
+    def get_batch(epoch, index):
+        length, rows = epoch_plan(epoch)[index]
+        return sharding.put_rows(pad(kept.train, rows, config.batch_size, length, config.keep),
+                                 mesh)  # fmt: skip
+
+    eval_sums = jax.jit(functools.partial(_eval_sums, model))
+    eval_plans = {name: plan(splits[name], config, None) for name in ("dev", "test")}
+
+    def evaluate(params, name, track):
+        return _evaluate(eval_sums, params, name, splits[name], eval_plans[name], config, mesh,
+                         track)  # fmt: skip
+
+    def validate(params, track):
+        dev = evaluate(params, "dev", track)
+        return {**dev, "valid_loss": dev["dev_xent"]}
+
+    task = engine.Task(
+        init_state=init_state,
+        train_step=step.make_train_step(classify.xent_loss(functools.partial(_forward, model)), tx),
+        get_batch=get_batch, steps_per_epoch=len(plan(kept.train, config, None)),
+        validate=validate, select="dev_acc", higher_is_better=True,
+        final_evaluate=lambda params, track: {**evaluate(params, "dev", track),
+                                              **evaluate(params, "test", track)},
+        train_metrics=classify.train_metrics, chance_loss=math.log(kept.num_classes),
+        unit="tok", throughput_key="tokens",
+    )  # fmt: skip
+    return engine.run(task, config, workdir, on_divergence=on_divergence, log=log)
 
 
 def _train(config: RRLConfig, load: Callable[[], Dataset], log, workdir,
            on_divergence: str) -> dict:  # fmt: skip
-    """A sweep run's ``train(workdir, on_divergence)`` (with ``functools.partial``):
-    :func:`train_model` on ``load()``."""
-    return train_model(config, load(), workdir, on_divergence=on_divergence, log=log)
+    """A sweep run's ``train(workdir, on_divergence) -> results`` (with
+    ``functools.partial``): :func:`train_and_evaluate` on ``load()``."""
+    return train_and_evaluate(config, load(), workdir, on_divergence=on_divergence,
+                              log=log).results  # fmt: skip
 
 
 # ------------------------------------------------------------------------ tables

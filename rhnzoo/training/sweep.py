@@ -40,9 +40,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-
 from rhnzoo.config import Config
-from rhnzoo.training import engine, signals
+from rhnzoo.training import engine, progress, signals
 from rhnzoo.training import workdir as workdir_lib
 
 PathLike = str | pathlib.Path
@@ -179,9 +178,9 @@ def _run_here(runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say,
         count = f"[{i}/{len(runs)}]"
         say(f"{count} {r.name} -> {root / r.name}" + (f" (its lines: {LOG})" if quiet else ""))
         (root / r.name / FAILED).unlink(missing_ok=True)
-        started = engine._now()
+        started = progress.now()
         out[r.name] = r.train(root / r.name, on_divergence)
-        seconds = engine._now() - started
+        seconds = progress.now() - started
         left = estimate.done(r.name, seconds)
         if quiet or len(runs) > 1:
             say(_done_line(count, r.name, seconds, out[r.name] if quiet else None, left))
@@ -226,7 +225,7 @@ class _Estimate:
         total = max(sum(each) / self.at_a_time, max(each))
         runs = f"{len(self.left)} run{'s' if len(self.left) != 1 else ''}"
         side = f", {self.at_a_time} at a time" if self.at_a_time > 1 else ""
-        return f"; about {engine._duration(total)} for the {runs} left{side}"
+        return f"; about {progress.duration(total)} for the {runs} left{side}"
 
 
 def run_log(workdir: PathLike) -> Callable[[str], None]:
@@ -301,7 +300,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
 class _Child:
     proc: subprocess.Popen
     slot: int
-    start: float  # engine._now()
+    start: float  # progress.now()
     log: pathlib.Path
 
 
@@ -323,7 +322,7 @@ def _start(name: str, root: pathlib.Path, jobs: Jobs, env: dict, slot: int) -> _
             os.sched_setaffinity(proc.pid, _cpu_share(slot, jobs.n))
         except OSError:
             pass
-    return _Child(proc, slot, engine._now(), path)
+    return _Child(proc, slot, progress.now(), path)
 
 
 def _cpu_share(slot: int, n: int) -> list[int]:
@@ -339,7 +338,7 @@ def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str,
               estimate: _Estimate, running: Mapping[str, _Child]):  # fmt: skip
     """The results of a child that ended (None if it failed or was stopped) and its line
     (with ``estimate``'s time for the runs left; ``running``: the children still training)."""
-    now = engine._now()
+    now = progress.now()
     code, minutes = child.proc.returncode, (now - child.start) / 60
     results = workdir / "results.json"
     ok = code == 0 and results.is_file()

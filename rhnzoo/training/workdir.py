@@ -417,6 +417,19 @@ class MetricsLog:
             self.tb.close()
 
 
+def finished_results(workdir: PathLike, total: int) -> dict | None:
+    """The stored ``results.json`` of a run that is over at this run length, else None: it
+    reached ``total`` steps, or stopped early (patience, divergence), which more steps
+    won't undo."""
+    try:
+        results = json.loads((pathlib.Path(workdir) / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if results.get("stopped") in ("patience", "diverged") or "diverged" in results:
+        return results
+    return results if int(results.get("step", -1)) >= total else None
+
+
 def restore_params(workdir: PathLike) -> Params | None:
     """The parameters of a run: ``best/`` if it has a step, else the latest state in
     ``checkpoints/`` (a run stopped before its first validation); None if neither.
