@@ -409,3 +409,33 @@ print("same losses")
     out = subprocess.run([sys.executable, "-c", code, here], check=False, capture_output=True,
                          text=True)  # fmt: skip
     assert out.returncode == 0 and "same losses" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["tiny_classifier", "tiny_lm"])
+def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
+    """rhnzoo.bench.seeds: the stacked step of 3 seeds (vmap over states, batches, keys)
+    equals each seed's own step, every parameter, optimizer state and sum."""
+    from rhnzoo.bench import seeds
+
+    task, c = seeds.CONFIGS[name]
+    step, make = (seeds.classifier_problem if task == "classifier" else seeds.lm_problem)(c)
+    state, batch, keys = seeds.stacked(make, 3)
+    new, sums = jax.jit(jax.vmap(step))(state, batch, keys)
+    for k in range(3):
+        own, own_sums = jax.jit(step)(*make(k), keys[k])
+        for a, b in zip(jax.tree.leaves((new, sums)), jax.tree.leaves((own, own_sums)),
+                        strict=True):  # fmt: skip
+            np.testing.assert_allclose(np.asarray(a)[k], np.asarray(b), rtol=2e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(sums["loss"])[0], np.asarray(sums["loss"])[1])
+
+
+def test_the_seeds_benchmark_writes_one_record_per_configuration():
+    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.seeds", "--configs=tiny_lm",
+                          "--seeds=1,2", "--rounds=1"], capture_output=True, text=True,
+                         timeout=300, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["config"] == "tiny_lm" and record["single_step_ms_min"] > 0
+    for k in (1, 2):
+        assert record[f"k{k}_ms_per_seed"] == pytest.approx(record[f"k{k}_step_ms_min"] / k)
+        assert record[f"k{k}_steps_ratio"] > 0

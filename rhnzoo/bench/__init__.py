@@ -15,18 +15,23 @@ on GPUs and TPUs the default rounds float32 matmul inputs to TF32 / bfloat16.
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
 * :func:`ratios`: one candidate's time over another's from those rounds.
+* :func:`memory_estimate`, :func:`host_info`, :func:`stepper`: a record's compiled
+  memory and machine, and a donated step as a zero-argument callable.
 * ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step against a
   plain-JAX peer (``python -m rhnzoo.bench`` runs it too);
 * ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX (a
   Python loop of layers, and ``nnx.vmap`` + ``nnx.scan``);
 * ``python -m rhnzoo.bench.rnn``: the gated cells' classifier step (fused scan) against Flax
   (``OptimizedLSTMCell``, ``GRUCell``) and their own reference scan;
-* ``python -m rhnzoo.bench.trace``: that step's time per XLA op, from a profiler trace.
+* ``python -m rhnzoo.bench.trace``: that step's time per XLA op, from a profiler trace;
+* ``python -m rhnzoo.bench.seeds``: K seeds as a batch dimension of one train step.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -143,3 +148,40 @@ def ratios(seconds: Mapping[str, Mapping[str, Any]], a: str, b: str) -> dict[str
     x, y = seconds[a], seconds[b]
     return {"min": x["min"] / y["min"], "median": x["median"] / y["median"],
             "paired_median": statistics.median(p / q for p, q in zip(x["all"], y["all"]))}  # fmt: skip
+
+
+def memory_estimate(compiled, prefix: str = "") -> dict:
+    """The compiled step's memory from XLA's analysis: ``<prefix>temp_bytes`` and
+    ``<prefix>peak_bytes_estimate`` (arguments + outputs + temporaries - aliased); ``{}``
+    where the backend reports none."""
+    try:
+        m = compiled.memory_analysis()
+        est = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+        return {f"{prefix}temp_bytes": int(m.temp_size_in_bytes),
+                f"{prefix}peak_bytes_estimate": int(est - m.alias_size_in_bytes)}  # fmt: skip
+    except Exception:  # not every backend reports it
+        return {}
+
+
+def host_info() -> dict:
+    """The device, backend, CPU model and count, JAX versions: every record's machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "jax": jax.__version__,
+            "jaxlib": jax.lib.__version__}  # fmt: skip
+
+
+def stepper(compiled, state, batch, key):
+    """``(call, box)``: ``call()`` runs one donated train step on the state in ``box[0]``."""
+    box = [state]
+
+    def call():
+        box[0], sums = compiled(box[0], batch, key)
+        return box[0], sums
+
+    return call, box

@@ -70,7 +70,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
 import time
 from typing import Any
 
@@ -82,7 +81,7 @@ from absl import app, flags
 
 from rhnzoo import data, dropout, precision
 from rhnzoo.apps import cli
-from rhnzoo.bench import alternate, matmul_peak, ratios
+from rhnzoo.bench import alternate, host_info, matmul_peak, memory_estimate, ratios, stepper
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 from rhnzoo.training import step
@@ -263,44 +262,11 @@ def make_peer_step(
 # ---------------------------------------------------------------------------- the benchmark
 
 
-def _memory(compiled, prefix: str = "") -> dict:
-    try:
-        m = compiled.memory_analysis()
-        est = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-        return {f"{prefix}temp_bytes": int(m.temp_size_in_bytes),
-                f"{prefix}peak_bytes_estimate": int(est - m.alias_size_in_bytes)}  # fmt: skip
-    except Exception:  # not every backend reports it
-        return {}
-
-
-def _host() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-            "cpu": cpu, "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__}  # fmt: skip
-
-
 def _loadavg() -> float | None:
     try:
         return os.getloadavg()[0]
     except OSError:
         return None
-
-
-def _stepper(compiled, state, batch, key):
-    """``(call, box)``: ``call()`` runs one donated train step on the state in ``box[0]``."""
-    box = [state]
-
-    def call():
-        box[0], sums = compiled(box[0], batch, key)
-        return box[0], sums
-
-    return call, box
 
 
 def _compile(step, state, batch, key):
@@ -335,21 +301,21 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
         "dtype": dtype, "matmul_precision": precision.current(), "scan_impl": scan_impl,
         "remat": remat, "unroll": unroll,
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
-        **_host(),
+        **host_info(),
     }  # fmt: skip
     compiled, result["compile_s"] = _compile(train.make_train_step(model, cfg, tx), state,
                                               batch, key)  # fmt: skip
-    result.update(_memory(compiled))
+    result.update(memory_estimate(compiled))
     candidates, boxes = {}, {}
-    candidates["rhnzoo"], boxes["rhnzoo"] = _stepper(compiled, state, batch, key)
+    candidates["rhnzoo"], boxes["rhnzoo"] = stepper(compiled, state, batch, key)
     if peer:
         peer_step = make_peer_step(cfg, tx, vocab_size=c["vocab"], hsg=c["hsg"], tied=c["tied"],
                                    dtype=dtype, layers=peer_layers)  # fmt: skip
         result["peer_layers"] = peer_layers
         peer_state = jax.tree.map(jnp.copy, state)  # its own buffers (both are donated)
         peer_compiled, result["peer_compile_s"] = _compile(peer_step, peer_state, batch, key)
-        result.update(_memory(peer_compiled, "peer_"))
-        candidates["peer"], boxes["peer"] = _stepper(peer_compiled, peer_state, batch, key)
+        result.update(memory_estimate(peer_compiled, "peer_"))
+        candidates["peer"], boxes["peer"] = stepper(peer_compiled, peer_state, batch, key)
     if steps == 0:  # compile only: compile time and the compiler's memory estimate
         return result
 

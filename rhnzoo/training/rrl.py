@@ -292,6 +292,13 @@ def _eval_sums(model: SequenceClassifier, params, inputs, lengths, labels, weigh
     return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
 
 
+def make_train_step(model: SequenceClassifier, tx: optax.GradientTransformation):
+    """The classifier's train step ``(state, batch, key) -> (state, sums)``
+    (:mod:`rhnzoo.training.step`): ``batch`` is :func:`pad`'s ``(inputs, lengths, labels,
+    weights)``, the loss the summed cross-entropy (:func:`_forward`), ``tx`` applied."""
+    return step.make_train_step(classify.xent_loss(functools.partial(_forward, model)), tx)
+
+
 def _initial_params(model: SequenceClassifier, key: Array, embeddings) -> dict:
     """``model.init(key)``, the found rows of ``embeddings`` (``(vectors [V, m], found [V]
     bool)`` or None) replacing the random ones of ``params['embed']``."""
@@ -431,7 +438,7 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
 
     task = engine.Task(
         init_state=init_state,
-        train_step=step.make_train_step(classify.xent_loss(functools.partial(_forward, model)), tx),
+        train_step=make_train_step(model, tx),
         get_batch=get_batch, steps_per_epoch=len(plan(kept.train, config, None)),
         validate=validate, select="dev_acc", higher_is_better=True,
         final_evaluate=lambda params, track: {**evaluate(params, "dev", track),

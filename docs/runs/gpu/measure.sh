@@ -13,6 +13,8 @@
 #                                         # of 3, and torch's kernels (profiler)
 #   bash docs/runs/gpu/measure.sh pallas-quick  # the same in ~3 min for a second try in
 #                                         # the same window: P-MNIST, LSTM and GRU, min of 2
+#   bash docs/runs/gpu/measure.sh seeds   # issue 47, < 8 min: K seeds in one step (bench.seeds)
+#   bash docs/runs/gpu/measure.sh seeds-quick   # its P-MNIST part, ~2 min
 #
 # Everything goes to $OUT (the device tool brings it back): JSONL per benchmark, logs,
 # and env.txt (device, JAX version, commit, flags; torch's versions for pallas). Run from
@@ -123,7 +125,25 @@ for line in open(sys.argv[1]):
             print(f"  skipped {k}: {why[:160]}")
 PY
     ;;
+  seeds|seeds-quick)
+    # Issue 47: K seeds as a batch dimension of one train step (bench.seeds), K = 1, 2, 4, 8
+    # at the P-MNIST and IMDB shapes and ptb_sota (seeds-quick: P-MNIST, K = 1, 4, ~2 min).
+    if [ "$1" = seeds ]; then cfg=pmnist,imdb,ptb_sota ks=1,2,4,8 t=420
+    else cfg=pmnist ks=1,4 t=150; fi
+    timeout -k 5 "$t" python -m rhnzoo.bench.seeds --configs="$cfg" --seeds="$ks" --rounds=3 \
+      > "$OUT/seeds.jsonl" 2> "$OUT/seeds.log"
+    echo "seeds: rc=$?"
+    python - "$OUT/seeds.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    ks = sorted(int(k[1:].split("_")[0]) for k in r if k.endswith("_ms_per_seed"))
+    print(r["config"], r["device"], "single", round(r["single_step_ms_min"], 2), "ms;",
+          {k: (round(r[f"k{k}_ms_per_seed"], 2), round(r[f"k{k}_steps_ratio"], 2)) for k in ks},
+          "(ms per seed, K seeds' step / K steps)")
+PY
+    ;;
   *)
-    echo "usage: bash docs/runs/gpu/measure.sh suite|rnn|flags|lm|pallas|pallas-quick" >&2
+    echo "usage: bash docs/runs/gpu/measure.sh suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick" >&2
     exit 2 ;;
 esac

@@ -1,0 +1,178 @@
+r"""K seeds as a batch dimension of one train step (issue 47): what a second seed costs.
+
+  python -m rhnzoo.bench.seeds                                  # pmnist, imdb, ptb_sota
+  python -m rhnzoo.bench.seeds --configs=pmnist --seeds=1,2,4,8 --rounds=5
+
+Each configuration's real train step (the classifier's of ``rhnzoo.training.rrl`` at
+Wang & Tian's Table 2 sizes, the language model's of ``rhnzoo.training.lm`` at
+``ptb_sota``; parameters, optimizer state, dropout key and batch all per seed) is
+compiled once as it is (K = 1) and once per K as ``jax.vmap`` over a leading seed axis of
+K stacked states, batches and keys, its state donated. The candidates are timed in
+interleaved rounds (:func:`rhnzoo.bench.alternate`, min of N). One JSON line per
+configuration: per K the step's ms (min, median), the ms per seed, the ratio of K seeds
+in one step to K separate steps (``k_steps_ratio``: below 1, the stacked step is
+cheaper), and the compiled step's memory estimate (:func:`rhnzoo.bench.memory_estimate`).
+On a launch-bound GPU the extra seeds add arithmetic the device has idle; on this CPU
+they cost about K times one.
+
+The stacked step gives each seed what its own step gives (``tests/test_bench.py``
+checks it to float32 rounding on a tiny configuration).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from rhnzoo import data, precision
+from rhnzoo.apps import cli
+from rhnzoo.bench import alternate, host_info, memory_estimate, stepper
+from rhnzoo.configs import rrl as rrl_presets
+from rhnzoo.models import lm
+from rhnzoo.training import lm as lm_training
+from rhnzoo.training import rrl
+
+# name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
+# vocabulary: 20,000 words, reviews of 400), ptb_sota, and tiny ones for the tests.
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "pmnist": ("classifier", dict(dataset="pmnist", **rrl_presets.PAPER_SIZES["pmnist"],
+                                  batch_size=100, vocab=None, classes=10, input=1)),
+    "imdb": ("classifier", dict(dataset="imdb", **rrl_presets.PAPER_SIZES["imdb"],
+                                max_len=400, batch_size=32, vocab=20000, classes=2,
+                                input=None)),
+    "ptb_sota": ("lm", {"vocab": 10000, "hidden": 830, "depth": 10, "batch": 20,  # bench.lm's
+                        "num_steps": 35, "tied": True, "hsg": False,
+                        "rates": (0.25, 0.75, 0.25, 0.75)}),
+    "tiny_classifier": ("classifier", dict(dataset="imdb", embed_size=4, hidden_size=8,
+                                           max_len=6, batch_size=4, vocab=30, classes=3,
+                                           input=None)),
+    "tiny_lm": ("lm", {"vocab": 50, "hidden": 16, "depth": 2, "batch": 4, "num_steps": 6,
+                       "tied": True, "hsg": True, "rates": (0.1, 0.3, 0.1, 0.3)}),
+}  # fmt: skip
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The script's flags (at its start only: importing this module defines none, so the
+    other benchmarks' ``--configs`` can live in the same process, e.g. the tests)."""
+    flags.DEFINE_list("configs", ["pmnist", "imdb", "ptb_sota"], f"From {list(CONFIGS)}.")
+    flags.DEFINE_list("seeds", ["1", "2", "4", "8"], "K: seeds per step.")
+    flags.DEFINE_integer("rounds", 3, "Timed rounds (min of N).")
+    cli.define_precision_flag()
+    flags.adopt_module_key_flags(cli)
+
+Step = Callable[[Any, Any, jax.Array], tuple[Any, dict]]
+
+
+def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
+    """``(step, make)``: rrl's train step of the LSTM classifier of ``c`` and
+    ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own."""
+    keys = ("embed_size", "hidden_size", "max_len", "batch_size")
+    config = rrl.RRLConfig(model="lstm", dataset=c["dataset"], embeddings="random",
+                           **{k: c[k] for k in keys})  # fmt: skip
+    model = config.classifier(c["classes"], c["input"], c["vocab"])
+    tx = config.optimizer()
+    B, T = c["batch_size"], c["max_len"]
+
+    def make(seed: int):
+        rng = np.random.default_rng(seed)
+        params = model.init(jax.random.PRNGKey(seed))
+        inputs = (rng.normal(size=(B, T, c["input"])).astype(np.float32) if c["vocab"] is None
+                  else rng.integers(1, c["vocab"], (B, T)).astype(np.int32))  # fmt: skip
+        batch = (inputs, np.full(B, T, np.int32), rng.integers(0, c["classes"], B).astype(np.int32),
+                 np.ones(B, np.float32))  # fmt: skip
+        return {"params": params, "opt_state": tx.init(params)}, jax.tree.map(jnp.asarray, batch)
+
+    return rrl.make_train_step(model, tx), make
+
+
+def lm_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
+    """``(step, make)`` as :func:`classifier_problem`, of the RHN language model of ``c``
+    (truncated BPTT: the state holds the carry; the batch is the seed's token rows)."""
+    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
+                                  tied=c["tied"])  # fmt: skip
+    drop_x, drop_i, drop_h, drop_o = c["rates"]
+    cfg = lm_training.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
+                               drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
+    tx = lm_training.make_optimizer(cfg, 100)
+
+    def make(seed: int):
+        tokens = np.random.default_rng(seed).integers(
+            0, c["vocab"], c["batch"] * (c["num_steps"] * 2 + 1), dtype=np.int32)
+        rows = jnp.asarray(data.batchify(tokens, c["batch"]))
+        state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(seed))
+        return state, (rows, jnp.int32(1))
+
+    return lm_training.make_train_step(model, cfg, tx), make
+
+
+def stacked(make: Callable[[int], tuple[Any, Any]], k: int) -> tuple[Any, Any, jax.Array]:
+    """K seeds' states, batches and step keys, stacked on a leading axis."""
+    states, batches = zip(*(make(s) for s in range(k)))
+    stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
+    return stack(states), stack(batches), jax.random.split(jax.random.PRNGKey(7), k)
+
+
+def compile_step(step: Step, k: int | None, state, batch, key):
+    """The jitted, donated step (``k`` None) or its ``vmap`` over K seeds, compiled."""
+    fn = step if k is None else jax.vmap(step)
+    t = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=0).lower(state, batch, key).compile()
+    return compiled, time.perf_counter() - t
+
+
+def bench(name: str, ks: list[int], rounds: int) -> dict:
+    """Compiles and times configuration ``name`` at every K of ``ks`` (one JSON record)."""
+    task, c = CONFIGS[name]
+    step, make = (classifier_problem if task == "classifier" else lm_problem)(c)
+    result: dict[str, Any] = {"config": name, "task": task,
+                              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "matmul_precision": precision.current(), **host_info()}  # fmt: skip
+    candidates: dict[str, Callable[[], Any]] = {}
+    for k in [None, *ks]:
+        label = "single" if k is None else f"k{k}"
+        if k is None:
+            state, batch = make(0)
+            key = jax.random.PRNGKey(7)
+        else:
+            state, batch, key = stacked(make, k)
+        compiled, result[f"{label}_compile_s"] = compile_step(step, k, state, batch, key)
+        result.update(memory_estimate(compiled, f"{label}_"))
+        call, _ = stepper(compiled, state, batch, key)
+        jax.block_until_ready(call())  # the warm-up
+        candidates[label] = call
+    secs = alternate(candidates, rounds=rounds, peak_dtype=None, warmup=False)["seconds"]
+    single = secs["single"]["min"]
+    result["single_step_ms_min"] = 1e3 * single
+    for k in ks:
+        s = secs[f"k{k}"]
+        result[f"k{k}_step_ms_min"] = 1e3 * s["min"]
+        result[f"k{k}_step_ms_median"] = 1e3 * s["median"]
+        result[f"k{k}_ms_per_seed"] = 1e3 * s["min"] / k
+        result[f"k{k}_steps_ratio"] = s["min"] / (k * single)
+    return result
+
+
+def main(argv):
+    del argv
+    ks = [int(k) for k in FLAGS.seeds]
+    if not ks or min(ks) < 1:
+        raise SystemExit(f"error: --seeds must be integers >= 1, got {','.join(FLAGS.seeds)}")
+    with precision.context(FLAGS.matmul_precision):
+        for name in FLAGS.configs:
+            if name not in CONFIGS:
+                raise SystemExit(f"error: no configuration {name!r}; known: {list(CONFIGS)}")
+            print(json.dumps(bench(name, ks, FLAGS.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
