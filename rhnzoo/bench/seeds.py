@@ -33,7 +33,7 @@ from absl import app, flags
 
 from rhnzoo import data, precision
 from rhnzoo.apps import cli
-from rhnzoo.bench import alternate, host_info, memory_estimate, stepper
+from rhnzoo.bench import LM_CONFIGS, alternate, host_info, memory_estimate, stepper
 from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.models import lm
 from rhnzoo.training import lm as lm_training
@@ -47,14 +47,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "imdb": ("classifier", dict(dataset="imdb", **rrl_presets.PAPER_SIZES["imdb"],
                                 max_len=400, batch_size=32, vocab=20000, classes=2,
                                 input=None)),
-    "ptb_sota": ("lm", {"vocab": 10000, "hidden": 830, "depth": 10, "batch": 20,  # bench.lm's
-                        "num_steps": 35, "tied": True, "hsg": False,
-                        "rates": (0.25, 0.75, 0.25, 0.75)}),
+    "ptb_sota": ("lm", LM_CONFIGS["ptb_sota"]),
     "tiny_classifier": ("classifier", dict(dataset="imdb", embed_size=4, hidden_size=8,
                                            max_len=6, batch_size=4, vocab=30, classes=3,
                                            input=None)),
-    "tiny_lm": ("lm", {"vocab": 50, "hidden": 16, "depth": 2, "batch": 4, "num_steps": 6,
-                       "tied": True, "hsg": True, "rates": (0.1, 0.3, 0.1, 0.3)}),
+    "tiny_lm": ("lm", LM_CONFIGS["tiny"]),
 }  # fmt: skip
 
 FLAGS = flags.FLAGS

@@ -78,7 +78,8 @@ class Chunk:
 RRL_MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
 W2V_IMDB_256 = "rhnzoo/imdb/word2vec/256d_a464f558328acc54.bin"
 RRL_SMOKE = ("--max_steps=2", "--subset=64", "--hidden_size=8", "--embed_size=8",
-             "--hybrid_hidden_size=8", "--embeddings=random", "--batch_size=16", "--jobs=1")  # fmt: skip
+             "--hybrid_hidden_size=8", "--embeddings=random", "--batch_size=16",
+             "--jobs=1")  # fmt: skip
 
 
 def _rrl(dataset: str, model: str, extra: tuple[str, ...], **kw) -> Chunk:
@@ -289,7 +290,8 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
     run name, its seeds (``<run>_s<k>``) or random-search trials (``<run>_t<k>``)
     together, the ``metric``'s mean ± sd (n) and best (accuracies in %); with ``select``
     (lower is better), the best is the ``metric`` of the run with the best ``select``."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:  # run as a script from any directory
+        sys.path.insert(0, str(ROOT))
     from rhnzoo.training import tables
 
     groups: dict[str, list[dict]] = {}
