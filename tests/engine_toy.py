@@ -49,8 +49,8 @@ def _sq_error(params, x, y):
     return jnp.sum(jnp.square(x @ params["w"] + params["b"] - y))
 
 
-def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
-              announce: bool = False, on_batch=None) -> engine.Task:  # fmt: skip
+def make_task(lr: float = 0.01, slow_eval: bool = False, announce: bool = False,
+              on_batch=None) -> engine.Task:  # fmt: skip
     """The toy task: ``sums = {'loss': Σ squared error, 'count': B}``; valid/test MSE.
 
     ``on_batch(epoch, index)``, if given, is called whenever a batch is made (tests use
@@ -75,7 +75,7 @@ def make_task(lr: float = 0.01, seed: int = 0, slow_eval: bool = False,
         state = {"params": params, "opt_state": opt_state, "trace": trace}
         return state, {"loss": loss, "count": jnp.float32(len(y))}
 
-    def get_batch(epoch, index):
+    def get_batch(seed, epoch, index):
         if on_batch is not None:
             on_batch(epoch, index)
         idx = classify.batch_indices(seed, epoch, index, N_TRAIN, BATCH)
@@ -120,7 +120,7 @@ def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | 
     model). Its validation reports ``valid_loss`` as ``'valid_loss'`` if given."""
     losses = np.asarray(losses, np.float32)
 
-    def get_batch(epoch, index):
+    def get_batch(seed, epoch, index):
         if on_batch is not None:
             on_batch(epoch, index)
         return losses[epoch * steps_per_epoch + index]
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
             def train(workdir, on_divergence="raise"):
                 if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
-                task = make_task(config.lr, config.seed, F.slow_eval, announce=True)
+                task = make_task(config.lr, F.slow_eval, announce=True)
                 return engine.run(task, config, workdir,
                                   on_divergence=on_divergence).results  # fmt: skip
 

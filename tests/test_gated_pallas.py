@@ -134,6 +134,32 @@ def test_outputs_false_reads_the_final_carry():
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
+    """K stacked seeds (issue 47: ``jax.vmap`` over parameters, masks and carries) get
+    each seed's own values and gradients; the vmapped value and gradient lower for
+    ``cuda`` at N = 128 (``pallas_call``'s own batching rule gave the forward kernel a
+    sixth TMA dimension: "Async copies only support striding up to 5 dimensions")."""
+    _, n, B, m, T, lengths, _ = CASES["lstm_masked"]
+    cell, params, carry, xs, target = setup(n, B, m, T, seed=2, kind=kind)
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
+    masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, B, n)) / 0.75
+    lens = jnp.asarray(lengths)
+    one = lambda p, c, mask: value_and_grads(
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens), p, c, xs, target)
+    with deadline(300):
+        got = jax.vmap(one)(*stacked, masks)
+        for k in range(2):
+            want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
+    cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
+    z = lambda a: jax.ShapeDtypeStruct((2, *a.shape), a.dtype)
+    many = lambda p, c: jax.vmap(lambda p, c: value_and_grads(
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False), p, c, xs, target))(p, c)
+    lower_for_cuda(many, *jax.tree.map(z, (params, carry)))
+
+
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2)
     with pytest.raises(ValueError, match="bfloat16"):

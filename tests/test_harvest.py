@@ -57,18 +57,33 @@ def _members(archive):
         return tar.getnames()
 
 
+def test_stack_seeds_makes_a_row_s_seeds_one_program_and_divides_the_jobs(tmp_path):
+    cmd = lambda name, smoke=False: harvest.command(harvest.CHUNKS[name], tmp_path, smoke,
+                                                    stack=True)  # fmt: skip
+    for name, jobs in (("rrl-imdb-lstm", "--jobs=1"), ("highway-mnist-d10", "--jobs=2")):
+        tail = cmd(name)[-3:]
+        assert tail == ["--stack_seeds", jobs, f"--workdir={tmp_path}"], tail
+        assert "--seeds=3" in cmd(name)
+    assert "--stack_seeds" not in cmd("jsb-d1")  # trials, no seeds
+    assert "--stack_seeds" not in cmd("highway-mnist-d10", smoke=True)  # --seeds=1 there
+    assert cmd("rrl-pmnist-lstm", smoke=True)[-3:-1] == ["--stack_seeds", "--jobs=1"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,data", [("rrl-pmnist-lstm", "mnist"), ("rrl-imdb-lstm", "imdb"),
-                                       ("highway-mnist-d10", "mnist"),
-                                       ("jsb-d1", "jsb_chorales")])  # fmt: skip
+@pytest.mark.parametrize("name,data,stack", [("rrl-pmnist-lstm", "mnist", True),
+                                             ("rrl-imdb-lstm", "imdb", False),
+                                             ("highway-mnist-d10", "mnist", False),
+                                             ("jsb-d1", "jsb_chorales", False)])  # fmt: skip
 def test_a_chunk_at_smoke_scale_archives_its_records_and_its_table_comes_from_them(
-    tmp_path, name, data
+    tmp_path, name, data, stack
 ):
     if not (DATA / data).is_dir():
         pytest.skip(f"{data} not in $RHNZOO_DATA")
-    archive = harvest.run(name, tmp_path / "out", smoke=True, stage=tmp_path / "none")
+    archive = harvest.run(name, tmp_path / "out", smoke=True, stage=tmp_path / "none",
+                          stack=stack)  # fmt: skip
     members = _members(archive)
     assert not [m for m in members if "/checkpoints/" in m or "/best/" in m]
+    assert not [m for m in members if "/stacked/" in m]  # the stacked state stays behind
     info = json.loads((tmp_path / "out" / name / "harvest.json").read_text())
     assert info["complete"] and info["finished"] and info["smoke"]
     for run in (tmp_path / "out" / name / "runs").rglob("results.json"):

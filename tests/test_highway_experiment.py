@@ -132,6 +132,44 @@ def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
         root / "results.md").read_text()  # fmt: skip
 
 
+@pytest.mark.slow
+def test_stacked_seeds_write_what_separate_seeds_write(tmp_path):
+    """Issue 47: --stack_seeds trains a row's --seeds as one program; every seed's
+    results.json, metrics (timings aside) and config.json (its own workdir) are those of
+    the same sweep without it (the vmapped validation to float32 rounding: the best
+    validation cross-entropy), and the stacked state lies in the first seed's workdir."""
+    from helpers import write_random_mnist
+
+    from rhnzoo.training import engine
+
+    mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
+    common = ("--sweep", "--depths=3", "--plain_lrs=3:1e-3", "--max_steps=6", "--batch_size=20",
+              "--valid_size=40", "--noprogress", "--log_every=3", "--heatmap_examples=20",
+              "--lesion_examples=20", "--diagnostics_depth=0", f"--data_dir={mnist}",
+              "--noverify_data", "--nodownload", "--seeds=2", "--seed=3")  # fmt: skip
+    for root, extra in (("separate", ()), ("stacked", ("--stack_seeds",))):
+        result = highway(*common, f"--workdir={tmp_path / root}", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+    timing = lambda r: {k: v for k, v in r.items() if not k.endswith(("_per_s", "_s"))}
+    for name in ("plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"):
+        separate, stacked = tmp_path / "separate" / name, tmp_path / "stacked" / name
+        got, want = timing(_json(stacked / "results.json")), timing(_json(separate / "results.json"))
+        floats = [k for k, v in want.items() if isinstance(v, float)]
+        assert {k: v for k, v in got.items() if k not in floats} == {
+            k: v for k, v in want.items() if k not in floats} and got["test_acc"] == want["test_acc"]  # fmt: skip
+        assert [got[k] for k in floats] == pytest.approx([want[k] for k in floats], rel=1e-6)
+        assert [timing(r) for r in engine.read_metrics(stacked, "train")] == [
+            timing(r) for r in engine.read_metrics(separate, "train")]  # fmt: skip
+        config = _json(stacked / "config.json")
+        assert config["workdir"] == str(stacked) and config["seed"] == 3 + name.endswith("_s1")
+        assert config == {**_json(separate / "config.json"), "workdir": str(stacked)}
+    assert _json(tmp_path / "stacked" / "plain_d3" / "stacked" / "seeds.json") == [3, 4]
+
+
+def _json(path):
+    return json.loads(path.read_text())
+
+
 def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     """Issue 48: the in-process sweep printed every run's training log (about 4,800 lines
     at --preset=cpu). Each run's lines go to its sweep.log; the terminal gets the runner's

@@ -113,16 +113,16 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
     dataset = sequences.Dataset(text["train"], text["dev"], text["test"], num_classes=3,
                                 vocab=tuple(map(str, range(20))), input_size=None)
     tasks = {  # embeddings="random": no word2vec training (nor its cache)
-        "rrl": lambda devices, **run: rrl.train_and_evaluate(
+        "rrl": lambda devices, seeds=None, **run: rrl.train_and_evaluate(
             rrl.RRLConfig(model="lstm", hidden_size=8, embed_size=6, drop=0.3, input_drop=0.2,
                           embeddings="random", batch_size=16, max_len=10, buckets=2, epochs=2,
                           progress=False, **run),
-            dataset, devices=devices, log=None),
-        "highway": lambda devices, **run: hw.train_and_evaluate(
+            dataset, devices=devices, log=None, seeds=seeds),
+        "highway": lambda devices, seeds=None, **run: hw.train_and_evaluate(
             hw.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1, epochs=2, progress=False,
                              **run),
             splits, net=FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3),
-            devices=devices, log=None),
+            devices=devices, log=None, seeds=seeds),
     }
     meshes, put_rows = [], sharding.put_rows
     sharding.put_rows = lambda x, mesh, **kw: meshes.append(mesh.size) or put_rows(x, mesh, **kw)
@@ -133,10 +133,11 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
             step = make(jax.devices()[:n_dev], max_steps=1)  # one step, then its parameters
             assert set(meshes) == {n_dev}, (name, meshes)  # the batches' rows split over
             run = make(jax.devices()[:n_dev])
+            stacked = make(jax.devices()[:n_dev], seeds=2)  # 2 seeds as one program
             out[f"{name}{n_dev}"] = {
                 "params": [np.asarray(p).tolist() for p in jax.tree.leaves(step.best_params)],
                 "loss": step.history[0]["train_xent"], "history": run.history,
-                "results": run.results}
+                "results": run.results, "stacked": [r.results for r in stacked]}
     try:
         tasks["rrl"](jax.devices()[:3])
     except ValueError as e:
@@ -158,7 +159,7 @@ def test_classifiers_on_eight_devices_match_one():
     """The sequence classifier (LSTM, ragged lengths, both dropouts) and the highway net
     (an evaluation batch of 12, padded to 16 rows on 8 devices): one data-parallel step
     on 8 devices gives the 1-device loss and parameters, and two epochs through the
-    engine the same validation and test metrics."""
+    engine the same validation and test metrics; so do two seeds stacked."""
     import json
 
     import numpy as np
@@ -186,3 +187,9 @@ def test_classifiers_on_eight_devices_match_one():
                     assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (name, key)
         for key in ("test_acc",):
             assert one["results"][key] == pytest.approx(eight["results"][key], abs=1e-9), name
+        # Two stacked seeds (issue 47) on 8 devices, the seed axis not split: seed 0 is
+        # the single run, and both seeds are their 1-device selves.
+        assert eight["stacked"][0]["test_acc"] == eight["results"]["test_acc"], name
+        for a, b in zip(one["stacked"], eight["stacked"], strict=True):
+            assert a["test_acc"] == b["test_acc"] and a["best_step"] == b["best_step"], name
+            assert a["test_xent"] == pytest.approx(b["test_xent"], rel=1e-5), name

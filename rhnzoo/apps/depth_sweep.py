@@ -128,7 +128,7 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     first = configs[0][1]
     load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
                              verify=first.verify_data)  # fmt: skip
-    failed = train_all(configs, root, load, jobs=jobs)
+    failed = train_all(configs, root, load, jobs=jobs, seeds=seeds)
     if failed:
         raise engine.RunError(f"{len(failed)} run(s) diverged or failed: {', '.join(failed)}")
     print(f"done; summarise with: python {sys.argv[0]} --root={root} --table")
@@ -261,24 +261,31 @@ def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
 
 
 def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpus_loader,
-              log=print, jobs=None) -> list[str]:  # fmt: skip
+              log=print, jobs=None, seeds: int = 1) -> list[str]:  # fmt: skip
     """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.training.lm.LMConfig`) in
     ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`), the
-    corpus read once (``corpus_loader()``). A run that diverges stops there (the
+    corpus read once (``corpus_loader()``); ``configs`` seed-minor, ``seeds`` per row
+    (trained as one program with ``jobs.stack_seeds``). A run that diverges stops there (the
     runner's ``on_divergence='stop'``: its best parameters evaluated, ``results
     ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
     or have no results (a child process that failed)."""
     corpus = corpus_loader()
     runs = [sweep.Run(name, config, functools.partial(_train_run, config, corpus, log))
             for name, config in configs]  # fmt: skip
+    if jobs is not None and jobs.stack_seeds and seeds > 1:  # one run of K seeds per row
+        runs = [sweep.Run(name, config, functools.partial(_train_run, config, corpus, log,
+                                                          seeds=seeds), seeds=seeds)
+                for name, config in configs[::seeds]]  # fmt: skip
     done = sweep.run_all(runs, root, log=log, jobs=jobs, on_divergence="stop")
     return [name for name, results in done.items() if not results or results.get("diverged")]
 
 
-def _train_run(config: LMConfig, corpus, log, workdir: pathlib.Path, on_divergence: str) -> dict:
+def _train_run(config: LMConfig, corpus, log, workdir: pathlib.Path, on_divergence: str,
+               seeds: int | None = None) -> dict:  # fmt: skip
     """A :attr:`rhnzoo.training.sweep.Run.train`: ``config`` trained on ``corpus`` in
-    ``workdir``."""
+    ``workdir`` (``seeds``: K seeds of it stacked; the first one's results)."""
     from rhnzoo.training import lm as lm_training
 
-    return lm_training.train_and_evaluate(config, corpus, workdir=workdir, log=log,
-                                          on_divergence=on_divergence)  # fmt: skip
+    out = lm_training.train_and_evaluate(config, corpus, workdir=workdir, log=log,
+                                         on_divergence=on_divergence, seeds=seeds)  # fmt: skip
+    return out if seeds is None else out[0]

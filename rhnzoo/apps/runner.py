@@ -27,11 +27,16 @@ def define_flags(*, seeds: bool = True) -> None:
                              "(initialisation, dropout, data order; the dev split stays "
                              "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
                              "(n).")  # fmt: skip
+        flags.DEFINE_boolean("stack_seeds", False, "Train a row's --seeds as one program: "
+                             "their states stacked, one vmapped step for all (on an "
+                             "accelerator K seeds cost far less than K runs); the same "
+                             "workdirs and records; with --jobs, each child trains a "
+                             "row's seeds.")  # fmt: skip
 
 
 def from_flags() -> tuple[Jobs, int]:
-    """``(Jobs, seeds)`` of ``--jobs``, ``--sweep_run`` and ``--seeds`` (1 where the script
-    has no ``--seeds``); the command line is ``sys.argv``.
+    """``(Jobs, seeds)`` of ``--jobs``, ``--sweep_run``, ``--stack_seeds`` and ``--seeds``
+    (1 where the script has no ``--seeds``); the command line is ``sys.argv``.
 
     With ``--jobs`` > 1 this process only starts children and waits, so it keeps JAX from
     preallocating an accelerator's memory here (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` for
@@ -45,12 +50,14 @@ def from_flags() -> tuple[Jobs, int]:
     seeds = F.seeds if "seeds" in F else 1
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    stack = seeds > 1 and F.stack_seeds
     if F.sweep_run is not None:
         stop_with_parent()
-        return Jobs(only=F.sweep_run), seeds
+        return Jobs(only=F.sweep_run, stack_seeds=stack), seeds
     if F.jobs <= 1:
-        return Jobs(F.jobs), seeds
+        return Jobs(F.jobs, stack_seeds=stack), seeds
     env = dict(os.environ)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     quiet = ["--noprogress"] if "progress" in F else []
-    return Jobs(F.jobs, [sys.executable, sys.argv[0], *quiet, *sys.argv[1:]], env=env), seeds
+    command = [sys.executable, sys.argv[0], *quiet, *sys.argv[1:]]
+    return Jobs(F.jobs, command, env=env, stack_seeds=stack), seeds

@@ -509,6 +509,30 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     return H_prev, i, f, o, g, C
 
 
+def _one_at_a_time(call):
+    """``call`` (a kernel launch) that, under ``jax.vmap`` (K stacked seeds: each its own
+    U), launches once per mapped index (``lax.map``) instead of by ``pallas_call``'s
+    batching rule: that rule adds a dimension to the forward kernel's TMA copies, past
+    the five an H100 takes (a lowering error)."""
+    mapped_call = jax.custom_batching.custom_vmap(call)
+
+    @mapped_call.def_vmap
+    def rule(axis_size, in_batched, *args):
+        del axis_size
+        flat, tree = jax.tree.flatten(args)
+        batched = jax.tree.leaves(in_batched)
+
+        def one(rows):
+            rows = iter(rows)
+            return call(*jax.tree.unflatten(tree, [next(rows) if b else a
+                                                   for a, b in zip(flat, batched)]))  # fmt: skip
+
+        out = lax.map(one, [a for a, b in zip(flat, batched) if b])
+        return out, jax.tree.map(lambda _: True, out)
+
+    return mapped_call
+
+
 def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
     """The forward kernel on unpadded arrays: ``Ub [4, n, N]``, ``Wb [4, m, N]`` (the four
     blocks, :func:`_blocks`), ``b4 [4, n]``, ``h0 [B, n]``, ``c0 [B, n]`` (the float32
@@ -520,7 +544,7 @@ def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
     Bp = -(-B // ROWS) * ROWS
     H = N // _HALF
     halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
-    y = _forward_call(
+    y = _one_at_a_time(functools.partial(_forward_call, gru=gru, interpret=interpret))(
         _pad_to(xs.astype(_bf16), (T, Bp, MP)),
         halves(_pad_to(Ub, (4, N, N))).astype(_bf16),
         jnp.swapaxes(halves(_pad_to(Wb, (4, MP, N))), -1, -2).astype(_bf16),
@@ -529,7 +553,6 @@ def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
         halves(_pad_to(c0.astype(_f32), (Bp, N))),
         _pad_to(lens, (Bp,)),
         None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
-        gru=gru, interpret=interpret,
     )  # fmt: skip
     return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
 

@@ -82,7 +82,8 @@ def evaluate(
     track: Callable | None = None,
     desc: str = "",
     mesh: jax.sharding.Mesh | None = None,
-) -> dict[str, float]:
+    stacked: bool = False,
+) -> dict[str, float] | list[dict[str, float]]:
     """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
 
     Args:
@@ -94,9 +95,12 @@ def evaluate(
       mesh: the params' ``Mesh(("data",))``: each batch's rows are split over it
         (:func:`rhnzoo.training.sharding.put_rows`, zero-weight rows appended when the
         devices do not divide ``batch_size``); None: default placement.
+      stacked: ``params`` are K stacked seeds' and ``sums_fn`` is ``jax.vmap``-ped over
+        them (its sums ``[K]``): one dict per seed.
 
     Returns:
-      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}``.
+      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}`` (stacked: a
+      list of K).
     """
     n = len(arrays[0])
     starts = range(0, n, batch_size)
@@ -104,7 +108,8 @@ def evaluate(
         starts = track(starts, total=-(-n // batch_size), desc=desc)
     place = (lambda b: b) if mesh is None else (lambda b: sharding.put_rows(b, mesh, pad=True))
     batches = padded_slices(arrays, batch_size, starts)
-    return means(add_up(sums_fn(params, *place(b)) for b in batches))
+    totals = add_up(sums_fn(params, *place(b)) for b in batches)
+    return seed_means(totals) if stacked else means(totals)
 
 
 def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
@@ -126,6 +131,12 @@ def add_up(sums: Iterable[Any]) -> Any:
     for s in sums:
         totals = s if totals is None else jax.tree.map(jnp.add, totals, s)
     return totals
+
+
+def seed_means(totals: dict[str, Array]) -> list[dict[str, float]]:
+    """:func:`means` of each seed of K stacked seeds' totals (each ``[K]``)."""
+    totals = jax.device_get(totals)
+    return [means({k: v[i] for k, v in totals.items()}) for i in range(len(totals["count"]))]
 
 
 def means(totals: dict[str, Array]) -> dict[str, float]:

@@ -290,10 +290,11 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
 
 
 @functools.lru_cache(maxsize=16)
-def make_sums_fn(net: FeedForwardNet) -> Callable[..., dict[str, Array]]:
-    """jit ``(params, images uint8 [B, m], labels [B], weights [B]) -> xent_sums``."""
-    return jax.jit(lambda p, images, labels, w: classify.xent_sums(net.apply(p, inputs(images)),
-                                                                   labels, w))  # fmt: skip
+def make_sums_fn(net: FeedForwardNet, stacked: bool = False) -> Callable[..., dict[str, Array]]:
+    """jit ``(params, images uint8 [B, m], labels [B], weights [B]) -> xent_sums``
+    (``stacked``: ``jax.vmap``-ped over K stacked seeds' params, the sums ``[K]``)."""
+    sums = lambda p, images, labels, w: classify.xent_sums(net.apply(p, inputs(images)), labels, w)
+    return jax.jit(jax.vmap(sums, (0, None, None, None)) if stacked else sums)
 
 
 def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int = 1000,
@@ -321,8 +322,8 @@ def _check_images(net: FeedForwardNet, splits: Mapping[str, Split]) -> None:
 def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
                        workdir: str | os.PathLike | None = None, *,
                        net: FeedForwardNet | None = None, devices: list | None = None,
-                       log: Callable[[str], None] | None = print,
-                       on_divergence: str = "raise") -> engine.RunResult:  # fmt: skip
+                       log: Callable[[str], None] | None = print, on_divergence: str = "raise",
+                       seeds: int | None = None) -> engine.RunResult | list[engine.RunResult]:  # fmt: skip
     """Trains and evaluates one net: the one entry point of a highway / plain net run.
 
     Builds the net, the optimizer (:func:`make_optimizer` at
@@ -338,7 +339,8 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
         images of other sizes (synthetic data). ``config.json`` records ``cfg``.
       devices: data parallelism over these (default: all): the training split and the
         parameters replicated, each batch's rows split over a ``Mesh(("data",))``.
-      log, on_divergence: :func:`rhnzoo.training.engine.run`'s.
+      log, on_divergence, seeds: :func:`rhnzoo.training.engine.run`'s (``seeds``: K
+        seeds stacked, a list of their results).
 
     Returns:
       The engine's :class:`~rhnzoo.training.engine.RunResult`: results ``valid_xent``,
@@ -360,9 +362,12 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
     images, labels = sharding.put_tree((x_train, y_train), replicated)
     fresh = jax.jit(functools.partial(init_state, net, tx))  # one compilation per run
 
-    def get_batch(epoch: int, index: int):
-        idx = classify.batch_indices(cfg.seed, epoch, index, len(x_train), cfg.batch_size)
+    def get_batch(seed: int, epoch: int, index: int):
+        idx = classify.batch_indices(seed, epoch, index, len(x_train), cfg.batch_size)
         return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
+
+    def stack_batches(batches):  # K seeds' indices into the one training set
+        return images, labels, jnp.stack([idx for _, _, idx in batches])
 
     def metrics(params, split: str, track) -> dict[str, float]:
         r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, split, mesh)
@@ -372,30 +377,41 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
         out = metrics(params, "valid", track)
         return {**out, "valid_loss": out["valid_xent"]}
 
+    seeds_sums = make_sums_fn(net, stacked=True)
+
+    def validate_stacked(params, track) -> list[dict[str, float]]:  # K seeds at once
+        rows = classify.evaluate(seeds_sums, params, splits["valid"], cfg.eval_batch_size,
+                                 track, "valid", mesh, stacked=True)  # fmt: skip
+        return [{"valid_xent": r["loss"], "valid_acc": r["accuracy"], "valid_loss": r["loss"]}
+                for r in rows]  # fmt: skip
+
     task = engine.Task(
         init_state=lambda key: sharding.put_tree(fresh(key), replicated),
         train_step=make_train_step(net, tx), get_batch=get_batch,
-        steps_per_epoch=steps_per_epoch, validate=validate,
+        stack_batches=stack_batches, seed_axes=(None, None, 0),
+        steps_per_epoch=steps_per_epoch, validate=validate, validate_stacked=validate_stacked,
         final_evaluate=lambda p, track: {**metrics(p, "valid", track),
                                          **metrics(p, "test", track)},
         select="valid_xent", train_metrics=classify.train_metrics,
         chance_loss=math.log(net.num_classes), unit="img",
         learning_rate=lambda step: float(schedule(step)),
     )  # fmt: skip
-    return engine.run(task, cfg, workdir, on_divergence=on_divergence, log=log)
+    return engine.run(task, cfg, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
 
 
 def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
-              on_divergence: str, quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+              on_divergence: str, quiet: bool = False, seeds: int | None = None,
+              ) -> dict[str, Any]:  # fmt: skip
     """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
-    :func:`functools.partial` to the first three and ``quiet``): trains the run ``cfg``
-    (one of :meth:`HighwayConfig.runs`) in ``workdir``; returns its results. With
-    ``quiet`` (and a ``log``) its lines go to ``<workdir>/sweep.log``
-    (:func:`rhnzoo.training.sweep.run_log`)."""
+    :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
+    ``cfg`` (one of :meth:`HighwayConfig.runs`; ``seeds``: K seeds of it stacked) in
+    ``workdir``; returns its (first seed's) results. With ``quiet`` (and a ``log``) its
+    lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.training.sweep.run_log`)."""
     if quiet and log is not None:
         log = runner.run_log(workdir)
-    return train_and_evaluate(cfg, splits, workdir, log=log,
-                              on_divergence=on_divergence).results  # fmt: skip
+    out = train_and_evaluate(cfg, splits, workdir, log=log, on_divergence=on_divergence,
+                             seeds=seeds)  # fmt: skip
+    return out.results if seeds is None else out[0].results
 
 
 def sweep(
@@ -429,9 +445,11 @@ def sweep(
     """
     root = pathlib.Path(cfg.output_dir())
     runs, quiet = cfg.runs(), jobs is None or jobs.here
-    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log, quiet=quiet),
-                       size=r.epochs * r.net().num_params())
-            for name, r in runs]  # fmt: skip
+    k = cfg.seeds if jobs is not None and jobs.stack_seeds else 1  # seeds per run
+    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log, quiet=quiet,
+                                                  seeds=None if k == 1 else k),
+                       size=r.epochs * r.net().num_params(), seeds=k)
+            for name, r in runs if k == 1 or r.seed == cfg.seed]  # fmt: skip
     runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
     done = runner.collect(root, [name for name, _ in runs])
     out = []

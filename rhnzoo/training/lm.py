@@ -313,7 +313,8 @@ METRICS = {
 def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
                        workdir: str | os.PathLike | None = None, devices: list | None = None,
                        log=print, on_divergence: str = "raise",
-                       model: LanguageModel | None = None) -> dict[str, Any]:  # fmt: skip
+                       model: LanguageModel | None = None,
+                       seeds: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:  # fmt: skip
     """Trains the language model ``config`` describes on ``corpus`` and evaluates its best
     parameters: the one entry point of ``experiments/ptb.py``, ``char.py`` and the depth
     sweep.
@@ -330,6 +331,7 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
       on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.training.engine.run`).
       model: a language model of one's own to train by this protocol (default:
         ``config.model(corpus.vocab_size)``; ``config.json`` still records ``config``).
+      seeds: K seeds stacked (:func:`rhnzoo.training.engine.run`): a list of their results.
 
     Returns:
       The final results (also ``results.json``): ``valid_<metric>``, ``test_<metric>``
@@ -379,7 +381,9 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
     short = ", batched because the run was cut short" if cut and config.eval_batch_size is None else ""
     task = engine.Task(
         init_state=init, train_step=make_train_step(model, config, tx),
-        get_batch=lambda epoch, index: (rows, np.int32(index)), steps_per_epoch=steps_per_epoch,
+        get_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
+        stack_batches=lambda batches: batches[0], seed_axes=None,
+        steps_per_epoch=steps_per_epoch,
         validate=validate, final_evaluate=final_evaluate, select=f"valid_{metric}",
         train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
         chance_loss=math.log(model.vocab_size), unit="tok",
@@ -387,5 +391,6 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
         final_label=f"eval batch {eval_batch}{short}",
         final_settings={"eval_batch_size": eval_batch},
     )  # fmt: skip
-    return engine.run(task, config, workdir or config.run_dir, on_divergence=on_divergence,
-                      log=log).results  # fmt: skip
+    out = engine.run(task, config, workdir or config.run_dir, seeds=seeds,
+                     on_divergence=on_divergence, log=log)  # fmt: skip
+    return out.results if seeds is None else [r.results for r in out]

@@ -198,8 +198,9 @@ def train(
     log: Callable[[str], None] | None = None,
     workdir: str | None = None,
     on_divergence: str = "stop",
+    seeds: int | None = None,
     **settings: Any,
-) -> TrainResult:
+) -> TrainResult | list[TrainResult]:
     """Train ``model`` on ``data['train']`` with clipped SGD, keeping the best validation epoch.
 
     Runs on the run engine: each epoch visits the training sequences in an order drawn
@@ -223,6 +224,8 @@ def train(
         memory).
       on_divergence: ``'stop'`` (the run ends, reported as diverged) or ``'raise'``
         (:class:`rhnzoo.training.engine.TrainingDiverged`).
+      seeds: K seeds stacked (:func:`rhnzoo.training.engine.run`; ``workdir`` the
+        first's): a list of their results.
     Returns: TrainResult.
     Raises:
       ValueError: (one line) an invalid setting. TypeError: a keyword that is no setting.
@@ -242,8 +245,8 @@ def train(
         return {"params": p, "opt_state": sgd(config.lr, config.momentum,
                                                config.max_grad_norm).init(p)}  # fmt: skip
 
-    def get_batch(epoch: int, index: int):
-        order = epoch_order(config.seed, epoch, len(train_seqs))
+    def get_batch(seed: int, epoch: int, index: int):
+        order = epoch_order(seed, epoch, len(train_seqs))
         picked = order[index * size : (index + 1) * size]
         return pad_batch([train_seqs[j] for j in picked], length, size)
 
@@ -263,8 +266,11 @@ def train(
         train_metrics=_train_metrics,
     )  # fmt: skip
     start = time.perf_counter()
-    out = engine.run(task, config, workdir, on_divergence=on_divergence, log=log)
-    return _result(out, steps_per_epoch, time.perf_counter() - start)
+    out = engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
+    seconds = time.perf_counter() - start
+    if seeds is None:
+        return _result(out, steps_per_epoch, seconds)
+    return [_result(o, steps_per_epoch, seconds) for o in out]
 
 
 def _result(out: engine.RunResult, steps_per_epoch: int, seconds: float) -> TrainResult:

@@ -41,7 +41,7 @@ from rhnzoo.cells import registry, scan
 from rhnzoo.config import Config, DataSettings, DistributedSettings, RunSettings, setting
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine, sharding, step, sweep, tables
+from rhnzoo.training import classify, engine, sharding, stacking, step, sweep, tables
 
 Array = jax.Array
 
@@ -310,15 +310,18 @@ def _initial_params(model: SequenceClassifier, key: Array, embeddings) -> dict:
 
 
 def _evaluate(sums_fn, params, name: str, split: Split, batches, config: TrainConfig, mesh,
-              track) -> dict[str, float]:  # fmt: skip
+              track, stacked: bool = False) -> dict[str, float] | list[dict[str, float]]:  # fmt: skip
     """``{'<name>_acc': accuracy, '<name>_xent': mean cross-entropy (nats)}`` of ``params``
     on ``split`` in its evaluation ``batches`` (:func:`plan`), each padded and its rows
-    split over ``mesh``; ``sums_fn``: the jitted :func:`_eval_sums`, ``track``: the engine's."""
-    m = classify.means(classify.add_up(
+    split over ``mesh``; ``sums_fn``: the jitted :func:`_eval_sums`, ``track``: the
+    engine's; ``stacked``: K stacked seeds' ``params``, ``sums_fn`` vmapped over them, a
+    dict per seed."""
+    totals = classify.add_up(
         sums_fn(params, *sharding.put_rows(pad(split, rows, config.batch_size, length,
                                                config.keep), mesh))
-        for length, rows in track(batches, total=len(batches), desc=name)))  # fmt: skip
-    return {f"{name}_acc": m["accuracy"], f"{name}_xent": m["loss"]}
+        for length, rows in track(batches, total=len(batches), desc=name))  # fmt: skip
+    named = lambda m: {f"{name}_acc": m["accuracy"], f"{name}_xent": m["loss"]}
+    return [named(m) for m in classify.seed_means(totals)] if stacked else named(classify.means(totals))
 
 
 # --------------------------------------------------------------------- the paper's models
@@ -371,7 +374,8 @@ def subset(dataset: Dataset, n: int | None) -> Dataset:
 
 def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
                        devices: list | None = None, on_divergence: str = "raise",
-                       log: Callable[[str], None] | None = print) -> engine.RunResult:  # fmt: skip
+                       log: Callable[[str], None] | None = print,
+                       seeds: int | None = None) -> engine.RunResult | list[engine.RunResult]:  # fmt: skip
     """Trains ``config.classifier`` under ``config`` on ``dataset`` (its first
     ``config.subset`` training sequences, :func:`subset`; the initial embedding
     :func:`embeddings_for`'s), validating on dev every epoch (the best: highest
@@ -385,7 +389,8 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
       workdir: the run directory (rerunning resumes); None: in memory.
       devices: data parallelism over these (default: all): every batch's rows are split
         over a ``Mesh(("data",))``, parameters and optimizer state replicated.
-      on_divergence, log: as :func:`rhnzoo.training.engine.run` (``log`` None: silent).
+      on_divergence, log, seeds: as :func:`rhnzoo.training.engine.run` (``log`` None:
+        silent; ``seeds``: K seeds stacked, a list of their results).
 
     Returns:
       :class:`rhnzoo.training.engine.RunResult`; its ``results`` (``results.json``) hold
@@ -416,45 +421,59 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
         return sharding.put_tree({"params": params, "opt_state": tx.init(params)},
                                  sharding.replicated(mesh))  # fmt: skip
 
-    # Batch k of epoch e: a pure function of (seed, e, k); the plan of an epoch is kept.
-    epoch_plan = functools.lru_cache(maxsize=2)(
-        lambda epoch: plan(kept.train, config, (config.seed, epoch)))
+    # Batch k of epoch e: a pure function of (seed, e, k); the plans of an epoch are kept.
+    epoch_plan = functools.lru_cache(maxsize=32)(
+        lambda seed, epoch: plan(kept.train, config, (seed, epoch)))
 
-    def get_batch(epoch, index):
-        length, rows = epoch_plan(epoch)[index]
+    def get_batch(seed, epoch, index):
+        length, rows = epoch_plan(seed, epoch)[index]
         return sharding.put_rows(pad(kept.train, rows, config.batch_size, length, config.keep),
                                  mesh)  # fmt: skip
 
+    def stack_batches(batches):  # K seeds' buckets padded to the longest (lengths mask it)
+        longest = max(inputs.shape[1] for inputs, *_ in batches)
+        widen = lambda x: jnp.pad(x, [(0, 0), (0, longest - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+        return stacking.stack([(widen(inputs), *rest) for inputs, *rest in batches])
+
     eval_sums = jax.jit(functools.partial(_eval_sums, model))
+    seeds_sums = jax.jit(jax.vmap(functools.partial(_eval_sums, model), (0,) + (None,) * 4))
     eval_plans = {name: plan(splits[name], config, None) for name in ("dev", "test")}
 
-    def evaluate(params, name, track):
-        return _evaluate(eval_sums, params, name, splits[name], eval_plans[name], config, mesh,
-                         track)  # fmt: skip
+    def evaluate(params, name, track, stacked=False):
+        return _evaluate(seeds_sums if stacked else eval_sums, params, name, splits[name],
+                         eval_plans[name], config, mesh, track, stacked)  # fmt: skip
 
     def validate(params, track):
         dev = evaluate(params, "dev", track)
         return {**dev, "valid_loss": dev["dev_xent"]}
 
+    def validate_stacked(params, track):  # K seeds' parameters, one evaluation
+        return [{**dev, "valid_loss": dev["dev_xent"]}
+                for dev in evaluate(params, "dev", track, stacked=True)]  # fmt: skip
+
     task = engine.Task(
         init_state=init_state,
         train_step=make_train_step(model, tx),
-        get_batch=get_batch, steps_per_epoch=len(plan(kept.train, config, None)),
-        validate=validate, select="dev_acc", higher_is_better=True,
+        get_batch=get_batch, stack_batches=stack_batches,
+        steps_per_epoch=len(plan(kept.train, config, None)),
+        validate=validate, validate_stacked=validate_stacked, select="dev_acc",
+        higher_is_better=True,
         final_evaluate=lambda params, track: {**evaluate(params, "dev", track),
                                               **evaluate(params, "test", track)},
         train_metrics=classify.train_metrics, chance_loss=math.log(kept.num_classes),
         unit="tok", throughput_key="tokens",
     )  # fmt: skip
-    return engine.run(task, config, workdir, on_divergence=on_divergence, log=log)
+    return engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
 
 
 def _train(config: RRLConfig, load: Callable[[], Dataset], log, workdir,
-           on_divergence: str) -> dict:  # fmt: skip
+           on_divergence: str, seeds: int | None = None) -> dict:  # fmt: skip
     """A sweep run's ``train(workdir, on_divergence) -> results`` (with
-    ``functools.partial``): :func:`train_and_evaluate` on ``load()``."""
-    return train_and_evaluate(config, load(), workdir, on_divergence=on_divergence,
-                              log=log).results  # fmt: skip
+    ``functools.partial``): :func:`train_and_evaluate` on ``load()`` (``seeds``: K seeds
+    stacked, the first one's results)."""
+    out = train_and_evaluate(config, load(), workdir, on_divergence=on_divergence, log=log,
+                             seeds=seeds)  # fmt: skip
+    return out.results if seeds is None else out[0].results
 
 
 # ------------------------------------------------------------------------ tables
@@ -589,6 +608,9 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
               for name, c in configs.items() for k in range(seeds)}  # fmt: skip
     runs = [sweep.Run(name, c, functools.partial(_train, c, load, say))
             for name, c in seeded.items()]  # fmt: skip
+    if jobs is not None and jobs.stack_seeds and seeds > 1:  # one run of K seeds per row
+        runs = [sweep.Run(name, c, functools.partial(_train, c, load, say, seeds=seeds),
+                          seeds=seeds) for name, c in configs.items()]  # fmt: skip
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
             dataset = load()  # a data error is one line; word2vec trained once, cached

@@ -41,8 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rhnzoo.config import Config
-from rhnzoo.training import engine, progress, signals
+from rhnzoo.training import engine, progress, signals, stacking
 from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.training.workdir import seed_name  # noqa: F401  (sweep.seed_name)
 
 PathLike = str | pathlib.Path
 LOG = "sweep.log"  # a child's stdout and stderr, in its workdir
@@ -63,12 +64,17 @@ class Run:
       size: the run's cost relative to the sweep's other runs (e.g. its steps x its
         parameters), for the runner's estimate of the time left; the default, 1 for
         every run, counts the runs as the same size.
+      seeds: K > 1: the run is K seeds of ``config`` trained as one program (its
+        ``train`` passes ``seeds=K`` to :func:`rhnzoo.training.engine.run`), seed k in
+        ``<name>`` (k = 0) or :func:`seed_name`, with :func:`rhnzoo.training.stacking.
+        seed_config`'s config; ``train`` returns the first seed's results.
     """
 
     name: str
     config: Config
     train: Callable[[pathlib.Path, str], Mapping[str, Any] | None]
     size: float = 1.0
+    seeds: int = 1
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -87,6 +93,8 @@ class Jobs:
       only: set in a child: :func:`run_all` trains this run alone, then ends the
         process (``SystemExit(0)``; the sweep's tables are the parent's).
       env: the children's environment (None: this process's).
+      stack_seeds: a sweep's seeds of one row train as one run of :attr:`Run.seeds`
+        (the scripts' ``--stack_seeds``); the sweep builds its runs so.
 
     Raises:
       ValueError: ``n < 1``, or n > 1 without a command.
@@ -96,6 +104,7 @@ class Jobs:
     command: Sequence[str] = ()
     only: str | None = None
     env: Mapping[str, str] | None = None
+    stack_seeds: bool = False
 
     def __post_init__(self):
         if self.n < 1:
@@ -158,8 +167,11 @@ def run_all(
             raise ValueError(f"--sweep_run={jobs.only} is not a run of this sweep "
                              f"({', '.join(names)})")  # fmt: skip
     for r in runs:
-        if (root / r.name / "config.json").is_file():
-            engine.prepare_workdir(root / r.name, r.config, check_only=True)
+        for k in range(r.seeds):
+            workdir = root / seed_name(r.name, k)
+            if (workdir / "config.json").is_file():
+                config = stacking.seed_config(r.config, k, (root / r.name).absolute())
+                engine.prepare_workdir(workdir, config, check_only=True)
     say = log or (lambda line: None)
     if jobs.only is not None:
         (root / jobs.only / FAILED).unlink(missing_ok=True)
@@ -421,9 +433,3 @@ def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | 
             "failed": None if results.is_file() else workdir_lib.read_json(failed),
         }
     return out
-
-
-def seed_name(name: str, k: int) -> str:
-    """The workdir name of seed ``k`` (0, 1, ...) of run ``name``: ``name`` itself for
-    k = 0, so a sweep of one seed keeps its workdirs, else ``<name>_s<k>``."""
-    return name if k == 0 else f"{name}_s{k}"

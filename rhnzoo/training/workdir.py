@@ -220,13 +220,15 @@ class Checkpoints:
     """orbax managers for the latest states (resume) and the best-validation params.
 
     Saves are synchronous, so an error (disk full) surfaces at the call as one
-    :class:`RunError` line; orbax's own error logging is muted meanwhile.
+    :class:`RunError` line; orbax's own error logging is muted meanwhile. ``latest`` /
+    ``best`` False: that manager is not opened (stacked seeds: their states are
+    checkpointed together, their best parameters each in its own workdir).
     """
 
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: pathlib.Path, *, latest: bool = True, best: bool = True):
         self.workdir = workdir
-        self.latest = self._manager("checkpoints", 3)
-        self.best = self._manager("best", 2)
+        self.latest = self._manager("checkpoints", 3) if latest else None
+        self.best = self._manager("best", 2) if best else None
 
     def _manager(self, name: str, keep: int) -> ocp.CheckpointManager:
         opts = ocp.CheckpointManagerOptions(
@@ -260,7 +262,7 @@ class Checkpoints:
     def remove_incomplete(self) -> list[pathlib.Path]:
         """Deletes the temporary directories of saves that never finished (a second signal
         during a save, a kill); returns them. Call from process 0 alone, under the lock."""
-        found = [p for manager in (self.latest, self.best)
+        found = [p for manager in (self.latest, self.best) if manager is not None
                  for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")]  # fmt: skip
         for tmp in found:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -325,8 +327,9 @@ class Checkpoints:
             ) from None
 
     def close(self) -> None:
-        self.latest.close()
-        self.best.close()
+        for manager in (self.latest, self.best):
+            if manager is not None:
+                manager.close()
 
 
 class _quiet_orbax:
@@ -415,6 +418,12 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def seed_name(name: str, k: int) -> str:
+    """The workdir name of seed ``k`` (0, 1, ...) of run ``name``: ``name`` itself for
+    k = 0, so a run of one seed keeps its workdir, else ``<name>_s<k>``."""
+    return name if k == 0 else f"{name}_s{k}"
 
 
 def finished_results(workdir: PathLike, total: int) -> dict | None:

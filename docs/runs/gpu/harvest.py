@@ -18,6 +18,7 @@ runs the next pending one and commits its records::
                                                         # its queue row, the table
   python docs/runs/gpu/harvest.py table TABLE           # the table of what is recorded
   python docs/runs/gpu/harvest.py run CHUNK --smoke --out DIR   # the same at CPU scale
+  python docs/runs/gpu/harvest.py run CHUNK --stack_seeds  # a row's seeds as one program
 
 ``run`` stops the experiment at the chunk's deadline (SIGTERM: the runs save and stop)
 and archives the runs that finished; ``record`` marks the chunk ``done`` when every run
@@ -175,16 +176,28 @@ def prepare(name: str, stage: pathlib.Path = STAGE) -> int:
 # ----------------------------------------------------------------------- the GPU: run
 
 
-def command(chunk: Chunk, workdir: pathlib.Path, smoke: bool) -> list[str]:
-    return [sys.executable, chunk.script, *chunk.flags, *(chunk.smoke if smoke else ()),
-            f"--workdir={workdir}"]
+def command(chunk: Chunk, workdir: pathlib.Path, smoke: bool, stack: bool = False) -> list[str]:
+    """The chunk's command line; ``stack``: each row's ``--seeds=K`` as one program
+    (``--stack_seeds``, ``--jobs`` divided by K), for a chunk with seeds."""
+    flags = [*chunk.flags, *(chunk.smoke if smoke else ())]
+    seeds = int(_flag(flags, "--seeds") or 1)
+    if stack and seeds > 1:
+        flags = [*flags, "--stack_seeds", f"--jobs={max(1, int(_flag(flags, '--jobs')) // seeds)}"]
+    return [sys.executable, chunk.script, *flags, f"--workdir={workdir}"]
+
+
+def _flag(flags: list[str], name: str) -> str | None:
+    """The last value of ``--name=value`` in ``flags`` (None if absent)."""
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(name + "=")]
+    return values[-1] if values else None
 
 
 def run(name: str, out: pathlib.Path, smoke: bool, deadline_s: float = DEADLINE_S,
-        stage: pathlib.Path = STAGE) -> pathlib.Path:  # fmt: skip
+        stage: pathlib.Path = STAGE, stack: bool = False) -> pathlib.Path:  # fmt: skip
     """Runs the chunk into ``out/<chunk>/`` with the data and cache ``stage`` holds (else
-    the environment's), stopped at ``deadline_s``; writes and returns
-    ``out/<chunk>.tar.gz`` (the records, ``harvest.json``, ``log.txt``)."""
+    the environment's), stopped at ``deadline_s`` (``stack``: :func:`command`'s);
+    writes and returns ``out/<chunk>.tar.gz`` (the records, ``harvest.json``,
+    ``log.txt``)."""
     chunk = CHUNKS[name]
     work = out / name
     shutil.rmtree(work, ignore_errors=True)
@@ -195,7 +208,7 @@ def run(name: str, out: pathlib.Path, smoke: bool, deadline_s: float = DEADLINE_
         env["RHNZOO_DATA"] = str(stage / "data")
     if (stage / "cache").is_dir():
         env["XDG_CACHE_HOME"] = str(stage / "cache")
-    cmd = command(chunk, runs, smoke)
+    cmd = command(chunk, runs, smoke, stack)
     start = time.time()
     with open(work / "log.txt", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -330,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/rhnzoo-harvest"))
     p.add_argument("--deadline_s", type=float, default=DEADLINE_S)
+    p.add_argument("--stack_seeds", action="store_true",
+                   help="each row's seeds as one program (--stack_seeds, --jobs / seeds)")
     p = sub.add_parser("record")
     p.add_argument("archive")
     p = sub.add_parser("table")
@@ -344,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "prepare":
         prepare(chunk or next_pending())
     elif args.what == "run":
-        run(chunk, pathlib.Path(args.out), args.smoke, args.deadline_s)
+        run(chunk, pathlib.Path(args.out), args.smoke, args.deadline_s, stack=args.stack_seeds)
     elif args.what == "record":
         print(record(pathlib.Path(args.archive)))
     else:

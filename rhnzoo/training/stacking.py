@@ -1,0 +1,75 @@
+"""K seeds of one run as one program, for :func:`rhnzoo.training.engine.run`'s ``seeds``:
+the step ``jax.vmap``-ped over a leading seed axis of the state, batches stacked along it,
+each seed's config, and the stacked state's checkpoints (``<workdir>/stacked/``)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rhnzoo.config import RunSettings
+from rhnzoo.training.workdir import Checkpoints, read_json, seed_name, write_json
+
+
+def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
+    """:func:`rhnzoo.training.engine`'s step of K seeds at once: the task's step ``jax.vmap``-ped over the
+    leading seed axis of the task state, the run keys and (``seed_axes``) the batch; a
+    seed whose ``active`` entry is False keeps its state (it stopped)."""
+
+    def one(task_state, seed_batch, run_key):
+        return train_step(task_state, seed_batch, jax.random.fold_in(run_key, state["step"]))
+
+    new, sums = jax.vmap(one, in_axes=(0, seed_axes, 0))(state["task"], batch, run_keys)
+    keep = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
+    return {"step": state["step"] + 1, "task": jax.tree.map(keep, new, state["task"])}, sums
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """The pytrees ``trees`` (of one structure and shapes) stacked along a new leading
+    axis: :attr:`rhnzoo.training.engine.Task.stack_batches`' default."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def row(tree: Any, k: int) -> Any:
+    """Seed ``k``'s slice of a stacked pytree."""
+    return jax.tree.map(lambda a: a[k], tree)
+
+
+def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> RunSettings:
+    """The config of seed ``k`` of :func:`rhnzoo.training.engine.run`'s ``seeds``: seed ``config.seed + k``, and a
+    ``workdir`` setting that names the first seed's ``workdir`` renamed to seed k's
+    (:func:`seed_name`), as a run of that seed alone records it."""
+    changes = {"seed": config.seed + k}
+    own = getattr(config, "workdir", None)
+    if k and workdir is not None and own and pathlib.Path(own).absolute() == workdir:
+        changes["workdir"] = str(pathlib.Path(own).with_name(seed_name(workdir.name, k)))
+    return config.replace(**changes)
+
+
+STACKED = "stacked"  # the stacked seeds' checkpoints, in the first seed's workdir
+
+
+def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool,
+                say) -> Checkpoints:  # fmt: skip
+    """The stacked seeds' checkpoints in ``stack``, whose ``seeds.json`` names their seeds.
+
+    Raises:
+      ValueError: ``stack`` holds the stacked state of other seeds.
+    """
+    seeds, path = [c.seed for c in configs], stack / "seeds.json"
+    if path.is_file():
+        old = read_json(path)
+        if old != seeds:
+            raise ValueError(f"{stack} holds the stacked state of seeds {old}, not {seeds}; "
+                             f"rerun with those seeds or delete {stack}")  # fmt: skip
+    elif primary:
+        stack.mkdir(parents=True, exist_ok=True)
+        write_json(path, seeds)
+    ckpt = Checkpoints(stack, best=False)
+    for tmp in ckpt.remove_incomplete() if primary else ():
+        say(f"removed {tmp}: a checkpoint save that did not finish")
+    return ckpt
