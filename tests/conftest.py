@@ -66,6 +66,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["crash_rerun"]  # a test whose xdist worker crashes runs once more
+
 from rhnzoo.data import common as data_common  # noqa: E402
 
 
