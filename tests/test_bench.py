@@ -315,12 +315,12 @@ def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")
 
 
-def test_rnn_bench_imports_neither_torch_nor_the_pallas_module():
+def test_rnn_bench_imports_neither_torch_nor_pallas_mosaic_gpu():
     """bench.rnn imports torch only where a torch peer is built (:func:`torch_step`,
-    :func:`torch_skip_reason`), and ``gated_pallas`` (being written) only where the
-    ``pallas`` candidate is asked for: importing the module loads neither."""
-    code = ("import sys, rhnzoo.bench.rnn; "
-            "print(sorted(m for m in ('torch', 'rhnzoo.cells.gated_pallas') if m in sys.modules))")
+    :func:`torch_skip_reason`), and Pallas's Mosaic GPU module (MLIR bindings) only where
+    a kernel is built: importing the module loads neither."""
+    code = ("import sys, rhnzoo.bench.rnn; print(sorted(m for m in ('torch', "
+            "'jax.experimental.pallas.mosaic_gpu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

@@ -7,39 +7,19 @@ On the CPU the kernels run in Pallas's GPU interpret mode; on a GPU backend the 
 tests run them compiled. The interpreter hangs, rather than fails, on a wrong barrier
 count: every kernel run here is under a timeout."""
 
-import contextlib
-import signal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from helpers import normal, random_params
+from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training import rrl
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fails the test instead of hanging (the interpreter waits forever on a barrier
-    that is never completed)."""
-
-    def expired(*_):
-        raise TimeoutError(f"kernel still running after {seconds} s: a barrier never completed?")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
 
 KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True)}
 
@@ -53,30 +33,6 @@ def setup(n, B, m, T, seed=0, kind="lstm"):
     if kind == "lstm":
         carry = cells.LSTMState(carry, 0.5 * normal(keys[3], (B, n)))
     return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
-
-
-def value_and_grads(unroll, params, carry, xs, target, outputs=True):
-    """A loss on every output and every leaf of the final carry, and its gradients with
-    respect to the parameters, the initial carry and the inputs."""
-
-    def loss(params, carry, xs):
-        carry, ys = unroll(params, carry, xs)
-        out = jnp.sum(jnp.sin(ys) * target) if outputs else 0.0
-        return out + sum(jnp.sum(jnp.cos(leaf + k)) for k, leaf in enumerate(jax.tree.leaves(carry)))
-
-    return jax.value_and_grad(loss, argnums=(0, 1, 2))(params, carry, xs)
-
-
-def assert_close(got, want, rtol):
-    """Every leaf within ``rtol`` of the largest magnitude of ``want``'s leaf (bfloat16
-    matmul inputs: relative errors of a few 1e-3 are rounding)."""
-    for path, a in jax.tree_util.tree_flatten_with_path(got)[0]:
-        b = want
-        for k in path:
-            b = b[k.key] if hasattr(k, "key") else b[k.idx] if hasattr(k, "idx") else getattr(b, k.name)
-        scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        err = float(jnp.max(jnp.abs(a - b)))
-        assert err <= rtol * scale, f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
 
 
 CASES = {
@@ -164,7 +120,7 @@ def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2)
     with pytest.raises(ValueError, match="bfloat16"):
         gated_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
-    gru = cells.GRU(5)  # Cho et al.'s: the reset gate before the matmul, no kernel
+    gru = cells.GRU(5)  # Cho et al.'s: chained_pallas's kernels, not these
     with pytest.raises(ValueError, match="no Pallas kernel"):
         gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
     assert gated_pallas.supports(cells.LSTM(128)) and not gated_pallas.supports(cells.LSTM(129))
@@ -217,11 +173,12 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
     assert_tasks_agree(loss_of, models, params)
 
 
-@pytest.mark.parametrize("model", ["lstm", "gru"])
+@pytest.mark.parametrize("model", ["lstm", "gru", "rrn"])
 def test_the_classifier_task_runs_the_kernel(model):
     """The RRL task's classifier (embedding, input and output dropout, padded rows with
-    an empty one) with --scan_impl=pallas --dtype=bfloat16, the GRU reset-after, against
-    the fused scan in bfloat16."""
+    an empty one) with --scan_impl=pallas --dtype=bfloat16, the GRU reset-after, the RRN
+    by chained_pallas (the task's HRL, sized to the LSTM's parameter count, has n > 128),
+    against the fused scan in bfloat16."""
     cfg = rrl.RRLConfig(model=model, gru_reset_after=True, hidden_size=6, embed_size=4,
                         drop=0.3, input_drop=0.2, dtype="bfloat16")  # fmt: skip
     models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
@@ -240,10 +197,6 @@ def test_the_classifier_task_runs_the_kernel(model):
 
 
 # ------------------------------------------------------------------ lowering for cuda
-
-
-def lower_for_cuda(fn, *args):
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 
 
 def forward_args(T, n, m, B=64):

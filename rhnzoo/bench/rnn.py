@@ -30,11 +30,13 @@ linear softmax layer, mean cross-entropy, its value and the gradients of every p
 * **rhnzoo_u{k}** (``--unroll=k,...``): rhnzoo's fused scan with ``unroll=k`` time steps
   per scan iteration, forward and backward (the default is chosen per backend and cell:
   :func:`rhnzoo.cells.gated_fused.default_unroll`);
-* **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernel,
-  :func:`rhnzoo.cells.gated_pallas.unroll`, called as the fused scan is (``lengths``,
-  ``outputs=False``, the output from the final carry) with ``dtype=bfloat16``
-  (bfloat16 U and matmul inputs, float32 accumulation and gates). Timed only on a GPU
-  and where ``gated_pallas.supports(cell)``; its loss is checked against rhnzoo's to
+* **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernels
+  (``scan.unroll(..., impl='pallas')``: :mod:`rhnzoo.cells.gated_pallas` for the LSTM and
+  reset-after GRU, :mod:`rhnzoo.cells.chained_pallas` for the RRN and Cho's GRU),
+  called as the fused scan is (``lengths``, ``outputs=False``, the output from the final
+  carry) with ``dtype=bfloat16`` (bfloat16 U and matmul inputs, float32 accumulation and
+  gates). Timed only on a GPU
+  and where ``scan.pallas_supports(cell)``; its loss is checked against rhnzoo's to
   ``PALLAS_RTOL`` (``loss_checks``; a mismatch is reported, not fatal). Elsewhere, or
   where the kernel fails to build or run, ``skipped['pallas']`` says why;
 * **torch_fp32**, **torch_tf32**, **torch_bf16**, **torch_fp16** (``--torch``; LSTM and
@@ -103,13 +105,12 @@ import jaxlib
 import numpy as np
 import optax
 from absl import app, flags, logging
+from jax.experimental import rnn as jax_rnn
 
 from rhnzoo import cells, precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
-from rhnzoo.cells import gated_fused, torch_interop
-
-from jax.experimental import rnn as jax_rnn
+from rhnzoo.cells import gated_fused, scan, torch_interop
 
 CONFIGS = {
     # Wang & Tian's IMDB shape (embedding 256 -> LSTM 512, reviews cut to 400 words),
@@ -191,7 +192,7 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unr
     """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
     as the classifier computes it (the reference scan projects inside the scan when m <= 8).
     ``scan_impl``: ``fused`` (:mod:`~rhnzoo.cells.gated_fused`), ``pallas``
-    (:mod:`~rhnzoo.cells.gated_pallas`, called as the fused scan, without ``unroll``) or
+    (the persistent kernels, called as the fused scan, without ``unroll``) or
     ``reference``."""
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
@@ -200,10 +201,8 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unr
                                       dtype=dtype, outputs=False, unroll=unroll)  # fmt: skip
         last = gated_fused.output_of(cell, carry)
     elif scan_impl == "pallas":
-        from rhnzoo.cells import gated_pallas  # being built: imported only where asked for
-
-        carry, _ = gated_pallas.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
-                                       dtype=dtype, outputs=False)  # fmt: skip
+        carry, _ = scan.unroll(cell, params["cell"], carry, xs, impl="pallas", dtype=dtype,
+                               lengths=jnp.full((B,), T), outputs=False)  # fmt: skip
         last = gated_fused.output_of(cell, carry)
     else:
         _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,
@@ -327,17 +326,13 @@ def jax_precision(backend: str, level: str | None = None) -> str:
 def pallas_skip_reason(cell, backend: str | None = None) -> str | None:
     """Why the ``pallas`` candidate is not timed for ``cell`` on ``backend`` (default:
     JAX's), or None where it is: only compiled on a GPU, and only where
-    ``gated_pallas.supports(cell)``."""
+    ``scan.pallas_supports(cell)``."""
     backend = backend or jax.default_backend()
     if backend != "gpu":
         return (f"not a GPU (backend {backend}): the persistent Pallas kernel is timed "
                 "compiled on a GPU only")  # fmt: skip
-    try:
-        from rhnzoo.cells import gated_pallas
-    except Exception as e:  # noqa: BLE001 - a module being written may fail in any way
-        return f"rhnzoo.cells.gated_pallas does not import: {_one_line(e)}"
-    if not gated_pallas.supports(cell):
-        return f"gated_pallas.supports({cell!r}) is False"
+    if not scan.pallas_supports(cell):
+        return f"no persistent Pallas kernel for {cell!r} (scan.pallas_supports)"
     return None
 
 

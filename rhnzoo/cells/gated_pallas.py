@@ -51,7 +51,8 @@ direct path dh_{t-1} += dh_t z_t.
 Supported: :class:`~rhnzoo.cells.LSTM` and the reset-after :class:`~rhnzoo.cells.GRU`,
 with ``lengths`` (:func:`rhnzoo.cells.unroll`'s semantics: padded steps keep the carry
 and output zeros) and the recurrent dropout mask (a constant multiplying h_{t-1} where it
-enters U). Not yet: SC-LSTM, Cho et al.'s GRU (its candidate's matmul waits on r), RRN
+enters U). Cho et al.'s GRU (its candidate's matmul waits on r) and the RRN (a chain of
+K products) have theirs in :mod:`~rhnzoo.cells.chained_pallas`; SC-LSTM has none yet
 (use :mod:`~rhnzoo.cells.gated_fused`).
 """
 

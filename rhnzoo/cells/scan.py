@@ -11,8 +11,10 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
   :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
   ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
   cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
-* ``pallas``: the persistent Mosaic GPU kernel of :mod:`rhnzoo.cells.gated_pallas`
-  (the cells of its ``supports``); no ``remat``.
+* ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.gated_pallas`
+  (LSTM, reset-after GRU) and :mod:`rhnzoo.cells.chained_pallas` (RRN, Cho et al.'s GRU),
+  and ``Parallel`` of these (HRL, LSTM+GRU), each part by its own kernels; hidden size
+  <= 128; bfloat16 only; no ``remat``.
 
 The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
 writes, and the ``reference`` implementation here.
@@ -26,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import base, gated_fused, gated_pallas, rhn_fused
+from rhnzoo.cells import base, chained_pallas, gated_fused, gated_pallas, rhn_fused
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 from rhnzoo.config import setting
@@ -66,6 +68,14 @@ def rhn_fused_supports(cell: Any) -> bool:
     return isinstance(inner, RHN) and inner.coupled
 
 
+def pallas_supports(cell: Any) -> bool:
+    """Whether a persistent Pallas kernel runs ``cell``: ``gated_pallas.supports`` or
+    ``chained_pallas.supports``, or a ``Parallel`` of such cells."""
+    if isinstance(cell, Parallel):
+        return all(pallas_supports(c) for c in cell.cells)
+    return gated_pallas.supports(cell) or chained_pallas.supports(cell)
+
+
 def _fused_has_remat(cell: Any) -> bool:
     return rhn_fused_supports(cell)  # gated_fused has no remat
 
@@ -75,7 +85,7 @@ def implementations(cell: Any) -> tuple[ScanImpl, ...]:
     out = [ScanImpl.REFERENCE]
     if gated_fused.supports(cell) or rhn_fused_supports(cell):
         out.append(ScanImpl.FUSED)
-    if gated_pallas.supports(cell):
+    if pallas_supports(cell):
         out.append(ScanImpl.PALLAS)
     return tuple(out)
 
@@ -111,9 +121,11 @@ def resolve(
 
     ``auto``, in this order:
 
-    1. ``pallas`` where ``gated_pallas.fits(cell, batch, dtype, backend)``: a GPU of
-       compute capability 9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's
-       shared memory, bfloat16 matmul inputs, a known ``batch``, and no ``remat``. The kernel targets launch-bound shapes (issue 45).
+    1. ``pallas`` where the cell's kernels ``fits(cell, batch, dtype, backend)``, a known
+       ``batch`` and no ``remat``: ``gated_pallas.fits`` is a GPU of compute capability
+       9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
+       bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) is False until
+       those kernels are timed. The kernels target launch-bound shapes (issue 45).
        One H100 (2026-11-27, docs/runs/gpu/2026-11-27/call2), LSTM value and gradient at
        1 -> n, B 100, T 784 in bfloat16, pallas / fused: n = 64 7.1 / 9.5 ms; n = 100
        13.7 / 11.1 ms (its backward kernel is the slow part), hence n <= 64. Never
@@ -139,9 +151,9 @@ def resolve(
       cell: the cell to run.
       batch: B, the rows per call (None: unknown; ``auto`` then skips ``pallas``).
       dtype: the matmul input dtype (None or float32; bfloat16 needs fused or pallas).
-      backend: for ``gated_pallas.fits`` (None: JAX's default backend).
+      backend: for the kernels' ``fits`` (None: JAX's default backend).
       remat: recompute time steps in the backward pass.
-      input_size: m, the input width, for ``gated_pallas.fits`` (None: its default).
+      input_size: m, the input width, for the kernels' ``fits`` (None: its default).
 
     Raises:
       ValueError: (one line naming the cell and its implementations) an unknown
@@ -158,7 +170,7 @@ def resolve(
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
         if (ScanImpl.PALLAS in have and not remat and batch is not None
-                and gated_pallas.fits(cell, batch, dtype, backend, **size)):  # fmt: skip
+                and _pallas_module(cell).fits(cell, batch, dtype, backend, **size)):  # fmt: skip
             return ScanImpl.PALLAS
         if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
             return ScanImpl.FUSED
@@ -239,8 +251,8 @@ def unroll(
                                 save_matmuls=save_matmuls)  # fmt: skip
         return carry, ys if outputs else None
     if which is ScanImpl.PALLAS:
-        return gated_pallas.unroll(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
-                                   outputs=outputs, interpret=interpret)  # fmt: skip
+        return _pallas(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
+                       outputs=outputs, interpret=interpret)  # fmt: skip
     if gated_fused.supports(cell):
         per_step = True if project_per_step is None else project_per_step
         return gated_fused.unroll(cell, params, carry, xs, mask, lengths=lengths,
@@ -248,6 +260,23 @@ def unroll(
                                   outputs=outputs)  # fmt: skip
     return _rhn_fused(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
                       unroll=unroll or 1, remat=remat, outputs=outputs)  # fmt: skip
+
+
+def _pallas(cell, params, carry, xs, mask, **kwargs):
+    """The persistent kernels: a ``Parallel`` cell part by part (each part's own kernels,
+    the output the mean of theirs, as :class:`~rhnzoo.cells.Parallel` defines it)."""
+    if isinstance(cell, Parallel):
+        parts = [_pallas(c, p, h, xs, mask, **kwargs)
+                 for c, p, h in zip(cell.cells, params, carry, strict=True)]  # fmt: skip
+        ys = [y for _, y in parts]
+        return tuple(h for h, _ in parts), None if ys[0] is None else sum(ys) / len(ys)
+    return _pallas_module(cell).unroll(cell, params, carry, xs, mask, **kwargs)
+
+
+def _pallas_module(cell: Any):
+    """The module of ``cell``'s persistent kernels (a ``Parallel``: ``gated_pallas``,
+    whose ``fits`` refuses it: ``auto`` picks kernels cell by cell only)."""
+    return chained_pallas if chained_pallas.supports(cell) else gated_pallas
 
 
 def _rhn_fused(cell, params, carry, xs, mask, *, lengths, dtype, unroll, remat, outputs):

@@ -9,10 +9,10 @@
 #                                         # (pallas_probe.py), the Pallas tests compiled on the
 #                                         # GPU, then bench.rnn with the persistent kernel and
 #                                         # PyTorch's cuDNN LSTM / GRU (fp32, TF32, bf16, fp16)
-#                                         # at the P-MNIST and IMDB shapes, LSTM and GRU, min
+#                                         # at the P-MNIST and IMDB shapes, LSTM, GRUs and RRN, min
 #                                         # of 3, and torch's kernels (profiler)
 #   bash docs/runs/gpu/measure.sh pallas-quick  # the same in ~3 min for a second try in
-#                                         # the same window: P-MNIST, LSTM and GRU, min of 2
+#                                         # the same window: P-MNIST, LSTM, reset-after GRU, RRN, min of 2
 #   bash docs/runs/gpu/measure.sh seeds   # issue 47, < 8 min: K seeds in one step (bench.seeds)
 #   bash docs/runs/gpu/measure.sh seeds-quick   # its P-MNIST part, ~2 min
 #
@@ -61,14 +61,16 @@ case "${1:-}" in
       > "$OUT/trace_lstm_pmnist.txt" 2>&1
     cut -c1-300 "$OUT/lm.jsonl"; head -25 "$OUT/trace_lstm_pmnist.txt" ;;
   pallas|pallas-quick)
-    # LSTM and GRU only: SC-LSTM and RRN have neither a kernel nor a torch peer yet (their
-    # fused figures are in 2026-11-26/).
+    # LSTM, reset-after GRU, RRN and Cho's GRU (rhnzoo.cells.chained_pallas; the RRN has no
+    # torch peer, issue 45's target is within 1.3x of the LSTM); SC-LSTM has no kernel yet
+    # (its fused figures are in 2026-11-26/). The new kernels come last: a bench cut short
+    # keeps the others.
     if [ "$1" = pallas ]; then
-      end=$((SECONDS + 420)) t_test=120 t_probe=90 rounds=3 prof=--torch_profile
-      configs=pmnist,imdb cells=lstm,gru_ra
+      end=$((SECONDS + 420)) t_test=150 t_probe=90 rounds=3 prof=--torch_profile
+      configs=pmnist,imdb cells=lstm,gru_ra,rrn,gru
     else
-      end=$((SECONDS + 170)) t_test=60 t_probe=45 rounds=2 prof=
-      configs=pmnist cells=lstm,gru_ra
+      end=$((SECONDS + 170)) t_test=75 t_probe=45 rounds=2 prof=
+      configs=pmnist cells=lstm,gru_ra,rrn
     fi
     # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
     # scan in bfloat16: one JSON line per figure.
@@ -81,7 +83,7 @@ case "${1:-}" in
     if [ -f tests/test_gated_pallas.py ]; then
       t0=$SECONDS
       timeout -k 5 "$t_test" python -m pytest -q -p no:cacheprovider -rfE \
-        tests/test_gated_pallas.py > "$OUT/pallas-pytest.log" 2>&1
+        tests/test_gated_pallas.py tests/test_chained_pallas.py > "$OUT/pallas-pytest.log" 2>&1
       rc=$?
       echo "pallas tests: rc=$rc in $((SECONDS - t0)) s"; tail -3 "$OUT/pallas-pytest.log"
       if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

@@ -1,0 +1,650 @@
+"""Persistent recurrent kernels for cells whose step is a chain of dependent products
+(Pallas, Mosaic GPU): the recurrent residual network (Wang & Tian 2016, eqs. 3-4,
+:class:`~rhnzoo.cells.RRN`) and Cho et al.'s GRU (2014, eqs. 5-8, the reset gate before
+the matmul, :class:`~rhnzoo.cells.GRU`). As in :mod:`rhnzoo.cells.gated_pallas` (read
+that module first: the tiling, TMA, barriers and precision policy are the same), the
+time loop runs inside one kernel and the recurrent matrices stay in shared memory for
+all T steps; unlike there, a step's second product waits on its first::
+
+  RRN:  y_1 = σ(x_t W_1 + (h_{t-1} m) U_1 + b_1),  y_k = σ(x_t W_k + y_{k-1} U_k + b_k),
+        h_t = tanh(h_{t-1} + y_K)
+  GRU:  r, z = σ(x_t W_{r,z} + (h_{t-1} m) U_{r,z} + b_{r,z}),
+        h̃ = tanh(x_t W_h + (r ⊙ h_{t-1} m) U_h + b_h),  h_t = h̃ + z (h_{t-1} - h̃)
+
+A cell is K blocks ``(W_k [m, n], U_k [n, n], b_k [n])`` and two step functions written
+once against the kernels' primitives (:data:`_CELLS`):
+
+* **forward**, one warpgroup per 64 hidden units: every W_k and U_k is copied once into
+  shared memory; ``product(k, src)`` is block k's pre-activation ``x_t W_k + src U_k +
+  b_k`` for the warpgroup's units on the tensor cores (``plgpu.wgmma``, float32
+  accumulation), src the step's h_{t-1} m or a value ``restage(v)`` put in shared memory
+  in bfloat16 for every warpgroup to read after a barrier (two buffers, alternating).
+  The state h is float32 in registers; h_t goes to shared memory as the next step's
+  bfloat16 operand (times the recurrent dropout mask) and to HBM as the float32 output.
+* **backward**, one warpgroup: the reverse recurrence of dh. The cell's per-step
+  coefficients (float32 where they scale dh's direct path, bfloat16 where they only
+  form a matmul input) arrive by TMA; ``stage(terms)`` forms each term's dz a quarter
+  of 32 units at a time, stages it in shared memory in bfloat16 and accumulates
+  ``dz U_k^T`` on the tensor cores. The kernel writes dh_t.
+* **outside the kernels**: the blocks' values are recomputed from the forward's h in
+  parallel over T, the dz of every block is re-formed in float32 from the kernel's dh_t
+  (the RRN's chain and the GRU's ``(dz_h U_h^T)`` by large matmuls), and dU, dW, db and
+  the input gradient are single large matmuls over all T x B positions.
+
+Precision: bfloat16 matmul inputs with float32 accumulation; states, gates, their
+cotangents and dh's direct paths (the RRN's residual 1 - h_t², the GRU's z) float32.
+Shapes as :mod:`~rhnzoo.cells.gated_pallas`: n padded to 64 or 128, the batch to 64-row
+tiles, m to a multiple of 16; padded units are inert (zero rows of every U_k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from rhnzoo.cells.gated_pallas import (
+    _APPROX_MATH,
+    _HALF,
+    _QUARTER,
+    ROWS,
+    SMEM_LIMIT,
+    _carries,
+    _interpret_params,
+    _one_at_a_time,
+    _pad_to,
+    _padded,
+    _plgpu,
+    _sigmoid,
+    _swizzled,
+)
+from rhnzoo.cells.lstm import GRU
+from rhnzoo.cells.residual import RRN
+
+Array = jax.Array
+_bf16, _f32 = jnp.bfloat16, jnp.float32
+
+# σ and σ' as functions of σ's output y.
+_ACT = {"sigmoid": (_sigmoid, lambda y: y * (1 - y)), "tanh": (jnp.tanh, lambda y: 1 - y * y)}
+
+
+def _quarter(a, q):
+    return a[:, q * _QUARTER : (q + 1) * _QUARTER]
+
+
+def _masked(a, ms, q):
+    return a if ms is None else a * ms[q]
+
+
+# ------------------------------------------------------------------------- the cells
+
+
+def _rrn_forward(K, activation, product, restage, h, m):
+    act = _ACT[activation][0]
+    y = act(product(0, None))
+    for k in range(1, K):
+        y = act(product(k, restage(y)))
+    return jnp.tanh(h + y)
+
+
+def _rrn_backward(K, co32, co16, dh, stage, ms):
+    """co32: 1 - h_t²; co16: σ'(z_k), k = 1..K. dh_{t-1} = ds + m (dz_1 U_1^T) with
+    ds = dh (1 - h_t²), dz_K = ds σ'(z_K), dz_k = (dz_{k+1} U_{k+1}^T) σ'(z_k)."""
+    quarters = range(len(dh))
+    ds = [dh[q] * co32(0, q) for q in quarters]
+    g = stage([(K - 1, lambda q: ds[q] * co16(K - 1, q))])
+    for k in range(K - 2, -1, -1):
+        g = stage([(k, lambda q, g=g, k=k: _quarter(g, q) * co16(k, q))])
+    return [ds[q] + _masked(_quarter(g, q), ms, q) for q in quarters]
+
+
+def _gru_forward(product, restage, h, m):
+    r, z = _sigmoid(product(0, None)), _sigmoid(product(1, None))
+    hm = h if m is None else h * m
+    h_tilde = jnp.tanh(product(2, restage(r * hm)))
+    return h_tilde + z * (h - h_tilde)
+
+
+def _gru_backward(co32, co16, dh, stage, ms):
+    """co32: z; co16: r, (1 - z)(1 - h̃²), (h_{t-1} - h̃) z(1 - z), h_{t-1} m r(1 - r).
+    g = dz_h U_h^T (the cotangent of r ⊙ h m); dh_{t-1} = dh z + m (r g + dz_r U_r^T +
+    dz_z U_z^T)."""
+    quarters = range(len(dh))
+    g = stage([(2, lambda q: dh[q] * co16(1, q))])
+    a = stage([(0, lambda q: _quarter(g, q) * co16(3, q)), (1, lambda q: dh[q] * co16(2, q))])
+    return [dh[q] * co32(0, q) + _masked(co16(0, q) * _quarter(g, q) + _quarter(a, q), ms, q)
+            for q in quarters]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cell:
+    """What the kernels need of a cell: K blocks, the values it restages per step, its
+    backward coefficients (float32 and bfloat16), the most dz terms of one stage, and
+    the two step functions (forward ``(product, restage, h, m) -> h_t``, backward
+    ``(co32, co16, dh quarters, stage, mask quarters) -> dh_{t-1} quarters``)."""
+
+    blocks: int
+    restages: int
+    co32: int
+    co16: int
+    terms: int
+    forward: Callable
+    backward: Callable
+
+
+def _spec(cell: Any) -> _Cell:
+    if type(cell) is RRN:
+        K = cell.depth
+        return _Cell(K, K - 1, 1, K, 1, functools.partial(_rrn_forward, K, cell.activation),
+                     functools.partial(_rrn_backward, K))  # fmt: skip
+    return _Cell(3, 1, 1, 4, 2, _gru_forward, _gru_backward)
+
+
+def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+    """Shared memory (bytes) of the forward and backward kernels for ``cell`` (an RRN or
+    Cho's GRU) and input width ``m``: the scratch buffers listed in the kernels
+    (barriers aside)."""
+    s = _spec(cell)
+    N, MP = _padded(cell.hidden_size, m)
+    K = s.blocks
+    fwd = K * N * N * 2 + K * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
+    fwd += min(s.restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
+    step = ROWS * N * (4 * s.co32 + 2 * s.co16 + (4 if with_dy else 0))
+    bwd = K * N * N * 2 + _slots(N) * step + ROWS * _QUARTER * (2 * s.terms + 4) + ROWS * 4
+    return fwd, bwd
+
+
+def _slots(N: int) -> int:
+    """The backward kernel's per-step input buffers: two (the next step's TMA in flight)
+    at N = 64, one at N = 128, as :func:`rhnzoo.cells.gated_pallas._backward_parts`."""
+    return 2 if N <= 64 else 1
+
+
+def _fits(cell: Any, m: int, with_dy: bool) -> bool:
+    return max(smem_bytes(cell, m, with_dy=with_dy)) + 1024 <= SMEM_LIMIT
+
+
+def supports(cell: Any) -> bool:
+    """Whether :func:`unroll` has a kernel for ``cell``: an :class:`~rhnzoo.cells.RRN` or
+    Cho et al.'s :class:`~rhnzoo.cells.GRU` (``reset_after=False``) with hidden size at
+    most 128 whose kernels fit one CTA's shared memory with a 1-wide input and no
+    output cotangents (the RRN: K <= 3 at n = 128)."""
+    if type(cell) is GRU and cell.reset_after or type(cell) not in (RRN, GRU):
+        return False
+    return cell.hidden_size <= 128 and _fits(cell, 1, with_dy=False)
+
+
+def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
+         input_size: int = 1) -> bool:
+    """Whether ``auto`` may pick these kernels: never yet. They have not been timed on a
+    GPU (``docs/runs/gpu/measure.sh pallas`` times them); until they are measured faster
+    than the fused scan, ``auto`` leaves these cells to it. The signature is
+    :func:`rhnzoo.cells.gated_pallas.fits`'s."""
+    del cell, batch, dtype, backend, input_size
+    return False
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, spec: _Cell, interpret: bool):
+    """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
+
+    Args: ``x [T, Bp, MP]`` bf16; ``u [K, H, N, 64]`` bf16, U_k split by output columns
+    (``u[k, j, :, c] = U_k[:, 64 j + c]``); ``w [K, H, 64, MP]`` bf16, W_k's likewise,
+    transposed; ``b [K, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16 (times the mask); ``c0 [H,
+    Bp, 64]`` f32 (h0 itself); ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or None.
+    Returns ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on padded ones."""
+    pl, plgpu = _plgpu()
+    T, Bp, MP = x.shape
+    K, H, N = u.shape[0], u.shape[1], u.shape[2]
+    L = plgpu.Layout.WGMMA
+    masked = mask is not None
+
+    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
+        if masked:
+            m_ref, *refs = refs
+        y_ref, u_s, w_s, x_s, h_s, a_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs
+        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
+        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
+
+        @pl.when(wg == 0)
+        def _load_once():
+            for k in range(K):
+                for j in range(H):
+                    plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_w.at[k * H + j])
+                    plgpu.copy_gmem_to_smem(w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j])
+            plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
+            plgpu.copy_gmem_to_smem(c0_ref.at[:, rows], y_s, bar_init.at[1])
+            plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
+            plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
+            plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
+
+        for k in range(2 * K * H):
+            plgpu.barrier_wait(bar_w.at[k])
+        for k in range(4):
+            plgpu.barrier_wait(bar_init.at[k])
+        h = plgpu.load(y_s.at[wg], layout=L)  # h_{t-1}, float32
+        lens_v = plgpu.load(len_s, layout=L.reduce(1))
+        m = None
+        if masked:  # the mask, through y_s once every warpgroup has read h
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(bar_step)
+            plgpu.barrier_wait(bar_step)
+            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(m_ref.at[:, rows], y_s, bar_init.at[4]))
+            plgpu.barrier_wait(bar_init.at[4])
+            m = plgpu.load(y_s.at[wg], layout=L)
+
+        def step(t, h):
+            slot = lax.rem(t, 2)
+            plgpu.barrier_wait(bar_x.at[slot])
+
+            # Every warpgroup's products of step t - 1 are done (they passed bar_step).
+            @pl.when((t + 1 < T) & (wg == 0))
+            def _prefetch():
+                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
+
+            def product(k, src):
+                """x_t W_k + src U_k + b_k for this warpgroup's units; ``src [H, ROWS,
+                64]`` bf16 in shared memory, None: h_{t-1} m."""
+                src = h_s.at[slot] if src is None else src
+
+                def products(acc):
+                    plgpu.wgmma(acc, x_s.at[slot], w_s.at[k, wg].transpose((1, 0)))
+                    for j in range(H):
+                        plgpu.wgmma(acc, src.at[j], u_s.at[k, wg, pl.ds(j * _HALF, _HALF)])
+                    return acc[...]
+
+                z = pl.run_scoped(products, plgpu.ACC((ROWS, _HALF), _f32))
+                bias = plgpu.load(b_s.at[k, wg], layout=L.reduce(0))
+                return z + lax.broadcast_in_dim(bias, (ROWS, _HALF), [1])
+
+            restaged = []
+
+            def restage(v):
+                """``v`` of every warpgroup in shared memory (bfloat16), for a product.
+                Two buffers, alternating: the products that read the other one are done
+                (their warpgroups passed the last barrier after reading their results)."""
+                buf = a_s.at[len(restaged) % 2]
+                restaged.append(buf)
+                buf[wg] = v.astype(_bf16)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(bar_step)
+                plgpu.barrier_wait(bar_step)
+                return buf
+
+            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
+            h_new = spec.forward(product, restage, h, m)
+            kept = plgpu.load(h_s.at[slot, wg], layout=L)
+            h_in = h_new if m is None else h_new * m  # what enters U next step
+            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
+            y_s[wg] = jnp.where(valid, h_new, 0.0)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
+            plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
+            plgpu.barrier_wait(bar_step)
+            return jnp.where(valid, h_new, h)
+
+        lax.fori_loop(0, T, step, h)
+        plgpu.wait_smem_to_gmem(0)
+
+    sw = functools.partial(_swizzled, plgpu)
+    buffers = min(spec.restages, 2)
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((T, H, Bp, _HALF), _f32),
+        scratch_types=(
+            plgpu.SMEM((K, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((K, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
+            plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
+            plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)) if buffers else None,
+            plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
+            plgpu.SMEM((K, H, _HALF), _f32),
+            plgpu.SMEM((ROWS,), jnp.int32),
+            plgpu.Barrier(num_barriers=2 * K * H),
+            plgpu.Barrier(num_barriers=2),
+            plgpu.Barrier(num_barriers=5),
+            plgpu.Barrier(num_arrivals=H),
+        ),
+        grid=(Bp // ROWS,),
+        grid_names=("b",),
+        num_threads=H,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
+        interpret=_interpret_params(interpret),
+    )
+    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ())))
+
+
+def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, interpret: bool):
+    """The backward kernel: the reverse recurrence of dh.
+
+    Args: ``co32 [T, I, Bp, N]`` f32 and ``co16 [T, J, Bp, N]`` bf16, the cell's per-step
+    coefficients (``spec``); ``dy [T, Bp, N]`` f32 or None (the outputs' cotangents, zero
+    on padded steps); ``u [K, N, N]`` bf16 (U_k); ``lens [Bp]``; ``dhT [Bp, N]`` f32, the
+    final carry's cotangent; ``mask [Bp, N]`` f32 or None. Returns ``DH [T, Bp, N]`` f32:
+    dh_t = dh_{t+1 -> t} + dy_t on real steps, the carried cotangent on padded ones."""
+    pl, plgpu = _plgpu()
+    T, I, Bp, N = co32.shape
+    J, K = co16.shape[1], u.shape[0]
+    quarters = N // _QUARTER
+    has_dy = dy is not None
+    masked = mask is not None
+    L = plgpu.Layout.WGMMA
+    slots = _slots(N)
+    per_q = I + J + has_dy  # TMA copies (and barriers) per quarter of a step's inputs
+    per_slot = quarters * per_q
+
+    def body(*refs):
+        refs = list(refs)
+        c32_ref, c16_ref = refs.pop(0), refs.pop(0)
+        dy_ref = refs.pop(0) if has_dy else None
+        u_ref, len_ref, dhT_ref = refs.pop(0), refs.pop(0), refs.pop(0)
+        m_ref = refs.pop(0) if masked else None
+        DH_ref, u_s, c32_s, c16_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs
+        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
+        qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
+        for k in range(K):
+            plgpu.copy_gmem_to_smem(u_ref.at[k], u_s.at[k], bar_w.at[k])
+        plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[K])
+
+        def quarter_of(src, cs):  # one quarter of a [Bp, N] input, through out_s
+            plgpu.commit_smem()  # every thread has read out_s before TMA refills it
+            plgpu.copy_gmem_to_smem(src.at[rows, cs], out_s, bar_w.at[K + 1])
+            plgpu.barrier_wait(bar_w.at[K + 1])
+            return plgpu.load(out_s, layout=L)
+
+        dhc = tuple(quarter_of(dhT_ref, cs) for cs in qcols)
+        ms = [quarter_of(m_ref, cs) for cs in qcols] if masked else None
+        for k in range(K + 1):
+            plgpu.barrier_wait(bar_w.at[k])
+        lens_v = plgpu.load(len_s, layout=L.reduce(1))
+
+        def fetch(t, j):  # step t's inputs into slot j
+            for q, cs in enumerate(qcols):
+                bar = per_slot * j + per_q * q
+                for i in range(I):
+                    plgpu.copy_gmem_to_smem(c32_ref.at[t, i, rows, cs], c32_s.at[j, i, q], bar_in.at[bar + i])
+                for i in range(J):
+                    plgpu.copy_gmem_to_smem(c16_ref.at[t, i, rows, cs], c16_s.at[j, i, q], bar_in.at[bar + I + i])
+                if has_dy:
+                    plgpu.copy_gmem_to_smem(dy_ref.at[t, rows, cs], dy_s.at[j, q], bar_in.at[bar + I + J])
+
+        fetch(T - 1, 0)
+
+        def step(s, dhc):
+            t = T - 1 - s
+            j = lax.rem(s, slots) if slots == 2 else 0
+            for i in range(per_slot):
+                plgpu.barrier_wait(bar_in.at[per_slot * j + i])
+            if slots == 2:  # slot 1 - j was read in the last step (and committed)
+                pl.when(t > 0)(lambda: fetch(t - 1, 1 - j))
+            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
+            zero = jnp.zeros((ROWS, _QUARTER), _f32)
+            dh = []
+            for q, cs in enumerate(qcols):  # dh_t, written out a quarter at a time
+                dh.append(dhc[q] + plgpu.load(dy_s.at[j, q], layout=L) if has_dy else dhc[q])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # out_s is free again
+                out_s[...] = dh[q]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_s, DH_ref.at[t, rows, cs])
+            co32 = lambda i, q: plgpu.load(c32_s.at[j, i, q], layout=L)
+            co16 = lambda i, q: plgpu.load(c16_s.at[j, i, q], layout=L).astype(_f32)
+
+            def stage(terms):
+                """``sum_k dz_k U_k^T`` [ROWS, N] for ``terms`` ``[(k, dz_k(q))]``, each dz
+                a quarter at a time (zero on padded steps) through dz_s."""
+
+                def run(acc):
+                    for q, cs in enumerate(qcols):
+                        dzs = [jnp.where(valid, dz(q), zero) for _, dz in terms]
+                        if q:
+                            plgpu.wgmma_wait(0)  # the last quarter's products have read dz_s
+                        for i, dz in enumerate(dzs):
+                            dz_s[i] = dz.astype(_bf16)
+                        plgpu.commit_smem()
+                        for i, (k, _) in enumerate(terms):
+                            plgpu.wgmma(acc, dz_s.at[i], u_s.at[k, :, cs].transpose((1, 0)))
+                    return acc[...]
+
+                return pl.run_scoped(run, plgpu.ACC((ROWS, N), _f32))
+
+            new = spec.backward(co32, co16, dh, stage, ms)
+            plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
+            if slots == 1:
+                pl.when(t > 0)(lambda: fetch(t - 1, 0))
+            return tuple(jnp.where(valid, a, d) for a, d in zip(new, dhc))
+
+        lax.fori_loop(0, T, step, dhc)
+        plgpu.wait_smem_to_gmem(0)
+
+    sw = functools.partial(_swizzled, plgpu)
+    tile = (ROWS, _QUARTER)
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((T, Bp, N), _f32),
+        scratch_types=(
+            plgpu.SMEM((K, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((slots, I, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER)),
+            plgpu.SMEM((slots, J, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((slots, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER)) if has_dy else None,
+            plgpu.SMEM((spec.terms,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM(tile, _f32, transforms=sw(_f32, _QUARTER)),
+            plgpu.SMEM((ROWS,), jnp.int32),
+            plgpu.Barrier(num_barriers=K + 2),
+            plgpu.Barrier(num_barriers=slots * per_slot),
+        ),
+        grid=(Bp // ROWS,),
+        grid_names=("b",),
+        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
+        interpret=_interpret_params(interpret),
+    )
+    return kernel(*((co32, co16) + ((dy,) if has_dy else ()) + (u, lens, dhT)
+                    + ((mask,) if masked else ())))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the unroll
+
+
+def _mm(a, b, spec):
+    """A matmul with bfloat16 inputs and float32 accumulation."""
+    return jnp.einsum(spec, a.astype(_bf16), b.astype(_bf16), preferred_element_type=_f32)
+
+
+def _recompute(cell, W, U, b, xs, Hm):
+    """The values of every step in parallel over T, as the kernel forms them: the RRN's
+    ``[y_1, ..., y_K]``, the GRU's ``[r, z, h̃]`` (each ``[T, B, n]`` float32)."""
+    zx = _mm(xs, W, "tbm,kmn->ktbn") + b[:, None, None, :]
+    if type(cell) is RRN:
+        act = _ACT[cell.activation][0]
+        ys, src = [], Hm
+        for k in range(cell.depth):
+            ys.append(act(zx[k] + _mm(src, U[k], "tbi,ij->tbj")))
+            src = ys[-1]
+        return ys
+    r, z = (_sigmoid(zx[k] + _mm(Hm, U[k], "tbi,ij->tbj")) for k in (0, 1))
+    return [r, z, jnp.tanh(zx[2] + _mm(r * Hm, U[2], "tbi,ij->tbj"))]
+
+
+def _coefficients(cell, vals, H_all, H_prev, Hm):
+    """The backward kernel's ``(co32, co16)`` lists (see :func:`_rrn_backward`,
+    :func:`_gru_backward`)."""
+    if type(cell) is RRN:
+        dact = _ACT[cell.activation][1]
+        return [1 - H_all * H_all], [dact(y) for y in vals]
+    r, z, ht = vals
+    return [z], [r, (1 - z) * (1 - ht * ht), (H_prev - ht) * z * (1 - z), Hm * r * (1 - r)]
+
+
+def _block_grads(cell, U, DH, valid, vals, Hm, co32, co16):
+    """``(dz, srcs)``: every block's pre-activation cotangent ``[T, B, n]`` float32 (zero
+    on padded steps) from the kernel's dh_t, and what multiplied U_k in the forward."""
+    if type(cell) is RRN:
+        K = cell.depth
+        ds = jnp.where(valid, DH * co32[0], 0.0)
+        dz = [None] * K
+        dz[K - 1] = ds * co16[K - 1]
+        for k in range(K - 1, 0, -1):
+            dz[k - 1] = _mm(dz[k], U[k], "tbj,ij->tbi") * co16[k - 1]
+        return dz, [Hm] + vals[:-1]
+    dz_h = jnp.where(valid, DH * co16[1], 0.0)
+    g = _mm(dz_h, U[2], "tbj,ij->tbi")
+    return [g * co16[3], jnp.where(valid, DH * co16[2], 0.0), dz_h], [Hm, Hm, vals[0] * Hm]
+
+
+def _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask):
+    """dh_{-1}: the kernel's step at t = 0 (the carried cotangent on an empty row)."""
+    if type(cell) is RRN:
+        direct, into_U = DH[0] * co32[0][0], _mm(dz[0][0], U[0], "bj,ij->bi")
+    else:
+        g = _mm(dz[2][0], U[2], "bj,ij->bi")
+        direct = DH[0] * co32[0][0]
+        into_U = co16[0][0] * g + _mm(dz[0][0], U[0], "bj,ij->bi") + _mm(dz[1][0], U[1], "bj,ij->bi")
+    if mask is not None:
+        into_U = into_U * mask
+    return jnp.where(valid[0], direct + into_U, DH[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _chain(cell, outputs: bool, interpret: bool, W, U, b, h0, xs, lens, mask):
+    return _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask)[0]
+
+
+def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
+    """``W [K, m, n]``, ``U [K, n, n]``, ``b [K, n]``: the cell's blocks."""
+    T, B, m = xs.shape
+    K, n = U.shape[0], U.shape[1]
+    N, MP = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    H = N // _HALF
+    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
+    call = functools.partial(_forward_call, spec=_spec(cell), interpret=interpret)
+    y = _one_at_a_time(call)(
+        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
+        halves(_pad_to(U, (K, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(_pad_to(W, (K, MP, N))), -1, -2).astype(_bf16),
+        _pad_to(b, (K, N)).reshape(K, H, _HALF).astype(_f32),
+        halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
+        halves(_pad_to(h0.astype(_f32), (Bp, N))),
+        _pad_to(lens, (Bp,)),
+        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
+    )  # fmt: skip
+    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+    H_all = _carries(y, h0, lens)
+    H_prev = jnp.concatenate([h0[None], H_all[:-1]])
+    Hm = H_prev if mask is None else H_prev * mask
+    vals = _recompute(cell, W, U, b, xs, Hm)
+    out = (H_all[-1], y if outputs else None)
+    return out, (W, U, xs, h0, lens, mask, H_all, H_prev, Hm, vals)
+
+
+def _chain_bwd(cell, outputs, interpret, res, cotangents):
+    W, U, xs, h0, lens, mask, H_all, H_prev, Hm, vals = res
+    dhT, dys = cotangents
+    T, B, m = xs.shape
+    K, n = U.shape[0], U.shape[1]
+    N, _ = _padded(n, m)
+    Bp = -(-B // ROWS) * ROWS
+    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    co32, co16 = _coefficients(cell, vals, H_all, H_prev, Hm)
+    pad = lambda a: _pad_to(a, (T, Bp, N))
+    dy = None
+    if outputs and dys is not None:
+        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
+    call = functools.partial(_backward_call, spec=_spec(cell), interpret=interpret)
+    DH = _one_at_a_time(call)(
+        jnp.stack([pad(a) for a in co32], axis=1).astype(_f32),
+        jnp.stack([pad(a) for a in co16], axis=1).astype(_bf16), dy,
+        _pad_to(U, (K, N, N)).astype(_bf16), _pad_to(lens, (Bp,)),
+        _pad_to(dhT.astype(_f32), (Bp, N)),
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+    )[:, :B, :n]  # fmt: skip
+    dz, srcs = _block_grads(cell, U, DH, valid, vals, Hm, co32, co16)
+    dZ = jnp.stack(dz)  # [K, T, B, n]
+    dU = jnp.stack([_mm(s, d, "tbi,tbj->ij") for s, d in zip(srcs, dz)])
+    dW = _mm(xs, dZ, "tbm,ktbn->kmn")
+    dxs = _mm(dZ, W, "ktbn,kmn->tbm")
+    dh0 = _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask)
+    dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
+    return (dW.astype(W.dtype), dU.astype(U.dtype), dZ.sum(axis=(1, 2)).astype(W.dtype),
+            dh0.astype(h0.dtype), dxs.astype(xs.dtype), None, dmask)  # fmt: skip
+
+
+_chain.defvjp(_chain_fwd, _chain_bwd)
+
+
+def _blocks_of(cell, params) -> tuple[Array, Array, Array]:
+    """The cell's parameters as K blocks: ``W [K, m, n]``, ``U [K, n, n]``, ``b [K, n]``
+    (the RRN's layers; the GRU's r | z | h̃)."""
+    W, U, b = params["W"], params["U"], params["b"]
+    n = cell.hidden_size
+    K = U.shape[0] if U.ndim == 3 else U.shape[1] // n
+    W = jnp.moveaxis(W.reshape(W.shape[0], K, n), 1, 0)
+    if U.ndim == 2:
+        U = jnp.moveaxis(U.reshape(n, K, n), 1, 0)
+    return W, U, b.reshape(K, n)
+
+
+def unroll(
+    cell: Any,
+    params: Any,
+    carry: Array,
+    xs: Array,
+    mask: Array | None = None,
+    *,
+    lengths: Array | None = None,
+    dtype: Any = _bf16,
+    outputs: bool = True,
+    interpret: bool | None = None,
+) -> tuple[Array, Array | None]:
+    """An RRN or Cho et al.'s GRU over ``xs`` by the persistent kernels; the contract of
+    :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
+
+    Args:
+      cell: an :class:`~rhnzoo.cells.RRN` or ``GRU(n)`` (``reset_after=False``) of
+        :func:`supports` (n <= 128).
+      params: ``cell.init``'s, float32: the RRN's ``{'W': [m, K n], 'U': [K, n, n], 'b':
+        [K n]}``, the GRU's ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n]}``.
+      carry: h ``[B, n]`` float32.
+      xs: ``[T, B, m]`` float32, time-major.
+      mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
+        enters U (the RRN's U_1, the GRU's U; the residual and the GRU's interpolation
+        use h_{t-1} itself) and is a constant (zero gradient), as in the fused scans.
+      lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
+        output zeros).
+      dtype: ``jnp.bfloat16``, the only precision the kernels have (module docstring).
+      outputs: False: return ``ys`` None.
+      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
+        backend only.
+
+    Returns:
+      ``(h_T [B, n] float32, ys [T, B, n] float32 or None)``.
+
+    Raises:
+      ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
+        exceed one CTA's shared memory (a wide input; the GRU at n > 64 with
+        ``outputs``), or a ``dtype`` other than bfloat16.
+    """
+    if not supports(cell):
+        raise ValueError(f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
+                         "size <= 128 whose matrices fit one CTA's shared memory only")  # fmt: skip
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
+    T, B, m = xs.shape
+    if not _fits(cell, m, with_dy=outputs):
+        need = max(smem_bytes(cell, m, with_dy=outputs))
+        raise ValueError(f"the {type(cell).__name__} kernels need {need} B of shared memory at "
+                         f"input width {m}{' with outputs' if outputs else ''} (one CTA has "
+                         f"{SMEM_LIMIT}): use scan_impl='fused'")  # fmt: skip
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    W, U, b = _blocks_of(cell, params)
+    return _chain(cell, bool(outputs), bool(interpret), W, U, b, carry, xs, lens, mask)

@@ -1,0 +1,53 @@
+"""Checks shared by the tests of the persistent Pallas kernels (test_gated_pallas.py,
+test_chained_pallas.py)."""
+
+import contextlib
+import signal
+
+import jax
+import jax.numpy as jnp
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Fails the test instead of hanging (the interpreter waits forever on a barrier
+    that is never completed)."""
+
+    def expired(*_):
+        raise TimeoutError(f"kernel still running after {seconds} s: a barrier never completed?")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def value_and_grads(unroll, params, carry, xs, target, outputs=True):
+    """A loss on every output and every leaf of the final carry, and its gradients with
+    respect to the parameters, the initial carry and the inputs."""
+
+    def loss(params, carry, xs):
+        carry, ys = unroll(params, carry, xs)
+        out = jnp.sum(jnp.sin(ys) * target) if outputs else 0.0
+        return out + sum(jnp.sum(jnp.cos(leaf + k)) for k, leaf in enumerate(jax.tree.leaves(carry)))
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))(params, carry, xs)
+
+
+def assert_close(got, want, rtol):
+    """Every leaf within ``rtol`` of the largest magnitude of ``want``'s leaf (bfloat16
+    matmul inputs: relative errors of a few 1e-3 are rounding)."""
+    for path, a in jax.tree_util.tree_flatten_with_path(got)[0]:
+        b = want
+        for k in path:
+            b = b[k.key] if hasattr(k, "key") else b[k.idx] if hasattr(k, "idx") else getattr(b, k.name)
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        err = float(jnp.max(jnp.abs(a - b)))
+        assert err <= rtol * scale, f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
+
+
+def lower_for_cuda(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))

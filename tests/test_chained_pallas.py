@@ -1,0 +1,250 @@
+"""The persistent Pallas kernels of the RRN and Cho et al.'s GRU (rhnzoo.cells.
+chained_pallas) against the reference scan (lax.scan + autodiff, float32) and the fused
+scan in bfloat16, values and every gradient; HRL and LSTM+GRU through the dispatcher,
+part by part; and the kernels lowered for ``cuda`` (an H100's shared memory and
+layouts) on any host.
+
+On the CPU the kernels run in Pallas's GPU interpret mode, every run under a timeout
+(the interpreter hangs on a barrier that is never completed)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import normal, random_params
+from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
+
+from rhnzoo import cells
+from rhnzoo.cells import chained_pallas, gated_fused, gated_pallas, scan
+from rhnzoo.cells.scan import ScanImpl
+
+
+def make(kind, n, depth=2, activation="sigmoid"):
+    """``'rrn'``: RRN(n, depth, activation); ``'gru'``: Cho et al.'s GRU(n)."""
+    return cells.GRU(n) if kind == "gru" else cells.RRN(n, depth=depth, activation=activation)
+
+
+def setup(n, B, m, T, depth=2, activation="sigmoid", seed=0, kind="rrn"):
+    """The cell, random (not initial) parameters and carry, inputs and a target."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    cell = make(kind, n, depth, activation)
+    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
+    return (cell, params, 0.5 * normal(keys[2], (B, n)), normal(keys[3], (T, B, m)),
+            normal(keys[4], (T, B, n)))  # fmt: skip
+
+
+def dropout_mask(B, n, seed=7):
+    return jax.random.bernoulli(jax.random.PRNGKey(seed), 0.75, (B, n)) / 0.75
+
+
+CASES = {
+    # name: (cell, n, B, m, T, K, σ, lengths, dropout mask, outputs)
+    "padded_rows_masked": ("rrn", 5, 4, 3, 6, 2, "sigmoid", np.array([6, 0, 3, 5]), True, True),
+    "one_layer_tanh": ("rrn", 5, 4, 3, 6, 1, "tanh", None, False, True),
+    "three_layers": ("rrn", 5, 4, 3, 5, 3, "sigmoid", np.array([5, 2, 0, 4]), True, True),
+    "two_warpgroups": ("rrn", 100, 4, 3, 4, 2, "sigmoid", None, True, True),  # n -> 128
+    "pmnist_like": ("rrn", 100, 70, 1, 4, 2, "sigmoid", None, False, False),  # two CTAs
+    "gru_padded_rows_masked": ("gru", 5, 4, 3, 6, 3, None, np.array([6, 0, 3, 5]), True, True),
+    "gru_two_warpgroups": ("gru", 100, 4, 3, 4, 3, None, np.array([4, 1, 0, 3]), True, False),
+    "gru_pmnist_like": ("gru", 100, 70, 1, 4, 3, None, None, False, False),
+}
+BIG = {"pmnist_like", "gru_pmnist_like"}  # two CTAs of 64 rows: slow to interpret
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in BIG else c
+                                  for c in CASES])  # fmt: skip
+def test_values_and_gradients_match_the_reference(case):
+    kind, n, B, m, T, K, act, lengths, masked, outputs = CASES[case]
+    cell, params, carry, xs, target = setup(n, B, m, T, K, act or "sigmoid", kind=kind)
+    lens = None if lengths is None else jnp.asarray(lengths)
+    mask = dropout_mask(B, n) if masked else None
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens, outputs=outputs),
+            params, carry, xs, target, outputs=outputs)  # fmt: skip
+    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
+                          params, carry, xs, target, outputs=outputs)  # fmt: skip
+    fused = value_and_grads(
+        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lens, dtype=jnp.bfloat16),
+        params, carry, xs, target, outputs=outputs)  # fmt: skip
+    # The loss as close to the reference as the fused scan's bfloat16 mode is (the same
+    # precision policy; the loss is a sum of terms of both signs, so no relative bound).
+    assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    assert_close(got[1], ref[1], rtol=2e-2)
+    assert_close(got[1], fused[1], rtol=1.5e-2)
+
+
+def test_outputs_false_reads_the_final_carry():
+    cell, params, carry, xs, target = setup(5, 4, 3, 6, seed=1)
+    lens = jnp.asarray([6, 0, 3, 5])
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+            params, carry, xs, target, outputs=False)  # fmt: skip
+    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, lengths=lens),
+                          params, carry, xs, target, outputs=False)  # fmt: skip
+    assert chained_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+
+
+@pytest.mark.parametrize("name", ["hrl", "lstm_gru"])
+def test_parallel_cells_through_the_dispatcher_run_each_part_by_its_kernels(name):
+    """``scan.unroll(..., impl='pallas')`` of HRL (``Parallel((LSTM, RRN))``) and LSTM+GRU
+    (Cho's GRU): the LSTM by gated_pallas, the RRN or GRU by chained_pallas, the output
+    their mean; against the fused scan in bfloat16 and the reference."""
+    n, B, m, T = 5, 4, 3, 5
+    cell = cells.make(name, n)
+    assert scan.implementations(cell)[-1] is ScanImpl.PALLAS
+    keys = jax.random.split(jax.random.PRNGKey(3), 5)
+    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
+    carry = jax.tree.map(lambda a: a + 0.3, cell.initial_carry(B))
+    xs, target = normal(keys[2], (T, B, m)), normal(keys[3], (T, B, n))
+    lens, mask = jnp.asarray([5, 0, 2, 4]), dropout_mask(B, n)
+    run = lambda impl, **kw: lambda p, c, x: scan.unroll(cell, p, c, x, mask, impl=impl,
+                                                          lengths=lens, **kw)  # fmt: skip
+    with deadline(300):
+        got = value_and_grads(run("pallas", dtype=jnp.bfloat16), params, carry, xs, target)
+    fused = value_and_grads(run("fused", dtype=jnp.bfloat16), params, carry, xs, target)
+    ref = value_and_grads(run("reference"), params, carry, xs, target)
+    assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    assert_close(got[1], fused[1], rtol=1.5e-2)
+    assert_close(got[1], ref[1], rtol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["rrn", "gru"])
+def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
+    """K stacked seeds (``jax.vmap`` over parameters, masks and carries) get each seed's
+    own values and gradients, and the vmapped value and gradient lower for ``cuda``."""
+    B, n = 4, 5
+    cell, params, carry, xs, target = setup(n, B, 3, 5, seed=2, kind=kind)
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
+    masks = jnp.stack([dropout_mask(B, n, 3), dropout_mask(B, n, 4)])
+    lens = jnp.asarray([5, 2, 0, 4])
+    one = lambda p, c, mask: value_and_grads(
+        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens), p, c, xs, target)
+    with deadline(300):
+        got = jax.vmap(one)(*stacked, masks)
+        for k in range(2):
+            want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
+    cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
+    z = lambda a: jax.ShapeDtypeStruct((2, *a.shape), a.dtype)
+    many = lambda p, c: jax.vmap(lambda p, c: value_and_grads(
+        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, outputs=False, interpret=False),
+        p, c, xs, target, outputs=False))(p, c)  # fmt: skip
+    lower_for_cuda(many, *jax.tree.map(z, (params, carry)))
+
+
+def test_refuses_what_it_does_not_compute():
+    cell, params, carry, xs, _ = setup(5, 4, 3, 2)
+    with pytest.raises(ValueError, match="bfloat16"):
+        chained_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
+    supports = chained_pallas.supports
+    assert supports(cells.RRN(128, depth=3)) and not supports(cells.RRN(129))
+    assert supports(cells.GRU(128)) and not supports(cells.GRU(128, reset_after=True))
+    assert not supports(cells.LSTM(8))  # gated_pallas's
+    deep = cells.RRN(128, depth=4)  # four 128 x 128 matrices and their step inputs: too many
+    assert not supports(deep) and ScanImpl.PALLAS not in scan.implementations(deep)
+    with pytest.raises(ValueError, match="no Pallas kernel"):
+        chained_pallas.unroll(deep, deep.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 128)),
+                              jnp.zeros((2, 4, 1)))  # fmt: skip
+    wide = cells.RRN(128, depth=3)  # fits with a 1-wide input, not a 64-wide one
+    with pytest.raises(ValueError, match="shared memory at input width 64"):
+        chained_pallas.unroll(wide, wide.init(jax.random.PRNGKey(0), 64), jnp.zeros((4, 128)),
+                              jnp.zeros((2, 4, 64)), outputs=False)  # fmt: skip
+    gru = cells.GRU(100)  # n -> 128: the output cotangents do not fit beside U and the gates'
+    with pytest.raises(ValueError, match="at input width 1 with outputs"):
+        chained_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 100)),
+                              jnp.zeros((2, 4, 1)))  # fmt: skip
+    # auto does not pick these kernels: not measured on a GPU yet
+    for c in (cells.RRN(64), cells.GRU(64)):
+        assert scan.resolve("auto", c, batch=64, dtype=jnp.bfloat16, backend="gpu") is ScanImpl.FUSED
+
+
+# ------------------------------------------------------------------ lowering for cuda
+
+
+def forward_args(T, n, m, K, B=64):
+    N, MP = gated_pallas._padded(n, m)
+    z, H = jax.ShapeDtypeStruct, N // 64
+    return (z((T, B, MP), jnp.bfloat16), z((K, H, N, 64), jnp.bfloat16),
+            z((K, H, 64, MP), jnp.bfloat16), z((K, H, 64), jnp.float32),
+            z((H, B, 64), jnp.bfloat16), z((H, B, 64), jnp.float32), z((B,), jnp.int32))  # fmt: skip
+
+
+def backward_args(T, n, spec, B=64):
+    N, _ = gated_pallas._padded(n, 1)
+    z = jax.ShapeDtypeStruct
+    return (z((T, spec.co32, B, N), jnp.float32), z((T, spec.co16, B, N), jnp.bfloat16),
+            z((T, B, N), jnp.float32), z((spec.blocks, N, N), jnp.bfloat16), z((B,), jnp.int32),
+            z((B, N), jnp.float32))  # fmt: skip
+
+
+def lower_kernels(cell, T=12, *, with_dy=True):
+    """Both kernels of ``cell`` lowered for ``cuda``: forward with and without a mask,
+    backward with and without a mask (and output cotangents where ``with_dy``)."""
+    spec = chained_pallas._spec(cell)
+    fargs = forward_args(T, cell.hidden_size, 1, spec.blocks)
+    fwd = lambda *a: chained_pallas._forward_call(*a, spec=spec, interpret=False)
+    lower_for_cuda(fwd, *fargs)
+    lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
+    args = backward_args(T, cell.hidden_size, spec)
+    bwd = lambda *a: chained_pallas._backward_call(*a, spec=spec, interpret=False)
+    without_dy = lambda c32, c16, *a: chained_pallas._backward_call(c32, c16, None, *a, spec=spec,
+                                                                    interpret=False)  # fmt: skip
+    lower_for_cuda(without_dy, *(args[:2] + args[3:]))
+    lower_for_cuda(without_dy, *(args[:2] + args[3:]), args[5])  # a mask
+    if with_dy:
+        lower_for_cuda(bwd, *args)
+
+
+@pytest.mark.parametrize("kind, n, depth", [
+    ("rrn", 64, 1), ("rrn", 64, 2), ("rrn", 128, 2), pytest.param("rrn", 128, 3, marks=pytest.mark.slow),
+    ("gru", 64, 3), ("gru", 128, 3)])  # fmt: skip
+def test_kernels_lower_for_an_h100(kind, n, depth):
+    """Every kernel configuration (N = 64 or 128, the RRN's K = 1-3 layers, a dropout
+    mask or none; backward with and without output cotangents where they fit) lowers
+    for ``cuda``: its shared memory, TMA boxes and wgmma layouts are what an sm_90 device
+    accepts."""
+    cell = make(kind, n, depth)
+    lower_kernels(cell, with_dy=chained_pallas._fits(cell, 1, with_dy=True))
+
+
+def test_shared_memory_estimate_matches_the_lowering():
+    """``smem_bytes`` (what ``supports`` and ``unroll`` read) predicts the lowering's
+    verdict: four RRN layers at n = 128 need more than an H100 CTA has, and so does the
+    GRU's backward at n = 128 with output cotangents; the lowering says so."""
+    deep, gru = cells.RRN(128, depth=4), cells.GRU(128)
+    assert min(chained_pallas.smem_bytes(deep, 1)) > chained_pallas.SMEM_LIMIT
+    assert max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024 <= chained_pallas.SMEM_LIMIT
+    assert chained_pallas.smem_bytes(gru, 1)[1] > chained_pallas.SMEM_LIMIT
+    assert max(chained_pallas.smem_bytes(gru, 1, with_dy=False)) + 1024 <= chained_pallas.SMEM_LIMIT
+    spec = chained_pallas._spec(deep)
+    fwd = lambda *a: chained_pallas._forward_call(*a, spec=spec, interpret=False)
+    with pytest.raises(Exception, match="exceeds available shared memory"):
+        lower_for_cuda(fwd, *forward_args(4, 128, 1, 4))
+    spec = chained_pallas._spec(gru)
+    bwd = lambda *a: chained_pallas._backward_call(*a, spec=spec, interpret=False)
+    with pytest.raises(Exception, match="exceeds available shared memory"):
+        lower_for_cuda(bwd, *backward_args(4, 128, spec))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
+@pytest.mark.parametrize("kind, n, depth, outputs", [("rrn", 100, 2, True), ("rrn", 5, 3, False),
+                                                     ("gru", 100, 3, False), ("gru", 5, 3, True)])  # fmt: skip
+def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, kind, n, depth, outputs):
+    """The interpreter's race detector watches every shared-memory access of the kernels
+    (threads' loads and stores, TMA copies, wgmma operands): none may race. Two
+    warpgroups (n = 100) and one; the backward with one input slot (n = 100) and two."""
+    _, plgpu = gated_pallas._plgpu()
+    monkeypatch.setattr(chained_pallas, "_interpret_params",
+                        lambda interpret: plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
+    cell, params, carry, xs, target = setup(n, 4, 3, 3, depth, kind=kind)
+    with deadline(300):
+        jax.block_until_ready(value_and_grads(
+            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, dropout_mask(4, n), outputs=outputs),
+            params, carry, xs, target, outputs=outputs))  # fmt: skip
+    out, err = capfd.readouterr()
+    assert "RACE DETECTED" not in out + err
