@@ -21,17 +21,27 @@ from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training import rrl
 
-KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True)}
+KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True),
+         "sc_lstm_p": lambda n: cells.SCLSTM(n, skip=3, learn_alpha=True),
+         "sc_lstm_i": lambda n: cells.SCLSTM(n, skip=1)}  # fmt: skip
 
 
 def setup(n, B, m, T, seed=0, kind="lstm"):
-    """The cell, random (not initial) parameters and carry, inputs and a target."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    """The cell, random (not initial) parameters and carry, inputs and a target. An
+    SC-LSTM's carry is in mid-sequence: each row at its own step count and anchor, α
+    not 1."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 7)
     cell = KINDS[kind](n)
     params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
     carry = 0.5 * normal(keys[2], (B, n))
     if kind == "lstm":
         carry = cells.LSTMState(carry, 0.5 * normal(keys[3], (B, n)))
+    if kind.startswith("sc_lstm"):
+        counts = jnp.asarray([0, 2, 5, 1] * (B // 4) + [3] * (B % 4), jnp.int32)
+        carry = cells.SCLSTMState(carry, 0.5 * normal(keys[3], (B, n)),
+                                  0.5 * normal(keys[6], (B, n)), counts)  # fmt: skip
+        if cell.learn_alpha:
+            params["alpha"] = jnp.float32(0.7)
     return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
 
 
@@ -43,10 +53,15 @@ CASES = {
     "lstm_two_warpgroups_masked": ("lstm", 100, 4, 3, 4, None, True),
     "gru_padded_rows_masked": ("gru", 5, 4, 3, 6, np.array([6, 0, 3, 5]), True),
     "gru_pmnist_like": ("gru", 100, 70, 1, 4, None, False),  # two CTAs, two warpgroups
+    # SC-LSTM: skips at τ = 1 + kL, L = 3 (P) and 1 (I), rows starting mid-sequence
+    "sc_lstm_p_padded_rows_masked": ("sc_lstm_p", 5, 4, 3, 9, np.array([9, 0, 4, 7]), True),
+    "sc_lstm_i_every_step": ("sc_lstm_i", 5, 4, 3, 6, None, False),
+    "sc_lstm_p_two_warpgroups": ("sc_lstm_p", 100, 4, 3, 5, np.array([5, 2, 0, 4]), True),
+    "sc_lstm_p_pmnist_like": ("sc_lstm_p", 100, 70, 1, 7, None, False),
 }
 
 
-BIG = {"lstm_pmnist_like", "gru_pmnist_like"}  # two CTAs of 64 rows: slow to interpret
+BIG = {"lstm_pmnist_like", "gru_pmnist_like", "sc_lstm_p_pmnist_like"}  # two CTAs of 64 rows
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in BIG else c
@@ -71,14 +86,26 @@ def test_values_and_gradients_match_the_reference(case):
     # bfloat16 mode is (the same precision policy).
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    if "alpha" in params:  # SC-LSTM-P's dα sums terms of both signs over every skip: held,
+        # like the loss, to the fused scan's own bfloat16 error (not to a relative bound)
+        a, r, f = (float(g[1][0].pop("alpha")) for g in (got, ref, fused))
+        assert abs(a - r) <= 4 * abs(f - r) + 1e-3 * abs(r)
     assert_close(got[1], ref[1], rtol=1.5e-2)
     assert_close(got[1], fused[1], rtol=1.5e-2)
 
 
-def test_outputs_false_reads_the_final_carry():
+@pytest.mark.parametrize("kind", ["lstm", "sc_lstm_p"])
+def test_outputs_false_reads_the_final_carry(kind):
+    """outputs=False: no outputs, the final carry and its gradients as the reference's
+    (SC-LSTM's step counts exactly: each row's advances by its length)."""
     _, n, B, m, T, lengths, _ = CASES["lstm_padded_rows"]
-    cell, params, carry, xs, target = setup(n, B, m, T, seed=1)
+    cell, params, carry, xs, target = setup(n, B, m, T, seed=1, kind=kind)
     lens = jnp.asarray(lengths)
+    final = gated_pallas.unroll(cell, params, carry, xs, lengths=lens, outputs=False)[0]
+    want = cells.unroll(cell, params, carry, xs, lengths=lens)[0]
+    assert type(final) is type(want)
+    if kind != "lstm":
+        np.testing.assert_array_equal(final.t, want.t)
     with deadline(300):
         got = value_and_grads(
             lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
@@ -90,7 +117,7 @@ def test_outputs_false_reads_the_final_carry():
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm_p"])
 def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     """K stacked seeds (issue 47: ``jax.vmap`` over parameters, masks and carries) get
     each seed's own values and gradients; the vmapped value and gradient lower for
@@ -125,7 +152,8 @@ def test_refuses_what_it_does_not_compute():
         gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
     assert gated_pallas.supports(cells.LSTM(128)) and not gated_pallas.supports(cells.LSTM(129))
     assert gated_pallas.supports(cells.GRU(128, reset_after=True))
-    assert not gated_pallas.supports(gru) and not gated_pallas.supports(cells.SCLSTM(8, skip=2))
+    assert not gated_pallas.supports(gru) and gated_pallas.supports(cells.SCLSTM(128, skip=2))
+    assert not gated_pallas.supports(cells.SCLSTM(129)) and not gated_pallas.supports(cells.RRN(8))
 
 
 def test_auto_never_picks_the_kernel_off_an_h100_class_gpu():
@@ -173,7 +201,7 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
     assert_tasks_agree(loss_of, models, params)
 
 
-@pytest.mark.parametrize("model", ["lstm", "gru", "rrn"])
+@pytest.mark.parametrize("model", ["lstm", "gru", "sc_lstm_p", "rrn"])
 def test_the_classifier_task_runs_the_kernel(model):
     """The RRL task's classifier (embedding, input and output dropout, padded rows with
     an empty one) with --scan_impl=pallas --dtype=bfloat16, the GRU reset-after, the RRN
@@ -243,6 +271,25 @@ def test_kernels_lower_for_an_h100(n, kind):
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
 
 
+@pytest.mark.parametrize("n", [64, 128])
+def test_sc_lstm_kernels_lower_for_an_h100(n):
+    """The LSTM kernels with SC-LSTM's skips (step counts, anchor, α; its anchor's
+    cotangent backward), masked or not, with and without output cotangents."""
+    z, B = jax.ShapeDtypeStruct, 64
+    N, H = (64, 1) if n <= 64 else (128, 2)
+    fargs = forward_args(12, n, 1)
+    skips = (z((B,), jnp.int32), z((H, B, 64), jnp.float32), z((H, 64), jnp.float32))
+    fwd = lambda *a: gated_pallas._forward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
+    lower_for_cuda(fwd, *fargs, None, *skips)
+    lower_for_cuda(fwd, *fargs, z(fargs[4].shape, jnp.float32), *skips)  # a mask
+    args = backward_args(12, n, with_dy=True)
+    skips = (z((B,), jnp.int32), z((N,), jnp.float32), z((B, N), jnp.float32))
+    bwd = lambda *a: gated_pallas._backward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
+    lower_for_cuda(bwd, *args, None, *skips)
+    lower_for_cuda(bwd, *args, args[5], *skips)  # a mask
+    lower_for_cuda(bwd, *args[:2], None, *args[3:], None, *skips)  # no output cotangents
+
+
 def test_shared_memory_estimate_matches_the_lowering():
     """``smem_bytes`` (what ``fits`` reads) predicts the lowering's verdict: a 64-wide
     input at n = 128 needs more than an H100 CTA has, and the lowering says so."""
@@ -255,7 +302,7 @@ def test_shared_memory_estimate_matches_the_lowering():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm_p"])
 @pytest.mark.parametrize("n, outputs", [(100, True), (5, False)])  # two warpgroups forward,
 def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, outputs, kind):  # 1 and 2 slots back
     """The interpreter's race detector watches every shared-memory access of the

@@ -1,6 +1,6 @@
-"""Persistent recurrent kernels for the LSTM and the reset-after GRU (Pallas, Mosaic GPU):
-the time loop inside one kernel, the recurrent weights held in shared memory for all T
-steps.
+"""Persistent recurrent kernels for the LSTM, SC-LSTM and the reset-after GRU (Pallas,
+Mosaic GPU): the time loop inside one kernel, the recurrent weights held in shared
+memory for all T steps.
 
 On a GPU the scans of :mod:`rhnzoo.cells.gated_fused` are launch-bound: every time step
 launches its small kernels from the host. Here one kernel runs the whole forward
@@ -48,12 +48,21 @@ b_n`` | its recurrent part ``h U_n + b_hn`` (n = tanh(third + r fourth), h_t = z
 coefficients of its three dz blocks streamed as the LSTM's and z_t (float32) as the
 direct path dh_{t-1} += dh_t z_t.
 
-Supported: :class:`~rhnzoo.cells.LSTM` and the reset-after :class:`~rhnzoo.cells.GRU`,
-with ``lengths`` (:func:`rhnzoo.cells.unroll`'s semantics: padded steps keep the carry
-and output zeros) and the recurrent dropout mask (a constant multiplying h_{t-1} where it
-enters U). Cho et al.'s GRU (its candidate's matmul waits on r) and the RRN (a chain of
-K products) have theirs in :mod:`~rhnzoo.cells.chained_pallas`; SC-LSTM has none yet
-(use :mod:`~rhnzoo.cells.gated_fused`).
+SC-LSTM (Wang & Tian 2016, eq. 5; :class:`~rhnzoo.cells.SCLSTM`, I or P) runs on the
+LSTM's kernels with its skip state in registers: its carry keeps only the anchor (h at
+the row's last skip point), not L past states, so the forward carries (c, anchor) per
+warpgroup and reads each row's step count and α from shared memory; at a step on the
+skip grid (count ≡ 0 mod L) h_t += α anchor (count > 0) and h_t becomes the anchor. The
+backward carries the anchor's cotangent da beside (dh, dc): on the grid dh_t += da and da
+is reset, and where the step skipped da += α dh_t. dα and the initial anchor's
+cotangent are formed outside from the kernel's dh_t.
+
+Supported: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.SCLSTM` and the
+reset-after :class:`~rhnzoo.cells.GRU`, with ``lengths`` (:func:`rhnzoo.cells.unroll`'s
+semantics: padded steps keep the carry and output zeros) and the recurrent dropout mask
+(a constant multiplying h_{t-1} where it enters U). Cho et al.'s GRU (its candidate's
+matmul waits on r) and the RRN (a chain of K products) have theirs in
+:mod:`~rhnzoo.cells.chained_pallas`.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.lstm import GRU, LSTM
+from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState
 
 Array = jax.Array
 
@@ -81,11 +90,12 @@ _APPROX_MATH = False
 
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a kernel for ``cell`` at all: an
-    :class:`~rhnzoo.cells.LSTM` or a reset-after :class:`~rhnzoo.cells.GRU` (PyTorch's and
-    cuDNN's variant) with hidden size at most 128."""
+    :class:`~rhnzoo.cells.LSTM`, an :class:`~rhnzoo.cells.SCLSTM` (I or P) or a
+    reset-after :class:`~rhnzoo.cells.GRU` (PyTorch's and cuDNN's variant) with hidden
+    size at most 128."""
     if type(cell) is GRU:
         return cell.reset_after and cell.hidden_size <= 128
-    return type(cell) is LSTM and cell.hidden_size <= 128
+    return type(cell) in (LSTM, SCLSTM) and cell.hidden_size <= 128
 
 
 def _padded(n: int, m: int) -> tuple[int, int]:
@@ -104,15 +114,17 @@ def _backward_parts(N: int, with_dy: bool) -> tuple[int, int]:
     return tiles, 2 if N <= 64 else 1
 
 
-def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+def smem_bytes(n: int, m: int, *, with_dy: bool = True, skip: bool = False) -> tuple[int, int]:
     """Shared memory (bytes) of the forward and backward kernels for hidden size ``n``
-    and input width ``m``: the scratch buffers listed in the kernels (barriers aside)."""
+    and input width ``m`` (``skip``: SC-LSTM's): the scratch buffers listed in the
+    kernels (barriers aside)."""
     N, MP = _padded(n, m)
+    extra = (ROWS * 4 + N * 4) if skip else 0  # the step counts and α
     fwd = 4 * N * N * 2 + 4 * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
-    fwd += ROWS * N * 4 + 4 * N * 4 + ROWS * 4
+    fwd += ROWS * N * 4 + 4 * N * 4 + ROWS * 4 + extra
     q = ROWS * _QUARTER
     tiles, slots = _backward_parts(N, with_dy)
-    bwd = 4 * N * N * 2 + slots * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4
+    bwd = 4 * N * N * 2 + slots * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4 + extra
     return fwd, bwd
 
 
@@ -169,7 +181,8 @@ def _interpret_params(interpret: bool):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, interpret: bool):
+def _forward_call(x, u, w, b, h0, c0, lens, mask=None, skips=None, *, gru: bool = False,
+                  skip: int = 0, interpret: bool):
     """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
 
     The LSTM's four blocks are i | f | o | c̃, each ``x W_g + h U_g + b_g``. With ``gru``,
@@ -182,20 +195,26 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
     output columns (``u[g, k, :, j] = U_g[:, 64 k + j]``); ``w [4, H, 64, MP]`` bf16, W's
     likewise, transposed; ``b [4, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16; ``c0 [H, Bp, 64]``
     f32; ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or None, the recurrent dropout mask
-    (h0 comes masked). Returns ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on
-    padded ones."""
+    (h0 comes masked). With ``skip`` = L > 0, SC-LSTM (Wang & Tian 2016, eq. 5): ``skips``
+    = ``(t0 [Bp] int32, a0 [H, Bp, 64] f32, alpha [H, 64] f32)``, each row's step count,
+    its anchor h (the carry's ``h_anchor``) and α broadcast; at a step whose count τ - 1
+    is a multiple of L, h_t += α anchor where τ > 1, and h_t becomes the anchor. Returns
+    ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on padded ones."""
     pl, plgpu = _plgpu()
     T, Bp, MP = x.shape
     H, N = u.shape[1], u.shape[2]
     L = plgpu.Layout.WGMMA
     masked = mask is not None
+    assert (skips is not None) == (skip > 0) and not (gru and skip)
     uses_w = (True, True, True, not gru)
     uses_u = (True, True, not gru, True)
 
     def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
         if masked:
             m_ref, *refs = refs
-        y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs
+        if skip:
+            t0_ref, a0_ref, alpha_ref, *refs = refs
+        y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, sk_s, bar_w, bar_x, bar_init, bar_step = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
 
@@ -212,6 +231,9 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
             plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
             plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
+            if skip:
+                plgpu.copy_gmem_to_smem(t0_ref.at[rows], sk_s[0], bar_init.at[5])
+                plgpu.copy_gmem_to_smem(alpha_ref, sk_s[1], bar_init.at[6])
 
         for g in range(4):
             for k in range(H):
@@ -223,16 +245,27 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
             plgpu.barrier_wait(bar_init.at[k])
         c = plgpu.load(y_s.at[wg], layout=L)
         lens_v = plgpu.load(len_s, layout=L.reduce(1))
-        m = None
-        if masked:  # the mask, through y_s once every warpgroup has read c
+
+        def through_y_s(src_ref, bar):  # once every warpgroup has read y_s
             plgpu.commit_smem()
             plgpu.barrier_arrive(bar_step)
             plgpu.barrier_wait(bar_step)
-            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(m_ref.at[:, rows], y_s, bar_init.at[4]))
-            plgpu.barrier_wait(bar_init.at[4])
-            m = plgpu.load(y_s.at[wg], layout=L)
+            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(src_ref.at[:, rows], y_s, bar))
+            plgpu.barrier_wait(bar)
+            return plgpu.load(y_s.at[wg], layout=L)
 
-        def step(t, c):
+        m = through_y_s(m_ref, bar_init.at[4]) if masked else None
+        carry = c
+        if skip:  # SC-LSTM: the anchor joins the carry; the step counts and α stay in SMEM
+            for k in (5, 6):
+                plgpu.barrier_wait(bar_init.at[k])
+            carry = (c, through_y_s(a0_ref, bar_init.at[7]))
+            t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
+            alpha = lax.broadcast_in_dim(plgpu.load(sk_s[1].at[wg], layout=L.reduce(0)),
+                                         (ROWS, _HALF), [1])  # fmt: skip
+
+        def step(t, carry):
+            c, anchor = carry if skip else (carry, None)
             slot = lax.rem(t, 2)
             plgpu.barrier_wait(bar_x.at[slot])
 
@@ -262,6 +295,12 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
                 i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
                 c_new = f * c + i * g
                 h_new = o * jnp.tanh(c_new)
+            if skip:  # τ - 1 = t0 + t on a real step
+                count = t0_v + t
+                on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, (ROWS, _HALF), [0])
+                skipped = on & lax.broadcast_in_dim(count > 0, (ROWS, _HALF), [0])
+                h_new = h_new + jnp.where(skipped, alpha * anchor, 0.0)
+                anchor = jnp.where(valid & on, h_new, anchor)
             kept = plgpu.load(h_s.at[slot, wg], layout=L)
             h_in = h_new if m is None else h_new * m  # what enters U next step
             h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
@@ -271,9 +310,10 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
             plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
             plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
             plgpu.barrier_wait(bar_step)
-            return jnp.where(valid, c_new, c)
+            c = jnp.where(valid, c_new, c)
+            return (c, anchor) if skip else c
 
-        lax.fori_loop(0, T, step, c)
+        lax.fori_loop(0, T, step, carry)
         plgpu.wait_smem_to_gmem(0)
 
     sw = functools.partial(_swizzled, plgpu)
@@ -288,9 +328,10 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
             plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
             plgpu.SMEM((4, H, _HALF), _f32),
             plgpu.SMEM((ROWS,), jnp.int32),
+            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((H, _HALF), _f32)) if skip else None,
             plgpu.Barrier(num_barriers=8 * H),
             plgpu.Barrier(num_barriers=2),
-            plgpu.Barrier(num_barriers=5),
+            plgpu.Barrier(num_barriers=8),
             plgpu.Barrier(num_arrivals=H),
         ),
         grid=(Bp // ROWS,),
@@ -300,10 +341,11 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, gru: bool = False, int
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
-    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ())))
+    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ()) + (skips or ())))
 
 
-def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool):
+def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, skip: int = 0,
+                   interpret: bool):
     """The backward kernel: the reverse recurrence of (dh, dc) (the LSTM), or of dh alone
     (the reset-after GRU: ``dcT`` None, ``coef [T, 3, Bp, N]`` the coefficients of its
     three dz blocks, ``F`` = z_t, ``u [3, N, N]``; the kernel then returns ``(DH,)``, and
@@ -314,9 +356,12 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
     ``F [T, Bp, N]`` f32 (f_t); ``dy [T, Bp, N]`` f32 or None (the outputs' cotangents,
     zero on padded steps); ``u [4, N, N]`` bf16 (U's gate blocks); ``lens [Bp]``;
     ``dhT, dcT [Bp, N]`` f32, the final carry's cotangents; ``mask [Bp, N]`` f32 or None
-    (dh_{t-1} = mask (dz U^T)). Returns ``(DH, DC)``, each
-    ``[T, Bp, N]`` f32: at step t, dh_t = dh_{t+1 -> t} + dy_t and dc_t = (carried dc) +
-    dh_t A_t on real steps, the carried cotangents on padded ones."""
+    (dh_{t-1} = mask (dz U^T)). With ``skip`` = L > 0 (SC-LSTM), ``skips`` = ``(t0 [Bp]
+    int32, alpha [N] f32, daT [Bp, N] f32)``: the step counts, α broadcast and the final
+    anchor's cotangent, carried as da: at a step on the skip grid dh_t += da and da = 0,
+    and where it skipped da += α dh_t. Returns ``(DH, DC)``, each ``[T, Bp, N]`` f32: at
+    step t, dh_t = dh_{t+1 -> t} + dy_t (+ da) and dc_t = (carried dc) + dh_t A_t on real
+    steps, the carried cotangents on padded ones."""
     pl, plgpu = _plgpu()
     T, _, Bp, N = coef.shape
     quarters = N // _QUARTER
@@ -327,6 +372,7 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
     masked = mask is not None
     lstm = dcT is not None
     n_co, k_dz = coef.shape[1], u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
+    assert (skips is not None) == (skip > 0) and (lstm or not skip)
 
     def body(*refs):
         coef_ref, F_ref = refs[:2]
@@ -336,13 +382,17 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
         dcT_ref = refs[3] if lstm else None
         refs = refs[3 + lstm :]
         m_ref = refs.pop(0) if masked else None
+        t0_ref, alpha_ref, daT_ref = (refs.pop(0) for _ in range(3)) if skip else (None,) * 3
         DH_ref = refs.pop(0)
         DC_ref = refs.pop(0) if lstm else None
-        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs
+        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, sk_s, bar_w, bar_in = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         for g in range(k_dz):
             plgpu.copy_gmem_to_smem(u_ref.at[g], u_s.at[g], bar_w.at[g])
         plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[4])
+        if skip:
+            plgpu.copy_gmem_to_smem(t0_ref.at[rows], sk_s[0], bar_w.at[7])
+            plgpu.copy_gmem_to_smem(alpha_ref, sk_s[1], bar_w.at[8])
         qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
         dhc, dcc = [], []
         for q, cs in enumerate(qcols):  # the initial carries, a quarter at a time through out_s
@@ -361,9 +411,17 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
             plgpu.copy_gmem_to_smem(m_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
             plgpu.barrier_wait(bar_w.at[5])
             ms.append(plgpu.load(out_s.at[0], layout=L))
-        for k in (*range(k_dz), 4):
+        dac = []
+        for cs in qcols if skip else ():  # the anchor's cotangent, a quarter at a time
+            plgpu.commit_smem()
+            plgpu.copy_gmem_to_smem(daT_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
+            plgpu.barrier_wait(bar_w.at[5])
+            dac.append(plgpu.load(out_s.at[0], layout=L))
+        for k in (*range(k_dz), 4, *((7, 8) if skip else ())):
             plgpu.barrier_wait(bar_w.at[k])
         lens_v = plgpu.load(len_s, layout=L.reduce(1))
+        if skip:
+            t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
 
         def fetch(t, q):  # phase (t, q)'s tiles into slot q % slots (quarters is even)
             j, cs = q % slots, qcols[q]
@@ -383,11 +441,15 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
 
         def step(s, carry):
             t = T - 1 - s
-            dhc, dcc = carry
+            dhc, dcc, dac = carry
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
+            if skip:  # τ - 1 = t0 + t on a real step
+                count = t0_v + t
+                on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, (ROWS, _QUARTER), [0])
+                skipped = on & lax.broadcast_in_dim(count > 0, (ROWS, _QUARTER), [0])
 
             def phases(acc):
-                new_dc = []
+                new_dc, new_da = [], []
                 for q in range(quarters):
                     j = q % slots
                     for k in (*range(n_co), *range(5, n_in)):
@@ -397,6 +459,13 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
                     co = [plgpu.load(co_s.at[j, k], layout=L).astype(_f32) for k in range(n_co)]
                     f = plgpu.load(F_s.at[j], layout=L)
                     dh = (dhc[q] + plgpu.load(dy_s.at[j], layout=L)) if has_dy else dhc[q]
+                    if skip:  # h_t was the anchor: its cotangent joins dh_t's
+                        dh = jnp.where(valid & on, dh + dac[q], dh)
+                        alpha = lax.broadcast_in_dim(
+                            plgpu.load(sk_s[1].at[qcols[q]], layout=L.reduce(0)), (ROWS, _QUARTER), [1])
+                        none = jnp.zeros_like(dh)  # (a Python 0.0 here is an array constant)
+                        da = jnp.where(on, none, dac[q]) + jnp.where(skipped, alpha * dh, none)
+                        new_da.append(jnp.where(valid, da, dac[q]))
                     plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
                     if slots == 1:
                         fetch_next(t, q)
@@ -424,9 +493,9 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
                     plgpu.copy_smem_to_gmem(out_s.at[0], DH_ref.at[t, rows, qcols[q]])
                     if lstm:
                         plgpu.copy_smem_to_gmem(out_s.at[1], DC_ref.at[t, rows, qcols[q]])
-                return tuple(new_dc), acc[...]
+                return tuple(new_dc), tuple(new_da), acc[...]
 
-            new_dc, dh_prev = pl.run_scoped(phases, plgpu.ACC((ROWS, N), _f32))
+            new_dc, new_da, dh_prev = pl.run_scoped(phases, plgpu.ACC((ROWS, N), _f32))
             new_dh = []
             for q in range(quarters):
                 d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
@@ -434,9 +503,9 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
                 if not lstm:  # the GRU's direct path dh_t z_t (new_dc holds it)
                     d = d + new_dc[q]
                 new_dh.append(jnp.where(valid, d, dhc[q]))
-            return tuple(new_dh), (new_dc if lstm else ())
+            return tuple(new_dh), (new_dc if lstm else ()), new_da
 
-        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
+        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc), tuple(dac)))
         plgpu.wait_smem_to_gmem(0)
 
     sw = functools.partial(_swizzled, plgpu)
@@ -452,7 +521,8 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
             plgpu.SMEM((k_dz,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((2,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
             plgpu.SMEM((ROWS,), jnp.int32),
-            plgpu.Barrier(num_barriers=7),
+            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((N,), _f32)) if skip else None,
+            plgpu.Barrier(num_barriers=9),
             plgpu.Barrier(num_barriers=7 * slots),
         ),
         grid=(Bp // ROWS,),
@@ -461,7 +531,7 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, *, interpret: bool
         interpret=_interpret_params(interpret),
     )
     return kernel(*((coef, F) + ((dy,) if has_dy else ()) + (u, lens, dhT)
-                    + ((dcT,) if lstm else ()) + ((mask,) if masked else ())))
+                    + ((dcT,) if lstm else ()) + ((mask,) if masked else ()) + (skips or ())))
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -534,18 +604,24 @@ def _one_at_a_time(call):
     return mapped_call
 
 
-def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
+def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, skips=None, *, gru, interpret, skip=0):
     """The forward kernel on unpadded arrays: ``Ub [4, n, N]``, ``Wb [4, m, N]`` (the four
     blocks, :func:`_blocks`), ``b4 [4, n]``, ``h0 [B, n]``, ``c0 [B, n]`` (the float32
-    carry: c, or h for the GRU), ``lens [B]``, ``mask [B, n]`` or None. Pads and splits
-    them into the kernel's layout (:func:`_forward_call`); returns ``y [T, B, n]``."""
+    carry: c, or h for the GRU), ``lens [B]``, ``mask [B, n]`` or None; SC-LSTM's
+    ``skips`` = ``(t0 [B], a0 [B, n], alpha [])`` with ``skip`` = L. Pads and splits them
+    into the kernel's layout (:func:`_forward_call`); returns ``y [T, B, n]``."""
     T, B, m = xs.shape
     n = h0.shape[-1]
     N, MP = _padded(n, m)
     Bp = -(-B // ROWS) * ROWS
     H = N // _HALF
     halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
-    y = _one_at_a_time(functools.partial(_forward_call, gru=gru, interpret=interpret))(
+    if skips is not None:
+        t0, a0, alpha = skips
+        skips = (_pad_to(t0, (Bp,)), halves(_pad_to(a0.astype(_f32), (Bp, N))),
+                 jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))  # fmt: skip
+    call = functools.partial(_forward_call, gru=gru, skip=skip, interpret=interpret)
+    y = _one_at_a_time(call)(
         _pad_to(xs.astype(_bf16), (T, Bp, MP)),
         halves(_pad_to(Ub, (4, N, N))).astype(_bf16),
         jnp.swapaxes(halves(_pad_to(Wb, (4, MP, N))), -1, -2).astype(_bf16),
@@ -554,31 +630,54 @@ def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, *, gru, interpret):
         halves(_pad_to(c0.astype(_f32), (Bp, N))),
         _pad_to(lens, (Bp,)),
         None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
+        skips,
     )  # fmt: skip
     return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _lstm(outputs: bool, interpret: bool, W, U, b, h0, c0, xs, lens, mask):
-    return _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _lstm(outputs: bool, interpret: bool, skip: int, W, U, b, h0, c0, xs, lens, mask, skips):
+    return _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips)[0]
 
 
-def _lstm_fwd(outputs, interpret, W, U, b, h0, c0, xs, lens, mask):
+def _anchors(H, a0, on):
+    """SC-LSTM's anchor after each step ``[T, B, n]``: h at the row's last step on the
+    skip grid (``on [T, B]``, real steps only), or ``a0`` before the first."""
+    T = H.shape[0]
+    last = lax.cummax(jnp.where(on, jnp.arange(T)[:, None], -1), axis=0)
+    A = jnp.take_along_axis(H, jnp.maximum(last, 0)[:, :, None], axis=0)
+    return jnp.where((last >= 0)[:, :, None], A, a0[None])
+
+
+def _grid(skip, t0, T, valid):
+    """SC-LSTM's ``(on, skipped)`` ``[T, B]``: the real steps whose count τ - 1 = t0 + t
+    is a multiple of L, and those of them with τ > 1 (where the skip adds α anchor)."""
+    count = t0[None, :] + jnp.arange(T)[:, None]
+    on = valid & (count % skip == 0)
+    return on, on & (count > 0)
+
+
+def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
     T = xs.shape[0]
     n = U.shape[0]
     N, _ = _padded(n, xs.shape[2])
     y = _forward(xs, _blocks(U, n, N), _blocks(W, n, N), b.reshape(4, n), h0, c0, lens, mask,
-                 gru=False, interpret=interpret)  # fmt: skip
+                 skips, gru=False, interpret=interpret, skip=skip)  # fmt: skip
     H = _carries(y, h0, lens)
     valid = jnp.arange(T)[:, None] < lens[None, :]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
-    out = ((H[-1], C[-1]), y if outputs else None)
-    return out, (W, U, b, xs, h0, c0, lens, mask, H_prev, i, f, o, g, C)
+    A_prev, A_T = None, None
+    if skip:
+        t0, a0, _ = skips
+        A = _anchors(H, a0, _grid(skip, t0, T, valid)[0])
+        A_prev, A_T = jnp.concatenate([a0[None], A[:-1]]), A[-1]
+    out = ((H[-1], C[-1], A_T), y if outputs else None)
+    return out, (W, U, b, xs, h0, c0, lens, mask, skips, H_prev, i, f, o, g, C, A_prev)
 
 
-def _lstm_bwd(outputs, interpret, res, cotangents):
-    W, U, b, xs, h0, c0, lens, mask, H_prev, i, f, o, g, C = res
-    (dhT, dcT), dys = cotangents
+def _lstm_bwd(outputs, interpret, skip, res, cotangents):
+    W, U, b, xs, h0, c0, lens, mask, skips, H_prev, i, f, o, g, C, A_prev = res
+    (dhT, dcT, daT), dys = cotangents
     T, B, m = xs.shape
     n = U.shape[0]
     N, _ = _padded(n, m)
@@ -593,10 +692,16 @@ def _lstm_bwd(outputs, interpret, res, cotangents):
     dy = None
     if outputs and dys is not None:
         dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
-    DH, DC = _backward_call(
+    kernel_skips = None
+    if skip:
+        t0, _, alpha = skips
+        kernel_skips = (_pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (N,)),
+                        _pad_to(daT.astype(_f32), (Bp, N)))  # fmt: skip
+    call = functools.partial(_backward_call, skip=skip, interpret=interpret)
+    DH, DC = _one_at_a_time(call)(
         coef, pad(f.astype(_f32)), dy, _pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
         _pad_to(lens, (Bp,)), _pad_to(dhT.astype(_f32), (Bp, N)), _pad_to(dcT.astype(_f32), (Bp, N)),
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), interpret=interpret,
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), kernel_skips,
     )  # fmt: skip
     DH, DC = DH[:, :B, :n], DC[:, :B, :n]
     dZ = jnp.where(valid, jnp.concatenate([DC * P, DC * Q, DH * S, DC * R], axis=-1), 0.0)
@@ -612,8 +717,18 @@ def _lstm_bwd(outputs, interpret, res, cotangents):
     dh0 = jnp.where(v0, dh0, DH[0])
     dc0 = jnp.where(v0, DC[0] * f[0], DC[0])
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
+    dskips = None
+    if skip:  # DH holds dh_t with the anchor's cotangent in; da_{t-1} = (1 - on) da_t + skipped α dh_t
+        t0, a0, alpha = skips
+        on, skipped = (x[:, :, None] for x in _grid(skip, t0, T, valid[..., 0]))
+        dalpha = jnp.sum(jnp.where(skipped, DH * A_prev, 0.0))
+        # da_{-1}: the α dh_t of the skips up to the row's first grid step, and daT if none
+        first = jnp.cumsum(on, axis=0) - on == 0  # no grid step before t
+        da0 = jnp.sum(jnp.where(first & skipped, alpha * DH, 0.0), axis=0)
+        da0 = da0 + jnp.where(first[-1] & ~on[-1], daT, 0.0)
+        dskips = (None, da0.astype(a0.dtype), dalpha.astype(alpha.dtype))
     return (dW.astype(W.dtype), dU.astype(U.dtype), db.astype(b.dtype), dh0.astype(h0.dtype),
-            dc0.astype(c0.dtype), dxs.astype(xs.dtype), None, dmask)  # fmt: skip
+            dc0.astype(c0.dtype), dxs.astype(xs.dtype), None, dmask, dskips)  # fmt: skip
 
 
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
@@ -704,11 +819,13 @@ def unroll(
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
 
     Args:
-      cell: an :class:`~rhnzoo.cells.LSTM` or ``GRU(n, reset_after=True)``, n <= 128.
+      cell: an :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.SCLSTM` or ``GRU(n,
+        reset_after=True)``, n <= 128.
       params: the cell's parameters (``cell.init``), float32: ``{'W': [m, 4n], 'U': [n,
-        4n], 'b': [4n]}`` (LSTM), ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}``
-        (GRU).
-      carry: ``LSTMState(h [B, n], c [B, n])`` (LSTM) or h ``[B, n]`` (GRU), float32.
+        4n], 'b': [4n]}`` (LSTM; SC-LSTM-P also ``'alpha': []``), ``{'W': [m, 3n], 'U':
+        [n, 3n], 'b': [3n], 'b_hn': [n]}`` (GRU).
+      carry: ``LSTMState(h [B, n], c [B, n])`` (LSTM), ``SCLSTMState(h, c, h_anchor [B,
+        n], t [B] int32)`` (SC-LSTM) or h ``[B, n]`` (GRU), float32.
       xs: ``[T, B, m]`` float32, time-major.
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U, and is treated as a constant (zero gradient), as in the fused scans.
@@ -727,8 +844,8 @@ def unroll(
         other than bfloat16.
     """
     if not supports(cell):
-        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM or a reset-after GRU with "
-                         "hidden size <= 128 only")
+        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
+                         "GRU with hidden size <= 128 only")  # fmt: skip
     if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
         raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
     if interpret is None:
@@ -738,6 +855,12 @@ def unroll(
     if type(cell) is GRU:
         return _gru(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
                     params["b_hn"], carry, xs, lens, mask)  # fmt: skip
-    (h, c), ys = _lstm(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
-                       carry.h, carry.c, xs, lens, mask)  # fmt: skip
+    skips, skip = None, 0
+    if type(cell) is SCLSTM:
+        alpha = params["alpha"] if cell.learn_alpha else jnp.ones((), _f32)
+        skips, skip = (carry.t.astype(jnp.int32), carry.h_anchor, alpha), cell.skip
+    (h, c, anchor), ys = _lstm(bool(outputs), bool(interpret), skip, params["W"], params["U"],
+                               params["b"], carry.h, carry.c, xs, lens, mask, skips)  # fmt: skip
+    if skip:
+        return SCLSTMState(h, c, anchor, carry.t + lens.astype(carry.t.dtype)), ys
     return type(carry)(h, c), ys

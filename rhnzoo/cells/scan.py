@@ -12,7 +12,7 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
   ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
   cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
 * ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.gated_pallas`
-  (LSTM, reset-after GRU) and :mod:`rhnzoo.cells.chained_pallas` (RRN, Cho et al.'s GRU),
+  (LSTM, SC-LSTM, reset-after GRU) and :mod:`rhnzoo.cells.chained_pallas` (RRN, Cho et al.'s GRU),
   and ``Parallel`` of these (HRL, LSTM+GRU), each part by its own kernels; hidden size
   <= 128; bfloat16 only; no ``remat``.
 

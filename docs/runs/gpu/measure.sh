@@ -9,10 +9,10 @@
 #                                         # (pallas_probe.py), the Pallas tests compiled on the
 #                                         # GPU, then bench.rnn with the persistent kernel and
 #                                         # PyTorch's cuDNN LSTM / GRU (fp32, TF32, bf16, fp16)
-#                                         # at the P-MNIST and IMDB shapes, LSTM, GRUs and RRN, min
+#                                         # at the P-MNIST and IMDB shapes, every gated cell, min
 #                                         # of 3, and torch's kernels (profiler)
 #   bash docs/runs/gpu/measure.sh pallas-quick  # the same in ~3 min for a second try in
-#                                         # the same window: P-MNIST, LSTM, reset-after GRU, RRN, min of 2
+#                                         # the same window: P-MNIST, LSTM, GRU, SC-LSTM, RRN, min of 2
 #   bash docs/runs/gpu/measure.sh seeds   # issue 47, < 8 min: K seeds in one step (bench.seeds)
 #   bash docs/runs/gpu/measure.sh seeds-quick   # its P-MNIST part, ~2 min
 #
@@ -61,16 +61,16 @@ case "${1:-}" in
       > "$OUT/trace_lstm_pmnist.txt" 2>&1
     cut -c1-300 "$OUT/lm.jsonl"; head -25 "$OUT/trace_lstm_pmnist.txt" ;;
   pallas|pallas-quick)
-    # LSTM, reset-after GRU, RRN and Cho's GRU (rhnzoo.cells.chained_pallas; the RRN has no
-    # torch peer, issue 45's target is within 1.3x of the LSTM); SC-LSTM has no kernel yet
-    # (its fused figures are in 2026-11-26/). The new kernels come last: a bench cut short
-    # keeps the others.
+    # LSTM, reset-after GRU, then the kernels no GPU has run yet: SC-LSTM-P (L = 20) and RRN
+    # (issue 45's target: within 1.3x of the LSTM; no torch peer) and Cho's GRU
+    # (rhnzoo.cells.chained_pallas). The new ones come last: a bench cut short keeps the
+    # others.
     if [ "$1" = pallas ]; then
-      end=$((SECONDS + 420)) t_test=150 t_probe=90 rounds=3 prof=--torch_profile
-      configs=pmnist,imdb cells=lstm,gru_ra,rrn,gru
+      end=$((SECONDS + 420)) t_test=180 t_probe=90 rounds=3 prof=--torch_profile
+      configs=pmnist,imdb cells=lstm,gru_ra,sc_lstm,rrn,gru
     else
-      end=$((SECONDS + 170)) t_test=75 t_probe=45 rounds=2 prof=
-      configs=pmnist cells=lstm,gru_ra,rrn
+      end=$((SECONDS + 170)) t_test=90 t_probe=45 rounds=2 prof=
+      configs=pmnist cells=lstm,gru_ra,sc_lstm,rrn
     fi
     # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
     # scan in bfloat16: one JSON line per figure.
