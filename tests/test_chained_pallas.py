@@ -171,14 +171,14 @@ def forward_args(T, n, m, K, B=64):
     z, H = jax.ShapeDtypeStruct, N // 64
     return (z((T, B, MP), jnp.bfloat16), z((K, H, N, 64), jnp.bfloat16),
             z((K, H, 64, MP), jnp.bfloat16), z((K, H, 64), jnp.float32),
-            z((H, B, 64), jnp.bfloat16), z((H, B, 64), jnp.float32), z((B,), jnp.int32))  # fmt: skip
+            z((H, B, 64), jnp.bfloat16), (z((H, B, 64), jnp.float32),), z((B,), jnp.int32))  # fmt: skip
 
 
 def backward_args(T, n, spec, B=64):
     N, _ = gated_pallas._padded(n, 1)
     z = jax.ShapeDtypeStruct
     return (z((T, spec.co32, B, N), jnp.float32), z((T, spec.co16, B, N), jnp.bfloat16),
-            z((T, B, N), jnp.float32), z((spec.blocks, N, N), jnp.bfloat16), z((B,), jnp.int32),
+            z((T, B, N), jnp.float32), z((spec.step.blocks, N, N), jnp.bfloat16), z((B,), jnp.int32),
             z((B, N), jnp.float32))  # fmt: skip
 
 
@@ -186,8 +186,8 @@ def lower_kernels(cell, T=12, *, with_dy=True):
     """Both kernels of ``cell`` lowered for ``cuda``: forward with and without a mask,
     backward with and without a mask (and output cotangents where ``with_dy``)."""
     spec = chained_pallas._spec(cell)
-    fargs = forward_args(T, cell.hidden_size, 1, spec.blocks)
-    fwd = lambda *a: chained_pallas._forward_call(*a, spec=spec, interpret=False)
+    fargs = forward_args(T, cell.hidden_size, 1, spec.step.blocks)
+    fwd = lambda *a: gated_pallas._forward_call(*a, step=spec.step, interpret=False)
     lower_for_cuda(fwd, *fargs)
     lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
     args = backward_args(T, cell.hidden_size, spec)
@@ -222,7 +222,7 @@ def test_shared_memory_estimate_matches_the_lowering():
     assert chained_pallas.smem_bytes(gru, 1)[1] > chained_pallas.SMEM_LIMIT
     assert max(chained_pallas.smem_bytes(gru, 1, with_dy=False)) + 1024 <= chained_pallas.SMEM_LIMIT
     spec = chained_pallas._spec(deep)
-    fwd = lambda *a: chained_pallas._forward_call(*a, spec=spec, interpret=False)
+    fwd = lambda *a: gated_pallas._forward_call(*a, step=spec.step, interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
         lower_for_cuda(fwd, *forward_args(4, 128, 1, 4))
     spec = chained_pallas._spec(gru)

@@ -233,7 +233,7 @@ def forward_args(T, n, m, B=64):
     H = N // 64
     return (z((T, B, MP), jnp.bfloat16), z((4, H, N, 64), jnp.bfloat16),
             z((4, H, 64, MP), jnp.bfloat16), z((4, H, 64), jnp.float32),
-            z((H, B, 64), jnp.bfloat16), z((H, B, 64), jnp.float32), z((B,), jnp.int32))  # fmt: skip
+            z((H, B, 64), jnp.bfloat16), (z((H, B, 64), jnp.float32),), z((B,), jnp.int32))  # fmt: skip
 
 
 def backward_args(T, n, with_dy, B=64, blocks=4, coefficients=5):
@@ -253,7 +253,8 @@ def test_kernels_lower_for_an_h100(n, kind):
     TMA boxes and wgmma layouts are what an sm_90 device accepts."""
     gru = kind == "gru"
     fargs = forward_args(12, n, 1)
-    fwd = lambda *a: gated_pallas._forward_call(*a, gru=gru, interpret=False)
+    step = gated_pallas._GRU_RA if gru else gated_pallas._lstm_step()
+    fwd = lambda *a: gated_pallas._forward_call(*a, step=step, interpret=False)
     lower_for_cuda(fwd, *fargs)
     lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
     args = backward_args(12, n, with_dy=True, blocks=3 if gru else 4, coefficients=3 if gru else 5)
@@ -277,9 +278,11 @@ def test_sc_lstm_kernels_lower_for_an_h100(n):
     cotangent backward), masked or not, with and without output cotangents."""
     z, B = jax.ShapeDtypeStruct, 64
     N, H = (64, 1) if n <= 64 else (128, 2)
-    fargs = forward_args(12, n, 1)
-    skips = (z((B,), jnp.int32), z((H, B, 64), jnp.float32), z((H, 64), jnp.float32))
-    fwd = lambda *a: gated_pallas._forward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
+    fargs = list(forward_args(12, n, 1))
+    fargs[5] = (z((H, B, 64), jnp.float32),) * 2  # c and the anchor
+    skips = (z((B,), jnp.int32), z((H, 64), jnp.float32))
+    step = gated_pallas._lstm_step(20)
+    fwd = lambda *a: gated_pallas._forward_call(*a[:8], skips=a[8:], step=step, interpret=False)
     lower_for_cuda(fwd, *fargs, None, *skips)
     lower_for_cuda(fwd, *fargs, z(fargs[4].shape, jnp.float32), *skips)  # a mask
     args = backward_args(12, n, with_dy=True)
@@ -296,7 +299,7 @@ def test_shared_memory_estimate_matches_the_lowering():
     fwd_bytes, _ = gated_pallas.smem_bytes(128, 64)
     assert fwd_bytes > gated_pallas.SMEM_LIMIT
     assert max(gated_pallas.smem_bytes(128, 16)) + 1024 <= gated_pallas.SMEM_LIMIT
-    fwd = lambda *a: gated_pallas._forward_call(*a, interpret=False)
+    fwd = lambda *a: gated_pallas._forward_call(*a, step=gated_pallas._lstm_step(), interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
         lower_for_cuda(fwd, *forward_args(4, 128, 64))
 

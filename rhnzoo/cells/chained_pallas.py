@@ -12,15 +12,14 @@ all T steps; unlike there, a step's second product waits on its first::
         h̃ = tanh(x_t W_h + (r ⊙ h_{t-1} m) U_h + b_h),  h_t = h̃ + z (h_{t-1} - h̃)
 
 A cell is K blocks ``(W_k [m, n], U_k [n, n], b_k [n])`` and two step functions written
-once against the kernels' primitives (:data:`_CELLS`):
+against the kernels' primitives (:func:`_spec`):
 
-* **forward**, one warpgroup per 64 hidden units: every W_k and U_k is copied once into
-  shared memory; ``product(k, src)`` is block k's pre-activation ``x_t W_k + src U_k +
-  b_k`` for the warpgroup's units on the tensor cores (``plgpu.wgmma``, float32
-  accumulation), src the step's h_{t-1} m or a value ``restage(v)`` put in shared memory
-  in bfloat16 for every warpgroup to read after a barrier (two buffers, alternating).
-  The state h is float32 in registers; h_t goes to shared memory as the next step's
-  bfloat16 operand (times the recurrent dropout mask) and to HBM as the float32 output.
+* **forward**: the forward kernel of :mod:`~rhnzoo.cells.gated_pallas`, shared by every
+  persistent cell (one warpgroup per 64 hidden units, W and U in shared memory): the
+  step asks for ``product([(k, src)])``, block k's pre-activation ``x_t W_k + src U_k +
+  b_k`` on the tensor cores, src the step's h_{t-1} m or a value ``restage(v)`` put in
+  shared memory in bfloat16 for every warpgroup to read after a barrier (two buffers,
+  alternating). The state h is float32 in registers.
 * **backward**, one warpgroup: the reverse recurrence of dh. The cell's per-step
   coefficients (float32 where they scale dh's direct path, bfloat16 where they only
   form a matmul input) arrive by TMA; ``stage(terms)`` forms each term's dz a quarter
@@ -50,17 +49,18 @@ from jax import lax
 
 from rhnzoo.cells.gated_pallas import (
     _APPROX_MATH,
-    _HALF,
     _QUARTER,
     ROWS,
     SMEM_LIMIT,
     _carries,
+    _forward,
     _interpret_params,
     _one_at_a_time,
     _pad_to,
     _padded,
     _plgpu,
     _sigmoid,
+    _Step,
     _swizzled,
 )
 from rhnzoo.cells.lstm import GRU
@@ -84,12 +84,13 @@ def _masked(a, ms, q):
 # ------------------------------------------------------------------------- the cells
 
 
-def _rrn_forward(K, activation, product, restage, h, m):
+def _rrn_forward(K, activation, product, restage, carry, m, skips):
     act = _ACT[activation][0]
-    y = act(product(0, None))
+    y = act(product([(0, None)])[0])
     for k in range(1, K):
-        y = act(product(k, restage(y)))
-    return jnp.tanh(h + y)
+        y = act(product([(k, restage(y))])[0])
+    h = jnp.tanh(carry[0] + y)
+    return h, (h,)
 
 
 def _rrn_backward(K, co32, co16, dh, stage, ms):
@@ -103,11 +104,13 @@ def _rrn_backward(K, co32, co16, dh, stage, ms):
     return [ds[q] + _masked(_quarter(g, q), ms, q) for q in quarters]
 
 
-def _gru_forward(product, restage, h, m):
-    r, z = _sigmoid(product(0, None)), _sigmoid(product(1, None))
+def _gru_forward(product, restage, carry, m, skips):
+    (h,) = carry
+    r, z = (_sigmoid(a) for a in product([(0, None), (1, None)]))
     hm = h if m is None else h * m
-    h_tilde = jnp.tanh(product(2, restage(r * hm)))
-    return h_tilde + z * (h - h_tilde)
+    h_tilde = jnp.tanh(product([(2, restage(r * hm))])[0])
+    h = h_tilde + z * (h - h_tilde)
+    return h, (h,)
 
 
 def _gru_backward(co32, co16, dh, stage, ms):
@@ -123,26 +126,25 @@ def _gru_backward(co32, co16, dh, stage, ms):
 
 @dataclasses.dataclass(frozen=True)
 class _Cell:
-    """What the kernels need of a cell: K blocks, the values it restages per step, its
+    """What the kernels need of a cell: its forward step (:class:`~rhnzoo.cells.
+    gated_pallas._Step`: K blocks, one float32 carry h, the values it restages), its
     backward coefficients (float32 and bfloat16), the most dz terms of one stage, and
-    the two step functions (forward ``(product, restage, h, m) -> h_t``, backward
-    ``(co32, co16, dh quarters, stage, mask quarters) -> dh_{t-1} quarters``)."""
+    its backward step ``(co32, co16, dh quarters, stage, mask quarters) -> dh_{t-1}
+    quarters``."""
 
-    blocks: int
-    restages: int
+    step: _Step
     co32: int
     co16: int
     terms: int
-    forward: Callable
     backward: Callable
 
 
 def _spec(cell: Any) -> _Cell:
     if type(cell) is RRN:
         K = cell.depth
-        return _Cell(K, K - 1, 1, K, 1, functools.partial(_rrn_forward, K, cell.activation),
-                     functools.partial(_rrn_backward, K))  # fmt: skip
-    return _Cell(3, 1, 1, 4, 2, _gru_forward, _gru_backward)
+        forward = functools.partial(_rrn_forward, K, cell.activation)
+        return _Cell(_Step(K, 1, K - 1, forward), 1, K, 1, functools.partial(_rrn_backward, K))
+    return _Cell(_Step(3, 1, 1, _gru_forward), 1, 4, 2, _gru_backward)
 
 
 def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
@@ -151,9 +153,9 @@ def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
     (barriers aside)."""
     s = _spec(cell)
     N, MP = _padded(cell.hidden_size, m)
-    K = s.blocks
+    K = s.step.blocks
     fwd = K * N * N * 2 + K * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
-    fwd += min(s.restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
+    fwd += min(s.step.restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
     step = ROWS * N * (4 * s.co32 + 2 * s.co16 + (4 if with_dy else 0))
     bwd = K * N * N * 2 + _slots(N) * step + ROWS * _QUARTER * (2 * s.terms + 4) + ROWS * 4
     return fwd, bwd
@@ -190,137 +192,6 @@ def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
 
 
 # ------------------------------------------------------------------------------ kernels
-
-
-def _forward_call(x, u, w, b, h0, c0, lens, mask=None, *, spec: _Cell, interpret: bool):
-    """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
-
-    Args: ``x [T, Bp, MP]`` bf16; ``u [K, H, N, 64]`` bf16, U_k split by output columns
-    (``u[k, j, :, c] = U_k[:, 64 j + c]``); ``w [K, H, 64, MP]`` bf16, W_k's likewise,
-    transposed; ``b [K, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16 (times the mask); ``c0 [H,
-    Bp, 64]`` f32 (h0 itself); ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or None.
-    Returns ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on padded ones."""
-    pl, plgpu = _plgpu()
-    T, Bp, MP = x.shape
-    K, H, N = u.shape[0], u.shape[1], u.shape[2]
-    L = plgpu.Layout.WGMMA
-    masked = mask is not None
-
-    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
-        if masked:
-            m_ref, *refs = refs
-        y_ref, u_s, w_s, x_s, h_s, a_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs
-        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
-        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
-
-        @pl.when(wg == 0)
-        def _load_once():
-            for k in range(K):
-                for j in range(H):
-                    plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_w.at[k * H + j])
-                    plgpu.copy_gmem_to_smem(w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j])
-            plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
-            plgpu.copy_gmem_to_smem(c0_ref.at[:, rows], y_s, bar_init.at[1])
-            plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
-            plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
-            plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
-
-        for k in range(2 * K * H):
-            plgpu.barrier_wait(bar_w.at[k])
-        for k in range(4):
-            plgpu.barrier_wait(bar_init.at[k])
-        h = plgpu.load(y_s.at[wg], layout=L)  # h_{t-1}, float32
-        lens_v = plgpu.load(len_s, layout=L.reduce(1))
-        m = None
-        if masked:  # the mask, through y_s once every warpgroup has read h
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(bar_step)
-            plgpu.barrier_wait(bar_step)
-            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(m_ref.at[:, rows], y_s, bar_init.at[4]))
-            plgpu.barrier_wait(bar_init.at[4])
-            m = plgpu.load(y_s.at[wg], layout=L)
-
-        def step(t, h):
-            slot = lax.rem(t, 2)
-            plgpu.barrier_wait(bar_x.at[slot])
-
-            # Every warpgroup's products of step t - 1 are done (they passed bar_step).
-            @pl.when((t + 1 < T) & (wg == 0))
-            def _prefetch():
-                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
-
-            def product(k, src):
-                """x_t W_k + src U_k + b_k for this warpgroup's units; ``src [H, ROWS,
-                64]`` bf16 in shared memory, None: h_{t-1} m."""
-                src = h_s.at[slot] if src is None else src
-
-                def products(acc):
-                    plgpu.wgmma(acc, x_s.at[slot], w_s.at[k, wg].transpose((1, 0)))
-                    for j in range(H):
-                        plgpu.wgmma(acc, src.at[j], u_s.at[k, wg, pl.ds(j * _HALF, _HALF)])
-                    return acc[...]
-
-                z = pl.run_scoped(products, plgpu.ACC((ROWS, _HALF), _f32))
-                bias = plgpu.load(b_s.at[k, wg], layout=L.reduce(0))
-                return z + lax.broadcast_in_dim(bias, (ROWS, _HALF), [1])
-
-            restaged = []
-
-            def restage(v):
-                """``v`` of every warpgroup in shared memory (bfloat16), for a product.
-                Two buffers, alternating: the products that read the other one are done
-                (their warpgroups passed the last barrier after reading their results)."""
-                buf = a_s.at[len(restaged) % 2]
-                restaged.append(buf)
-                buf[wg] = v.astype(_bf16)
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(bar_step)
-                plgpu.barrier_wait(bar_step)
-                return buf
-
-            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
-            h_new = spec.forward(product, restage, h, m)
-            kept = plgpu.load(h_s.at[slot, wg], layout=L)
-            h_in = h_new if m is None else h_new * m  # what enters U next step
-            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
-            y_s[wg] = jnp.where(valid, h_new, 0.0)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
-            plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
-            plgpu.barrier_wait(bar_step)
-            return jnp.where(valid, h_new, h)
-
-        lax.fori_loop(0, T, step, h)
-        plgpu.wait_smem_to_gmem(0)
-
-    sw = functools.partial(_swizzled, plgpu)
-    buffers = min(spec.restages, 2)
-    kernel = plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((T, H, Bp, _HALF), _f32),
-        scratch_types=(
-            plgpu.SMEM((K, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((K, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
-            plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
-            plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)) if buffers else None,
-            plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
-            plgpu.SMEM((K, H, _HALF), _f32),
-            plgpu.SMEM((ROWS,), jnp.int32),
-            plgpu.Barrier(num_barriers=2 * K * H),
-            plgpu.Barrier(num_barriers=2),
-            plgpu.Barrier(num_barriers=5),
-            plgpu.Barrier(num_arrivals=H),
-        ),
-        grid=(Bp // ROWS,),
-        grid_names=("b",),
-        num_threads=H,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=_interpret_params(interpret),
-    )
-    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ())))
 
 
 def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, interpret: bool):
@@ -519,24 +390,9 @@ def _chain(cell, outputs: bool, interpret: bool, W, U, b, h0, xs, lens, mask):
 
 def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
     """``W [K, m, n]``, ``U [K, n, n]``, ``b [K, n]``: the cell's blocks."""
-    T, B, m = xs.shape
-    K, n = U.shape[0], U.shape[1]
-    N, MP = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    H = N // _HALF
-    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
-    call = functools.partial(_forward_call, spec=_spec(cell), interpret=interpret)
-    y = _one_at_a_time(call)(
-        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(_pad_to(U, (K, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(_pad_to(W, (K, MP, N))), -1, -2).astype(_bf16),
-        _pad_to(b, (K, N)).reshape(K, H, _HALF).astype(_f32),
-        halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
-        halves(_pad_to(h0.astype(_f32), (Bp, N))),
-        _pad_to(lens, (Bp,)),
-        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
-    )  # fmt: skip
-    y = jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
+    N, _ = _padded(U.shape[1], xs.shape[2])
+    y = _forward(xs, _pad_to(U, U.shape[:2] + (N,)), _pad_to(W, W.shape[:2] + (N,)), b, h0, (h0,),
+                 lens, mask, step=_spec(cell).step, interpret=interpret)  # fmt: skip
     H_all = _carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask

@@ -15,7 +15,11 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
   (``plgpu.wgmma``, float32 accumulation; b read from shared memory), the gates and the
   cell state c are float32 in registers, and h_t goes to shared memory twice: as the
   next step's bfloat16 matmul operand and as the float32 output, stored to HBM by TMA;
-  the warpgroups meet at a barrier once per step.
+  the warpgroups meet at a barrier once per step. The kernel (:func:`_forward_call`)
+  serves every persistent cell: a cell is a :class:`_Step`, its blocks, carries and a
+  step function written against the kernel's ``product`` and ``restage`` (the RRN's and
+  Cho's GRU's, whose second product waits on the first, in
+  :mod:`~rhnzoo.cells.chained_pallas`).
 * **backward**, one warpgroup: the reverse recurrence of the state cotangents (dh, dc)
   with U's gate blocks in shared memory; per step and per quarter of 32 hidden units
   the step's gate coefficients arrive by TMA (double-buffered at N = 64), dz is formed in
@@ -67,7 +71,9 @@ matmul waits on r) and the RRN (a chain of K products) have theirs in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -181,91 +187,144 @@ def _interpret_params(interpret: bool):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-def _forward_call(x, u, w, b, h0, c0, lens, mask=None, skips=None, *, gru: bool = False,
-                  skip: int = 0, interpret: bool):
-    """The forward kernel: one warpgroup per 64 hidden units (H = N / 64 of them per CTA).
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """A cell's step for the forward kernel (:func:`_forward_call`): K blocks ``(W_k, U_k,
+    b_k)`` (``no_w`` / ``no_u``: blocks without an input / a recurrent part), C float32
+    carries besides h's bfloat16 copy, ``restages`` values put in shared memory per step,
+    and ``forward(product, restage, carry, m, skips) -> (h_t, carry_t)``:
+    ``product([(k, src), ...])`` forms blocks' pre-activations ``x_t W_k + src U_k + b_k``
+    [ROWS, 64] for the warpgroup's units (src None: h_{t-1} m), their tensor-core
+    products issued together; ``restage(v)`` puts ``v`` of every warpgroup in shared
+    memory (bfloat16) as a later product's src; ``carry`` the tuple of C carries
+    [ROWS, 64]; ``m`` the mask or None; ``skips`` SC-LSTM's ``(count [ROWS] int32, α
+    [ROWS, 64])`` or None."""
 
-    The LSTM's four blocks are i | f | o | c̃, each ``x W_g + h U_g + b_g``. With ``gru``,
-    the reset-after GRU's: r | z | the candidate's input part ``x W_n + b_n`` (no U
-    block) | its recurrent part ``h U_n + b_hn`` (no W block); ``c0`` is then h0 in
-    float32 (the carry the update gate interpolates), and the recurrence is
-    n = tanh(block 2 + r block 3), h_t = z h_{t-1} + (1 - z) n.
+    blocks: int
+    carries: int
+    restages: int
+    forward: Callable
+    no_w: tuple = ()
+    no_u: tuple = ()
 
-    Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, N, 64]`` bf16, U's gate blocks split by
-    output columns (``u[g, k, :, j] = U_g[:, 64 k + j]``); ``w [4, H, 64, MP]`` bf16, W's
-    likewise, transposed; ``b [4, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16; ``c0 [H, Bp, 64]``
-    f32; ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or None, the recurrent dropout mask
-    (h0 comes masked). With ``skip`` = L > 0, SC-LSTM (Wang & Tian 2016, eq. 5): ``skips``
-    = ``(t0 [Bp] int32, a0 [H, Bp, 64] f32, alpha [H, 64] f32)``, each row's step count,
-    its anchor h (the carry's ``h_anchor``) and α broadcast; at a step whose count τ - 1
-    is a multiple of L, h_t += α anchor where τ > 1, and h_t becomes the anchor. Returns
-    ``y [T, H, Bp, 64]`` f32: h_t on real steps, zeros on padded ones."""
+
+def _lstm_forward(skip, product, restage, carry, m, skips):
+    """The LSTM (Wang & Tian 2016, eq. 1; blocks i | f | o | c̃), and SC-LSTM's skip
+    (eq. 5) with ``skip`` = L > 0: at a step whose count τ - 1 is a multiple of L,
+    h_t += α anchor where τ > 1, and h_t becomes the anchor."""
+    del restage, m
+    z = product([(k, None) for k in range(4)])
+    i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
+    c = f * carry[0] + i * g
+    h = o * jnp.tanh(c)
+    if not skip:
+        return h, (c,)
+    count, alpha = skips
+    on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, h.shape, [0])
+    skipped = on & lax.broadcast_in_dim(count > 0, h.shape, [0])
+    h = h + jnp.where(skipped, alpha * carry[1], 0.0)
+    return h, (c, jnp.where(on, h, carry[1]))
+
+
+def _gru_ra_forward(product, restage, carry, m, skips):
+    """The reset-after GRU: blocks r | z | the candidate's input part ``x W_n + b_n`` (no
+    U) | its recurrent part ``h U_n + b_hn`` (no W); n = tanh(block 2 + r block 3), h_t =
+    z h_{t-1} + (1 - z) n, the carry h float32."""
+    del restage, m, skips
+    z = product([(k, None) for k in range(4)])
+    r, u = _sigmoid(z[0]), _sigmoid(z[1])
+    h = u * carry[0] + (1 - u) * jnp.tanh(z[2] + r * z[3])
+    return h, (h,)
+
+
+def _lstm_step(skip: int = 0) -> _Step:
+    """The LSTM's :class:`_Step` (SC-LSTM's, with its anchor as a second carry, for
+    ``skip`` = L > 0)."""
+    return _Step(4, 2 if skip else 1, 0, functools.partial(_lstm_forward, skip))
+
+
+_GRU_RA = _Step(4, 1, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
+
+
+def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: _Step,
+                  interpret: bool):
+    """The forward kernel of every persistent cell: one warpgroup per 64 hidden units
+    (H = N / 64 of them per CTA), the cell's step (``step``) written against the kernel's
+    primitives.
+
+    Args: ``x [T, Bp, MP]`` bf16; ``u [K, H, N, 64]`` bf16, U's blocks split by output
+    columns (``u[k, j, :, c] = U_k[:, 64 j + c]``); ``w [K, H, 64, MP]`` bf16, W's
+    likewise, transposed; ``b [K, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16 (times the mask);
+    ``carry0``: C arrays ``[H, Bp, 64]`` f32, the float32 carries (the LSTM's c, SC-LSTM's
+    c and anchor, the GRUs' and RRN's h; separate arrays: a TMA copy strides at most five
+    dimensions); ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or
+    None, the recurrent dropout mask; ``skips`` SC-LSTM's ``(t0 [Bp] int32, alpha [H, 64]
+    f32)`` (each row's step count, α broadcast) or None. Returns ``y [T, H, Bp, 64]``
+    f32: h_t on real steps, zeros on padded ones."""
     pl, plgpu = _plgpu()
     T, Bp, MP = x.shape
-    H, N = u.shape[1], u.shape[2]
+    K, H, N = u.shape[0], u.shape[1], u.shape[2]
+    C = len(carry0)
     L = plgpu.Layout.WGMMA
-    masked = mask is not None
-    assert (skips is not None) == (skip > 0) and not (gru and skip)
-    uses_w = (True, True, True, not gru)
-    uses_u = (True, True, not gru, True)
+    masked, skipping = mask is not None, skips is not None
+    uses_w = [k not in step.no_w for k in range(K)]
+    uses_u = [k not in step.no_u for k in range(K)]
 
-    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
-        if masked:
-            m_ref, *refs = refs
-        if skip:
-            t0_ref, a0_ref, alpha_ref, *refs = refs
-        y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, sk_s, bar_w, bar_x, bar_init, bar_step = refs
+    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, len_ref, *refs):
+        c_refs, refs = refs[:C], refs[C:]
+        m_ref = refs[0] if masked else None
+        t0_ref, alpha_ref = refs[masked : masked + 2] if skipping else (None, None)
+        y_ref, u_s, w_s, x_s, h_s, a_s, y_s, b_s, len_s, sk_s, bar_w, bar_x, bar_init, bar_step = (
+            refs[masked + 2 * skipping :])  # fmt: skip
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
 
         @pl.when(wg == 0)
         def _load_once():
-            for g in range(4):
-                for k in range(H):
-                    if uses_u[g]:
-                        plgpu.copy_gmem_to_smem(u_ref.at[g, k], u_s.at[g, k], bar_w.at[g * H + k])
-                    if uses_w[g]:
-                        plgpu.copy_gmem_to_smem(w_ref.at[g, k], w_s.at[g, k], bar_w.at[4 * H + g * H + k])
+            for k in range(K):
+                for j in range(H):
+                    if uses_u[k]:
+                        plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_w.at[k * H + j])
+                    if uses_w[k]:
+                        plgpu.copy_gmem_to_smem(w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j])
             plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
-            plgpu.copy_gmem_to_smem(c0_ref.at[:, rows], y_s, bar_init.at[1])
+            plgpu.copy_gmem_to_smem(c_refs[0].at[:, rows], y_s, bar_init.at[1])
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
             plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
             plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
-            if skip:
+            if skipping:
                 plgpu.copy_gmem_to_smem(t0_ref.at[rows], sk_s[0], bar_init.at[5])
                 plgpu.copy_gmem_to_smem(alpha_ref, sk_s[1], bar_init.at[6])
 
-        for g in range(4):
-            for k in range(H):
-                if uses_u[g]:
-                    plgpu.barrier_wait(bar_w.at[g * H + k])
-                if uses_w[g]:
-                    plgpu.barrier_wait(bar_w.at[4 * H + g * H + k])
+        for k in range(K):
+            for j in range(H):
+                if uses_u[k]:
+                    plgpu.barrier_wait(bar_w.at[k * H + j])
+                if uses_w[k]:
+                    plgpu.barrier_wait(bar_w.at[(K + k) * H + j])
         for k in range(4):
             plgpu.barrier_wait(bar_init.at[k])
-        c = plgpu.load(y_s.at[wg], layout=L)
+        carry = [plgpu.load(y_s.at[wg], layout=L)]
         lens_v = plgpu.load(len_s, layout=L.reduce(1))
 
-        def through_y_s(src_ref, bar):  # once every warpgroup has read y_s
+        def through_y_s(src, bar):  # once every warpgroup has read y_s
             plgpu.commit_smem()
             plgpu.barrier_arrive(bar_step)
             plgpu.barrier_wait(bar_step)
-            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(src_ref.at[:, rows], y_s, bar))
+            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(src, y_s, bar))
             plgpu.barrier_wait(bar)
             return plgpu.load(y_s.at[wg], layout=L)
 
-        m = through_y_s(m_ref, bar_init.at[4]) if masked else None
-        carry = c
-        if skip:  # SC-LSTM: the anchor joins the carry; the step counts and α stay in SMEM
+        m = through_y_s(m_ref.at[:, rows], bar_init.at[4]) if masked else None
+        carry += [through_y_s(c_refs[k].at[:, rows], bar_init.at[6 + k]) for k in range(1, C)]
+        if skipping:  # the step counts and α stay in SMEM
             for k in (5, 6):
                 plgpu.barrier_wait(bar_init.at[k])
-            carry = (c, through_y_s(a0_ref, bar_init.at[7]))
             t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
             alpha = lax.broadcast_in_dim(plgpu.load(sk_s[1].at[wg], layout=L.reduce(0)),
                                          (ROWS, _HALF), [1])  # fmt: skip
 
-        def step(t, carry):
-            c, anchor = carry if skip else (carry, None)
+        def step_t(t, carry):
             slot = lax.rem(t, 2)
             plgpu.barrier_wait(bar_x.at[slot])
 
@@ -274,33 +333,38 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, skips=None, *, gru: bool 
             def _prefetch():
                 plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
 
+            def product(blocks):
+                def run(*accs):
+                    for acc, (k, src) in zip(accs, blocks):
+                        if uses_w[k]:
+                            plgpu.wgmma(acc, x_s.at[slot], w_s.at[k, wg].transpose((1, 0)))
+                        src = h_s.at[slot] if src is None else src
+                        for j in range(H if uses_u[k] else 0):
+                            plgpu.wgmma(acc, src.at[j], u_s.at[k, wg, pl.ds(j * _HALF, _HALF)])
+                    return tuple(a[...] for a in accs)
+
+                zs = pl.run_scoped(run, *[plgpu.ACC((ROWS, _HALF), _f32)] * len(blocks))
+                return [z + lax.broadcast_in_dim(plgpu.load(b_s.at[k, wg], layout=L.reduce(0)),
+                                                 (ROWS, _HALF), [1])
+                        for z, (k, _) in zip(zs, blocks)]  # fmt: skip
+
+            restaged = []
+
+            def restage(v):
+                """Two buffers, alternating: the products that read the other one are
+                done (their warpgroups passed the last barrier after reading their
+                results)."""
+                buf = a_s.at[len(restaged) % 2]
+                restaged.append(buf)
+                buf[wg] = v.astype(_bf16)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(bar_step)
+                plgpu.barrier_wait(bar_step)
+                return buf
+
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
-
-            def products(*accs):
-                for g in range(4):
-                    if uses_w[g]:
-                        plgpu.wgmma(accs[g], x_s.at[slot], w_s.at[g, wg].transpose((1, 0)))
-                    for k in range(H if uses_u[g] else 0):
-                        plgpu.wgmma(accs[g], h_s.at[slot, k], u_s.at[g, wg, pl.ds(k * _HALF, _HALF)])
-                return tuple(a[...] for a in accs)
-
-            z = pl.run_scoped(products, *[plgpu.ACC((ROWS, _HALF), _f32)] * 4)
-            z = [z[g] + lax.broadcast_in_dim(plgpu.load(b_s.at[g, wg], layout=L.reduce(0)),
-                                             (ROWS, _HALF), [1]) for g in range(4)]  # fmt: skip
-            if gru:  # c is h_{t-1}, float32
-                r, u_gate = _sigmoid(z[0]), _sigmoid(z[1])
-                h_new = u_gate * c + (1 - u_gate) * jnp.tanh(z[2] + r * z[3])
-                c_new = h_new
-            else:
-                i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
-                c_new = f * c + i * g
-                h_new = o * jnp.tanh(c_new)
-            if skip:  # τ - 1 = t0 + t on a real step
-                count = t0_v + t
-                on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, (ROWS, _HALF), [0])
-                skipped = on & lax.broadcast_in_dim(count > 0, (ROWS, _HALF), [0])
-                h_new = h_new + jnp.where(skipped, alpha * anchor, 0.0)
-                anchor = jnp.where(valid & on, h_new, anchor)
+            h_new, new = step.forward(product, restage, tuple(carry), m,
+                                      (t0_v + t, alpha) if skipping else None)  # fmt: skip
             kept = plgpu.load(h_s.at[slot, wg], layout=L)
             h_in = h_new if m is None else h_new * m  # what enters U next step
             h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
@@ -310,28 +374,29 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, skips=None, *, gru: bool 
             plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
             plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
             plgpu.barrier_wait(bar_step)
-            c = jnp.where(valid, c_new, c)
-            return (c, anchor) if skip else c
+            return [jnp.where(valid, a, c) for a, c in zip(new, carry)]
 
-        lax.fori_loop(0, T, step, carry)
+        lax.fori_loop(0, T, step_t, carry)
         plgpu.wait_smem_to_gmem(0)
 
     sw = functools.partial(_swizzled, plgpu)
+    buffers = min(step.restages, 2)
     kernel = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((T, H, Bp, _HALF), _f32),
         scratch_types=(
-            plgpu.SMEM((4, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((4, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
+            plgpu.SMEM((K, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((K, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
             plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
             plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
+            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)) if buffers else None,
             plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
-            plgpu.SMEM((4, H, _HALF), _f32),
+            plgpu.SMEM((K, H, _HALF), _f32),
             plgpu.SMEM((ROWS,), jnp.int32),
-            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((H, _HALF), _f32)) if skip else None,
-            plgpu.Barrier(num_barriers=8 * H),
+            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((H, _HALF), _f32)) if skipping else None,
+            plgpu.Barrier(num_barriers=2 * K * H),
             plgpu.Barrier(num_barriers=2),
-            plgpu.Barrier(num_barriers=8),
+            plgpu.Barrier(num_barriers=6 + C),
             plgpu.Barrier(num_arrivals=H),
         ),
         grid=(Bp // ROWS,),
@@ -341,7 +406,7 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask=None, skips=None, *, gru: bool 
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
-    return kernel(*((x, u, w, b, h0, c0, lens) + ((mask,) if masked else ()) + (skips or ())))
+    return kernel(*((x, u, w, b, h0, lens, *carry0) + ((mask,) if masked else ()) + (skips or ())))
 
 
 def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, skip: int = 0,
@@ -604,30 +669,29 @@ def _one_at_a_time(call):
     return mapped_call
 
 
-def _forward(xs, Ub, Wb, b4, h0, c0, lens, mask, skips=None, *, gru, interpret, skip=0):
-    """The forward kernel on unpadded arrays: ``Ub [4, n, N]``, ``Wb [4, m, N]`` (the four
-    blocks, :func:`_blocks`), ``b4 [4, n]``, ``h0 [B, n]``, ``c0 [B, n]`` (the float32
-    carry: c, or h for the GRU), ``lens [B]``, ``mask [B, n]`` or None; SC-LSTM's
-    ``skips`` = ``(t0 [B], a0 [B, n], alpha [])`` with ``skip`` = L. Pads and splits them
-    into the kernel's layout (:func:`_forward_call`); returns ``y [T, B, n]``."""
+def _forward(xs, Ub, Wb, bk, h0, carry0, lens, mask, skips=None, *, step, interpret):
+    """The forward kernel on unpadded arrays: ``Ub [K, n, N]``, ``Wb [K, m, N]`` (the
+    blocks, :func:`_blocks`), ``bk [K, n]``, ``h0 [B, n]``, ``carry0``: the float32
+    carries (each ``[B, n]``), ``lens [B]``, ``mask [B, n]`` or None; SC-LSTM's ``skips``
+    = ``(t0 [B], alpha [])``. Pads and splits them into the kernel's layout
+    (:func:`_forward_call`); returns ``y [T, B, n]``."""
     T, B, m = xs.shape
     n = h0.shape[-1]
+    K = Ub.shape[0]
     N, MP = _padded(n, m)
     Bp = -(-B // ROWS) * ROWS
     H = N // _HALF
     halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
     if skips is not None:
-        t0, a0, alpha = skips
-        skips = (_pad_to(t0, (Bp,)), halves(_pad_to(a0.astype(_f32), (Bp, N))),
-                 jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))  # fmt: skip
-    call = functools.partial(_forward_call, gru=gru, skip=skip, interpret=interpret)
-    y = _one_at_a_time(call)(
+        t0, alpha = skips
+        skips = (_pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))
+    y = _one_at_a_time(functools.partial(_forward_call, step=step, interpret=interpret))(
         _pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(_pad_to(Ub, (4, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(_pad_to(Wb, (4, MP, N))), -1, -2).astype(_bf16),
-        _pad_to(b4, (4, N)).reshape(4, H, _HALF).astype(_f32),
+        halves(_pad_to(Ub, (K, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(_pad_to(Wb, (K, MP, N))), -1, -2).astype(_bf16),
+        _pad_to(bk, (K, N)).reshape(K, H, _HALF).astype(_f32),
         halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
-        halves(_pad_to(c0.astype(_f32), (Bp, N))),
+        tuple(halves(_pad_to(c.astype(_f32), (Bp, N))) for c in carry0),
         _pad_to(lens, (Bp,)),
         None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
         skips,
@@ -661,8 +725,9 @@ def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
     T = xs.shape[0]
     n = U.shape[0]
     N, _ = _padded(n, xs.shape[2])
-    y = _forward(xs, _blocks(U, n, N), _blocks(W, n, N), b.reshape(4, n), h0, c0, lens, mask,
-                 skips, gru=False, interpret=interpret, skip=skip)  # fmt: skip
+    carry0, kernel_skips = ((c0, skips[1]), (skips[0], skips[2])) if skip else ((c0,), None)
+    y = _forward(xs, _blocks(U, n, N), _blocks(W, n, N), b.reshape(4, n), h0, carry0, lens, mask,
+                 kernel_skips, step=_lstm_step(skip), interpret=interpret)  # fmt: skip
     H = _carries(y, h0, lens)
     valid = jnp.arange(T)[:, None] < lens[None, :]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
@@ -750,7 +815,7 @@ def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
     W4 = jnp.concatenate([Wb, jnp.zeros_like(Wb[:1])])  # no W block for n's recurrent part
     U4 = jnp.concatenate([Ub[:2], jnp.zeros_like(Ub[:1]), Ub[2:]])  # nor U for its input part
     b4 = jnp.concatenate([b.reshape(3, n), b_hn.reshape(1, n)])
-    y = _forward(xs, U4, W4, b4, h0, h0, lens, mask, gru=True, interpret=interpret)
+    y = _forward(xs, U4, W4, b4, h0, (h0,), lens, mask, step=_GRU_RA, interpret=interpret)
     H_all = _carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask

@@ -34,13 +34,14 @@ def main():
         Bp = -(-B // 64) * 64
         k = jax.random.split(jax.random.PRNGKey(0), 8)
         bf, f32 = jnp.bfloat16, jnp.float32
-        fwd = jax.jit(lambda *a: gated_pallas._forward_call(*a, interpret=False))
+        fwd = jax.jit(lambda *a: gated_pallas._forward_call(*a, step=gated_pallas._lstm_step(),
+                                                            interpret=False))
         H = N // 64
         fargs = (jax.random.normal(k[0], (T, Bp, MP)).astype(bf),
                  (0.1 * jax.random.normal(k[1], (4, H, N, 64))).astype(bf),
                  (0.1 * jax.random.normal(k[2], (4, H, 64, MP))).astype(bf),
                  jnp.zeros((4, H, 64), f32), jnp.zeros((H, Bp, 64), bf),
-                 jnp.zeros((H, Bp, 64), f32), jnp.full((Bp,), T, jnp.int32))
+                 (jnp.zeros((H, Bp, 64), f32),), jnp.full((Bp,), T, jnp.int32))
         bwd = jax.jit(lambda *a: gated_pallas._backward_call(a[0], a[1], None, *a[2:], interpret=False))
         bargs = (jax.random.uniform(k[3], (T, 5, Bp, N)).astype(bf),
                  jax.random.uniform(k[4], (T, Bp, N)),
