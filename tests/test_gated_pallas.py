@@ -179,15 +179,18 @@ def assert_tasks_agree(loss_of, models, params):
     assert_close(got[1], want[1], rtol=2e-2)
 
 
-def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
-    """--cell=lstm --dtype=bfloat16 --scan_impl=pallas in the LM task (``window_loss``,
-    all four dropout sites: the recurrent mask reaches the kernel) against the fused
-    scan in bfloat16."""
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rrn"])
+def test_the_lm_task_runs_the_kernel_with_its_dropout_masks(cell):
+    """--cell=... --dtype=bfloat16 --scan_impl=pallas in the LM task (``window_loss``,
+    all four dropout sites: the recurrent mask reaches the kernel; Cho's GRU and the RRN
+    by chained_pallas, with the outputs' cotangents) against the fused scan in
+    bfloat16."""
     rng = np.random.default_rng(0)
     rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
-    cfg = lm_training.LMConfig(cell="lstm", hidden_size=8, batch_size=3, num_steps=5,
+    depth = {"depth": 2} if cell == "rrn" else {}  # the LM's default depth is the RHN's 10
+    cfg = lm_training.LMConfig(cell=cell, hidden_size=8, batch_size=3, num_steps=5,
                                dtype="bfloat16", drop_x=0.1, drop_i=0.2, drop_h=0.2,
-                               drop_o=0.2)  # fmt: skip
+                               drop_o=0.2, **depth)  # fmt: skip
     models = [cfg.replace(scan_impl=impl).model(13) for impl in ("pallas", "fused")]
     assert models[0].resolved_scan(3) is ScanImpl.PALLAS
     params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
@@ -201,13 +204,14 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
     assert_tasks_agree(loss_of, models, params)
 
 
-@pytest.mark.parametrize("model", ["lstm", "gru", "sc_lstm_p", "rrn"])
-def test_the_classifier_task_runs_the_kernel(model):
+@pytest.mark.parametrize("model, reset_after", [("lstm", False), ("gru", True), ("gru", False),
+                                                ("sc_lstm_p", False), ("rrn", False)])  # fmt: skip
+def test_the_classifier_task_runs_the_kernel(model, reset_after):
     """The RRL task's classifier (embedding, input and output dropout, padded rows with
-    an empty one) with --scan_impl=pallas --dtype=bfloat16, the GRU reset-after, the RRN
-    by chained_pallas (the task's HRL, sized to the LSTM's parameter count, has n > 128),
-    against the fused scan in bfloat16."""
-    cfg = rrl.RRLConfig(model=model, gru_reset_after=True, hidden_size=6, embed_size=4,
+    an empty one) with --scan_impl=pallas --dtype=bfloat16, either GRU, the RRN and Cho's
+    GRU by chained_pallas (the task's HRL, sized to the LSTM's parameter count, has n >
+    128), against the fused scan in bfloat16."""
+    cfg = rrl.RRLConfig(model=model, gru_reset_after=reset_after, hidden_size=6, embed_size=4,
                         drop=0.3, input_drop=0.2, dtype="bfloat16")  # fmt: skip
     models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
               for impl in ("pallas", "fused")]  # fmt: skip

@@ -213,6 +213,8 @@ def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
      "cannot run RHN(coupled=False); its scans: reference"),
     ("pallas", cells.HSG(cells.RHN(N, 2)), {},
      "scan_impl='pallas' cannot run HSG(RHN); its scans: reference, fused"),
+    ("pallas", cells.RRN(N, depth=10), {},  # ten matrices and their step inputs: too many
+     "cannot run RRN; its scans: reference, fused (the persistent kernels: LSTM, SC-LSTM"),
     ("fused", cells.Parallel((cells.LSTM(N), cells.RRN(N))), {"remat": True},
      ("remat needs the reference scan (scan_impl='reference'): the fused scan of "
       "Parallel(LSTM, RRN) has no remat")),

@@ -180,7 +180,10 @@ def resolve(
                              f"does not have{' with remat' if remat else ''} (its scans: "
                              f"{listed})")  # fmt: skip
     if impl not in have:
-        raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}")
+        why = ("" if impl is not ScanImpl.PALLAS else " (the persistent kernels: LSTM, SC-LSTM, "
+               "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
+               "one CTA's shared memory: the RRN up to depth 3 at n = 128)")  # fmt: skip
+        raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
     no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
     if remat and no_remat:
         raise ValueError(f"remat needs the reference scan (scan_impl='reference'): the {impl} "
