@@ -54,12 +54,14 @@ from rhnzoo.cells.gated_pallas import (
     SMEM_LIMIT,
     _carries,
     _forward,
+    _forward_smem_bytes,
     _interpret_params,
     _one_at_a_time,
     _pad_to,
     _padded,
     _plgpu,
     _sigmoid,
+    _slots,
     _Step,
     _swizzled,
 )
@@ -143,8 +145,8 @@ def _spec(cell: Any) -> _Cell:
     if type(cell) is RRN:
         K = cell.depth
         forward = functools.partial(_rrn_forward, K, cell.activation)
-        return _Cell(_Step(K, 1, K - 1, forward), 1, K, 1, functools.partial(_rrn_backward, K))
-    return _Cell(_Step(3, 1, 1, _gru_forward), 1, 4, 2, _gru_backward)
+        return _Cell(_Step(K, K - 1, forward), 1, K, 1, functools.partial(_rrn_backward, K))
+    return _Cell(_Step(3, 1, _gru_forward), 1, 4, 2, _gru_backward)
 
 
 def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
@@ -154,17 +156,9 @@ def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
     s = _spec(cell)
     N, MP = _padded(cell.hidden_size, m)
     K = s.step.blocks
-    fwd = K * N * N * 2 + K * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
-    fwd += min(s.step.restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
     step = ROWS * N * (4 * s.co32 + 2 * s.co16 + (4 if with_dy else 0))
     bwd = K * N * N * 2 + _slots(N) * step + ROWS * _QUARTER * (2 * s.terms + 4) + ROWS * 4
-    return fwd, bwd
-
-
-def _slots(N: int) -> int:
-    """The backward kernel's per-step input buffers: two (the next step's TMA in flight)
-    at N = 64, one at N = 128, as :func:`rhnzoo.cells.gated_pallas._backward_parts`."""
-    return 2 if N <= 64 else 1
+    return _forward_smem_bytes(K, N, MP, s.step.restages), bwd
 
 
 def _fits(cell: Any, m: int, with_dy: bool) -> bool:

@@ -109,29 +109,31 @@ def _padded(n: int, m: int) -> tuple[int, int]:
     return (64 if n <= 64 else 128), -(-m // 16) * 16
 
 
-def _backward_parts(N: int, with_dy: bool) -> tuple[int, int]:
-    """(bytes of one phase's input tiles, slots): the backward kernel double-buffers its
-    per-phase inputs (the next phase's TMA in flight during this one) at N = 64, where
-    that measured faster on an H100 (2.8 -> 2.5 ms at P-MNIST's T and B). At N = 128 it
-    measured slower (8.6 -> 10.8 ms; docs/runs/gpu/2026-11-27, calls 2 and 3) and the
-    kernel keeps one slot."""
-    q = ROWS * _QUARTER
-    tiles = 5 * q * 2 + q * 4 + (q * 4 if with_dy else 0)
-    return tiles, 2 if N <= 64 else 1
+def _slots(N: int) -> int:
+    """The backward kernels' input buffers: two (the next phase's or step's TMA in flight
+    during this one) at N = 64, where that measured faster on an H100 (2.8 -> 2.5 ms at
+    P-MNIST's T and B); one at N = 128, where it measured slower (8.6 -> 10.8 ms;
+    docs/runs/gpu/2026-11-27, calls 2 and 3)."""
+    return 2 if N <= 64 else 1
 
 
-def smem_bytes(n: int, m: int, *, with_dy: bool = True, skip: bool = False) -> tuple[int, int]:
-    """Shared memory (bytes) of the forward and backward kernels for hidden size ``n``
-    and input width ``m`` (``skip``: SC-LSTM's): the scratch buffers listed in the
-    kernels (barriers aside)."""
+def _forward_smem_bytes(K: int, N: int, MP: int, restages: int) -> int:
+    """Shared memory (bytes) of :func:`_forward_call` with K blocks and ``restages``
+    restaged values per step: the scratch buffers listed there (barriers aside; SC-LSTM's
+    step counts and α, under 1 KB, aside)."""
+    fwd = K * N * N * 2 + K * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
+    return fwd + min(restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
+
+
+def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+    """Shared memory (bytes) of the LSTM's forward and backward kernels for hidden size
+    ``n`` and input width ``m``: the scratch buffers listed in the kernels (barriers
+    aside)."""
     N, MP = _padded(n, m)
-    extra = (ROWS * 4 + N * 4) if skip else 0  # the step counts and α
-    fwd = 4 * N * N * 2 + 4 * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
-    fwd += ROWS * N * 4 + 4 * N * 4 + ROWS * 4 + extra
     q = ROWS * _QUARTER
-    tiles, slots = _backward_parts(N, with_dy)
-    bwd = 4 * N * N * 2 + slots * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4 + extra
-    return fwd, bwd
+    tiles = 5 * q * 2 + q * 4 + (q * 4 if with_dy else 0)  # one phase's input tiles
+    bwd = 4 * N * N * 2 + _slots(N) * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4
+    return _forward_smem_bytes(4, N, MP, 0), bwd
 
 
 def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
@@ -190,22 +192,29 @@ def _interpret_params(interpret: bool):
 @dataclasses.dataclass(frozen=True)
 class _Step:
     """A cell's step for the forward kernel (:func:`_forward_call`): K blocks ``(W_k, U_k,
-    b_k)`` (``no_w`` / ``no_u``: blocks without an input / a recurrent part), C float32
-    carries besides h's bfloat16 copy, ``restages`` values put in shared memory per step,
-    and ``forward(product, restage, carry, m, skips) -> (h_t, carry_t)``:
+    b_k)`` (``no_w`` / ``no_u``: blocks without an input / a recurrent part),
+    ``restages`` values put in shared memory per step, and ``forward(product, restage,
+    carry, m, skips) -> (h_t, carry_t)``:
     ``product([(k, src), ...])`` forms blocks' pre-activations ``x_t W_k + src U_k + b_k``
     [ROWS, 64] for the warpgroup's units (src None: h_{t-1} m), their tensor-core
     products issued together; ``restage(v)`` puts ``v`` of every warpgroup in shared
-    memory (bfloat16) as a later product's src; ``carry`` the tuple of C carries
-    [ROWS, 64]; ``m`` the mask or None; ``skips`` SC-LSTM's ``(count [ROWS] int32, α
+    memory (bfloat16) as a later product's src; ``carry`` the tuple of the cell's float32
+    carries [ROWS, 64] (besides h's bfloat16 copy); ``m`` the mask or None; ``skips`` SC-LSTM's ``(count [ROWS] int32, α
     [ROWS, 64])`` or None."""
 
     blocks: int
-    carries: int
     restages: int
     forward: Callable
     no_w: tuple = ()
     no_u: tuple = ()
+
+
+def _skip_grid(count, skip: int):
+    """SC-LSTM's skip grid for steps whose count τ - 1 is ``count`` (int, any shape):
+    ``(on, skipped)``, the steps with τ ≡ 1 (mod L) (h_t becomes the anchor) and those of
+    them with τ > 1 (h_t += α anchor). In the kernels and outside them."""
+    on = lax.rem(count, skip) == 0
+    return on, on & (count > 0)
 
 
 def _lstm_forward(skip, product, restage, carry, m, skips):
@@ -220,8 +229,7 @@ def _lstm_forward(skip, product, restage, carry, m, skips):
     if not skip:
         return h, (c,)
     count, alpha = skips
-    on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, h.shape, [0])
-    skipped = on & lax.broadcast_in_dim(count > 0, h.shape, [0])
+    on, skipped = (lax.broadcast_in_dim(a, h.shape, [0]) for a in _skip_grid(count, skip))
     h = h + jnp.where(skipped, alpha * carry[1], 0.0)
     return h, (c, jnp.where(on, h, carry[1]))
 
@@ -238,12 +246,12 @@ def _gru_ra_forward(product, restage, carry, m, skips):
 
 
 def _lstm_step(skip: int = 0) -> _Step:
-    """The LSTM's :class:`_Step` (SC-LSTM's, with its anchor as a second carry, for
-    ``skip`` = L > 0)."""
-    return _Step(4, 2 if skip else 1, 0, functools.partial(_lstm_forward, skip))
+    """The LSTM's :class:`_Step` (SC-LSTM's, its anchor a second carry, for ``skip`` = L >
+    0)."""
+    return _Step(4, 0, functools.partial(_lstm_forward, skip))
 
 
-_GRU_RA = _Step(4, 1, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
+_GRU_RA = _Step(4, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
 
 
 def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: _Step,
@@ -433,7 +441,7 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
     has_dy = dy is not None
     L = plgpu.Layout.WGMMA
     n_in = 7 if has_dy else 6
-    slots = _backward_parts(N, has_dy)[1]
+    slots = _slots(N)
     masked = mask is not None
     lstm = dcT is not None
     n_co, k_dz = coef.shape[1], u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
@@ -509,9 +517,8 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
             dhc, dcc, dac = carry
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
             if skip:  # τ - 1 = t0 + t on a real step
-                count = t0_v + t
-                on = lax.broadcast_in_dim(lax.rem(count, skip) == 0, (ROWS, _QUARTER), [0])
-                skipped = on & lax.broadcast_in_dim(count > 0, (ROWS, _QUARTER), [0])
+                on, skipped = (lax.broadcast_in_dim(a, (ROWS, _QUARTER), [0])
+                               for a in _skip_grid(t0_v + t, skip))  # fmt: skip
 
             def phases(acc):
                 new_dc, new_da = [], []
@@ -716,9 +723,8 @@ def _anchors(H, a0, on):
 def _grid(skip, t0, T, valid):
     """SC-LSTM's ``(on, skipped)`` ``[T, B]``: the real steps whose count τ - 1 = t0 + t
     is a multiple of L, and those of them with τ > 1 (where the skip adds α anchor)."""
-    count = t0[None, :] + jnp.arange(T)[:, None]
-    on = valid & (count % skip == 0)
-    return on, on & (count > 0)
+    on, skipped = _skip_grid(t0[None, :] + jnp.arange(T)[:, None], skip)
+    return valid & on, valid & skipped
 
 
 def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
