@@ -6,6 +6,7 @@ import signal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @contextlib.contextmanager
@@ -55,3 +56,25 @@ def assert_close(got, want, rtol):
 
 def lower_for_cuda(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def assert_stacked_seeds_equal_each_seed(unroll, params, carry, xs, target, masks):
+    """Two seeds' parameters and carries (``a``, ``0.8 a``) and masks ``[2, B, n]``
+    stacked: ``jax.vmap`` over them gives each seed's own value and gradients, bit for
+    bit (``unroll(params, carry, xs, mask) -> (carry, ys)``)."""
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
+    one = lambda p, c, mask: value_and_grads(lambda p, c, x: unroll(p, c, x, mask),
+                                             p, c, xs, target)  # fmt: skip
+    got = jax.vmap(one)(*stacked, masks)
+    for k in range(2):
+        want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
+
+
+def lower_stacked_for_cuda(unroll, params, carry, xs, target, outputs=True):
+    """Two stacked seeds' value and gradients (``jax.vmap`` of :func:`value_and_grads`
+    of ``unroll(params, carry, xs)``) lowered for ``cuda``."""
+    z = lambda a: jax.ShapeDtypeStruct((2, *a.shape), a.dtype)
+    many = jax.vmap(lambda p, c: value_and_grads(unroll, p, c, xs, target, outputs))
+    lower_for_cuda(many, *jax.tree.map(z, (params, carry)))

@@ -13,7 +13,14 @@ import numpy as np
 import optax
 import pytest
 from helpers import normal, random_params
-from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
+from pallas_checks import (
+    assert_close,
+    assert_stacked_seeds_equal_each_seed,
+    deadline,
+    lower_for_cuda,
+    lower_stacked_for_cuda,
+    value_and_grads,
+)
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, gated_pallas
@@ -125,22 +132,15 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     sixth TMA dimension: "Async copies only support striding up to 5 dimensions")."""
     _, n, B, m, T, lengths, _ = CASES["lstm_masked"]
     cell, params, carry, xs, target = setup(n, B, m, T, seed=2, kind=kind)
-    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
     masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, B, n)) / 0.75
     lens = jnp.asarray(lengths)
-    one = lambda p, c, mask: value_and_grads(
-        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens), p, c, xs, target)
     with deadline(300):
-        got = jax.vmap(one)(*stacked, masks)
-        for k in range(2):
-            want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
+        assert_stacked_seeds_equal_each_seed(
+            lambda p, c, x, mask: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
+            params, carry, xs, target, masks)  # fmt: skip
     cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
-    z = lambda a: jax.ShapeDtypeStruct((2, *a.shape), a.dtype)
-    many = lambda p, c: jax.vmap(lambda p, c: value_and_grads(
-        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False), p, c, xs, target))(p, c)
-    lower_for_cuda(many, *jax.tree.map(z, (params, carry)))
+    lower_stacked_for_cuda(lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False),
+                           params, carry, xs, target)  # fmt: skip
 
 
 def test_refuses_what_it_does_not_compute():
