@@ -192,6 +192,33 @@ def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
     assert on_disk == configs[0][1].to_dict()
 
 
+def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path):
+    """``--stack_seeds``: a row's two seeds train as one program (one ``[1/1]`` run, the
+    stacked state in the first seed's workdir), each seed's results in its own workdir and
+    equal to its run alone (the LM's stacked step is the same program per seed)."""
+    from rhnzoo.training import sweep
+
+    rng = np.random.default_rng(1)
+    tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
+    corpus = data.Corpus(tokens(400), tokens(100), tokens(100), tuple("abcdefghijkl"))
+    base = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_steps=3,
+                    progress=False, eval_batch_size=4, eval_num_steps=20)  # fmt: skip
+    rows = lambda root: [(sweep.seed_name("d1", k), base.replace(
+        seed=k, workdir=str(root / sweep.seed_name("d1", k)))) for k in range(2)]  # fmt: skip
+    lines = []
+    stacked = tmp_path / "stacked"
+    assert depth_sweep.train_all(rows(stacked), stacked, lambda: corpus, log=lines.append,
+                                 jobs=sweep.Jobs(stack_seeds=True), seeds=2) == []  # fmt: skip
+    assert lines[0].startswith("[1/1] d1") and (stacked / "d1" / "stacked" / "seeds.json").is_file()
+    alone = tmp_path / "alone"
+    depth_sweep.train_all(rows(alone), alone, lambda: corpus, log=None, seeds=2)
+    for name in ("d1", "d1_s1"):
+        got = json.loads((stacked / name / "results.json").read_text())
+        want = json.loads((alone / name / "results.json").read_text())
+        assert got["test_ppl"] == pytest.approx(want["test_ppl"], rel=1e-6)
+    assert got["test_ppl"] != json.loads((stacked / "d1" / "results.json").read_text())["test_ppl"]
+
+
 def test_train_and_evaluate_is_the_one_entry_point(tmp_path):
     rng = np.random.default_rng(1)
     corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (300, 80, 80)),

@@ -234,6 +234,26 @@ def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path
         assert results["step"] == max(saved) + 3
 
 
+def test_seed_runs_gives_a_run_per_seed_or_one_per_row_of_stacked_seeds():
+    rows = [(sweep.seed_name(row, k), TOY_CONFIG.replace(seed=k)) for row in ("a", "b")
+            for k in range(3)]  # fmt: skip
+    made = []
+    train = lambda config, k: made.append((config.seed, k)) or (lambda workdir, div: {})
+    each = sweep.seed_runs(rows, 3, train, size=lambda config: 2.0 + config.seed)
+    assert [r.name for r in each] == ["a", "a_s1", "a_s2", "b", "b_s1", "b_s2"]
+    assert [(r.seeds, r.size) for r in each[:3]] == [(1, 2.0), (1, 3.0), (1, 4.0)]
+    assert made == [(0, None), (1, None), (2, None)] * 2
+    made.clear()
+    stacked = sweep.seed_runs(rows, 3, train, stack=True)
+    assert [(r.name, r.config.seed, r.seeds) for r in stacked] == [("a", 0, 3), ("b", 0, 3)]
+    assert made == [(0, 3), (0, 3)]
+    assert [r.seeds for r in sweep.seed_runs(rows[:1], 1, train, stack=True)] == [1]
+    with pytest.raises(ValueError, match="run 1 is 'b', not seed 1 of 'a'"):
+        sweep.seed_runs([rows[0], rows[3], rows[1], rows[4]], 2, train)  # row-minor
+    with pytest.raises(ValueError, match="5 runs are not rows of 3 seeds"):
+        sweep.seed_runs(rows[:5], 3, train)
+
+
 def test_mean_sd_is_the_mean_and_sample_standard_deviation():
     assert tables.mean_sd([]) is None
     assert tables.mean_sd([0.5]) == "0.50" and tables.mean_sd([3], ".0f", "%") == "3%"

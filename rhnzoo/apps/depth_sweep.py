@@ -264,18 +264,16 @@ def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpu
               log=print, jobs=None, seeds: int = 1) -> list[str]:  # fmt: skip
     """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.training.lm.LMConfig`) in
     ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`), the
-    corpus read once (``corpus_loader()``); ``configs`` seed-minor, ``seeds`` per row
-    (trained as one program with ``jobs.stack_seeds``). A run that diverges stops there (the
+    corpus read once (``corpus_loader()``); ``configs`` rows of ``seeds`` seeds
+    (:func:`rhnzoo.training.sweep.seed_runs`; a row's seeds one program with
+    ``jobs.stack_seeds``). A run that diverges stops there (the
     runner's ``on_divergence='stop'``: its best parameters evaluated, ``results
     ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
     or have no results (a child process that failed)."""
     corpus = corpus_loader()
-    runs = [sweep.Run(name, config, functools.partial(_train_run, config, corpus, log))
-            for name, config in configs]  # fmt: skip
-    if jobs is not None and jobs.stack_seeds and seeds > 1:  # one run of K seeds per row
-        runs = [sweep.Run(name, config, functools.partial(_train_run, config, corpus, log,
-                                                          seeds=seeds), seeds=seeds)
-                for name, config in configs[::seeds]]  # fmt: skip
+    runs = sweep.seed_runs(configs, seeds,
+                           lambda c, k: functools.partial(_train_run, c, corpus, log, seeds=k),
+                           stack=jobs is not None and jobs.stack_seeds)  # fmt: skip
     done = sweep.run_all(runs, root, log=log, jobs=jobs, on_divergence="stop")
     return [name for name, results in done.items() if not results or results.get("diverged")]
 

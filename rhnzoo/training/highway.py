@@ -445,11 +445,11 @@ def sweep(
     """
     root = pathlib.Path(cfg.output_dir())
     runs, quiet = cfg.runs(), jobs is None or jobs.here
-    k = cfg.seeds if jobs is not None and jobs.stack_seeds else 1  # seeds per run
-    plan = [runner.Run(name, r, functools.partial(train_run, r, splits, log, quiet=quiet,
-                                                  seeds=None if k == 1 else k),
-                       size=r.epochs * r.net().num_params(), seeds=k)
-            for name, r in runs if k == 1 or r.seed == cfg.seed]  # fmt: skip
+    plan = runner.seed_runs(
+        runs, cfg.seeds,
+        lambda r, k: functools.partial(train_run, r, splits, log, quiet=quiet, seeds=k),
+        stack=jobs is not None and jobs.stack_seeds,
+        size=lambda r: r.epochs * r.net().num_params())  # fmt: skip
     runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
     done = runner.collect(root, [name for name, _ in runs])
     out = []

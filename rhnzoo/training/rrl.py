@@ -606,11 +606,9 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     tabled = several or seeds > 1  # a table to show
     seeded = {sweep.seed_name(name, k): c.replace(seed=c.seed + k)
               for name, c in configs.items() for k in range(seeds)}  # fmt: skip
-    runs = [sweep.Run(name, c, functools.partial(_train, c, load, say))
-            for name, c in seeded.items()]  # fmt: skip
-    if jobs is not None and jobs.stack_seeds and seeds > 1:  # one run of K seeds per row
-        runs = [sweep.Run(name, c, functools.partial(_train, c, load, say, seeds=seeds),
-                          seeds=seeds) for name, c in configs.items()]  # fmt: skip
+    runs = sweep.seed_runs(list(seeded.items()), seeds,
+                           lambda c, k: functools.partial(_train, c, load, say, seeds=k),
+                           stack=jobs is not None and jobs.stack_seeds)  # fmt: skip
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
             dataset = load()  # a data error is one line; word2vec trained once, cached

@@ -23,7 +23,8 @@ seconds per unit of :attr:`Run.size` of the runs trained from the start so far, 
 the sizes of the runs left, divided by the runs at a time.
 
 Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
-own name for k = 0). :func:`collect` reads the workdirs back; the tables are
+own name for k = 0); :func:`seed_runs` makes a sweep's runs from its rows of seeds, one
+run per seed or (``--stack_seeds``) one per row of its seeds trained as one program. :func:`collect` reads the workdirs back; the tables are
 :mod:`rhnzoo.training.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
 """
 
@@ -121,6 +122,38 @@ class Jobs:
         """The command that trains run ``name`` alone: ``command`` with
         ``--sweep_run=<name>`` after the script."""
         return [*self.command[:2], f"--sweep_run={name}", *self.command[2:]]
+
+
+def seed_runs(rows: Sequence[tuple[str, Config]], seeds: int,
+              train: Callable[[Config, int | None], Callable[[pathlib.Path, str], Any]], *,
+              stack: bool = False, size: Callable[[Config], float] = lambda config: 1.0,
+              ) -> list[Run]:  # fmt: skip
+    """The :class:`Run` s of a sweep whose every row trains ``seeds`` seeds.
+
+    Args:
+      rows: ``[(name, config)]``, each row's seeds in turn: seed k of the row whose first
+        entry is ``(name, config)`` is entry ``i * seeds + k``, named
+        :func:`seed_name` ``(name, k)`` (its config seed k's own).
+      seeds: seeds per row (>= 1).
+      train: ``(config, K) -> Run.train``: ``K`` None for one seed, else the K seeds of
+        ``config`` trained as one program (:attr:`Run.seeds`).
+      stack: one run per row of its seeds stacked (the first seed's name and config),
+        else one run per entry.
+      size: :attr:`Run.size` from a config.
+
+    Raises:
+      ValueError: ``rows`` not whole rows in that order (one line).
+    """
+    if seeds < 1 or len(rows) % seeds:
+        raise ValueError(f"{len(rows)} runs are not rows of {seeds} seeds")
+    for i, (name, _) in enumerate(rows):
+        first, k = rows[i - i % seeds][0], i % seeds
+        if name != seed_name(first, k):
+            raise ValueError(f"run {i} is {name!r}, not seed {k} of {first!r} "
+                             f"({seeds} seeds per row, in turn)")  # fmt: skip
+    k = seeds if stack and seeds > 1 else 1
+    return [Run(name, config, train(config, None if k == 1 else k), size=size(config), seeds=k)
+            for name, config in rows[::k]]  # fmt: skip
 
 
 def run_all(
