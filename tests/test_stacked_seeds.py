@@ -16,9 +16,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import engine_toy
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -464,3 +466,46 @@ def test_polyphonic_training_stacked_equals_separate_runs():
                                        rtol=1e-5)  # fmt: skip
         assert_close_trees(a.best_params, b.best_params, rtol=1e-5, atol=1e-7)
     assert stacked[0].best_valid != stacked[1].best_valid
+
+
+def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
+    """The LM's and JSB's validation of K stacked seeds at once (the evaluation step
+    ``jax.vmap``-ped over the parameters) gives each seed's own NLL: measured equal bit for
+    bit on the CPU, held to float32 rounding; and a stacked LM run validates that way."""
+    from test_polyphonic import fixture_data
+
+    from rhnzoo import cells, data
+    from rhnzoo.models.piano_roll import PianoRollModel
+    from rhnzoo.training import lm as lm_training
+    from rhnzoo.training import polyphonic
+
+    stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
+    rng = np.random.default_rng(4)
+    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
+                         tuple("abcdefghi"))  # fmt: skip
+    config = lm_training.LMConfig(hidden_size=8, depth=2, batch_size=4, num_steps=5, max_epoch=1,
+                                  max_max_epoch=1, progress=False, eval_batch_size=4)  # fmt: skip
+    model = config.model(9)
+    params = [model.init(jax.random.PRNGKey(k)) for k in range(K)]
+    evaluate = lm_training.Evaluator(model)
+    nlls, count = evaluate(stack(params), corpus.valid, 3, 7, stacked=True)
+    alone = [evaluate(p, corpus.valid, 3, 7) for p in params]
+    assert count == alone[0][1] == 3 * (80 // 3 - 1) and len(set(nlls)) == K
+    np.testing.assert_allclose(nlls, [nll for nll, _ in alone], rtol=1e-6)
+
+    rolls, piano = fixture_data(), PianoRollModel(cells.DTSRNN(5, 3))
+    params = [piano.init(jax.random.PRNGKey(k)) for k in range(K)]
+    got = polyphonic.evaluate(piano, stack(params), rolls["valid"], stacked=True, batch_size=3)
+    want = [polyphonic.evaluate(piano, p, rolls["valid"], batch_size=3) for p in params]
+    assert len(set(got)) == K
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+    calls, real = [], lm_training.Evaluator.__call__
+
+    def spy(self, *args, stacked=False, **kwargs):
+        calls.append(stacked)
+        return real(self, *args, stacked=stacked, **kwargs)
+
+    with mock.patch.object(lm_training.Evaluator, "__call__", spy):
+        lm_training.train_and_evaluate(config, corpus, workdir=tmp_path / "run", log=None, seeds=K)
+    assert calls[0] is True and calls.count(True) == 1  # one validation, then K finals

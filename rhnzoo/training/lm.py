@@ -268,7 +268,9 @@ def _eval_window(model: LanguageModel, params, carry, total, x, y, w):
 
 
 class Evaluator:
-    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
+    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``;
+    with ``stacked=True``, K seeds' parameters stacked on a leading axis evaluated at once
+    (the window ``jax.vmap``-ped over them): ``([nll_sum] * K, count)``.
 
     One jit-compiled call per window of ``num_steps`` (the state carried across
     windows, at most two in flight), so a long evaluation shows progress and stops
@@ -284,23 +286,30 @@ class Evaluator:
 
     def __init__(self, model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
         self.model, self.mesh = model, mesh
-        self._window = jax.jit(functools.partial(_eval_window, model))
+        window = functools.partial(_eval_window, model)
+        self._window = jax.jit(window)
+        self._windows = jax.jit(jax.vmap(window, in_axes=(0, 0, 0, None, None, None)))
 
     def _rows(self, a):
         return a if self.mesh is None else sharding.put_rows(a, self.mesh, pad=True)
 
-    def __call__(self, params, tokens, batch_size, num_steps, track=None):
+    def __call__(self, params, tokens, batch_size, num_steps, track=None, stacked=False):
         x, y, w = eval_windows(tokens, batch_size, num_steps)
-        carry, total = self.model.initial_carry(batch_size), np.zeros((), np.float32)
+        carry, total = self._rows(self.model.initial_carry(batch_size)), np.zeros((), np.float32)
+        window = self._window
+        if stacked:  # one carry and total per seed, the rows still split over the devices
+            k = len(jax.tree.leaves(params)[0])
+            carry = jax.tree.map(lambda a: jnp.stack([a] * k), carry)
+            total, window = np.zeros(k, np.float32), self._windows
         if self.mesh is not None:
-            carry = self._rows(carry)
             total = sharding.put(total, sharding.replicated(self.mesh))
         indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
         for i in indices:
             previous = total
-            carry, total = self._window(params, carry, total, *self._rows((x[i], y[i], w[i])))
+            carry, total = window(params, carry, total, *self._rows((x[i], y[i], w[i])))
             jax.block_until_ready(previous)
-        return float(total), float(w.sum())
+        count = float(w.sum())
+        return (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
 
 
 # Metric name -> nats per symbol to the metric: perplexity (inf past e^700), bits per character.
@@ -362,9 +371,17 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
         state["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(mesh))
         return state
 
-    def validate(params, track):
-        nll, count = evaluate(params, corpus.valid, config.batch_size, config.num_steps, track)
+    def validated(nll, count):
         return {f"valid_{metric}": to_metric(nll / count), "valid_loss": nll / count}
+
+    def validate(params, track):
+        return validated(*evaluate(params, corpus.valid, config.batch_size, config.num_steps,
+                                   track))  # fmt: skip
+
+    def validate_stacked(params, track):  # K seeds' parameters, one evaluation
+        nlls, count = evaluate(params, corpus.valid, config.batch_size, config.num_steps, track,
+                               stacked=True)  # fmt: skip
+        return [validated(nll, count) for nll in nlls]
 
     def final_evaluate(params, track):
         out = {"eval_batch_size": eval_batch,
@@ -384,7 +401,8 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
         get_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
         stack_batches=lambda batches: batches[0], seed_axes=None,
         steps_per_epoch=steps_per_epoch,
-        validate=validate, final_evaluate=final_evaluate, select=f"valid_{metric}",
+        validate=validate, validate_stacked=validate_stacked, final_evaluate=final_evaluate,
+        select=f"valid_{metric}",
         train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
         chance_loss=math.log(model.vocab_size), unit="tok",
         learning_rate=lambda step: float(schedule(step)),
