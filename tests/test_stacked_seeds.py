@@ -358,7 +358,7 @@ def assert_close_runs(stacked, separate, rtol=1e-5, atol=1e-7):
 
 def test_rrl_classifier_stacked_equals_separate_runs():
     """Ragged sequences (1-16 tokens) in buckets of 8 and 16: at some steps the seeds'
-    batches come from different buckets, so ``rrl.stack_batches`` pads the shorter to 16
+    batches come from different buckets, so the task's ``get_batches`` pads the shorter to 16
     (the lengths mask it). Measured on the CPU: dev_xent / valid_loss in the results and
     epoch records differ by up to 6e-8 (9e-8 relative), the other values not at all; the
     best parameters by up to 1.5e-8 absolute (9e-6 relative, on an entry near 0). The

@@ -99,10 +99,12 @@ class Task:
       get_batch: ``(seed, epoch, index) -> batch``, batch ``index`` (0-based) of
         ``epoch`` (0-based) in the data order of ``seed`` (the run's ``config.seed``), a
         pure function of the three: exact resume depends on it.
-      stack_batches: ``[batch] * K -> batch``: K seeds' batches as one (:func:`run`'s
-        ``seeds``), by default every leaf stacked on a new leading axis
-        (:func:`rhnzoo.training.stacking.stack`); e.g. a whole training set that every
-        batch holds is not stacked but kept once (then ``seed_axes`` maps it to None).
+      get_batches: ``(seeds, epoch, index) -> batch``: the K seeds' (:func:`run`'s
+        ``seeds``; ``seeds`` their ``config.seed`` s) batch ``index`` of ``epoch`` as one
+        batch, placed on the devices; e.g. a whole training set that every batch holds is
+        not stacked but kept once (then ``seed_axes`` maps it to None). None: every leaf
+        of the seeds' ``get_batch`` stacked on a new leading axis
+        (:func:`rhnzoo.training.stacking.stack`).
       seed_axes: the stacked batch's seed axes, ``jax.vmap``'s ``in_axes`` for it (a
         prefix of its pytree; a tuple, not a dict, so the step compiles with it static).
       steps_per_epoch: batches per epoch.
@@ -149,7 +151,7 @@ class Task:
     final_label: str = ""
     final_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     validate_stacked: Callable[[Params, Track], Sequence[dict[str, float]]] | None = None
-    stack_batches: Callable[[Sequence[Any]], Any] = stacking.stack
+    get_batches: Callable[[Sequence[int], int, int], Any] | None = None
     seed_axes: Any = 0
 
 
@@ -326,11 +328,14 @@ class _Run:
                               self.batch(0, 0), self.run_key)[1]  # fmt: skip
 
     def batch(self, epoch: int, index: int) -> Any:
-        """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.stack_batches`)."""
+        """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.get_batches`)."""
         get = self.task.get_batch
         if not self.stacked:
             return get(self.cfg.seed, epoch, index)
-        return self.task.stack_batches([get(s.config.seed, epoch, index) for s in self.seeds])
+        seeds = [s.config.seed for s in self.seeds]
+        if self.task.get_batches is not None:
+            return self.task.get_batches(seeds, epoch, index)
+        return stacking.stack([get(seed, epoch, index) for seed in seeds])
 
     def set_mask(self) -> None:
         """The stacked step's ``active`` argument: which seeds still train."""
@@ -642,7 +647,7 @@ def run(
 
     With ``seeds`` = K, K runs of ``config`` with seeds ``config.seed``, ``+ 1``, ...
     train as one program: their states stacked along a leading seed axis, the task's
-    step ``jax.vmap``-ped over it and compiled once (:attr:`Task.stack_batches` and
+    step ``jax.vmap``-ped over it and compiled once (:attr:`Task.get_batches` and
     :attr:`Task.seed_axes` stack their batches). Each seed gets what a run of
     ``config.replace(seed=...)`` in its own workdir gives (to float32 rounding: the
     vmapped matmuls may sum in another order): its initialisation, dropout keys and data

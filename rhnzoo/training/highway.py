@@ -362,12 +362,16 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
     images, labels = sharding.put_tree((x_train, y_train), replicated)
     fresh = jax.jit(functools.partial(init_state, net, tx))  # one compilation per run
 
-    def get_batch(seed: int, epoch: int, index: int):
+    def indices(seed: int, epoch: int, index: int):
         idx = classify.batch_indices(seed, epoch, index, len(x_train), cfg.batch_size)
-        return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
+        return idx.astype(np.int32)
 
-    def stack_batches(batches):  # K seeds' indices into the one training set
-        return images, labels, jnp.stack([idx for _, _, idx in batches])
+    def get_batch(seed: int, epoch: int, index: int):
+        return images, labels, sharding.put_rows(indices(seed, epoch, index), mesh)
+
+    def get_batches(seeds, epoch: int, index: int):  # K seeds' indices into one training set
+        idx = np.stack([indices(seed, epoch, index) for seed in seeds])
+        return images, labels, sharding.put_rows(idx, mesh, stacked=True)
 
     def metrics(params, split: str, track) -> dict[str, float]:
         r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, split, mesh)
@@ -388,7 +392,7 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
     task = engine.Task(
         init_state=lambda key: sharding.put_tree(fresh(key), replicated),
         train_step=make_train_step(net, tx), get_batch=get_batch,
-        stack_batches=stack_batches, seed_axes=(None, None, 0),
+        get_batches=get_batches, seed_axes=(None, None, 0),
         steps_per_epoch=steps_per_epoch, validate=validate, validate_stacked=validate_stacked,
         final_evaluate=lambda p, track: {**metrics(p, "valid", track),
                                          **metrics(p, "test", track)},

@@ -399,7 +399,7 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
     task = engine.Task(
         init_state=init, train_step=make_train_step(model, config, tx),
         get_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
-        stack_batches=lambda batches: batches[0], seed_axes=None,
+        get_batches=lambda seeds, epoch, index: (rows, np.int32(index)), seed_axes=None,
         steps_per_epoch=steps_per_epoch,
         validate=validate, validate_stacked=validate_stacked, final_evaluate=final_evaluate,
         select=f"valid_{metric}",

@@ -234,12 +234,14 @@ def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(bucket_lengths), lengths, side="left")
 
 
-def pad(split: Split, index: Sequence[int], batch_size: int, length: int, keep: str = "last"):
+def pad(split: Split, index: Sequence[int], batch_size: int, length: int, keep: str = "last",
+        width: int | None = None):  # fmt: skip
     """``(inputs, lengths, labels, weights)`` of the rows ``index`` (-1: an empty
-    weight-0 row), zero-padded at the end to ``[batch_size, length(, m)]``, each cut to
-    its ``keep`` (``'first'`` / ``'last'``) ``length`` steps."""
+    weight-0 row), each cut to its ``keep`` (``'first'`` / ``'last'``) ``length`` steps,
+    zero-padded at the end to ``[batch_size, width(, m)]`` (``width`` >= ``length``,
+    default ``length``)."""
     first = split.inputs[0]
-    shape = (batch_size, length) + first.shape[1:]
+    shape = (batch_size, length if width is None else width) + first.shape[1:]
     inputs = np.zeros(shape, first.dtype)
     lengths = np.zeros(batch_size, np.int32)
     labels = np.zeros(batch_size, np.int32)
@@ -430,10 +432,12 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
         return sharding.put_rows(pad(kept.train, rows, config.batch_size, length, config.keep),
                                  mesh)  # fmt: skip
 
-    def stack_batches(batches):  # K seeds' buckets padded to the longest (lengths mask it)
-        longest = max(inputs.shape[1] for inputs, *_ in batches)
-        widen = lambda x: jnp.pad(x, [(0, 0), (0, longest - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
-        return stacking.stack([(widen(inputs), *rest) for inputs, *rest in batches])
+    def get_batches(seeds, epoch, index):  # K seeds' buckets padded to the longest on the host
+        planned = [epoch_plan(seed, epoch)[index] for seed in seeds]
+        longest = max(length for length, _ in planned)
+        batches = [pad(kept.train, rows, config.batch_size, length, config.keep, width=longest)
+                   for length, rows in planned]  # fmt: skip
+        return sharding.put_rows(stacking.stack(batches), mesh, stacked=True)
 
     eval_sums = jax.jit(functools.partial(_eval_sums, model))
     seeds_sums = jax.jit(jax.vmap(functools.partial(_eval_sums, model), (0,) + (None,) * 4))
@@ -454,7 +458,7 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
     task = engine.Task(
         init_state=init_state,
         train_step=make_train_step(model, tx),
-        get_batch=get_batch, stack_batches=stack_batches,
+        get_batch=get_batch, get_batches=get_batches,
         steps_per_epoch=len(plan(kept.train, config, None)),
         validate=validate, validate_stacked=validate_stacked, select="dev_acc",
         higher_is_better=True,

@@ -47,9 +47,11 @@ def check_divisible(batch_size: int, mesh: jax.sharding.Mesh) -> None:
         raise ValueError(f"batch_size {batch_size} is not divisible by the {mesh.size} devices")
 
 
-def put_rows(arrays: Any, mesh: jax.sharding.Mesh, *, pad: bool = False) -> Any:
+def put_rows(arrays: Any, mesh: jax.sharding.Mesh, *, pad: bool = False,
+             stacked: bool = False) -> Any:  # fmt: skip
     """Every array of the pytree ``arrays`` with its leading (batch) axis split over the
-    ``"data"`` devices.
+    ``"data"`` devices; ``stacked``: arrays ``[K, rows, ...]`` of K stacked seeds, whose
+    rows (axis 1) are split and seed axis is not.
 
     ``pad=True``: zero rows are first appended up to a multiple of the device count,
     for evaluation batches whose zero rows weigh nothing (a weights array among
@@ -58,8 +60,11 @@ def put_rows(arrays: Any, mesh: jax.sharding.Mesh, *, pad: bool = False) -> Any:
     Raises ValueError (``pad=False``) if the device count does not divide the rows.
     """
     leaves = jax.tree.leaves(arrays)
-    rows = len(leaves[0]) if leaves else 0
+    rows = np.shape(leaves[0])[1 if stacked else 0] if leaves else 0
     extra = -rows % mesh.size
+    if stacked:
+        check_divisible(rows, mesh)
+        return put_tree(arrays, NamedSharding(mesh, P(None, "data")))
     if extra and pad:
         rows_only = lambda a: [(0, extra)] + [(0, 0)] * (np.ndim(a) - 1)
         arrays = jax.tree.map(lambda a: np.pad(np.asarray(a), rows_only(a)), arrays)

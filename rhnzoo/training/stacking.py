@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rhnzoo.config import RunSettings
 from rhnzoo.training.workdir import Checkpoints, read_json, seed_name, write_json
@@ -30,8 +31,10 @@ def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
 
 def stack(trees: Sequence[Any]) -> Any:
     """The pytrees ``trees`` (of one structure and shapes) stacked along a new leading
-    axis: :attr:`rhnzoo.training.engine.Task.stack_batches`' default."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+    axis: :attr:`rhnzoo.training.engine.Task.get_batches`' default (leaves that are all
+    host arrays are stacked on the host: one transfer each when used)."""
+    on_host = lambda xs: all(isinstance(x, np.ndarray) for x in xs)
+    return jax.tree.map(lambda *xs: np.stack(xs) if on_host(xs) else jnp.stack(xs), *trees)
 
 
 def row(tree: Any, k: int) -> Any:
