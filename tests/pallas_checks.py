@@ -8,6 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rhnzoo import cells
+from rhnzoo.cells import gated_fused
+
 
 @contextlib.contextmanager
 def deadline(seconds: int):
@@ -78,3 +81,20 @@ def lower_stacked_for_cuda(unroll, params, carry, xs, target, outputs=True):
     z = lambda a: jax.ShapeDtypeStruct((2, *a.shape), a.dtype)
     many = jax.vmap(lambda p, c: value_and_grads(unroll, p, c, xs, target, outputs))
     lower_for_cuda(many, *jax.tree.map(z, (params, carry)))
+
+
+def kernel_reference_fused(kernel, cell, params, carry, xs, target, mask=None, lengths=None,
+                           outputs=True, fused=True):  # fmt: skip
+    """:func:`value_and_grads` of ``kernel(params, carry, xs)`` (under a deadline), of the
+    reference scan and (``fused``) of the fused scan in bfloat16, with the same ``mask``
+    and ``lengths``; ``(kernel's, reference's, fused's or None)``."""
+    with deadline(300):
+        got = value_and_grads(kernel, params, carry, xs, target, outputs)
+    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lengths),
+                          params, carry, xs, target, outputs)  # fmt: skip
+    if not fused:
+        return got, ref, None
+    return got, ref, value_and_grads(
+        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lengths,
+                                           dtype=jnp.bfloat16),
+        params, carry, xs, target, outputs)  # fmt: skip

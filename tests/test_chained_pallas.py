@@ -16,13 +16,14 @@ from pallas_checks import (
     assert_close,
     assert_stacked_seeds_equal_each_seed,
     deadline,
+    kernel_reference_fused,
     lower_for_cuda,
     lower_stacked_for_cuda,
     value_and_grads,
 )
 
 from rhnzoo import cells
-from rhnzoo.cells import chained_pallas, gated_fused, gated_pallas, scan
+from rhnzoo.cells import chained_pallas, gated_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
 
 
@@ -65,15 +66,9 @@ def test_values_and_gradients_match_the_reference(case):
     cell, params, carry, xs, target = setup(n, B, m, T, K, act or "sigmoid", kind=kind)
     lens = None if lengths is None else jnp.asarray(lengths)
     mask = dropout_mask(B, n) if masked else None
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens, outputs=outputs),
-            params, carry, xs, target, outputs=outputs)  # fmt: skip
-    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
-                          params, carry, xs, target, outputs=outputs)  # fmt: skip
-    fused = value_and_grads(
-        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lens, dtype=jnp.bfloat16),
-        params, carry, xs, target, outputs=outputs)  # fmt: skip
+    got, ref, fused = kernel_reference_fused(
+        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens, outputs=outputs),
+        cell, params, carry, xs, target, mask, lens, outputs)  # fmt: skip
     # The loss as close to the reference as the fused scan's bfloat16 mode is (the same
     # precision policy; the loss is a sum of terms of both signs, so no relative bound).
     assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
@@ -84,12 +79,9 @@ def test_values_and_gradients_match_the_reference(case):
 def test_outputs_false_reads_the_final_carry():
     cell, params, carry, xs, target = setup(5, 4, 3, 6, seed=1)
     lens = jnp.asarray([6, 0, 3, 5])
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
-            params, carry, xs, target, outputs=False)  # fmt: skip
-    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, lengths=lens),
-                          params, carry, xs, target, outputs=False)  # fmt: skip
+    got, ref, _ = kernel_reference_fused(
+        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+        cell, params, carry, xs, target, lengths=lens, outputs=False, fused=False)  # fmt: skip
     assert chained_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)

@@ -17,13 +17,14 @@ from pallas_checks import (
     assert_close,
     assert_stacked_seeds_equal_each_seed,
     deadline,
+    kernel_reference_fused,
     lower_for_cuda,
     lower_stacked_for_cuda,
     value_and_grads,
 )
 
 from rhnzoo import cells
-from rhnzoo.cells import gated_fused, gated_pallas
+from rhnzoo.cells import gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training import rrl
@@ -80,15 +81,9 @@ def test_values_and_gradients_match_the_reference(case):
     mask = None
     if masked:  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
         mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
-            params, carry, xs, target)  # fmt: skip
-    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
-                          params, carry, xs, target)  # fmt: skip
-    fused = value_and_grads(
-        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lens, dtype=jnp.bfloat16),
-        params, carry, xs, target)  # fmt: skip
+    got, ref, fused = kernel_reference_fused(
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
+        cell, params, carry, xs, target, mask, lens)  # fmt: skip
     # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
     # bfloat16 mode is (the same precision policy).
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
@@ -113,12 +108,9 @@ def test_outputs_false_reads_the_final_carry(kind):
     assert type(final) is type(want)
     if kind != "lstm":
         np.testing.assert_array_equal(final.t, want.t)
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
-            params, carry, xs, target, outputs=False)  # fmt: skip
-    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, lengths=lens),
-                          params, carry, xs, target, outputs=False)  # fmt: skip
+    got, ref, _ = kernel_reference_fused(
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+        cell, params, carry, xs, target, lengths=lens, outputs=False, fused=False)  # fmt: skip
     assert gated_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)

@@ -52,6 +52,7 @@ from rhnzoo.cells.gated_pallas import (
     _QUARTER,
     ROWS,
     SMEM_LIMIT,
+    _call_settings,
     _carries,
     _forward,
     _forward_smem_bytes,
@@ -485,16 +486,12 @@ def unroll(
     if not supports(cell):
         raise ValueError(f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
                          "size <= 128 whose matrices fit one CTA's shared memory only")  # fmt: skip
-    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
-        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
-    T, B, m = xs.shape
+    interpret, lens = _call_settings(xs, lengths, dtype, interpret)
+    m = xs.shape[2]
     if not _fits(cell, m, with_dy=outputs):
         need = max(smem_bytes(cell, m, with_dy=outputs))
         raise ValueError(f"the {type(cell).__name__} kernels need {need} B of shared memory at "
                          f"input width {m}{' with outputs' if outputs else ''} (one CTA has "
                          f"{SMEM_LIMIT}): use scan_impl='fused'")  # fmt: skip
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
-    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
     W, U, b = _blocks_of(cell, params)
     return _chain(cell, bool(outputs), bool(interpret), W, U, b, carry, xs, lens, mask)

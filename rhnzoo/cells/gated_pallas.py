@@ -609,6 +609,16 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
 # ------------------------------------------------------------------------------ the unroll
 
 
+def _call_settings(xs: Array, lengths, dtype, interpret) -> tuple[bool, Array]:
+    """``unroll``'s checks and defaults shared by the kernel modules: ``(interpret, lens
+    [B] int32)``; raises ValueError for a ``dtype`` other than bfloat16."""
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
+    T, B, _ = xs.shape
+    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    return jax.default_backend() == "cpu" if interpret is None else interpret, lens
+
+
 def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
     return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
 
@@ -917,12 +927,7 @@ def unroll(
     if not supports(cell):
         raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
                          "GRU with hidden size <= 128 only")  # fmt: skip
-    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
-        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
-    T, B, _ = xs.shape
-    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     if type(cell) is GRU:
         return _gru(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
                     params["b_hn"], carry, xs, lens, mask)  # fmt: skip
