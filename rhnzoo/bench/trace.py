@@ -6,7 +6,7 @@ r"""Where a train step's time goes: XLA's ops, timed from a profiler trace.
 Runs :mod:`rhnzoo.bench.rnn`'s classifier train step (value and gradient) a few times
 under ``jax.profiler.trace`` and prints, per XLA op (fusion, dot, copy, while loop),
 its total time per step and how often it ran, largest first: the table behind the
-profile in BUILD_NOTES.md issue 17. On CPU the per-op events need
+profiles in docs/runs/cpu/levers.md. On CPU the per-op events need
 ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` before JAX starts; the CLI sets
 it. An op inside a time scan shows up once per step (``count`` = T); ops of nested
 loops are also inside their loop's own total, so the column does not add up to the

@@ -147,7 +147,7 @@ def flat_draw(sample, key: Array, shape: tuple[int, ...], **kwargs: Any) -> Arra
 
     The same numbers as the draw in ``shape`` (threefry counts the elements in row-major
     order either way; tests hold this), but compiled faster for a stacked ``R [L, n, kn]``
-    (figures in BUILD_NOTES.md). rhnzoo draws its parameters and dropout masks through it.
+    (figures in docs/runs/cpu/levers.md). rhnzoo draws its parameters and dropout masks through it.
     """
     return sample(key, shape=(math.prod(shape),), **kwargs).reshape(shape)
 

@@ -1,7 +1,7 @@
 """float32 tanh and logistic sigmoid as rational polynomials, for the fused scans.
 
 XLA:CPU evaluates ``tanh`` and ``logistic`` at several times the cost of the multiplies
-around them (figures in BUILD_NOTES.md). In a recurrent step these nonlinearities are most of the elementwise work
+around them (figures in docs/runs/cpu/levers.md). In a recurrent step these nonlinearities are most of the elementwise work
 (an LSTM evaluates 5n of them per row and step), so :mod:`rhnzoo.cells.gated_fused` and
 :mod:`rhnzoo.cells.rhn_fused` use these instead: the same [13/6] minimax rational
 approximation of tanh that Eigen (``generic_fast_tanh_float``) and XLA:CPU's own tanh

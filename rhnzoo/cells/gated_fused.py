@@ -25,7 +25,7 @@ derivatives are written out in each kernel below.)
 
 Inside the scans every per-step array is feature-major, ``[features, B]`` (see the
 kernels' comment: the weight matrix on the left of each per-step matmul measured
-1.4x faster on CPU; the GRU's and RRN's B is padded to a multiple of 8 columns where
+faster on CPU; the GRU's and RRN's B is padded to a multiple of 8 columns where
 that is cheap, see ``_pad``); :func:`unroll` takes and returns the usual batch-major
 arrays.
 Without ``lengths`` the forward scan writes no output stack of its own (the outputs
@@ -71,14 +71,11 @@ def _masked(h: Array, mask: Array | None) -> Array:
 
 # The GRU and RRN scans run a batch of B rows as a multiple of 8 columns (AVX2's
 # float32 vector width; a kernel's ``lanes``) where that adds at most B / 16: each
-# per-step elementwise pass over [features, B] then vectorises without a remainder (a
-# [100, 100] tanh costs 35 % more per element than a [100, 104] one). A/Bs of the train
-# step at P-MNIST's B = 100 (-> 104, 4 % more arithmetic), by the minimum: GRU 4-9 %
-# faster (three runs at n = 100, 6 % at n = 64), RRN 6-10 % (four runs); the LSTM level
-# (+2 % to -9 %) and the SC-LSTM slower (+4 %, +8 %; its CPU time +4 %, +12 %), so those
-# two keep B columns. B = 20 -> 24 (20 % more arithmetic) measured level at n = 100 and
-# 6-18 % slower at n = 512 (5 % for the RHN at ptb_sota): hence the B / 16 bound
-# (BUILD_NOTES issue 17, round 5). The extra columns are inert: zero inputs and carry,
+# per-step elementwise pass over [features, B] then vectorises without a remainder. The
+# train step's A/Bs at P-MNIST's B = 100 -> 104: the GRU and RRN faster, the LSTM level
+# and the SC-LSTM slower, so those two keep B columns; B = 20 -> 24 level at n = 100 and
+# slower at n = 512: hence the B / 16 bound (figures: docs/runs/cpu/levers.md, issue 17
+# round 5). The extra columns are inert: zero inputs and carry,
 # padding under ``lengths`` (they keep their zero carry), and no cotangent reaches
 # them, so they add nothing to any gradient.
 
@@ -98,9 +95,8 @@ def _pad(a: Array, extra: int, axis: int) -> Array:
 # each per-step matmul is what makes this layout fast on CPU: XLA:CPU's matmul library
 # re-packs its right-hand operand on every call, and with the batch on the left (h U,
 # as the cells' ``step`` and autodiff compute it) that operand is the whole [n, k n]
-# weight matrix, every step. Measured on the 2-core development machine (BUILD_NOTES
-# issue 17): a 100-step scan of [32, 512] x [512, 2048] 59 ms, of [2048, 512] x
-# [512, 32] 42 ms; the backward [100, 400] x [400, 100] product 101 -> 70 ms.
+# weight matrix, every step. Measured faster, forward and backward, on the 2-core
+# development machine (docs/runs/cpu/levers.md, issue 17 round 2).
 #
 # A kernel is a static (hashable) description of one cell's time step:
 #   prepare(w) -> p: the weights as the step uses them (transposed once per call)
@@ -131,8 +127,8 @@ def _rows(blocks: list[Array]) -> Array:
     """Row blocks ``[n_i, B]`` -> one ``[sum n_i, B]`` array, each block written in place
     (``dynamic_update_slice``). A ``jnp.concatenate`` of the same blocks let XLA:CPU fuse
     their elementwise work into the concatenation, evaluated one output element at a
-    time, unvectorised: the LSTM's dz at P-MNIST's shape cost 48 ms per train step that
-    way, ~14 ms written block by block (the trace in BUILD_NOTES issue 17)."""
+    time, unvectorised: several times slower at P-MNIST's shape than written block by
+    block (the trace in docs/runs/cpu/levers.md)."""
     out = jnp.zeros((sum(b.shape[0] for b in blocks),) + blocks[0].shape[1:], blocks[0].dtype)
     start = 0
     for b in blocks:
@@ -156,7 +152,7 @@ class _LSTMKernel:
     Carry ``(h, c)`` or, with skips, ``(h, c, h_anchor)`` (the step counter is turned
     into the per-step ``aux`` flags ``on_grid`` / ``skipped`` outside the scan).
     Saved per step: h_{t-1}, c_{t-1} and the gates i, f, o, c̃, each its own [n, B] stack
-    (one [4n, B] stack measured slower: one 125 MB zero-fill at P-MNIST's shape), and
+    (one [4n, B] stack measured slower: a large zero-fill; docs/runs/cpu/levers.md), and
     h_anchor when α is learned.
     """
 
@@ -519,11 +515,11 @@ def default_unroll(cell: Any, backend: str | None = None) -> int:
     ``backend`` (default: JAX's default backend), as measured:
 
     * GPU: 8. The loop's per-step kernel launches, not FLOPs, bound these scans there;
-      on an H100 (JAX 0.11.2) unroll 8 made the train step 1.5x (LSTM, GRU at the IMDB
-      shape), 1.9x / 1.4x (LSTM / GRU at P-MNIST's), 1.5x (SC-LSTM) and 1.2x (RRN)
-      faster than unroll 1 (BUILD_NOTES issue 33).
-    * Elsewhere: 2 for the RRN (its step, K small matmuls in a row: 2-10 % faster on the
-      CPU, BUILD_NOTES issue 17 round 4), 1 otherwise.
+      on an H100 unroll 8 made every cell's train step faster than unroll 1
+      (docs/speed.md, issue 33).
+    * Elsewhere: 2 for the RRN (its step is K small matmuls in a row; faster on the CPU,
+      where the other cells' were not: docs/runs/cpu/levers.md, issue 17 round 4), 1
+      otherwise.
     """
     if (backend or jax.default_backend()) in ("gpu", "cuda", "rocm"):
         return 8
@@ -574,8 +570,8 @@ def unroll(
       unroll: time steps per scan iteration, forward and backward; None (default):
         :func:`default_unroll`, measured per backend.
       project_per_step: compute W^T x_t^T inside the scan, one ``[k n, m] x [m, B]``
-        matmul per step (an outer product when m = 1; the default: 1.2-1.4x faster train
-        steps at the IMDB shape, BUILD_NOTES issue 17), instead of one ``[T, B, k n]``
+        matmul per step (an outer product when m = 1; the default: measured faster,
+        docs/runs/cpu/levers.md), instead of one ``[T, B, k n]``
         projection before it.
       dtype: ``None`` (matmuls in the carry's dtype) or ``jnp.bfloat16`` (bf16 matmul
         inputs, float32 accumulation; state, parameters and gates stay float32).
@@ -583,8 +579,7 @@ def unroll(
         formed by one matmul over their C x B positions: T (after the whole reverse
         scan), 1 (a rank-B update per step, as autodiff does) or any divisor of T.
         ``None`` (default): the largest divisor of T up to 16 with
-        ``project_per_step``, T otherwise (measured, BUILD_NOTES issue 17; at the IMDB
-        shape chunks of 10 to 100 steps were level).
+        ``project_per_step``, T otherwise (measured: docs/runs/cpu/levers.md).
       outputs: False: return no outputs (``ys`` is ``None``) and save the forward pass
         writing them and the backward pass reading their (zero) cotangents; for a
         caller that reads the final carry only (a classifier, with
@@ -650,7 +645,7 @@ def unroll(
         x_in = _dot(xs.reshape(-1, xs.shape[-1]), W, dtype).astype(cdt).reshape(T, -1, W.shape[1])
         x_in, W = jnp.swapaxes(x_in, 1, 2), None
     chunk = weight_grad_chunk
-    if chunk is None:  # measured (BUILD_NOTES issue 17)
+    if chunk is None:  # measured: docs/runs/cpu/levers.md
         chunk = max(c for c in range(1, 17) if T % c == 0) if project_per_step else T
     elif not (isinstance(chunk, int) and chunk >= 1 and T % chunk == 0):
         raise ValueError(f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}")

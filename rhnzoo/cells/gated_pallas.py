@@ -111,9 +111,8 @@ def _padded(n: int, m: int) -> tuple[int, int]:
 
 def _slots(N: int) -> int:
     """The backward kernels' input buffers: two (the next phase's or step's TMA in flight
-    during this one) at N = 64, where that measured faster on an H100 (2.8 -> 2.5 ms at
-    P-MNIST's T and B); one at N = 128, where it measured slower (8.6 -> 10.8 ms;
-    docs/runs/gpu/2026-11-27, calls 2 and 3)."""
+    during this one) at N = 64, one at N = 128: double-buffering measured faster at 64 and
+    slower at 128 on an H100 (docs/speed.md; docs/runs/gpu/2026-11-27, calls 2 and 3)."""
     return 2 if N <= 64 else 1
 
 

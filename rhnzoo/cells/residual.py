@@ -57,11 +57,11 @@ class RRN:
       init_scale: half-width of the uniform weight initialisation.
       recurrent_init: ``'uniform'`` (the default: U like W) or ``'orthogonal'`` (each
         U_k a random orthogonal matrix). Not specified by the paper; a flag of the RRN
-        recipe study (BUILD_NOTES.md).
+        recipe study (docs/rrl.md).
       f_bias: initial bias b_K of F's last layer (default 0, eq. 4 as written). A
         negative value (highway-style) starts F near 0 with σ, so h_t ≈ h_{t-1} at
         initialisation instead of drifting to tanh's flat region. A deviation from
-        the paper when non-zero (BUILD_NOTES.md).
+        the paper when non-zero (docs/rrl.md).
 
     Raises:
       ValueError: if hidden_size < 1, depth < 1, or activation or recurrent_init is

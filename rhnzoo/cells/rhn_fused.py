@@ -16,11 +16,11 @@ the contraction over all T x B positions:
 Inside the scans every per-step array is feature-major (``[n, B]``, the weight matrix
 on the left of each matmul, as in :mod:`rhnzoo.cells.gated_fused`), the gate
 nonlinearities are :mod:`rhnzoo.cells.fastmath`'s, and at moderate depth the
-micro-layers are a Python loop over per-layer weights (``layer_loop``): together 1.15x
-the batch-major ``lax.scan`` version's train step at ``ptb_sota`` (BUILD_NOTES issue 17,
-round 3). In that loop each micro-layer's saved arrays and dz stay separate stacks over
-T, and each backward ds and dz is computed once (:func:`_runtime_one`): another ~1.1x
-(round 7).
+micro-layers are a Python loop over per-layer weights (``layer_loop``): together faster
+than the batch-major ``lax.scan`` version's train step at ``ptb_sota``. In that loop each
+micro-layer's saved arrays and dz stay separate stacks over T, and each backward ds and
+dz is computed once (:func:`_runtime_one`), faster again (figures: docs/runs/cpu/levers.md,
+issue 17 rounds 3 and 7).
 
 Options: ``remat=True`` saves only the per-step carries and recomputes a step's
 micro-layers in the backward pass (memory O(T B n) instead of O(T L B n));
@@ -42,10 +42,10 @@ from rhnzoo.cells.rhn import HSG, RHN
 Array = jax.Array
 
 # Depths up to which the micro-layers are a Python loop over per-layer weights by
-# default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Measured
-# (BUILD_NOTES issue 17, round 3): at depth 10 the loop's train step is ~14 % faster (the
-# scan copies R_l out of the stack for every micro-layer and time step, 5.5 MB each at
-# n = 830), at depth 40 it is no faster and compiles 4x slower (16 s vs 4 s).
+# default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Why: at
+# depth 10 the loop's train step is faster (the scan copies R_l out of the stack for every
+# micro-layer and time step), at depth 40 it is no faster and compiles slower (figures:
+# docs/runs/cpu/levers.md, issue 17 round 3).
 LOOP_LAYERS_UP_TO = 10
 
 
@@ -59,7 +59,7 @@ _dot = fastmath.dot
 # matrix is the left operand of every per-step matmul: XLA:CPU's matmul library packs its
 # right-hand operand on every call, which with the batch on the left (s R_l) is the whole
 # [n, 2n] R_l, per micro-layer and time step (see :mod:`rhnzoo.cells.gated_fused` and
-# BUILD_NOTES issue 17). :func:`unroll` takes and returns batch-major arrays.
+# docs/runs/cpu/levers.md). :func:`unroll` takes and returns batch-major arrays.
 
 
 def _layer_scan(layer, carry, xs, reverse=False):
@@ -106,7 +106,7 @@ def _runtime_one(mask: Array) -> Array:
     expensive, so XLA:CPU computes each once. Without it, its fusion pass duplicates ds_l
     into both consumers (the next micro-layer's dz and ds), recursively, and micro-layer
     l recomputes the chain through layers l+1..L: work quadratic in L per time step
-    (BUILD_NOTES issue 17, round 7); and dz is computed twice, for its matmul and for the
+    (docs/runs/cpu/levers.md, issue 17 round 7); and dz is computed twice, for its matmul and for the
     saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
     ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion.
     float32, so that dividing by it never promotes the state gradient's dtype."""
@@ -144,7 +144,7 @@ def _weights(R, b, hsg, loop):
     RT = jnp.swapaxes(R, 1, 2)
     if loop:
         # Slices of the transposed stack compile to one transposing copy per layer (``R[l].T``
-        # to two); tests/test_fused.py, BUILD_NOTES issue 17 round 8.
+        # to two); tests/test_fused.py, docs/runs/cpu/levers.md (issue 17 round 8).
         R, RT = list(R), list(RT)
     bT = b[..., None]
     hsgT = None if hsg is None else (hsg[0].T, hsg[1].T, hsg[2][:, None])

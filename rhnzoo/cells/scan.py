@@ -125,24 +125,16 @@ def resolve(
        ``batch`` and no ``remat``: ``gated_pallas.fits`` is a GPU of compute capability
        9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
        bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) is False until
-       those kernels are timed. The kernels target launch-bound shapes (issue 45).
-       One H100 (2026-11-27, docs/runs/gpu/2026-11-27/call2), LSTM value and gradient at
-       1 -> n, B 100, T 784 in bfloat16, pallas / fused: n = 64 7.1 / 9.5 ms; n = 100
-       13.7 / 11.1 ms (its backward kernel is the slow part), hence n <= 64. Never
-       chosen on a CPU.
+       those kernels are timed. The kernels target launch-bound shapes (issue 45); at
+       n = 100 the LSTM's backward kernel made the train step slower than the fused
+       scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a CPU.
     2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
-       has remat: the RHN's; the gated cells then take ``reference``). Faster wherever it
-       was timed in quiet runs. CPU (2 cores, 614dfb3, train step, peer / fused): LSTM,
-       GRU 1.2x Flax ``nn.RNN`` at P-MNIST's shape (1 -> 100, B 100, T 784), 1.5-1.7x at
-       the IMDB shape (256 -> 512, B 32, T 100); SC-LSTM-P, RRN 1.4-1.6x the reference
-       scan at both; RRL training fused / reference 1.0-1.8x (BUILD_NOTES, rounds 2-3);
-       the RHN LM at ``ptb_sota`` 1.33-1.44x a plain-JAX RHN. One H100 (576120b, unroll
-       8, reference / fused): IMDB shape LSTM 14.2 / 10.6 ms, GRU 15.9 / 9.2; P-MNIST
-       shape LSTM 28.6 / 13.3, GRU 29.1 / 14.7, SC-LSTM-P 33.5 / 18.7, RRN 37.7 / 16.0;
-       the RHN LM at ``ptb_sota`` 12.4 ms vs the plain-JAX peer's 16.4. Not timed: the
-       gated scans in a language model (B 20, m = n) and the RHN scan in a classifier (it
-       runs the padded steps, as the reference scan does, and reads each row's output
-       at its last real one).
+       has remat: the RHN's; the gated cells then take ``reference``). Faster than the
+       reference scan and the peers wherever it was timed in quiet runs, on the CPU and
+       on an H100 at its default unroll (docs/speed.md; records in docs/runs/cpu/bench.md
+       and docs/runs/h100/figures.md). Not timed: the gated scans in a language model
+       (B 20, m = n) and the RHN scan in a classifier (it runs the padded steps, as the
+       reference scan does, and reads each row's output at its last real one).
     3. ``reference`` otherwise (every other cell: DT-RNN, DT(S)-RNN, an uncoupled RHN,
        HSG around a gated cell); bfloat16 then has no implementation (a ValueError).
 

@@ -25,7 +25,7 @@ Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`
 ``overrides``):
 
 * ``cpu``: the whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in
-  about 35 minutes (36.1 measured, shared cores; results in BUILD_NOTES.md and
+  about 35 minutes (36.1 measured, shared cores; results in
   ``docs/highway.md``): 120 epochs instead of 400, T bias -4 as for the papers' depth
   curves, the plain rates the reproduction's.
 """

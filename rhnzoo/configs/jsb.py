@@ -18,7 +18,7 @@ from rhnzoo.training.polyphonic import JSBConfig
 
 # name -> the settings it changes (flags given explicitly still win).
 PRESETS: dict[str, dict[str, Any]] = {
-    # 2-core CPU, about 9 minutes (BUILD_NOTES.md): small widths, few trials and epochs.
+    # 2-core CPU, about 9 minutes (docs/rhn.md): small widths, few trials and epochs.
     "cpu": {"width": 32, "trials": 10, "epochs": 25, "batch_size": 16},
 }
 

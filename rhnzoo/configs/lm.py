@@ -29,7 +29,7 @@ ENWIK8_SOTA = dict(
 
 PTB_PRESETS = {
     # ``experiments/ptb.py --preset=small``: a 2-core CPU in about 30 minutes; see
-    # BUILD_NOTES.md for its measured result (lr 1.0 with clipping at 10 diverged in epoch 2).
+    # docs/rhn.md for its measured result (lr 1.0 with clipping at 10 diverged in epoch 2).
     "small": dict(
         hidden_size=256, depth=3, lr=0.5, max_grad_norm=5.0, max_epoch=4, lr_decay=2.0,
         max_max_epoch=8, drop_x=0.1, drop_i=0.3, drop_h=0.1, drop_o=0.3, eval_num_steps=200,

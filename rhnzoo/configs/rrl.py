@@ -25,7 +25,7 @@ PAPER_SIZES = {
     "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784,
                    buckets=1),
 }  # fmt: skip
-# 2-core CPU, about 7-30 minutes per model (measured times in README / BUILD_NOTES.md):
+# 2-core CPU, about 7-30 minutes per model (measured times in README / docs/rrl.md):
 # smaller widths than Table 2, the last 400 steps of a review, fewer epochs.
 CPU_SIZES = {
     "imdb": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,

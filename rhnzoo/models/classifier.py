@@ -46,7 +46,7 @@ class SequenceClassifier:
         gated cell.
       project_per_step: project the inputs inside the time scan (see
         :func:`rhnzoo.cells.unroll`); None: always in the gated fused scan (measured
-        faster there, BUILD_NOTES issue 17), in the reference scan when the input is at
+        faster there, docs/runs/cpu/levers.md), in the reference scan when the input is at
         most 8 wide (P-MNIST); the RHN and pallas scans have their own.
       scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (None: the old
         spelling of ``'auto'``, the default): ``'fused'`` (hand-written backward pass,

@@ -254,7 +254,7 @@ def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
     an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
 
     Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
-    words) make the CPU page in fresh memory on every call (figures in BUILD_NOTES.md).
+    words) make the CPU page in fresh memory on every call (figures in docs/runs/engine/figures.md).
     """
     steps = max(1, max_logits // (batch_size * vocab_size))
     return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
