@@ -109,7 +109,7 @@ def test_fused_rejects_unsupported_cells():
 
 def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
     """The backward pass's guard against XLA:CPU recomputing the ds chain per micro-layer
-    (``rhn_fused._runtime_one``, BUILD_NOTES issue 17, round 7): exactly 1.0 for any
+    (``rhn_fused._runtime_one``, docs/runs/cpu/levers.md, round 7): exactly 1.0 for any
     dropout mask, so dividing by it changes no value, and not folded by the compiler (a
     constant 1.0 is, which is why it is computed from the mask)."""
     for mask in (jnp.ones((3, 4)), jnp.zeros((3, 4)), jnp.full((3, 4), 1 / 0.3)):
@@ -127,8 +127,8 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     """With the Python layer loop, XLA:CPU's compiled gradient copies each micro-layer's
     weights once for the forward pass (R_l^T, a transposing copy) and once for the
     backward pass (R_l, a slice): 2 L copies of a ``[n, 2n]`` matrix. Writing R_l^T as
-    ``R[l].T`` compiled to 3 L (the slice, then its transpose; BUILD_NOTES issue 17, round
-    8). Counted in the optimized HLO's entry computation, outside the time loops."""
+    ``R[l].T`` compiled to 3 L (the slice, then its transpose; docs/runs/cpu/levers.md,
+    round 8). Counted in the optimized HLO's entry computation, outside the time loops."""
     L, n = 3, 24
     cell, params, xs, s0, mask = setup(L, False, n=n, T=5)
     ys = lambda p: fused.unroll(cell, p, s0, xs, mask, layer_loop="python")[1]
