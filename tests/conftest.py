@@ -12,9 +12,7 @@ Set before JAX is imported, in the environment, so that subprocesses inherit the
   is most of the suite's time, and level 0 compiles them about 30 % faster. Results can
   differ from the default level's in float32 rounding, so every process of the suite,
   subprocesses too, runs at the same level: the exact-resume tests compare a run in the
-  pytest process with runs in subprocesses bit for bit. The one test whose subprocess
-  trains for minutes (the real-IMDB recipe) asks for the default level
-  (``helpers.default_level_env``): at level 0 it took over 19 minutes instead of about 10.
+  pytest process with runs in subprocesses bit for bit.
 * compiled XLA programs are cached on disk (JAX's persistent compilation cache), shared
   by the xdist workers and the subprocess tests, which run the same small models: each
   program is compiled once. The cache is kept between runs in ``$RHNZOO_TEST_JAX_CACHE``

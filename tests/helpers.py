@@ -29,14 +29,6 @@ def run_script(script: str, *args: str, timeout: float = 300, cwd=ROOT):
                           capture_output=True, text=True, timeout=timeout, cwd=cwd)  # fmt: skip
 
 
-def default_level_env() -> dict:
-    """This environment without the suite's ``--xla_backend_optimization_level=0``
-    (``tests/conftest.py``), for a subprocess that trains long enough for run time to
-    outweigh compile time."""
-    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_backend_optimization_level=0", "")
-    return dict(os.environ, XLA_FLAGS=flags.strip())
-
-
 def needs_data(subdir: str, *files: str, what: str):
     """Skip unless ``$RHNZOO_DATA/<subdir>`` holds ``files`` (the real ``what`` files)."""
     directory = DATA / subdir

@@ -12,7 +12,9 @@ the first batch of the dev split alone; prints JSON ``{"xent": {model: [loss of 
 "validation": {model: that of the validation at the end or null}, ...}`` (a paper run
 validates first at its first epoch's end, step 665, not at step ``--steps``). With the
 default ``--divergence_factor`` it is the divergence check's test on the real data
-(tests/test_rrl.py); with 0 it records the curves tests/test_engine.py replays.
+(about 10 minutes on 2 CPU cores at ``--steps=80``, at XLA's default optimisation level:
+an experiment, not a test); with 0 it records the curves tests/test_engine.py replays
+through the default check.
 """
 
 from __future__ import annotations

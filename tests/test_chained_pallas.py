@@ -56,10 +56,14 @@ CASES = {
     "gru_two_warpgroups": ("gru", 100, 4, 3, 4, 3, None, np.array([4, 1, 0, 3]), True, False),
     "gru_pmnist_like": ("gru", 100, 70, 1, 4, 3, None, None, False, False),
 }
-BIG = {"pmnist_like", "gru_pmnist_like"}  # two CTAs of 64 rows: slow to interpret
+# The fast tier: one small case of each chain (the RRN's, the GRU's), padded rows and a
+# dropout mask; the rest (one layer, three, two warpgroups, two CTAs of 64 rows: slow to
+# interpret) run in CI.
+FAST = {"padded_rows_masked", "gru_padded_rows_masked"}
+pytestmark = pytest.mark.pallas
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in BIG else c
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow)
                                   for c in CASES])  # fmt: skip
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, K, act, lengths, masked, outputs = CASES[case]
@@ -76,6 +80,7 @@ def test_values_and_gradients_match_the_reference(case):
     assert_close(got[1], fused[1], rtol=1.5e-2)
 
 
+@pytest.mark.slow
 def test_outputs_false_reads_the_final_carry():
     cell, params, carry, xs, target = setup(5, 4, 3, 6, seed=1)
     lens = jnp.asarray([6, 0, 3, 5])
@@ -87,6 +92,7 @@ def test_outputs_false_reads_the_final_carry():
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hrl", "lstm_gru"])
 def test_parallel_cells_through_the_dispatcher_run_each_part_by_its_kernels(name):
     """``scan.unroll(..., impl='pallas')`` of HRL (``Parallel((LSTM, RRN))``) and LSTM+GRU
@@ -111,6 +117,7 @@ def test_parallel_cells_through_the_dispatcher_run_each_part_by_its_kernels(name
     assert_close(got[1], ref[1], rtol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["rrn", "gru"])
 def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     """K stacked seeds (``jax.vmap`` over parameters, masks and carries) get each seed's
@@ -223,6 +230,7 @@ def test_shared_memory_estimate_matches_the_lowering():
         lower_for_cuda(bwd, *backward_args(4, 128, spec))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
 @pytest.mark.parametrize("kind, n, depth, outputs", [("rrn", 100, 2, True), ("rrn", 5, 3, False),
                                                      ("gru", 100, 3, False), ("gru", 5, 3, True)])  # fmt: skip

@@ -251,6 +251,20 @@ def scripted(losses, **kw):
     return lines, None
 
 
+def test_the_recorded_paper_losses_are_every_table_3_model_unstopped():
+    """What the replay below stands on (the live 10-minute run on the real IMDB is an
+    experiment, tests/imdb_paper_losses.py, not a test): a curve for every model
+    experiments/rrl.py trains, recorded with the check off and none stopped, and the
+    replay's config judging with the default factor of the experiments' RunConfig."""
+    from rhnzoo.config import RunConfig
+    from rhnzoo.training import rrl
+
+    assert sorted(IMDB_PAPER_LOSSES["xent"]) == sorted(rrl.MODELS)
+    assert IMDB_PAPER_LOSSES["divergence_factor"] == 0
+    assert IMDB_PAPER_LOSSES["stopped"] == {model: None for model in rrl.MODELS}
+    assert cfg().divergence_factor == RunConfig(epochs=1).divergence_factor > 0
+
+
 @pytest.mark.parametrize("model", sorted(IMDB_PAPER_LOSSES["xent"]))
 def test_the_paper_recipes_start_up_transients_are_not_divergence(model):
     """The first 250 training losses of every Table 3 model at --preset=paper on the real

@@ -69,10 +69,14 @@ CASES = {
 }
 
 
-BIG = {"lstm_pmnist_like", "gru_pmnist_like", "sc_lstm_p_pmnist_like"}  # two CTAs of 64 rows
+# The fast tier: one small case of each kernel (the LSTM's, the GRU's, the SC-LSTM's),
+# padded rows and a dropout mask; the rest (two warpgroups, two CTAs of 64 rows: slow to
+# interpret) run in CI.
+FAST = {"lstm_masked", "gru_padded_rows_masked", "sc_lstm_p_padded_rows_masked"}
+pytestmark = pytest.mark.pallas
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in BIG else c
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow)
                                   for c in CASES])  # fmt: skip
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, lengths, masked = CASES[case]
@@ -96,6 +100,7 @@ def test_values_and_gradients_match_the_reference(case):
     assert_close(got[1], fused[1], rtol=1.5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lstm", "sc_lstm_p"])
 def test_outputs_false_reads_the_final_carry(kind):
     """outputs=False: no outputs, the final carry and its gradients as the reference's
@@ -116,6 +121,7 @@ def test_outputs_false_reads_the_final_carry(kind):
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm_p"])
 def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     """K stacked seeds (issue 47: ``jax.vmap`` over parameters, masks and carries) get
@@ -171,6 +177,7 @@ def assert_tasks_agree(loss_of, models, params):
     assert_close(got[1], want[1], rtol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rrn"])
 def test_the_lm_task_runs_the_kernel_with_its_dropout_masks(cell):
     """--cell=... --dtype=bfloat16 --scan_impl=pallas in the LM task (``window_loss``,
@@ -196,6 +203,7 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks(cell):
     assert_tasks_agree(loss_of, models, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, reset_after", [("lstm", False), ("gru", True), ("gru", False),
                                                 ("sc_lstm_p", False), ("rrn", False)])  # fmt: skip
 def test_the_classifier_task_runs_the_kernel(model, reset_after):
@@ -300,6 +308,7 @@ def test_shared_memory_estimate_matches_the_lowering():
         lower_for_cuda(fwd, *forward_args(4, 128, 64))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
 @pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm_p"])
 @pytest.mark.parametrize("n, outputs", [(100, True), (5, False)])  # two warpgroups forward,
