@@ -106,8 +106,8 @@ def _runtime_one(mask: Array) -> Array:
     expensive, so XLA:CPU computes each once. Without it, its fusion pass duplicates ds_l
     into both consumers (the next micro-layer's dz and ds), recursively, and micro-layer
     l recomputes the chain through layers l+1..L: work quadratic in L per time step
-    (docs/runs/cpu/levers.md, issue 17 round 7); and dz is computed twice, for its matmul and for the
-    saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
+    (docs/runs/cpu/levers.md, issue 17 round 7); and dz is computed twice, for its matmul
+    and for the saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
     ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion.
     float32, so that dividing by it never promotes the state gradient's dtype."""
     a = mask[0, 0].astype(jnp.float32) + 1.0
