@@ -6,7 +6,8 @@ Why: XLA:CPU has crashed xdist workers late in long runs, while compiling or whi
 alone and on rerun (BUILD_NOTES, known gaps: "XLA:CPU crashes in long-lived xdist
 workers"; the runs: docs/runs/known_gaps_5f11b3e.md); the defect is not isolated. A
 test that crashes its worker twice fails, as does any crash past :data:`MAX_RERUNS` in
-one session, so a deterministic crash still fails the suite. A rerun is reported as ``R`` and counted in the summary (``1 rerun``).
+one session, so a deterministic crash still fails the suite. A rerun is reported as
+``R`` and counted in the summary (``1 rerun``).
 """
 
 import pytest
