@@ -94,6 +94,39 @@ def test_bfloat16_matmuls_stay_close_to_float32():
     assert 0 < rel < 2**-6, rel
 
 
+def _dot_dtypes(jaxpr, where=""):
+    """``(where, operand dtypes)`` of every dot_general in ``jaxpr``, inside scans and
+    other sub-jaxprs too (``where``: the enclosing primitives, e.g. ``/scan``)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append((where, tuple(str(v.aval.dtype) for v in eqn.invars)))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _dot_dtypes(sub, f"{where}/{eqn.primitive.name}")
+    return found
+
+
+@pytest.mark.parametrize("hsg,layer_loop,remat", [(True, "python", False), (True, "scan", True),
+                                                  (False, "scan", False)])  # fmt: skip
+def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, layer_loop, remat):
+    """With ``dtype=bfloat16`` every product of the gradient program, the backward's
+    (the per-step ds and HSG products, the weight gradients, the input projection's
+    transposes) included, takes bfloat16 operands and accumulates in float32: none runs
+    in float32 where the forward's runs in bfloat16 (autodiff's transpose of the input
+    projection multiplied its float32 cotangent by the bfloat16 inputs)."""
+    cell, params, xs, s0, mask = setup(3, hsg, n=8)
+    f = lambda p, xs: jnp.sum(fused.unroll(cell, p, s0, xs, mask, dtype=jnp.bfloat16,
+                                           layer_loop=layer_loop, remat=remat)[1] ** 2)  # fmt: skip
+    dots = _dot_dtypes(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(params, xs).jaxpr)
+    assert sum("scan" in where for where, _ in dots) >= 2, dots  # the per-step products seen
+    assert len(dots) >= 6 and all(d == ("bfloat16", "bfloat16") for _, d in dots), dots
+    grads = jax.eval_shape(jax.grad(f, argnums=(0, 1)), params, xs)
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+
+
 def test_fused_rejects_unsupported_cells():
     with pytest.raises(ValueError, match="coupled"):
         cell = cells.RHN(4, 2, coupled=False)

@@ -24,6 +24,8 @@ the default rounds them to TensorFloat-32 / bfloat16; :mod:`rhnzoo.precision`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -82,3 +84,32 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     """``jnp.einsum(spec, a, b)`` under the precision rule above."""
     return jnp.einsum(spec, cast(a, dtype), cast(b, dtype),
                       preferred_element_type=accumulation(dtype))  # fmt: skip
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    """``a [..., m] @ w [m, k] -> [..., k]`` under the precision rule above (as :func:`dot`),
+    and differentiated under it too. Autodiff's transpose of :func:`dot` multiplies the
+    float32 cotangent by the cast operand, a mixed float32 x bfloat16 product that XLA
+    runs in float32; here the cotangent is cast as well, so with ``dtype=bfloat16`` both
+    backward products (``da = g w^T``, ``dw = a^T g`` summed over the leading axes) take
+    bfloat16 inputs like the forward's, accumulating in float32. The gradients come back
+    in ``a``'s and ``w``'s dtypes. ``w`` must be 2-D."""
+    return dot(a, w, dtype)
+
+
+def _project_fwd(a, w, dtype):
+    return dot(a, w, dtype), (a, w)
+
+
+def _project_bwd(dtype, residuals, g):
+    a, w = residuals
+    lead = tuple(range(a.ndim - 1))
+    da = jax.lax.dot_general(cast(g, dtype), cast(w, dtype), (((g.ndim - 1,), (1,)), ((), ())),
+                             preferred_element_type=accumulation(dtype))  # fmt: skip
+    dw = jax.lax.dot_general(cast(a, dtype), cast(g, dtype), ((lead, lead), ((), ())),
+                             preferred_element_type=accumulation(dtype))  # fmt: skip
+    return da.astype(a.dtype), dw.astype(w.dtype)
+
+
+project.defvjp(_project_fwd, _project_bwd)

@@ -258,7 +258,8 @@ def unroll(
     if layer_loop not in (None, "scan", "python"):
         raise ValueError(f"layer_loop must be 'scan', 'python' or None, got {layer_loop!r}")
     loop = layer_loop == "python" or (layer_loop is None and cell.depth <= LOOP_LAYERS_UP_TO)
-    x_proj = jnp.swapaxes(_dot(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
+    # The projection's backward under the same rule (bfloat16 inputs where the forward's are).
+    x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
     s_T, ys = _unroll(params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype,
                       loop)  # fmt: skip
