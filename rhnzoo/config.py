@@ -1,10 +1,10 @@
 """The base of every task's config: a frozen dataclass whose fields are the settings.
 
 A setting is one line: a field declared with :func:`setting`, which carries its default,
-its help text (the script's ``--help``), its simple checks (``low``, ``choices``) and
-whether it may change when a run resumes. The scripts' flags are generated from the
-fields (:func:`rhnzoo.apps.cli.define_config_flags`); a run's ``config.json`` is
-:meth:`Config.to_dict`; a workdir resumes unless a structural field differs
+its help text (the script's ``--help``), its simple checks (``low``, ``high``,
+``choices``) and whether it may change when a run resumes. The scripts' flags are
+generated from the fields (:func:`rhnzoo.apps.cli.define_config_flags`); a run's
+``config.json`` is :meth:`Config.to_dict`; a workdir resumes unless a structural field differs
 (:meth:`Config.conflicts`), a field missing from an earlier ``config.json`` counting as
 its default. Presets are ``get_config(preset)`` in ``rhnzoo/configs/<task>.py``.
 """
@@ -21,9 +21,12 @@ import numpy as np
 from rhnzoo import precision
 
 C = TypeVar("C", bound="Config")
+# The greatest seed: JAX's PRNGKey(seed) keeps a seed's low 32 bits in its default
+# 32-bit mode (PRNGKey(2**32) == PRNGKey(0)), and NumPy's generators take no negative one.
+SEED_HIGH = 2**32 - 1
 
 
-def setting(default: Any, help: str, *, low: float | None = None,
+def setting(default: Any, help: str, *, low: float | None = None, high: float | None = None,
             choices: Sequence[Any] | None = None, resumable: bool = False,
             flag: bool = True) -> Any:  # fmt: skip
     """A config field: ``default``, its ``help`` text, its checks and its resume rule.
@@ -33,21 +36,23 @@ def setting(default: Any, help: str, *, low: float | None = None,
       help: one or two sentences for ``--help``.
       low: the least value allowed (ints and floats; None passes when the default is
         None); checked on construction.
+      high: the greatest value allowed (likewise).
       choices: the values allowed; checked on construction and the flag's enum.
       resumable: True where a resumed run may take another value (length, reporting,
         an implementation of the same function); False: structural, a resumed run
         with another value is refused.
       flag: False for a field a script does not offer as a flag.
     """
-    meta = {"help": help, "low": low, "choices": None if choices is None else tuple(choices),
-            "resumable": resumable, "flag": flag}  # fmt: skip
+    meta = {"help": help, "low": low, "high": high,
+            "choices": None if choices is None else tuple(choices), "resumable": resumable,
+            "flag": flag}  # fmt: skip
     return dataclasses.field(default=default, metadata=meta)
 
 
 def meta(f: dataclasses.Field) -> Mapping[str, Any]:
     """A field's :func:`setting` metadata (a plain field: structural, a flag, no help)."""
-    return {"help": "", "low": None, "choices": None, "resumable": False, "flag": True,
-            **f.metadata}  # fmt: skip
+    return {"help": "", "low": None, "high": None, "choices": None, "resumable": False,
+            "flag": True, **f.metadata}  # fmt: skip
 
 
 def strict(obj: Any) -> Any:
@@ -68,9 +73,10 @@ def strict(obj: Any) -> Any:
 class Config:
     """A frozen, checked settings record.
 
-    Subclasses declare fields with :func:`setting`; each field's ``low`` / ``choices``
-    are checked on construction (and no string may be empty), then :meth:`check`
-    (override it for rules between fields), so a config that exists is a valid one.
+    Subclasses declare fields with :func:`setting`; each field's ``low`` / ``high`` /
+    ``choices`` are checked on construction (and no string may be empty), then
+    :meth:`check` (override it for rules between fields), so a config that exists is a
+    valid one.
 
     Raises (on construction):
       ValueError: one line naming the flag, for a value out of range.
@@ -84,13 +90,15 @@ class Config:
                 raise ValueError(f"--{f.name} must be one of {shown}, got {value!r}")
             if m["low"] is not None and value is not None and not value >= m["low"]:
                 raise ValueError(f"--{f.name} must be >= {m['low']}, got {value!r}")
+            if m["high"] is not None and value is not None and not value <= m["high"]:
+                raise ValueError(f"--{f.name} must be <= {m['high']}, got {value!r}")
             if isinstance(value, str) and not value.strip():
                 raise ValueError(f"--{f.name} must not be empty (leave it out for the default)")
         self.check()
 
     def check(self) -> None:
         """Raises ValueError (one line) for settings that do not go together; the base
-        checks nothing beyond the fields' own ``low`` and ``choices``."""
+        checks nothing beyond the fields' own ``low``, ``high`` and ``choices``."""
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, strict: bool = True) -> Self:
@@ -215,7 +223,8 @@ class RunSettings(Config):
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    seed: int = setting(0, "Random seed (initialisation, dropout, batch order).")
+    seed: int = setting(0, f"Random seed (initialisation, dropout, batch order): 0 to "
+                        f"{SEED_HIGH}.", low=0, high=SEED_HIGH)
     max_steps: int | None = setting(
         None, "Stop after this many train steps in all.", low=1, resumable=True)
     max_epochs: int | None = setting(None, "Stop after this many epochs in all.", low=1,

@@ -1,30 +1,43 @@
-"""Issue 48's bad-input table: every script in ``experiments/`` answers bad input with
-exactly one ``error: ...`` line on stderr and exit status 1, and writes nothing.
+"""The bad-input table (issues 48, 58, 62): every script in ``experiments/`` answers bad
+input with exactly one ``error: ...`` line on stderr and exit status 1, and writes nothing.
 
-Each case runs the script in a subprocess with ``cwd=tmp_path``; where the script has a
-workdir it points into ``tmp_path`` and where it reads data the data directory does not
-exist and nothing is downloaded, so a case the script fails to refuse stops at the data
-(with another message) instead of training. After the run ``tmp_path`` must hold exactly
-what the case made there beforehand (nothing, or an analysis workdir's corrupt
-``config.json``). absl's ``--help`` (exit 1 by design) is no bad input and not here.
+One row per bad input. One row per script (:data:`IN_A_PROCESS`) runs the script in a
+subprocess, for what only a process shows: the exit status, the whole of stderr (no
+traceback, no library log line), absl's ``app.run`` wiring. Every other row runs in this
+process through the same path: the script's flags defined on a fresh copy of absl's
+``FLAGS`` (:func:`script_flags`), its command line parsed by
+:func:`rhnzoo.apps.cli.parse_flags` and its ``main`` run; the ``SystemExit`` must carry
+the one ``error:`` line and nothing may reach stderr.
 
-Placeholders in a case's arguments: ``{tmp}`` (the test's ``tmp_path``) and ``{port}``
+Each row runs with ``tmp_path`` as the working directory; where the script has a workdir
+it points into ``tmp_path`` and where it reads data the data directory does not exist
+and nothing is downloaded, so a row the script fails to refuse stops at the data (with
+another message) instead of training; a row about a value only data can refute reads a
+tiny made-up PTB in ``{tmp}/data`` (:data:`TINY_PTB`). After the run ``tmp_path`` must
+hold exactly what the row made there beforehand (nothing, the tiny PTB, or an analysis
+workdir's corrupt ``config.json``). absl's ``--help`` (exit 1 by design) is no bad input
+and not here.
+
+Placeholders in a row's arguments: ``{tmp}`` (the test's ``tmp_path``) and ``{port}``
 (a free TCP port on localhost, for a coordinator nobody runs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import pathlib
+import runpy
 import socket
 import subprocess
 import sys
 
 import pytest
+from absl import flags, logging
 
-# Each case starts a Python that imports JAX (about 3.7 s of CPU): 76 cases take about
-# 2.5 minutes with -n 2 on 2 idle cores (282 CPU-s in all).
-pytestmark = pytest.mark.slow
+from rhnzoo.apps import analyze, cli, highway, jsb, lm, rrl
+from rhnzoo.training import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NO_DATA = ("--data_dir=/nonexistent", "--nodownload")
@@ -42,7 +55,23 @@ FLOW = ("--flow", "--out={tmp}/flow")  # analyze.py without a run: its options c
 # analyze.py's workdir whose config.json is corrupt (made before the run).
 CORRUPT = "corrupt/config.json"
 
-# (script, args, a substring of the error line[, why it is not answered so yet])
+# A tiny made-up PTB (made in {tmp}/data before the row runs): for values only data refute.
+TINY_PTB = "--data_dir={tmp}/data --noverify_data --preset=small"
+# The row of each script that runs in a subprocess (the rest run in this process).
+IN_A_PROCESS = {
+    "ptb.py": "--distributed --coordinator_address=localhost:{port} --num_processes=2 "
+              "--process_id=1 --distributed_timeout=1",  # JAX's global settings change
+    "char.py": "--preset=small --max_steps=2 foo",
+    "rrl.py": "--jobs=2 --distributed",
+    "jsb.py": "--preset=cpu --max_steps=2 foo",
+    "highway.py": "--seeds=2",
+    "sweep.py": "--dry_run -- --bogus=1",
+    "analyze.py": f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}",
+}
+# The script's main, as its ``if __name__ == "__main__"`` passes it to cli.run_app.
+MAIN = {"highway.py": lambda g: g["highway"].main, "sweep.py": lambda g: g["depth_sweep"].main}
+
+# (script, args, a substring of the error line)
 CASES = [
     # ---------------------------------------------------------------- ptb.py
     ("ptb.py", "--preset=small --max_steps=2 foo", "unexpected arguments foo"),
@@ -132,6 +161,38 @@ CASES = [
     ("ptb.py", "--max_epoch=-1", "--max_epoch must be >= 0, got -1"),
     ("rrl.py", "--model=rrn --rrn_depth=0", "--rrn_depth must be >= 1, got 0"),
     ("sweep.py", "--dry_run -- --unroll=0", "--unroll must be >= 1, got 0"),
+    # issue 62, item 2: values the flags accept and the program cannot take
+    *((s, "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999")
+      for s in ("ptb.py", "char.py", "rrl.py", "jsb.py", "highway.py")),
+    ("ptb.py", "--seed=-1", "--seed must be >= 0, got -1"),
+    ("sweep.py", "--dry_run -- --seed=99999999999999999999", "--seed must be <= 4294967295"),
+    ("rrl.py", "--seed=4294967295 --seeds=2",
+     "--seed=4294967295 with --seeds=2: the last seed, 4294967296, must be <= 4294967295"),
+    ("ptb.py", "--hidden_size=100000",
+     "--hidden_size=100000, --depth=10: the parameters and optimizer state alone take"),
+    ("char.py", "--hidden_size=100000", "GiB, more than the"),
+    ("rrl.py", "--hidden_size=10000000", "--model=lstm, --hidden_size=10000000, --embed_size"),
+    ("sweep.py", "--depths=10 -- --hidden_size=100000", "--hidden_size=100000, --depth=10:"),
+    # issue 62, item 3: flags that contradict or do nothing
+    ("rrl.py", "--table --study=rrn", "--table (the --models' Table 3) and --study=rrn"),
+    ("ptb.py", "--nohsg --hsg_init_bias=1.0", "--hsg_init_bias=1.0 sets the Highway State "
+                                              "Gate's bias: it needs --hsg"),
+    ("rrl.py", "--stack_seeds --seeds=1", "--stack_seeds stacks a row's --seeds: it needs "
+                                          "--seeds > 1"),
+    ("sweep.py", "--stack_seeds --dry_run", "--stack_seeds stacks a row's --seeds"),
+    ("ptb.py", "--max_epoch=10 --max_max_epoch=2",
+     "--max_epoch=10 (epochs at the initial learning rate) exceeds --max_max_epoch=2"),
+    ("rrl.py", "--buckets=100 --max_len=16", "--buckets=100 at --max_len=16 gives only 2 "
+                                             "distinct padded lengths (8, 16)"),
+    ("sweep.py", "--depths=", "--depths must name at least one depth"),
+    ("sweep.py", "--table", "--root={tmp}/sweep does not exist: no runs to tabulate"),
+    ("sweep.py", "--table --root={tmp}", "--root={tmp} holds no run"),
+    ("char.py", "--preset=small --dataset=enwik8", "--preset=small is sized for "
+                                                   "--dataset=ptb_char, not --dataset=enwik8"),
+    # issue 62, item 4: checked early, by the right flag's name
+    ("rrl.py", "--coverage=1.5", "--coverage must be a fraction in (0, 1], got 1.5"),
+    ("ptb.py", f"--eval_batch_size=1000000 {TINY_PTB}",
+     "--eval_batch_size=1000000 is too large for the valid split's"),
 ]
 # Options of analyze.py checked without a run: --flow --out (nothing to read first).
 _ANALYZE_OPTIONS = ("--lesion_tokens", "--heatmap_steps", "--flow_steps", "--mc_samples",
@@ -175,13 +236,109 @@ def _param(script: str, args: str, expected: str):
                         id=f"{script.removesuffix('.py')}:{args or '(none)'}")  # fmt: skip
 
 
-@pytest.mark.parametrize("script,args,expected", [_param(*case) for case in CASES])
-def test_bad_input_is_one_error_line(tmp_path, script, args, expected):
+def _prepare(tmp_path: pathlib.Path, args: str) -> tuple[list[str], dict[str, str]]:
+    """What the row needs in ``tmp_path`` before the run (a corrupt config.json, the tiny
+    PTB); returns ``tmp_path``'s listing then and the placeholders' values."""
     if CORRUPT.split("/")[0] in args:
         (tmp_path / CORRUPT).parent.mkdir()
         (tmp_path / CORRUPT).write_text("{")
-    before = _tree(tmp_path)
-    fill = {"tmp": str(tmp_path), "port": str(_free_port())}
+    if TINY_PTB in args:
+        (tmp_path / "data").mkdir()
+        words = [f"w{i % 50}" for i in range(3000)]
+        for split, n in (("train", 2000), ("valid", 500), ("test", 500)):
+            lines = [" ".join(words[i:i + 20]) for i in range(0, n, 20)]
+            (tmp_path / "data" / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
+    return _tree(tmp_path), {"tmp": str(tmp_path), "port": str(_free_port())}
+
+
+def _absl_flags() -> set[str]:
+    """The names (and short names) of absl's own flags on ``FLAGS`` (logging's, app's)."""
+    return {n for module, defined in flags.FLAGS.flags_by_module_dict().items()
+            if module.startswith("absl.") for f in defined for n in (f.name, f.short_name)
+            if n}  # fmt: skip
+
+
+@contextlib.contextmanager
+def script_flags():
+    """absl's global ``FLAGS`` as a fresh process has it (absl's own flags, copied) for
+    the block, where a script may define and parse its flags; its earlier state after it,
+    the flags' values and absl's logging verbosity included. The scripts define their
+    flags on the global ``FLAGS`` (absl's ``DEFINE_*`` default to it), so their flags
+    live on a copy of its state, not on another ``FlagValues``."""
+    F, verbosity = flags.FLAGS, logging.get_verbosity()
+    saved = dict(F.__dict__)
+    absl_names = _absl_flags()
+    F.__dict__.update(copy.deepcopy(saved))
+    try:
+        for name in [n for n in F if n not in absl_names]:
+            delattr(F, name)
+        yield F
+    finally:
+        F.__dict__.clear()
+        F.__dict__.update(saved)
+        logging.set_verbosity(verbosity)
+
+
+def run_in_process(script: str, argv: list[str], monkeypatch) -> SystemExit | None:
+    """Runs ``experiments/<script>`` with ``argv`` in this process as its ``__main__``
+    would: its flags (:func:`script_flags`), :func:`rhnzoo.apps.cli.parse_flags`, its
+    ``main``. Returns the ``SystemExit`` it ended with (None: it returned)."""
+    for module, name in ((lm, "_NAMES"), (rrl, "_NAMES"), (highway, "_NAMES"),
+                         (jsb, "_NAMES"), (analyze, "_OPTIONS")):  # fmt: skip
+        monkeypatch.setattr(module, name, [])  # filled again by the script's define_flags
+    command = [script, *argv]
+    monkeypatch.setattr(sys, "argv", command)
+    environ = dict(os.environ)
+    try:
+        with script_flags():
+            g = runpy.run_path(str(ROOT / "experiments" / script), run_name="bad_input_table")
+            main = MAIN.get(script, lambda g: g["main"])(g)
+            main(cli.parse_flags(command, positional=script == "sweep.py"))
+    except SystemExit as e:
+        return e
+    finally:
+        signals.release_signals()  # cli.main catches SIGTERM / SIGINT
+        os.environ.clear()
+        os.environ.update(environ)
+    return None
+
+
+def _subprocess_cases():
+    return [_param(script, args, expected) for script, args, expected in CASES
+            if IN_A_PROCESS[script] == args]  # fmt: skip
+
+
+def _in_process_cases():
+    return [_param(script, args, expected) for script, args, expected in CASES
+            if IN_A_PROCESS[script] != args]  # fmt: skip
+
+
+def test_every_script_has_its_subprocess_row():
+    assert sorted(p.values[0] for p in _subprocess_cases()) == sorted(BASE)
+
+
+@pytest.mark.parametrize("script,args,expected", _in_process_cases())
+def test_bad_input_is_one_error_line(tmp_path, monkeypatch, capfd, script, args, expected):
+    before, fill = _prepare(tmp_path, args)
+    argv = [a.format(**fill) for a in _argv(script, args)]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RHNZOO_DATA", "/nonexistent")
+    monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
+    end = run_in_process(script, argv, monkeypatch)
+    err = capfd.readouterr().err
+    shown = f"{script} {' '.join(argv)}\nexit {end and end.code!r}\nstderr:\n{err}"
+    assert end is not None and isinstance(end.code, str), shown  # sys.exit(str): status 1
+    lines = end.code.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), shown
+    assert expected.format(**fill) in lines[0], shown
+    assert err == "", shown
+    assert _tree(tmp_path) == before, shown
+
+
+@pytest.mark.slow  # each starts a Python that imports JAX (about 3.7 s of CPU)
+@pytest.mark.parametrize("script,args,expected", _subprocess_cases())
+def test_bad_input_in_a_process_is_one_error_line(tmp_path, script, args, expected):
+    before, fill = _prepare(tmp_path, args)
     argv = [a.format(**fill) for a in _argv(script, args)]
     env = {**os.environ, "RHNZOO_DATA": "/nonexistent"}
     env.pop("RHNZOO_TRACEBACK", None)
@@ -194,3 +351,87 @@ def test_bad_input_is_one_error_line(tmp_path, script, args, expected):
     assert len(lines) == 1 and lines[0].startswith("error: "), shown
     assert expected.format(**fill) in lines[0], shown
     assert _tree(tmp_path) == before, shown
+
+
+def test_script_flags_leave_the_global_flags_as_they_were(monkeypatch, tmp_path):
+    """The in-process rows define each script's flags on a copy of absl's state: after a
+    row the global ``FLAGS`` has the same flags, values and verbosity as before."""
+    before = {n: flags.FLAGS[n].value for n in flags.FLAGS}
+    verbosity = logging.get_verbosity()
+    monkeypatch.chdir(tmp_path)
+    end = run_in_process("ptb.py", ["--bogus=1"], monkeypatch)
+    assert end is not None and "Unknown command line flag 'bogus'" in end.code
+    assert {n: flags.FLAGS[n].value for n in flags.FLAGS} == before
+    assert logging.get_verbosity() == verbosity
+
+
+# ------------------------------------------- issue 62, item 5: library log lines on stderr
+
+
+def test_a_checkpoint_with_unreadable_metadata_logs_nothing(tmp_path, caplog):
+    """A resumed run whose latest checkpoint has a zeroed ``_CHECKPOINT_METADATA`` (what a
+    crash can leave): orbax reads on without it, and its ``Failed to json parse Metadata
+    file`` ERROR record does not reach the user (the engine's own lines say what
+    happened)."""
+    import logging as pylogging
+
+    from rhnzoo.training import engine
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import engine_toy
+
+    config = lambda steps: engine_toy.ToyConfig(epochs=3, progress=False, max_steps=steps,
+                                                checkpoint_every_steps=5)  # fmt: skip
+    engine.run(engine_toy.make_task(), config(12), tmp_path, log=None)
+    metadata = tmp_path / "checkpoints" / "12" / "_CHECKPOINT_METADATA"
+    metadata.write_bytes(b"\0" * len(metadata.read_bytes()))
+    lines = []
+    with caplog.at_level(pylogging.WARNING):
+        engine.run(engine_toy.make_task(), config(20), tmp_path, log=lines.append)
+    assert [r.getMessage()[:80] for r in caplog.records] == []
+    assert any(line.startswith(f"resumed {tmp_path} at step 12") for line in lines), lines
+
+
+def test_tfds_failures_are_our_line_alone(monkeypatch, caplog):
+    """TFDS logs through absl (``W... Variant folder ... has no dataset_info.json``) before
+    it fails; the failure is one DataError line and the log record does not reach the user."""
+    import logging as pylogging
+
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from rhnzoo.data import common
+
+    def data_source(name, split, data_dir):
+        logging.warning("Variant folder %s/%s has no dataset_info.json", data_dir, name)
+        raise FileNotFoundError(f"{name} is not prepared in {data_dir}")
+
+    monkeypatch.setattr(tfds, "data_source", data_source)
+    with caplog.at_level(pylogging.DEBUG), pytest.raises(common.DataError, match="not prepared"):
+        common.tfds_examples("mnist", "train", "/nowhere")
+    assert caplog.records == []
+
+
+def test_tfds_data_source_has_what_it_imports(tmp_path):
+    """``--data_source=tfds`` from the ``[tfds]`` / ``[test]`` extras: ``tfds.data_source``
+    imports what it needs (importlib_resources, which tensorflow-datasets 4.9 does not
+    declare); on a data directory without the set it fails for the missing set, not for
+    a missing module."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with pytest.raises(Exception) as e:  # noqa: PT011 - TFDS's own error, whichever it is
+        tfds.data_source("mnist", split="train", data_dir=str(tmp_path), download=False)
+    assert not isinstance(e.value, ImportError), e.value
+
+
+@pytest.mark.slow  # a process: absl's log handler is app.run's
+def test_sweep_table_prints_no_library_log_line(tmp_path):
+    """``sweep.py --table`` reads JAX's devices for its plots: absl's ``Unable to
+    initialize backend 'tpu'`` INFO line must not reach stderr (the scripts log at WARNING
+    unless --verbosity is given)."""
+    run = tmp_path / "d10_rhn"
+    run.mkdir()
+    (run / "config.json").write_text('{"depth": 10, "hsg": false}')
+    (run / "results.json").write_text('{"valid_ppl": 70.0, "test_ppl": 68.0}')
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"),
+                           f"--root={tmp_path}", "--table"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "| 10 | 70.0 | 68.0 |" in proc.stdout

@@ -10,6 +10,8 @@
   shows the traceback instead. :func:`run_app` makes flag errors one line too.
 * :func:`initialize_distributed`: ``jax.distributed.initialize`` from a config's
   :class:`~rhnzoo.config.DistributedSettings`.
+* :func:`check_fits`: one line, before anything is written, for a model whose
+  parameters and optimizer state cannot fit a device's memory.
 * :func:`define_precision_flag`: ``--matmul_precision`` for scripts without a config
   (the benchmarks).
 * :func:`write_learning_curves`: a finished single run's ``learning_curves.png``.
@@ -178,6 +180,47 @@ def _wait_for_port(address: str, timeout: float) -> None:
         time.sleep(0.5)
 
 
+def device_memory(device: jax.Device | None = None) -> tuple[int, str]:
+    """``(bytes, where)``: the memory of ``device`` (default: the first local one) as its
+    allocator reports it (``memory_stats()['bytes_limit']``: GPU, TPU), else the host's
+    physical memory (``os.sysconf``: a CPU device, which shares it)."""
+    device = device or jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.device_kind} {device.id}"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host (physical memory)"
+
+
+def check_fits(state: Callable[[], Any], sizes: str) -> int:
+    """Refuses a model whose training state cannot fit one device: ``state()`` (e.g. the
+    parameters and optimizer state at initialisation, replicated on every device) is
+    traced abstractly (:func:`jax.eval_shape`: nothing allocated) and its bytes compared
+    with :func:`device_memory`. The state is a lower bound of what training holds (no
+    gradients, activations or compiled programs), so a refused run could not have run;
+    one that passes may still run out.
+
+    Args:
+      state: builds the state (called under :func:`jax.eval_shape`).
+      sizes: the settings that size it, for the message (``'--hidden_size=100000,
+        --depth=10'``).
+
+    Returns:
+      The state's bytes.
+
+    Raises:
+      ValueError: (one line, naming ``sizes`` and both sizes in GiB) the state alone
+        exceeds the memory.
+    """
+    shapes = jax.eval_shape(state)
+    need = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    have, where = device_memory()
+    if need > have:
+        raise ValueError(f"{sizes}: the parameters and optimizer state alone take "
+                         f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+                         f"memory of the {where}")  # fmt: skip
+    return need
+
+
 class _PrecisionParser(flags.ArgumentParser):
     """Parses a matmul precision to its level (``float32`` -> ``highest``)."""
 
@@ -230,28 +273,39 @@ def define_precision_flag() -> None:
                  config_lib.meta(field)["help"])
 
 
+def parse_flags(argv: Sequence[str], positional: bool = False) -> list[str]:
+    """Parses a script's command line ``argv`` (``argv[0]`` the program) into the flags
+    defined on absl's ``FLAGS``, as :func:`run_app` does before the script's ``main``.
+
+    Returns:
+      ``argv[0]`` and, with ``positional``, the positional arguments after it.
+
+    Raises:
+      SystemExit: with one ``error: ...`` line (exit status 1) for an unknown flag or
+        enum value, a malformed number, a non-finite float (no float flag means
+        anything at NaN or inf), or positional arguments unless ``positional``.
+    """
+    try:
+        argv = FLAGS(list(argv))
+    except flags.Error as e:
+        sys.exit(f"error: {' '.join(str(e).split())}")
+    if len(argv) > 1 and not positional:
+        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
+    for name in FLAGS:
+        flag = FLAGS[name]
+        if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None
+                and not math.isfinite(flag.value)):  # fmt: skip
+            sys.exit(f"error: --{flag.name} must be a finite number, got {flag.value}")
+    return argv
+
+
 def run_app(main_fn: Callable[[list[str]], Any], positional: bool = False) -> None:
-    """``absl.app.run(main_fn)`` whose flag errors (an unknown flag or enum value, a
-    malformed number, a non-finite float: no float flag means anything at NaN or inf) are
-    one ``error: ...`` line and exit status 1, like every other error; so are positional
-    arguments unless ``positional`` (then ``main_fn`` gets them in ``argv[1:]``)."""
+    """``absl.app.run(main_fn)`` whose flag errors are one ``error: ...`` line and exit
+    status 1, like every other error (:func:`parse_flags`); so are positional arguments
+    unless ``positional`` (then ``main_fn`` gets them in ``argv[1:]``)."""
     from absl import app
 
-    def parse(argv):
-        try:
-            argv = FLAGS(argv)
-        except flags.Error as e:
-            sys.exit(f"error: {' '.join(str(e).split())}")
-        if len(argv) > 1 and not positional:
-            sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
-        for name in FLAGS:
-            flag = FLAGS[name]
-            if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None
-                    and not math.isfinite(flag.value)):  # fmt: skip
-                sys.exit(f"error: --{flag.name} must be a finite number, got {flag.value}")
-        return argv
-
-    app.run(main_fn, flags_parser=parse)
+    app.run(main_fn, flags_parser=lambda argv: parse_flags(argv, positional))
 
 
 def main(fn: Callable[[], Any]) -> Any:

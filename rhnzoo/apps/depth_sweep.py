@@ -62,6 +62,8 @@ def main(argv) -> None:
         depths = [int(d) for d in FLAGS.depths]
     except ValueError:
         sys.exit(f"error: --depths must be integers, got {','.join(FLAGS.depths)}")
+    if not depths:
+        sys.exit("error: --depths must name at least one depth")
     if any(d < 1 for d in depths):
         sys.exit(f"error: depths must be >= 1, got {depths}")
     root = pathlib.Path(FLAGS.root)
@@ -69,18 +71,7 @@ def main(argv) -> None:
     if FLAGS.table:
         if extra:
             sys.exit(f"error: --table takes no ptb.py flags, got {extra}")
-        runs = read_runs(root)
-        text = table(depths, runs)
-        print(text)
-        unfinished = [r["workdir"].name for r in runs if r["results"] is None]
-        if unfinished:
-            print(f"\nno results.json yet (not in the table): {', '.join(unfinished)}")
-        diverged = [r["workdir"].name for r in runs if diverged_run(r)]
-        if diverged:
-            print(f"\ndiverged (not in the table): {', '.join(diverged)}")
-        out = pathlib.Path(FLAGS.out) if FLAGS.out else root
-        for path in [tables.write_table(out / TABLE, text), *write_plots(runs, out)]:
-            print(f"wrote {path}")
+        cli.main(lambda: table_command(depths, root))  # one line for an unreadable run
         return
 
     owned = [a for a in extra if a.split("=")[0].lstrip("-") in SWEEP_OWNED]
@@ -94,6 +85,32 @@ def main(argv) -> None:
     if stray:
         sys.exit(f"error: unexpected arguments {' '.join(stray)} (ptb.py's flags go after --)")
     cli.main(lambda: (dry_run if FLAGS.dry_run else experiment)(depths, root, extra))
+
+
+def table_command(depths: list[int], root: pathlib.Path) -> None:
+    """``--table``: prints the table of the runs under ``root`` (:func:`table`), names
+    the unfinished and diverged ones, writes it and the plots to ``--out`` (default:
+    ``root``). Raises ValueError (one line) for a missing or empty ``root`` or an
+    unreadable run, before anything is written."""
+    if not root.is_dir():
+        raise ValueError(f"--root={root} does not exist: no runs to tabulate")
+    runs = read_runs(root)
+    if not runs:
+        raise ValueError(f"--root={root} holds no run (no <run>/config.json): nothing to "
+                         "tabulate")  # fmt: skip
+    text = table(depths, runs)
+    for run in runs:  # an unreadable metrics.jsonl: one line before anything is written
+        workdir_lib.read_metrics(run["workdir"])
+    print(text)
+    unfinished = [r["workdir"].name for r in runs if r["results"] is None]
+    if unfinished:
+        print(f"\nno results.json yet (not in the table): {', '.join(unfinished)}")
+    diverged = [r["workdir"].name for r in runs if diverged_run(r)]
+    if diverged:
+        print(f"\ndiverged (not in the table): {', '.join(diverged)}")
+    out = pathlib.Path(FLAGS.out) if FLAGS.out else root
+    for path in [tables.write_table(out / TABLE, text), *write_plots(runs, out)]:
+        print(f"wrote {path}")
 
 
 def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple[str, LMConfig]]:
@@ -125,6 +142,7 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     del extra
     jobs, seeds = runner.from_flags()
     configs = run_configs(depths, root, seeds)
+    lm.check_fits(max((c for _, c in configs), key=lambda c: c.depth))  # the largest model
     first = configs[0][1]
     load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
                              verify=first.verify_data)  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from absl import flags
 
 from rhnzoo import cells, data
@@ -36,24 +37,67 @@ def define_flags(dataset: str, choices: list[str] | None = None) -> None:
 
 
 def config(dataset: str | None = None, **overrides: Any) -> LMConfig:
-    """The flags of data set ``dataset`` (None: ``--dataset``) as one :class:`LMConfig` (checked; ``to_dict()`` is ``config.json``):
-    ``--preset``'s settings, then the flags given, then ``overrides`` (e.g. a sweep run's
-    ``depth``, ``hsg``, ``workdir``). With HSG the RHN's T bias defaults to -2.5 (Shoham &
-    Permuter). Raises ValueError (one line) for a bad setting, or a cell flag given to a
-    cell without it."""
-    settings = {**cli.given(_NAMES), **overrides}
+    """The flags of data set ``dataset`` (None: ``--dataset``) as one :class:`LMConfig`
+    (checked; ``to_dict()`` is ``config.json``): ``--preset``'s settings, then the flags
+    given, then ``overrides`` (e.g. a sweep run's ``depth``, ``hsg``, ``workdir``). With
+    HSG the RHN's T bias defaults to -2.5 (Shoham & Permuter). A preset made for one data
+    set (:data:`rhnzoo.configs.lm.CHAR_PRESET_DATASETS`: ``small`` is PTB-char's)
+    implies it where ``--dataset`` is not given.
+
+    Raises:
+      ValueError: (one line) a bad setting; a cell flag given to a cell without it; a
+        flag given that does nothing with the others (``--hsg_init_bias`` without
+        ``--hsg``, ``--max_epoch`` past the schedule's ``--max_max_epoch``); a preset
+        given with another data set than its own.
+    """
+    given = cli.given(_NAMES)
+    settings = {**given, **overrides}
     cell = settings.get("cell", "rhn")
     stray = [f"--{k}" for k in lm_training.CELL_KEYS
              if k in settings and k not in cells.options(cell)]  # fmt: skip
     if stray:
         raise ValueError(f"{', '.join(stray)} does not apply to --cell={cell} (its "
                          f"options: {', '.join(cells.options(cell))})")  # fmt: skip
-    return lm_configs.get_config(FLAGS.preset, dataset or FLAGS.dataset, **settings)
+    cfg = lm_configs.get_config(FLAGS.preset, dataset or _dataset(FLAGS.preset), **settings)
+    if "hsg_init_bias" in given and not cfg.hsg:
+        raise ValueError(f"--hsg_init_bias={cfg.hsg_init_bias} sets the Highway State Gate's "
+                         "bias: it needs --hsg")  # fmt: skip
+    if "max_epoch" in given and cfg.max_epoch > cfg.max_max_epoch:
+        raise ValueError(f"--max_epoch={cfg.max_epoch} (epochs at the initial learning rate) "
+                         f"exceeds --max_max_epoch={cfg.max_max_epoch} (the schedule's epochs): "
+                         "the learning rate would never decay")  # fmt: skip
+    return cfg
+
+
+def _dataset(preset: str | None) -> str:
+    """``--dataset``, or the data set ``preset`` is made for where ``--dataset`` is not
+    given. Raises ValueError (one line) for a preset given with another data set."""
+    own = lm_configs.CHAR_PRESET_DATASETS.get(preset)
+    if own is None or own == FLAGS.dataset:
+        return FLAGS.dataset
+    if FLAGS["dataset"].present:
+        raise ValueError(f"--preset={preset} is sized for --dataset={own}, not "
+                         f"--dataset={FLAGS.dataset}; leave --preset out (and set the sizes) "
+                         "for another data set")  # fmt: skip
+    return own
+
+
+def check_fits(cfg: LMConfig) -> None:
+    """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a model of ``cfg`` whose
+    parameters and optimizer state cannot fit a device, before the data are read: sized
+    at a vocabulary of 2 symbols, a lower bound of any corpus's model."""
+
+    def state():
+        return lm_training.init_state(cfg.model(2), cfg, lm_training.make_optimizer(cfg, 1),
+                                      jax.random.PRNGKey(0))  # fmt: skip
+
+    depth = f", --depth={cfg.depth}" if "depth" in cells.options(cfg.cell) else ""
+    cli.check_fits(state, f"--hidden_size={cfg.hidden_size}{depth}")
 
 
 def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = None) -> None:
     """The language-model experiments' main: the flags as one config (:func:`config`,
-    checked before any data is read) -> data -> :func:`~rhnzoo.training.lm.train_and_evaluate`
+    checked, and its size (:func:`check_fits`), before any data is read) -> data -> :func:`~rhnzoo.training.lm.train_and_evaluate`
     -> the run's learning curves (:func:`rhnzoo.apps.cli.write_learning_curves`).
 
     Args:
@@ -64,6 +108,7 @@ def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = Non
     """
     cfg = config(dataset)
     cli.initialize_distributed(cfg)
+    check_fits(cfg)
     load = load_corpus or data.DATASETS[cfg.dataset].load
     corpus = load(cfg.data_dir, download=cfg.download, verify=cfg.verify_data)
     lm_training.train_and_evaluate(cfg, corpus)

@@ -14,6 +14,7 @@ import jax
 from absl import flags
 
 from rhnzoo.apps import cli, runner
+from rhnzoo.cells import registry
 from rhnzoo.configs import rrl as presets
 from rhnzoo.training import rrl
 from rhnzoo.training.rrl import RRLConfig
@@ -46,8 +47,41 @@ def define_flags() -> None:
 def config() -> RRLConfig:
     """The flags as one checked :class:`RRLConfig`: ``--preset``'s settings on
     ``--dataset`` (:func:`rhnzoo.configs.rrl.get_config`), the flags given over them.
-    Raises ValueError (one line) for a bad setting."""
-    return cli.config_from_flags(presets.get_config, _NAMES)
+
+    Raises:
+      ValueError: (one line) a bad setting; ``--table`` with ``--study`` (each is a run
+        of its own); ``--buckets`` given past the distinct padded lengths ``--max_len``
+        has (:meth:`~rhnzoo.training.rrl.TrainConfig.bucket_lengths`: the rest would do
+        nothing).
+    """
+    if FLAGS.table and FLAGS.study:
+        raise ValueError(f"--table (the --models' Table 3) and --study={FLAGS.study} (a study's "
+                         "own table) are separate runs: give one")  # fmt: skip
+    cfg = cli.config_from_flags(presets.get_config, _NAMES)
+    lengths = cfg.bucket_lengths()
+    if FLAGS["buckets"].present and cfg.buckets > len(lengths):
+        raise ValueError(f"--buckets={cfg.buckets} at --max_len={cfg.max_len} gives only "
+                         f"{len(lengths)} distinct padded lengths "
+                         f"({', '.join(map(str, lengths))}): use --buckets <= {len(lengths)}")
+    return cfg
+
+
+def check_fits(cfg: RRLConfig) -> None:
+    """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a classifier of ``cfg``
+    whose parameters and Adadelta state cannot fit a device, before the data are read:
+    sized at a vocabulary of 2 words and 2 classes, a lower bound of any data set's."""
+    pixels = cfg.dataset == "pmnist"
+    model = cfg.classifier(2, cfg.embed_size if pixels else None, None if pixels else 2)
+    tx = cfg.optimizer()
+
+    def state():
+        params = model.init(jax.random.PRNGKey(0))
+        return {"params": params, "opt_state": tx.init(params)}
+
+    hybrid = cfg.model in registry.PARALLEL_NAMES
+    size = f"--hybrid_hidden_size={cfg.hybrid_hidden_size}" if hybrid else \
+        f"--hidden_size={cfg.hidden_size}"  # fmt: skip
+    cli.check_fits(state, f"--model={cfg.model}, {size}, --embed_size={cfg.embedding_size()}")
 
 
 def experiment() -> None:
@@ -62,6 +96,8 @@ def experiment() -> None:
     configs = presets.runs(base, FLAGS.models if FLAGS.table else [base.model],
                            FLAGS.study)  # every run checked: one line  # fmt: skip
     cli.initialize_distributed(base)
+    for c in configs.values():
+        check_fits(c)
     primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
     preset = base.preset or "custom"
     root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}")

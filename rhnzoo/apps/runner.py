@@ -8,6 +8,7 @@ import sys
 
 from absl import flags
 
+from rhnzoo.config import SEED_HIGH
 from rhnzoo.training.sweep import LOG, MEMORY_SHARE, Jobs, stop_with_parent
 
 
@@ -44,12 +45,18 @@ def from_flags() -> tuple[Jobs, int]:
     ``--noprogress`` where the script has it.
 
     Raises:
-      ValueError: ``--jobs`` or ``--seeds`` < 1.
+      ValueError: ``--seeds`` < 1, ``--stack_seeds`` with one seed, a last seed
+        (``--seed`` + ``--seeds`` - 1) past :data:`rhnzoo.config.SEED_HIGH` (one line).
     """
     F = flags.FLAGS
     seeds = F.seeds if "seeds" in F else 1
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if "stack_seeds" in F and F.stack_seeds and seeds == 1:
+        raise ValueError("--stack_seeds stacks a row's --seeds: it needs --seeds > 1")
+    if seeds > 1 and "seed" in F and F.seed + seeds - 1 > SEED_HIGH:  # one: the config's check
+        raise ValueError(f"--seed={F.seed} with --seeds={seeds}: the last seed, "
+                         f"{F.seed + seeds - 1}, must be <= {SEED_HIGH}")  # fmt: skip
     stack = seeds > 1 and F.stack_seeds
     if F.sweep_run is not None:
         stop_with_parent()

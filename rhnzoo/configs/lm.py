@@ -46,6 +46,10 @@ CHAR_PRESETS = {
         drop_o=0.0, eval_num_steps=1000,
     ),
 }  # fmt: skip
+# The data set each character-level preset is sized for: ``char.py --preset=small`` alone
+# is PTB-char (the enwik8 defaults of char.py would apply its sizes to a 20x larger set and
+# download it), and the preset with another --dataset is refused (rhnzoo.apps.lm.config).
+CHAR_PRESET_DATASETS = {"small": "ptb_char"}
 
 
 def char_level(dataset: str) -> bool:

@@ -7,6 +7,7 @@ Data directory resolution (see `resolve_data_dir`): an explicit ``data_dir``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -308,6 +309,20 @@ def import_tfds():
     return tfds
 
 
+@contextlib.contextmanager
+def _absl_quiet():
+    """absl's logger (which TFDS logs to) silent for the block, as it was after it."""
+    from absl import logging
+
+    logger = logging.get_absl_logger()
+    level = logger.level
+    logger.setLevel(60)  # above CRITICAL (50)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = None):
     """All examples of TFDS data set `name`'s `split`, read with ``tfds.data_source``
     (ArrayRecord files, random access, no TensorFlow), and the source's features.
@@ -322,7 +337,8 @@ def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = No
     """
     tfds = import_tfds()
     try:
-        source = tfds.data_source(name, split=split, data_dir=data_dir)
+        with _absl_quiet():  # e.g. "W... has no dataset_info.json": the failure is our line
+            source = tfds.data_source(name, split=split, data_dir=data_dir)
         return [source[i] for i in range(len(source))], source.dataset_info.features
     except Exception as e:  # noqa: BLE001 - any TFDS failure becomes one line
         message = " ".join(f"{type(e).__name__}: {e}".split())

@@ -348,8 +348,9 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
       bookkeeping.
 
     Raises:
-      ValueError: bad settings for this corpus (batch too large, windows too long, batch
-        not divisible by the devices), or an incompatible workdir.
+      ValueError: bad settings for this corpus (training or final evaluation batch too
+        large, windows too long, batch not divisible by the devices), or an incompatible
+        workdir (the corpus checks before anything is written).
       engine.TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
       engine.Interrupted: a signal arrived (the state was saved).
     """
@@ -365,6 +366,11 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
     evaluate = Evaluator(model, mesh)
     cut = config.cut_short(steps_per_epoch)
     eval_batch = config.eval_batch_size or (config.batch_size if cut else 1)
+    for split in ("valid", "test"):  # before training: the final evaluation's batch fits
+        n = len(getattr(corpus, split))
+        if eval_batch > n // 2:
+            raise ValueError(f"--eval_batch_size={eval_batch} is too large for the {split} "
+                             f"split's {n:,} tokens (at most {n // 2:,}: two per row)")
 
     def init(key):
         state = sharding.put_tree(init_state(model, config, tx, key), sharding.replicated(mesh))

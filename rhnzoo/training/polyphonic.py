@@ -35,7 +35,7 @@ import optax
 
 from rhnzoo import cells
 from rhnzoo.cells import scan
-from rhnzoo.config import DataSettings, RunSettings, setting
+from rhnzoo.config import SEED_HIGH, DataSettings, RunSettings, setting
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
@@ -335,7 +335,7 @@ class StudySettings(TrainSettings):
     """
 
     seed: int = setting(0, "Seed of the hyperparameter draws, the initialisation and the "
-                        "batch order.")  # fmt: skip
+                        f"batch order: 0 to {SEED_HIGH}.", low=0, high=SEED_HIGH)  # fmt: skip
     width: int = setting(64, "RHN width defining the target parameter count at each depth "
                          "(the other cells get the width with the nearest count).", low=1)
     max_steps: int | None = setting(None, "Stop every trial after this many steps.", low=1)

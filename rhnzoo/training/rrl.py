@@ -124,7 +124,7 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     Raises:
       ValueError: (one line, on construction) an unknown cell or data set, a bad cell
         setting, a training setting out of range, a drop probability outside [0, 1),
-        ``subset`` < 1, a bad run setting.
+        ``subset`` < 1, ``coverage`` outside (0, 1], a bad run setting.
     """
 
     # The model: the cell and its width (Table 2), the embedding (m) or pixel.
@@ -165,8 +165,8 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
         "word2vec", "Text: 'word2vec' (trained on the training split, cached), 'random' "
         "(learned from scratch) or a word2vec file.")
     coverage: float = setting(0.95, "Vocabulary: most frequent words covering this fraction "
-                              "of the training tokens; the rest is <unk>.")
-    dev_seed: int = setting(0, "Seed of the 15 % dev split.")
+                              "(in (0, 1]) of the training tokens; the rest is <unk>.")
+    dev_seed: int = setting(0, "Seed of the 15 % dev split.", low=0)
     permute: bool = setting(True, "P-MNIST: the fixed pixel permutation (--nopermute: "
                             "sequential MNIST).")
     data_source: str = setting("files", "Original files (download, checksum, cache) or "
@@ -184,6 +184,8 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
         dropout.check_rate("--drop", self.drop)
         dropout.check_rate("--input_drop", self.input_drop)
+        if not 0 < self.coverage <= 1:
+            raise ValueError(f"--coverage must be a fraction in (0, 1], got {self.coverage}")
 
     def cell(self):
         """The recurrent layer: :func:`rhnzoo.cells.make` of ``model`` with

@@ -234,7 +234,10 @@ class Checkpoints:
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=False
         )
-        return ocp.CheckpointManager(self.workdir / name, options=opts)
+        with _quiet_orbax():  # an unreadable step's metadata: orbax logs it at ERROR, then
+            # reads on without it (only its timestamp); an unreadable checkpoint is this
+            # module's warning when it is restored (restore_latest)
+            return ocp.CheckpointManager(self.workdir / name, options=opts)
 
     def _save(self, manager: ocp.CheckpointManager, step: int, tree: Any) -> None:
         with _quiet_orbax():
@@ -449,7 +452,8 @@ def restore_params(workdir: PathLike) -> Params | None:
     def latest(directory: pathlib.Path) -> Any | None:
         if not directory.is_dir():
             return None
-        manager = ocp.CheckpointManager(directory.absolute())
+        with _quiet_orbax():  # as Checkpoints._manager
+            manager = ocp.CheckpointManager(directory.absolute())
         try:
             step = manager.latest_step()
             with _quiet_orbax():
