@@ -173,6 +173,9 @@ CASES = [
     ("char.py", "--hidden_size=100000", "GiB, more than the"),
     ("rrl.py", "--hidden_size=10000000", "--model=lstm, --hidden_size=10000000, --embed_size"),
     ("sweep.py", "--depths=10 -- --hidden_size=100000", "--hidden_size=100000, --depth=10:"),
+    ("highway.py", "--width=1000000", "--kind=highway, --width=1000000, --depth=10: the "),
+    ("highway.py", "--sweep --width=1000000 --depths=10,20", "--kind=plain, --width=1000000, "
+                                                             "--depth=20: the parameters"),
     # issue 62, item 3: flags that contradict or do nothing
     ("rrl.py", "--table --study=rrn", "--table (the --models' Table 3) and --study=rrn"),
     ("ptb.py", "--nohsg --hsg_init_bias=1.0", "--hsg_init_bias=1.0 sets the Highway State "

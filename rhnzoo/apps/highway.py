@@ -56,8 +56,23 @@ def experiment() -> None:
     ``--matmul_precision`` (the figures' evaluations too)."""
     jobs, seeds = runner.from_flags()
     cfg = config_from_flags(jobs, seeds)
+    check_fits(cfg)
     with precision.context(cfg.matmul_precision):
         train_and_evaluate(cfg, jobs)
+
+
+def check_fits(cfg: HighwayConfig) -> None:
+    """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a net of ``cfg`` (with
+    ``--sweep``: each kind at its deepest) whose parameters and SGD momentum cannot fit a
+    device, before the data are read."""
+    import jax
+
+    depth = max(int(d) for d in cfg.depths) if cfg.sweep else cfg.depth
+    tx, _ = hw.make_optimizer(cfg, 1.0)  # the rate shapes no state
+    for kind in ("plain", "highway") if cfg.sweep else (cfg.kind,):
+        net = cfg.net(kind, depth)
+        cli.check_fits(lambda net=net: hw.init_state(net, tx, jax.random.PRNGKey(0)),
+                       f"--kind={kind}, --width={net.width}, --depth={depth}")  # fmt: skip
 
 
 def _load(cfg: HighwayConfig):
