@@ -64,7 +64,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["crash_rerun"]  # a test whose xdist worker crashes runs once more
+pytest_plugins = ["crash_rerun",  # a test whose xdist worker crashes runs once more
+                  "map_limit"]  # JAX's caches emptied before XLA:CPU runs out of mappings
 
 from rhnzoo.data import common as data_common  # noqa: E402
 
