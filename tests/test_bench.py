@@ -199,6 +199,25 @@ def test_cli_tiny_prints_one_json_record():
     assert r["eval_batch1_tokens_per_s"] > 0 and r["compile_s"] > 0 and r["peer_compile_s"] > 0
 
 
+@pytest.mark.parametrize("layer_loop,per_layer", [("auto", True), ("scan", False),
+                                                  ("python", True)])  # fmt: skip
+def test_layer_loop_reaches_the_traced_step_and_is_recorded(monkeypatch, layer_loop, per_layer):
+    """``--layer_loop`` picks the fused RHN's micro-layer layout of the compiled train step
+    (seen by what the layer loop is given: per-layer weight lists or the stacked weights),
+    is recorded as resolved, and leaves the module's default as it was."""
+    from rhnzoo.cells import rhn_fused
+
+    seen, layer_scan = [], rhn_fused._layer_scan
+    monkeypatch.setattr(rhn_fused, "_layer_scan",
+                        lambda layer, carry, xs, reverse=False: seen.append(
+                            isinstance(xs[0], list)) or layer_scan(layer, carry, xs, reverse))  # fmt: skip
+    default = rhn_fused.LOOP_LAYERS_UP_TO
+    r = bench_lm.bench("tiny", bench_lm.CONFIGS["tiny"], peer=False, steps=0, layer_loop=layer_loop)
+    assert seen and set(seen) == {per_layer}
+    assert r["layer_loop"] == ("python" if per_layer else "scan")
+    assert rhn_fused.LOOP_LAYERS_UP_TO == default
+
+
 def test_cli_unknown_config_is_a_one_line_error():
     proc = run_cli("--configs=nope")
     assert proc.returncode != 0

@@ -174,6 +174,46 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     assert len(copies) == 2 * L, copies
 
 
+def _while_body_ops(hlo, shape):
+    """The instructions of the optimized HLO's while-loop bodies (the time scans and any
+    layer scan inside them) that materialise an array of ``shape`` (a regex): copies,
+    slices, transposes, gathers and loop fusions (a fused slice is a loop fusion)."""
+    comps, name = {}, None
+    for line in hlo.splitlines():
+        if m := re.match(r"^(?:ENTRY )?%(\S+) \(.*\{$", line):
+            name = m.group(1)
+            comps[name] = []
+        elif name:
+            comps[name].append(line)
+    bodies = {b for ops in comps.values() for op in ops for b in re.findall(r"body=%([\w.-]+)", op)}
+    assert bodies, "no while loop in the program"
+    return [op.strip() for b in sorted(bodies) for op in comps[b]
+            if re.search(rf"= {shape}\S* (copy|dynamic-slice|slice|transpose|gather)\(", op)
+            or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)]  # fmt: skip
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads XLA:CPU's optimized HLO; other "
+                    "compilers fuse or alias the weights' slices otherwise")
+@pytest.mark.slow
+def test_hoisted_layer_weights_are_not_copied_per_micro_layer_step():
+    """Above depth 10 (here 12, with HSG), the per-layer weights sliced once outside the
+    time scan (``layer_loop='python'``) leave no ``[n, 2n]`` (or ``[2n, n]``) weight copy
+    inside any while body of the compiled value-and-gradient; the layer scan over the
+    stacked weights (``'scan'``, the control) materialises R_l^T out of the stack in the
+    forward body and R_l in the backward body, per micro-layer and time step."""
+    L, n = 12, 24
+    cell, params, xs, s0, mask = setup(L, True, n=n, T=4)
+    shape = rf"f32\[(?:{n},{2 * n}|{2 * n},{n})\]"  # one layer's R_l or R_l^T
+
+    def body_copies(layer_loop):
+        f = lambda p: jnp.sum(fused.unroll(cell, p, s0, xs, mask, layer_loop=layer_loop)[1] ** 2)
+        return _while_body_ops(jax.jit(jax.value_and_grad(f)).lower(params).compile().as_text(),
+                               shape)  # fmt: skip
+
+    assert body_copies("python") == []
+    assert len(body_copies("scan")) >= 2  # the counter sees XLA:CPU's per-step copies
+
+
 @pytest.mark.parametrize("hsg,layer_loop,remat", [pytest.param(True, "python", False,
                                                                marks=pytest.mark.slow),
                                                   pytest.param(False, "python", True,

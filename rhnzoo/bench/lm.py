@@ -70,6 +70,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -90,6 +91,7 @@ from rhnzoo.bench import (
     ratios,
     stepper,
 )
+from rhnzoo.cells import rhn_fused
 from rhnzoo.models import lm
 from rhnzoo.training import lm as train
 from rhnzoo.training import step
@@ -106,6 +108,12 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dty
 flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
 flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
 flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
+flags.DEFINE_enum("layer_loop", "auto", ["auto", "python", "scan"],
+                  "rhnzoo's RHN micro-layers in the fused train step (rhn_fused.unroll's "
+                  "layer_loop): 'python', per-layer weights sliced once outside the time scan; "
+                  "'scan', a lax.scan over the stacked weights (XLA:CPU copies R_l out of the "
+                  "stack per micro-layer and step); 'auto', python up to depth "
+                  "rhn_fused.LOOP_LAYERS_UP_TO, scan above. Recorded as resolved.")
 flags.DEFINE_boolean("peer", True, "Also time the plain-JAX peer step, alternating.")
 flags.DEFINE_enum("peer_layers", "python", ["python", "scan"],
                   "The peer's loop over micro-layers: Python for loop or lax.scan.")
@@ -270,9 +278,20 @@ def _compile(step, state, batch, key):
     return compiled, time.perf_counter() - t
 
 
+def _layer_loop(layer_loop: str, c: dict, scan_impl: str) -> str | None:
+    """The micro-layer layout the fused RHN step runs with ``--layer_loop``; None for the
+    reference scan."""
+    if scan_impl != "fused":
+        return None
+    if layer_loop == "auto":
+        return "python" if c["depth"] <= rhn_fused.LOOP_LAYERS_UP_TO else "scan"
+    return layer_loop
+
+
 def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32",
           remat: bool = False, unroll: int = 1, peer: bool = True, peer_layers: str = "python",
-          steps: int = 10, budget_s: float = 120.0, eval_tokens: int = 2000) -> dict:  # fmt: skip
+          steps: int = 10, budget_s: float = 120.0, eval_tokens: int = 2000,
+          layer_loop: str = "auto") -> dict:  # fmt: skip
     """Compiles and times configuration ``c`` (an entry of :data:`CONFIGS`).
 
     Returns the JSON record (see the module docstring; the flags of the same names
@@ -294,12 +313,18 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     result: dict[str, Any] = {
         "config": name, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": dtype, "matmul_precision": precision.current(), "scan_impl": scan_impl,
-        "remat": remat, "unroll": unroll,
+        "remat": remat, "unroll": unroll, "layer_loop": _layer_loop(layer_loop, c, scan_impl),
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
         **host_info(),
     }  # fmt: skip
-    compiled, result["compile_s"] = _compile(train.make_train_step(model, cfg, tx), state,
-                                              batch, key)  # fmt: skip
+    up_to = rhn_fused.LOOP_LAYERS_UP_TO  # read when the step is traced
+    if layer_loop != "auto":
+        rhn_fused.LOOP_LAYERS_UP_TO = sys.maxsize if layer_loop == "python" else 0
+    try:
+        compiled, result["compile_s"] = _compile(train.make_train_step(model, cfg, tx), state,
+                                                  batch, key)  # fmt: skip
+    finally:
+        rhn_fused.LOOP_LAYERS_UP_TO = up_to
     result.update(memory_estimate(compiled))
     candidates, boxes = {}, {}
     candidates["rhnzoo"], boxes["rhnzoo"] = stepper(compiled, state, batch, key)
@@ -374,7 +399,8 @@ def main(argv):
             result = bench(name, c, scan_impl=FLAGS.scan_impl, dtype=FLAGS.dtype,
                            remat=FLAGS.remat, unroll=FLAGS.unroll, peer=FLAGS.peer,
                            peer_layers=FLAGS.peer_layers, steps=FLAGS.steps,
-                           budget_s=FLAGS.budget_s, eval_tokens=FLAGS.eval_tokens)  # fmt: skip
+                           budget_s=FLAGS.budget_s, eval_tokens=FLAGS.eval_tokens,
+                           layer_loop=FLAGS.layer_loop)  # fmt: skip
         print(json.dumps(result), flush=True)
 
 
