@@ -34,6 +34,13 @@ lesions; other phases keep nothing), one line says so, and the script exits with
 ``analysis.json`` after every phase, so a second Ctrl-C (immediate exit) loses only the
 phase under way.
 
+A rerun into the same ``--out`` keeps the earlier analysis of the same checkpoint: a phase
+it finished with the same settings (those its numbers depend on) and whose figures are
+still there is skipped, one line saying ``kept from the earlier analysis``; ``--redo``
+runs it again. The phases a rerun does not reach stay in ``analysis.json``, and a rerun
+stopped in a phase the earlier analysis had finished keeps that earlier result. An
+analysis of another checkpoint (e.g. a newer best) replaces the file, one line saying so.
+
 With ``--mc_samples=K`` the ``--split`` stream is also evaluated with dropout
 ON (the run's rates), K mask draws, probabilities averaged (the reference
 code's MC evaluation), next to the deterministic batch-1 perplexity, with the

@@ -14,8 +14,8 @@ given (the reproduction: 1e-3 at depths 10 and 20, 1e-5 at 50 and 100). The last
 --valid_size training images are held out; validation picks the epoch whose
 parameters are tested.
 
-A single run writes ``<workdir>/{config.json, metrics.jsonl, results.json}`` and,
-for a highway net, ``gate_heatmaps.png`` and ``lesion.png``. ``--sweep`` trains
+A single run writes ``<workdir>/{config.json, metrics.jsonl, results.json,
+learning_curves.png}`` and, for a highway net, ``gate_heatmaps.png`` and ``lesion.png``. ``--sweep`` trains
 every depth in --depths x (plain, highway), each in ``<workdir>/<kind>_d<depth>``
 (finished runs are skipped, interrupted ones resume), then writes into the
 sweep's workdir ``results.md`` (table), ``training_curves.png``,

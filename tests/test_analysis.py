@@ -425,6 +425,58 @@ def test_analysis_stopped_in_its_lesion_phase_keeps_the_phases_done(run, tmp_pat
                          "lesion marked interrupted")  # fmt: skip
 
 
+def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_path, capsys):
+    """Issue 62 item 1 (a rerun redid every phase, and an interrupted one rewrote
+    analysis.json with only its own phases): a second analysis of the same checkpoint with
+    the same settings runs no phase and leaves the numbers as they were; one with --redo
+    stopped in its lesion phase keeps the first run's lesion and later phases (the redone
+    gate heatmap is its own); another setting redoes only the phases that depend on it."""
+    from rhnzoo.analysis import report
+
+    workdir, data_dir, _ = run
+    out = tmp_path / "out"
+    calls = []
+    opts = report.Options(data_dir=str(data_dir), verify=False, lesion_tokens=400,
+                          lesion_batch_size=4, eval_num_steps=50, heatmap_steps=10,
+                          hist_tokens=100, hist_times=20, mc_samples=1, max_eval_tokens=100,
+                          track=recording_track(calls))  # fmt: skip
+    first = report.analyze(workdir, out, opts)
+    names = ["gate_heatmap", "lesion", "hsg_gate", "deterministic", "mc_dropout"]
+    assert {n for n, *_ in calls} == set(names) - {"gate_heatmap"}  # one pass, no bar
+    written = json.loads((out / "analysis.json").read_text())
+    assert sorted(written["phases"]) == sorted(names) and written["complete"] is True
+    capsys.readouterr()
+
+    calls.clear()
+    assert report.analyze(workdir, out, opts) == written  # nothing recomputed
+    assert calls == [] and json.loads((out / "analysis.json").read_text()) == written
+    said = capsys.readouterr().out
+    assert all(f"{n}: kept from the earlier analysis of this checkpoint" in said for n in names)
+
+    signals.catch_signals()
+    try:
+        with pytest.raises(signals.Interrupted):
+            report.analyze(workdir, out, dataclasses.replace(
+                opts, redo=True, track=sigterm_in("lesion", at=3)))  # fmt: skip
+    finally:
+        signals.release_signals()
+    merged = json.loads((out / "analysis.json").read_text())
+    assert merged["interrupted"] == {"phase": "lesion", "signal": signal.SIGTERM}
+    assert merged["complete"] is False
+    assert {n: p["status"] for n, p in merged["phases"].items()} == dict.fromkeys(names, "done")
+    for key in ("lesion", "hsg_gate", "deterministic", "mc_dropout"):
+        assert merged[key] == first[key] and merged["phases"][key] == first["phases"][key]
+    assert merged["phases"]["gate_heatmap"]["seconds"] != first["phases"]["gate_heatmap"]["seconds"]
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "and lesion as the earlier analysis left it")
+
+    calls.clear()
+    again = report.analyze(workdir, out, dataclasses.replace(opts, mc_samples=2))
+    assert {n for n, *_ in calls} == {"mc_dropout"}  # the one phase that depends on K
+    assert again["complete"] is True and "interrupted" not in again
+    assert len(again["mc_dropout"]["sample_ppls"]) == 2 and again["lesion"] == first["lesion"]
+
+
 @pytest.mark.slow
 def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     """--flow: every cell family at initialisation, plus the run's cell at init and trained;

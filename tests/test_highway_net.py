@@ -161,6 +161,31 @@ def test_lesion_removes_exactly_one_layer():
         analysis.highway_lesion_params(net, params, 4)
 
 
+@pytest.mark.parametrize("kind", ["highway", "plain"])
+def test_lesioned_logits_are_the_net_without_the_layer(kind):
+    """Issue 62 item 7: a plain net's lesions (they raised "lesioning needs a highway
+    net"): the removed layer passes its input through, i.e. the net with that layer deleted
+    (NumPy); the whole study takes a plain net too."""
+    net = tiny(kind, "relu" if kind == "plain" else "tanh", depth=5)
+    params = random_params(net.init(jax.random.key(5)), jax.random.key(6))
+    x = np.random.default_rng(0).uniform(size=(8, 7)).astype(np.float32)
+    p64 = np_tree(params)
+    lesioned = jax.jit(lambda p, l, x: analysis.lesioned_logits(net, p, l, x))
+    for layer in range(net.depth - 1):
+        keep = [l for l in range(net.depth - 1) if l != layer]
+        short = FeedForwardNet(kind, net.depth - 1, 5, 7, 3, net.activation)
+        p_short = {**p64, "layers": {k: v[keep] for k, v in p64["layers"].items()}}
+        np.testing.assert_allclose(lesioned(params, layer, x),
+                                   np_net(short, p_short, x.astype(np.float64))[0],
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    labels = np.arange(8) % 3
+    images = (x * 255).astype(np.uint8)
+    result = analysis.highway_lesions(net, params, (images, labels), batch_size=3)
+    assert result.nll.shape == (net.depth - 1,) and result.num_tokens == 8
+    with pytest.raises(ValueError, match="layer must be in"):
+        analysis.lesioned_logits(net, params, 4, x)
+
+
 def test_lesioning_a_closed_layer_changes_nothing():
     net = tiny("highway", depth=4)
     params = net.init(jax.random.key(7))

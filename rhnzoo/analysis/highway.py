@@ -8,7 +8,9 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
   highway layer x unit;
 * :func:`highway_lesion_params` / :func:`highway_lesions` / :func:`iter_highway_lesions`:
   remove one highway layer at a time by forcing its transform gate to 0 (y = x: the
-  layer becomes the identity) and measure the training cross-entropy (Fig. 4);
+  layer becomes the identity) and measure the training cross-entropy (Fig. 4); a plain
+  net's layers are removed the same way, the layer passing its input through unchanged
+  (:func:`lesioned_logits`);
 * :func:`activation_statistics`, :func:`gradient_norms`, :func:`plain_diagnostics`:
   mean and variance of every layer's activations and the L2 norm of every
   layer's gradient, for plain nets with several activations and
@@ -49,7 +51,8 @@ Params = Any
 PathLike = str | os.PathLike
 
 __all__ = ["net_from_config", "load_highway_run", "GateStats", "gate_statistics",
-           "highway_lesion_params", "highway_lesions", "iter_highway_lesions",
+           "highway_lesion_params", "lesioned_logits", "highway_lesions",
+           "iter_highway_lesions",
            "activation_statistics",
            "gradient_norms", "plain_diagnostics", "sweep_table", "sweep_report"]  # fmt: skip
 
@@ -204,11 +207,42 @@ def highway_lesion_params(
     return {**params, "layers": {**params["layers"], "b": b.at[layer].set(row)}}
 
 
+def lesioned_logits(net: FeedForwardNet, params: Params, layer: int | Array, x: Array) -> Array:
+    """``x [B, m] float -> logits [B, C]`` of the net with layer ``layer`` removed (y = x).
+
+    A highway net: :func:`highway_lesion_params` (its T gate forced to 0). A plain net:
+    layer ``layer`` passes its input through unchanged (its output is its input, exactly),
+    the only way to remove a layer of a plain net that keeps the rest as trained (its
+    width in and out is the same, n).
+
+    Args:
+      layer: 0-based index among the ``depth - 1`` layers after the first (network layer
+        ``layer + 2``); may be a traced integer.
+
+    Raises:
+      ValueError: for a (concrete) layer outside [0, depth - 1).
+    """
+    if isinstance(layer, int) and not 0 <= layer < net.depth - 1:
+        raise ValueError(f"layer must be in [0, {net.depth - 1}), got {layer}")
+    if net.kind == "highway":
+        return net.apply(highway_lesion_params(net, params, layer), x)
+    stack, layers = net.stack, params["layers"]
+
+    def body(h, i_w_b):
+        i, w, b = i_w_b
+        return jnp.where(i == layer, h, stack.layer(h, w, b)[0]), None
+
+    first = net.apply_with_stats(params, x)[1]["hidden"][0]  # h_1, the first (plain) layer
+    steps = (jnp.arange(net.depth - 1), layers["W"], layers["b"])
+    h = jax.lax.scan(body, first, steps)[0]
+    return h @ params["output"]["W"] + params["output"]["b"]
+
+
 @functools.lru_cache(maxsize=8)
 def _lesioned_sums_fn(net: FeedForwardNet):
     def f(params, layer, images, labels, weights):
-        p = highway_lesion_params(net, params, layer)
-        return classify.xent_sums(net.apply(p, hw_training.inputs(images)), labels, weights)
+        logits = lesioned_logits(net, params, layer, hw_training.inputs(images))
+        return classify.xent_sums(logits, labels, weights)
 
     return jax.jit(f)
 
@@ -224,11 +258,8 @@ def iter_highway_lesions(
     check before each.
 
     Raises:
-      ValueError: (at the call) for a plain net.
       Interrupted: from ``track``, on a signal (between batches).
     """
-    if net.kind != "highway":
-        raise ValueError("lesioning needs a highway net (plain layers have no gate)")
     fn = _lesioned_sums_fn(net)
 
     def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
@@ -247,14 +278,15 @@ def highway_lesions(
     net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
     batch_size: int = 1000, track: Track | None = None,
 ) -> LesionResult:  # fmt: skip
-    """Removes each highway layer in turn and measures the mean cross-entropy on
-    ``split`` (Srivastava et al. Fig. 4: the training set).
+    """Removes each highway (or plain) layer in turn (:func:`lesioned_logits`) and
+    measures the mean cross-entropy on ``split`` (Srivastava et al. Fig. 4: the training
+    set).
 
     One jit-compiled evaluation, the removed layer a traced argument, serves the
     ``depth - 1`` lesions; the intact net is evaluated the same way.
 
     Args:
-      net, params: a highway :class:`FeedForwardNet` and its parameters.
+      net, params: a highway or plain :class:`FeedForwardNet` and its parameters.
       split: ``(images uint8 [N, m], labels [N])``.
       batch_size: images per call.
       track: the engine's tracker: one bar over every batch of the ``depth``
@@ -266,7 +298,6 @@ def highway_lesions(
       ``num_tokens`` = N images.
 
     Raises:
-      ValueError: for a plain net.
       Interrupted: from ``track``, on a signal (keep the finished lesions with
         :func:`iter_highway_lesions`).
     """

@@ -67,17 +67,18 @@ def _heatmap(
     fig.colorbar(image, ax=ax, label=colorbar)
 
 
-def _curves(ax, curves: Mapping[str, Sequence[Mapping[str, Any]]], key: str, **style) -> None:
-    """One line per label of ``key`` vs ``epoch`` (records without ``key`` skipped),
-    log-scale y, legend if any line."""
+def _curves(ax, curves: Mapping[str, Sequence[Mapping[str, Any]]], key: str, x: str = "epoch",
+            **style) -> None:  # fmt: skip
+    """One line per label of ``key`` vs ``x`` (``'epoch'`` or ``'step'``; records without
+    ``key`` skipped), log-scale y, legend if any line."""
     for label, records in curves.items():
         records = [r for r in records if r.get(key) is not None]
         if records:
-            ax.plot([r["epoch"] for r in records], [r[key] for r in records], label=label,
+            ax.plot([r[x] for r in records], [r[key] for r in records], label=label,
                     **style.get(label, {}))  # fmt: skip
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(x)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
 
@@ -189,19 +190,21 @@ def plot_learning_curves(
     figsize: tuple[float, float] = (6.4, 4.0),
     dpi: int = 100,
     style: Mapping[str, Mapping[str, Any]] | None = None,
+    x: str = "epoch",
 ) -> pathlib.Path:
     """Validation perplexity vs epoch, one line per run (Shoham & Permuter, Fig. 6).
 
     Args:
-      curves: label (e.g. :func:`run_label`) -> per-epoch records
-        (:func:`read_metrics`); runs without records are skipped.
+      curves: label (e.g. :func:`run_label`) -> records (:func:`read_metrics`); runs
+        without records are skipped.
       path: PNG file; the image is ``figsize * dpi`` pixels.
       key: the record field on the y axis (log scale).
       style: label -> ``Axes.plot`` keywords of its line (e.g. ``{'marker': 'o'}``).
+      x: the record field on the x axis, ``'epoch'`` or ``'step'`` (the step count).
     """
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
-    _curves(ax, curves, key, **(style or {}))
+    _curves(ax, curves, key, x, **(style or {}))
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(title or "Learning curves")
     return _save(fig, path)

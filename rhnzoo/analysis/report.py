@@ -19,7 +19,11 @@ Each analysis runs as named phases (:class:`Phases`: e.g. ``gate_heatmap``, ``le
 ``hsg_gate``, ``deterministic``, ``mc_dropout``), each announced by one line, its long
 loops under a progress bar with an ETA (``progress``) and one line with the time left once
 it is known. The JSON file (``analysis.json``, ``flow.json``) is rewritten atomically after
-every phase. SIGTERM/SIGINT (:func:`rhnzoo.training.signals.catch_signals`) stops the
+every phase. A rerun into the same file keeps what an earlier analysis of the same
+checkpoint finished: a phase done there with the same settings and its figures still in
+place is skipped (one line says so; ``redo``: run it again), and the phases this run does
+not reach stay in the file, an interrupted one included (:meth:`Phases.resume`).
+SIGTERM/SIGINT (:func:`rhnzoo.training.signals.catch_signals`) stops the
 analysis at the next chunk (evaluation window, batch, cell): the file then holds the
 phases done, the stopped one marked ``interrupted`` (with the numbers of its finished
 units: a lesion study's finished lesions, the cell families drawn so far; nothing of an
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import pathlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -82,6 +87,8 @@ class Options(Config):
     heatmap_examples: int = setting(1000, "Highway runs: images in the gate heatmap.", low=1)
     lesion_examples: int = setting(10000, "Highway runs: images in the lesion study.", low=1)
     progress: bool = setting(True, "Show progress bars (with an ETA) for the long phases.")
+    redo: bool = setting(False, "Recompute the phases an earlier analysis of the same "
+                         "checkpoint finished with the same settings (default: keep them).")
     # The engine's progress/signal tracker for long evaluations (not a setting); None:
     # rhnzoo.training.signals.track with ``progress``.
     track: Any = dataclasses.field(default=None, metadata={"flag": False})
@@ -118,6 +125,11 @@ def _data_dir(config: dict, opts: Options):
     return opts.data_dir or config.get("data_dir")
 
 
+def _settings(opts: Options, *names: str, **more: Any) -> dict[str, Any]:
+    """The options named (and ``more``) that a phase's numbers depend on (:meth:`Phases.kept`)."""
+    return {**{name: getattr(opts, name) for name in names}, **more}
+
+
 def _is_rhn(cell) -> bool:
     return isinstance(cell.cell if isinstance(cell, cells.HSG) else cell, cells.RHN)
 
@@ -136,6 +148,10 @@ def _about(seconds: float) -> str:
     return f"about {seconds / 60:.0f} min" if seconds < 5400 else f"about {seconds / 3600:.1f} h"
 
 
+# The keys of Phases.results that are the analysis' own, never a phase's numbers.
+_META = ("complete", "phases", "interrupted", "checkpoint")
+
+
 class Phases:
     """The phases of one analysis, run in order, and the numbers they gather (:attr:`results`).
 
@@ -145,14 +161,21 @@ class Phases:
     signal check before every item), which prints ``'  <name>: about 3 min left (...)'``
     once a few items (``unit``) after the first ones (the compilations) are timed.
     ``results['phases'][name]`` records ``{'status': 'done' | 'interrupted', 'seconds',
-    'figures'}`` (figures: the files :meth:`wrote` names). After each finished phase
-    ``results`` (``'complete': False`` until :meth:`finish`) is written to every path of
-    ``paths``, atomically (:func:`rhnzoo.training.workdir.write_json`).
+    'figures', 'settings', 'keys'}`` (figures: the files :meth:`wrote` names; settings:
+    those :meth:`kept` was given; keys: the top-level entries of ``results`` the phase
+    wrote). After each finished phase ``results`` (``'complete': False`` until
+    :meth:`finish`) is written to every path of ``paths``, atomically
+    (:func:`rhnzoo.training.workdir.write_json`).
+
+    An earlier analysis in the first path is taken up by :meth:`resume`; a phase site asks
+    :meth:`kept` first and runs the phase only if it returns False.
 
     On SIGTERM/SIGINT (between items, or before a phase starts) the phase is marked
     ``'interrupted'`` (with ``'signal'``), ``results['interrupted'] = {'phase', 'signal'}``,
     the files are written with what the phases put into ``results`` so far, one line
-    says so, and :class:`~rhnzoo.training.signals.Interrupted` propagates.
+    says so, and :class:`~rhnzoo.training.signals.Interrupted` propagates. A phase that an
+    earlier analysis had finished (run again by ``redo`` or other settings) keeps that
+    earlier record and numbers instead of the partial ones.
     """
 
     def __init__(self, paths: Sequence[pathlib.Path], opts: Options):
@@ -160,26 +183,95 @@ class Phases:
         self.results: dict[str, Any] = {"complete": False, "phases": {}}
         self._track = opts.track or functools.partial(signals.track, progress=opts.progress)
         self._record: dict[str, Any] = {}
+        self._redo = opts.redo
+        self._settings: dict[str, dict] = {}  # phase -> the settings kept() was given
+
+    def resume(self, checkpoint: dict[str, Any] | None) -> None:
+        """Takes up the analysis in the first path (if any) when it read ``checkpoint``
+        (:func:`checkpoint_used`; None: a figure of no run): its phases and their
+        numbers become this analysis' starting point, so a phase this run does not
+        redo stays in the file. Another checkpoint's analysis is replaced (one line
+        says so); an unreadable file is replaced too."""
+        if not self.paths:
+            return
+        path = self.paths[0]
+        try:
+            earlier = workdir_lib.read_json(path)
+        except ValueError as e:
+            print(f"{e}: replaced", flush=True)
+            return
+        if not isinstance(earlier, dict) or not isinstance(earlier.get("phases"), dict):
+            return
+        if earlier.get("checkpoint") != checkpoint:
+            def name(c):
+                return "no checkpoint" if c is None else f"{c['kind']} step {c['step']}"
+            print(f"{path} holds an analysis of {name(earlier.get('checkpoint'))}, this one "
+                  f"reads {name(checkpoint)}: its phases are replaced", flush=True)  # fmt: skip
+            return
+        self.results.update({k: v for k, v in earlier.items() if k not in _META})
+        self.results["phases"] = dict(earlier["phases"])
+
+    def kept(self, name: str, settings: dict[str, Any]) -> bool:
+        """Whether phase ``name`` with ``settings`` (the options its numbers depend on)
+        is kept from the earlier analysis (:meth:`resume`): done there with equal
+        settings, its figures still beside the file, and no ``redo``. Then it prints
+        ``'<name>: kept from the earlier analysis of this checkpoint ...'`` and the
+        phase must not run; else the next ``phases(name, ...)`` records ``settings``."""
+        settings = json.loads(json.dumps(workdir_lib.strict(settings)))
+        self._settings[name] = settings
+        record = self.results["phases"].get(name)
+        if (self._redo or not isinstance(record, dict) or record.get("status") != "done"
+                or record.get("settings") != settings or "keys" not in record):  # fmt: skip
+            return False
+        folder = self.paths[0].parent
+        if not all((folder / f).is_file() for f in record.get("figures", [])):
+            return False
+        self.results["phases"][name] = self.results["phases"].pop(name)  # this run's order
+        shown = ", ".join(record.get("figures", [])) or "its numbers"
+        print(f"{name}: kept from the earlier analysis of this checkpoint ({shown}; --redo "
+              "recomputes it)", flush=True)  # fmt: skip
+        return True
+
+    def _written(self, before: dict[str, Any]) -> list[str]:
+        """The top-level keys of :attr:`results` set since the shallow copy ``before``."""
+        return [k for k, v in self.results.items()
+                if k not in _META and (k not in before or before[k] is not v)]  # fmt: skip
 
     @contextlib.contextmanager
     def __call__(self, name: str, what: str, unit: str = "chunks") -> Iterator[signals.Track]:
         print(f"{name}: {what}", flush=True)
-        record = self._record = self.results["phases"][name] = {"status": "running", "figures": []}
+        earlier = self.results["phases"].pop(name, None)
+        earlier_numbers = {k: self.results.pop(k) for k in (earlier or {}).get("keys", [])
+                           if k in self.results}  # fmt: skip
+        before = dict(self.results)
+        record = self._record = self.results["phases"][name] = {
+            "status": "running", "figures": [], "settings": self._settings.pop(name, {})}
         t0 = time.perf_counter()
         try:
             if signals.stop_requested() is not None:
                 raise signals.Interrupted(signals.stop_requested())
             yield functools.partial(self._timed, name, unit)
         except signals.Interrupted as e:
-            record.update(status="interrupted", signal=e.signum, seconds=time.perf_counter() - t0)
+            partial = self._written(before)
+            if isinstance(earlier, dict) and earlier.get("status") == "done":
+                for k in partial:  # an earlier finished result beats this partial one
+                    del self.results[k]
+                self.results.update(earlier_numbers)
+                self.results["phases"][name] = earlier
+                left = f"{name} as the earlier analysis left it"
+            else:
+                record.update(status="interrupted", signal=e.signum, keys=partial,
+                              seconds=time.perf_counter() - t0)  # fmt: skip
+                left = f"{name} marked interrupted"
             self.results["interrupted"] = {"phase": name, "signal": e.signum}
             self._write()
-            done = [n for n, r in self.results["phases"].items() if r["status"] == "done"]
+            done = [n for n, r in self.results["phases"].items()
+                    if r["status"] == "done" and n != name]  # fmt: skip
             files = ", ".join(map(str, self.paths)) or "nothing"
             print(f"stopped by signal {e.signum} in phase {name}: wrote {files} with the phases "
-                  f"done ({', '.join(done) or 'none'}) and {name} marked interrupted", flush=True)
+                  f"done ({', '.join(done) or 'none'}) and {left}", flush=True)
             raise
-        record.update(status="done", seconds=time.perf_counter() - t0)
+        record.update(status="done", seconds=time.perf_counter() - t0, keys=self._written(before))
         self._write()
 
     def _timed(self, name: str, unit: str, iterable: Iterable, total: int | None = None,
@@ -212,6 +304,7 @@ class Phases:
     def finish(self) -> dict[str, Any]:
         """Marks the analysis complete, writes the files and returns :attr:`results`."""
         self.results["complete"] = True
+        self.results.pop("interrupted", None)
         self._write()
         return self.results
 
@@ -306,12 +399,34 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options,
         cell families finished) into the JSON file.
     """
     own = phases is None
-    phases = Phases([out / "flow.json"], opts) if own else phases
+    if own:
+        phases = Phases([out / "flow.json"], opts)
+        phases.resume(checkpoint_used(workdir) if workdir is not None else None)
     results = phases.results
     n, steps, batch, m = opts.flow_hidden, opts.flow_steps, 4, 32
     results.update(hidden=n, steps=steps, batch=batch, input=m)
     curves: dict[str, np.ndarray] = {}
     title = f"Gradient flow: cells at initialisation ({n} units)"
+    kept = phases.kept("gradient_flow", _settings(opts, "flow_hidden", "flow_steps", "seed"))
+    if kept:
+        curves = {label: np.asarray(c) for label, c in results["gradient_norms_at_init"].items()}
+    else:
+        _gradient_flow(out, opts, phases, curves, title)
+    if workdir is not None:
+        _run_flow(workdir, out, opts, phases, curves, title + " and a trained run",
+                  redraw=not kept)  # fmt: skip
+    if own:
+        phases.finish()
+        print(f"wrote {out / 'flow.json'}")
+    return results
+
+
+def _gradient_flow(out: pathlib.Path, opts: Options, phases: Phases, curves: dict,
+                   title: str) -> None:  # fmt: skip
+    """Phase ``gradient_flow``: every family of :data:`FAMILIES` at initialisation; adds
+    their curves to ``curves`` and draws gradient_flow.png."""
+    results = phases.results
+    n, steps, batch, m = opts.flow_hidden, opts.flow_steps, 4, 32
     with phases("gradient_flow", f"{len(FAMILIES)} cell families at initialisation, {n} units, "
                 f"{steps} steps", unit="cells") as track:  # fmt: skip
         xs = cells.base.flat_draw(jax.random.normal, jax.random.PRNGKey(opts.seed),
@@ -326,19 +441,26 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options,
             tqdm.write(f"{label:>16}: gradient norm {curve[back]:.2e} at {back} steps back, "
                        f"{curve[-1]:.2e} at {steps}")  # fmt: skip
         phases.wrote(plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title))
-    if workdir is not None:
-        _run_flow(workdir, out, opts, phases, curves, title + " and a trained run")
-    if own:
-        phases.finish()
-        print(f"wrote {out / 'flow.json'}")
-    return results
 
 
 def _run_flow(workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: Phases,
-              curves: dict, title: str) -> None:  # fmt: skip
+              curves: dict, title: str, redraw: bool = False) -> None:  # fmt: skip
     """Phase ``run_flow``: the run's cell at initialisation and trained; adds its curves
-    to ``curves`` and redraws gradient_flow.png, draws gersgorin.png."""
+    to ``curves`` and redraws gradient_flow.png, draws gersgorin.png. Kept from an
+    earlier analysis (:meth:`Phases.kept`), its curves are added from there, and
+    gradient_flow.png redrawn with them if ``redraw`` (the families' curves are new)."""
     steps, tokens = opts.flow_steps, opts.flow_tokens
+    config = workdir_lib.read_config(workdir)
+    if phases.kept("run_flow", _settings(opts, "flow_steps", "flow_tokens", "split",
+                                         data_dir=_data_dir(config, opts))):  # fmt: skip
+        run = phases.results["run"]
+        for name in ("initialisation", "trained"):
+            curves[f"{run['label']}, {name} ({opts.split})"] = np.asarray(
+                run[name]["gradient_norms"])
+        if redraw:
+            drawn = plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title)
+            print(f"wrote {drawn}")
+        return
     with phases("run_flow", f"the run's cell at initialisation and trained: gradient flow over "
                 f"{steps} steps, Jacobians along {tokens + 1} tokens of {opts.split}",
                 unit="parameter sets") as track:  # fmt: skip
@@ -398,6 +520,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     extra = [out / "flow.json"] if kind == "sequences" else []
     phases = Phases([out / "analysis.json", *extra], opts)
+    phases.resume(checkpoint_used(workdir))
     _note_checkpoint(workdir, phases.results)
     if kind == "lm":
         analyze_lm(workdir, out, opts, phases)
@@ -413,11 +536,13 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
 
 def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
                     train_split=None, phases: Phases | None = None) -> dict:  # fmt: skip
-    """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only),
-    on the run's training images (``train_split``: ``(images, labels)`` already loaded).
+    """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only,
+    a removed plain layer passing its input through unchanged, as a removed highway
+    layer does; :func:`rhnzoo.analysis.highway.iter_highway_lesions`), on the run's
+    training images (``train_split``: ``(images, labels)`` already loaded).
 
-    Phases ``gate_heatmaps`` and ``lesion`` (bars over batches); ``phases``: the
-    analysis' (None: new ones that write no file). Returns the numbers.
+    Phases ``gate_heatmaps`` (highway nets) and ``lesion`` (bars over batches);
+    ``phases``: the analysis' (None: new ones that write no file). Returns the numbers.
     """
     from rhnzoo.analysis import highway as hw_analysis
     from rhnzoo.training import highway as hw
@@ -433,7 +558,9 @@ def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
     x, y = train_split
     results = phases.results
     results.update(workdir=str(workdir), model=f"{net.kind} depth {net.depth}")
-    if net.kind == "highway":
+    data_dir = _data_dir(config, opts)
+    if net.kind == "highway" and not phases.kept(
+            "gate_heatmaps", _settings(opts, "heatmap_examples", data_dir=data_dir)):  # fmt: skip
         shown = x[: opts.heatmap_examples]
         with phases("gate_heatmaps", f"transform gates over {len(shown):,} training images",
                     unit="batches") as track:  # fmt: skip
@@ -441,7 +568,9 @@ def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
             phases.wrote(plots.plot_highway_gates({f"depth {net.depth}": gates},
                                                   out / "gate_heatmaps.png"))  # fmt: skip
     n = opts.lesion_examples
-    with phases("lesion", f"the intact net and {net.depth - 1} removed highway layers, "
+    if phases.kept("lesion", _settings(opts, "lesion_examples", data_dir=data_dir)):
+        return results
+    with phases("lesion", f"the intact net and {net.depth - 1} removed {net.kind} layers, "
                 f"{len(x[:n]):,} training images each", unit="batches") as track:  # fmt: skip
         for lesion in hw_analysis.iter_highway_lesions(net, params, (x[:n], y[:n]), track=track):
             results["lesion"] = {
@@ -477,17 +606,32 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
     results.update(workdir=str(workdir), model=label, dataset=dataset, split=opts.split)
     print(f"{label} on {dataset}: {sum(p.size for p in jax.tree.leaves(params))} parameters")
     run = (model, params, label, out, opts, phases)
+    data_dir = _data_dir(config, opts)
+    # The options each phase's numbers depend on (Phases.kept).
+    on_split = ("split", "max_eval_tokens", "eval_num_steps")
+    uses = {
+        "gate_heatmap": ("split", "max_eval_tokens", "heatmap_steps"),
+        "lesion": ("lesion_tokens", "lesion_batch_size", "eval_num_steps"),
+        "hsg_gate": (*on_split, "hist_tokens", "hist_times", "seed"),
+        "deterministic": (*on_split, "mc_batch_size"),
+        "mc_dropout": (*on_split, "mc_batch_size", "mc_samples", "seed"),
+    }  # fmt: skip
+    todo = lambda name: not phases.kept(name, _settings(opts, *uses[name], data_dir=data_dir))
     if _is_rhn(model.cell):
-        _gate_heatmap(*run, corpus, stream)
-        _lesions(*run, corpus.train[: opts.lesion_tokens])
-        if isinstance(model.cell, cells.HSG):
+        if todo("gate_heatmap"):
+            _gate_heatmap(*run, corpus, stream)
+        if todo("lesion"):
+            _lesions(*run, corpus.train[: opts.lesion_tokens])
+        if isinstance(model.cell, cells.HSG) and todo("hsg_gate"):
             _hsg_gates(*run, stream[: opts.hist_tokens])
     else:
         print(f"{label}: no transform gates (gate heatmap, lesions and HSG gates are for RHN "
               "cells)")  # fmt: skip
     if opts.mc_samples:
-        _deterministic(*run, stream)
-        _mc_dropout(*run, stream, config)
+        if todo("deterministic"):
+            _deterministic(*run, stream)
+        if todo("mc_dropout"):
+            _mc_dropout(*run, stream, config)
     return results
 
 

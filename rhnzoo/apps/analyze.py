@@ -4,7 +4,9 @@
 
 Their phases show progress bars (``--noprogress``: none) and stop on SIGTERM/SIGINT
 between chunks, leaving the JSON file with the phases done; :func:`rhnzoo.apps.cli.main`
-then exits with status 128 + signal.
+then exits with status 128 + signal. A rerun keeps the phases an earlier analysis of the
+same checkpoint finished with the same settings (``--redo``: runs them again;
+:class:`rhnzoo.analysis.report.Phases`).
 """
 
 from __future__ import annotations

@@ -233,9 +233,11 @@ class _PrecisionParser(flags.ArgumentParser):
 
 def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | None = None, *,
                           log: Callable[[str], None] = print) -> pathlib.Path | None:  # fmt: skip
-    """A finished single run's figure: ``<workdir>/learning_curves.png``, its epoch
-    records' (``metrics.jsonl``) ``valid`` field (e.g. ``'valid_ppl'``) and, where
-    recorded, ``train`` field (e.g. ``'train_ppl'``) against the epoch, log-scale y
+    """A finished single run's figure: ``<workdir>/learning_curves.png``: its epoch
+    records' (``metrics.jsonl``) ``valid`` field (e.g. ``'valid_ppl'``) and its ``train``
+    field (e.g. ``'train_ppl'``) from the training-log records (every ``log_every``
+    steps: a short run's curve has more than its one epoch's point), else from the epoch
+    records, against the step count, log-scale y
     (:func:`rhnzoo.analysis.plots.plot_learning_curves`); then ``wrote <path>`` to ``log``.
 
     Returns:
@@ -253,9 +255,11 @@ def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | N
     from rhnzoo.analysis import plots  # matplotlib only when plotting
 
     metric = valid.split("_", 1)[-1]  # the y axis: 'ppl', 'bpc', 'acc'
-    curves = {label: [{"epoch": r["epoch"], metric: r.get(key)} for r in records]
-              for label, key in (("validation", valid), ("training", train)) if key}  # fmt: skip
-    path = plots.plot_learning_curves(curves, png, key=metric,
+    logged = [r for r in workdir_lib.read_metrics(workdir, "train") if train and train in r]
+    sources = (("validation", valid, records), ("training", train, logged or records))
+    curves = {label: [{"step": r["step"], metric: r.get(key)} for r in rows]
+              for label, key, rows in sources if key}  # fmt: skip
+    path = plots.plot_learning_curves(curves, png, key=metric, x="step",
                                       title=f"Learning curves: {workdir.resolve().name}",
                                       style={label: {"marker": "o"} for label in curves})  # fmt: skip
     log(f"wrote {path}")

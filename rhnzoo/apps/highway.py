@@ -84,7 +84,8 @@ def _load(cfg: HighwayConfig):
 
 
 def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> None:
-    """Trains one net (``cfg.kind``, ``cfg.depth``; a highway net's figures after it) or,
+    """Trains one net (``cfg.kind``, ``cfg.depth``; its ``learning_curves.png``
+    (:func:`rhnzoo.apps.cli.write_learning_curves`), a highway net's figures after it) or,
     with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) and the sweep's table and
     figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.training.sweep.Jobs`). Every
     setting was checked when ``cfg`` was made, before the data are read."""
@@ -99,6 +100,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     net, workdir = run.net(), run.output_dir()
     print(f"{net.kind} net, depth {net.depth}, width {net.width}: {net.num_params():,} parameters")
     result = hw.train_and_evaluate(run, splits, workdir)
+    cli.write_learning_curves(workdir, "valid_xent", "train_xent")
     if net.kind == "highway" and cfg.analyze and not result.diverged:
         _figures(cfg, pathlib.Path(workdir), splits["train"])
 
