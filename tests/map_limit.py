@@ -23,6 +23,7 @@ mappings); a test adds at most a few thousand. Off Linux (no ``/proc``) it does 
 
 import gc
 import time
+import warnings
 
 import pytest
 
@@ -51,17 +52,17 @@ _LIMIT = map_limit()
 _last_check = [float("-inf")]
 
 
-def release_if_near_limit(limit: int | None = _LIMIT) -> bool:
+def release_if_near_limit(limit: int | None) -> int | None:
     """Empties JAX's in-memory caches (and collects garbage) if this process holds more
-    than half of ``limit`` mappings; returns whether it did."""
+    than half of ``limit`` mappings; returns the count it found then, else None."""
     count = map_count()
     if limit is None or count is None or count <= limit // 2:
-        return False
+        return None
     import jax
 
     jax.clear_caches()
     gc.collect()
-    return True
+    return count
 
 
 @pytest.fixture(autouse=True)
@@ -70,4 +71,6 @@ def _executables_within_the_map_limit():
     now = time.monotonic()
     if now - _last_check[0] >= CHECK_EVERY_S:
         _last_check[0] = now
-        release_if_near_limit()
+        if count := release_if_near_limit(_LIMIT):  # in the warnings summary: how often
+            warnings.warn(f"{count} memory mappings, past half of vm.max_map_count "
+                          f"({_LIMIT}): JAX's in-memory caches emptied (tests/map_limit.py)")

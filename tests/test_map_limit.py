@@ -25,6 +25,6 @@ def test_cached_executables_are_freed_past_half_the_limit_and_only_then():
 
     assert not map_limit.release_if_near_limit(limit=2 * held + 2)  # at half: kept
     assert map_limit.map_count() >= held - 10
-    assert map_limit.release_if_near_limit(limit=held)  # past half: freed
+    assert map_limit.release_if_near_limit(limit=held) >= held  # past half: freed
     assert map_limit.map_count() <= held - 40 * 3
     assert not map_limit.release_if_near_limit(limit=None)  # limit unknown: nothing
