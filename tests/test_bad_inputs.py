@@ -173,6 +173,7 @@ CASES = [
     ("char.py", "--hidden_size=100000", "GiB, more than the"),
     ("rrl.py", "--hidden_size=10000000", "--model=lstm, --hidden_size=10000000, --embed_size"),
     ("sweep.py", "--depths=10 -- --hidden_size=100000", "--hidden_size=100000, --depth=10:"),
+    ("jsb.py", "--width=100000", "--width=100000 (RHN at depth 6: width 100000): the "),
     ("highway.py", "--width=1000000", "--kind=highway, --width=1000000, --depth=10: the "),
     ("highway.py", "--sweep --width=1000000 --depths=10,20", "--kind=plain, --width=1000000, "
                                                              "--depth=20: the parameters"),

@@ -45,6 +45,24 @@ def config_from_flags() -> polyphonic.JSBConfig:
     return cli.config_from_flags(jsb_configs.get_config, _NAMES)
 
 
+def check_fits(config: polyphonic.JSBConfig) -> None:
+    """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a study whose largest trial
+    model (:func:`rhnzoo.training.polyphonic.plan`) cannot hold its parameters and SGD
+    state on a device, before the data are read."""
+    import jax
+
+    sizes = polyphonic.plan(config.archs, config.depths, config.width)
+    (arch, depth), size = max(sizes.items(), key=lambda item: item[1]["params"])
+    model = polyphonic.study_model(arch, size["hidden"], depth)
+
+    def state():
+        params = model.init(jax.random.PRNGKey(0))
+        return {"params": params, "opt_state": polyphonic.sgd(0.1, 0.9, 1.0).init(params)}
+
+    cli.check_fits(state, f"--width={config.width} ({cells.label(arch)} at depth {depth}: "
+                          f"width {size['hidden']})")
+
+
 def run_study() -> None:
     """The script's body: the study from the flags, then its table and figure."""
     from rhnzoo.data.music import load_jsb
@@ -52,6 +70,7 @@ def run_study() -> None:
 
     jobs, _ = runner.from_flags()
     config = config_from_flags()
+    check_fits(config)
     data = load_jsb(config.data_dir, download=config.download, verify=config.verify_data)
     workdir = pathlib.Path(config.workdir or f"runs/jsb_{config.preset or 'full'}").absolute()
     start = time.perf_counter()
