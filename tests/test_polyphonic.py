@@ -3,6 +3,7 @@ rolls, the settings and the JSB study."""
 
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -338,6 +339,19 @@ def test_study_with_more_trials_extends_a_study_written_before_the_configs(tmp_p
     assert new["test_nll"] == pytest.approx(59.69930795522836, rel=1e-6)
     assert (new["best_epoch"], new["epochs_run"], new["diverged"]) == (1, 1, False)
     assert json.loads((tmp_path / "config.json").read_text())["trials"] == 2
+
+
+def test_an_in_process_study_says_the_time_its_trials_left_take(tmp_path):
+    """Issue 62 item 7: each trial line of a study in this process ends with the whole
+    job's estimate, as the other multi-run scripts' lines do (it printed none): after
+    trial 1 (trial 0 finished before), one trial left; after the last, nothing."""
+    old_study(tmp_path)
+    lines = []
+    polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=3), log=lines.append)
+    first, last = [line for line in lines if line.startswith("[")]
+    assert first.startswith("[   2/3]") and last.startswith("[   3/3]")
+    assert re.search(r" s; about [\d a-z]+ for the 1 trial left$", first), first
+    assert re.search(r"\d s$", last), last
 
 
 def test_study_table_rows():

@@ -528,14 +528,17 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
                  on_divergence=on_divergence)  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False)
 class _Progress:
-    """The study's trial lines: ``[done/total]`` counted from the trials' workdirs."""
+    """The study's trial lines: ``[done/total]`` counted from the trials' workdirs; with
+    ``estimate`` (a study in this process), the time the trials left take, as the other
+    multi-run scripts say it (:class:`rhnzoo.training.sweep._Estimate`)."""
 
     trials_dir: pathlib.Path
     names: tuple[str, ...]
     start: float
     log: Callable[[str], None]
+    estimate: Any = None
 
     def finished(self) -> int:
         """The trials with a ``results.json``."""
@@ -544,12 +547,14 @@ class _Progress:
     def report(self, t: TrialConfig, r: TrainResult) -> None:
         """One line for trial ``t`` just finished (its results.json not yet written)."""
         bias = f" bias {t.init_bias:.2f}" if "init_bias" in cells.options(t.arch) else ""
+        left = "" if self.estimate is None else self.estimate.done(t.name, r.seconds)
+        left = left.replace(" runs left", " trials left").replace(" run left", " trial left")
         self.log(f"[{self.finished() + 1:4d}/{len(self.names)}] {cells.label(t.arch):>9} "
                  f"d{t.depth} t{t.trial}: lr {t.lr:.3g} mom {t.momentum:.3f} clip "
                  f"{t.max_grad_norm:.3g} scale {t.init_scale:.3g}{bias} -> valid "
                  f"{r.best_valid:.3f} test {r.test_at_best:.3f} (epoch {r.best_epoch}"
                  f"{', diverged' if r.diverged else ''}) {r.seconds:.1f} s | "
-                 f"{time.perf_counter() - self.start:.0f} s")  # fmt: skip
+                 f"{time.perf_counter() - self.start:.0f} s{left}")  # fmt: skip
 
 
 def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_divergence: str) -> dict:
@@ -581,7 +586,8 @@ def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = p
     the new ones only. A trial that diverges stops there (the runner's policy). ``jobs``
     (:class:`rhnzoo.training.sweep.Jobs`): trials side by side in child processes (a
     trial that fails there is left out of the rows). ``log`` gets the planned sizes,
-    one line per trial and the runner's lines.
+    one line per trial (in this process: ending with the time the trials left take) and
+    the runner's lines.
 
     Returns:
       Every finished trial's row, its config and results (also ``root/results.jsonl``);
@@ -601,6 +607,8 @@ def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = p
     if finished:
         log(f"{finished} of {len(runs)} trials already finished")
     parallel = jobs is not None and jobs.n > 1
+    if not parallel and (jobs is None or jobs.only is None):  # the runner's lines say it
+        progress.estimate = sweep._Estimate(runs, root / "trials")
     sweep.run_all(runs, root / "trials", log=log if parallel else None, jobs=jobs)
     done = sweep.collect(root / "trials", progress.names)
     rows = [_finite({**d["config"], **d["results"]}) for d in done.values() if d and d["results"]]
