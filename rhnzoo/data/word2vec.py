@@ -63,11 +63,7 @@ def train_word2vec(
     Raises:
       DataError: gensim is not installed, or no document has a word.
     """
-    digest = hashlib.sha256(repr((dim, seed, sorted(W2V_SETTINGS.items()))).encode())
-    digest.update("\n".join(vocab).encode("utf-8"))
-    for doc in docs:
-        digest.update(np.asarray(doc, np.int32).tobytes() + b"|")
-    path = user_cache_dir(dataset) / "word2vec" / f"{dim}d_{digest.hexdigest()[:16]}.bin"
+    path = cache_path(docs, vocab, dim, dataset=dataset, seed=seed)
     if cache and path.is_file():
         log(f"word2vec: {path} (cached, trained on the training split)")
         return load_word2vec(path, vocab, dim)
@@ -93,6 +89,18 @@ def train_word2vec(
         model.wv.save_word2vec_format(str(tmp), binary=True)
         os.replace(tmp, path)
     return vectors, found
+
+
+def cache_path(docs: Sequence[np.ndarray], vocab: Sequence[str], dim: int, *, dataset: str,
+               seed: int = 0) -> pathlib.Path:
+    """Where :func:`train_word2vec` caches the vectors of these arguments:
+    ``<user cache>/<dataset>/word2vec/<dim>d_<digest>.bin``, the digest (16 hex digits)
+    of ``dim``, ``seed``, :data:`W2V_SETTINGS`, ``vocab`` and ``docs``."""
+    digest = hashlib.sha256(repr((dim, seed, sorted(W2V_SETTINGS.items()))).encode())
+    digest.update("\n".join(vocab).encode("utf-8"))
+    for doc in docs:
+        digest.update(np.asarray(doc, np.int32).tobytes() + b"|")
+    return user_cache_dir(dataset) / "word2vec" / f"{dim}d_{digest.hexdigest()[:16]}.bin"
 
 
 def load_word2vec(

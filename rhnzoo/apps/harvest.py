@@ -1,0 +1,625 @@
+"""The GPU harvest (issues 47, 57): the papers' tables at their own sizes, filled window by
+window in a GPU's short device calls.
+
+A window is one queue row (a chunk of one table): one device command that runs in at most
+9 minutes from a fresh checkout where rhnzoo is importable only through ``PYTHONPATH``
+and the image lacks gensim, tensorflow-datasets, tensorboardX and a network. What it
+reads travels in ``.harvest/`` (an ignored folder, carried beside the working tree);
+it trains outside ``$OUT`` (in ``.harvest/work/``) and leaves in ``$OUT`` at most three
+files: ``<window>.tar.gz`` (the run records: ``config.json``, ``metrics.jsonl``,
+``results.json``, the logs; ``harvest.json``, ``log.txt``), ``<window>.partial.tar.gz``
+(a window cut at its deadline: its whole work folder with the checkpoints, where that
+fits in :data:`PARTIAL_LIMIT`) and ``summary.json``. The queue is
+``docs/runs/gpu/queue.tsv`` (a record, updated by ``record``, so it stays beside the
+records in ``docs/runs/gpu/``, not in the package)::
+
+  python -m rhnzoo.apps.harvest list                     # the queue
+  python -m rhnzoo.apps.harvest prepare [WINDOW] [--smoke]  # here: .harvest/, the call
+  PYTHONPATH=$PWD python -m rhnzoo.apps.harvest run [WINDOW] [--smoke]  # the device
+  python -m rhnzoo.apps.harvest record [--smoke] OUT_DIR  # here: the records, the table
+  python -m rhnzoo.apps.harvest table TABLE              # the table of what is recorded
+
+With no WINDOW, ``prepare`` takes the next pending row and ``run`` the prepared one.
+``prepare`` makes what the window reads that can be made here (the IMDB 256-d Word2Vec
+vectors, gensim's fixed seed), carries back a ``partial`` archive of an earlier window
+(``run`` resumes it), checks everything before it touches ``.harvest/`` and prints the
+whole device call (command, carry list, ``timeout_s``) as its last line, JSON.
+``record`` reads ``OUT_DIR`` without writing there (a device's files come back
+read-only), unpacks into a temporary folder and merges the records into
+``docs/runs/gpu/harvest/<table>/``; a ``--smoke`` archive goes only to ``--records``
+(default ``runs/harvest_smoke/``), never into a paper table or the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GPU_RECORDS = ROOT / "docs" / "runs" / "gpu"
+QUEUE = GPU_RECORDS / "queue.tsv"
+RECORDS = GPU_RECORDS / "harvest"  # <table>/<run>/{config.json, ...}; <table>/partial/
+SMOKE_RECORDS = ROOT / "runs" / "harvest_smoke"  # --smoke records: never a paper table
+STAGE_NAME = ".harvest"  # what a device call carries: data/, cache/, resume/, window.json
+TRAVEL_LIMIT = 64 * 2**20  # tracked files + .git + carried paths
+OUT_FILES, OUT_FILE_LIMIT, OUT_LIMIT, OUT_DEPTH = 8, 16 * 2**20, 64 * 2**20, 2
+PARTIAL_LIMIT = 16 * 2**20  # a cut window's work folder, compressed, if it is to come back
+COMMAND_LIMIT = 2000  # characters of one device command
+TIMEOUT_S = 600  # one device command
+DEADLINE_S = 9 * 60 - 40  # the experiment's share of a window (archives after)
+GRACE_S = 30  # from SIGTERM (the runs save) to SIGKILL
+KEPT = ("config.json", "metrics.jsonl", "results.json", "sweep.log", "table.md", "log.txt")
+QUEUE_HEADER = ("chunk", "state", "date", "device", "commit", "minutes", "note")
+
+
+class HarvestError(Exception):
+    """Bad input or a window that cannot be prepared or recorded (one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One window's work: ``script`` with ``flags`` into ``RECORDS/<table>``."""
+
+    name: str
+    table: str  # the records' folder, shared by the chunks of one table
+    script: str
+    flags: tuple[str, ...]
+    data: tuple[str, ...]  # data sets (folders of $RHNZOO_DATA) it reads
+    vectors: str | None = None  # the RRL data set whose Word2Vec vectors it reads
+    minutes: float = 8.0  # the estimate it was sized by
+    smoke: tuple[str, ...] = ()  # flags over ``flags`` for --smoke (a CPU's scale)
+    metric: str = "test_acc"  # the table's column (results.json key)
+    select: str | None = None  # a random search's selection key: the best is its best's metric
+    stack: bool = False  # a row's --seeds=K as one vmapped program (--stack_seeds)
+
+
+# Table 3 at the paper's sizes (docs/rrl.md): IMDB with its 256-d word2vec vectors (made by
+# prepare and carried: the GPU image has no gensim) and skip L 50, --divergence_factor=0 as
+# in the one-seed table (the check stops six of seven models on a start-up transient at
+# this size); P-MNIST 10 epochs, skip L 10. One model, its 3 seeds as one stacked program
+# per window (side-by-side processes time-slice one GPU: seven IMDB processes took the sum
+# of their single times, af9c2e7).
+RRL_MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
+RRL_SMOKE = ("--max_steps=2", "--subset=64", "--hidden_size=8", "--embed_size=8",
+             "--hybrid_hidden_size=8", "--embeddings=random", "--batch_size=16",
+             "--jobs=1")  # fmt: skip
+
+
+def _rrl(dataset: str, model: str, extra: tuple[str, ...], **kw) -> Chunk:
+    return Chunk(
+        name=f"rrl-{dataset}-{model}", table=f"rrl_{dataset}_paper", script="experiments/rrl.py",
+        flags=(f"--dataset={dataset}", "--preset=paper", "--table", f"--models={model}",
+               "--seeds=3", "--jobs=3", "--noprogress", *extra),
+        smoke=RRL_SMOKE, stack=True, **kw)  # fmt: skip
+
+
+# The highway report's setting (docs/highway.md): MNIST, plain vs highway, 400 epochs, one
+# depth (both kinds) per chunk, 3 seeds: 6 runs of 156k steps.
+HIGHWAY_SMOKE = ("--max_steps=2", "--seeds=1", "--jobs=1", "--noanalyze")
+
+# Zilly et al. Fig. 4 (the JSB study): the full study's 20 trials x 40 epochs per
+# (architecture, depth), one depth per chunk.
+JSB_SMOKE = ("--trials=1", "--max_steps=2", "--width=8", "--jobs=1")
+
+CHUNKS: dict[str, Chunk] = {c.name: c for c in [
+    *[_rrl("imdb", m, ("--skip=50", "--divergence_factor=0"), data=("imdb",),
+           vectors="imdb", minutes=7.0) for m in RRL_MODELS],
+    *[_rrl("pmnist", m, ("--skip=10",), data=("mnist",), minutes=5.0) for m in RRL_MODELS],
+    *[Chunk(name=f"highway-mnist-d{d}", table="highway_mnist_paper",
+            script="experiments/highway.py",
+            flags=("--dataset=mnist", "--sweep", f"--depths={d}", "--epochs=400", "--seeds=3",
+                   "--jobs=6", "--noprogress"),
+            data=("mnist",), minutes=8.0, smoke=HIGHWAY_SMOKE, metric="test_acc", stack=True)
+      for d in (10, 20, 50, 100)],
+    *[Chunk(name=f"jsb-d{d}", table="jsb_paper", script="experiments/jsb.py",
+            flags=(f"--depths={d}", "--jobs=6"), data=("jsb_chorales",),
+            minutes=8.0, smoke=JSB_SMOKE, metric="test_nll", select="valid_nll")
+      for d in (1, 2, 4, 6)],
+]}  # fmt: skip
+
+
+def chunk_of(name: str) -> Chunk:
+    """The chunk (window) ``name``; HarvestError for an unknown one."""
+    if name not in CHUNKS:
+        raise HarvestError(f"no window {name!r}; `list` shows them")
+    return CHUNKS[name]
+
+
+# ----------------------------------------------------------------------------- the queue
+
+
+def read_queue(queue: pathlib.Path | None = None) -> list[dict[str, str]]:
+    """The queue's rows (every chunk of :data:`CHUNKS`; one missing there is pending)."""
+    queue = QUEUE if queue is None else queue
+    rows = {}
+    if queue.is_file():
+        lines = queue.read_text().splitlines()
+        for line in lines[1:]:
+            fields = line.split("\t")
+            rows[fields[0]] = dict(zip(QUEUE_HEADER, fields + [""] * len(QUEUE_HEADER)))
+    return [rows.get(name) or dict.fromkeys(QUEUE_HEADER, "") | {"chunk": name, "state": "pending"}
+            for name in CHUNKS]  # fmt: skip
+
+
+def write_queue(rows: list[dict[str, str]], queue: pathlib.Path | None = None) -> None:
+    queue = QUEUE if queue is None else queue
+    text = "\t".join(QUEUE_HEADER) + "\n"
+    text += "".join("\t".join(r[k] for k in QUEUE_HEADER) + "\n" for r in rows)
+    tmp = queue.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, queue)
+
+
+def next_pending(queue: pathlib.Path | None = None) -> str:
+    """The first window whose row is ``pending`` or ``partial`` (a partial one resumes)."""
+    for row in read_queue(queue):
+        if row["state"] in ("pending", "partial"):
+            return row["chunk"]
+    raise HarvestError("no window is pending")
+
+
+# ------------------------------------------------------------------------- here: prepare
+
+
+def device_command(name: str, smoke: bool = False) -> str:
+    """The one command the device runs for window ``name`` (from the repository root,
+    ``$OUT`` set by the device tool)."""
+    return (f"PYTHONPATH=$PWD python -m rhnzoo.apps.harvest run {name}"
+            + (" --smoke" if smoke else ""))  # fmt: skip
+
+
+def make_vectors(dataset: str, log=print) -> pathlib.Path:
+    """The Word2Vec vectors an RRL window on ``dataset`` reads at the paper preset
+    (:func:`rhnzoo.training.rrl.embeddings_for`, gensim's fixed seed), trained here into
+    the user cache unless they are there; returns their file. HarvestError: no gensim,
+    or the data set is missing."""
+    from rhnzoo.configs import rrl as presets
+    from rhnzoo.data import DataError, word2vec
+    from rhnzoo.training import rrl
+
+    config = presets.get_config("paper", dataset)
+    try:
+        data = rrl.load_data(config)
+        path = word2vec.cache_path(data.train.inputs, data.vocab, config.embedding_size(),
+                                   dataset=config.dataset)  # fmt: skip
+        if not path.is_file():
+            log(f"{dataset}: training the {config.embedding_size()}-d Word2Vec vectors "
+                "(gensim, about 2 min on a CPU)")  # fmt: skip
+            rrl.embeddings_for(config, data, log=log)
+    except DataError as e:
+        raise HarvestError(f"{dataset} vectors: {e}") from None
+    if not path.is_file():
+        raise HarvestError(f"{dataset} vectors: {path} was not written")
+    return path
+
+
+def travelling_bytes(tree: pathlib.Path = ROOT) -> int:
+    """What travels with every device call from ``tree`` besides the carried paths: its
+    tracked and untracked-not-ignored files and its ``.git`` folder."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+                                cwd=tree, capture_output=True, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        raise HarvestError(f"{tree}: not a git checkout (the device call copies one)") from None
+    total = 0
+    for rel in filter(None, listed.decode().split("\0")):
+        p = tree / rel
+        if p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    return total + _bytes(tree / ".git")
+
+
+def _bytes(path: pathlib.Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path = ROOT,
+            records: pathlib.Path | None = None, tree: pathlib.Path = ROOT,
+            queue: pathlib.Path | None = None, log=print) -> dict:  # fmt: skip
+    """Stages window ``name`` (None: the next pending) into ``root/.harvest/`` and returns
+    (and prints, last, as JSON) its device call ``{"command", "carry", "timeout_s"}``.
+
+    It carries the window's data sets (from ``$RHNZOO_DATA``, else ``../shared/data``),
+    the Word2Vec vectors it reads (made here first, unless ``smoke``: random embeddings)
+    and the partial archive of an earlier cut window of it (``records/<table>/partial/``;
+    ``records``: :data:`RECORDS`, with ``smoke`` :data:`SMOKE_RECORDS`). Everything is
+    checked before ``.harvest/`` is touched: a missing data set, vectors that cannot be
+    made, or more than :data:`TRAVEL_LIMIT` bytes travelling (``tree``'s tracked files,
+    ``.git`` and the carried folder) raise HarvestError and leave it as it was."""
+    name = name or next_pending(queue)
+    chunk = chunk_of(name)
+    records = (SMOKE_RECORDS if smoke else RECORDS) if records is None else records
+    data_root = pathlib.Path(os.environ.get("RHNZOO_DATA") or ROOT.parent / "shared" / "data")
+    carried: list[tuple[pathlib.Path, str]] = []  # (source, path in the stage)
+    for d in chunk.data:
+        if not (data_root / d).is_dir():
+            raise HarvestError(f"{name} reads {data_root / d}: not there (set RHNZOO_DATA)")
+        carried.append((data_root / d, f"data/{d}"))
+    if chunk.vectors and not smoke:
+        from rhnzoo.data.common import user_cache_dir
+
+        path = make_vectors(chunk.vectors, log=log)
+        carried.append((path, f"cache/{path.relative_to(user_cache_dir('').parent)}"))
+    partial = records / chunk.table / "partial" / f"{name}.tar.gz"
+    if partial.is_file():
+        carried.append((partial, f"resume/{name}.tar.gz"))
+    size = sum(_bytes(src) for src, _ in carried)
+    travelling = travelling_bytes(tree) + size
+    if travelling > TRAVEL_LIMIT:
+        raise HarvestError(f"{name}: {travelling / 2**20:.1f} MiB would travel (carried "
+                           f"{size / 2**20:.1f} MiB), more than {TRAVEL_LIMIT / 2**20:.0f} MiB")
+    command = device_command(name, smoke)
+    if len(command) >= COMMAND_LIMIT:
+        raise HarvestError(f"{name}: the device command has {len(command)} characters")
+    stage = root / STAGE_NAME
+    new = root / (STAGE_NAME + ".new")
+    shutil.rmtree(new, ignore_errors=True)
+    try:
+        for src, rel in carried:
+            (new / rel).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, new / rel)
+        commit = _git(tree, "rev-parse", "--short", "HEAD")
+        dirty = _git(tree, "status", "--porcelain", "--untracked-files=no")
+        window = {"window": name, "smoke": smoke, "commit": commit + ("+" if dirty else ""),
+                  "prepared": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                  "resume": partial.is_file()}  # fmt: skip
+        (new / "window.json").write_text(json.dumps(window) + "\n")
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
+    os.replace(new, stage)
+    call = {"command": command, "carry": [STAGE_NAME], "timeout_s": TIMEOUT_S}
+    how = " (resumes a partial window)" if partial.is_file() else ""
+    log(f"{name}: carries {size / 2**20:.1f} MiB in {STAGE_NAME}/, {travelling / 2**20:.1f} "
+        f"MiB travel in all; about {chunk.minutes:g} min{how}; it runs: "
+        f"{' '.join(experiment_command(chunk, pathlib.Path('.harvest/work/runs'), smoke)[1:])}")
+    log(json.dumps(call))
+    return call
+
+
+# ---------------------------------------------------------------------------- the device
+
+
+def experiment_command(chunk: Chunk, workdir: pathlib.Path, smoke: bool,
+                       stack: bool | None = None, smoke_steps: int | None = None) -> list[str]:
+    """The experiment's command line; ``stack`` (default the chunk's): each row's
+    ``--seeds=K`` as one program (``--stack_seeds``, ``--jobs`` divided by K);
+    ``smoke_steps``: with ``smoke``, ``--max_steps`` instead of the smoke flags' 2."""
+    stack = chunk.stack if stack is None else stack
+    flags = [*chunk.flags, *(chunk.smoke if smoke else ())]
+    if smoke and smoke_steps is not None:
+        flags.append(f"--max_steps={smoke_steps}")
+    seeds = int(_flag(flags, "--seeds") or 1)
+    if stack and seeds > 1:
+        flags = [*flags, "--stack_seeds", f"--jobs={max(1, int(_flag(flags, '--jobs')) // seeds)}"]
+    return [sys.executable, chunk.script, *flags, f"--workdir={workdir}"]
+
+
+def _flag(flags: list[str], name: str) -> str | None:
+    """The last value of ``--name=value`` in ``flags`` (None if absent)."""
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(name + "=")]
+    return values[-1] if values else None
+
+
+def run(name: str | None = None, out: pathlib.Path | None = None, smoke: bool = False,
+        deadline_s: float = DEADLINE_S, *, root: pathlib.Path = ROOT,
+        stack: bool | None = None, smoke_steps: int | None = None) -> dict:  # fmt: skip
+    """Runs window ``name`` (None: the one prepared in ``root/.harvest/``) on the data
+    and vectors the stage carries (else the environment's), resuming its carried
+    partial archive; trains in ``root/.harvest/work/`` and stops the experiment at
+    ``deadline_s`` (SIGTERM to its main process, which passes it on: the runs save).
+    Writes into ``out`` only ``<window>.tar.gz``, ``<window>.partial.tar.gz`` (cut, and
+    its work folder compressed fits :data:`PARTIAL_LIMIT`) and ``summary.json``;
+    returns the summary. ``smoke_steps``: :func:`experiment_command`'s."""
+    stage = root / STAGE_NAME
+    window = _read_json(stage / "window.json") or {}
+    name = name or window.get("window")
+    if not name:
+        raise HarvestError(f"no window named and none prepared in {stage}")
+    chunk = chunk_of(name)
+    if out is None:
+        raise HarvestError("no $OUT: name the folder the archives go to (--out)")
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = stage / "work"
+    if work.resolve().is_relative_to(out) or out.is_relative_to(work.resolve()):
+        raise HarvestError(f"{out}: the work folder {work} may not be in it or hold it")
+    shutil.rmtree(work, ignore_errors=True)
+    runs = work / "runs"
+    runs.mkdir(parents=True)
+    resumed = None
+    carried = stage / "resume" / f"{name}.tar.gz"
+    if carried.is_file():
+        with tarfile.open(carried) as tar:
+            tar.extractall(work, filter="data")
+        resumed = _read_json(work / "harvest.json")
+        if resumed is not None and resumed.get("smoke") != smoke:
+            shutil.rmtree(work)  # a smoke partial never resumes a paper window, nor back
+            runs.mkdir(parents=True)
+            resumed = None
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if (stage / "data").is_dir():
+        env["RHNZOO_DATA"] = str(stage / "data")
+    if (stage / "cache").is_dir():
+        env["XDG_CACHE_HOME"] = str(stage / "cache")
+    cmd = experiment_command(chunk, runs, smoke, stack, smoke_steps)
+    start = time.time()
+    with open(work / "log.txt", "a") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            # The main process alone: it passes the signal on to its children once (a
+            # second SIGTERM would make them exit without saving).
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+    finished = sorted(p.parent.relative_to(runs).as_posix() for p in runs.rglob("results.json")
+                      if "stacked" not in p.parts)  # fmt: skip
+    minutes = round((time.time() - start) / 60, 2)
+    before = (resumed or {}).get("minutes_total", (resumed or {}).get("minutes", 0.0))
+    info = {"chunk": name, "table": chunk.table, "smoke": smoke, "returncode": rc,
+            "minutes": minutes, "minutes_total": round(before + minutes, 2),
+            "finished": finished, "complete": rc == 0, "resumed": resumed is not None,
+            "command": cmd[1:], "date": datetime.date.today().isoformat(),
+            "commit": window.get("commit") or _git(ROOT, "rev-parse", "--short", "HEAD")
+            or "unknown", "device": _device(), "host": os.uname().nodename,
+            "partial": None}  # fmt: skip
+    archives = []
+    with tempfile.TemporaryDirectory(dir=stage) as tmp:
+        partial = pathlib.Path(tmp) / f"{name}.partial.tar.gz"
+        if not info["complete"]:
+            (work / "harvest.json").write_text(json.dumps(info, indent=1) + "\n")
+            with tarfile.open(partial, "w:gz") as tar:
+                for path in sorted(runs.rglob("*")):
+                    if path.is_file():
+                        tar.add(path, arcname=str(path.relative_to(work)))
+                tar.add(work / "harvest.json", arcname="harvest.json")
+            size = partial.stat().st_size
+            info["partial"] = (f"{name}.partial.tar.gz" if size <= PARTIAL_LIMIT else
+                               f"not kept: {size / 2**20:.1f} MiB, more than "
+                               f"{PARTIAL_LIMIT / 2**20:.0f} MiB")  # fmt: skip
+        (work / "harvest.json").write_text(json.dumps(info, indent=1) + "\n")
+        archive = out / f"{name}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in sorted(work.rglob("*")):
+                rel = path.relative_to(work)
+                kept = path.name in KEPT or rel.parent == pathlib.Path(".")
+                state = {"checkpoints", "best", "stacked"} & set(rel.parts)
+                if path.is_file() and kept and not state:
+                    tar.add(path, arcname=f"{name}/{rel.as_posix()}")
+        archives.append(archive.name)
+        if info["partial"] == partial.name:
+            shutil.move(partial, out / partial.name)
+            archives.append(partial.name)
+    summary = dict(info, archives=archives)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary))
+    return summary
+
+
+def _read_json(path: pathlib.Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _git(tree: pathlib.Path, *args: str) -> str:
+    """``git args``'s output in ``tree`` ('' where there is no git)."""
+    try:
+        return subprocess.run(["git", *args], cwd=tree, text=True, capture_output=True,
+                              check=False).stdout.strip()  # fmt: skip
+    except OSError:
+        return ""
+
+
+def _device() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             text=True, capture_output=True, timeout=30,
+                             check=False).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return out.splitlines()[0] if out else "CPU"
+
+
+def check_out(out: pathlib.Path) -> list[str]:
+    """What in ``out`` breaks the device tool's limits on what comes back (at most
+    :data:`OUT_FILES` plain files, each at most :data:`OUT_FILE_LIMIT` bytes,
+    :data:`OUT_LIMIT` in all, no more than :data:`OUT_DEPTH` folders down): one line
+    each; empty when everything comes back."""
+    problems, files = [], [p for p in out.rglob("*") if not p.is_dir()]
+    if len(files) > OUT_FILES:
+        problems.append(f"{len(files)} files, more than {OUT_FILES}")
+    for p in files:
+        rel = p.relative_to(out)
+        if p.is_symlink() or not p.is_file():
+            problems.append(f"{rel}: not a plain file")
+        elif p.stat().st_size > OUT_FILE_LIMIT:
+            problems.append(f"{rel}: {p.stat().st_size / 2**20:.1f} MiB")
+        if len(rel.parts) - 1 > OUT_DEPTH:
+            problems.append(f"{rel}: more than {OUT_DEPTH} folders down")
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    if total > OUT_LIMIT:
+        problems.append(f"{total / 2**20:.1f} MiB in all")
+    return problems
+
+
+# --------------------------------------------------------------------------- here: record
+
+
+def record(out_dir: pathlib.Path, smoke: bool = False, records: pathlib.Path | None = None,
+           queue: pathlib.Path | None = None) -> dict[str, str]:  # fmt: skip
+    """Merges every window archive in ``out_dir`` (read only: it is never written) into
+    ``records/<table>/`` (``records``: :data:`RECORDS`; with ``smoke``
+    :data:`SMOKE_RECORDS`): each run's folder replaced, the window's log and
+    ``harvest.json`` beside them, a partial archive into ``partial/`` (a complete window
+    removes its one); without ``smoke``, the window's queue row. Returns each table's
+    text. HarvestError: no archive, or an archive whose ``smoke`` differs from ``smoke``
+    (a smoke window never enters a paper table)."""
+    records = (SMOKE_RECORDS if smoke else RECORDS) if records is None else records
+    archives = sorted(p for p in out_dir.glob("*.tar.gz") if not p.name.endswith(".partial.tar.gz"))
+    if not archives:
+        raise HarvestError(f"{out_dir}: no window archive (<window>.tar.gz)")
+    texts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        infos = []
+        for archive in archives:
+            unpacked = pathlib.Path(tmp) / archive.name.removesuffix(".tar.gz")
+            with tarfile.open(archive) as tar:
+                tar.extractall(unpacked, filter="data")
+            work = next(unpacked.iterdir())
+            info = _read_json(work / "harvest.json")
+            if info is None or info.get("chunk") not in CHUNKS:
+                raise HarvestError(f"{archive}: not a window archive (no harvest.json)")
+            if bool(info["smoke"]) != smoke:
+                raise HarvestError(
+                    f"{archive}: a {'--smoke' if info['smoke'] else 'paper-scale'} window; "
+                    f"record it {'with' if info['smoke'] else 'without'} --smoke")
+            infos.append((archive, work, info))
+        rows = read_queue(queue)
+        for archive, work, info in infos:
+            name = info["chunk"]
+            dest = records / info["table"]
+            dest.mkdir(parents=True, exist_ok=True)
+            for results in sorted((work / "runs").rglob("results.json")):
+                run_dir = results.parent
+                target = dest / run_dir.relative_to(work / "runs")
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(run_dir, target)
+            shutil.copyfile(work / "log.txt", dest / f"{name}.log")
+            shutil.copyfile(work / "harvest.json", dest / f"{name}.json")
+            partial = out_dir / f"{name}.partial.tar.gz"
+            kept = dest / "partial" / f"{name}.tar.gz"
+            if info["partial"] == partial.name and partial.is_file():
+                kept.parent.mkdir(exist_ok=True)
+                shutil.copyfile(partial, kept)
+            elif info["complete"]:
+                kept.unlink(missing_ok=True)
+            for row in rows:
+                if row["chunk"] == name:
+                    note = f"{len(info['finished'])} runs finished"
+                    if not info["complete"]:
+                        note += ("; resumable" if info["partial"] == partial.name
+                                 else f"; partial {info['partial']}")  # fmt: skip
+                    row.update(state="done" if info["complete"] else "partial",
+                               date=info["date"], device=info["device"],
+                               commit=info["commit"], minutes=str(info["minutes_total"]),
+                               note=note)  # fmt: skip
+            chunk = CHUNKS[name]
+            texts[info["table"]] = table(dest, chunk.metric, chunk.select)
+        if not smoke:
+            write_queue(rows, queue)
+    return texts
+
+
+def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
+    """The table of ``dest``'s finished runs, written to ``dest/harvest_table.md``: per
+    run name, its seeds (``<run>_s<k>``) or random-search trials (``<run>_t<k>``)
+    together, the ``metric``'s mean ± sd (n) and best (accuracies in %); with ``select``
+    (lower is better), the best is the ``metric`` of the run with the best ``select``."""
+    from rhnzoo.training import tables
+
+    groups: dict[str, list[dict]] = {}
+    for results in sorted(dest.rglob("results.json")):
+        name = results.parent.relative_to(dest).as_posix()
+        base, _, k = name.rpartition("_")
+        base = base if k[:1] in ("s", "t") and k[1:].isdigit() else name
+        r = json.loads(results.read_text())
+        if r.get(metric) is not None:
+            groups.setdefault(base, []).append(r)
+    acc = metric.endswith("_acc")
+    scale = 100.0 if acc else 1.0
+
+    def best(rs):
+        if select is not None:
+            return min(rs, key=lambda r: r.get(select, float("inf")))[metric]
+        return (max if acc else min)(r[metric] for r in rs)
+
+    rows = [(base, tables.mean_sd([r[metric] * scale for r in rs]), f"{best(rs) * scale:.2f}")
+            for base, rs in groups.items()]  # fmt: skip
+    unit = " %" if acc else ""
+    how = f" (at the best {select})" if select else ""
+    text = tables.markdown(("run", f"{metric}{unit}, mean ± sd (n)", f"best{how}{unit}"), rows)
+    (dest / "harvest_table.md").write_text(text + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rhnzoo.apps.harvest",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("list", help="the queue")
+    p = sub.add_parser("prepare", help="here: the window's .harvest/ and its device call")
+    p.add_argument("window", nargs="?", help="a queue row (default: the next pending)")
+    p.add_argument("--smoke", action="store_true", help="at a CPU's scale")
+    p = sub.add_parser("run", help="the device: the window, its archives into $OUT")
+    p.add_argument("window", nargs="?", help="a queue row (default: the one prepared)")
+    p.add_argument("--smoke", action="store_true", help="at a CPU's scale")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="default: $OUT")
+    p.add_argument("--deadline_s", type=float, default=DEADLINE_S,
+                   help="SIGTERM to the experiment after this many seconds (the runs save)")
+    p.add_argument("--smoke_steps", type=int, default=None,
+                   help="with --smoke: train this many steps (default the smoke flags' 2)")
+    p = sub.add_parser("record", help="here: OUT_DIR's archives into the records")
+    p.add_argument("out_dir")
+    p.add_argument("--smoke", action="store_true", help="smoke archives (never a paper table)")
+    p.add_argument("--records", default=None, help="default: docs/runs/gpu/harvest "
+                   "(--smoke: runs/harvest_smoke)")  # fmt: skip
+    p = sub.add_parser("table", help="the table of what is recorded")
+    p.add_argument("table")
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "window", None) is not None:
+            chunk_of(args.window)
+        if args.what == "list":
+            for row in read_queue():
+                print("\t".join(row[k] for k in QUEUE_HEADER).rstrip())
+        elif args.what == "prepare":
+            prepare(args.window, args.smoke)
+        elif args.what == "run":
+            if args.deadline_s <= 0:
+                raise HarvestError(f"--deadline_s={args.deadline_s:g}: must be > 0")
+            if args.smoke_steps is not None and not (args.smoke and args.smoke_steps > 0):
+                raise HarvestError("--smoke_steps: a positive number, with --smoke")
+            run(args.window, pathlib.Path(args.out) if args.out else None, args.smoke,
+                args.deadline_s, smoke_steps=args.smoke_steps)  # fmt: skip
+        elif args.what == "record":
+            out_dir = pathlib.Path(args.out_dir)
+            if not out_dir.is_dir():
+                raise HarvestError(f"{out_dir}: not a folder")
+            records = pathlib.Path(args.records) if args.records else None
+            for text in record(out_dir, args.smoke, records).values():
+                print(text)
+        else:
+            chunk = next((c for c in CHUNKS.values() if c.table == args.table), None)
+            if chunk is None:
+                raise HarvestError(f"no table {args.table!r}")
+            print(table(RECORDS / args.table, chunk.metric, chunk.select))
+    except HarvestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
