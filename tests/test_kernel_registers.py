@@ -1,0 +1,79 @@
+"""Registers per thread and spills of the persistent Mosaic GPU kernels, compiled for an
+H100 (sm_90a) by the CUDA plugin's own pipeline and ptxas on this host, no GPU needed
+(tests/kernel_registers.py says how). Every shipped configuration's forward and
+backward kernel: zero spill bytes; the registers are recorded (``-s`` prints them).
+
+A kernel that spills today is an expected failure with its measured spill bytes in the
+reason, strict: when a change removes its spills the test reports XPASS and fails, and
+the entry in :data:`SPILLS` goes."""
+
+import functools
+
+import kernel_registers as kr
+import pytest
+
+pytestmark = pytest.mark.pallas
+
+# (config, kernel): (spill stores, spill loads) in bytes, as ptxas 13.0 (V13.0.88) reported
+# them on 2026-11-27 with JAX 0.11.2 (`python tests/kernel_registers.py table`).
+SPILLS = {
+    ("lstm_n64", "backward"): (56, 56),
+    ("lstm_n64_outputs", "backward"): (132, 148),
+    ("lstm_n100", "backward"): (1296, 1376),
+    ("lstm_n100_outputs", "backward"): (1404, 1392),
+    ("lstm_n100_outputs_masked", "forward"): (88, 88),
+    ("lstm_n100_outputs_masked", "backward"): (1688, 1508),
+    ("gru_ra_n100", "backward"): (488, 412),
+    ("sc_lstm_p_n64", "backward"): (212, 280),
+    ("sc_lstm_p_n100", "forward"): (164, 164),
+    ("sc_lstm_p_n100", "backward"): (2608, 3112),
+    ("rrn2_n100", "backward"): (676, 724),
+    ("rrn3_n100", "backward"): (544, 596),
+    ("cho_gru_n100", "backward"): (200, 256),
+}
+
+FAST = {"lstm_n64"}  # the configuration `auto` picks; the rest are slow
+
+
+@functools.cache
+def _modules(name):  # the lowering gives both kernels; each test compiles its own
+    return kr.kernel_modules(name)
+
+
+def _params():
+    for name in kr.CONFIGS:
+        for which in ("forward", "backward"):
+            marks = [] if name in FAST else [pytest.mark.slow]
+            if (name, which) in SPILLS:
+                stores, loads = SPILLS[name, which]
+                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+                    f"ptxas: {stores} B spill stores, {loads} B spill loads")))  # fmt: skip
+            yield pytest.param(name, which, marks=marks, id=f"{name}-{which}")
+
+
+@pytest.mark.parametrize("name, which", list(_params()))
+def test_no_spills(name, which, record_property):
+    why = kr.missing_tools()
+    if why:
+        pytest.skip(why)
+    counts, log = kr.ptxas_counts({which: _modules(name)[which]})[which]
+    record_property("registers", counts.registers)
+    print(f"{name} {which} ({kr.ARCH}, {kr.ptxas_version()}): {counts}")
+    assert counts.registers <= 255
+    assert (counts.spill_stores, counts.spill_loads) == (0, 0), log
+
+
+def test_parse_ptxas_log_reads_registers_and_spills():
+    """The parser reads the counts of ptxas's ``-v`` log (its format in CUDA 13.0), so a
+    spilling kernel fails :func:`test_no_spills`; a log without exactly one entry is an
+    error, not zero spills."""
+    log = ("ptxas info    : 0 bytes gmem\n"
+           "ptxas info    : Compiling entry function 'body_mosaic_gpu_kernel' for 'sm_90a'\n"
+           "ptxas info    : Function properties for body_mosaic_gpu_kernel\n"
+           "    56 bytes stack frame, 56 bytes spill stores, 52 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 16 barriers, 1 bytes smem\n")  # fmt: skip
+    assert kr.parse_ptxas_log(log) == kr.Counts(255, 56, 52, 56)
+    with pytest.raises(ValueError, match="one entry function"):
+        kr.parse_ptxas_log("ptxas info    : 0 bytes gmem\n")
+    with pytest.raises(ValueError, match="one entry function"):
+        kr.parse_ptxas_log(log + log.replace("body", "other"))
