@@ -193,6 +193,12 @@ CASES = [
     ("sweep.py", "--table --root={tmp}", "--root={tmp} holds no run"),
     ("char.py", "--preset=small --dataset=enwik8", "--preset=small is sized for "
                                                    "--dataset=ptb_char, not --dataset=enwik8"),
+    # rows of test_rrl.py / test_highway_experiment.py's subprocess cases, here in-process
+    ("rrl.py", "--table --models=lstm,transformer", "unknown cell 'transformer'"),
+    ("rrl.py", "--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews",
+     "no rrn study on agnews"),
+    ("rrl.py", "--jobs=0", "--jobs must be >= 1, got 0"),
+    ("highway.py", "--data_dir={tmp}/nothing", "train-images-idx3-ubyte.gz"),
     # issue 62, item 4: checked early, by the right flag's name
     ("rrl.py", "--coverage=1.5", "--coverage must be a fraction in (0, 1], got 1.5"),
     ("ptb.py", f"--eval_batch_size=1000000 {TINY_PTB}",
