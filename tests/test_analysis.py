@@ -477,6 +477,32 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     assert len(again["mc_dropout"]["sample_ppls"]) == 2 and again["lesion"] == first["lesion"]
 
 
+def test_flow_figures_keep_the_families_drawn_and_redo_them_when_asked(tmp_path, capsys,
+                                                                      monkeypatch):  # fmt: skip
+    """Issue 62 item 1 for --flow: a second call with the same settings draws nothing and
+    leaves flow.json as it was; other settings (flow_steps) or --redo draw again; a
+    deleted figure is drawn again too (one cell family: the rule, not the cells)."""
+    from rhnzoo.analysis import report
+
+    monkeypatch.setattr(report, "FAMILIES", {"GRU": ("gru", {})})
+    calls = []
+    opts = report.Options(flow_hidden=3, flow_steps=4, track=recording_track(calls))
+    first = report.flow_figures(None, tmp_path, opts)
+    written = (tmp_path / "flow.json").read_text()
+    assert [c[0] for c in calls] == ["gradient_flow"]
+    calls.clear()
+    assert report.flow_figures(None, tmp_path, opts) == first and calls == []
+    assert (tmp_path / "flow.json").read_text() == written
+    assert "gradient_flow: kept from the earlier analysis" in capsys.readouterr().out
+    for again in (dataclasses.replace(opts, redo=True), dataclasses.replace(opts, flow_steps=3)):
+        report.flow_figures(None, tmp_path, again)
+        assert [c[0] for c in calls] == ["gradient_flow"]
+        calls.clear()
+    (tmp_path / "gradient_flow.png").unlink()
+    report.flow_figures(None, tmp_path, dataclasses.replace(opts, flow_steps=3))
+    assert [c[0] for c in calls] == ["gradient_flow"] and (tmp_path / "gradient_flow.png").is_file()
+
+
 @pytest.mark.slow
 def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     """--flow: every cell family at initialisation, plus the run's cell at init and trained;
