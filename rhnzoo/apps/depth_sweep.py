@@ -142,7 +142,8 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     del extra
     jobs, seeds = runner.from_flags()
     configs = run_configs(depths, root, seeds)
-    lm.check_fits(max((c for _, c in configs), key=lambda c: c.depth))  # the largest model
+    if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
+        lm.check_fits(max((c for _, c in configs), key=lambda c: c.depth))  # the largest
     first = configs[0][1]
     load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
                              verify=first.verify_data)  # fmt: skip

@@ -56,7 +56,8 @@ def experiment() -> None:
     ``--matmul_precision`` (the figures' evaluations too)."""
     jobs, seeds = runner.from_flags()
     cfg = config_from_flags(jobs, seeds)
-    check_fits(cfg)
+    if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
+        check_fits(cfg)
     with precision.context(cfg.matmul_precision):
         train_and_evaluate(cfg, jobs)
 

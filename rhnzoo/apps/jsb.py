@@ -70,7 +70,8 @@ def run_study() -> None:
 
     jobs, _ = runner.from_flags()
     config = config_from_flags()
-    check_fits(config)
+    if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
+        check_fits(config)
     data = load_jsb(config.data_dir, download=config.download, verify=config.verify_data)
     workdir = pathlib.Path(config.workdir or f"runs/jsb_{config.preset or 'full'}").absolute()
     start = time.perf_counter()

@@ -96,8 +96,9 @@ def experiment() -> None:
     configs = presets.runs(base, FLAGS.models if FLAGS.table else [base.model],
                            FLAGS.study)  # every run checked: one line  # fmt: skip
     cli.initialize_distributed(base)
-    for c in configs.values():
-        check_fits(c)
+    if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
+        for c in configs.values():
+            check_fits(c)
     primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
     preset = base.preset or "custom"
     root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}")
