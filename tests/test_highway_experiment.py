@@ -30,10 +30,10 @@ def png_shape(path):
 @pytest.mark.parametrize(
     "flags,message",
     [
-        # flag values alone: tests/test_bad_inputs.py's table (one subprocess a script),
-        # test_config_round_trip_and_one_line_errors and tests/test_config_contract.py
+        # flag values alone and a missing data directory: tests/test_bad_inputs.py's table
+        # (one subprocess a script), test_config_round_trip_and_one_line_errors and
+        # tests/test_config_contract.py; here what only the real data refute
         (["--valid_size=60000"], "--valid_size must be in [1, 59999]"),  # the data's
-        (["--data_dir={tmp}/nothing", "--nodownload"], "train-images-idx3-ubyte.gz"),
     ],
 )
 def test_bad_flags_fail_with_one_line_before_writing(tmp_path, flags, message):

@@ -163,21 +163,8 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
     assert [l for l in again.stdout.splitlines() if l.startswith("| LSTM")] == rows[:1]
 
 
-# Rows of no other home (a flag value alone: tests/test_bad_inputs.py's table, one
-# subprocess a script, and tests/test_config_contract.py's low / high / choices of every
-# field; non-finite floats: parse_flags, the table's ptb.py rows).
-@pytest.mark.parametrize("flag,message", [
-    ("--models=lstm,transformer", "unknown cell 'transformer'"),
-    ("--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews", "no rrn study on agnews"),
-    pytest.param("--jobs=0", "--jobs must be >= 1, got 0", marks=pytest.mark.slow),
-])  # fmt: skip
-def test_bad_flags_are_one_line_errors_before_anything_is_written(tmp_path, flag, message):
-    result = rrl_script(*flag.split(), "--table" if "models" in flag else "--max_steps=1",
-                        "--data_dir=/nonexistent", "--nodownload", f"--workdir={tmp_path / 'w'}")
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert message in lines[0]
-    assert not (tmp_path / "w").exists()
+# Bad flags: tests/test_bad_inputs.py's table (one subprocess a script, the rest in-process)
+# and tests/test_config_contract.py (every field's low / high / choices).
 
 
 def test_missing_data_is_one_line_naming_the_files(tmp_path):
