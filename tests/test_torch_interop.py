@@ -5,6 +5,7 @@
 registry and the RRL config."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -363,3 +364,120 @@ def test_reset_after_reaches_the_cell_by_name_and_config():
     lstm = rrl.RRLConfig(model="lstm", hidden_size=8, gru_reset_after=True).cell()
     assert lstm == cells.LSTM(8, init_scale=config.init_scale)  # the option is the GRU's
     assert gated_fused.supports(cells.GRU(8, reset_after=True))
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 62: bias=False modules, the GRU's convention carried by its parameters, and
+# parameters of another size refused by name.
+
+CONVERTERS = {"lstm": (4, torch_interop.lstm_from_torch, torch_interop.lstm_to_torch),
+              "gru": (3, torch_interop.gru_from_torch, torch_interop.gru_to_torch)}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_bias_false_gets_no_bias_keys_back(kind):
+    """A ``bias=False`` module's state dict (weights only) comes back with exactly its
+    keys and arrays; ``bias=False`` with a nonzero bias is refused in one line."""
+    gates, frm, to = CONVERTERS[kind]
+    sd = {k: v for k, v in torch_state_dict(gates, seed=10).items() if k.startswith("weight")}
+    back = to(frm(sd), bias=False)
+    assert set(back) == set(sd) == {"weight_ih_l0", "weight_hh_l0"}
+    for k in sd:
+        np.testing.assert_array_equal(back[k], sd[k])
+    assert set(to(frm(sd), prefix="rnn.", bias=False)) == {"rnn.weight_ih_l0", "rnn.weight_hh_l0"}
+    assert set(to(frm(sd))) == set(torch_state_dict(gates, seed=10))  # bias=True: all four
+    biased = frm(torch_state_dict(gates, seed=10))
+    with pytest.raises(ValueError, match="bias=False, but 'b' is not zero") as e:
+        to(biased, bias=False)
+    assert "\n" not in str(e.value)
+    if kind == "gru":
+        only_b_hn = frm(sd) | {"b_hn": np.ones(N)}
+        with pytest.raises(ValueError, match="'b_hn' is not zero"):
+            to(only_b_hn, bias=False)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_bias_false_torch_module_loads_strictly_and_computes_the_same(kind):
+    """With torch installed: ``nn.LSTM`` / ``nn.GRU(bias=False)`` -> rhnzoo -> a strict
+    ``load_state_dict`` into the same module class works, and rhnzoo's cell computes the
+    module's outputs (float64)."""
+    torch = pytest.importorskip("torch")
+    gates, frm, to = CONVERTERS[kind]
+    torch.manual_seed(0)
+    module = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(M, N, bias=False).double()
+    sd = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    params = frm(sd)
+    fresh = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(M, N, bias=False).double()
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in to(params, bias=False).items()},
+                          strict=True)  # fmt: skip
+    xs, h0, c0, _ = inputs(11)
+    state = (torch.from_numpy(h0)[None], torch.from_numpy(c0)[None])
+    with torch.no_grad():
+        want = fresh(torch.from_numpy(xs), state if kind == "lstm" else state[0])[0].numpy()
+        np.testing.assert_array_equal(
+            want, module(torch.from_numpy(xs), state if kind == "lstm" else state[0])[0].numpy())
+    with jax.enable_x64(True):
+        cell = cells.LSTM(N) if kind == "lstm" else cells.GRU(N, reset_after=True)
+        carry = cells.LSTMState(jnp.asarray(h0), jnp.asarray(c0)) if kind == "lstm" else h0
+        ys = cells.unroll(cell, jax.tree.map(jnp.asarray, params), carry, jnp.asarray(xs))[1]
+        np.testing.assert_allclose(ys, want, **TOL)
+
+
+def _gru_runs(cell, params, h0, xs):
+    """Every way a GRU's parameters reach its computation (the Pallas entries refuse
+    before any kernel is built)."""
+    from rhnzoo.cells import chained_pallas, gated_pallas, scan
+
+    yield "step", lambda: cell.step(params, h0, xs[0] @ jnp.asarray(params["W"]))
+    yield "project_inputs", lambda: cell.project_inputs(params, xs)
+    yield "cells.unroll", lambda: cells.unroll(cell, params, h0, xs)
+    yield "gated_fused.unroll", lambda: gated_fused.unroll(cell, params, h0, xs)
+    for impl in ("reference", "fused"):
+        yield f"scan {impl}", lambda impl=impl: scan.unroll(cell, params, h0, xs, impl=impl)
+    pallas = chained_pallas if not cell.reset_after else gated_pallas
+    yield "pallas", lambda: pallas.unroll(cell, params, h0, xs)
+
+
+@pytest.mark.parametrize("reset_after", [False, True])
+def test_a_gru_refuses_the_other_grus_parameters(reset_after):
+    """``gru_from_torch``'s parameters (with b_hn) through Cho et al.'s ``GRU(n)``, and
+    Cho's (without) through ``GRU(n, reset_after=True)``: one ValueError line naming the
+    cell to use, on every path, not another function computed silently (the outputs were
+    off by up to 0.5)."""
+    torch_params = torch_interop.gru_from_torch(torch_state_dict(3, seed=12))
+    cho_params = {k: v for k, v in torch_params.items() if k != "b_hn"}
+    params = cho_params if reset_after else torch_params
+    xs, h0, _, _ = (jnp.asarray(a, jnp.float32) for a in inputs(12))
+    want = "no 'b_hn'" if reset_after else "GRU(5, reset_after=True)"
+    for name, run in _gru_runs(cells.GRU(N, reset_after=reset_after), params, h0, xs):
+        with pytest.raises(ValueError, match=re.escape(want)) as e:
+            run()
+        assert "GRU(hidden_size=5" in str(e.value) and "\n" not in str(e.value), name
+    # and each cell still takes its own
+    for cell, own in ((cells.GRU(N), cho_params), (cells.GRU(N, reset_after=True), torch_params)):
+        assert cells.unroll(cell, own, h0, xs)[1].shape == (T, B, N)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm"])
+def test_parameters_of_another_size_are_refused_by_name(kind):
+    """A cell of the wrong hidden size (the converted module had n = 5) or inputs of the
+    wrong width: one ValueError line naming the cell and the parameter, before any
+    matmul (it failed inside dot_general)."""
+    gates = 3 if kind == "gru" else 4
+    frm = torch_interop.gru_from_torch if kind == "gru" else torch_interop.lstm_from_torch
+    params = frm(torch_state_dict(gates, seed=13))
+    make = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True),
+            "sc_lstm": lambda n: cells.SCLSTM(n, skip=2)}[kind]  # fmt: skip
+    xs = jnp.ones((T, B, M))
+    for impl in (cells.unroll, gated_fused.unroll):
+        cell = make(8)
+        with pytest.raises(ValueError) as e:
+            impl(cell, params, cell.initial_carry(B), xs)
+        text = str(e.value)
+        assert text.startswith(repr(cell)) and "parameter 'U' has shape [5, " in text, text
+        assert "hidden size 8" in text and "\n" not in text
+        cell = make(N)
+        with pytest.raises(ValueError, match=r"parameter 'W' has shape \[3, \d+\].*input size 4"):
+            impl(cell, params, cell.initial_carry(B), jnp.ones((T, B, 4)))
+    with pytest.raises(ValueError, match=r"unknown \['alpha'\]"):  # SC-LSTM-P's in an LSTM
+        cells.unroll(make(N), params | {"alpha": np.float32(1.0)}, make(N).initial_carry(B), xs)

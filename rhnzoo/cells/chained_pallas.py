@@ -66,7 +66,7 @@ from rhnzoo.cells.gated_pallas import (
     _Step,
     _swizzled,
 )
-from rhnzoo.cells.lstm import GRU
+from rhnzoo.cells.lstm import GRU, check_params
 from rhnzoo.cells.residual import RRN
 
 Array = jax.Array
@@ -481,11 +481,14 @@ def unroll(
     Raises:
       ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
         exceed one CTA's shared memory (a wide input; the GRU at n > 64 with
-        ``outputs``), or a ``dtype`` other than bfloat16.
+        ``outputs``), a ``dtype`` other than bfloat16, or the GRU's parameters not
+        the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     if not supports(cell):
         raise ValueError(f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
                          "size <= 128 whose matrices fit one CTA's shared memory only")  # fmt: skip
+    if isinstance(cell, GRU):
+        check_params(cell, params, xs.shape[-1])
     interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     m = xs.shape[2]
     if not _fits(cell, m, with_dy=outputs):

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import fastmath
-from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState
+from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState, check_params
 from rhnzoo.cells.residual import RRN, Parallel
 
 Array = jax.Array
@@ -590,8 +590,9 @@ def unroll(
       ``outputs=False``.
 
     Raises:
-      ValueError: for a cell without a fused path (see :func:`supports`), or a
-        ``weight_grad_chunk`` that does not divide T.
+      ValueError: for a cell without a fused path (see :func:`supports`), a
+        ``weight_grad_chunk`` that does not divide T, or (LSTM, SC-LSTM, GRU) parameters
+        that are not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype,
               weight_grad_chunk=weight_grad_chunk, outputs=outputs)  # fmt: skip
@@ -602,6 +603,8 @@ def unroll(
         return tuple(o[0] for o in outs), ys
     if not supports(cell):
         raise ValueError(f"no fused unroll for {cell!r}; use rhnzoo.cells.unroll")
+    if not isinstance(cell, RRN):
+        check_params(cell, params, xs.shape[-1])
     T = xs.shape[0]
     n = cell.hidden_size
     cdt = (carry.h if isinstance(cell, SCLSTM) else jax.tree.leaves(carry)[0]).dtype

@@ -80,7 +80,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState
+from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState, check_params
 
 Array = jax.Array
 
@@ -211,8 +211,10 @@ class _Step:
 def _skip_grid(count, skip: int):
     """SC-LSTM's skip grid for steps whose count τ - 1 is ``count`` (int, any shape):
     ``(on, skipped)``, the steps with τ ≡ 1 (mod L) (h_t becomes the anchor) and those of
-    them with τ > 1 (h_t += α anchor). In the kernels and outside them."""
-    on = lax.rem(count, skip) == 0
+    them with τ > 1 (h_t += α anchor). In the kernels and outside them. L takes
+    ``count``'s dtype (under ``jax_enable_x64`` a bare Python int is int64, which
+    ``lax.rem`` refuses beside an int32 count)."""
+    on = lax.rem(count, jnp.asarray(skip, count.dtype)) == 0
     return on, on & (count > 0)
 
 
@@ -920,12 +922,14 @@ def unroll(
       ``(carry_T, ys [T, B, n] float32 or None)``.
 
     Raises:
-      ValueError: for a cell without a kernel (see :func:`supports`), or a ``dtype``
+      ValueError: for a cell without a kernel (see :func:`supports`), parameters that
+        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), or a ``dtype``
         other than bfloat16.
     """
     if not supports(cell):
         raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
                          "GRU with hidden size <= 128 only")  # fmt: skip
+    check_params(cell, params, xs.shape[-1])
     interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     if type(cell) is GRU:
         return _gru(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],

@@ -66,6 +66,56 @@ def _project(params: Params, xs: Array) -> Array:
     return xs @ params["W"].astype(xs.dtype)
 
 
+def check_params(cell: Any, params: Params, input_size: int | None = None) -> None:
+    """Checks that ``params`` are parameters of ``cell`` (an :class:`LSTM`,
+    :class:`SCLSTM` or :class:`GRU`): its keys, and shapes that fit its hidden size
+    (and ``input_size``, m, where given). Shapes only (trace time, no computation); the
+    cells' ``project_inputs`` and ``step`` and the fused and Pallas scans call it.
+
+    The keys carry the convention: ``b_hn`` is the reset-after GRU's alone (PyTorch's
+    ``nn.GRU``, :func:`rhnzoo.cells.torch_interop.gru_from_torch`), so Cho et al.'s
+    ``GRU(n)`` refuses parameters that have it, rather than computing another function
+    of the same weights; and ``alpha`` is SC-LSTM-P's alone.
+
+    Raises:
+      ValueError: (one line naming the cell and the parameter) a missing or unknown
+        parameter, or a shape other than ``W [m, k n]``, ``U [n, k n]``, ``b [k n]``
+        (k = 4 for the LSTMs, 3 for the GRU), ``b_hn [n]``, ``alpha []``.
+    """
+    n = cell.hidden_size
+    k = 3 if isinstance(cell, GRU) else 4
+    want = {"U": (n, k * n), "b": (k * n,), "W": (input_size, k * n)}  # U first: it shows n
+    if isinstance(cell, GRU) and cell.reset_after:
+        want["b_hn"] = (n,)
+    if isinstance(cell, SCLSTM) and cell.learn_alpha:
+        want["alpha"] = ()
+    if not hasattr(params, "keys"):
+        raise ValueError(f"{cell!r}: parameters must be a dict with keys {sorted(want)}, "
+                         f"got {type(params).__name__}")  # fmt: skip
+    if isinstance(cell, GRU) and (cell.reset_after != ("b_hn" in params)):
+        if cell.reset_after:
+            raise ValueError(f"{cell!r}: no 'b_hn' in the parameters: these are Cho et al.'s "
+                             f"GRU({n})'s (reset gate before U); the reset-after GRU (PyTorch's "
+                             "nn.GRU) needs b_hn")  # fmt: skip
+        raise ValueError(f"{cell!r}: a 'b_hn' parameter: these are parameters of GRU({n}, "
+                         "reset_after=True) (PyTorch's nn.GRU, torch_interop.gru_from_torch), "
+                         "which computes another function; run them with that cell")  # fmt: skip
+    missing, unknown = sorted(set(want) - set(params)), sorted(set(params) - set(want))
+    if missing or unknown:
+        raise ValueError(f"{cell!r}: parameters {sorted(want)} expected; "
+                         + (f"missing {missing}" if missing else "")
+                         + ("; " if missing and unknown else "")
+                         + (f"unknown {unknown}" if unknown else ""))  # fmt: skip
+    for key, shape in want.items():
+        got = tuple(jnp.shape(params[key]))
+        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+            text = "[m, " + str(k * n) + "]" if shape[:1] == (None,) else str(list(shape))
+            raise ValueError(f"{cell!r}: parameter '{key}' has shape {list(got)}, expected "
+                             f"{text} for hidden size {n}"
+                             + (f" and input size {input_size}" if key == "W" and input_size
+                                else ""))  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class LSTM:
     """Long short-term memory cell, as written by Wang & Tian (2016, eq. 1)
@@ -123,14 +173,21 @@ class LSTM:
         return LSTMState(zeros(), zeros())  # two buffers: a donated carry may not alias
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
-        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul."""
+        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul. Raises
+        ValueError (:func:`check_params`) for parameters that are not this cell's."""
+        check_params(self, params, xs.shape[-1])
         return _project(params, xs)
 
     def step(
         self, params: Params, carry: LSTMState, x_proj: Array, mask: Array | None = None
     ) -> tuple[LSTMState, Array]:
         """One time step: ``carry (h, c)``, ``x_proj [B, 4n]`` -> ``((h_t, c_t), h_t)``,
-        computed in the dtype of ``h``."""
+        computed in the dtype of ``h``. Raises ValueError (:func:`check_params`) for
+        parameters that are not this cell's."""
+        check_params(self, params)
+        return self._step(params, carry, x_proj, mask)
+
+    def _step(self, params, carry, x_proj, mask):
         h, c = carry
         n, dt = self.hidden_size, h.dtype
         h_in = h if mask is None else h * mask
@@ -221,13 +278,18 @@ class GRU:
         return jnp.zeros((batch_size, self.hidden_size), dtype)
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
-        """``xs [..., m] -> [..., 3n]``: W x for all time steps in one matmul."""
+        """``xs [..., m] -> [..., 3n]``: W x for all time steps in one matmul. Raises
+        ValueError (:func:`check_params`) for parameters that are not this cell's (Cho
+        et al.'s GRU given the reset-after GRU's, or the other way round)."""
+        check_params(self, params, xs.shape[-1])
         return _project(params, xs)
 
     def step(
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
-        """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, 3n]`` -> ``(h_t, h_t)``."""
+        """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, 3n]`` -> ``(h_t, h_t)``.
+        Raises ValueError (:func:`check_params`) for parameters that are not this cell's."""
+        check_params(self, params)
         n, dt = self.hidden_size, carry.dtype
         U = params["U"].astype(dt)
         x_proj = x_proj.astype(dt) + params["b"].astype(dt)
@@ -317,14 +379,18 @@ class SCLSTM:
         return SCLSTMState(h, c, jnp.zeros_like(h), jnp.zeros((batch_size,), jnp.int32))
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
-        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul."""
+        """``xs [..., m] -> [..., 4n]``: W x for all time steps in one matmul. Raises
+        ValueError (:func:`check_params`) for parameters that are not this cell's."""
+        check_params(self, params, xs.shape[-1])
         return _project(params, xs)
 
     def step(
         self, params: Params, carry: SCLSTMState, x_proj: Array, mask: Array | None = None
     ) -> tuple[SCLSTMState, Array]:
-        """One time step τ = t + 1: ``carry``, ``x_proj [B, 4n]`` -> ``(carry, h_τ [B, n])``."""
-        (h, c), _ = self.lstm.step(params, LSTMState(carry.h, carry.c), x_proj, mask)
+        """One time step τ = t + 1: ``carry``, ``x_proj [B, 4n]`` -> ``(carry, h_τ [B, n])``.
+        Raises ValueError (:func:`check_params`) for parameters that are not this cell's."""
+        check_params(self, params)
+        (h, c), _ = self.lstm._step(params, LSTMState(carry.h, carry.c), x_proj, mask)
         alpha = params["alpha"].astype(h.dtype) if self.learn_alpha else 1.0
         on_grid = (carry.t % self.skip == 0)[:, None]  # τ ≡ 1 (mod L)
         skipped = on_grid & (carry.t > 0)[:, None]  # ... and τ > 1

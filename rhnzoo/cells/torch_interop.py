@@ -31,7 +31,20 @@ the whole bias to ``bias_ih_l0`` and zeros to that part of ``bias_hh_l0``. So
 ``*_from_torch(*_to_torch(params))`` returns ``params`` exactly, and
 ``*_to_torch(*_from_torch(sd))`` returns the weights, b_in and b_hn exactly and
 ``bias_ih_l0 + bias_hh_l0`` exactly: the same function, and ``sd`` itself whenever its
-``bias_hh_l0`` is zero there.
+``bias_hh_l0`` is zero there. In short, torch -> rhnzoo -> torch folds ``bias_hh`` into
+``bias_ih`` where the cell has one bias: the outputs are equal, the state dict is not
+(``load_state_dict`` works; comparing the two state dicts key by key does not).
+
+A module built with ``bias=False`` has no bias keys: ``*_from_torch`` reads zero biases,
+and ``*_to_torch(params, bias=False)`` writes none back (so a strict ``load_state_dict``
+into that module works), refusing biases that are not zero (dropping them would change
+the function).
+
+The parameters carry their convention in their keys: ``gru_from_torch``'s have ``b_hn``,
+which only the reset-after ``GRU(n, reset_after=True)`` takes; Cho et al.'s ``GRU(n)``
+refuses them with a ValueError (as every cell refuses parameters of another hidden or
+input size: :func:`rhnzoo.cells.lstm.check_params`), rather than computing another
+function of the same weights.
 """
 
 from __future__ import annotations
@@ -84,6 +97,20 @@ def _read(state_dict: Mapping[str, Any], gates: int, prefix: str, what: str):
     return w_ih, w_hh, biases[0], biases[1], n
 
 
+def _no_bias(state: dict[str, np.ndarray], params: Mapping[str, Any], keys: tuple[str, ...],
+             prefix: str, what: str) -> dict[str, np.ndarray]:
+    """``state`` without its two bias keys (``bias=False``); ValueError (one line) if any
+    of the parameters ``keys`` is not zero."""
+    for k in keys:
+        if np.any(np.asarray(params[k]) != 0):
+            big = float(np.max(np.abs(params[k])))
+            raise ValueError(f"{what}: bias=False, but '{k}' is not zero (max |{k}| = {big:.3g}): "
+                             "a module without biases computes another function; convert "
+                             "with bias=True")  # fmt: skip
+    return {k: v for k, v in state.items()
+            if k not in (prefix + "bias_ih_l0", prefix + "bias_hh_l0")}  # fmt: skip
+
+
 def _check(params: Mapping[str, Any], gates: int, what: str, extra: tuple[str, ...] = ()):
     """``(W, U, b, n)`` of rhnzoo parameters as NumPy arrays; ValueError (one line) for
     missing keys or shapes that do not fit."""
@@ -110,7 +137,8 @@ def lstm_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str
 
     Returns:
       ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` in the input's dtype, blocks
-      i | f | o | c̃, b = bias_ih + bias_hh: the parameters of ``LSTM(n)`` (any
+      i | f | o | c̃, b = bias_ih + bias_hh (zeros without bias keys: convert back with
+      ``lstm_to_torch(..., bias=False)``): the parameters of ``LSTM(n)`` (any
       ``forget_bias`` / ``init_scale``: those only set the initialisation).
 
     Raises:
@@ -123,31 +151,40 @@ def lstm_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str
             "b": _blocks(b_ih + b_hh, _LSTM_ORDER, 0)}  # fmt: skip
 
 
-def lstm_to_torch(params: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    """A ``torch.nn.LSTM(m, n)`` state dict from :class:`~rhnzoo.cells.LSTM` parameters.
+def lstm_to_torch(params: Mapping[str, Any], prefix: str = "", *,
+                  bias: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+    """A ``torch.nn.LSTM(m, n, bias=bias)`` state dict from :class:`~rhnzoo.cells.LSTM`
+    parameters.
+
+    Round trip: ``lstm_to_torch(lstm_from_torch(sd))`` computes what ``sd`` computes, but
+    has ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring): outputs equal,
+    state dict not.
 
     Args:
       params: ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` (blocks i | f | o | c̃); an
         SC-LSTM's ``alpha`` is not an LSTM parameter and is refused.
       prefix: prepended to every key.
+      bias: False: for an ``nn.LSTM(..., bias=False)``, no bias keys (b must be zero).
 
     Returns:
-      ``weight_ih_l0 [4n, m]``, ``weight_hh_l0 [4n, n]``, ``bias_ih_l0 [4n]`` = b and
-      ``bias_hh_l0 [4n]`` zeros (gates i | f | g | o), NumPy arrays in the parameters'
-      dtype.
+      ``weight_ih_l0 [4n, m]``, ``weight_hh_l0 [4n, n]``, and with ``bias``
+      ``bias_ih_l0 [4n]`` = b and ``bias_hh_l0 [4n]`` zeros (gates i | f | g | o), NumPy
+      arrays in the parameters' dtype.
 
     Raises:
-      ValueError: (one line) missing or unknown parameters or a wrong shape.
+      ValueError: (one line) missing or unknown parameters, a wrong shape, or
+        ``bias=False`` with a nonzero b.
     """
     unknown = sorted(set(params) - {"W", "U", "b"})
     if unknown:
         raise ValueError(f"lstm_to_torch: unexpected parameters {unknown}")
     W, U, b, _ = _check(params, 4, "lstm_to_torch")
     back = _inverse(_LSTM_ORDER)
-    return {prefix + "weight_ih_l0": _blocks(W.T, back, 0).copy(),
-            prefix + "weight_hh_l0": _blocks(U.T, back, 0).copy(),
-            prefix + "bias_ih_l0": _blocks(b, back, 0),
-            prefix + "bias_hh_l0": np.zeros_like(b)}  # fmt: skip
+    state = {prefix + "weight_ih_l0": _blocks(W.T, back, 0).copy(),
+             prefix + "weight_hh_l0": _blocks(U.T, back, 0).copy(),
+             prefix + "bias_ih_l0": _blocks(b, back, 0),
+             prefix + "bias_hh_l0": np.zeros_like(b)}  # fmt: skip
+    return state if bias else _no_bias(state, params, ("b",), prefix, "lstm_to_torch")
 
 
 def gru_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
@@ -163,7 +200,9 @@ def gru_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str,
       ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}`` in the input's dtype:
       W = weight_ihᵀ, U = weight_hhᵀ, b = (b_ir + b_hr | b_iz + b_hz | b_in), b_hn =
       PyTorch's b_hn. These are parameters of :class:`~rhnzoo.cells.GRU` with
-      ``reset_after=True`` only (Cho et al.'s default cell computes another function).
+      ``reset_after=True`` only: Cho et al.'s default ``GRU(n)`` computes another
+      function of these weights and refuses them (their ``b_hn`` marks them), with a
+      ValueError naming the cell to use.
 
     Raises:
       ValueError: (one line) a missing weight, a wrong shape, or keys of more layers or
@@ -174,21 +213,30 @@ def gru_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str,
     return {"W": w_ih.T.copy(), "U": w_hh.T.copy(), "b": b, "b_hn": b_hh[2 * n :].copy()}
 
 
-def gru_to_torch(params: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    """A ``torch.nn.GRU(m, n)`` state dict from ``GRU(n, reset_after=True)`` parameters.
+def gru_to_torch(params: Mapping[str, Any], prefix: str = "", *,
+                 bias: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+    """A ``torch.nn.GRU(m, n, bias=bias)`` state dict from ``GRU(n, reset_after=True)``
+    parameters.
+
+    Round trip: ``gru_to_torch(gru_from_torch(sd))`` computes what ``sd`` computes, but
+    has r's and z's ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring): outputs
+    equal, state dict not.
 
     Args:
       params: ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}`` (blocks r | z | h̃).
       prefix: prepended to every key.
+      bias: False: for an ``nn.GRU(..., bias=False)``, no bias keys (b and b_hn must be
+        zero).
 
     Returns:
-      ``weight_ih_l0 [3n, m]`` = Wᵀ, ``weight_hh_l0 [3n, n]`` = Uᵀ, ``bias_ih_l0 [3n]``
-      = b and ``bias_hh_l0 [3n]`` = (0 | 0 | b_hn), NumPy arrays in the parameters'
-      dtype.
+      ``weight_ih_l0 [3n, m]`` = Wᵀ, ``weight_hh_l0 [3n, n]`` = Uᵀ, and with ``bias``
+      ``bias_ih_l0 [3n]`` = b and ``bias_hh_l0 [3n]`` = (0 | 0 | b_hn), NumPy arrays in
+      the parameters' dtype.
 
     Raises:
       ValueError: (one line) parameters without ``b_hn`` (Cho et al.'s GRU, which PyTorch
-        cannot compute), other missing or unknown parameters, or a wrong shape.
+        cannot compute), other missing or unknown parameters, a wrong shape, or
+        ``bias=False`` with a nonzero b or b_hn.
     """
     if "b_hn" not in params:
         raise ValueError("gru_to_torch: no 'b_hn': these are parameters of Cho et al.'s GRU "
@@ -202,5 +250,6 @@ def gru_to_torch(params: Mapping[str, Any], prefix: str = "") -> dict[str, np.nd
     if b_hn.shape != (n,):
         raise ValueError(f"gru_to_torch: b_hn must be [{n}], got {b_hn.shape}")
     b_hh = np.concatenate([np.zeros(2 * n, b_hn.dtype), b_hn])
-    return {prefix + "weight_ih_l0": W.T.copy(), prefix + "weight_hh_l0": U.T.copy(),
-            prefix + "bias_ih_l0": b.copy(), prefix + "bias_hh_l0": b_hh}  # fmt: skip
+    state = {prefix + "weight_ih_l0": W.T.copy(), prefix + "weight_hh_l0": U.T.copy(),
+             prefix + "bias_ih_l0": b.copy(), prefix + "bias_hh_l0": b_hh}  # fmt: skip
+    return state if bias else _no_bias(state, params, ("b", "b_hn"), prefix, "gru_to_torch")
