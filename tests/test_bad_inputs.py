@@ -165,6 +165,7 @@ CASES = [
     *((s, "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999")
       for s in ("ptb.py", "char.py", "rrl.py", "jsb.py", "highway.py")),
     ("ptb.py", "--seed=-1", "--seed must be >= 0, got -1"),
+    ("analyze.py", "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999"),
     ("sweep.py", "--dry_run -- --seed=99999999999999999999", "--seed must be <= 4294967295"),
     ("rrl.py", "--seed=4294967295 --seeds=2",
      "--seed=4294967295 with --seeds=2: the last seed, 4294967296, must be <= 4294967295"),
@@ -206,7 +207,7 @@ CASES = [
 ]
 # Options of analyze.py checked without a run: --flow --out (nothing to read first).
 _ANALYZE_OPTIONS = ("--lesion_tokens", "--heatmap_steps", "--flow_steps", "--mc_samples",
-                    "--lesion_batch_size", "--max_eval_tokens")
+                    "--lesion_batch_size", "--max_eval_tokens", "--seed")
 
 
 def _name(arg: str) -> str:

@@ -50,7 +50,7 @@ from tqdm import tqdm
 from rhnzoo import cells, data, dropout
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
-from rhnzoo.config import Config, setting
+from rhnzoo.config import SEED_HIGH, Config, setting
 from rhnzoo.training import lm as lm_training
 from rhnzoo.training import signals
 from rhnzoo.training import workdir as workdir_lib
@@ -62,7 +62,8 @@ class Options(Config):
 
     Raises:
       ValueError: (one line, named as the flag) for a count below its least value, e.g.
-        ``lesion_tokens=-1`` or ``max_eval_tokens=0`` (``None`` means every token).
+        ``lesion_tokens=-1`` or ``max_eval_tokens=0`` (``None`` means every token), and
+        for a ``seed`` outside 0 to :data:`rhnzoo.config.SEED_HIGH`.
     """
 
     split: str = setting("valid", "Split for gates and MC.", choices=("train", "valid", "test"))
@@ -76,7 +77,8 @@ class Options(Config):
     heatmap_steps: int = setting(40, "Time steps shown in the gate heatmap.", low=1)
     hist_tokens: int = setting(2000, "Tokens of --split run for the HSG histogram.", low=1)
     hist_times: int = setting(200, "Random time steps in the HSG histogram.", low=1)
-    seed: int = setting(0, "Seed of the MC masks and the histogram's time steps.")
+    seed: int = setting(0, f"Seed of the MC masks and the histogram's time steps: 0 to "
+                        f"{SEED_HIGH}.", low=0, high=SEED_HIGH)
     data_dir: str | None = setting(None, "Data directory (default: the run's data_dir "
                                    "setting).")
     verify: bool = setting(True, "Check the data files' sha256 (off for your own corpora).")
