@@ -22,7 +22,10 @@ writes, and the ``reference`` implementation here.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -53,6 +56,46 @@ HELP = ("Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + a
         "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (persistent GPU kernel for the gated "
         "cells) or 'auto' (pallas where it fits, else fused where the cell has it and "
         "--remat allows, else reference).")  # fmt: skip
+
+
+# Where the scans run: None (JAX's default backend) or the platform set by for_platform().
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("rhnzoo_scan_platform",
+                                                                      default=None)  # fmt: skip
+# The platforms the persistent kernels (Mosaic GPU) run on: an NVIDIA GPU compiled, the
+# CPU in Pallas's GPU interpret mode.
+PALLAS_PLATFORMS = ("gpu", "cuda", "cpu")
+
+
+def platform() -> str:
+    """The platform :func:`resolve` and :func:`unroll` choose for: the one
+    :func:`for_platform` set, else ``jax.default_backend()`` (``'cpu'``, ``'gpu'``,
+    ``'tpu'``)."""
+    return _PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def for_platform(name: str) -> Iterator[None]:
+    """Within it, :func:`resolve` (``backend`` None) and :func:`unroll` choose as they
+    would on platform ``name`` (``'tpu'``, ``'gpu'``, ``'cpu'``), whatever this host's
+    backend: for tracing a step to lower for another platform, e.g. on a CPU host::
+
+      with scan.for_platform("tpu"):
+          jax.jit(lambda *a: step(*a)).trace(*args).lower(lowering_platforms=("tpu",))
+
+    JAX caches a function's trace by the function and its arguments, not by this
+    setting: trace a function object not traced before (the fresh ``lambda`` above), or
+    an earlier trace for another platform is reused.
+
+    Raises:
+      ValueError: an empty or non-string ``name``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"for_platform needs a platform name such as 'tpu', got {name!r}")
+    token = _PLATFORM.set(name.lower())
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
 
 
 def scan_impl_setting() -> Any:
@@ -127,7 +170,7 @@ def resolve(
        bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) is False until
        those kernels are timed. The kernels target launch-bound shapes (issue 45); at
        n = 100 the LSTM's backward kernel made the train step slower than the fused
-       scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a CPU.
+       scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a CPU or a TPU.
     2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
        has remat: the RHN's; the gated cells then take ``reference``). Faster than the
        reference scan and the peers wherever it was timed in quiet runs, on the CPU and
@@ -143,14 +186,16 @@ def resolve(
       cell: the cell to run.
       batch: B, the rows per call (None: unknown; ``auto`` then skips ``pallas``).
       dtype: the matmul input dtype (None or float32; bfloat16 needs fused or pallas).
-      backend: for the kernels' ``fits`` (None: JAX's default backend).
+      backend: the platform to choose for (None: :func:`platform`, JAX's default
+        backend unless :func:`for_platform` set another).
       remat: recompute time steps in the backward pass.
       input_size: m, the input width, for the kernels' ``fits`` (None: its default).
 
     Raises:
       ValueError: (one line naming the cell and its implementations) an unknown
-        ``impl``; an implementation the cell does not have; ``remat`` with a scan that
-        has none; bfloat16 with the reference scan.
+        ``impl``; an implementation the cell does not have; ``pallas`` on a platform
+        other than a GPU or the CPU (:data:`PALLAS_PLATFORMS`: a TPU has no Mosaic GPU);
+        ``remat`` with a scan that has none; bfloat16 with the reference scan.
     """
     try:
         impl = ScanImpl(impl)
@@ -159,6 +204,7 @@ def resolve(
     have = implementations(cell)
     name, listed = describe(cell), ", ".join(have)
     bf16 = _bfloat16(dtype)
+    backend = backend or platform()
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
         if (ScanImpl.PALLAS in have and not remat and batch is not None
@@ -176,6 +222,10 @@ def resolve(
                "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
                "one CTA's shared memory: the RRN up to depth 3 at n = 128)")  # fmt: skip
         raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
+    if impl is ScanImpl.PALLAS and backend not in PALLAS_PLATFORMS:
+        raise ValueError(f"scan_impl='pallas' runs Mosaic GPU kernels (an NVIDIA GPU), not on "
+                         f"platform '{backend}': use scan_impl='fused' (or 'auto', which picks "
+                         f"it for {name} there)")  # fmt: skip
     no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
     if remat and no_remat:
         raise ValueError(f"remat needs the reference scan (scan_impl='reference'): the {impl} "
@@ -219,8 +269,9 @@ def unroll(
         or bfloat16 (float32 accumulation, state and parameters; fused and pallas only).
         Passed as given to the fused scans.
       unroll: time steps per scan iteration; None: each scan's default (1 for the
-        reference and the RHN scan, :func:`rhnzoo.cells.gated_fused.default_unroll` for
-        the gated ones); the pallas kernel has its own loop and ignores it.
+        reference and the RHN scan, :func:`rhnzoo.cells.gated_fused.default_unroll` of
+        :func:`platform` for the gated ones); the pallas kernel has its own loop and
+        ignores it.
       remat: recompute time steps in the backward pass (reference, RHN fused).
       outputs: False: return ``(carry, None)``; the gated scans then write no outputs
         (read the last output with :func:`output_of`).
@@ -229,7 +280,8 @@ def unroll(
         pallas scans have their own and ignore it.
       save_matmuls: the reference scan's :func:`rhnzoo.cells.base.save_matmuls_only`
         (ignored by the others, whose backward passes are written by hand).
-      interpret: passed to the pallas kernel (its GPU interpret mode).
+      interpret: passed to the pallas kernel (its GPU interpret mode; None: where
+        :func:`platform` is the CPU).
 
     Returns:
       ``(carry, ys [T, B, n])``, or ``(carry, None)`` with ``outputs=False``.
@@ -246,10 +298,14 @@ def unroll(
                                 save_matmuls=save_matmuls)  # fmt: skip
         return carry, ys if outputs else None
     if which is ScanImpl.PALLAS:
+        if interpret is None:
+            interpret = platform() == "cpu"
         return _pallas(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
                        outputs=outputs, interpret=interpret)  # fmt: skip
     if gated_fused.supports(cell):
         per_step = True if project_per_step is None else project_per_step
+        if unroll is None and not isinstance(cell, Parallel):  # a Parallel's parts: their own
+            unroll = gated_fused.default_unroll(cell, platform())
         return gated_fused.unroll(cell, params, carry, xs, mask, lengths=lengths,
                                   unroll=unroll, project_per_step=per_step, dtype=dtype,
                                   outputs=outputs)  # fmt: skip
