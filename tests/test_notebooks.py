@@ -60,22 +60,21 @@ def execute(name, tmp_path, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", sorted(set(TINY) - {"quickstart"}))  # quickstart: below
 def test_notebook_runs_on_cpu_with_tiny_parameters(name, tmp_path):
     execute(name, tmp_path)
-    if name == "quickstart":
-        assert (tmp_path / "runs" / "results.json").is_file()
 
 
 @pytest.mark.slow
 def test_quickstart_runs_on_eight_devices_with_the_default_batch(tmp_path, monkeypatch):
     """A TPU v2-8's 8 cores (virtual CPU devices here): the paper's batch of 20 does not
     split over 8, so the notebook rounds it up to 24 and the run trains on all 8; the
-    evaluation batch of 20 is split over the 8 with 4 zero-weight rows appended."""
+    evaluation batch of 20 is split over the 8 with 4 zero-weight rows appended; then the
+    notebook's analysis. (The notebook's one run: on one device it is the same code.)"""
     monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} "
                        "--xla_force_host_platform_device_count=8")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    out = execute("quickstart", tmp_path, BATCH_SIZE=None, ANALYZE=False)
+    out = execute("quickstart", tmp_path, BATCH_SIZE=None)
     text = "".join(o.get("text", "") for c in out["cells"] for o in c.get("outputs", []))
     assert "8 cpu device(s); training in float32, batch 24" in text
     assert (tmp_path / "runs" / "results.json").is_file()
