@@ -64,34 +64,9 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["crash_rerun",  # a test whose xdist worker crashes runs once more
-                  "map_limit"]  # JAX's caches emptied before XLA:CPU runs out of mappings
+pytest_plugins = ["map_limit"]  # JAX's caches emptied before XLA:CPU runs out of mappings
 
 from rhnzoo.data import common as data_common  # noqa: E402
-
-
-_CACHE_OFF = [False]
-
-
-def _cache_switch() -> None:
-    """Lets a test compile without the persistent cache (``no_compilation_cache``)."""
-    from jax._src import compilation_cache
-
-    used = compilation_cache.is_cache_used
-    compilation_cache.is_cache_used = lambda backend: not _CACHE_OFF[0] and used(backend)
-
-
-_cache_switch()
-
-
-@pytest.fixture
-def no_compilation_cache():
-    """Compiles without the persistent cache: XLA:CPU crashed (a segfault, an abort)
-    serialising and deserialising float64 executables of tests/test_scan_dispatch.py for
-    it, in two full-suite runs on 2026-11-27 (a worker lost each time)."""
-    _CACHE_OFF[0] = True
-    yield
-    _CACHE_OFF[0] = False
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ kernel's own tests are in ``tests/test_gated_pallas.py``.)"""
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -41,10 +40,6 @@ def impls(name):
             if i not in (ScanImpl.REFERENCE, ScanImpl.PALLAS)]  # fmt: skip
 
 
-# XLA:CPU crashed writing or reading some of this module's float64 executables in the
-# persistent compilation cache: its tests compile without it (conftest).
-pytestmark = pytest.mark.usefixtures("no_compilation_cache")
-
 # The fast selection: each kind of fused scan at least once (gated, Parallel of gated,
 # the RHN and HSG(RHN)); the rest are variants of these.
 FAST = {"lstm", "gru", "sc_lstm_p", "hrl", "rhn", "hsg_rhn"}
@@ -73,12 +68,7 @@ def assert_trees_close(got, want, **tol):
         np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.x64_grid  # CI: in the Pallas session (.ci/run), with RHNZOO_X64_DISPATCH=1
-@pytest.mark.skipif(
-    os.environ.get("RHNZOO_X64_DISPATCH") != "1" and os.environ.get("PYTEST_XDIST_WORKER") is not None,
-    reason="XLA:CPU segfaulted compiling or (de)serialising these float64 programs late in a "
-    "full-suite worker (3 of 3 runs, 2026-11-27; BUILD_NOTES known gaps); they pass alone: "
-    "run this file without -n, or with RHNZOO_X64_DISPATCH=1 (as .ci/run's second session)")
+@pytest.mark.x64_grid  # CI: in the second session (.ci/run), beside the Pallas tests
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 @pytest.mark.parametrize("name,impl", [
     pytest.param(n, i, marks=() if n in FAST else pytest.mark.slow)
