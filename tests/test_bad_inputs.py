@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import pathlib
 import runpy
@@ -204,6 +205,12 @@ CASES = [
     ("rrl.py", "--coverage=1.5", "--coverage must be a fraction in (0, 1], got 1.5"),
     ("ptb.py", f"--eval_batch_size=1000000 {TINY_PTB}",
      "--eval_batch_size=1000000 is too large for the valid split's"),
+    # --data_source=tfds honours --nodownload: a set TFDS has not prepared is refused at
+    # once, nothing fetched or written (TFDS's default download=True retried for minutes)
+    ("highway.py", "--data_source=tfds --data_dir={tmp}/tfds",
+     "TFDS 'mnist' is not prepared in {tmp}/tfds (--nodownload: nothing is fetched"),
+    ("rrl.py", "--dataset=agnews --data_source=tfds --data_dir={tmp}/tfds",
+     "TFDS 'ag_news_subset' is not prepared in {tmp}/tfds (--nodownload"),
 ]
 # Options of analyze.py checked without a run: --flow --out (nothing to read first).
 _ANALYZE_OPTIONS = ("--lesion_tokens", "--heatmap_steps", "--flow_steps", "--mc_samples",
@@ -411,7 +418,7 @@ def test_tfds_failures_are_our_line_alone(monkeypatch, caplog):
     tfds = pytest.importorskip("tensorflow_datasets")
     from rhnzoo.data import common
 
-    def data_source(name, split, data_dir):
+    def data_source(name, split, data_dir, download):
         logging.warning("Variant folder %s/%s has no dataset_info.json", data_dir, name)
         raise FileNotFoundError(f"{name} is not prepared in {data_dir}")
 
@@ -419,6 +426,57 @@ def test_tfds_failures_are_our_line_alone(monkeypatch, caplog):
     with caplog.at_level(pylogging.DEBUG), pytest.raises(common.DataError, match="not prepared"):
         common.tfds_examples("mnist", "train", "/nowhere")
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("download", [False, True])
+def test_tfds_is_asked_to_download_only_as_the_flag_says(monkeypatch, tmp_path, download):
+    """``--data_source=tfds`` passes ``--[no]download`` to ``tfds.data_source`` on every
+    path that reads TFDS (highway.py's images, rrl.py's P-MNIST, IMDB and AG News): its
+    default, ``download=True``, starts a download (offline: minutes of retries) where
+    ``--nodownload`` asks for the prepared set or one line."""
+    from rhnzoo import data
+    from rhnzoo.data import common
+    from rhnzoo.training import highway as hw
+
+    calls = []
+
+    def data_source(name, *, split, data_dir, download):
+        calls.append((name, download))
+        raise FileNotFoundError(f"{name} is not prepared")
+
+    monkeypatch.setattr(common, "import_tfds", lambda: type("tfds", (), {
+        "data_source": staticmethod(data_source)}))  # fmt: skip
+    for name in ("mnist", "cifar100", "imdb_reviews", "ag_news_subset"):  # "prepared":
+        (tmp_path / name / "1.0.0").mkdir(parents=True)  # the error is the fake TFDS's
+        (tmp_path / name / "1.0.0" / "dataset_info.json").write_text("{}")
+    readers = {
+        "mnist": lambda: highway._load(hw.HighwayConfig(
+            dataset="mnist", data_source="tfds", data_dir=str(tmp_path), download=download)),
+        "cifar100": lambda: highway._load(hw.HighwayConfig(
+            dataset="cifar100", data_source="tfds", data_dir=str(tmp_path), download=download)),
+        **{name: functools.partial(data.load_dataset, name, data_dir=str(tmp_path),
+                                   download=download, source="tfds")
+           for name in ("pmnist", "imdb", "agnews")},
+    }  # fmt: skip
+    for reader in readers.values():
+        with pytest.raises(common.DataError, match="is not prepared") as e:
+            reader()
+        assert ("download=False" in str(e.value)) == (not download)
+    assert calls == [(name, download) for name in
+                     ("mnist", "cifar100", "mnist", "imdb_reviews", "ag_news_subset")]
+
+
+def test_tfds_without_download_refuses_an_unprepared_set_at_once(tmp_path):
+    """``tfds.data_source(..., download=False)`` on a data directory without the set: one
+    line that says so, nothing written there (download=True makes ``downloads/`` and
+    ``mnist/`` before it fetches)."""
+    pytest.importorskip("tensorflow_datasets")
+    from rhnzoo.data import common
+
+    with pytest.raises(common.DataError) as e:
+        common.tfds_examples("mnist", "train", tmp_path, download=False)
+    assert str(e.value).startswith(f"TFDS 'mnist' is not prepared in {tmp_path} ("), e.value
+    assert "\n" not in str(e.value) and _tree(tmp_path) == []
 
 
 def test_tfds_data_source_has_what_it_imports(tmp_path):

@@ -80,7 +80,7 @@ def _load(cfg: HighwayConfig):
     from rhnzoo.data import images
 
     if cfg.data_source == "tfds":
-        return images.load_tfds_images(cfg.dataset, cfg.data_dir)
+        return images.load_tfds_images(cfg.dataset, cfg.data_dir, download=cfg.download)
     return data.load(cfg.dataset, cfg.data_dir, download=cfg.download, verify=cfg.verify_data)
 
 

@@ -323,7 +323,14 @@ def _absl_quiet():
         logger.setLevel(level)
 
 
-def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = None):
+def _tfds_prepared(name: str, data_dir: str | os.PathLike) -> bool:
+    """Whether TFDS's `data_dir` holds a prepared version of `name` (a
+    ``dataset_info.json`` under ``data_dir/name/[config/]version``)."""
+    return any((pathlib.Path(data_dir) / name).rglob("dataset_info.json"))
+
+
+def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = None, *,
+                  download: bool = True):  # fmt: skip
     """All examples of TFDS data set `name`'s `split`, read with ``tfds.data_source``
     (ArrayRecord files, random access, no TensorFlow), and the source's features.
 
@@ -331,6 +338,10 @@ def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = No
     Reading a prepared data set does not need TensorFlow, but preparing one does
     (TFDS's extraction step imports it; tensorflow-datasets 4.9.10): prepare it once
     where TensorFlow is installed, ``tfds build NAME --file_format=array_record``.
+    `download` is ``tfds.data_source``'s: False (``--nodownload``) reads only a set
+    already prepared in `data_dir`, and one that is not fails at once, with nothing
+    fetched or written (True: TFDS downloads and prepares a missing set first, which
+    retries for minutes without a network).
 
     Returns: (list of example dicts of NumPy values, ``FeaturesDict``).
     Raises: DataError (one line) if tensorflow-datasets is missing or TFDS fails.
@@ -338,14 +349,23 @@ def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = No
     tfds = import_tfds()
     try:
         with _absl_quiet():  # e.g. "W... has no dataset_info.json": the failure is our line
-            source = tfds.data_source(name, split=split, data_dir=data_dir)
+            source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
         return [source[i] for i in range(len(source))], source.dataset_info.features
     except Exception as e:  # noqa: BLE001 - any TFDS failure becomes one line
+        if not download and data_dir is not None and not _tfds_prepared(name, data_dir):
+            raise DataError(  # TFDS's own message then speaks of a set prepared as tfrecord
+                f"TFDS {name!r} is not prepared in {data_dir} (--nodownload: nothing is "
+                f"fetched; prepare it as array_record, which needs TensorFlow: tfds build "
+                f"{name} --data_dir={data_dir} --file_format=array_record)"
+            ) from None
         message = " ".join(f"{type(e).__name__}: {e}".split())
+        flag = "" if download else ", download=False"
+        where = f"in {data_dir}" if data_dir is not None else "in TFDS's data directory"
         raise DataError(
-            f"tfds.data_source({name!r}, split={split!r}) failed ({message}); TFDS needs "
-            f"the set prepared as array_record (preparing needs TensorFlow: "
-            f"tfds build {name} --file_format=array_record)"
+            f"tfds.data_source({name!r}, split={split!r}{flag}) failed ({message}); TFDS "
+            f"needs the set prepared as array_record {where}"
+            f"{'' if download else ' (--nodownload: nothing is fetched)'} (preparing needs "
+            f"TensorFlow: tfds build {name} --file_format=array_record)"
         ) from None
 
 

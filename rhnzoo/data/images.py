@@ -298,13 +298,16 @@ def load_cifar100(
 TFDS_IMAGE_SETS = ("mnist", "cifar100")
 
 
-def load_tfds_images(name: str, data_dir: str | os.PathLike | None = None) -> ImageData:
+def load_tfds_images(name: str, data_dir: str | os.PathLike | None = None, *,
+                     download: bool = True) -> ImageData:  # fmt: skip
     """Load ``'mnist'`` or ``'cifar100'`` through TensorFlow Datasets (``--data_source=tfds``).
 
     Reads the ``train`` and ``test`` splits with ``tfds.data_source`` (needs the extra
     ``rhnzoo[tfds]``; TensorFlow is not imported). `data_dir` is TFDS's data directory
     (default TFDS's own). The set must be prepared there in TFDS's array_record format;
     preparing needs TensorFlow (see `rhnzoo.data.common.tfds_examples`), reading does not.
+    ``download=False`` (``--nodownload``): a set not prepared there fails at once
+    (TFDS neither downloads nor prepares it).
 
     Returns: ImageData as `load_mnist` / `load_cifar100` (MNIST ``[N, 28, 28]``, the
       channel axis of TFDS's ``[28, 28, 1]`` dropped; CIFAR-100 ``[N, 32, 32, 3]`` with
@@ -316,7 +319,7 @@ def load_tfds_images(name: str, data_dir: str | os.PathLike | None = None) -> Im
         raise ValueError(f"load_tfds_images: name must be one of {TFDS_IMAGE_SETS}, got {name!r}")
     arrays = {}
     for split in ("train", "test"):
-        examples, features = common.tfds_examples(name, split, data_dir)
+        examples, features = common.tfds_examples(name, split, data_dir, download=download)
         images = np.stack([np.asarray(e["image"], np.uint8) for e in examples])
         arrays[split] = (
             images[..., 0] if name == "mnist" else images,

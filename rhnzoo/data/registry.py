@@ -133,7 +133,8 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None, downlo
                                      permute=permute, dev_fraction=dev_fraction,
                                      dev_seed=dev_seed)  # fmt: skip
     opts = dict(coverage=coverage, dev_fraction=dev_fraction, dev_seed=dev_seed)
-    data = (sequences.load_tfds_text(name, data_dir, **opts) if source == "tfds" else
+    data = (sequences.load_tfds_text(name, data_dir, download=download, **opts)
+            if source == "tfds" else
             load(name, data_dir, download=download, verify=verify, **opts))  # fmt: skip
     return sequences.from_text(data, dev_fraction, dev_seed)
 

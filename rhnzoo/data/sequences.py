@@ -94,7 +94,7 @@ def load_pmnist(data_dir: str | os.PathLike | None = None, *, download: bool = T
       rhnzoo.data.DataError: missing or corrupt files.
     """
     check_source(source)
-    data = (images.load_tfds_images("mnist", data_dir) if source == "tfds" else
+    data = (images.load_tfds_images("mnist", data_dir, download=download) if source == "tfds" else
             images.load_mnist(data_dir, download=download, verify=verify))  # fmt: skip
     to_steps = lambda x: images.pixel_sequences(x, permute=permute)[..., None]
     return with_dev_split(Split(to_steps(data.train_images), data.train_labels),

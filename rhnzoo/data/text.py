@@ -462,6 +462,7 @@ def load_tfds_text(
     name: str,
     data_dir: str | os.PathLike | None = None,
     *,
+    download: bool = True,
     coverage: float = 0.95,
     dev_fraction: float = 0.0,
     dev_seed: int = 0,
@@ -477,6 +478,8 @@ def load_tfds_text(
     Sci/Tech). Document order is TFDS's, not the loaders' above.
 
     Args:
+      download: False (``--nodownload``): a set not prepared in `data_dir` fails at once
+        (TFDS neither downloads nor prepares it).
       coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
 
     Raises: ValueError for another name; DataError if tensorflow-datasets is not
@@ -490,7 +493,7 @@ def load_tfds_text(
 
     tokens, labels = {}, {}
     for split in ("train", "test"):
-        examples, features = common.tfds_examples(name, split, data_dir)
+        examples, features = common.tfds_examples(name, split, data_dir, download=download)
         if name == "imdb_reviews":
             docs = (text(e["text"]) for e in examples)
         else:
