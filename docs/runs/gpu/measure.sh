@@ -1,105 +1,75 @@
 #!/usr/bin/env bash
-# The GPU measurements of issues 31, 33 and 45, one part per device call (each < 10 min):
+# The GPU measurements (issues 31, 33, 45, 47, 57), one part per device call (each < 10 min):
 #
-#   bash docs/runs/gpu/measure.sh suite   # the test suite on the GPU (issue 31 part 1)
-#   bash docs/runs/gpu/measure.sh rnn     # bench.rnn: fused / reference / Flax / cuDNN, unroll k
-#   bash docs/runs/gpu/measure.sh flags   # bench.rnn P-MNIST under XLA loop command buffers
-#   bash docs/runs/gpu/measure.sh lm      # bench.lm ptb_sota / ptb_d40_hsg, unroll, bf16, trace
-#   bash docs/runs/gpu/measure.sh pallas  # issue 45 part 3, < 8 min: the kernels timed alone
-#                                         # (pallas_probe.py), the Pallas tests compiled on the
-#                                         # GPU, then bench.rnn with the persistent kernel and
-#                                         # PyTorch's cuDNN LSTM / GRU (fp32, TF32, bf16, fp16)
-#                                         # at the P-MNIST and IMDB shapes, every gated cell, min
-#                                         # of 3, and torch's kernels (profiler)
-#   bash docs/runs/gpu/measure.sh pallas-quick  # the same in ~3 min for a second try in
-#                                         # the same window: P-MNIST, LSTM, GRU, SC-LSTM, RRN, min of 2
-#   bash docs/runs/gpu/measure.sh seeds   # issue 47, < 8 min: K seeds in one step (bench.seeds)
-#   bash docs/runs/gpu/measure.sh seeds-quick   # its P-MNIST part, ~2 min
+#   bash docs/runs/gpu/measure.sh [--dry] PART
 #
-# Everything goes to $OUT (the device tool brings it back): JSONL per benchmark, logs,
-# and env.txt (device, JAX version, commit, flags; torch's versions for pallas). Run from
-# the repository root. The pallas parts write pallas-pytest.log, pallas.jsonl (one line
-# per cell and shape, then one "torch_kernels" line per torch peer) and pallas.log; each
-# step runs under a timeout within the part's budget, and the JSONL is written line by
-# line, so a step cut short keeps what it finished. If the Pallas tests time out (a hung
-# kernel), the benchmark runs without --pallas.
+#   suite         the fast test suite on the GPU, 8 xdist workers, preallocation off
+#   rnn           bench.rnn: fused / reference / Flax / cuDNN, unroll k
+#   flags         bench.rnn P-MNIST under XLA loop command buffers
+#   lm            bench.lm ptb_sota / ptb_d40_hsg per candidate (f32, TF32, bf16 matmul
+#                 inputs, unroll 5) against the plain-JAX peer in the same process; then
+#                 the depth-40 step's XLA op table (lm_ops.py: weight-slice copies?)
+#   pallas        issue 45: bench.rnn with the persistent kernels and PyTorch's cuDNN peers
+#                 (fp32, TF32, bf16, fp16) at P-MNIST and IMDB, every gated cell, and torch's
+#                 kernels (profiler); then the kernels alone (pallas_probe.py); then the
+#                 Pallas tests compiled on the GPU
+#   pallas-quick  the same in ~5 min: P-MNIST, LSTM, GRU, SC-LSTM, RRN, min of 2
+#   seeds         issue 47: K seeds in one step (bench.seeds); seeds-quick: P-MNIST, ~2 min
+#   kernel        issue 57: the LSTM kernel at n = 64, 100, 128 and B = 32, 100, 300, forward
+#                 and value_and_grad beside the fused bf16 scan; approx_math and barrier
+#                 elision against the float32 reference (kernel_probe.py); ptxas registers
+#                 and spill bytes per kernel (MOSAIC_GPU_DUMP_PTXAS / MOSAIC_GPU_DUMP_TO);
+#                 the P-MNIST and IMDB train steps against cuDNN fp16 / fp32 / TF32 in the
+#                 same process, with torch's kernels (profiler: names, calls, time)
+#   kernel-quick  the same in ~4 min: n = 64, 128 at B = 100; P-MNIST
+#
+# Each part runs its benchmark first, then its tests, each step under its own timeout
+# (a timeout in the tests never loses the benchmark), and leaves at most 8 files in $OUT
+# (the device tool brings back 8): env.txt, then the part's JSONL / logs. Scratch (dumps,
+# compiler output) goes to a folder outside $OUT. --dry: the same part on this CPU at tiny
+# shapes (JAX_PLATFORMS=cpu, the same timeouts, the same $OUT rules; the tests only
+# collected; no Pallas kernel: the probes time the float32 fused scan in its place), as
+# tests/test_device_simulation.py runs it. Run from the repository root.
 set -uo pipefail
+dry=
+if [ "${1:-}" = --dry ]; then dry=1; shift; fi
+part="${1:-}"
+case "$part" in
+  suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernel|kernel-quick) ;;
+  *) echo "error: usage: bash docs/runs/gpu/measure.sh [--dry] suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernel|kernel-quick" >&2
+     exit 1 ;;
+esac
 OUT="${OUT:-/tmp/rhnzoo-gpu-out}"
 mkdir -p "$OUT"
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/rhnzoo-measure.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ -n "$dry" ] && export JAX_PLATFORMS=cpu
+[ "$part" = suite ] && export XLA_PYTHON_CLIENT_PREALLOCATE=false  # 8 workers, one GPU
 {
-  date -u; git rev-parse HEAD 2>/dev/null || echo "commit: (no git)"; nvidia-smi -L
+  date -u; echo "part: $part${dry:+ (dry)}"
+  git rev-parse HEAD 2>/dev/null || echo "commit: (no git)"
+  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: none"
   python -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
   echo "XLA_FLAGS=${XLA_FLAGS:-}"
+  echo "XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-}"
 } > "$OUT/env.txt" 2>&1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-case "${1:-}" in
-  suite)
-    timeout 560 python -m pytest -q -n 8 -m "not slow" -p no:cacheprovider \
-      > "$OUT/pytest.log" 2>&1
-    tail -40 "$OUT/pytest.log" ;;
-  rnn)
-    timeout 560 python -m rhnzoo.bench.rnn --configs=pmnist,imdb --cells=lstm,gru,sc_lstm,rrn \
-      --unroll=2,4,8 --bfloat16 --rounds=5 > "$OUT/rnn.jsonl" 2> "$OUT/rnn.log"
-    tail -5 "$OUT/rnn.log"; cut -c1-300 "$OUT/rnn.jsonl" ;;
-  flags)
-    for f in "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" \
-             "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"; do
-      XLA_FLAGS="$f" timeout 250 python -m rhnzoo.bench.rnn --configs=pmnist --cells=lstm,gru \
-        --unroll=4 --rounds=5 | sed "s|^{|{\"xla_flags\": \"$f\", |" >> "$OUT/rnn_flags.jsonl" \
-        2>> "$OUT/rnn_flags.log"
-    done
-    cut -c1-300 "$OUT/rnn_flags.jsonl" ;;
-  lm)
-    for u in 1 5; do
-      timeout 150 python -m rhnzoo.bench.lm --configs=ptb_sota,ptb_d40_hsg --unroll=$u \
-        --budget_s=20 >> "$OUT/lm.jsonl" 2>> "$OUT/lm.log"
-    done
-    timeout 150 python -m rhnzoo.bench.lm --configs=ptb_sota,ptb_d40_hsg --dtype=bfloat16 \
-      --budget_s=20 >> "$OUT/lm.jsonl" 2>> "$OUT/lm.log"
-    timeout 100 python -m rhnzoo.bench.trace --cell=lstm --config=pmnist --top=40 \
-      > "$OUT/trace_lstm_pmnist.txt" 2>&1
-    cut -c1-300 "$OUT/lm.jsonl"; head -25 "$OUT/trace_lstm_pmnist.txt" ;;
-  pallas|pallas-quick)
-    # LSTM, reset-after GRU, then the kernels no GPU has run yet: SC-LSTM-P (L = 20) and RRN
-    # (issue 45's target: within 1.3x of the LSTM; no torch peer) and Cho's GRU
-    # (rhnzoo.cells.chained_pallas). The new ones come last: a bench cut short keeps the
-    # others.
-    if [ "$1" = pallas ]; then
-      end=$((SECONDS + 420)) t_test=180 t_probe=90 rounds=3 prof=--torch_profile
-      configs=pmnist,imdb cells=lstm,gru_ra,sc_lstm,rrn,gru
-    else
-      end=$((SECONDS + 170)) t_test=90 t_probe=45 rounds=2 prof=
-      configs=pmnist cells=lstm,gru_ra,sc_lstm,rrn
-    fi
-    # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
-    # scan in bfloat16: one JSON line per figure.
-    timeout -k 5 "$t_probe" python docs/runs/gpu/pallas_probe.py > "$OUT/pallas-probe.jsonl" \
-      2> "$OUT/pallas-probe.log"
-    echo "pallas probe: rc=$?"; cut -c1-200 "$OUT/pallas-probe.jsonl"
-    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.is_available())" >> "$OUT/env.txt" 2>&1
-    pallas=--pallas
-    if [ -f tests/test_gated_pallas.py ]; then
-      t0=$SECONDS
-      timeout -k 5 "$t_test" python -m pytest -q -p no:cacheprovider -rfE \
-        tests/test_gated_pallas.py tests/test_chained_pallas.py > "$OUT/pallas-pytest.log" 2>&1
-      rc=$?
-      echo "pallas tests: rc=$rc in $((SECONDS - t0)) s"; tail -3 "$OUT/pallas-pytest.log"
-      if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        pallas=; echo "pallas tests timed out: bench.rnn runs without --pallas"
-      fi
-    else
-      echo "no tests/test_gated_pallas.py: no Pallas tests run" | tee "$OUT/pallas-pytest.log"
-    fi
-    t_bench=$((end - SECONDS)); [ $t_bench -ge 60 ] || t_bench=60
-    t0=$SECONDS
-    timeout -k 5 "$t_bench" python -m rhnzoo.bench.rnn --configs=$configs --cells=$cells \
-      $pallas --torch $prof --bfloat16 --unroll=8 --rounds=$rounds \
-      > "$OUT/pallas.jsonl" 2> "$OUT/pallas.log"
-    echo "bench.rnn: rc=$? in $((SECONDS - t0)) s (limit $t_bench s)"
-    grep -v "^[IW][0-9]\{4\} " "$OUT/pallas.log" | grep -E "Error|error" | head -5
-    python - "$OUT/pallas.jsonl" <<'PY'
+# step NAME LIMIT_S COMMAND...: COMMAND under `timeout LIMIT_S`; one line with its status
+# on the script's stdout (fd 3), whatever the call redirects.
+exec 3>&1
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  timeout -k 5 "$limit" "$@"
+  rc=$?
+  echo "$name: rc=$rc in $((SECONDS - t0)) s (limit $limit s)$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ', timed out')" >&3
+  return 0
+}
+
+# Prints bench.rnn's JSONL ($1) as one line per cell and shape (ms, ratios, failed checks).
+rnn_summary() {
+  python - "$1" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     try:
@@ -111,41 +81,156 @@ for line in open(sys.argv[1]):
                        for k in r.get("kernels", [])[:3])
         print(f"  kernels {r['cell']} {r['config']} {r['candidate']}: {ks or r.get('error')}")
         continue
+    if "seconds" not in r:
+        continue
     ms = {k: round(v["min"] * 1e3, 2) for k, v in r["seconds"].items()}
     print(f"{r['cell']} {r['config']} ({r['device']}, {r['matmul_precision']}) ms:", ms)
     ratio = {k[6:]: round(v["min"], 2) for k, v in r.items()
              if k.startswith("ratio_") and ("pallas" in k or "torch" in k)}
     if ratio:
         print("  ratios (min/min, > 1: the second is faster):", ratio)
-    checks = r.get("loss_checks", {})
-    bad = [k for k, v in checks.items() if not v["ok"]]
+    bad = [k for k, v in r.get("loss_checks", {}).items() if not v["ok"]]
     if bad:
-        print("  LOSS CHECK FAILED:", {k: r["losses"][k] for k in bad},
-              "against", {k: r["losses"].get(checks[k]["against"]) for k in bad})
-    for k, why in r.get("skipped", {}).items():
-        if not (k.startswith("torch") and r["cell"] in ("sc_lstm", "rrn")):
-            print(f"  skipped {k}: {why[:160]}")
+        print("  LOSS CHECK FAILED:", bad)
 PY
-    ;;
+}
+
+case "$part" in
+  suite)
+    if [ -n "$dry" ]; then sel=(-p no:xdist tests/test_layers.py); else sel=(-n 8); fi
+    step tests 560 python -m pytest -q -m "not slow" -p no:cacheprovider "${sel[@]}" \
+      > "$OUT/pytest.log" 2>&1
+    tail -40 "$OUT/pytest.log" ;;
+  rnn)
+    if [ -n "$dry" ]; then a=(--configs=tiny --cells=lstm --unroll=2 --rounds=1)
+    else a=(--configs=pmnist,imdb --cells=lstm,gru,sc_lstm,rrn --unroll=2,4,8 --bfloat16 --rounds=5); fi
+    step bench 560 python -m rhnzoo.bench.rnn "${a[@]}" > "$OUT/rnn.jsonl" 2> "$OUT/rnn.log"
+    rnn_summary "$OUT/rnn.jsonl" ;;
+  flags)
+    if [ -n "$dry" ]; then
+      # a CPU flag, then one XLA refuses: its error must land in the log
+      fl=("--xla_backend_optimization_level=2" "--xla_no_such_flag_in_a_dry_run=1")
+      a=(--configs=tiny --cells=lstm --unroll=2 --rounds=1)
+    else
+      fl=("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+          "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1")
+      a=(--configs=pmnist --cells=lstm,gru --unroll=4 --rounds=5)
+    fi
+    for f in "${fl[@]}"; do
+      # python's stderr to the log (not sed's), its JSON lines tagged with the flags
+      XLA_FLAGS="$f" timeout -k 5 250 python -m rhnzoo.bench.rnn "${a[@]}" 2>> "$OUT/rnn_flags.log" \
+        | sed "s|^{|{\"xla_flags\": \"$f\", |" >> "$OUT/rnn_flags.jsonl"
+      echo "bench ($f): rc=${PIPESTATUS[0]}"
+    done
+    rnn_summary "$OUT/rnn_flags.jsonl" ;;
+  lm)
+    # f32 (highest), TF32 (the backend's default), bf16 matmul inputs, unroll 5; the
+    # plain-JAX peer alternates with rhnzoo's step in each process (dry: the first alone).
+    cands=("--matmul_precision=highest" "--matmul_precision=default" "--dtype=bfloat16" "--unroll=5")
+    if [ -n "$dry" ]; then cfg=tiny b=(--budget_s=1 --steps=1 --eval_tokens=0) cands=("${cands[0]}")
+    else cfg=ptb_sota,ptb_d40_hsg b=(--budget_s=15 --eval_tokens=0); fi
+    for c in "${cands[@]}"; do
+      step "bench $c" 110 python -m rhnzoo.bench.lm --configs=$cfg --peer $c "${b[@]}" \
+        >> "$OUT/lm.jsonl" 2>> "$OUT/lm.log"
+    done
+    [ -n "$dry" ] && ops=tiny || ops=ptb_d40_hsg
+    step "op table" 100 python docs/runs/gpu/lm_ops.py --config=$ops > "$OUT/lm-ops.txt" 2>&1
+    python - "$OUT/lm.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    print(r.get("config"), r.get("dtype"), r.get("matmul_precision"), "unroll", r.get("unroll"),
+          {k: v for k, v in r.items() if k.endswith("_ms") or k.startswith("ratio")})
+PY
+    head -30 "$OUT/lm-ops.txt" ;;
+  pallas|pallas-quick)
+    # LSTM, reset-after GRU, then the kernels no GPU has run yet: SC-LSTM-P (L = 20) and RRN
+    # (issue 45's target: within 1.3x of the LSTM; no torch peer) and Cho's GRU
+    # (rhnzoo.cells.chained_pallas). The new ones come last: a bench cut short keeps the
+    # others (its JSONL is written line by line).
+    if [ "$part" = pallas ]; then
+      t_bench=240 t_probe=60 t_test=200 rounds=3 prof=--torch_profile quick=
+      configs=pmnist,imdb cells=lstm,gru_ra,sc_lstm,rrn,gru
+    else
+      t_bench=120 t_probe=45 t_test=150 rounds=2 prof= quick=--quick
+      configs=pmnist cells=lstm,gru_ra,sc_lstm,rrn
+    fi
+    tdev=() pallas=--pallas
+    if [ -n "$dry" ]; then configs=tiny cells=lstm rounds=1 tdev=(--torch_device=cpu) pallas=; fi
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.is_available())" >> "$OUT/env.txt" 2>&1
+    step bench "$t_bench" python -m rhnzoo.bench.rnn --configs=$configs --cells=$cells $pallas \
+      --torch "${tdev[@]}" $prof --bfloat16 --unroll=8 --rounds=$rounds \
+      > "$OUT/pallas.jsonl" 2> "$OUT/pallas.log"
+    rnn_summary "$OUT/pallas.jsonl"
+    # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
+    # scan in bfloat16: one JSON line per figure.
+    if [ -n "$dry" ]; then
+      step probe "$t_probe" python docs/runs/gpu/kernel_probe.py --n=8 --batch=4 --length=2 \
+        --stand_in --reps=1 > "$OUT/pallas-probe.jsonl" 2> "$OUT/pallas-probe.log"
+    else
+      step probe "$t_probe" python docs/runs/gpu/pallas_probe.py $quick \
+        > "$OUT/pallas-probe.jsonl" 2> "$OUT/pallas-probe.log"
+    fi
+    cut -c1-200 "$OUT/pallas-probe.jsonl"
+    [ -n "$dry" ] && co=(--co) || co=()
+    step tests "$t_test" python -m pytest -q -p no:cacheprovider -rfE "${co[@]}" \
+      tests/test_gated_pallas.py tests/test_chained_pallas.py > "$OUT/pallas-pytest.log" 2>&1
+    tail -3 "$OUT/pallas-pytest.log" ;;
   seeds|seeds-quick)
     # Issue 47: K seeds as a batch dimension of one train step (bench.seeds), K = 1, 2, 4, 8
     # at the P-MNIST and IMDB shapes and ptb_sota (seeds-quick: P-MNIST, K = 1, 4, ~2 min).
-    if [ "$1" = seeds ]; then cfg=pmnist,imdb,ptb_sota ks=1,2,4,8 t=420
-    else cfg=pmnist ks=1,4 t=150; fi
-    timeout -k 5 "$t" python -m rhnzoo.bench.seeds --configs="$cfg" --seeds="$ks" --rounds=3 \
+    if [ "$part" = seeds ]; then cfg=pmnist,imdb,ptb_sota ks=1,2,4,8 t=420 r=3
+    else cfg=pmnist ks=1,4 t=150 r=3; fi
+    [ -n "$dry" ] && cfg=tiny_classifier ks=1,2 r=1
+    step bench "$t" python -m rhnzoo.bench.seeds --configs="$cfg" --seeds="$ks" --rounds=$r \
       > "$OUT/seeds.jsonl" 2> "$OUT/seeds.log"
-    echo "seeds: rc=$?"
     python - "$OUT/seeds.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
-    r = json.loads(line)
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
     ks = sorted(int(k[1:].split("_")[0]) for k in r if k.endswith("_ms_per_seed"))
     print(r["config"], r["device"], "single", round(r["single_step_ms_min"], 2), "ms;",
           {k: (round(r[f"k{k}_ms_per_seed"], 2), round(r[f"k{k}_steps_ratio"], 2)) for k in ks},
           "(ms per seed, K seeds' step / K steps)")
 PY
     ;;
-  *)
-    echo "usage: bash docs/runs/gpu/measure.sh suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick" >&2
-    exit 2 ;;
+  kernel|kernel-quick)
+    if [ "$part" = kernel ]; then
+      sizes=(--n=64,100,128 --batch=32,100,300 --length=784) t_probe=300
+      configs=pmnist,imdb t_bench=180 prof=--torch_profile
+    else
+      sizes=(--n=64,128 --batch=100 --length=784) t_probe=150 configs=pmnist t_bench=90 prof=
+    fi
+    tdev=() pallas=--pallas
+    if [ -n "$dry" ]; then  # no kernel on a CPU (the interpreter takes minutes): a stand-in
+      sizes=(--n=8 --batch=4 --length=2 --stand_in --reps=1) configs=tiny
+      tdev=(--torch_device=cpu) pallas=
+    fi
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.is_available())" >> "$OUT/env.txt" 2>&1
+    step probe "$t_probe" env MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO="$scratch/mosaic" \
+      python docs/runs/gpu/kernel_probe.py "${sizes[@]}" --variants \
+      > "$OUT/kernel.jsonl" 2> "$OUT/kernel.log"
+    # ptxas -v per kernel: registers, spill stores / loads (files named by kernel).
+    { echo "# ptxas output under MOSAIC_GPU_DUMP_PTXAS, per dump file"
+      if [ -d "$scratch/mosaic" ]; then
+        grep -rH -E "registers|spill|Compiling entry" "$scratch/mosaic" | sed "s|$scratch/mosaic/||"
+      else
+        echo "(no dumps: no Mosaic GPU kernel was compiled)"
+      fi
+      grep -E "ptxas|registers|spill" "$OUT/kernel.log" || true
+    } 2>&1 | head -c 4000000 > "$OUT/kernel-ptxas.txt"
+    cut -c1-200 "$OUT/kernel.jsonl"; head -20 "$OUT/kernel-ptxas.txt"
+    # The train steps against cuDNN (fp16 / fp32 / TF32) in the same process.
+    step bench "$t_bench" python -m rhnzoo.bench.rnn --configs=$configs --cells=lstm $pallas \
+      --torch "${tdev[@]}" $prof --bfloat16 --unroll=8 --rounds=2 \
+      > "$OUT/rnn.jsonl" 2> "$OUT/rnn.log"
+    rnn_summary "$OUT/rnn.jsonl" ;;
 esac

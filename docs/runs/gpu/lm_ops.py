@@ -1,0 +1,86 @@
+"""The XLA op table of one LM train step (``measure.sh lm``, issue 57): does each
+micro-layer step copy its weight slice out of the stacked weights?
+
+Compiles rhnzoo.bench.lm's train step of a configuration (the optimized HLO, as the
+device runs it) and prints: the step's op counts by opcode (all computations, and the
+while loops' bodies alone), then every ``copy`` / ``dynamic-slice`` / ``slice`` /
+``transpose`` whose result has the shape of one micro-layer's recurrent weights
+``[hidden, 2 hidden]`` (HSG / RHN: H and T fused) or bigger, with the computation it is
+in: one inside the time loop's body per micro-layer is the copy the question is about.
+
+  python docs/runs/gpu/lm_ops.py [--config=ptb_d40_hsg] [--dtype=float32|bfloat16]
+"""
+
+import argparse
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rhnzoo.bench import lm as bench_lm
+from rhnzoo.models import lm
+from rhnzoo.training import lm as train
+from rhnzoo.data import common as data
+
+OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*([\w\[\]{},:\s\d]+?)\s+([a-z][\w\-]*)\(")
+SHAPE = re.compile(r"\[([\d,]*)\]")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="ptb_d40_hsg", choices=list(bench_lm.CONFIGS))
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    c = bench_lm.CONFIGS[args.config]
+    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
+                                  tied=c["tied"], dtype=args.dtype)  # fmt: skip
+    drop_x, drop_i, drop_h, drop_o = c["rates"]
+    cfg = train.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
+                         drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
+    tokens = np.random.default_rng(0).integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1),
+                                               dtype=np.int32)  # fmt: skip
+    rows = jnp.asarray(data.batchify(tokens, c["batch"]))
+    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], c["num_steps"]))
+    state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
+    step = train.make_train_step(model, cfg, tx)
+    compiled = jax.jit(step, donate_argnums=0).lower(state, (rows, jnp.int32(1)),
+                                                     jax.random.PRNGKey(1)).compile()  # fmt: skip
+    hlo = compiled.as_text()
+    n = c["hidden"]
+    all_ops, body_ops, big = collections.Counter(), collections.Counter(), []
+    computation, bodies = "", set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head and "=" not in line.split("{")[0]:
+            computation = head.group(1)
+            continue
+        m = OP.match(line)
+        if not m:
+            continue
+        shape, opcode = m.group(1), m.group(2)
+        all_ops[opcode] += 1
+        if computation in bodies:
+            body_ops[opcode] += 1
+        dims = [int(d) for d in (SHAPE.search(shape).group(1).split(",") if SHAPE.search(shape)
+                                 else []) if d]  # fmt: skip
+        if opcode in ("copy", "dynamic-slice", "slice", "transpose") and np.prod(dims or [0]) >= n * n:
+            big.append(f"{opcode:14s} {shape.strip():40s} in {computation}")
+    print(f"{args.config} (hidden {n}, depth {c['depth']}, {args.dtype}), "
+          f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
+          f"{len(bodies)} while bodies")
+    print("\nops, all computations:")
+    for op, k in all_ops.most_common(args.top):
+        print(f"{k:7d}  {op}")
+    print("\nops, while bodies:")
+    for op, k in body_ops.most_common(args.top):
+        print(f"{k:7d}  {op}")
+    print(f"\ncopies and slices of >= {n}x{n} elements ({len(big)}):")
+    for line in big[: 4 * args.top]:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The GPU window simulated on this CPU (issue 57): ``prepare`` here, then the exact device
+command in a subprocess whose environment is the GPU image's: a copy of what the device
+tool sends (tracked and untracked-not-ignored files, the carried ``.harvest/``), rhnzoo
+importable only through the command's ``PYTHONPATH``, gensim / tensorflow_datasets /
+tensorboardX import-blocked, ``RHNZOO_DATA`` and the user caches unset, ``$OUT`` an empty
+folder; then the device tool's limits on what comes back, and ``record`` from a read-only
+copy of ``$OUT``. At ``--smoke`` scale: tiny shapes, a few steps."""
+
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from rhnzoo.apps import harvest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
+BLOCKED = ("gensim", "tensorflow_datasets", "tensorboardX")
+
+# Put into the copy's root (on the command's PYTHONPATH): the image's missing packages
+# fail to import, and the editable install of this checkout is not seen.
+SITECUSTOMIZE = f"""
+import sys
+class _NotOnTheImage:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not on the GPU image)")
+sys.meta_path[:] = [_NotOnTheImage()] + [
+    f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+"""
+
+
+def image_tree(dest: pathlib.Path) -> pathlib.Path:
+    """A copy of what the device tool sends of this checkout (no ``.git``: the window's
+    commit is in ``.harvest/window.json``), with the image's import blocker."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
+    for rel in filter(None, listed.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return dest
+
+
+def device_call(tree: pathlib.Path, call: dict, out: pathlib.Path, home: pathlib.Path,
+                timeout: float | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """Runs ``call["command"]`` as the device would: from ``tree``, ``$OUT`` = ``out``
+    (empty), a bare environment (no RHNZOO_DATA, no XDG caches, an empty HOME)."""
+    assert len(call["command"]) < harvest.COMMAND_LIMIT
+    out.mkdir()
+    home.mkdir(exist_ok=True)
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "HOME": str(home), "OUT": str(out), "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
+           "TMPDIR": str(home)}  # fmt: skip
+    return subprocess.run(["bash", "-c", call["command"]], cwd=tree, env=env, text=True,
+                          capture_output=True, timeout=timeout or call["timeout_s"])  # fmt: skip
+
+
+def read_only_copy(out: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """``out`` as the device tool returns it: copied, every file and folder read-only."""
+    shutil.copytree(out, dest)
+    for p in sorted(dest.rglob("*"), reverse=True):
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    dest.chmod(0o555)
+    return dest
+
+
+def _window_data(name: str) -> None:
+    for d in harvest.CHUNKS[name].data:
+        if not (DATA / d).is_dir():
+            pytest.skip(f"{d} not in $RHNZOO_DATA")
+
+
+def _window(tmp_path: pathlib.Path, name: str, records: pathlib.Path, extra: str = "",
+            tag: str = "1") -> tuple[dict, pathlib.Path, subprocess.CompletedProcess]:  # fmt: skip
+    """prepare (here, into a fresh copy of the tree) then the device call; returns the
+    call, ``$OUT`` and the process."""
+    tree = image_tree(tmp_path / f"tree{tag}")
+    call = harvest.prepare(name, smoke=True, root=tree, records=records, log=lambda s: None)
+    assert harvest.travelling_bytes() + sum(
+        p.stat().st_size for p in (tree / ".harvest").rglob("*") if p.is_file()
+    ) <= harvest.TRAVEL_LIMIT
+    call = dict(call, command=call["command"] + extra)
+    out = tmp_path / f"out{tag}"
+    proc = device_call(tree, call, out, tmp_path / "home")
+    return call, out, proc
+
+
+def _assert_comes_back(out: pathlib.Path, name: str, partial: bool = False) -> dict:
+    assert harvest.check_out(out) == []
+    names = {f"{name}.tar.gz", "summary.json"} | ({f"{name}.partial.tar.gz"} if partial else set())
+    assert {p.name for p in out.iterdir()} == names
+    with tarfile.open(out / f"{name}.tar.gz") as tar:
+        members = tar.getnames()
+    assert not [m for m in members if {"checkpoints", "best", "stacked"} & set(m.split("/"))]
+    return json.loads((out / "summary.json").read_text())
+
+
+def _assert_table(text: str, dest: pathlib.Path, metric: str) -> None:
+    """``text`` (record's) holds each run group's mean of ``metric`` over its results."""
+    values: dict[str, list[float]] = {}
+    for results in dest.rglob("results.json"):
+        run = results.parent.relative_to(dest).as_posix()
+        head, _, k = run.rpartition("_")  # seeds <run>_s<k>, trials <run>_t<k> together
+        base = head if k[:1] in ("s", "t") and k[1:].isdigit() else run
+        values.setdefault(base, []).append(json.loads(results.read_text())[metric])
+    rows = text.splitlines()[2:]
+    assert values and sorted(r.split(" | ")[0].strip("| ") for r in rows) == sorted(values)
+    scale = 100.0 if metric.endswith("_acc") else 1.0
+    for row in rows:
+        base, cell = row.split(" | ")[0].strip("| "), row.split(" | ")[1]
+        assert cell.startswith(f"{sum(values[base]) / len(values[base]) * scale:.2f}"), row
+
+
+def _windows() -> list[str]:
+    """The next pending window and one window of each table."""
+    names = [harvest.next_pending()]
+    for chunk in harvest.CHUNKS.values():
+        if chunk.table not in {harvest.CHUNKS[n].table for n in names} and chunk.table != (
+            "rrl_pmnist_paper"):  # P-MNIST: the cut window below
+            names.append(chunk.name)
+    return names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _windows())
+def test_a_window_runs_as_the_device_runs_it_and_its_table_comes_from_what_comes_back(
+    tmp_path, name
+):
+    _window_data(name)
+    records = tmp_path / "records"
+    call, out, proc = _window(tmp_path, name, records)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _assert_comes_back(out, name)
+    assert summary["complete"] and summary["finished"] and summary["smoke"]
+    assert summary["chunk"] == name and summary["partial"] is None
+    # What ran is what prepare printed: the chunk's stacked command, in the image.
+    assert summary["command"][:-1] == harvest.experiment_command(
+        harvest.CHUNKS[name], pathlib.Path("x"), True)[1:-1]
+    queue = tmp_path / "queue.tsv"
+    texts = harvest.record(read_only_copy(out, tmp_path / "back"), smoke=True,
+                           records=records, queue=queue)  # fmt: skip
+    chunk = harvest.CHUNKS[name]
+    _assert_table(texts[chunk.table], records / chunk.table, chunk.metric)
+    assert (records / chunk.table / f"{name}.log").is_file() and not queue.exists()
+
+
+@pytest.mark.slow
+def test_a_window_cut_at_its_deadline_leaves_a_partial_archive_the_next_window_resumes(
+    tmp_path,
+):
+    # Finding 5: a window cut at its deadline kept nothing and nothing resumed it.
+    name = "rrl-pmnist-lstm"
+    _window_data(name)
+    records = tmp_path / "records"
+    # 75 s: past start-up (a cut there saves step 0, which resumes as a fresh start) and
+    # far from the 40 steps' end (each of the 10 epochs validates on 9,000 sequences).
+    _, out, proc = _window(tmp_path, name, records, " --smoke_steps=100000 --deadline_s=75")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _assert_comes_back(out, name, partial=True)
+    assert not summary["complete"] and summary["partial"] == f"{name}.partial.tar.gz"
+    with tarfile.open(out / summary["partial"]) as tar:
+        saved = [m for m in tar.getnames() if "/checkpoints/" in m]
+    assert saved, "the cut window saved no checkpoint"
+    harvest.record(read_only_copy(out, tmp_path / "back1"), smoke=True, records=records)
+    assert (records / "rrl_pmnist_paper" / "partial" / f"{name}.tar.gz").is_file()
+    # The next window: prepare carries the partial archive back; run resumes it.
+    _, out2, proc2 = _window(tmp_path, name, records, tag="2")
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    summary2 = _assert_comes_back(out2, name)
+    assert summary2["complete"] and summary2["resumed"]
+    assert summary2["minutes_total"] > summary2["minutes"]
+    with tarfile.open(out2 / f"{name}.tar.gz") as tar:
+        log = tar.extractfile(f"{name}/log.txt").read().decode()
+    resumed = [line for line in log.splitlines() if line.startswith("resumed ")]
+    assert resumed and int(resumed[0].rsplit(" at step ", 1)[1]) > 0, log[-2000:]
+    texts = harvest.record(read_only_copy(out2, tmp_path / "back2"), smoke=True,
+                           records=records)  # fmt: skip
+    _assert_table(texts["rrl_pmnist_paper"], records / "rrl_pmnist_paper", "test_acc")
+    assert not (records / "rrl_pmnist_paper" / "partial" / f"{name}.tar.gz").exists()
+
+
+# ------------------------------------------------------------------ measure.sh, dry
+
+PARTS = {  # part: the files it leaves in $OUT besides env.txt
+    "suite": {"pytest.log"},
+    "rnn": {"rnn.jsonl", "rnn.log"},
+    "flags": {"rnn_flags.jsonl", "rnn_flags.log"},
+    "lm": {"lm.jsonl", "lm.log", "lm-ops.txt"},
+    "pallas": {"pallas.jsonl", "pallas.log", "pallas-probe.jsonl", "pallas-probe.log",
+               "pallas-pytest.log"},
+    "pallas-quick": {"pallas.jsonl", "pallas.log", "pallas-probe.jsonl", "pallas-probe.log",
+                     "pallas-pytest.log"},
+    "seeds": {"seeds.jsonl", "seeds.log"},
+    "seeds-quick": {"seeds.jsonl", "seeds.log"},
+    "kernel": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
+    "kernel-quick": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
+}
+EMPTY_OK = {"rnn.log", "rnn_flags.log", "lm.log", "pallas.log", "pallas-probe.log",
+            "seeds.log", "kernel.log"}  # stderr: empty where nothing went wrong
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return image_tree(tmp_path_factory.mktemp("image"))
+
+
+def test_measure_sh_names_every_part():
+    text = (ROOT / "docs/runs/gpu/measure.sh").read_text()
+    usage = text.split("usage: bash docs/runs/gpu/measure.sh [--dry] ")[1].split('"')[0]
+    assert set(usage.split("|")) == set(PARTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", list(PARTS))
+def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(
+    image, tmp_path, part
+):
+    call = {"command": f"bash docs/runs/gpu/measure.sh --dry {part}", "timeout_s": 600}
+    out = tmp_path / "out"
+    proc = device_call(image, call, out, tmp_path / "home")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert harvest.check_out(out) == []
+    assert {p.name for p in out.iterdir()} == {"env.txt"} | PARTS[part]
+    for p in out.iterdir():
+        assert p.stat().st_size or p.name in EMPTY_OK, p.name
+    steps = [line for line in proc.stdout.splitlines() if ": rc=" in line]
+    assert steps and "timed out" not in proc.stdout, proc.stdout[-2000:]
+    env = (out / "env.txt").read_text()
+    if part == "suite":  # finding 7: 8 workers on one GPU, each would take 75 % of it
+        assert "XLA_PYTHON_CLIENT_PREALLOCATE=false" in env
+        assert " passed" in (out / "pytest.log").read_text()
+    else:
+        assert "XLA_PYTHON_CLIENT_PREALLOCATE=\n" in env
+    if part == "flags":  # finding 7: python's stderr into the log, not onto the terminal
+        log = (out / "rnn_flags.log").read_text()
+        assert "xla_no_such_flag_in_a_dry_run" in log
+        assert "xla_no_such_flag_in_a_dry_run" not in proc.stderr
+        lines = (out / "rnn_flags.jsonl").read_text().splitlines()
+        assert lines and all(json.loads(x)["xla_flags"] for x in lines)
+    elif part not in ("suite",):  # every step's status 0 (the flags' second is refused)
+        assert all(" rc=0 " in line for line in steps), steps
+    if part.startswith("pallas"):  # finding 6: the bench first, then the tests, each timed
+        names = [line.split(":")[0] for line in steps]
+        assert names == ["bench", "probe", "tests"], steps
+        assert "test_gated_pallas.py" in (out / "pallas-pytest.log").read_text()
+    if part.startswith("kernel"):
+        figures = [json.loads(x)["figure"] for x in (out / "kernel.jsonl").read_text().splitlines()]
+        assert {"pallas_forward", "pallas_value_and_grad", "error_pallas_approx_math",
+                "error_pallas_no_auto_barriers", "error_fused_bf16"} <= set(figures)
+        assert "ptxas" in (out / "kernel-ptxas.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_tensorboard_test_skips_in_the_image_without_tensorboardx(image, tmp_path):
+    # Finding 7: it failed where tensorboardX is absent.
+    call = {"command": "PYTHONPATH=$PWD python -m pytest -q -p no:cacheprovider "
+                       "tests/test_engine.py -k tensorboard_event_files", "timeout_s": 300}
+    proc = device_call(image, call, tmp_path / "out", tmp_path / "home")
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-2000:]
