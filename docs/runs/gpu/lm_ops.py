@@ -50,31 +50,47 @@ def main():
                                                      jax.random.PRNGKey(1)).compile()  # fmt: skip
     hlo = compiled.as_text()
     n = c["hidden"]
-    all_ops, body_ops, big = collections.Counter(), collections.Counter(), []
-    computation, bodies = "", set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    # The computations, by name; a while body's, with what it calls (fusions, to_apply),
+    # transitively, count as the loop's.
+    comps: dict[str, list[str]] = {}
+    name = ""
     for line in hlo.splitlines():
-        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if head and "=" not in line.split("{")[0]:
-            computation = head.group(1)
-            continue
-        m = OP.match(line)
-        if not m:
-            continue
-        shape, opcode = m.group(1), m.group(2)
-        all_ops[opcode] += 1
-        if computation in bodies:
-            body_ops[opcode] += 1
-        dims = [int(d) for d in (SHAPE.search(shape).group(1).split(",") if SHAPE.search(shape)
-                                 else []) if d]  # fmt: skip
-        if opcode in ("copy", "dynamic-slice", "slice", "transpose") and np.prod(dims or [0]) >= n * n:
-            big.append(f"{opcode:14s} {shape.strip():40s} in {computation}")
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            name = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            comps[name] = []
+        elif name:
+            comps[name].append(line)
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    todo = list(bodies)
+    while todo:
+        for line in comps.get(todo.pop(), []):
+            for callee in re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", line):
+                if callee not in bodies:
+                    bodies.add(callee)
+                    todo.append(callee)
+    all_ops, body_ops, big = collections.Counter(), collections.Counter(), []
+    for computation, lines in comps.items():
+        for line in lines:
+            m = OP.match(line)
+            if not m:
+                continue
+            shape, opcode = m.group(1), m.group(2)
+            all_ops[opcode] += 1
+            if computation in bodies:
+                body_ops[opcode] += 1
+            found = SHAPE.search(shape)
+            dims = [int(d) for d in found.group(1).split(",") if d] if found else []
+            if opcode in ("copy", "dynamic-slice", "slice", "transpose") and dims and \
+                    np.prod(dims) >= n * n:
+                where = "loop" if computation in bodies else "outside"
+                big.append(f"{opcode:14s} {shape.strip():40s} {where:7s} in {computation}")
     print(f"{args.config} (hidden {n}, depth {c['depth']}, {args.dtype}), "
           f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
-          f"{len(bodies)} while bodies")
+          f"{len(re.findall(r'body=', hlo))} while loops")
     print("\nops, all computations:")
     for op, k in all_ops.most_common(args.top):
         print(f"{k:7d}  {op}")
-    print("\nops, while bodies:")
+    print("\nops, inside while loops (their bodies and what those call):")
     for op, k in body_ops.most_common(args.top):
         print(f"{k:7d}  {op}")
     print(f"\ncopies and slices of >= {n}x{n} elements ({len(big)}):")
