@@ -207,6 +207,28 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
     assert rrl.subset(data, None) is data and rrl.subset(data, 80) is data
 
 
+def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluates():
+    # Smoke windows (rhnzoo.apps.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
+    split = lambda n, k: sequences.Split([np.full(2, i, np.int32) for i in range(n)],
+                                         (np.arange(n) + k) % 2)  # fmt: skip
+    data = sequences.Dataset(split(40, 0), split(50, 1), split(60, 0), 2, tuple("abcdefgh"), None)
+    a, b = rrl.eval_subset(data, 20), rrl.eval_subset(data, 20)
+    assert a.train is data.train and (len(a.dev.labels), len(a.test.labels)) == (20, 20)
+    for cut, full in ((a.dev, data.dev), (a.test, data.test)):
+        kept = [int(x[0]) for x in cut.inputs]
+        assert kept == sorted(set(kept)) and len(kept) == 20  # a sample, in its order
+        assert list(cut.labels) == [full.labels[i] for i in kept]
+    assert [x[0] for x in a.test.inputs] == [x[0] for x in b.test.inputs]
+    assert rrl.eval_subset(data, None) is data and rrl.eval_subset(data, 60) is data
+    lines = []
+    config = rrl.RRLConfig(model="lstm", hidden_size=4, embed_size=4, embeddings="random",
+                           batch_size=4, max_len=2, buckets=1, epochs=1, max_steps=1,
+                           eval_subset=8, progress=False)  # fmt: skip
+    run = rrl.train_and_evaluate(config, data, log=lines.append)
+    assert "40 train / 8 dev / 8 test sequences" in lines[0], lines
+    assert {"dev_acc", "test_acc"} <= set(run.results)
+
+
 @pytest.mark.slow
 def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
     write_random_mnist(tmp_path / "mnist", train=60, test=10)

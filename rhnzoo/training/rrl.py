@@ -161,6 +161,9 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     dataset: str = setting("imdb", "Data set.", choices=DATASETS)
     subset: int | None = setting(None, "Train on this many training sequences "
                                  "(screening).", low=1)
+    eval_subset: int | None = setting(None, "Evaluate on this many dev and this many test "
+                                      "sequences, a fixed sample of each (smoke runs; "
+                                      "default: all).", low=1)
     embeddings: str | None = setting(
         "word2vec", "Text: 'word2vec' (trained on the training split, cached), 'random' "
         "(learned from scratch) or a word2vec file.")
@@ -376,6 +379,18 @@ def subset(dataset: Dataset, n: int | None) -> Dataset:
     return dataclasses.replace(dataset, train=dataset.train.subset(index))
 
 
+def eval_subset(dataset: Dataset, n: int | None) -> Dataset:
+    """The dev and test splits cut to ``n`` sequences each, a fixed sample of each kept in
+    its order (smoke runs); None: all."""
+    cut = {}
+    for name in ("dev", "test"):
+        split = getattr(dataset, name)
+        if n is not None and n < len(split.labels):
+            index = np.sort(np.random.default_rng(0xE5).permutation(len(split.labels))[:n])
+            cut[name] = split.subset(index)
+    return dataclasses.replace(dataset, **cut) if cut else dataset
+
+
 def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
                        devices: list | None = None, on_divergence: str = "raise",
                        log: Callable[[str], None] | None = print,
@@ -383,8 +398,8 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
     """Trains ``config.classifier`` under ``config`` on ``dataset`` (its first
     ``config.subset`` training sequences, :func:`subset`; the initial embedding
     :func:`embeddings_for`'s), validating on dev every epoch (the best: highest
-    ``dev_acc``), and evaluates the best parameters on dev and test: the task's one
-    entry point.
+    ``dev_acc``), and evaluates the best parameters on dev and test (each cut to
+    ``config.eval_subset`` sequences, :func:`eval_subset`): the task's one entry point.
 
     Args:
       config: every setting; written to ``workdir/config.json``.
@@ -406,7 +421,7 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
       rhnzoo.data.DataError: an unreadable embedding file.
     """
     say = log or (lambda line: None)
-    kept = subset(dataset, config.subset)
+    kept = eval_subset(subset(dataset, config.subset), config.eval_subset)
     splits = {"train": kept.train, "dev": kept.dev, "test": kept.test}
     for name, split in splits.items():
         if not len(split.labels):
