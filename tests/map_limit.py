@@ -11,7 +11,7 @@ or its next load of an executable from the persistent compilation cache, then fa
 map memory (``LLVM compilation error: Cannot allocate memory``) and the process dies in
 the error's unwinding (a segmentation fault in ``_Unwind_Find_FDE`` under
 ``backend_compile_and_load``, ``compilation_cache.put_executable_and_time`` or
-``get_executable_and_time``): the "XLA:CPU worker crash" of BUILD_NOTES' known gaps,
+``get_executable_and_time``): the XLA:CPU worker crash (BUILD_NOTES, "Memory mappings"),
 late in a long xdist worker, in whichever test compiled next.
 
 ``jax.clear_caches()`` frees every cached executable and its mappings (a program needed
