@@ -204,11 +204,13 @@ def resolve(
     have = implementations(cell)
     name, listed = describe(cell), ", ".join(have)
     bf16 = _bfloat16(dtype)
-    backend = backend or platform()
+    # The platform only where a choice needs it: asking JAX starts its backend, which a
+    # config's check (batch None) must not do before jax.distributed.initialize.
+    where = lambda: backend or platform()  # noqa: E731
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
         if (ScanImpl.PALLAS in have and not remat and batch is not None
-                and _pallas_module(cell).fits(cell, batch, dtype, backend, **size)):  # fmt: skip
+                and _pallas_module(cell).fits(cell, batch, dtype, where(), **size)):  # fmt: skip
             return ScanImpl.PALLAS
         if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
             return ScanImpl.FUSED
@@ -222,9 +224,9 @@ def resolve(
                "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
                "one CTA's shared memory: the RRN up to depth 3 at n = 128)")  # fmt: skip
         raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
-    if impl is ScanImpl.PALLAS and backend not in PALLAS_PLATFORMS:
+    if impl is ScanImpl.PALLAS and where() not in PALLAS_PLATFORMS:
         raise ValueError(f"scan_impl='pallas' runs Mosaic GPU kernels (an NVIDIA GPU), not on "
-                         f"platform '{backend}': use scan_impl='fused' (or 'auto', which picks "
+                         f"platform '{where()}': use scan_impl='fused' (or 'auto', which picks "
                          f"it for {name} there)")  # fmt: skip
     no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
     if remat and no_remat:
