@@ -396,33 +396,6 @@ def test_bias_false_gets_no_bias_keys_back(kind):
             to(only_b_hn, bias=False)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_bias_false_torch_module_loads_strictly_and_computes_the_same(kind):
-    """With torch installed: ``nn.LSTM`` / ``nn.GRU(bias=False)`` -> rhnzoo -> a strict
-    ``load_state_dict`` into the same module class works, and rhnzoo's cell computes the
-    module's outputs (float64)."""
-    torch = pytest.importorskip("torch")
-    gates, frm, to = CONVERTERS[kind]
-    torch.manual_seed(0)
-    module = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(M, N, bias=False).double()
-    sd = {k: v.detach().numpy() for k, v in module.state_dict().items()}
-    params = frm(sd)
-    fresh = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(M, N, bias=False).double()
-    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in to(params, bias=False).items()},
-                          strict=True)  # fmt: skip
-    xs, h0, c0, _ = inputs(11)
-    state = (torch.from_numpy(h0)[None], torch.from_numpy(c0)[None])
-    with torch.no_grad():
-        want = fresh(torch.from_numpy(xs), state if kind == "lstm" else state[0])[0].numpy()
-        np.testing.assert_array_equal(
-            want, module(torch.from_numpy(xs), state if kind == "lstm" else state[0])[0].numpy())
-    with jax.enable_x64(True):
-        cell = cells.LSTM(N) if kind == "lstm" else cells.GRU(N, reset_after=True)
-        carry = cells.LSTMState(jnp.asarray(h0), jnp.asarray(c0)) if kind == "lstm" else h0
-        ys = cells.unroll(cell, jax.tree.map(jnp.asarray, params), carry, jnp.asarray(xs))[1]
-        np.testing.assert_allclose(ys, want, **TOL)
-
-
 def _gru_runs(cell, params, h0, xs):
     """Every way a GRU's parameters reach its computation (the Pallas entries refuse
     before any kernel is built)."""
