@@ -86,7 +86,6 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
                       preferred_element_type=accumulation(dtype))  # fmt: skip
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
     """``a [..., m] @ w [m, k] -> [..., k]`` under the precision rule above (as :func:`dot`),
     and differentiated under it too. Autodiff's transpose of :func:`dot` multiplies the
@@ -94,7 +93,16 @@ def project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
     runs in float32; here the cotangent is cast as well, so with ``dtype=bfloat16`` both
     backward products (``da = g w^T``, ``dw = a^T g`` summed over the leading axes) take
     bfloat16 inputs like the forward's, accumulating in float32. The gradients come back
-    in ``a``'s and ``w``'s dtypes. ``w`` must be 2-D."""
+    in ``a``'s and ``w``'s dtypes. ``w`` must be 2-D. Where nothing is cast (``dtype`` None
+    or the operands' own) it is :func:`dot` under autodiff, whose rounding the runs of
+    record have."""
+    if dtype is None or (jnp.dtype(dtype) == a.dtype and jnp.dtype(dtype) == w.dtype):
+        return dot(a, w, dtype)
+    return _project(a, w, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
     return dot(a, w, dtype)
 
 
@@ -112,4 +120,4 @@ def _project_bwd(dtype, residuals, g):
     return da.astype(a.dtype), dw.astype(w.dtype)
 
 
-project.defvjp(_project_fwd, _project_bwd)
+_project.defvjp(_project_fwd, _project_bwd)
