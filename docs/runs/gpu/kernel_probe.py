@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,19 +28,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, gated_pallas
 
-
-REPS = [5]
-
-
-def best(fn, *args):
-    reps = REPS[0]
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from pallas_probe import best  # beside this script: min of `reps` timed calls after a warm-up
 
 
 @contextlib.contextmanager
@@ -86,7 +73,6 @@ def main():
                     help="the float32 fused scan in the kernel's place (a CPU dry run of the "
                          "script's figures, no kernel)")
     args = ap.parse_args()
-    REPS[0] = args.reps
     dev = jax.devices()[0]
     bf = jnp.bfloat16
     pallas = lambda c, p, h, x: gated_pallas.unroll(c, p, h, x, outputs=False,
@@ -111,7 +97,7 @@ def main():
                 for what, fn in (("forward", jax.jit(f)),
                                  ("value_and_grad", jax.jit(jax.value_and_grad(f)))):
                     try:
-                        s = best(fn, params, xs)
+                        s = best(fn, params, xs, reps=args.reps)
                         rec = {"ms": round(s * 1e3, 3),
                                "us_per_step": round(s * 1e6 / args.length, 2)}
                     except Exception as e:
@@ -130,7 +116,7 @@ def main():
             fn = jax.jit(jax.value_and_grad(loss_fn(unroll, cell, carry)))
             try:
                 loss, grads = fn(params, xs)
-                s = best(fn, params, xs)
+                s = best(fn, params, xs, reps=args.reps)
                 err = lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
                 rec = {"ms": round(s * 1e3, 3), "loss_rel_err": err(loss, ref[0]),
                        "grad_rel_err": {k: err(grads[k], ref[1][k]) for k in ref[1]}}
