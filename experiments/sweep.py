@@ -8,7 +8,7 @@ r"""Depth sweep with and without the Highway State Gate (Shoham & Permuter, Tabl
 Trains the PTB language model of ``experiments/ptb.py`` once per (depth in ``--depths``)
 x (no HSG, HSG), one after another in this process (the corpus read once), each in its
 own workdir ``<root>/d<depth>_{rhn,hsg}``, on the multi-run runner
-(``rhnzoo.training.sweep``); ptb.py's flags after ``--`` go to every run (``--dry_run``
+(``rhnzoo.studies.sweep``); ptb.py's flags after ``--`` go to every run (``--dry_run``
 prints the equivalent ptb.py commands, e.g. for a cluster). Every workdir is checked
 first; a finished run says ``already finished``, an interrupted one resumes; a run that
 diverges is reported and the sweep goes on. ``--jobs=N`` trains N runs at a time, each

@@ -185,7 +185,7 @@ class DistributedSettings(Config):
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings(Config):
-    """The run engine's settings (:func:`rhnzoo.training.engine.run`): run length limits,
+    """The run engine's settings (:func:`rhnzoo.engine.run`): run length limits,
     reporting, the divergence check, patience and matmul precision. Every task's config
     (whose ``config.json`` is flat) subclasses it and has ``epochs``, the epochs of its
     full schedule (a field, or a property such as the LM's ``max_max_epoch``);

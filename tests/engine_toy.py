@@ -31,7 +31,8 @@ import optax
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from rhnzoo.config import RunSettings, setting
-from rhnzoo.training import classify, engine
+from rhnzoo.tasks import classify
+from rhnzoo import engine
 
 N_TRAIN, N_VALID, DIM, BATCH = 96, 32, 5, 8
 
@@ -147,7 +148,7 @@ def main(argv: list[str]) -> None:
     from absl import app, flags
 
     from rhnzoo.apps import cli, runner
-    from rhnzoo.training import sweep
+    from rhnzoo.studies import sweep
 
     names = cli.define_config_flags(ToyConfig(log_every=1))
     flags.DEFINE_boolean("slow_eval", False, "Make every validation practically endless.")

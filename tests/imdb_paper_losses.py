@@ -6,7 +6,7 @@ r"""The first training losses of the Table 3 models at ``--preset=paper`` on the
 Not collected by pytest (no ``test_`` prefix). For each model: the run
 ``experiments/rrl.py --preset=paper --model=M`` makes (seed 0, Adadelta lr 1, 512 units,
 up to 400 words, pre-trained word2vec), trained in memory for ``--steps`` steps
-(:func:`rhnzoo.training.rrl.train_and_evaluate`), its validation and final evaluation on
+(:func:`rhnzoo.tasks.rrl.train_and_evaluate`), its validation and final evaluation on
 the first batch of the dev split alone; prints JSON ``{"xent": {model: [loss of step 1,
 ...]}, "stopped": {model: the divergence message of the training steps or null},
 "validation": {model: that of the validation at the end or null}, ...}`` (a paper run
@@ -32,7 +32,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 def main() -> None:
     from rhnzoo.config import RunConfig
     from rhnzoo.configs import rrl as presets
-    from rhnzoo.training import engine, rrl
+    from rhnzoo import engine
+    from rhnzoo.tasks import rrl
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=250)

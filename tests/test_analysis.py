@@ -1,7 +1,7 @@
 """Analysis tools on a tiny trained HSG(RHN) run: load_run, gates, lesions, MC dropout,
 the analyze/sweep CLIs and their PNGs.
 
-The run is trained by rhnzoo.training.lm.train on a slice of real PTB when
+The run is trained by rhnzoo.tasks.lm.train on a slice of real PTB when
 $RHNZOO_DATA/ptb exists, else on a generated corpus written as ptb.*.txt files.
 """
 
@@ -23,8 +23,8 @@ import pytest
 
 from rhnzoo import analysis, data, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import lm as train
-from rhnzoo.training import signals
+from rhnzoo.tasks import lm as train
+from rhnzoo.engine import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"

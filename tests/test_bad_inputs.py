@@ -38,7 +38,7 @@ import pytest
 from absl import flags, logging
 
 from rhnzoo.apps import analyze, cli, highway, jsb, lm, rrl
-from rhnzoo.training import signals
+from rhnzoo.engine import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NO_DATA = ("--data_dir=/nonexistent", "--nodownload")
@@ -393,7 +393,7 @@ def test_a_checkpoint_with_unreadable_metadata_logs_nothing(tmp_path, caplog):
     happened)."""
     import logging as pylogging
 
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     sys.path.insert(0, str(ROOT / "tests"))
     import engine_toy
@@ -436,7 +436,7 @@ def test_tfds_is_asked_to_download_only_as_the_flag_says(monkeypatch, tmp_path, 
     ``--nodownload`` asks for the prepared set or one line."""
     from rhnzoo import data
     from rhnzoo.data import common
-    from rhnzoo.training import highway as hw
+    from rhnzoo.tasks import highway as hw
 
     calls = []
 

@@ -16,7 +16,7 @@ import helpers
 from rhnzoo import data, dropout
 from rhnzoo.bench import alternate, lm as bench_lm, ratios
 from rhnzoo.models import lm
-from rhnzoo.training import lm as train
+from rhnzoo.tasks import lm as train
 
 V, N, B, T = 23, 8, 3, 5
 RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)

@@ -29,7 +29,7 @@ import rhnzoo
 from rhnzoo import config as config_lib
 from rhnzoo.apps import cli
 
-for _module in ("rhnzoo.training", "rhnzoo.analysis"):  # where the configs live, all loaded
+for _module in ("rhnzoo.tasks", "rhnzoo.analysis"):  # where the configs live, all loaded
     for _info in pkgutil.iter_modules(importlib.import_module(_module).__path__):
         importlib.import_module(f"{_module}.{_info.name}")
 

@@ -17,7 +17,7 @@ import tarfile
 
 import pytest
 
-from rhnzoo.apps import harvest
+from rhnzoo.studies import harvest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))

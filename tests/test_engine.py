@@ -22,7 +22,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo.training import engine, progress
+from rhnzoo import engine
+
+from rhnzoo.engine import progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "engine_toy.py"
@@ -257,7 +259,7 @@ def test_the_recorded_paper_losses_are_every_table_3_model_unstopped():
     experiments/rrl.py trains, recorded with the check off and none stopped, and the
     replay's config judging with the default factor of the experiments' RunConfig."""
     from rhnzoo.config import RunConfig
-    from rhnzoo.training import rrl
+    from rhnzoo.tasks import rrl
 
     assert sorted(IMDB_PAPER_LOSSES["xent"]) == sorted(rrl.MODELS)
     assert IMDB_PAPER_LOSSES["divergence_factor"] == 0
@@ -743,7 +745,7 @@ def test_pace_times_steady_steps_only(monkeypatch):
 def test_read_config_errors_name_the_file(tmp_path):
     """A missing or corrupt config.json is one line that names it (the analysis read it
     with a bare json.loads: 'Expecting value: line 1 column 1', no path)."""
-    from rhnzoo.training import workdir as workdir_lib
+    from rhnzoo.engine import workdir as workdir_lib
 
     with pytest.raises(ValueError, match="has no config.json"):
         workdir_lib.read_config(tmp_path)

@@ -26,8 +26,8 @@ from pallas_checks import (
 from rhnzoo import cells
 from rhnzoo.cells import gated_pallas
 from rhnzoo.cells.scan import ScanImpl
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import rrl
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks import rrl
 
 KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True),
          "sc_lstm_p": lambda n: cells.SCLSTM(n, skip=3, learn_alpha=True),

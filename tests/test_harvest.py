@@ -1,4 +1,4 @@
-"""The GPU harvest (``rhnzoo.apps.harvest``, issues 47 and 57): its queue, what a window
+"""The GPU harvest (``rhnzoo.studies.harvest``, issues 47 and 57): its queue, what a window
 carries and prints, the device command, ``record``'s rules. The windows themselves, run
 as the device runs them, are tests/test_device_simulation.py's."""
 
@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from rhnzoo.apps import harvest
+from rhnzoo.studies import harvest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
@@ -77,7 +77,7 @@ def test_prepare_stages_the_data_and_prints_the_device_call_that_runs(tmp_path, 
     assert not window["smoke"] and not window["resume"]
     lines = capsys.readouterr().out.splitlines()
     assert json.loads(lines[-1]) == call
-    assert call == {"command": "PYTHONPATH=$PWD python -m rhnzoo.apps.harvest run "
+    assert call == {"command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run "
                                "highway-mnist-d10", "carry": [".harvest"], "timeout_s": 600}
     # Finding 8: the line names the command run returns to, stacked where it stacks.
     assert "--stack_seeds --jobs=2" in lines[-2]
@@ -123,7 +123,7 @@ def test_prepare_makes_and_carries_the_vectors_the_imdb_window_reads(tmp_path):
     pytest.importorskip("gensim")
     from rhnzoo.configs import rrl as presets
     from rhnzoo.data import word2vec
-    from rhnzoo.training import rrl
+    from rhnzoo.tasks import rrl
 
     harvest.prepare("rrl-imdb-lstm", root=tmp_path, records=tmp_path / "records")
     config = presets.get_config("paper", "imdb", model="lstm")
@@ -198,7 +198,7 @@ def test_the_cli_gives_one_error_line_for_a_bad_window_and_a_missing_out(tmp_pat
                        (["run", "rrl-pmnist-lstm"], "no $OUT"),
                        (["record", str(tmp_path / "none")], "not a folder"),
                        (["record", str(tmp_path)], "no window archive")):  # fmt: skip
-        p = subprocess.run([sys.executable, "-m", "rhnzoo.apps.harvest", *args], cwd=tmp_path,
+        p = subprocess.run([sys.executable, "-m", "rhnzoo.studies.harvest", *args], cwd=tmp_path,
                            env=env, capture_output=True, text=True)  # fmt: skip
         assert p.returncode == 1 and p.stderr.splitlines() == [f"error: {p.stderr[7:-1]}"]
         assert says in p.stderr, p.stderr

@@ -136,7 +136,7 @@ def test_stacked_seeds_write_what_separate_seeds_write(tmp_path):
     workdir."""
     from helpers import write_random_mnist
 
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     common = ("--sweep", "--depths=3", "--plain_lrs=3:1e-3", "--max_steps=6", "--batch_size=20",
@@ -171,7 +171,7 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     start and end lines (the run's final line in it), whatever --log_every."""
     import numpy as np
 
-    from rhnzoo.training import highway as hw
+    from rhnzoo.tasks import highway as hw
 
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (240, 784), np.uint8), rng.integers(0, 10, 240)
@@ -210,7 +210,7 @@ CONFIG_0016358 = {
 def old_sweep_config(**changes):
     """The HighwayConfig of CONFIG_0016358's command line (the matmul precision its flag's
     default then, not the test session's ``highest``), with ``changes``."""
-    from rhnzoo.training.highway import HighwayConfig
+    from rhnzoo.tasks.highway import HighwayConfig
 
     settings = {"sweep": True, "depths": ("3",), "plain_lrs": ("3:1e-3",), "seeds": 2,
                 "seed": 3, "batch_size": 20, "valid_size": 40, "data_dir": "/tmp/hw-mnist",
@@ -232,7 +232,7 @@ def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
     """The old config.json (hand-picked keys, no depths/plain_lrs/analyses) resumes the
     same command's run, and the same sweep rerun with more depths; the run's config.json
     is then rewritten with every field."""
-    from rhnzoo.training.workdir import prepare_workdir
+    from rhnzoo.engine.workdir import prepare_workdir
 
     runs = dict(old_sweep_config().runs())
     assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
@@ -252,7 +252,7 @@ def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
 
 
 def test_a_structural_difference_from_an_old_workdir_is_refused(tmp_path):
-    from rhnzoo.training.workdir import prepare_workdir
+    from rhnzoo.engine.workdir import prepare_workdir
 
     wd = old_workdir(tmp_path / "plain_d3_s1")
     runs = dict(old_sweep_config().runs())
@@ -287,7 +287,7 @@ def test_the_net_of_a_runs_config_json_old_or_new():
 
 
 def test_config_round_trip_and_one_line_errors():
-    from rhnzoo.training.highway import HighwayConfig
+    from rhnzoo.tasks.highway import HighwayConfig
 
     cfg = HighwayConfig(kind="plain", depth=20, sweep=True, depths=("10", "20"), seeds=3)
     assert HighwayConfig.from_dict(cfg.to_dict()) == cfg
@@ -347,7 +347,7 @@ def test_help_lists_one_flag_per_setting_with_its_help():
     import dataclasses
 
     from rhnzoo.config import meta
-    from rhnzoo.training.highway import HighwayConfig
+    from rhnzoo.tasks.highway import HighwayConfig
 
     result = highway("--help")  # absl: the usage, exit status 1 (the script's one --help run)
     assert result.returncode == 1 and "(default:" in result.stdout
@@ -401,7 +401,7 @@ def test_a_plain_single_run_draws_its_learning_curves_and_its_lesions(tmp_path, 
 
     from rhnzoo.analysis import plots, report
     from rhnzoo.apps import highway as app
-    from rhnzoo.training.highway import HighwayConfig
+    from rhnzoo.tasks.highway import HighwayConfig
 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     drawn = []

@@ -14,7 +14,7 @@ from helpers import np_tree, random_params
 
 from rhnzoo.analysis import highway as analysis
 from rhnzoo.models.highway import INITS, FeedForwardNet, Highway, Plain
-from rhnzoo.training import highway as hw
+from rhnzoo.tasks import highway as hw
 
 MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
 np_sigmoid = lambda z: 0.5 * (1.0 + np.tanh(0.5 * z))  # 1 / (1 + e^-z), no overflow

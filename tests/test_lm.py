@@ -7,7 +7,7 @@ import pytest
 
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import lm as train
+from rhnzoo.tasks import lm as train
 
 
 def small_model(tied=True, hsg=False, vocab=11):

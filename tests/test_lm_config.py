@@ -1,4 +1,4 @@
-"""The language model's one config (rhnzoo.training.lm.LMConfig), its presets
+"""The language model's one config (rhnzoo.tasks.lm.LMConfig), its presets
 (rhnzoo.configs.lm) and the depth sweep's runs on the one runner."""
 
 import dataclasses
@@ -12,9 +12,9 @@ from rhnzoo import data
 from rhnzoo.apps import cli, depth_sweep
 from rhnzoo.config import setting
 from rhnzoo.configs import lm as lm_configs
-from rhnzoo.training import engine
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training.lm import LMConfig
+from rhnzoo import engine
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks.lm import LMConfig
 
 # config.json of `ptb.py --preset=small --hsg --workdir=/tmp/x --max_steps=3`, as the code
 # before LMConfig (commit 0016358) wrote it.
@@ -181,7 +181,7 @@ def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path
     """``--stack_seeds``: a row's two seeds train as one program (one ``[1/1]`` run, the
     stacked state in the first seed's workdir), each seed's results in its own workdir and
     equal to its run alone (the LM's stacked step is the same program per seed)."""
-    from rhnzoo.training import sweep
+    from rhnzoo.studies import sweep
 
     rng = np.random.default_rng(1)
     tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
@@ -215,10 +215,10 @@ def test_train_and_evaluate_is_the_one_entry_point(tmp_path):
     assert json.loads((tmp_path / "w" / "config.json").read_text())["cell"] == "gru"
 
 
-@pytest.mark.parametrize("module,name", [("rhnzoo.training.lm", "LMConfig"),
-                                         ("rhnzoo.training.rrl", "RRLConfig"),
-                                         ("rhnzoo.training.highway", "HighwayConfig"),
-                                         ("rhnzoo.training.polyphonic", "JSBConfig")])
+@pytest.mark.parametrize("module,name", [("rhnzoo.tasks.lm", "LMConfig"),
+                                         ("rhnzoo.tasks.rrl", "RRLConfig"),
+                                         ("rhnzoo.tasks.highway", "HighwayConfig"),
+                                         ("rhnzoo.tasks.polyphonic", "JSBConfig")])
 def test_an_empty_string_setting_is_refused_in_every_task(module, name):
     """Issue 48: ``--workdir=`` (empty) once trained into the default workdir."""
     import importlib

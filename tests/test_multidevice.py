@@ -20,7 +20,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo import data
     from rhnzoo.models import lm
-    from rhnzoo.training import lm as train, sharding, workdir
+    from rhnzoo.tasks import lm as train
+    from rhnzoo.engine import sharding, workdir
     assert jax.device_count() == 8, jax.devices()
     corpus = data.load_ptb(sys.argv[1])
     corpus = data.Corpus(corpus.train[:4000], corpus.valid[:800], corpus.test[:800], corpus.vocab)
@@ -97,7 +98,8 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo.data import sequences
     from rhnzoo.models.highway import FeedForwardNet
-    from rhnzoo.training import highway as hw, rrl, sharding
+    from rhnzoo.tasks import highway as hw, rrl
+    from rhnzoo.engine import sharding
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
 

@@ -1,4 +1,4 @@
-"""rhnzoo.training.polyphonic: next-step NLL, the clipped-SGD step, training on piano
+"""rhnzoo.tasks.polyphonic: next-step NLL, the clipped-SGD step, training on piano
 rolls, the settings and the JSB study."""
 
 import json
@@ -14,7 +14,8 @@ from rhnzoo import cells
 from rhnzoo.data.music import pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
-from rhnzoo.training import engine, polyphonic
+from rhnzoo import engine
+from rhnzoo.tasks import polyphonic
 
 
 def random_rolls(rng, lengths, density=0.08):

@@ -26,7 +26,7 @@ from test_ptb_experiment import TINY, needs_ptb, ptb
 from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
 from rhnzoo.config import RunConfig
-from rhnzoo.training import engine
+from rhnzoo import engine
 
 
 def test_the_suite_runs_at_highest_from_the_environment():
@@ -52,7 +52,7 @@ def test_unknown_names_are_one_line_errors(bad):
         precision.normalize(bad)
     assert "\n" not in str(e.value)
     if bad is not None:  # every config holding the setting says it the same way
-        from rhnzoo.training import polyphonic
+        from rhnzoo.tasks import polyphonic
 
         for make in (lambda: RunConfig(epochs=1, matmul_precision=bad),
                      lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),

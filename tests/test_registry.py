@@ -12,8 +12,8 @@ import pytest
 from rhnzoo import cells, data
 from rhnzoo.data import sequences
 from rhnzoo.models import lm
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import polyphonic, rrl
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks import polyphonic, rrl
 
 SETTINGS = dict(depth=2, init_scale=0.1, init_bias=-1.0)
 # Every base cell, and HSG around two of them (all HSG variants step in test_every_name...).

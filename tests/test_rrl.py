@@ -18,7 +18,7 @@ from rhnzoo import cells
 from rhnzoo.data import DataError, sequences
 from rhnzoo.data.word2vec import load_word2vec
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import rrl
+from rhnzoo.tasks import rrl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

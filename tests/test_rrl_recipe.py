@@ -19,7 +19,7 @@ from rhnzoo import cells
 from rhnzoo.data import sequences, word2vec
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.configs import rrl as presets
-from rhnzoo.training import rrl
+from rhnzoo.tasks import rrl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAPER = ROOT.parent / "shared" / "papers" / "004_b303ba294415a388.txt"
@@ -208,7 +208,7 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
 
 
 def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluates():
-    # Smoke windows (rhnzoo.apps.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
+    # Smoke windows (rhnzoo.studies.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
     split = lambda n, k: sequences.Split([np.full(2, i, np.int32) for i in range(n)],
                                          (np.arange(n) + k) % 2)  # fmt: skip
     data = sequences.Dataset(split(40, 0), split(50, 1), split(60, 0), 2, tuple("abcdefgh"), None)
@@ -328,7 +328,7 @@ def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
     """Every config.json of docs/runs/rrl (written before RRLConfig existed) is a config;
     its keys keep their values, the keys added since take their defaults, and a workdir
     holding it resumes under that config."""
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     paths = sorted(RUNS.rglob("config.json"))
     assert paths
@@ -360,7 +360,7 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
     matmul_precision, preset): each counts as its default, so the run resumes, also
     with other resumable settings (length, scan, root, data flags); the resumed run's
     config.json then holds every setting."""
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     config = presets.get_config("cpu", "pmnist", model="sc_lstm_i", hidden_size=6)
     later = ("dtype", "hybrid_embed_size", "scan_impl", "matmul_precision", "preset")
@@ -379,7 +379,7 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
                                     {"dtype": "bfloat16", "scan_impl": "fused"},
                                     {"hybrid_embed_size": 4}])  # fmt: skip
 def test_a_structural_change_is_refused_in_one_line(tmp_path, change):
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     config = rrl.RRLConfig(model="lstm", dataset="pmnist", hidden_size=6)
     recorded = {k: v for k, v in config.to_dict().items()

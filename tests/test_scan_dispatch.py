@@ -19,8 +19,8 @@ from rhnzoo.cells import gated_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.models import lm
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import polyphonic, rrl
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks import polyphonic, rrl
 
 B, N, M, T = 4, 5, 3, 7
 LENGTHS = np.array([7, 0, 3, 5], np.int32)  # a full row, an empty one, two padded ones

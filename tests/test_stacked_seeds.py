@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo.training import engine
+from rhnzoo import engine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPE = engine_toy.N_TRAIN // engine_toy.BATCH  # 12 steps per epoch
@@ -270,7 +270,7 @@ KILLED = textwrap.dedent("""
     import os, pathlib, sys
     sys.path.insert(0, {tests!r})
     import engine_toy
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     workdir, marker = sys.argv[1], pathlib.Path(sys.argv[2])
 
@@ -364,7 +364,7 @@ def test_rrl_classifier_stacked_equals_separate_runs():
     best parameters by up to 1.5e-8 absolute (9e-6 relative, on an entry near 0). The
     same 1.5e-8 with one bucket (no padding): the vmapped step rounds differently."""
     from rhnzoo.data import sequences
-    from rhnzoo.training import rrl
+    from rhnzoo.tasks import rrl
 
     rng = np.random.default_rng(0)
 
@@ -393,7 +393,7 @@ def test_highway_net_stacked_equals_separate_runs():
     (the batch indices are stacked, the one training set shared); the validation losses,
     which pick the best checkpoint, are held to that."""
     from rhnzoo.models.highway import FeedForwardNet
-    from rhnzoo.training import highway as hw
+    from rhnzoo.tasks import highway as hw
 
     net = FeedForwardNet("highway", 3, 6, 12, 3, transform_bias=-1.0)
     rng = np.random.default_rng(0)
@@ -416,8 +416,8 @@ def test_stacked_highway_validation_gives_each_seed_its_own_sums_bit_for_bit(kin
     exactly (a jax.vmap over the seeds rounded them differently at this shape: the
     8th digit, enough to flip a near-tie between checkpoints)."""
     from rhnzoo.models.highway import FeedForwardNet
-    from rhnzoo.training import classify
-    from rhnzoo.training import highway as hw
+    from rhnzoo.tasks import classify
+    from rhnzoo.tasks import highway as hw
 
     net = FeedForwardNet(kind, 3 if kind == "highway" else 2, 6, 12, 10, transform_bias=-1.0)
     params = [net.init(jax.random.PRNGKey(k)) for k in range(K)]
@@ -437,8 +437,8 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
     metrics and best parameters equal bit for bit on the CPU (every seed reads the one
     training stream; only the timings differ)."""
     from rhnzoo import data
-    from rhnzoo.training import lm as lm_training
-    from rhnzoo.training.workdir import read_metrics, restore_params
+    from rhnzoo.tasks import lm as lm_training
+    from rhnzoo.engine.workdir import read_metrics, restore_params
 
     rng = np.random.default_rng(2)
     corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
@@ -469,7 +469,7 @@ def test_polyphonic_training_stacked_equals_separate_runs():
     2 epochs of 3 steps. Measured: equal bit for bit on the CPU."""
     from rhnzoo import cells
     from rhnzoo.models.piano_roll import PianoRollModel
-    from rhnzoo.training import polyphonic
+    from rhnzoo.tasks import polyphonic
 
     from test_polyphonic import fixture_data
 
@@ -500,8 +500,8 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
 
     from rhnzoo import cells, data
     from rhnzoo.models.piano_roll import PianoRollModel
-    from rhnzoo.training import lm as lm_training
-    from rhnzoo.training import polyphonic
+    from rhnzoo.tasks import lm as lm_training
+    from rhnzoo.tasks import polyphonic
 
     stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
     rng = np.random.default_rng(4)

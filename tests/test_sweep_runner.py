@@ -16,7 +16,11 @@ import time
 import engine_toy
 import pytest
 
-from rhnzoo.training import engine, progress, sweep, tables
+from rhnzoo import engine
+
+from rhnzoo.engine import progress
+
+from rhnzoo.studies import sweep, tables
 
 TOY_CONFIG = engine_toy.ToyConfig()
 

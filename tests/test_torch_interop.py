@@ -14,7 +14,7 @@ import pytest
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, torch_interop
-from rhnzoo.training import rrl
+from rhnzoo.tasks import rrl
 
 B, M, N, T = 4, 3, 5, 7  # batch, input size, hidden size, steps
 TOL = {"rtol": 1e-10, "atol": 1e-12}

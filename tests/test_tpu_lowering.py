@@ -17,7 +17,7 @@ import pytest
 from rhnzoo import cells
 from rhnzoo.cells import gated_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
-from rhnzoo.training import highway, lm, polyphonic, rrl
+from rhnzoo.tasks import highway, lm, polyphonic, rrl
 
 KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)  # jax.random.PRNGKey's
 

@@ -12,8 +12,8 @@ import pytest
 
 from rhnzoo import data
 from rhnzoo.models import lm
-from rhnzoo.training import engine
-from rhnzoo.training import lm as train
+from rhnzoo import engine
+from rhnzoo.tasks import lm as train
 
 NO_DROPOUT = dict(drop_x=0.0, drop_i=0.0, drop_h=0.0, drop_o=0.0)
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"

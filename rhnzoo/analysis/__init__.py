@@ -15,6 +15,6 @@ from rhnzoo.analysis.lm import *  # noqa: F401,F403
 from rhnzoo.analysis.lm import __all__ as _lm_all
 from rhnzoo.analysis.plots import *  # noqa: F401,F403
 from rhnzoo.analysis.plots import __all__ as _plots_all
-from rhnzoo.training.workdir import read_metrics
+from rhnzoo.engine.workdir import read_metrics
 
 __all__ = [*_lm_all, *_plots_all, "read_metrics"]

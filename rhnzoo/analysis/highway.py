@@ -18,10 +18,10 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
 * :func:`load_highway_run`, :func:`sweep_report`: rebuild a trained net from its
   workdir; the depth sweep's table and figures.
 
-Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.training.highway.split_data`
+Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.tasks.highway.split_data`
 gives them); the nets see pixel / 255. The gate statistics and lesions take the engine's
-``track`` (:func:`rhnzoo.training.signals.track`): a progress bar over their batches and a
-signal check before each, which raises :class:`~rhnzoo.training.signals.Interrupted`.
+``track`` (:func:`rhnzoo.engine.signals.track`): a progress bar over their batches and a
+signal check before each, which raises :class:`~rhnzoo.engine.signals.Interrupted`.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ import numpy as np
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult, Track, lesion_snapshots
 from rhnzoo.models.highway import FeedForwardNet
-from rhnzoo.training import classify, tables
-from rhnzoo.training import highway as hw_training
-from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.tasks import classify
+from rhnzoo.studies import tables
+from rhnzoo.tasks import highway as hw_training
+from rhnzoo.engine import workdir as workdir_lib
 
 Array = jax.Array
 Params = Any
@@ -61,7 +62,7 @@ __all__ = ["net_from_config", "load_highway_run", "GateStats", "gate_statistics"
 
 def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
     """The :class:`FeedForwardNet` of a run's ``config.json`` (its
-    :class:`~rhnzoo.training.highway.HighwayConfig`; keys that are no field are ignored,
+    :class:`~rhnzoo.tasks.highway.HighwayConfig`; keys that are no field are ignored,
     fields it lacks take their defaults).
 
     Raises:
@@ -415,7 +416,7 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
     Columns: epochs run, final training cross-entropy (mean over the last epoch, the
     curves' last point), and the test accuracy of the best-validation parameters.
     Several runs of one kind and depth (seeds): train CE and test accuracy as mean ± sd
-    over them (:func:`rhnzoo.training.tables.mean_sd`), epochs the mean. Unfinished runs
+    over them (:func:`rhnzoo.studies.tables.mean_sd`), epochs the mean. Unfinished runs
     show "—".
     """
     groups: dict[tuple[str, int], list] = {}

@@ -3,7 +3,7 @@
 Pure functions over ``(model, params)`` pairs (plots: :mod:`rhnzoo.analysis.plots`):
 
 * :func:`load_run`: rebuild the :class:`~rhnzoo.models.lm.LanguageModel` of a training
-  workdir (:func:`rhnzoo.training.lm.train`) and restore its best parameters;
+  workdir (:func:`rhnzoo.tasks.lm.train`) and restore its best parameters;
 * :func:`gate_activity`: every micro-layer's transform gate T (and the HSG gate
   g) over a token sequence; :func:`plot_gate_heatmap` draws the mean T-gate
   activity per micro-layer over time (Zilly et al. 2017, sec. 6, Fig. 5b);
@@ -16,9 +16,9 @@ Pure functions over ``(model, params)`` pairs (plots: :mod:`rhnzoo.analysis.plot
   reference code's ``evaluate_mc`` (``rhn_train.py``, ``mc_steps``).
 
 The long ones (lesions, the HSG sample, MC dropout) run window by window and take the
-engine's ``track`` (:func:`rhnzoo.training.signals.track`): one progress bar per call
+engine's ``track`` (:func:`rhnzoo.engine.signals.track`): one progress bar per call
 (:func:`shared_bar`) and a signal check before every window, which raises
-:class:`~rhnzoo.training.signals.Interrupted`.
+:class:`~rhnzoo.engine.signals.Interrupted`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import numpy as np
 
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import workdir as workdir_lib
-from rhnzoo.training.signals import Track  # track(iterable, total=None, desc='') -> iterator
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine.signals import Track  # track(iterable, total=None, desc='') -> iterator
 
 Array = jax.Array
 Params = Any
@@ -68,7 +68,7 @@ def shared_bar(track: Track | None, total: int, desc: str = "") -> Iterator[Trac
     Yields a tracker ``(iterable, total=None, desc='') -> iterator`` for those loops: it
     passes ``iterable``'s items through, taking one item of the shared bar before each
     (so the engine's tracker checks for a signal there and raises
-    :class:`~rhnzoo.training.signals.Interrupted`); the bar is closed on exit. With
+    :class:`~rhnzoo.engine.signals.Interrupted`); the bar is closed on exit. With
     ``track`` None, yields None (no bar, no checks).
     """
     if track is None:
@@ -103,7 +103,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
     ``checkpoints/`` (a run stopped before its first validation).
 
     Args:
-      workdir: a directory written by :func:`rhnzoo.training.lm.train`.
+      workdir: a directory written by :func:`rhnzoo.tasks.lm.train`.
 
     Returns:
       ``(model, params, config)``: the model, its float32 parameter pytree (the
@@ -427,7 +427,7 @@ def lesion_layers(
 ) -> LesionResult:
     """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
 
-    Evaluation is :class:`rhnzoo.training.lm.Evaluator` (no dropout, ``batch_size``
+    Evaluation is :class:`rhnzoo.tasks.lm.Evaluator` (no dropout, ``batch_size``
     rows, carry across windows of ``num_steps``), compiled once and reused for
     the intact and the L lesioned parameter sets.
 
@@ -492,14 +492,14 @@ def _mc_window(model: lm.LanguageModel, params, carry, x, y, masks):
 class MCPass:
     """``mc_pass(params, x, y, key, track=None) -> log p [W, B, T]``: one Monte-Carlo
     dropout pass over the windows ``x, y [W, B, T]`` of
-    :func:`rhnzoo.training.lm.eval_windows`.
+    :func:`rhnzoo.tasks.lm.eval_windows`.
 
     One set of dropout masks (:func:`rhnzoo.dropout.lm_masks`, ``rates``) is drawn from
     ``key`` for the whole pass: the word mask per (row, word type), the input/state/output
     masks per row, shared by every window, as the reference code draws them once per
     pass over the data. The carry runs across windows, one jit-compiled call per window
     (at most two in flight), so ``track`` (the engine's tracker) shows progress and stops
-    the pass at a window boundary on a signal (:class:`~rhnzoo.training.signals.Interrupted`).
+    the pass at a window boundary on a signal (:class:`~rhnzoo.engine.signals.Interrupted`).
     Output: log-probability (nats) of each target under that mask draw.
     """
 

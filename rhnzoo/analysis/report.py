@@ -23,12 +23,12 @@ every phase. A rerun into the same file keeps what an earlier analysis of the sa
 checkpoint finished: a phase done there with the same settings and its figures still in
 place is skipped (one line says so; ``redo``: run it again), and the phases this run does
 not reach stay in the file, an interrupted one included (:meth:`Phases.resume`).
-SIGTERM/SIGINT (:func:`rhnzoo.training.signals.catch_signals`) stops the
+SIGTERM/SIGINT (:func:`rhnzoo.engine.signals.catch_signals`) stops the
 analysis at the next chunk (evaluation window, batch, cell): the file then holds the
 phases done, the stopped one marked ``interrupted`` (with the numbers of its finished
 units: a lesion study's finished lesions, the cell families drawn so far; nothing of an
 unfinished MC-dropout or gate computation), and
-:class:`~rhnzoo.training.signals.Interrupted` propagates (exit status 128 + signal in
+:class:`~rhnzoo.engine.signals.Interrupted` propagates (exit status 128 + signal in
 ``experiments/analyze.py``).
 """
 
@@ -51,9 +51,9 @@ from rhnzoo import cells, data, dropout
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.config import SEED_HIGH, Config, setting
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import signals
-from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.engine import signals
+from rhnzoo.engine import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Options(Config):
     redo: bool = setting(False, "Recompute the phases an earlier analysis of the same "
                          "checkpoint finished with the same settings (default: keep them).")
     # The engine's progress/signal tracker for long evaluations (not a setting); None:
-    # rhnzoo.training.signals.track with ``progress``.
+    # rhnzoo.engine.signals.track with ``progress``.
     track: Any = dataclasses.field(default=None, metadata={"flag": False})
 
 
@@ -159,7 +159,7 @@ class Phases:
 
     ``with phases(name, what, unit) as track:`` runs one phase: it prints
     ``'<name>: <what>'``; the phase's long loops iterate with ``track`` (``opts.track``,
-    else :func:`rhnzoo.training.signals.track` with a bar when ``opts.progress``; a
+    else :func:`rhnzoo.engine.signals.track` with a bar when ``opts.progress``; a
     signal check before every item), which prints ``'  <name>: about 3 min left (...)'``
     once a few items (``unit``) after the first ones (the compilations) are timed.
     ``results['phases'][name]`` records ``{'status': 'done' | 'interrupted', 'seconds',
@@ -167,7 +167,7 @@ class Phases:
     those :meth:`kept` was given; keys: the top-level entries of ``results`` the phase
     wrote). After each finished phase ``results`` (``'complete': False`` until
     :meth:`finish`) is written to every path of ``paths``, atomically
-    (:func:`rhnzoo.training.workdir.write_json`).
+    (:func:`rhnzoo.engine.workdir.write_json`).
 
     An earlier analysis in the first path is taken up by :meth:`resume`; a phase site asks
     :meth:`kept` first and runs the phase only if it returns False.
@@ -175,7 +175,7 @@ class Phases:
     On SIGTERM/SIGINT (between items, or before a phase starts) the phase is marked
     ``'interrupted'`` (with ``'signal'``), ``results['interrupted'] = {'phase', 'signal'}``,
     the files are written with what the phases put into ``results`` so far, one line
-    says so, and :class:`~rhnzoo.training.signals.Interrupted` propagates. A phase that an
+    says so, and :class:`~rhnzoo.engine.signals.Interrupted` propagates. A phase that an
     earlier analysis had finished (run again by ``redo`` or other settings) keeps that
     earlier record and numbers instead of the partial ones.
     """
@@ -313,7 +313,7 @@ class Phases:
 
 def checkpoint_used(workdir: pathlib.Path) -> dict[str, Any] | None:
     """The checkpoint whose parameters the analyses read
-    (:func:`rhnzoo.training.workdir.restore_params`): ``{'kind': 'best', 'step': N,
+    (:func:`rhnzoo.engine.workdir.restore_params`): ``{'kind': 'best', 'step': N,
     'path'}``, the latest step in ``best/``, else ``{'kind': 'latest', ...}``, the latest
     in ``checkpoints/`` (no validation has saved a best yet); None if neither has a step.
     Steps are the directories named by an integer (orbax's finished saves)."""
@@ -358,7 +358,7 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
         return (lm_analysis.run_label(config), model.cell, init["cell"], trained["cell"],
                 embed(trained), embed(init))  # fmt: skip
     if kind == "sequences":
-        from rhnzoo.training import rrl
+        from rhnzoo.tasks import rrl
 
         name = config.get("model")
         if name is None:
@@ -547,7 +547,7 @@ def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
     ``phases``: the analysis' (None: new ones that write no file). Returns the numbers.
     """
     from rhnzoo.analysis import highway as hw_analysis
-    from rhnzoo.training import highway as hw
+    from rhnzoo.tasks import highway as hw
 
     phases = phases or Phases([], opts)
     net, params, config = hw_analysis.load_highway_run(workdir)

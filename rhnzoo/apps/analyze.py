@@ -18,7 +18,7 @@ from absl import flags
 from rhnzoo import precision
 from rhnzoo.analysis import report
 from rhnzoo.apps import cli
-from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.engine import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 _OPTIONS: list[str] = []  # the flags of report.Options' fields

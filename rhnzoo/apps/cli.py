@@ -38,8 +38,8 @@ from rhnzoo import config as config_lib
 from rhnzoo import precision
 from rhnzoo.config import RunSettings
 from rhnzoo.data.common import DataError
-from rhnzoo.training import engine
-from rhnzoo.training import workdir as workdir_lib
+from rhnzoo import engine
+from rhnzoo.engine import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 

@@ -3,7 +3,7 @@ flags and body, its runs, table and plots.
 
 Each (depth, HSG or not) run is the PTB language model of ``experiments/ptb.py`` in
 ``<root>/d<depth>_{rhn,hsg}`` (seed k > 0: ``..._s<k>``), trained on the multi-run runner
-(:mod:`rhnzoo.training.sweep`; in this process or side by side in child processes);
+(:mod:`rhnzoo.studies.sweep`; in this process or side by side in child processes);
 :func:`table` lays out Table 1 from the workdirs (only measured cells filled; several
 seeds: mean ± sd; a run that diverged is named, not shown), which ``--table`` prints and
 writes to ``<out>/table.md``; :func:`write_plots` draws the learning curves (S&P Fig. 6)
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from absl import flags
 
 from rhnzoo.apps import cli, lm, runner
-from rhnzoo.training import sweep, tables
-from rhnzoo.training import workdir as workdir_lib
+from rhnzoo.studies import sweep, tables
+from rhnzoo.engine import workdir as workdir_lib
 
 if TYPE_CHECKING:
-    from rhnzoo.training.lm import LMConfig
+    from rhnzoo.tasks.lm import LMConfig
 
 FLAGS = flags.FLAGS
 # ptb.py flags the sweep sets per run (not accepted after --).
@@ -137,7 +137,7 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     ``extra``, ptb.py's flags, are already parsed). Raises RunError naming the runs that
     diverged or failed."""
     from rhnzoo import data
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     del extra
     jobs, seeds = runner.from_flags()
@@ -203,8 +203,8 @@ def diverged_run(run: dict) -> bool:
 
 def table(depths: list[int], runs: list[dict]) -> str:
     """The markdown results table (see the module docstring; laid out by
-    :func:`rhnzoo.training.tables.markdown`): finished runs that did not diverge; the runs
-    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.training.tables.mean_sd`)."""
+    :func:`rhnzoo.studies.tables.markdown`): finished runs that did not diverge; the runs
+    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.studies.tables.mean_sd`)."""
     cells: dict[tuple[int, bool], dict[Any, dict]] = {}
     for run in runs:
         if run["results"] is None or diverged_run(run):
@@ -281,10 +281,10 @@ def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
 
 def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpus_loader,
               log=print, jobs=None, seeds: int = 1) -> list[str]:  # fmt: skip
-    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.training.lm.LMConfig`) in
-    ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.training.sweep.Jobs`), the
+    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.tasks.lm.LMConfig`) in
+    ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.studies.sweep.Jobs`), the
     corpus read once (``corpus_loader()``); ``configs`` rows of ``seeds`` seeds
-    (:func:`rhnzoo.training.sweep.seed_runs`; a row's seeds one program with
+    (:func:`rhnzoo.studies.sweep.seed_runs`; a row's seeds one program with
     ``jobs.stack_seeds``). A run that diverges stops there (the
     runner's ``on_divergence='stop'``: its best parameters evaluated, ``results
     ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
@@ -299,9 +299,9 @@ def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpu
 
 def _train_run(config: LMConfig, corpus, log, workdir: pathlib.Path, on_divergence: str,
                seeds: int | None = None) -> dict:  # fmt: skip
-    """A :attr:`rhnzoo.training.sweep.Run.train`: ``config`` trained on ``corpus`` in
+    """A :attr:`rhnzoo.studies.sweep.Run.train`: ``config`` trained on ``corpus`` in
     ``workdir`` (``seeds``: K seeds of it stacked; the first one's results)."""
-    from rhnzoo.training import lm as lm_training
+    from rhnzoo.tasks import lm as lm_training
 
     out = lm_training.train_and_evaluate(config, corpus, workdir=workdir, log=log,
                                          on_divergence=on_divergence, seeds=seeds)  # fmt: skip

@@ -1,7 +1,7 @@
 """``experiments/highway.py``'s flags and body: one highway or plain net, or the depth
 sweep on the multi-run runner, with its table and figures (Srivastava et al. 2015; the
 ECBM4040 reproduction). The flags, generated from
-:class:`~rhnzoo.training.highway.HighwayConfig`'s fields, become one config
+:class:`~rhnzoo.tasks.highway.HighwayConfig`'s fields, become one config
 (:func:`config_from_flags`: ``--preset``'s, the flags given over it), which
 :func:`train_and_evaluate` reads.
 """
@@ -18,9 +18,11 @@ from absl import flags
 from rhnzoo import data, precision
 from rhnzoo.apps import cli, runner
 from rhnzoo.configs import highway as configs
-from rhnzoo.training import classify, engine, sweep
-from rhnzoo.training import highway as hw
-from rhnzoo.training.highway import HighwayConfig
+from rhnzoo.tasks import classify
+from rhnzoo import engine
+from rhnzoo.studies import sweep
+from rhnzoo.tasks import highway as hw
+from rhnzoo.tasks.highway import HighwayConfig
 
 FLAGS = flags.FLAGS
 # HighwayConfig's fields whose flags are the runner's (rhnzoo.apps.runner.define_flags).
@@ -88,7 +90,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     """Trains one net (``cfg.kind``, ``cfg.depth``; its ``learning_curves.png``
     (:func:`rhnzoo.apps.cli.write_learning_curves`), a highway net's figures after it) or,
     with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) and the sweep's table and
-    figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.training.sweep.Jobs`). Every
+    figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.studies.sweep.Jobs`). Every
     setting was checked when ``cfg`` was made, before the data are read."""
     images = _load(cfg)
     splits = hw.split_data(images.train_images, images.train_labels, images.test_images,

@@ -1,8 +1,8 @@
 """``experiments/jsb.py``'s flags and body: the JSB Chorales optimisation study (Zilly et
-al. 2017, Fig. 4) on :func:`rhnzoo.training.polyphonic.study`, then its table
+al. 2017, Fig. 4) on :func:`rhnzoo.tasks.polyphonic.study`, then its table
 (``results.md``) and swarm plot (``jsb_swarm.png``).
 
-The flags are :class:`~rhnzoo.training.polyphonic.JSBConfig`'s fields (defaults: the
+The flags are :class:`~rhnzoo.tasks.polyphonic.JSBConfig`'s fields (defaults: the
 full study, :func:`rhnzoo.configs.jsb.get_config`), but for the engine's settings that
 do not apply to a trial trained in memory (:data:`NOT_FLAGS`), and the runner's
 ``--jobs`` / ``--sweep_run`` (:func:`rhnzoo.apps.runner.define_flags`).
@@ -18,7 +18,8 @@ from absl import flags
 from rhnzoo import cells
 from rhnzoo.apps import cli, runner
 from rhnzoo.configs import jsb as jsb_configs
-from rhnzoo.training import polyphonic, tables
+from rhnzoo.tasks import polyphonic
+from rhnzoo.studies import tables
 
 FLAGS = flags.FLAGS
 COLORS = {"RHN": "tab:red", "DT-RNN": "tab:blue", "DT(S)-RNN": "tab:green"}
@@ -30,7 +31,7 @@ _NAMES: list[str] = []  # the flags of JSBConfig's fields
 
 def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
-    :class:`~rhnzoo.training.polyphonic.JSBConfig` field but :data:`NOT_FLAGS`,
+    :class:`~rhnzoo.tasks.polyphonic.JSBConfig` field but :data:`NOT_FLAGS`,
     ``--preset``, ``--verify`` (an alias of ``--verify_data``) and the runner's."""
     _NAMES.extend(cli.define_config_flags(jsb_configs.get_config(None),
                                           list(jsb_configs.PRESETS), skip=NOT_FLAGS,
@@ -47,7 +48,7 @@ def config_from_flags() -> polyphonic.JSBConfig:
 
 def check_fits(config: polyphonic.JSBConfig) -> None:
     """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a study whose largest trial
-    model (:func:`rhnzoo.training.polyphonic.plan`) cannot hold its parameters and SGD
+    model (:func:`rhnzoo.tasks.polyphonic.plan`) cannot hold its parameters and SGD
     state on a device, before the data are read."""
     import jax
 
@@ -66,7 +67,7 @@ def check_fits(config: polyphonic.JSBConfig) -> None:
 def run_study() -> None:
     """The script's body: the study from the flags, then its table and figure."""
     from rhnzoo.data.music import load_jsb
-    from rhnzoo.training import engine
+    from rhnzoo import engine
 
     jobs, _ = runner.from_flags()
     config = config_from_flags()

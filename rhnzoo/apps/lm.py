@@ -1,6 +1,6 @@
 """The language-model experiments (``experiments/ptb.py``, ``experiments/char.py``): the
-flags, generated from :class:`~rhnzoo.training.lm.LMConfig`, -> one config (presets:
-:mod:`rhnzoo.configs.lm`) -> data -> :func:`rhnzoo.training.lm.train_and_evaluate` ->
+flags, generated from :class:`~rhnzoo.tasks.lm.LMConfig`, -> one config (presets:
+:mod:`rhnzoo.configs.lm`) -> data -> :func:`rhnzoo.tasks.lm.train_and_evaluate` ->
 the run's ``learning_curves.png`` (:func:`rhnzoo.apps.cli.write_learning_curves`).
 """
 
@@ -15,8 +15,8 @@ from absl import flags
 from rhnzoo import cells, data
 from rhnzoo.apps import cli
 from rhnzoo.configs import lm as lm_configs
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training.lm import LMConfig
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks.lm import LMConfig
 
 FLAGS = flags.FLAGS
 _NAMES: list[str] = []  # the flags of LMConfig's fields
@@ -97,7 +97,7 @@ def check_fits(cfg: LMConfig) -> None:
 
 def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = None) -> None:
     """The language-model experiments' main: the flags as one config (:func:`config`,
-    checked, and its size (:func:`check_fits`), before any data is read) -> data -> :func:`~rhnzoo.training.lm.train_and_evaluate`
+    checked, and its size (:func:`check_fits`), before any data is read) -> data -> :func:`~rhnzoo.tasks.lm.train_and_evaluate`
     -> the run's learning curves (:func:`rhnzoo.apps.cli.write_learning_curves`).
 
     Args:

@@ -1,7 +1,7 @@
 """``experiments/rrl.py``'s flags and body (Wang & Tian, EMNLP 2016): the flags,
-generated from :class:`~rhnzoo.training.rrl.RRLConfig`, -> one base config (presets:
+generated from :class:`~rhnzoo.tasks.rrl.RRLConfig`, -> one base config (presets:
 :mod:`rhnzoo.configs.rrl`) -> one config per run (:func:`rhnzoo.configs.rrl.runs`) ->
-:func:`rhnzoo.training.rrl.run_experiment`, with the data set loaded once, only when a
+:func:`rhnzoo.tasks.rrl.run_experiment`, with the data set loaded once, only when a
 run trains.
 """
 
@@ -16,8 +16,8 @@ from absl import flags
 from rhnzoo.apps import cli, runner
 from rhnzoo.cells import registry
 from rhnzoo.configs import rrl as presets
-from rhnzoo.training import rrl
-from rhnzoo.training.rrl import RRLConfig
+from rhnzoo.tasks import rrl
+from rhnzoo.tasks.rrl import RRLConfig
 
 FLAGS = flags.FLAGS
 _NAMES: list[str] = []  # the flags of RRLConfig's fields
@@ -51,7 +51,7 @@ def config() -> RRLConfig:
     Raises:
       ValueError: (one line) a bad setting; ``--table`` with ``--study`` (each is a run
         of its own); ``--buckets`` given past the distinct padded lengths ``--max_len``
-        has (:meth:`~rhnzoo.training.rrl.TrainConfig.bucket_lengths`: the rest would do
+        has (:meth:`~rhnzoo.tasks.rrl.TrainConfig.bucket_lengths`: the rest would do
         nothing).
     """
     if FLAGS.table and FLAGS.study:
@@ -86,7 +86,7 @@ def check_fits(cfg: RRLConfig) -> None:
 
 def experiment() -> None:
     """The script's body: one model, the ``--table`` models or a ``--study``
-    (:func:`rhnzoo.training.rrl.run_experiment`), from the flags; then one model's
+    (:func:`rhnzoo.tasks.rrl.run_experiment`), from the flags; then one model's
     ``learning_curves.png`` (its first seed's; :func:`rhnzoo.apps.cli.write_learning_curves`)
     and the table (``--table``, ``--study``, or one model's ``--seeds`` > 1: mean ± sd)."""
     base = config()

@@ -1,4 +1,4 @@
-"""The multi-run runner's flags (:mod:`rhnzoo.training.sweep`): ``--jobs``, ``--seeds`` and
+"""The multi-run runner's flags (:mod:`rhnzoo.studies.sweep`): ``--jobs``, ``--seeds`` and
 ``--sweep_run`` (a child's), the same in every multi-run script."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from absl import flags
 
 from rhnzoo.config import SEED_HIGH
-from rhnzoo.training.sweep import LOG, MEMORY_SHARE, Jobs, stop_with_parent
+from rhnzoo.studies.sweep import LOG, MEMORY_SHARE, Jobs, stop_with_parent
 
 
 def define_flags(*, seeds: bool = True) -> None:

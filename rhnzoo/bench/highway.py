@@ -10,7 +10,7 @@ split, pixel / 255):
 
 * **rhnzoo**: :class:`rhnzoo.models.highway.FeedForwardNet`, the ``depth - 1``
   layers' weights stacked and the depth loop a ``lax.scan``, H and T in one matmul
-  per layer; the train step of :mod:`rhnzoo.training.highway` under ``jax.jit``
+  per layer; the train step of :mod:`rhnzoo.tasks.highway` under ``jax.jit``
   (state donated), as the run engine runs it, on the default device as the peers;
 * **nnx**: what a Flax user would write: an ``nnx.Module`` with a Python loop over
   ``nnx.Linear`` layers (one for H, one for T per highway layer), ``nnx.Optimizer``
@@ -52,8 +52,8 @@ from flax import nnx
 from rhnzoo import precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
-from rhnzoo.training import classify
-from rhnzoo.training import highway as hw
+from rhnzoo.tasks import classify
+from rhnzoo.tasks import highway as hw
 
 FLAGS = flags.FLAGS
 

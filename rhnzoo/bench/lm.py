@@ -8,9 +8,9 @@ Prints one JSON object per configuration, with the matmul precision it ran at
 (``matmul_precision``: ``--matmul_precision``, :mod:`rhnzoo.precision`; on GPUs and TPUs
 the default rounds float32 matmul inputs to TF32 / bfloat16). What is timed is the full
 jit-compiled train step (window slicing, dropout masks, forward, backward, weight decay,
-clipping, SGD update; state donated) of :func:`rhnzoo.training.lm.make_train_step`
+clipping, SGD update; state donated) of :func:`rhnzoo.tasks.lm.make_train_step`
 and, with ``--peer`` (the default), of :func:`make_peer_step` (the same one step,
-:func:`rhnzoo.training.step.make_train_step`, of another loss), on random tokens,
+:func:`rhnzoo.engine.step.make_train_step`, of another loss), on random tokens,
 after compilation, on whatever device JAX sees.
 
 Method (so that the figures survive a shared, noisy machine):
@@ -56,7 +56,7 @@ SGD); ``jax.jit`` with the state donated. It reads rhnzoo's parameter pytree and
 training state as they are (``{'embed', 'cell': {'W', 'R' [L, n, 2n], 'b'}, ...}``),
 splitting the stacked recurrent weights per layer once per step outside the time
 scan, and draws its dropout masks with :func:`rhnzoo.dropout.lm_masks` from the
-same key and its weight decay with :func:`rhnzoo.training.lm.l2_penalty` (a
+same key and its weight decay with :func:`rhnzoo.tasks.lm.l2_penalty` (a
 one-line sum over every parameter), so both steps compute the same function
 (tested in ``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every
 matmul's inputs to bfloat16 with float32 accumulation (``preferred_element_type``), as
@@ -93,8 +93,8 @@ from rhnzoo.bench import (
 )
 from rhnzoo.cells import rhn_fused
 from rhnzoo.models import lm
-from rhnzoo.training import lm as train
-from rhnzoo.training import step
+from rhnzoo.tasks import lm as train
+from rhnzoo.engine import step
 
 Array = jax.Array
 
@@ -224,7 +224,7 @@ def peer_loss(
 def peer_window_loss(params: dict, batch: tuple[Array, Array], key: Array, carry: Array, *,
                      cfg: train.LMConfig, vocab_size: int, **options: Any):  # fmt: skip
     """:func:`peer_loss` on window ``batch = (rows, index)``, in the loss contract of
-    :func:`rhnzoo.training.step.make_train_step` (as :func:`rhnzoo.training.lm.window_loss`:
+    :func:`rhnzoo.engine.step.make_train_step` (as :func:`rhnzoo.tasks.lm.window_loss`:
     the same window, carry zeroed at window 0, masks from ``key`` by
     :func:`rhnzoo.dropout.lm_masks`); ``options``: :func:`peer_loss`'s ``hsg``, ``tied``,
     ``dtype``, ``layers``. Returns ``(loss, ({'loss': nll, 'count': B T}, carry))``."""
@@ -250,10 +250,10 @@ def make_peer_step(
 ):
     """The peer's ``train_step(state, (rows, window), key) -> (state, sums)``.
 
-    Same contract and state as :func:`rhnzoo.training.lm.make_train_step`
+    Same contract and state as :func:`rhnzoo.tasks.lm.make_train_step`
     (``state = {'params', 'opt_state', 'carry'}``, ``rows [B, N] int32``, carry
     zeroed at window 0, masks from ``key``) and the same step
-    (:func:`rhnzoo.training.step.make_train_step`: gradient, optax update), with the
+    (:func:`rhnzoo.engine.step.make_train_step`: gradient, optax update), with the
     model and its gradient written in plain JAX (:func:`peer_loss`). Wrap it in
     ``jax.jit(..., donate_argnums=0)``.
     """

@@ -3,8 +3,8 @@ r"""K seeds as a batch dimension of one train step (issue 47): what a second see
   python -m rhnzoo.bench.seeds                                  # pmnist, imdb, ptb_sota
   python -m rhnzoo.bench.seeds --configs=pmnist --seeds=1,2,4,8 --rounds=5
 
-Each configuration's real train step (the classifier's of ``rhnzoo.training.rrl`` at
-Wang & Tian's Table 2 sizes, the language model's of ``rhnzoo.training.lm`` at
+Each configuration's real train step (the classifier's of ``rhnzoo.tasks.rrl`` at
+Wang & Tian's Table 2 sizes, the language model's of ``rhnzoo.tasks.lm`` at
 ``ptb_sota``; parameters, optimizer state, dropout key and batch all per seed) is
 compiled once as it is (K = 1) and once per K as ``jax.vmap`` over a leading seed axis of
 K stacked states, batches and keys, its state donated. The candidates are timed in
@@ -36,8 +36,8 @@ from rhnzoo.apps import cli
 from rhnzoo.bench import LM_CONFIGS, alternate, host_info, memory_estimate, stepper
 from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.models import lm
-from rhnzoo.training import lm as lm_training
-from rhnzoo.training import rrl
+from rhnzoo.tasks import lm as lm_training
+from rhnzoo.tasks import rrl
 
 # name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
 # vocabulary: 20,000 words, reviews of 400), ptb_sota, and tiny ones for the tests.

@@ -1,5 +1,5 @@
 """The highway / plain net experiments' settings (``experiments/highway.py``): the
-defaults and every preset, as :class:`rhnzoo.training.highway.HighwayConfig`.
+defaults and every preset, as :class:`rhnzoo.tasks.highway.HighwayConfig`.
 
 The defaults are the Columbia ECBM4040 reproduction's (Yarali & Kostic, "Highway
 Networks", a reproduction of Srivastava, Greff & Schmidhuber 2015; text in
@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from rhnzoo.config import preset_settings
-from rhnzoo.training.highway import HighwayConfig
+from rhnzoo.tasks.highway import HighwayConfig
 
 # Each preset: the settings it changes from the defaults (HighwayConfig's fields).
 PRESETS: dict[str, dict[str, Any]] = {

@@ -4,7 +4,7 @@ The study is Zilly et al. (2017), sec. 5.1 and Fig. 4: next-step prediction on J
 Chorales with RHN, DT-RNN and DT(S)-RNN at recurrence depths 1, 2, 4 and 6, the
 architectures of a depth holding the same number of parameters, each trained with
 random hyperparameter settings; Fig. 4 plots every trial's test NLL. Those are the
-defaults of :class:`~rhnzoo.training.polyphonic.JSBConfig` (the full study). The paper
+defaults of :class:`~rhnzoo.tasks.polyphonic.JSBConfig` (the full study). The paper
 gives neither the sizes nor the search budget: the full study's width 64, 20 trials of
 40 epochs and batch 16, and the search space (``polyphonic.SEARCH_SPACE``) are ours.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rhnzoo.config import preset_settings
-from rhnzoo.training.polyphonic import JSBConfig
+from rhnzoo.tasks.polyphonic import JSBConfig
 
 # name -> the settings it changes (flags given explicitly still win).
 PRESETS: dict[str, dict[str, Any]] = {

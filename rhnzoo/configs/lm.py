@@ -1,5 +1,5 @@
 """The language models' presets: every named setting of ``experiments/ptb.py``,
-``experiments/char.py`` and the depth sweep, as :class:`rhnzoo.training.lm.LMConfig`.
+``experiments/char.py`` and the depth sweep, as :class:`rhnzoo.tasks.lm.LMConfig`.
 
 * word level (PTB): the reference code's ``ptb_sota`` (Zilly et al. 2017,
   jzilly/RecurrentHighwayNetworks ``rhn_train.py``) is :class:`LMConfig`'s defaults;
@@ -18,7 +18,7 @@ from typing import Any
 
 from rhnzoo import data
 from rhnzoo.config import preset_settings
-from rhnzoo.training.lm import HSG_RHN_INIT_BIAS, LMConfig
+from rhnzoo.tasks.lm import HSG_RHN_INIT_BIAS, LMConfig
 
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(

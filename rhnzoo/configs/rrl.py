@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rhnzoo.config import preset_settings
-from rhnzoo.training.rrl import RRLConfig
+from rhnzoo.tasks.rrl import RRLConfig
 
 # Wang & Tian Table 2: embedding x hidden (hybrids: hidden per cell; 20NG's hybrids also
 # a narrower embedding, 256 x 512).

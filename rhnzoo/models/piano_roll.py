@@ -9,7 +9,7 @@ T frames gives T - 1 predictions, the first made from the zero state after one f
 Loss: the negative log-likelihood of frame t + 1 under the 88 Bernoullis, i.e. the
 binary cross-entropy summed over the notes, in nats; the reported figure is that sum
 averaged over every prediction of a split (``NLL per time step``, the measure of
-Boulanger-Lewandowski et al., Table 1). Training (:mod:`rhnzoo.training.polyphonic`)
+Boulanger-Lewandowski et al., Table 1). Training (:mod:`rhnzoo.tasks.polyphonic`)
 uses whole-sequence BPTT on zero-padded minibatches; padded steps are masked out.
 """
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from rhnzoo.bench import lm as bench_lm
 from rhnzoo.models import lm
-from rhnzoo.training import lm as train
+from rhnzoo.tasks import lm as train
 from rhnzoo.data import common as data
 
 OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*([\w\[\]{},:\s\d]+?)\s+([a-z][\w\-]*)\(")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo.training import sharding
+from rhnzoo.engine import sharding
 
 Array = jax.Array
 
@@ -50,7 +50,7 @@ def xent_sums(logits: Array, labels: Array, weights: Array | None = None) -> dic
 
 
 def xent_loss(forward: Callable[[Any, Any, Array], tuple]):
-    """A classifier's loss for :func:`rhnzoo.training.step.make_train_step`: the batch's
+    """A classifier's loss for :func:`rhnzoo.engine.step.make_train_step`: the batch's
     mean cross-entropy (highway nets, sequence classifiers).
 
     ``forward(params, batch, key) -> (logits [B, C], labels [B], weights [B] or None,
@@ -93,7 +93,7 @@ def evaluate(
       batch_size: rows per call.
       track: the engine's progress/signal iterator, if any.
       mesh: the params' ``Mesh(("data",))``: each batch's rows are split over it
-        (:func:`rhnzoo.training.sharding.put_rows`, zero-weight rows appended when the
+        (:func:`rhnzoo.engine.sharding.put_rows`, zero-weight rows appended when the
         devices do not divide ``batch_size``); None: default placement.
       stacked: ``params`` are K stacked seeds' and ``sums_fn`` is ``jax.vmap``-ped over
         them (its sums ``[K]``): one dict per seed.

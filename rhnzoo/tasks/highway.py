@@ -15,7 +15,7 @@ The papers' figure of merit, the mean training cross-entropy per epoch
 epoch's batches, as Keras reports it).
 
 The whole training split lives on the device; batch k of epoch e is an index
-vector (:func:`rhnzoo.training.classify.batch_indices`, a function of the seed,
+vector (:func:`rhnzoo.tasks.classify.batch_indices`, a function of the seed,
 e and k) and the step gathers its images, so a step moves 512 bytes to the device.
 """
 
@@ -37,8 +37,10 @@ import optax
 from rhnzoo import data
 from rhnzoo.config import DataSettings, RunSettings, setting
 from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
-from rhnzoo.training import classify, engine, sharding, step
-from rhnzoo.training import sweep as runner
+from rhnzoo.tasks import classify
+from rhnzoo import engine
+from rhnzoo.engine import sharding, step
+from rhnzoo.studies import sweep as runner
 
 Array = jax.Array
 Params = Any
@@ -212,7 +214,7 @@ class HighwayConfig(RunSettings, DataSettings):
 
     def runs(self) -> list[tuple[str, HighwayConfig]]:
         """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
-        named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.training.sweep.seed_name`),
+        named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.studies.sweep.seed_name`),
         its config :meth:`narrow`-ed to it, ``workdir`` ``<output_dir()>/<name>`` for a
         sweep (one net: the config's)."""
         out = []
@@ -270,7 +272,7 @@ def make_optimizer(cfg: HighwayConfig,
 
 
 def forward(net: FeedForwardNet, params, batch, key):
-    """The net on a batch, for :func:`rhnzoo.training.classify.xent_loss`: ``batch`` is
+    """The net on a batch, for :func:`rhnzoo.tasks.classify.xent_loss`: ``batch`` is
     ``(images uint8 [N, m], labels [N], idx int [B])``; returns ``(logits [B, C], labels
     [B], None, {})`` (no dropout: ``key`` unused)."""
     del key
@@ -283,7 +285,7 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
 
     ``images uint8 [N, m]`` and ``labels [N]`` are the device-resident training
     split, ``idx int [B]`` the batch; the update is on the batch's mean
-    cross-entropy; ``sums`` are :func:`rhnzoo.training.classify.xent_sums` before
+    cross-entropy; ``sums`` are :func:`rhnzoo.tasks.classify.xent_sums` before
     the update.
     """
     return step.make_train_step(classify.xent_loss(functools.partial(forward, net)), tx)
@@ -309,7 +311,7 @@ def make_sums_fn(net: FeedForwardNet, stacked: bool = False) -> Callable[..., di
 def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int = 1000,
              track=None, desc: str = "", mesh=None) -> dict[str, float]:  # fmt: skip
     """Mean cross-entropy (nats) and accuracy of ``params`` on ``split``:
-    ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.training.classify.evaluate`)."""
+    ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.tasks.classify.evaluate`)."""
     return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
 
 
@@ -337,8 +339,8 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
 
     Builds the net, the optimizer (:func:`make_optimizer` at
     :meth:`HighwayConfig.learning_rate` of the net's kind and depth), the state, the
-    batches (:func:`rhnzoo.training.classify.batch_indices` of ``cfg.seed``) and the
-    evaluation, and runs them on :func:`rhnzoo.training.engine.run` at ``cfg``, in
+    batches (:func:`rhnzoo.tasks.classify.batch_indices` of ``cfg.seed``) and the
+    evaluation, and runs them on :func:`rhnzoo.engine.run` at ``cfg``, in
     ``workdir`` (None: in memory), whose ``config.json`` is ``cfg.to_dict()`` (a run's
     own config: :meth:`HighwayConfig.narrow`).
 
@@ -348,17 +350,17 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
         images of other sizes (synthetic data). ``config.json`` records ``cfg``.
       devices: data parallelism over these (default: all): the training split and the
         parameters replicated, each batch's rows split over a ``Mesh(("data",))``.
-      log, on_divergence, seeds: :func:`rhnzoo.training.engine.run`'s (``seeds``: K
+      log, on_divergence, seeds: :func:`rhnzoo.engine.run`'s (``seeds``: K
         seeds stacked, a list of their results).
 
     Returns:
-      The engine's :class:`~rhnzoo.training.engine.RunResult`: results ``valid_xent``,
+      The engine's :class:`~rhnzoo.engine.RunResult`: results ``valid_xent``,
       ``valid_acc``, ``test_xent``, ``test_acc`` (nats, fractions) of the best epoch.
 
     Raises:
       ValueError: (one line) images not ``[N, net.input_size]``, a training split
         smaller than a batch, devices that do not divide the batch, an incompatible
-        workdir; and what :func:`rhnzoo.training.engine.run` raises.
+        workdir; and what :func:`rhnzoo.engine.run` raises.
     """
     net = cfg.net() if net is None else net
     _check_images(net, splits)
@@ -415,11 +417,11 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
 def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
               on_divergence: str, quiet: bool = False, seeds: int | None = None,
               ) -> dict[str, Any]:  # fmt: skip
-    """A sweep's :attr:`rhnzoo.training.sweep.Run.train` (bound with
+    """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (bound with
     :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
     ``cfg`` (one of :meth:`HighwayConfig.runs`; ``seeds``: K seeds of it stacked) in
     ``workdir``; returns its (first seed's) results. With ``quiet`` (and a ``log``) its
-    lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.training.sweep.run_log`)."""
+    lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.studies.sweep.run_log`)."""
     if quiet and log is not None:
         log = runner.run_log(workdir)
     out = train_and_evaluate(cfg, splits, workdir, log=log, on_divergence=on_divergence,
@@ -435,7 +437,7 @@ def sweep(
     jobs: runner.Jobs | None = None,
 ) -> list[dict[str, Any]]:
     """Trains every run of ``cfg`` (:meth:`HighwayConfig.runs`), each in its own workdir
-    under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.training.sweep`):
+    under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.studies.sweep`):
     one after another in this process, or side by side in child processes (``jobs``).
     Either way each run's lines go to its workdir's ``sweep.log`` and ``log`` gets the
     runner's lines: one as each run starts and ends (its final line, the estimated time

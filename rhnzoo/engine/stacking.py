@@ -1,4 +1,4 @@
-"""K seeds of one run as one program, for :func:`rhnzoo.training.engine.run`'s ``seeds``:
+"""K seeds of one run as one program, for :func:`rhnzoo.engine.run`'s ``seeds``:
 the step ``jax.vmap``-ped over a leading seed axis of the state, batches stacked along it,
 each seed's config, and the stacked state's checkpoints (``<workdir>/stacked/``)."""
 
@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rhnzoo.config import RunSettings
-from rhnzoo.training.workdir import Checkpoints, read_json, seed_name, write_json
+from rhnzoo.engine.workdir import Checkpoints, read_json, seed_name, write_json
 
 
 def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
-    """:func:`rhnzoo.training.engine`'s step of K seeds at once: the task's step ``jax.vmap``-ped over the
+    """:func:`rhnzoo.engine`'s step of K seeds at once: the task's step ``jax.vmap``-ped over the
     leading seed axis of the task state, the run keys and (``seed_axes``) the batch; a
     seed whose ``active`` entry is False keeps its state (it stopped)."""
 
@@ -31,7 +31,7 @@ def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
 
 def stack(trees: Sequence[Any]) -> Any:
     """The pytrees ``trees`` (of one structure and shapes) stacked along a new leading
-    axis: :attr:`rhnzoo.training.engine.Task.get_batches`' default (leaves that are all
+    axis: :attr:`rhnzoo.engine.Task.get_batches`' default (leaves that are all
     host arrays are stacked on the host: one transfer each when used)."""
     on_host = lambda xs: all(isinstance(x, np.ndarray) for x in xs)
     return jax.tree.map(lambda *xs: np.stack(xs) if on_host(xs) else jnp.stack(xs), *trees)
@@ -43,7 +43,7 @@ def row(tree: Any, k: int) -> Any:
 
 
 def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> RunSettings:
-    """The config of seed ``k`` of :func:`rhnzoo.training.engine.run`'s ``seeds``: seed ``config.seed + k``, and a
+    """The config of seed ``k`` of :func:`rhnzoo.engine.run`'s ``seeds``: seed ``config.seed + k``, and a
     ``workdir`` setting that names the first seed's ``workdir`` renamed to seed k's
     (:func:`seed_name`), as a run of that seed alone records it."""
     changes = {"seed": config.seed + k}

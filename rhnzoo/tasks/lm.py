@@ -13,7 +13,7 @@ The protocol of the reference RHN code (Zilly et al. 2017, ``rhn_train.py``):
   run, batched for a run cut short by ``--max_steps`` / ``--max_epochs``.
 
 The training rows live on the device; the loss (:func:`window_loss`, fed to the one
-step of :mod:`rhnzoo.training.step`) slices its window, draws its dropout masks from
+step of :mod:`rhnzoo.engine.step`) slices its window, draws its dropout masks from
 the engine's per-step key and returns the truncated-BPTT carry in its aux, kept in the
 training state, so the engine's checkpoints resume it exactly.
 
@@ -40,7 +40,8 @@ from rhnzoo.cells import scan
 from rhnzoo.config import DataSettings, DistributedSettings, RunSettings, setting
 from rhnzoo.models import lm as lm_models
 from rhnzoo.models.lm import LanguageModel
-from rhnzoo.training import engine, sharding, step
+from rhnzoo import engine
+from rhnzoo.engine import sharding, step
 
 Array = jax.Array
 State = dict[str, Any]
@@ -58,7 +59,7 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
     ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
     run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
     :mod:`rhnzoo.configs.lm`. The engine's settings come from
-    :class:`~rhnzoo.training.engine.RunSettings`, the data and multi-process ones from
+    :class:`~rhnzoo.engine.RunSettings`, the data and multi-process ones from
     :class:`~rhnzoo.config.DataSettings` and :class:`~rhnzoo.config.DistributedSettings`.
 
     Raises:
@@ -204,7 +205,7 @@ def reset_carry(carry: Any, index: Array) -> Any:
 
 def window_loss(model: LanguageModel, cfg: LMConfig, params: Any, batch: tuple[Array, Array],
                 key: Array, carry: Any) -> tuple[Array, tuple[dict[str, Array], Any]]:  # fmt: skip
-    """The training loss of one window, as :func:`rhnzoo.training.step.make_train_step`
+    """The training loss of one window, as :func:`rhnzoo.engine.step.make_train_step`
     takes it (bind ``model`` and ``cfg`` first).
 
     ``batch = (rows, index)``: the batchified training stream ``rows [B, N] int32`` (on
@@ -223,7 +224,7 @@ def window_loss(model: LanguageModel, cfg: LMConfig, params: Any, batch: tuple[A
 
 def make_train_step(model: LanguageModel, cfg: LMConfig, tx: optax.GradientTransformation):
     """The LM's ``train_step(state, (rows, window), key) -> (state, sums)``: the one
-    step (:func:`rhnzoo.training.step.make_train_step`) of :func:`window_loss`.
+    step (:func:`rhnzoo.engine.step.make_train_step`) of :func:`window_loss`.
 
     The state is :func:`init_state`'s; the engine jit-compiles the step with the state
     donated; to call it yourself, wrap it in ``jax.jit(..., donate_argnums=0)``.
@@ -333,14 +334,14 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
         ``config.json`` is ``config.to_dict()``, checked on resume.
       corpus: token id streams (``train``, ``valid``, ``test``: int arrays).
       workdir: run directory (default ``config.run_dir``); rerunning with it resumes
-        exactly (:func:`rhnzoo.training.engine.run`).
+        exactly (:func:`rhnzoo.engine.run`).
       devices: data parallelism over these (default: all): batch rows are sharded over
         a ``Mesh(("data",))``, parameters replicated.
       log: receives every printed line; None: silent.
-      on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.training.engine.run`).
+      on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.engine.run`).
       model: a language model of one's own to train by this protocol (default:
         ``config.model(corpus.vocab_size)``; ``config.json`` still records ``config``).
-      seeds: K seeds stacked (:func:`rhnzoo.training.engine.run`): a list of their results.
+      seeds: K seeds stacked (:func:`rhnzoo.engine.run`): a list of their results.
 
     Returns:
       The final results (also ``results.json``): ``valid_<metric>``, ``test_<metric>``

@@ -29,7 +29,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation):
     Args:
       loss_fn: ``loss_fn(params, batch, key, carry) -> (loss, (sums, carry))``: the
         scalar loss to differentiate (float32), the batch's sums to report (a dict of
-        scalars with ``'loss'`` and its count, see :class:`rhnzoo.training.engine.Task`)
+        scalars with ``'loss'`` and its count, see :class:`rhnzoo.engine.Task`)
         and the next carry (``carry`` is ``state['carry']``, None for a task without
         one). ``key`` is the step's PRNG key (dropout masks).
       tx: the optimizer (gradient clipping, schedule and weight decay chained in).

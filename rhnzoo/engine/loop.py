@@ -7,21 +7,21 @@ hands them to :func:`run` as a :class:`Task`; :func:`run` owns the rest, once fo
   one trainer per workdir (process 0's advisory lock), orbax checkpoints of the whole
   state (``checkpoints/``, every epoch and every ``checkpoint_every_steps``; ``best/``;
   an unreadable one moved to ``corrupt/`` and the previous one used), ``metrics.jsonl``
-  (:mod:`rhnzoo.training.workdir`);
+  (:mod:`rhnzoo.engine.workdir`);
 * SIGTERM / SIGINT: the state is saved and the run stops with one line and
   :class:`Interrupted` (exit status 128 + signal), also during long evaluations;
 * the matmul precision ``config.matmul_precision`` around every compiled step and
   evaluation;
-* divergence (:class:`rhnzoo.training.progress.LossBook`): a non-finite, blown-up or
+* divergence (:class:`rhnzoo.engine.progress.LossBook`): a non-finite, blown-up or
   persistently high loss stops the run before anything is saved
   (:class:`TrainingDiverged`);
 * one line per epoch and every ``log_every`` steps, tqdm bars, the run's estimated
-  time (:mod:`rhnzoo.training.progress`);
+  time (:mod:`rhnzoo.engine.progress`);
 * the final evaluation of the best parameters, written to ``results.json``.
 
 :func:`run` with ``seeds=K`` trains K seeds of one config as one program by the same
 loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped
-(:mod:`rhnzoo.training.stacking`), each seed with its own records, verdicts and workdir.
+(:mod:`rhnzoo.engine.stacking`), each seed with its own records, verdicts and workdir.
 
 Exact resume: the step's PRNG key is ``fold_in(run_key, step)``, batch k of epoch e
 is ``task.get_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step, the
@@ -49,9 +49,9 @@ from tqdm import tqdm
 from rhnzoo import precision
 from rhnzoo.config import RunSettings
 from rhnzoo.models import num_params
-from rhnzoo.training import progress, signals, stacking
-from rhnzoo.training.progress import TrainingDiverged
-from rhnzoo.training.signals import (
+from rhnzoo.engine import progress, signals, stacking
+from rhnzoo.engine.progress import TrainingDiverged
+from rhnzoo.engine.signals import (
     Interrupted,
     Track,
     catch_signals,
@@ -59,7 +59,7 @@ from rhnzoo.training.signals import (
     stop_requested,
     track,
 )
-from rhnzoo.training.workdir import (  # noqa: F401  (re-exported: engine.RunError, ...)
+from rhnzoo.engine.workdir import (  # noqa: F401  (re-exported: engine.RunError, ...)
     Checkpoints,
     MetricsLog,
     RunError,
@@ -104,7 +104,7 @@ class Task:
         batch, placed on the devices; e.g. a whole training set that every batch holds is
         not stacked but kept once (then ``seed_axes`` maps it to None). None: every leaf
         of the seeds' ``get_batch`` stacked on a new leading axis
-        (:func:`rhnzoo.training.stacking.stack`).
+        (:func:`rhnzoo.engine.stacking.stack`).
       seed_axes: the stacked batch's seed axes, ``jax.vmap``'s ``in_axes`` for it (a
         prefix of its pytree; a tuple, not a dict, so the step compiles with it static).
       steps_per_epoch: batches per epoch.
@@ -657,7 +657,7 @@ def run(
     ``best/`` and ``results.json``, in ``workdir`` for the first seed and in
     ``<workdir>_s<k>`` (:func:`seed_name`) for seed k, where single runs and the
     multi-run tables read them. The stacked state is checkpointed in
-    ``<workdir>/stacked/`` (:data:`rhnzoo.training.stacking.STACKED`), so rerunning with the same ``seeds``
+    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the same ``seeds``
     resumes exactly; seeds already finished are carried along untrained. The validation
     is :attr:`Task.validate_stacked` where the task has one, else seed by seed, as the
     final evaluations are.

@@ -1,4 +1,4 @@
-"""What a run reports as it goes, for :mod:`rhnzoo.training.engine`: the loss book (the
+"""What a run reports as it goes, for :mod:`rhnzoo.engine`: the loss book (the
 running loss sums and the divergence check, checkpointed with the state), the pace (this
 process's time per step, from which the engine's estimates come), the periodic actions
 and the formats of the printed lines."""
@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rhnzoo.training.workdir import RunError
+from rhnzoo.engine.workdir import RunError
 
 
 class TrainingDiverged(RunError):
@@ -313,9 +313,9 @@ class Estimate:
 
 
 class Report:
-    """The run's records (``metrics``, a :class:`rhnzoo.training.workdir.MetricsLog`) and
+    """The run's records (``metrics``, a :class:`rhnzoo.engine.workdir.MetricsLog`) and
     printed lines (``say``): every ``log_every`` steps (:meth:`train`) and at each epoch's
-    end (:meth:`epoch`), in the words of ``task`` (an :class:`rhnzoo.training.engine.Task`:
+    end (:meth:`epoch`), in the words of ``task`` (an :class:`rhnzoo.engine.Task`:
     its ``train_metrics``, ``unit`` and ``learning_rate``)."""
 
     def __init__(self, metrics, say: Callable[[str], None], task, steps_per_epoch: int):

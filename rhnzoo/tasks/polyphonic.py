@@ -39,7 +39,9 @@ from rhnzoo.config import SEED_HIGH, DataSettings, RunSettings, setting
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
-from rhnzoo.training import engine, step, sweep, tables
+from rhnzoo import engine
+from rhnzoo.engine import step
+from rhnzoo.studies import sweep, tables
 
 Array = jax.Array
 Params = Any
@@ -108,7 +110,7 @@ def _clipped_sgd(learning_rate, momentum, max_grad_norm):
 
 
 def nll_loss(model: PianoRollModel, params: Params, batch, key: Array, carry):
-    """The loss of :func:`rhnzoo.training.step.make_train_step`: the batch's mean NLL per
+    """The loss of :func:`rhnzoo.engine.step.make_train_step`: the batch's mean NLL per
     time step (nats). ``batch``: ``(x [T, B, 88], mask [T, B])`` (``pad_batch``); ``key``
     unused (no dropout), ``carry`` passed through (None). Returns ``(mean, ({'loss': Σ
     NLL, 'count': predictions}, carry))``."""
@@ -120,7 +122,7 @@ def nll_loss(model: PianoRollModel, params: Params, batch, key: Array, carry):
 @functools.cache
 def _engine_step(model: PianoRollModel):
     """The engine's ``train_step(state, batch, key) -> (state, sums)`` for ``model``: the
-    one step (:func:`rhnzoo.training.step.make_train_step`) on :func:`nll_loss` with the
+    one step (:func:`rhnzoo.engine.step.make_train_step`) on :func:`nll_loss` with the
     clipped SGD whose hyperparameters come from the optimizer state. One function object
     per model, so every trial of a random search reuses the compiled step."""
     return step.make_train_step(functools.partial(nll_loss, model), sgd(0.0, 0.0, 1.0))
@@ -230,8 +232,8 @@ def train(
       workdir: a run directory for ``config.json``, checkpoints and resume (default: in
         memory).
       on_divergence: ``'stop'`` (the run ends, reported as diverged) or ``'raise'``
-        (:class:`rhnzoo.training.engine.TrainingDiverged`).
-      seeds: K seeds stacked (:func:`rhnzoo.training.engine.run`; ``workdir`` the
+        (:class:`rhnzoo.engine.TrainingDiverged`).
+      seeds: K seeds stacked (:func:`rhnzoo.engine.run`; ``workdir`` the
         first's): a list of their results.
     Returns: TrainResult.
     Raises:
@@ -532,7 +534,7 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
 class _Progress:
     """The study's trial lines: ``[done/total]`` counted from the trials' workdirs; with
     ``estimate`` (a study in this process), the time the trials left take, as the other
-    multi-run scripts say it (:class:`rhnzoo.training.sweep._Estimate`)."""
+    multi-run scripts say it (:class:`rhnzoo.studies.sweep._Estimate`)."""
 
     trials_dir: pathlib.Path
     names: tuple[str, ...]
@@ -558,7 +560,7 @@ class _Progress:
 
 
 def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_divergence: str) -> dict:
-    """A study run's ``compute`` (:func:`rhnzoo.training.sweep.in_memory`): the trial
+    """A study run's ``compute`` (:func:`rhnzoo.studies.sweep.in_memory`): the trial
     trained, its line printed, its results."""
     r = run_trial(trial, data, on_divergence=on_divergence)
     progress.report(trial, r)
@@ -568,7 +570,7 @@ def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_diverge
 
 
 def _study_run(trial: TrialConfig, data: dict, progress: _Progress) -> sweep.Run:
-    """The runner's :class:`~rhnzoo.training.sweep.Run` of a trial (trained in memory)."""
+    """The runner's :class:`~rhnzoo.studies.sweep.Run` of a trial (trained in memory)."""
     compute = functools.partial(_study_trial, trial, data, progress)
     return sweep.Run(trial.name, trial, sweep.in_memory(compute, trial))
 
@@ -584,7 +586,7 @@ def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = p
     memory (no checkpoints): a finished trial is not run again, an interrupted study
     goes on from the finished ones, a rerun with more trials (archs, depths) trains
     the new ones only. A trial that diverges stops there (the runner's policy). ``jobs``
-    (:class:`rhnzoo.training.sweep.Jobs`): trials side by side in child processes (a
+    (:class:`rhnzoo.studies.sweep.Jobs`): trials side by side in child processes (a
     trial that fails there is left out of the rows). ``log`` gets the planned sizes,
     one line per trial (in this process: ending with the time the trials left take) and
     the runner's lines.
@@ -624,7 +626,7 @@ def _finite(row: dict) -> dict:
 
 
 def study_table(rows: list[dict], config: JSBConfig, sizes: dict) -> str:
-    """Markdown table (:func:`rhnzoo.training.tables.markdown`): per (arch, depth) the test
+    """Markdown table (:func:`rhnzoo.studies.tables.markdown`): per (arch, depth) the test
     NLL of the best-validation trial and the median over trials (failed trials count as
     +inf)."""
     header = ["architecture", "depth", "hidden", "params", "target", "trials", "failed",

@@ -13,11 +13,11 @@ fits in :data:`PARTIAL_LIMIT`) and ``summary.json``. The queue is
 ``docs/runs/gpu/queue.tsv`` (a record, updated by ``record``, so it stays beside the
 records in ``docs/runs/gpu/``, not in the package)::
 
-  python -m rhnzoo.apps.harvest list                     # the queue
-  python -m rhnzoo.apps.harvest prepare [WINDOW] [--smoke]  # here: .harvest/, the call
-  PYTHONPATH=$PWD python -m rhnzoo.apps.harvest run [WINDOW] [--smoke]  # the device
-  python -m rhnzoo.apps.harvest record [--smoke] OUT_DIR  # here: the records, the table
-  python -m rhnzoo.apps.harvest table TABLE              # the table of what is recorded
+  python -m rhnzoo.studies.harvest list                     # the queue
+  python -m rhnzoo.studies.harvest prepare [WINDOW] [--smoke]  # here: .harvest/, the call
+  PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run [WINDOW] [--smoke]  # the device
+  python -m rhnzoo.studies.harvest record [--smoke] OUT_DIR  # here: the records, the table
+  python -m rhnzoo.studies.harvest table TABLE              # the table of what is recorded
 
 With no WINDOW, ``prepare`` takes the next pending row and ``run`` the prepared one.
 ``prepare`` makes what the window reads that can be made here (the IMDB 256-d Word2Vec
@@ -178,18 +178,18 @@ def next_pending(queue: pathlib.Path | None = None) -> str:
 def device_command(name: str, smoke: bool = False) -> str:
     """The one command the device runs for window ``name`` (from the repository root,
     ``$OUT`` set by the device tool)."""
-    return (f"PYTHONPATH=$PWD python -m rhnzoo.apps.harvest run {name}"
+    return (f"PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run {name}"
             + (" --smoke" if smoke else ""))  # fmt: skip
 
 
 def make_vectors(dataset: str, log=print) -> pathlib.Path:
     """The Word2Vec vectors an RRL window on ``dataset`` reads at the paper preset
-    (:func:`rhnzoo.training.rrl.embeddings_for`, gensim's fixed seed), trained here into
+    (:func:`rhnzoo.tasks.rrl.embeddings_for`, gensim's fixed seed), trained here into
     the user cache unless they are there; returns their file. HarvestError: no gensim,
     or the data set is missing."""
     from rhnzoo.configs import rrl as presets
     from rhnzoo.data import DataError, word2vec
-    from rhnzoo.training import rrl
+    from rhnzoo.tasks import rrl
 
     config = presets.get_config("paper", dataset)
     try:
@@ -540,7 +540,7 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
     run name, its seeds (``<run>_s<k>``) or random-search trials (``<run>_t<k>``)
     together, the ``metric``'s mean ± sd (n) and best (accuracies in %); with ``select``
     (lower is better), the best is the ``metric`` of the run with the best ``select``."""
-    from rhnzoo.training import tables
+    from rhnzoo.studies import tables
 
     groups: dict[str, list[dict]] = {}
     for results in sorted(dest.rglob("results.json")):
@@ -568,7 +568,7 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rhnzoo.apps.harvest",
+    parser = argparse.ArgumentParser(prog="python -m rhnzoo.studies.harvest",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("list", help="the queue")

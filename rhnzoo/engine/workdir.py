@@ -1,4 +1,4 @@
-"""A run's directory: its files, checkpoints and metrics (used by :mod:`rhnzoo.training.engine`).
+"""A run's directory: its files, checkpoints and metrics (used by :mod:`rhnzoo.engine`).
 
 * :func:`prepare_workdir`: create ``config.json``, or check a resumed run's settings;
 * :class:`WorkdirLock`: one trainer per workdir (``fcntl.flock`` on ``<workdir>/.lock``);

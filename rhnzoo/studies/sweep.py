@@ -3,7 +3,7 @@
 Every multi-run experiment (the HSG depth sweep, the highway ``--sweep``, the RRL
 ``--table`` and recipe ``--study``, the JSB random search) is a list of :class:`Run`:
 a name (its workdir under the root), the settings that go to ``config.json``, and a
-function that trains in a workdir through :func:`rhnzoo.training.engine.run` and
+function that trains in a workdir through :func:`rhnzoo.engine.run` and
 returns its results. :func:`run_all` checks every existing workdir against its settings
 before any training (an incompatible one stops the sweep with one line), then trains
 the runs; what a finished run does (say ``already finished``, extend a run whose length
@@ -25,7 +25,7 @@ the sizes of the runs left, divided by the runs at a time.
 Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
 own name for k = 0); :func:`seed_runs` makes a sweep's runs from its rows of seeds, one
 run per seed or (``--stack_seeds``) one per row of its seeds trained as one program. :func:`collect` reads the workdirs back; the tables are
-:mod:`rhnzoo.training.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
+:mod:`rhnzoo.studies.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rhnzoo.config import Config
-from rhnzoo.training import engine, progress, signals, stacking
-from rhnzoo.training import workdir as workdir_lib
-from rhnzoo.training.workdir import seed_name  # noqa: F401  (sweep.seed_name)
+from rhnzoo import engine
+from rhnzoo.engine import progress, signals, stacking
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine.workdir import seed_name  # noqa: F401  (sweep.seed_name)
 
 PathLike = str | pathlib.Path
 LOG = "sweep.log"  # a child's stdout and stderr, in its workdir
@@ -61,13 +62,13 @@ class Run:
       config: the run's settings (``config.json`` is ``config.to_dict()``).
       train: ``train(workdir, on_divergence) -> results`` (``results.json``'s content);
         ``on_divergence`` is the runner's policy, passed on to
-        :func:`rhnzoo.training.engine.run`.
+        :func:`rhnzoo.engine.run`.
       size: the run's cost relative to the sweep's other runs (e.g. its steps x its
         parameters), for the runner's estimate of the time left; the default, 1 for
         every run, counts the runs as the same size.
       seeds: K > 1: the run is K seeds of ``config`` trained as one program (its
-        ``train`` passes ``seeds=K`` to :func:`rhnzoo.training.engine.run`), seed k in
-        ``<name>`` (k = 0) or :func:`seed_name`, with :func:`rhnzoo.training.stacking.
+        ``train`` passes ``seeds=K`` to :func:`rhnzoo.engine.run`), seed k in
+        ``<name>`` (k = 0) or :func:`seed_name`, with :func:`rhnzoo.engine.stacking.
         seed_config`'s config; ``train`` returns the first seed's results.
     """
 
@@ -166,7 +167,7 @@ def run_all(
     The runner owns the divergence policy: with ``on_divergence='stop'`` (a sweep) a run
     that diverges ends there, its best parameters evaluated and ``results['diverged']``
     set, and the others go on; ``'raise'`` (a script's single run) raises
-    :class:`~rhnzoo.training.engine.TrainingDiverged`. It counts the runs: ``[i/n]``
+    :class:`~rhnzoo.engine.TrainingDiverged`. It counts the runs: ``[i/n]``
     before each, in turn, and with several runs ``[i/n] <name> done in X min`` after
     each, with the estimated time of the runs left (one line per run finished with
     ``jobs``, the run's final line in it).

@@ -41,7 +41,10 @@ from rhnzoo.cells import registry, scan
 from rhnzoo.config import Config, DataSettings, DistributedSettings, RunSettings, setting
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.training import classify, engine, sharding, stacking, step, sweep, tables
+from rhnzoo.tasks import classify
+from rhnzoo import engine
+from rhnzoo.engine import sharding, stacking, step
+from rhnzoo.studies import sweep, tables
 
 Array = jax.Array
 
@@ -286,7 +289,7 @@ def plan(split: Split, cfg: TrainConfig, shuffle_seed: tuple[int, int] | None):
 
 
 def _forward(model: SequenceClassifier, params, batch, key):
-    """:func:`rhnzoo.training.classify.xent_loss`'s ``forward`` on a training batch
+    """:func:`rhnzoo.tasks.classify.xent_loss`'s ``forward`` on a training batch
     ``(inputs, lengths [B], labels [B], weights [B])``: the logits ``[B, C]`` (``key``:
     dropout), labels, weights and the tokens read (``'tokens'``, the throughput)."""
     inputs, lengths, labels, weights = batch
@@ -295,13 +298,13 @@ def _forward(model: SequenceClassifier, params, batch, key):
 
 
 def _eval_sums(model: SequenceClassifier, params, inputs, lengths, labels, weights):
-    """:func:`rhnzoo.training.classify.xent_sums` of an evaluation batch (no dropout)."""
+    """:func:`rhnzoo.tasks.classify.xent_sums` of an evaluation batch (no dropout)."""
     return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
 
 
 def make_train_step(model: SequenceClassifier, tx: optax.GradientTransformation):
     """The classifier's train step ``(state, batch, key) -> (state, sums)``
-    (:mod:`rhnzoo.training.step`): ``batch`` is :func:`pad`'s ``(inputs, lengths, labels,
+    (:mod:`rhnzoo.engine.step`): ``batch`` is :func:`pad`'s ``(inputs, lengths, labels,
     weights)``, the loss the summed cross-entropy (:func:`_forward`), ``tx`` applied."""
     return step.make_train_step(classify.xent_loss(functools.partial(_forward, model)), tx)
 
@@ -408,16 +411,16 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
       workdir: the run directory (rerunning resumes); None: in memory.
       devices: data parallelism over these (default: all): every batch's rows are split
         over a ``Mesh(("data",))``, parameters and optimizer state replicated.
-      on_divergence, log, seeds: as :func:`rhnzoo.training.engine.run` (``log`` None:
+      on_divergence, log, seeds: as :func:`rhnzoo.engine.run` (``log`` None:
         silent; ``seeds``: K seeds stacked, a list of their results).
 
     Returns:
-      :class:`rhnzoo.training.engine.RunResult`; its ``results`` (``results.json``) hold
+      :class:`rhnzoo.engine.RunResult`; its ``results`` (``results.json``) hold
       ``dev_acc``, ``dev_xent``, ``test_acc``, ``test_xent`` (nats per sequence).
 
     Raises:
       ValueError: an empty split, a ``batch_size`` the devices do not divide, a bad model
-        size (one line); as :func:`rhnzoo.training.engine.run`.
+        size (one line); as :func:`rhnzoo.engine.run`.
       rhnzoo.data.DataError: an unreadable embedding file.
     """
     say = log or (lambda line: None)
@@ -501,9 +504,9 @@ def _train(config: RRLConfig, load: Callable[[], Dataset], log, workdir,
 
 def _measured(runs: Sequence[dict | None]) -> list:
     """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
-    row's runs, one per seed (:func:`rhnzoo.training.sweep.collect`): each seed's best dev
+    row's runs, one per seed (:func:`rhnzoo.studies.sweep.collect`): each seed's best dev
     accuracy and its test accuracy at that checkpoint; over several seeds the mean ± sd
-    of those measured (:func:`rhnzoo.training.tables.mean_sd`), the test cell naming the
+    of those measured (:func:`rhnzoo.studies.tables.mean_sd`), the test cell naming the
     seeds that diverged or failed, epochs and minutes the mean per seed. A run not
     finished (no results, not failed; or, beside a seed that started, not started) has
     no test accuracy and the dev cell says so (:func:`_unfinished`). None where nothing
@@ -538,7 +541,7 @@ def _measured(runs: Sequence[dict | None]) -> list:
 
 def _progress(run: dict | None) -> str:
     """``'epoch <e> of <epochs>'``: how far an unfinished run of
-    :func:`rhnzoo.training.sweep.collect` got (its last epoch record; 0 before one);
+    :func:`rhnzoo.studies.sweep.collect` got (its last epoch record; 0 before one);
     ``'not started'`` for None."""
     if run is None:
         return "not started"
@@ -610,7 +613,7 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
     seed ``config.seed + k``. With several runs (``table``, ``study`` or ``seeds`` > 1) a
     diverging one is recorded and the others go on
-    (:func:`rhnzoo.training.sweep.run_all`). Returns the table (also written to
+    (:func:`rhnzoo.studies.sweep.run_all`). Returns the table (also written to
     ``root/table.md``) for ``table``, ``study`` or one model's ``seeds`` > 1 (its one row:
     mean ± sd over the seeds), else None.
 
@@ -618,7 +621,7 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
       log: where progress lines go (None: nowhere; a multi-process run's other
         processes). ``table.md`` is written by process 0 only.
       seeds: runs per model or setting (seeds ``config.seed``, ``+ 1``, ...).
-      jobs: how the runs train (:class:`rhnzoo.training.sweep.Jobs`; default: in turn,
+      jobs: how the runs train (:class:`rhnzoo.studies.sweep.Jobs`; default: in turn,
         in this process).
     """
     say = log or (lambda line: None)

@@ -1,0 +1,35 @@
+"""The run engine: one training loop for every task, below the tasks.
+
+* :mod:`rhnzoo.engine.loop`: :func:`run` and its contract, :class:`Task` (the loop,
+  checkpoints, exact resume, signals, divergence stop, metrics, validation, seed
+  stacking, the final evaluation).
+* :mod:`rhnzoo.engine.progress`: what a run reports as it goes (loss book and
+  divergence check, pace and estimates, printed lines).
+* :mod:`rhnzoo.engine.workdir`: a run's directory: config check, checkpoints, metrics
+  log, strict JSON.
+* :mod:`rhnzoo.engine.stacking`: K seeds as one program.
+* :mod:`rhnzoo.engine.sharding`: data parallelism over ``Mesh(("data",))``.
+* :mod:`rhnzoo.engine.signals`: SIGTERM / SIGINT as a clean stop.
+* :mod:`rhnzoo.engine.step`: the one train step (gradient, optimizer update).
+"""
+
+from rhnzoo.engine.loop import (  # noqa: F401
+    Checkpoints,
+    Interrupted,
+    RunError,
+    RunResult,
+    RunSettings,
+    Task,
+    TrainingDiverged,
+    WorkdirLock,
+    catch_signals,
+    prepare_workdir,
+    read_metrics,
+    release_signals,
+    restore_params,
+    run,
+    seed_name,
+    strict,
+    track,
+    write_json,
+)

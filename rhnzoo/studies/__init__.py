@@ -1,0 +1,9 @@
+"""The studies: a paper's many runs, its tables and the paper's numbers beside ours,
+above the tasks (:mod:`rhnzoo.tasks`) and below the applications (:mod:`rhnzoo.apps`).
+
+* :mod:`rhnzoo.studies.sweep`: the one multi-run runner (runs in turn or in child
+  processes, ``--jobs`` / ``--seeds``).
+* :mod:`rhnzoo.studies.tables`: the tables of every study.
+* :mod:`rhnzoo.studies.harvest`: the papers' tables at their own sizes, filled in GPU
+  windows.
+"""
