@@ -26,9 +26,16 @@ C = TypeVar("C", bound="Config")
 SEED_HIGH = 2**32 - 1
 
 
-def setting(default: Any, help: str, *, low: float | None = None, high: float | None = None,
-            choices: Sequence[Any] | None = None, resumable: bool = False,
-            flag: bool = True) -> Any:  # fmt: skip
+def setting(
+    default: Any,
+    help: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    choices: Sequence[Any] | None = None,
+    resumable: bool = False,
+    flag: bool = True,
+) -> Any:
     """A config field: ``default``, its ``help`` text, its checks and its resume rule.
 
     Args:
@@ -43,16 +50,28 @@ def setting(default: Any, help: str, *, low: float | None = None, high: float | 
         with another value is refused.
       flag: False for a field a script does not offer as a flag.
     """
-    meta = {"help": help, "low": low, "high": high,
-            "choices": None if choices is None else tuple(choices), "resumable": resumable,
-            "flag": flag}  # fmt: skip
+    meta = {
+        "help": help,
+        "low": low,
+        "high": high,
+        "choices": None if choices is None else tuple(choices),
+        "resumable": resumable,
+        "flag": flag,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
 def meta(f: dataclasses.Field) -> Mapping[str, Any]:
     """A field's :func:`setting` metadata (a plain field: structural, a flag, no help)."""
-    return {"help": "", "low": None, "high": None, "choices": None, "resumable": False,
-            "flag": True, **f.metadata}  # fmt: skip
+    return {
+        "help": "",
+        "low": None,
+        "high": None,
+        "choices": None,
+        "resumable": False,
+        "flag": True,
+        **f.metadata,
+    }
 
 
 def strict(obj: Any) -> Any:
@@ -112,9 +131,13 @@ class Config:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if strict:
             _refuse_unknown(cls, values)
-        return cls(**{k: tuple(v) if isinstance(fields[k].default, tuple) and
-                      isinstance(v, list) else v
-                      for k, v in values.items() if k in fields})  # fmt: skip
+        return cls(
+            **{
+                k: tuple(v) if isinstance(fields[k].default, tuple) and isinstance(v, list) else v
+                for k, v in values.items()
+                if k in fields
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """``{field: value}`` of every field: the run's ``config.json``."""
@@ -155,12 +178,16 @@ class DataSettings(Config):
     """Where a task's data come from (its config subclasses this)."""
 
     data_dir: str | None = setting(
-        None, "Directory with the data files (default: $RHNZOO_DATA/<dataset>, else the "
-        "user cache).", resumable=True)
-    download: bool = setting(True, "Download the data when the files are absent.",
-                             resumable=True)
-    verify_data: bool = setting(True, "Check the sha256 of data files already on disk "
-                                "(--noverify_data: files of your own).", resumable=True)
+        None,
+        "Directory with the data files (default: $RHNZOO_DATA/<dataset>, else the user cache).",
+        resumable=True,
+    )
+    download: bool = setting(True, "Download the data when the files are absent.", resumable=True)
+    verify_data: bool = setting(
+        True,
+        "Check the sha256 of data files already on disk (--noverify_data: files of your own).",
+        resumable=True,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,19 +195,28 @@ class DistributedSettings(Config):
     """Several processes or hosts (:func:`rhnzoo.apps.cli.initialize_distributed`)."""
 
     distributed: bool = setting(
-        False, "Call jax.distributed.initialize() first (several processes/hosts: settings "
+        False,
+        "Call jax.distributed.initialize() first (several processes/hosts: settings "
         "from --coordinator_address, --num_processes, --process_id when given, else from the "
         "TPU/SLURM/MPI/Kubernetes runtime). Only process 0 prints and writes files.",
-        resumable=True)
-    coordinator_address: str | None = setting(None, "With --distributed: host:port of "
-                                              "process 0.", resumable=True)
-    num_processes: int | None = setting(None, "With --distributed: number of processes.",
-                                        low=1, resumable=True)
-    process_id: int | None = setting(None, "With --distributed: this process's index.",
-                                     low=0, resumable=True)
+        resumable=True,
+    )
+    coordinator_address: str | None = setting(
+        None, "With --distributed: host:port of process 0.", resumable=True
+    )
+    num_processes: int | None = setting(
+        None, "With --distributed: number of processes.", low=1, resumable=True
+    )
+    process_id: int | None = setting(
+        None, "With --distributed: this process's index.", low=0, resumable=True
+    )
     distributed_timeout: int = setting(
-        300, "With --distributed: seconds to wait for every process to join at the "
-        "coordinator before giving up with one error line.", low=1, resumable=True)
+        300,
+        "With --distributed: seconds to wait for every process to join at the "
+        "coordinator before giving up with one error line.",
+        low=1,
+        resumable=True,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,38 +259,58 @@ class RunSettings(Config):
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    seed: int = setting(0, f"Random seed (initialisation, dropout, batch order): 0 to "
-                        f"{SEED_HIGH}.", low=0, high=SEED_HIGH)
+    seed: int = setting(
+        0,
+        f"Random seed (initialisation, dropout, batch order): 0 to {SEED_HIGH}.",
+        low=0,
+        high=SEED_HIGH,
+    )
     max_steps: int | None = setting(
-        None, "Stop after this many train steps in all.", low=1, resumable=True)
-    max_epochs: int | None = setting(None, "Stop after this many epochs in all.", low=1,
-                                     resumable=True)
+        None, "Stop after this many train steps in all.", low=1, resumable=True
+    )
+    max_epochs: int | None = setting(
+        None, "Stop after this many epochs in all.", low=1, resumable=True
+    )
     checkpoint_every_steps: int = setting(
-        0, "Also checkpoint every N steps (0: at the end of every epoch only).", low=0,
-        resumable=True)
+        0,
+        "Also checkpoint every N steps (0: at the end of every epoch only).",
+        low=0,
+        resumable=True,
+    )
     log_every: int = setting(100, "Steps between training-loss lines.", low=1, resumable=True)
-    progress: bool = setting(True, "Show progress bars (training and evaluation).",
-                             resumable=True)
+    progress: bool = setting(True, "Show progress bars (training and evaluation).", resumable=True)
     tensorboard: bool = setting(
-        False, "Also write TensorBoard event files to <workdir>/tensorboard (pip install "
-        "'rhnzoo[tensorboard]').", resumable=True)
+        False,
+        "Also write TensorBoard event files to <workdir>/tensorboard (pip install "
+        "'rhnzoo[tensorboard]').",
+        resumable=True,
+    )
     divergence_factor: float = setting(
-        3.0, "F: the run stops as diverged (one error line; the last checkpoint is kept) at "
+        3.0,
+        "F: the run stops as diverged (one error line; the last checkpoint is kept) at "
         "a NaN/inf loss, at any step whose training or validation loss is more than 20 nats "
         "above the chance level (a uniform guess: a blow-up), or when, from step 70 on, the "
         "mean training loss of the last 50 steps is more than ln F nats above chance or "
         "above the run's best such mean, or a validation loss is more than ln F above "
-        "chance. 0: only NaN/inf stop the run.", resumable=True)
+        "chance. 0: only NaN/inf stop the run.",
+        resumable=True,
+    )
     patience: int | None = setting(
-        None, "Early stopping: end training after this many epochs without a better "
-        "validation metric (default: never).", low=1, resumable=True)
+        None,
+        "Early stopping: end training after this many epochs without a better "
+        "validation metric (default: never).",
+        low=1,
+        resumable=True,
+    )
     matmul_precision: str | None = setting(
-        None, "Precision of float32 matmuls (jax.default_matmul_precision), recorded in "
+        None,
+        "Precision of float32 matmuls (jax.default_matmul_precision), recorded in "
         "config.json: 'default' is the backend's fastest (CPU: float32; NVIDIA GPU: "
         "TensorFloat-32 inputs, about 1e-3 relative error; TPU: one bfloat16 pass), 'high' "
         "(GPU: TF32; TPU: 3 bfloat16 passes), 'highest' (float32; TPU: 6 passes); also "
         "JAX's names bfloat16, tensorfloat32, float32. Default: "
-        "$JAX_DEFAULT_MATMUL_PRECISION, else 'default'.")
+        "$JAX_DEFAULT_MATMUL_PRECISION, else 'default'.",
+    )
 
     def __post_init__(self):
         # Recorded as a level: None takes JAX's setting where the config is made.
@@ -266,14 +322,22 @@ class RunSettings(Config):
         super().__post_init__()
 
     def check(self) -> None:
-        for name in ("seed", "log_every", "checkpoint_every_steps", "max_steps", "max_epochs",
-                     "patience"):
+        for name in (
+            "seed",
+            "log_every",
+            "checkpoint_every_steps",
+            "max_steps",
+            "max_epochs",
+            "patience",
+        ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):
                 raise ValueError(f"--{name} must be an integer, got {value!r}")
         if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
-            raise ValueError("--divergence_factor must be 0 (off) or a finite number >= 1, "
-                             f"got {self.divergence_factor}")  # fmt: skip
+            raise ValueError(
+                "--divergence_factor must be 0 (off) or a finite number >= 1, "
+                f"got {self.divergence_factor}"
+            )
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """The run's steps: ``epochs`` at ``steps_per_epoch``, ended sooner by

@@ -122,12 +122,14 @@ class Recurrent(nnx.Module):
         """
         if xs.ndim != 3 or xs.shape[-1] != self.input_size:
             layout = "[T, B, m]" if self.time_major else "[B, T, m]"
-            raise ValueError(f"xs must be {layout} with m = {self.input_size}, got shape "
-                             f"{tuple(xs.shape)}")  # fmt: skip
+            raise ValueError(
+                f"xs must be {layout} with m = {self.input_size}, got shape {tuple(xs.shape)}"
+            )
         if not self.time_major:
             xs = jnp.swapaxes(xs, 0, 1)
         if carry is None:
             carry = self.cell.initial_carry(xs.shape[1], xs.dtype)
-        carry, ys = scan.unroll(self.cell, self.cell_params(), carry, xs, mask, impl=scan_impl,
-                                unroll=unroll)  # fmt: skip
+        carry, ys = scan.unroll(
+            self.cell, self.cell_params(), carry, xs, mask, impl=scan_impl, unroll=unroll
+        )
         return carry, (ys if self.time_major else jnp.swapaxes(ys, 0, 1))

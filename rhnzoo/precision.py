@@ -38,8 +38,13 @@ import contextlib
 import jax
 
 LEVELS = ("default", "high", "highest")
-ALIASES = {"fastest": "default", "bfloat16": "default", "tensorfloat32": "high",
-           "bfloat16_3x": "high", "float32": "highest"}  # fmt: skip
+ALIASES = {
+    "fastest": "default",
+    "bfloat16": "default",
+    "tensorfloat32": "high",
+    "bfloat16_3x": "high",
+    "float32": "highest",
+}
 
 
 def normalize(name: str) -> str:
@@ -56,9 +61,11 @@ def normalize(name: str) -> str:
     presets = jax.lax.DotAlgorithmPreset.__members__
     if isinstance(name, str) and name != "DEFAULT" and name in presets:
         return name
-    raise ValueError(f"unknown matmul precision {name!r}: use default, high or highest (JAX also "
-                     "names them bfloat16, tensorfloat32, float32) or a jax.lax.DotAlgorithmPreset "
-                     "name")  # fmt: skip
+    raise ValueError(
+        f"unknown matmul precision {name!r}: use default, high or highest (JAX also "
+        "names them bfloat16, tensorfloat32, float32) or a jax.lax.DotAlgorithmPreset "
+        "name"
+    )
 
 
 def current() -> str:

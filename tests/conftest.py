@@ -54,13 +54,16 @@ def _test_cache() -> str | None:
 
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ and (_cache := _test_cache()):
-    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache,
-                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # fmt: skip
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=_cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                        "--xla_backend_optimization_level=0"]).strip()
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+    ).strip()
 
 import pytest  # noqa: E402
 
@@ -91,8 +94,13 @@ _TIMES = os.environ.get("RHNZOO_TEST_TIMES")
 
 
 def _cpu_s():
-    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
 
 
 if _TIMES:
@@ -105,8 +113,11 @@ if _TIMES:
     def pytest_runtest_teardown(item, nextitem):
         yield
         cpu0, wall0 = getattr(item, "_rhnzoo_start", (_cpu_s(), time.perf_counter()))
-        line = {"nodeid": item.nodeid, "cpu_s": round(_cpu_s() - cpu0, 3),
-                "wall_s": round(time.perf_counter() - wall0, 3),
-                "slow": item.get_closest_marker("slow") is not None}
+        line = {
+            "nodeid": item.nodeid,
+            "cpu_s": round(_cpu_s() - cpu0, 3),
+            "wall_s": round(time.perf_counter() - wall0, 3),
+            "slow": item.get_closest_marker("slow") is not None,
+        }
         with open(_TIMES, "a") as f:
             f.write(json.dumps(line) + "\n")

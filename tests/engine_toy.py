@@ -43,15 +43,20 @@ def dataset(seed: int = 0):
     x = rng.normal(size=(N_TRAIN + 2 * N_VALID, DIM)).astype(np.float32)
     y = x @ w + 0.1 * rng.normal(size=len(x)).astype(np.float32)
     cut = (N_TRAIN, N_TRAIN + N_VALID)
-    return (x[: cut[0]], y[: cut[0]]), (x[cut[0] : cut[1]], y[cut[0] : cut[1]]), (x[cut[1] :], y[cut[1] :])
+    return (
+        (x[: cut[0]], y[: cut[0]]),
+        (x[cut[0] : cut[1]], y[cut[0] : cut[1]]),
+        (x[cut[1] :], y[cut[1] :]),
+    )
 
 
 def _sq_error(params, x, y):
     return jnp.sum(jnp.square(x @ params["w"] + params["b"] - y))
 
 
-def make_task(lr: float = 0.01, slow_eval: bool = False, announce: bool = False,
-              on_batch=None) -> engine.Task:  # fmt: skip
+def make_task(
+    lr: float = 0.01, slow_eval: bool = False, announce: bool = False, on_batch=None
+) -> engine.Task:
     """The toy task: ``sums = {'loss': Σ squared error, 'count': B}``; valid/test MSE.
 
     ``on_batch(epoch, index)``, if given, is called whenever a batch is made (tests use
@@ -97,10 +102,16 @@ def make_task(lr: float = 0.01, slow_eval: bool = False, announce: bool = False,
         return {"valid_mse": float(mse(params, xv, yv)), "test_mse": float(mse(params, xs, ys))}
 
     return engine.Task(
-        init_state=init_state, train_step=train_step, get_batch=get_batch, steps_per_epoch=spe,
-        validate=validate, final_evaluate=final_evaluate, select="valid_mse",
-        train_metrics=lambda s: {"train_mse": s["loss"] / max(s["count"], 1.0)}, unit="ex",
-    )  # fmt: skip
+        init_state=init_state,
+        train_step=train_step,
+        get_batch=get_batch,
+        steps_per_epoch=spe,
+        validate=validate,
+        final_evaluate=final_evaluate,
+        select="valid_mse",
+        train_metrics=lambda s: {"train_mse": s["loss"] / max(s["count"], 1.0)},
+        unit="ex",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +119,19 @@ class ToyConfig(RunSettings):
     """The toy's settings: its flags and ``config.json``."""
 
     lr: float = setting(0.01, "SGD learning rate.")
-    epochs: int = setting(1000, "Epochs of the schedule (the toy's step does not read it).",
-                          low=1, resumable=True)
-    workdir: str | None = setting(None, "Run directory (with --runs: their root).",
-                                  resumable=True)
+    epochs: int = setting(
+        1000, "Epochs of the schedule (the toy's step does not read it).", low=1, resumable=True
+    )
+    workdir: str | None = setting(None, "Run directory (with --runs: their root).", resumable=True)
 
 
-def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | None = None,
-                  steps_per_epoch: int = 1000, on_batch=None) -> engine.Task:  # fmt: skip
+def scripted_task(
+    losses,
+    chance_loss: float | None = None,
+    valid_loss: float | None = None,
+    steps_per_epoch: int = 1000,
+    on_batch=None,
+) -> engine.Task:
     """A task whose step k reports the loss ``losses[k]`` (nats, one unit per step): the
     divergence check on a loss curve of one's choosing (e.g. one measured on a real
     model). Its validation reports ``valid_loss`` as ``'valid_loss'`` if given."""
@@ -135,11 +151,15 @@ def scripted_task(losses, chance_loss: float | None = None, valid_loss: float | 
         return {"epoch_mark": 1.0} | ({} if valid_loss is None else {"valid_loss": valid_loss})
 
     return engine.Task(
-        init_state=lambda key: {"params": {"w": jnp.zeros(())}}, train_step=train_step,
-        get_batch=get_batch, steps_per_epoch=steps_per_epoch, validate=validate,
-        final_evaluate=lambda params, track: {"w": float(params["w"])}, select="epoch_mark",
+        init_state=lambda key: {"params": {"w": jnp.zeros(())}},
+        train_step=train_step,
+        get_batch=get_batch,
+        steps_per_epoch=steps_per_epoch,
+        validate=validate,
+        final_evaluate=lambda params, track: {"w": float(params["w"])},
+        select="epoch_mark",
         chance_loss=chance_loss,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -164,8 +184,7 @@ def main(argv: list[str]) -> None:
                 if F.fail is not None and name == F.fail:
                     raise ValueError(f"run {name} fails on purpose")
                 task = make_task(config.lr, F.slow_eval, announce=True)
-                return engine.run(task, config, workdir,
-                                  on_divergence=on_divergence).results  # fmt: skip
+                return engine.run(task, config, workdir, on_divergence=on_divergence).results
 
             return train
 
@@ -174,9 +193,12 @@ def main(argv: list[str]) -> None:
             if not F.runs:
                 return train(None, config)(config.workdir)
             jobs, seeds = runner.from_flags()
-            runs = [sweep.Run(sweep.seed_name(name, k), c, train(name, c))
-                    for name in F.runs for k in range(seeds)
-                    for c in [config.replace(seed=config.seed + k)]]  # fmt: skip
+            runs = [
+                sweep.Run(sweep.seed_name(name, k), c, train(name, c))
+                for name in F.runs
+                for k in range(seeds)
+                for c in [config.replace(seed=config.seed + k)]
+            ]
             print(json.dumps(sweep.run_all(runs, F.workdir, jobs=jobs)))
 
         cli.main(run)

@@ -62,8 +62,9 @@ def checkpoint_steps(workdir) -> list[int]:
 
 
 def start(args, **kw):
-    return subprocess.Popen(PTB + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, **kw)  # fmt: skip
+    return subprocess.Popen(
+        PTB + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kw
+    )
 
 
 def finish(args):
@@ -127,11 +128,18 @@ def main() -> None:
         proc.kill()
         proc.communicate()
         step = max(checkpoint_steps(workdir) or [0])
-        record(trial="kill -9", moment=f"{kind} {target}", killed_while_running=alive,
-               newest_checkpoint=step)  # fmt: skip
+        record(
+            trial="kill -9",
+            moment=f"{kind} {target}",
+            killed_while_running=alive,
+            newest_checkpoint=step,
+        )
     done = finish(run_args + [f"--workdir={workdir}"])
-    record(trial="kill -9: finishing run", rc=done.returncode,
-           identical_to_uninterrupted=same(outputs(workdir), reference))  # fmt: skip
+    record(
+        trial="kill -9: finishing run",
+        rc=done.returncode,
+        identical_to_uninterrupted=same(outputs(workdir), reference),
+    )
 
     # Corruption of the newest checkpoint, three ways.
     for damage in ("truncate a data file", "delete _METADATA", "delete ocdbt.process_0"):
@@ -149,10 +157,14 @@ def main() -> None:
             shutil.rmtree(bad / "ocdbt.process_0")
         rerun = finish(run_args + [f"--workdir={workdir}"])
         warnings = [l for l in rerun.stdout.splitlines() if l.startswith("warning:")]
-        record(trial=f"corrupt newest checkpoint: {damage}", rc=rerun.returncode,
-               warnings=warnings, stderr_lines=len(rerun.stderr.strip().splitlines()),
-               stderr_head=rerun.stderr.strip().splitlines()[:5],
-               identical_to_uninterrupted=same(outputs(workdir), reference))  # fmt: skip
+        record(
+            trial=f"corrupt newest checkpoint: {damage}",
+            rc=rerun.returncode,
+            warnings=warnings,
+            stderr_lines=len(rerun.stderr.strip().splitlines()),
+            stderr_head=rerun.stderr.strip().splitlines()[:5],
+            identical_to_uninterrupted=same(outputs(workdir), reference),
+        )
 
     # SIGTERM at start-up, in training, in the final evaluation.
     for phase in ("start-up", "training", "final evaluation"):
@@ -170,21 +182,34 @@ def main() -> None:
         t = time.time()
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate()
-        record(trial=f"SIGTERM in {phase}", rc=proc.returncode,
-               seconds_to_exit=round(time.time() - t, 2), last_line=stdout.strip().splitlines()[-1],
-               stderr_lines=len(stderr.strip().splitlines()),
-               saved=checkpoint_steps(workdir))  # fmt: skip
+        record(
+            trial=f"SIGTERM in {phase}",
+            rc=proc.returncode,
+            seconds_to_exit=round(time.time() - t, 2),
+            last_line=stdout.strip().splitlines()[-1],
+            stderr_lines=len(stderr.strip().splitlines()),
+            saved=checkpoint_steps(workdir),
+        )
 
     # A disk that fills up.
     tiny = out / "tiny_disk"
     tiny.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(tiny)],
-                             capture_output=True).returncode == 0  # fmt: skip
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(tiny)], capture_output=True
+        ).returncode
+        == 0
+    )
     if mounted:
         try:
-            full = finish(["--checkpoint_every_steps=5", "--max_steps=40", f"--workdir={tiny / 'w'}"])
-            record(trial="disk full (20 MB tmpfs)", rc=full.returncode,
-                   stderr=full.stderr.strip().splitlines())  # fmt: skip
+            full = finish(
+                ["--checkpoint_every_steps=5", "--max_steps=40", f"--workdir={tiny / 'w'}"]
+            )
+            record(
+                trial="disk full (20 MB tmpfs)",
+                rc=full.returncode,
+                stderr=full.stderr.strip().splitlines(),
+            )
         finally:
             subprocess.run(["umount", str(tiny)])
     else:
@@ -193,7 +218,9 @@ def main() -> None:
     # Exploding learning rates.
     for lr in ("5", "100"):
         exploded = finish([f"--lr={lr}", "--max_steps=300", f"--workdir={out / f'lr{lr}'}"])
-        record(trial=f"--lr={lr}", rc=exploded.returncode, stderr=exploded.stderr.strip().splitlines())
+        record(
+            trial=f"--lr={lr}", rc=exploded.returncode, stderr=exploded.stderr.strip().splitlines()
+        )
 
     (out / "trials.json").write_text(json.dumps(trials, indent=1))
 

@@ -25,16 +25,22 @@ DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
 def run_script(script: str, *args: str, timeout: float = 300, cwd=ROOT):
     """``experiments/<script>`` as a user runs it, from the checkout (``cwd``), its output
     captured (``subprocess.CompletedProcess``)."""
-    return subprocess.run([sys.executable, str(ROOT / "experiments" / script), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def needs_data(subdir: str, *files: str, what: str):
     """Skip unless ``$RHNZOO_DATA/<subdir>`` holds ``files`` (the real ``what`` files)."""
     directory = DATA / subdir
-    return pytest.mark.skipif(not all((directory / f).is_file() for f in files),
-                              reason=f"real {what} files not found in {directory} (set "
-                              "RHNZOO_DATA)")  # fmt: skip
+    return pytest.mark.skipif(
+        not all((directory / f).is_file() for f in files),
+        reason=f"real {what} files not found in {directory} (set RHNZOO_DATA)",
+    )
 
 
 def normal(key, shape, dtype=jnp.float32):
@@ -97,12 +103,15 @@ def write_random_mnist(directory: pathlib.Path, train: int, test: int, seed: int
     """MNIST idx files of random 28 x 28 images and labels 0-9 (``train`` / ``test`` of
     each) in ``directory``; returns it."""
     rng = np.random.default_rng(seed)
-    write_mnist(directory, {
-        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (train, 28, 28), dtype=np.uint8),
-        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, train).astype(np.uint8),
-        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (test, 28, 28), dtype=np.uint8),
-        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, test).astype(np.uint8),
-    })  # fmt: skip
+    write_mnist(
+        directory,
+        {
+            "train-images-idx3-ubyte.gz": rng.integers(0, 256, (train, 28, 28), dtype=np.uint8),
+            "train-labels-idx1-ubyte.gz": rng.integers(0, 10, train).astype(np.uint8),
+            "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (test, 28, 28), dtype=np.uint8),
+            "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, test).astype(np.uint8),
+        },
+    )
     return directory
 
 
@@ -183,8 +192,9 @@ def check_unroll_gradient(cell, input_size=3):
         mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, n)) / 0.8).astype(jnp.float64)
         target = normal(jax.random.PRNGKey(4), (4, 2, n), jnp.float64)
 
-        check_gradient_by_finite_differences(unroll_loss(cell, xs, mask, target), params,
-                                             directions=5)
+        check_gradient_by_finite_differences(
+            unroll_loss(cell, xs, mask, target), params, directions=5
+        )
 
 
 def scan_by_hand(cell, params, xs):

@@ -38,18 +38,30 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--models", default=",".join(rrl.MODELS))
-    parser.add_argument("--divergence_factor", type=float,
-                        default=RunConfig(epochs=1).divergence_factor)  # fmt: skip
+    parser.add_argument(
+        "--divergence_factor", type=float, default=RunConfig(epochs=1).divergence_factor
+    )
     opts = parser.parse_args()
     c = presets.get_config("paper", "imdb")  # experiments/rrl.py --preset=paper's config
     data = rrl.load_data(c)
     first = data.dev.subset(range(c.batch_size))  # dev and test: one batch each
     data = dataclasses.replace(data, dev=first, test=first)
-    out = {"steps": opts.steps, "divergence_factor": opts.divergence_factor, "seconds": {},
-           "stopped": {}, "validation": {}, "xent": {}}  # fmt: skip
+    out = {
+        "steps": opts.steps,
+        "divergence_factor": opts.divergence_factor,
+        "seconds": {},
+        "stopped": {},
+        "validation": {},
+        "xent": {},
+    }
     for name in opts.models.split(","):
-        config = c.replace(model=name, max_steps=opts.steps, log_every=1, progress=False,
-                           divergence_factor=opts.divergence_factor)  # fmt: skip
+        config = c.replace(
+            model=name,
+            max_steps=opts.steps,
+            log_every=1,
+            progress=False,
+            divergence_factor=opts.divergence_factor,
+        )
         lines, start = [], time.time()
         out["stopped"][name] = out["validation"][name] = None
         try:
@@ -58,8 +70,9 @@ def main() -> None:
             at_validation = str(e).startswith("validation loss")
             out["validation" if at_validation else "stopped"][name] = str(e)
         out["seconds"][name] = round(time.time() - start, 1)
-        out["xent"][name] = [float(l.split("train xent ")[1].split()[0])
-                             for l in lines if l.startswith("  step")]  # fmt: skip
+        out["xent"][name] = [
+            float(l.split("train xent ")[1].split()[0]) for l in lines if l.startswith("  step")
+        ]
     print(json.dumps(out))
 
 

@@ -98,8 +98,11 @@ def parse_ptxas_log(log: str) -> Counts:
     """
     entries = re.findall(r"Compiling entry function '([^']+)'", log)
     regs = re.findall(r"Used (\d+) registers", log)
-    frame = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
-                       r"loads", log)  # fmt: skip
+    frame = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+        r"loads",
+        log,
+    )
     if len(entries) != 1 or len(regs) != 1 or len(frame) != 1:
         raise ValueError(f"expected one entry function's counts in the ptxas log:\n{log}")
     stack, stores, loads = map(int, frame[0])
@@ -138,8 +141,19 @@ def fetch() -> Path:
 
     dest = _cache_dir()
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp,
-                        f"jax-cuda13-pjrt=={jaxlib.__version__}"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-d",
+                tmp,
+                f"jax-cuda13-pjrt=={jaxlib.__version__}",
+            ],
+            check=True,
+        )
         (wheel,) = Path(tmp).glob("*.whl")
         partial = dest.with_name(dest.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -170,9 +184,11 @@ def missing_tools() -> str | None:
     """Why the counts cannot be computed on this host (a sentence), or None."""
     plugin = plugin_path()
     if plugin is None or not plugin.exists():
-        return (f"no CUDA PJRT plugin (jax-cuda13-pjrt) at $RHNZOO_XLA_CUDA_PLUGIN, in "
-                f"jax_plugins or in {_cache_dir()}: `python tests/kernel_registers.py fetch` "
-                "unpacks it there")  # fmt: skip
+        return (
+            f"no CUDA PJRT plugin (jax-cuda13-pjrt) at $RHNZOO_XLA_CUDA_PLUGIN, in "
+            f"jax_plugins or in {_cache_dir()}: `python tests/kernel_registers.py fetch` "
+            "unpacks it there"
+        )
     if ptxas() is None:
         return "no ptxas (CUDA toolkit) on PATH or in /usr/local/cuda/bin"
     if shutil.which("cc") is None:
@@ -183,10 +199,14 @@ def missing_tools() -> str | None:
 def _cell(family: str, n: int):
     from rhnzoo import cells
 
-    return {"lstm": lambda: cells.LSTM(n), "gru_ra": lambda: cells.GRU(n, reset_after=True),
-            "sc_lstm_p": lambda: cells.SCLSTM(n, skip=3, learn_alpha=True),
-            "rrn2": lambda: cells.RRN(n, depth=2), "rrn3": lambda: cells.RRN(n, depth=3),
-            "cho_gru": lambda: cells.GRU(n)}[family]()  # fmt: skip
+    return {
+        "lstm": lambda: cells.LSTM(n),
+        "gru_ra": lambda: cells.GRU(n, reset_after=True),
+        "sc_lstm_p": lambda: cells.SCLSTM(n, skip=3, learn_alpha=True),
+        "rrn2": lambda: cells.RRN(n, depth=2),
+        "rrn3": lambda: cells.RRN(n, depth=3),
+        "cho_gru": lambda: cells.GRU(n),
+    }[family]()
 
 
 def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
@@ -222,8 +242,11 @@ def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
         return total + (jnp.sum(ys) if outputs else 0.0)
 
     grad = jax.grad(loss, argnums=(0, 1, 2), allow_int=True)  # SC-LSTM: int32 step counts
-    lowered = jax.jit(grad).trace(params, carry, z((T, B, m), jnp.float32), mask).lower(
-        lowering_platforms=("cuda",))  # fmt: skip
+    lowered = (
+        jax.jit(grad)
+        .trace(params, carry, z((T, B, m), jnp.float32), mask)
+        .lower(lowering_platforms=("cuda",))
+    )
     found: dict[str, bytes] = {}
 
     def walk(op):
@@ -231,8 +254,10 @@ def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
             for block in region.blocks:
                 for inner in block.operations:
                     attrs = inner.operation.attributes
-                    if inner.operation.name == "stablehlo.custom_call" and ir.StringAttr(
-                            attrs["call_target_name"]).value == "mosaic_gpu_v2":  # fmt: skip
+                    if (
+                        inner.operation.name == "stablehlo.custom_call"
+                        and ir.StringAttr(attrs["call_target_name"]).value == "mosaic_gpu_v2"
+                    ):
                         config = ir.DictAttr(attrs["mhlo.backend_config"])
                         module = ir.StringAttr(config["module"]).value_bytes
                         # The VJP's backward is traced under transpose(jvp(...)).
@@ -244,8 +269,9 @@ def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
 
     walk(lowered.compiler_ir("stablehlo").operation)
     if sorted(found) != ["backward", "forward"]:
-        raise AssertionError(f"{name}: expected a forward and a backward kernel, got "
-                             f"{sorted(found)}")  # fmt: skip
+        raise AssertionError(
+            f"{name}: expected a forward and a backward kernel, got {sorted(found)}"
+        )
     return found
 
 
@@ -264,8 +290,10 @@ def ptxas_counts(modules: dict[str, bytes], timeout: float = 600) -> dict[str, t
         src = Path(tmp) / "fakecuda.c"
         src.write_text(_FAKE_DRIVER)
         driver = Path(tmp) / "libcuda.so.1"
-        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(driver),
-                        str(src)], check=True)  # fmt: skip
+        subprocess.run(
+            ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(driver), str(src)],
+            check=True,
+        )
         files = []
         for label, module in modules.items():
             path = Path(tmp) / f"{len(files)}.mlirbc"
@@ -275,9 +303,13 @@ def ptxas_counts(modules: dict[str, bytes], timeout: float = 600) -> dict[str, t
         env["MOSAIC_GPU_DUMP_PTXAS"] = "1"
         if shutil.which("ptxas") is None:
             env["PATH"] = "/usr/local/cuda/bin" + os.pathsep + env.get("PATH", "")
-        run = subprocess.run([sys.executable, __file__, "_compile", str(plugin_path()),
-                              str(driver), *files], env=env, capture_output=True, text=True,
-                             timeout=timeout)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, __file__, "_compile", str(plugin_path()), str(driver), *files],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     logs = run.stdout.split(_MARK)[1:]
     out = {}
     for chunk in logs:
@@ -286,9 +318,11 @@ def ptxas_counts(modules: dict[str, bytes], timeout: float = 600) -> dict[str, t
             continue
         out[label] = (parse_ptxas_log(log), log.strip())
     if sorted(out) != sorted(modules):
-        raise RuntimeError(f"no ptxas log for {sorted(set(modules) - set(out))}; the child "
-                           f"(exit {run.returncode}) wrote:\n{run.stdout[-3000:]}\n"
-                           f"{run.stderr[-3000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"no ptxas log for {sorted(set(modules) - set(out))}; the child "
+            f"(exit {run.returncode}) wrote:\n{run.stdout[-3000:]}\n"
+            f"{run.stderr[-3000:]}"
+        )
     return out
 
 
@@ -321,8 +355,11 @@ def table(names=None) -> list[dict]:
         for which in ("forward", "backward"):
             c = counts[which][0]
             rows.append({"config": name, "kernel": which, **dataclasses.asdict(c)})
-            print(f"| {name} | {which} | {c.registers} | {c.spill_stores} | {c.spill_loads} | "
-                  f"{c.stack_frame} |", flush=True)  # fmt: skip
+            print(
+                f"| {name} | {which} | {c.registers} | {c.spill_stores} | {c.spill_loads} | "
+                f"{c.stack_frame} |",
+                flush=True,
+            )
     return rows
 
 

@@ -72,5 +72,7 @@ def _executables_within_the_map_limit():
     if now - _last_check[0] >= CHECK_EVERY_S:
         _last_check[0] = now
         if count := release_if_near_limit(_LIMIT):  # in the warnings summary: how often
-            warnings.warn(f"{count} memory mappings, past half of vm.max_map_count "
-                          f"({_LIMIT}): JAX's in-memory caches emptied (tests/map_limit.py)")
+            warnings.warn(
+                f"{count} memory mappings, past half of vm.max_map_count "
+                f"({_LIMIT}): JAX's in-memory caches emptied (tests/map_limit.py)"
+            )

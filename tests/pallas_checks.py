@@ -51,10 +51,18 @@ def assert_close(got, want, rtol):
             continue
         b = want
         for k in path:
-            b = b[k.key] if hasattr(k, "key") else b[k.idx] if hasattr(k, "idx") else getattr(b, k.name)
+            b = (
+                b[k.key]
+                if hasattr(k, "key")
+                else b[k.idx]
+                if hasattr(k, "idx")
+                else getattr(b, k.name)
+            )
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
         err = float(jnp.max(jnp.abs(a - b)))
-        assert err <= rtol * scale, f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
+        assert err <= rtol * scale, (
+            f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
+        )
 
 
 def lower_for_cuda(fn, *args):
@@ -66,8 +74,9 @@ def assert_stacked_seeds_equal_each_seed(unroll, params, carry, xs, target, mask
     stacked: ``jax.vmap`` over them gives each seed's own value and gradients, bit for
     bit (``unroll(params, carry, xs, mask) -> (carry, ys)``)."""
     stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
-    one = lambda p, c, mask: value_and_grads(lambda p, c, x: unroll(p, c, x, mask),
-                                             p, c, xs, target)  # fmt: skip
+    one = lambda p, c, mask: value_and_grads(
+        lambda p, c, x: unroll(p, c, x, mask), p, c, xs, target
+    )
     got = jax.vmap(one)(*stacked, masks)
     for k in range(2):
         want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
@@ -83,18 +92,35 @@ def lower_stacked_for_cuda(unroll, params, carry, xs, target, outputs=True):
     lower_for_cuda(many, *jax.tree.map(z, (params, carry)))
 
 
-def kernel_reference_fused(kernel, cell, params, carry, xs, target, mask=None, lengths=None,
-                           outputs=True, fused=True):  # fmt: skip
+def kernel_reference_fused(
+    kernel, cell, params, carry, xs, target, mask=None, lengths=None, outputs=True, fused=True
+):
     """:func:`value_and_grads` of ``kernel(params, carry, xs)`` (under a deadline), of the
     reference scan and (``fused``) of the fused scan in bfloat16, with the same ``mask``
     and ``lengths``; ``(kernel's, reference's, fused's or None)``."""
     with deadline(300):
         got = value_and_grads(kernel, params, carry, xs, target, outputs)
-    ref = value_and_grads(lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lengths),
-                          params, carry, xs, target, outputs)  # fmt: skip
+    ref = value_and_grads(
+        lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lengths),
+        params,
+        carry,
+        xs,
+        target,
+        outputs,
+    )
     if not fused:
         return got, ref, None
-    return got, ref, value_and_grads(
-        lambda p, c, x: gated_fused.unroll(cell, p, c, x, mask, lengths=lengths,
-                                           dtype=jnp.bfloat16),
-        params, carry, xs, target, outputs)  # fmt: skip
+    return (
+        got,
+        ref,
+        value_and_grads(
+            lambda p, c, x: gated_fused.unroll(
+                cell, p, c, x, mask, lengths=lengths, dtype=jnp.bfloat16
+            ),
+            params,
+            carry,
+            xs,
+            target,
+            outputs,
+        ),
+    )

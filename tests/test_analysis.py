@@ -67,13 +67,23 @@ def run(tmp_path_factory):
         lr=0.5,
         batch_size=4,
         num_steps=10,
-        drop_x=RATES.x, drop_i=RATES.i, drop_h=RATES.h, drop_o=RATES.o,
+        drop_x=RATES.x,
+        drop_i=RATES.i,
+        drop_h=RATES.h,
+        drop_o=RATES.o,
         eval_batch_size=4,
         eval_num_steps=50,
     )
     # config.json: the model's settings (what the analyses read) and the data directory.
-    recorded = cfg.replace(hidden_size=HIDDEN, depth=DEPTH, hsg=True, init_bias=-2.0,
-                           data_dir=str(data_dir), max_steps=6, progress=False)
+    recorded = cfg.replace(
+        hidden_size=HIDDEN,
+        depth=DEPTH,
+        hsg=True,
+        init_bias=-2.0,
+        data_dir=str(data_dir),
+        max_steps=6,
+        progress=False,
+    )
     workdir = tmp / "run"
     train.train_and_evaluate(recorded, corpus, workdir=workdir, model=model)
     return workdir, data_dir, corpus
@@ -265,22 +275,26 @@ def test_long_analyses_take_one_bar_of_all_their_windows(run, loaded):
     model, params, _ = loaded
     calls = []
     tokens = corpus.train[:1000]  # 4 rows of 250: 249 predictions, 5 windows of 50
-    lesion = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50,
-                                    track=recording_track(calls))  # fmt: skip
+    lesion = analysis.lesion_layers(
+        model, params, tokens, batch_size=4, num_steps=50, track=recording_track(calls)
+    )
     assert calls == [["lesion", (DEPTH + 1) * 5, (DEPTH + 1) * 5]]
     plain = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50)
     np.testing.assert_allclose(lesion.nll, plain.nll, rtol=1e-6)
     calls.clear()
-    mc = analysis.mc_dropout_perplexity(model, params, corpus.test[:300], RATES, 2, num_steps=50,
-                                        track=recording_track(calls))  # fmt: skip
+    mc = analysis.mc_dropout_perplexity(
+        model, params, corpus.test[:300], RATES, 2, num_steps=50, track=recording_track(calls)
+    )
     assert calls == [["mc_dropout", 2 * 6, 2 * 6]] and len(mc.pass_s) == 2
     calls.clear()
     stream = corpus.valid[None, :200]
-    windowed = analysis.hsg_gate_sample(model, params, stream, 50, num_steps=30,
-                                        track=recording_track(calls))  # fmt: skip
+    windowed = analysis.hsg_gate_sample(
+        model, params, stream, 50, num_steps=30, track=recording_track(calls)
+    )
     assert [c[1:] for c in calls] == [[7, 7]]  # 200 steps in windows of 30, the last padded
-    np.testing.assert_allclose(windowed, analysis.hsg_gate_sample(model, params, stream, 50),
-                               rtol=1e-6, atol=1e-7)  # fmt: skip
+    np.testing.assert_allclose(
+        windowed, analysis.hsg_gate_sample(model, params, stream, 50), rtol=1e-6, atol=1e-7
+    )
 
 
 def cli(script, *args):
@@ -333,7 +347,8 @@ def test_analyze_cli_writes_pngs_and_numbers(run, tmp_path):
     assert "checkpoint: best at step" in out and numbers["checkpoint"]["kind"] == "best"
     assert numbers["complete"] is True and "interrupted" not in numbers
     assert {name: p["status"] for name, p in numbers["phases"].items()} == dict.fromkeys(
-        ["gate_heatmap", "lesion", "hsg_gate", "deterministic", "mc_dropout"], "done")
+        ["gate_heatmap", "lesion", "hsg_gate", "deterministic", "mc_dropout"], "done"
+    )
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -369,8 +384,10 @@ def test_checkpoint_used_is_best_else_latest(run, tmp_path):
 
     workdir = run[0]
     assert report.checkpoint_used(workdir) == {
-        "kind": "best", "step": latest_step(workdir / "best"),
-        "path": str(workdir / "best" / str(latest_step(workdir / "best")))}  # fmt: skip
+        "kind": "best",
+        "step": latest_step(workdir / "best"),
+        "path": str(workdir / "best" / str(latest_step(workdir / "best"))),
+    }
     nobest = without_best(workdir, tmp_path)
     used = report.checkpoint_used(nobest)
     assert used["kind"] == "latest" and used["step"] == latest_step(nobest / "checkpoints")
@@ -387,10 +404,19 @@ def test_analysis_stopped_in_its_lesion_phase_keeps_the_phases_done(run, tmp_pat
     workdir, data_dir, corpus = run
     nobest = without_best(workdir, tmp_path)
     out = tmp_path / "out"
-    opts = report.Options(data_dir=str(data_dir), verify=False, lesion_tokens=1000,
-                          lesion_batch_size=4, eval_num_steps=50, heatmap_steps=30,
-                          hist_tokens=200, hist_times=50, mc_samples=1, max_eval_tokens=300,
-                          track=sigterm_in("lesion", at=11))  # fmt: skip
+    opts = report.Options(
+        data_dir=str(data_dir),
+        verify=False,
+        lesion_tokens=1000,
+        lesion_batch_size=4,
+        eval_num_steps=50,
+        heatmap_steps=30,
+        hist_tokens=200,
+        hist_times=50,
+        mc_samples=1,
+        max_eval_tokens=300,
+        track=sigterm_in("lesion", at=11),
+    )
     signals.catch_signals()
     try:
         with pytest.raises(signals.Interrupted) as stopped:
@@ -420,9 +446,11 @@ def test_analysis_stopped_in_its_lesion_phase_keeps_the_phases_done(run, tmp_pat
     lines = capsys.readouterr().out.splitlines()
     assert f"checkpoint: latest at step {step} (no validation has happened yet" in lines[0]
     assert any(line.startswith("  lesion: about ") and " left (" in line for line in lines)
-    assert lines[-1] == (f"stopped by signal {signal.SIGTERM} in phase lesion: wrote "
-                         f"{out / 'analysis.json'} with the phases done (gate_heatmap) and "
-                         "lesion marked interrupted")  # fmt: skip
+    assert lines[-1] == (
+        f"stopped by signal {signal.SIGTERM} in phase lesion: wrote "
+        f"{out / 'analysis.json'} with the phases done (gate_heatmap) and "
+        "lesion marked interrupted"
+    )
 
 
 def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_path, capsys):
@@ -436,10 +464,19 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     workdir, data_dir, _ = run
     out = tmp_path / "out"
     calls = []
-    opts = report.Options(data_dir=str(data_dir), verify=False, lesion_tokens=400,
-                          lesion_batch_size=4, eval_num_steps=50, heatmap_steps=10,
-                          hist_tokens=100, hist_times=20, mc_samples=1, max_eval_tokens=100,
-                          track=recording_track(calls))  # fmt: skip
+    opts = report.Options(
+        data_dir=str(data_dir),
+        verify=False,
+        lesion_tokens=400,
+        lesion_batch_size=4,
+        eval_num_steps=50,
+        heatmap_steps=10,
+        hist_tokens=100,
+        hist_times=20,
+        mc_samples=1,
+        max_eval_tokens=100,
+        track=recording_track(calls),
+    )
     first = report.analyze(workdir, out, opts)
     names = ["gate_heatmap", "lesion", "hsg_gate", "deterministic", "mc_dropout"]
     assert {n for n, *_ in calls} == set(names) - {"gate_heatmap"}  # one pass, no bar
@@ -456,8 +493,9 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     signals.catch_signals()
     try:
         with pytest.raises(signals.Interrupted):
-            report.analyze(workdir, out, dataclasses.replace(
-                opts, redo=True, track=sigterm_in("lesion", at=3)))  # fmt: skip
+            report.analyze(
+                workdir, out, dataclasses.replace(opts, redo=True, track=sigterm_in("lesion", at=3))
+            )
     finally:
         signals.release_signals()
     merged = json.loads((out / "analysis.json").read_text())
@@ -467,8 +505,11 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     for key in ("lesion", "hsg_gate", "deterministic", "mc_dropout"):
         assert merged[key] == first[key] and merged["phases"][key] == first["phases"][key]
     assert merged["phases"]["gate_heatmap"]["seconds"] != first["phases"]["gate_heatmap"]["seconds"]
-    assert capsys.readouterr().out.splitlines()[-1].endswith(
-        "and lesion as the earlier analysis left it")
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .endswith("and lesion as the earlier analysis left it")
+    )
 
     calls.clear()
     again = report.analyze(workdir, out, dataclasses.replace(opts, mc_samples=2))
@@ -477,8 +518,9 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     assert len(again["mc_dropout"]["sample_ppls"]) == 2 and again["lesion"] == first["lesion"]
 
 
-def test_flow_figures_keep_the_families_drawn_and_redo_them_when_asked(tmp_path, capsys,
-                                                                      monkeypatch):  # fmt: skip
+def test_flow_figures_keep_the_families_drawn_and_redo_them_when_asked(
+    tmp_path, capsys, monkeypatch
+):
     """Issue 62 item 1 for --flow: a second call with the same settings draws nothing and
     leaves flow.json as it was; other settings (flow_steps) or --redo draw again; a
     deleted figure is drawn again too (one cell family: the rule, not the cells)."""
@@ -508,15 +550,24 @@ def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     """--flow: every cell family at initialisation, plus the run's cell at init and trained;
     the Gersgorin panel's eigenvalues lie in its discs (checked on the numbers written)."""
     workdir, data_dir, _ = run
-    out = cli("analyze.py", "--flow", f"--workdir={workdir}", f"--out={tmp_path}",
-              f"--data_dir={data_dir}", "--noverify", "--flow_hidden=6", "--flow_steps=12",
-              "--flow_tokens=8")  # fmt: skip
+    out = cli(
+        "analyze.py",
+        "--flow",
+        f"--workdir={workdir}",
+        f"--out={tmp_path}",
+        f"--data_dir={data_dir}",
+        "--noverify",
+        "--flow_hidden=6",
+        "--flow_steps=12",
+        "--flow_tokens=8",
+    )
     assert png_shape(tmp_path / "gradient_flow.png")[:2] == (450, 700)
     assert png_shape(tmp_path / "gersgorin.png")[:2] == (450, 900)  # two 4.5-inch panels
     numbers = json.loads((tmp_path / "flow.json").read_text())
     curves = numbers["gradient_norms_at_init"]
-    assert len(curves) == 10 and all(len(c) == 13 and c[0] == pytest.approx(1.0)
-                                     for c in curves.values())  # fmt: skip
+    assert len(curves) == 10 and all(
+        len(c) == 13 and c[0] == pytest.approx(1.0) for c in curves.values()
+    )
     for name in ("initialisation", "trained"):
         rho = numbers["run"][name]["spectral_radius"]
         sigma = numbers["run"][name]["largest_singular_value"]
@@ -524,8 +575,17 @@ def test_analyze_flow_draws_gradient_flow_and_gersgorin(run, tmp_path):
     assert "wrote" in out and (tmp_path / "flow.json").is_file()
 
 
-@pytest.mark.parametrize("setting", ["lesion_tokens=-1", "heatmap_steps=-5", "mc_samples=-1",
-                                     "lesion_batch_size=0", "max_eval_tokens=0", "flow_steps=0"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "lesion_tokens=-1",
+        "heatmap_steps=-5",
+        "mc_samples=-1",
+        "lesion_batch_size=0",
+        "max_eval_tokens=0",
+        "flow_steps=0",
+    ],
+)
 def test_analysis_counts_out_of_range_are_one_line_errors(setting):
     from rhnzoo.analysis import report
 
@@ -539,13 +599,29 @@ def test_analyze_flow_with_few_steps_and_a_bad_count(tmp_path):
     """--flow_steps under 10 draws the figure (it ended in an IndexError); a bad count is
     one error line before anything is written."""
     cli("analyze.py", "--flow", f"--out={tmp_path / 'ok'}", "--flow_hidden=4", "--flow_steps=5")
-    assert len(json.loads((tmp_path / "ok" / "flow.json").read_text())["gradient_norms_at_init"]
-               ["LSTM"]) == 6  # fmt: skip
-    bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "analyze.py"), "--flow",
-                          f"--out={tmp_path / 'bad'}", "--lesion_tokens=-1"],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert (
+        len(
+            json.loads((tmp_path / "ok" / "flow.json").read_text())["gradient_norms_at_init"][
+                "LSTM"
+            ]
+        )
+        == 6
+    )
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "analyze.py"),
+            "--flow",
+            f"--out={tmp_path / 'bad'}",
+            "--lesion_tokens=-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
-        "error: --lesion_tokens must be >= 1, got -1"]
+        "error: --lesion_tokens must be >= 1, got -1"
+    ]
     assert not (tmp_path / "bad").exists()
 
 
@@ -572,8 +648,9 @@ def test_lesion_bar_labels_overlap_no_other_text():
     from rhnzoo.analysis import plots
 
     result = analysis.LesionResult(4.0, np.array([4.1, 4.05, 4.3, 4.2, 9.9]), 100)
-    fig = plots._lesion_figure(result, "RHN+HSG depth 40: lesioning (intact ppl 54.6)",
-                               (6.4, 4.0), 100)  # fmt: skip
+    fig = plots._lesion_figure(
+        result, "RHN+HSG depth 40: lesioning (intact ppl 54.6)", (6.4, 4.0), 100
+    )
     renderer = drawn(fig)
     (ax,) = fig.axes
     assert "bar labels: perplexity" in ax.get_xlabel()
@@ -588,11 +665,18 @@ def test_lesion_bar_labels_overlap_no_other_text():
 def test_gradient_flow_legend_is_outside_the_axes_and_the_label_is_mathtext():
     from rhnzoo.analysis import plots, report
 
-    labels = [*report.FAMILIES, "RHN+HSG depth 40, initialisation (valid)",
-              "RHN+HSG depth 40, trained (valid)"]  # fmt: skip
+    labels = [
+        *report.FAMILIES,
+        "RHN+HSG depth 40, initialisation (valid)",
+        "RHN+HSG depth 40, trained (valid)",
+    ]
     curves = {label: np.exp(-0.02 * (i + 1) * np.arange(101)) for i, label in enumerate(labels)}
-    fig = plots._gradient_flow_figure(curves, "Gradient flow: cells at initialisation (64 "
-                                      "units) and a trained run", (7.0, 4.5), 100)  # fmt: skip
+    fig = plots._gradient_flow_figure(
+        curves,
+        "Gradient flow: cells at initialisation (64 units) and a trained run",
+        (7.0, 4.5),
+        100,
+    )
     renderer = drawn(fig)
     (ax,) = fig.axes
     legend = ax.get_legend().get_window_extent(renderer)
@@ -644,12 +728,23 @@ def test_sweep_table_shows_the_mean_and_sd_over_seeds(tmp_path):
     root = tmp_path / "sweep"
     fake_run(root, "d10_rhn", 10, False, {"valid_ppl": 68.0, "test_ppl": 66.0})
     fake_run(root, "d10_rhn_s1", 10, False, {"valid_ppl": 70.0, "test_ppl": 67.5})
-    (root / "d10_rhn_s1" / "config.json").write_text(json.dumps({"depth": 10, "hsg": False,
-                                                                  "seed": 1}))  # fmt: skip
+    (root / "d10_rhn_s1" / "config.json").write_text(
+        json.dumps({"depth": 10, "hsg": False, "seed": 1})
+    )
     fake_run(root, "z_copy", 10, False, {"valid_ppl": 1.0, "test_ppl": 1.0})  # seed 0 again
-    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"),
-                          f"--root={root}", "--table", "--depths=10"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "sweep.py"),
+            f"--root={root}",
+            "--table",
+            "--depths=10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("| 10 ")]
     cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
@@ -676,8 +771,20 @@ def test_sweep_dry_run_lists_eight_commands(tmp_path):
     assert {(d, h) for d, h, _ in seen} == {(d, h) for d in (10, 20, 30, 40) for h in (0, 1)}
     assert len({w for *_, w in seen}) == 8
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
-    seeds = cli("sweep.py", f"--root={tmp_path}", "--dry_run", "--depths=10", "--seeds=2", "--",
-                "--seed=3").strip().splitlines()  # fmt: skip
+    seeds = (
+        cli(
+            "sweep.py",
+            f"--root={tmp_path}",
+            "--dry_run",
+            "--depths=10",
+            "--seeds=2",
+            "--",
+            "--seed=3",
+        )
+        .strip()
+        .splitlines()
+    )
     assert len(seeds) == 4 and [line.split()[-1] for line in seeds[1::2]] == ["--seed=4"] * 2
     assert [a for a in seeds[1].split() if a.startswith("--workdir=")] == [
-        f"--workdir={tmp_path / 'd10_rhn_s1'}"]
+        f"--workdir={tmp_path / 'd10_rhn_s1'}"
+    ]

@@ -61,7 +61,7 @@ TINY_PTB = "--data_dir={tmp}/data --noverify_data --preset=small"
 # The row of each script that runs in a subprocess (the rest run in this process).
 IN_A_PROCESS = {
     "ptb.py": "--distributed --coordinator_address=localhost:{port} --num_processes=2 "
-              "--process_id=1 --distributed_timeout=1",  # JAX's global settings change
+    "--process_id=1 --distributed_timeout=1",  # JAX's global settings change
     "char.py": "--preset=small --max_steps=2 foo",
     "rrl.py": "--jobs=2 --distributed",
     "jsb.py": "--preset=cpu --max_steps=2 foo",
@@ -98,9 +98,14 @@ CASES = [
     ("ptb.py", "--matmul_precision=fast", "--matmul_precision: unknown matmul precision 'fast'"),
     ("ptb.py", "--workdir=", "--workdir must not be empty"),
     ("ptb.py", "--data_dir=", "--data_dir must not be empty"),
-    ("ptb.py", ("--distributed --coordinator_address=localhost:{port} --num_processes=2 "
-                "--process_id=1 --distributed_timeout=1"),
-     "no coordinator answered at localhost:{port} within 1 s"),
+    (
+        "ptb.py",
+        (
+            "--distributed --coordinator_address=localhost:{port} --num_processes=2 "
+            "--process_id=1 --distributed_timeout=1"
+        ),
+        "no coordinator answered at localhost:{port} within 1 s",
+    ),
     # ---------------------------------------------------------------- char.py
     ("char.py", "--preset=small --max_steps=2 foo", "unexpected arguments foo"),
     ("char.py", "--bogus=1", "Unknown command line flag 'bogus'"),
@@ -142,16 +147,22 @@ CASES = [
     ("sweep.py", "--dry_run -- --bogus=1", "Unknown command line flag 'bogus'"),
     ("sweep.py", "--depths=0", "depths must be >= 1, got [0]"),
     ("sweep.py", "--dry_run -- --depth=3", "the sweep sets --depth, --hsg and --workdir itself"),
-    ("sweep.py", "-- --unroll=0 --data_dir=/nonexistent --nodownload",
-     "--unroll must be >= 1, got 0"),
+    (
+        "sweep.py",
+        "-- --unroll=0 --data_dir=/nonexistent --nodownload",
+        "--unroll must be >= 1, got 0",
+    ),
     # ---------------------------------------------------------------- analyze.py
     ("analyze.py", "--workdir={tmp}/none foo", "unexpected arguments foo"),
     ("analyze.py", "--bogus=1", "Unknown command line flag 'bogus'"),
     ("analyze.py", "", "--workdir is required"),
     ("analyze.py", "--workdir={tmp}/none", "has no config.json"),
     ("analyze.py", f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}", "config.json is unreadable"),
-    ("analyze.py", "--workdir={tmp}/none --split=dev",
-     "--split=dev: value should be one of <train|valid|test>"),
+    (
+        "analyze.py",
+        "--workdir={tmp}/none --split=dev",
+        "--split=dev: value should be one of <train|valid|test>",
+    ),
     ("analyze.py", "--lesion_tokens=-1", "--lesion_tokens must be >= 1, got -1"),
     ("analyze.py", "--heatmap_steps=-5", "--heatmap_steps must be >= 1, got -5"),
     ("analyze.py", "--flow_steps=0", "--flow_steps must be >= 1, got 0"),
@@ -163,58 +174,103 @@ CASES = [
     ("rrl.py", "--model=rrn --rrn_depth=0", "--rrn_depth must be >= 1, got 0"),
     ("sweep.py", "--dry_run -- --unroll=0", "--unroll must be >= 1, got 0"),
     # issue 62, item 2: values the flags accept and the program cannot take
-    *((s, "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999")
-      for s in ("ptb.py", "char.py", "rrl.py", "jsb.py", "highway.py")),
+    *(
+        (s, "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999")
+        for s in ("ptb.py", "char.py", "rrl.py", "jsb.py", "highway.py")
+    ),
     ("ptb.py", "--seed=-1", "--seed must be >= 0, got -1"),
     ("analyze.py", "--seed=99999999999999999999", "--seed must be <= 4294967295, got 9999"),
     ("sweep.py", "--dry_run -- --seed=99999999999999999999", "--seed must be <= 4294967295"),
-    ("rrl.py", "--seed=4294967295 --seeds=2",
-     "--seed=4294967295 with --seeds=2: the last seed, 4294967296, must be <= 4294967295"),
-    ("ptb.py", "--hidden_size=100000",
-     "--hidden_size=100000, --depth=10: the parameters and optimizer state alone take"),
+    (
+        "rrl.py",
+        "--seed=4294967295 --seeds=2",
+        "--seed=4294967295 with --seeds=2: the last seed, 4294967296, must be <= 4294967295",
+    ),
+    (
+        "ptb.py",
+        "--hidden_size=100000",
+        "--hidden_size=100000, --depth=10: the parameters and optimizer state alone take",
+    ),
     ("char.py", "--hidden_size=100000", "GiB, more than the"),
     ("rrl.py", "--hidden_size=10000000", "--model=lstm, --hidden_size=10000000, --embed_size"),
     ("sweep.py", "--depths=10 -- --hidden_size=100000", "--hidden_size=100000, --depth=10:"),
     ("jsb.py", "--width=100000", "--width=100000 (RHN at depth 6: width 100000): the "),
     ("highway.py", "--width=1000000", "--kind=highway, --width=1000000, --depth=10: the "),
-    ("highway.py", "--sweep --width=1000000 --depths=10,20", "--kind=plain, --width=1000000, "
-                                                             "--depth=20: the parameters"),
+    (
+        "highway.py",
+        "--sweep --width=1000000 --depths=10,20",
+        "--kind=plain, --width=1000000, --depth=20: the parameters",
+    ),
     # issue 62, item 3: flags that contradict or do nothing
     ("rrl.py", "--table --study=rrn", "--table (the --models' Table 3) and --study=rrn"),
-    ("ptb.py", "--nohsg --hsg_init_bias=1.0", "--hsg_init_bias=1.0 sets the Highway State "
-                                              "Gate's bias: it needs --hsg"),
-    ("rrl.py", "--stack_seeds --seeds=1", "--stack_seeds stacks a row's --seeds: it needs "
-                                          "--seeds > 1"),
+    (
+        "ptb.py",
+        "--nohsg --hsg_init_bias=1.0",
+        "--hsg_init_bias=1.0 sets the Highway State Gate's bias: it needs --hsg",
+    ),
+    (
+        "rrl.py",
+        "--stack_seeds --seeds=1",
+        "--stack_seeds stacks a row's --seeds: it needs --seeds > 1",
+    ),
     ("sweep.py", "--stack_seeds --dry_run", "--stack_seeds stacks a row's --seeds"),
-    ("ptb.py", "--max_epoch=10 --max_max_epoch=2",
-     "--max_epoch=10 (epochs at the initial learning rate) exceeds --max_max_epoch=2"),
-    ("rrl.py", "--buckets=100 --max_len=16", "--buckets=100 at --max_len=16 gives only 2 "
-                                             "distinct padded lengths (8, 16)"),
+    (
+        "ptb.py",
+        "--max_epoch=10 --max_max_epoch=2",
+        "--max_epoch=10 (epochs at the initial learning rate) exceeds --max_max_epoch=2",
+    ),
+    (
+        "rrl.py",
+        "--buckets=100 --max_len=16",
+        "--buckets=100 at --max_len=16 gives only 2 distinct padded lengths (8, 16)",
+    ),
     ("sweep.py", "--depths=", "--depths must name at least one depth"),
     ("sweep.py", "--table", "--root={tmp}/sweep does not exist: no runs to tabulate"),
     ("sweep.py", "--table --root={tmp}", "--root={tmp} holds no run"),
-    ("char.py", "--preset=small --dataset=enwik8", "--preset=small is sized for "
-                                                   "--dataset=ptb_char, not --dataset=enwik8"),
+    (
+        "char.py",
+        "--preset=small --dataset=enwik8",
+        "--preset=small is sized for --dataset=ptb_char, not --dataset=enwik8",
+    ),
     # rows of test_rrl.py / test_highway_experiment.py's subprocess cases, here in-process
     ("rrl.py", "--table --models=lstm,transformer", "unknown cell 'transformer'"),
-    ("rrl.py", "--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews",
-     "no rrn study on agnews"),
+    (
+        "rrl.py",
+        "--model=rrn --rrn_f_bias=-3 --study=rrn --dataset=agnews",
+        "no rrn study on agnews",
+    ),
     ("rrl.py", "--jobs=0", "--jobs must be >= 1, got 0"),
     ("highway.py", "--data_dir={tmp}/nothing", "train-images-idx3-ubyte.gz"),
     # issue 62, item 4: checked early, by the right flag's name
     ("rrl.py", "--coverage=1.5", "--coverage must be a fraction in (0, 1], got 1.5"),
-    ("ptb.py", f"--eval_batch_size=1000000 {TINY_PTB}",
-     "--eval_batch_size=1000000 is too large for the valid split's"),
+    (
+        "ptb.py",
+        f"--eval_batch_size=1000000 {TINY_PTB}",
+        "--eval_batch_size=1000000 is too large for the valid split's",
+    ),
     # --data_source=tfds honours --nodownload: a set TFDS has not prepared is refused at
     # once, nothing fetched or written (TFDS's default download=True retried for minutes)
-    ("highway.py", "--data_source=tfds --data_dir={tmp}/tfds",
-     "TFDS 'mnist' is not prepared in {tmp}/tfds (--nodownload: nothing is fetched"),
-    ("rrl.py", "--dataset=agnews --data_source=tfds --data_dir={tmp}/tfds",
-     "TFDS 'ag_news_subset' is not prepared in {tmp}/tfds (--nodownload"),
+    (
+        "highway.py",
+        "--data_source=tfds --data_dir={tmp}/tfds",
+        "TFDS 'mnist' is not prepared in {tmp}/tfds (--nodownload: nothing is fetched",
+    ),
+    (
+        "rrl.py",
+        "--dataset=agnews --data_source=tfds --data_dir={tmp}/tfds",
+        "TFDS 'ag_news_subset' is not prepared in {tmp}/tfds (--nodownload",
+    ),
 ]
 # Options of analyze.py checked without a run: --flow --out (nothing to read first).
-_ANALYZE_OPTIONS = ("--lesion_tokens", "--heatmap_steps", "--flow_steps", "--mc_samples",
-                    "--lesion_batch_size", "--max_eval_tokens", "--seed")
+_ANALYZE_OPTIONS = (
+    "--lesion_tokens",
+    "--heatmap_steps",
+    "--flow_steps",
+    "--mc_samples",
+    "--lesion_batch_size",
+    "--max_eval_tokens",
+    "--seed",
+)
 
 
 def _name(arg: str) -> str:
@@ -250,8 +306,9 @@ def _tree(root: pathlib.Path) -> list[str]:
 
 def _param(script: str, args: str, expected: str):
     """A case as a pytest parameter, named ``<script>:<args>``."""
-    return pytest.param(script, args, expected,
-                        id=f"{script.removesuffix('.py')}:{args or '(none)'}")  # fmt: skip
+    return pytest.param(
+        script, args, expected, id=f"{script.removesuffix('.py')}:{args or '(none)'}"
+    )
 
 
 def _prepare(tmp_path: pathlib.Path, args: str) -> tuple[list[str], dict[str, str]]:
@@ -264,16 +321,21 @@ def _prepare(tmp_path: pathlib.Path, args: str) -> tuple[list[str], dict[str, st
         (tmp_path / "data").mkdir()
         words = [f"w{i % 50}" for i in range(3000)]
         for split, n in (("train", 2000), ("valid", 500), ("test", 500)):
-            lines = [" ".join(words[i:i + 20]) for i in range(0, n, 20)]
+            lines = [" ".join(words[i : i + 20]) for i in range(0, n, 20)]
             (tmp_path / "data" / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
     return _tree(tmp_path), {"tmp": str(tmp_path), "port": str(_free_port())}
 
 
 def _absl_flags() -> set[str]:
     """The names (and short names) of absl's own flags on ``FLAGS`` (logging's, app's)."""
-    return {n for module, defined in flags.FLAGS.flags_by_module_dict().items()
-            if module.startswith("absl.") for f in defined for n in (f.name, f.short_name)
-            if n}  # fmt: skip
+    return {
+        n
+        for module, defined in flags.FLAGS.flags_by_module_dict().items()
+        if module.startswith("absl.")
+        for f in defined
+        for n in (f.name, f.short_name)
+        if n
+    }
 
 
 @contextlib.contextmanager
@@ -301,8 +363,13 @@ def run_in_process(script: str, argv: list[str], monkeypatch) -> SystemExit | No
     """Runs ``experiments/<script>`` with ``argv`` in this process as its ``__main__``
     would: its flags (:func:`script_flags`), :func:`rhnzoo.apps.cli.parse_flags`, its
     ``main``. Returns the ``SystemExit`` it ended with (None: it returned)."""
-    for module, name in ((lm, "_NAMES"), (rrl, "_NAMES"), (highway, "_NAMES"),
-                         (jsb, "_NAMES"), (analyze, "_OPTIONS")):  # fmt: skip
+    for module, name in (
+        (lm, "_NAMES"),
+        (rrl, "_NAMES"),
+        (highway, "_NAMES"),
+        (jsb, "_NAMES"),
+        (analyze, "_OPTIONS"),
+    ):
         monkeypatch.setattr(module, name, [])  # filled again by the script's define_flags
     command = [script, *argv]
     monkeypatch.setattr(sys, "argv", command)
@@ -322,13 +389,19 @@ def run_in_process(script: str, argv: list[str], monkeypatch) -> SystemExit | No
 
 
 def _subprocess_cases():
-    return [_param(script, args, expected) for script, args, expected in CASES
-            if IN_A_PROCESS[script] == args]  # fmt: skip
+    return [
+        _param(script, args, expected)
+        for script, args, expected in CASES
+        if IN_A_PROCESS[script] == args
+    ]
 
 
 def _in_process_cases():
-    return [_param(script, args, expected) for script, args, expected in CASES
-            if IN_A_PROCESS[script] != args]  # fmt: skip
+    return [
+        _param(script, args, expected)
+        for script, args, expected in CASES
+        if IN_A_PROCESS[script] != args
+    ]
 
 
 def test_every_script_has_its_subprocess_row():
@@ -360,9 +433,15 @@ def test_bad_input_in_a_process_is_one_error_line(tmp_path, script, args, expect
     argv = [a.format(**fill) for a in _argv(script, args)]
     env = {**os.environ, "RHNZOO_DATA": "/nonexistent"}
     env.pop("RHNZOO_TRACEBACK", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), *argv],
-                          cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     shown = f"{script} {' '.join(argv)}\nexit {proc.returncode}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 1, shown
     lines = proc.stderr.splitlines()
@@ -398,8 +477,9 @@ def test_a_checkpoint_with_unreadable_metadata_logs_nothing(tmp_path, caplog):
     sys.path.insert(0, str(ROOT / "tests"))
     import engine_toy
 
-    config = lambda steps: engine_toy.ToyConfig(epochs=3, progress=False, max_steps=steps,
-                                                checkpoint_every_steps=5)  # fmt: skip
+    config = lambda steps: engine_toy.ToyConfig(
+        epochs=3, progress=False, max_steps=steps, checkpoint_every_steps=5
+    )
     engine.run(engine_toy.make_task(), config(12), tmp_path, log=None)
     metadata = tmp_path / "checkpoints" / "12" / "_CHECKPOINT_METADATA"
     metadata.write_bytes(b"\0" * len(metadata.read_bytes()))
@@ -444,26 +524,38 @@ def test_tfds_is_asked_to_download_only_as_the_flag_says(monkeypatch, tmp_path, 
         calls.append((name, download))
         raise FileNotFoundError(f"{name} is not prepared")
 
-    monkeypatch.setattr(common, "import_tfds", lambda: type("tfds", (), {
-        "data_source": staticmethod(data_source)}))  # fmt: skip
+    monkeypatch.setattr(
+        common, "import_tfds", lambda: type("tfds", (), {"data_source": staticmethod(data_source)})
+    )
     for name in ("mnist", "cifar100", "imdb_reviews", "ag_news_subset"):  # "prepared":
         (tmp_path / name / "1.0.0").mkdir(parents=True)  # the error is the fake TFDS's
         (tmp_path / name / "1.0.0" / "dataset_info.json").write_text("{}")
     readers = {
-        "mnist": lambda: highway._load(hw.HighwayConfig(
-            dataset="mnist", data_source="tfds", data_dir=str(tmp_path), download=download)),
-        "cifar100": lambda: highway._load(hw.HighwayConfig(
-            dataset="cifar100", data_source="tfds", data_dir=str(tmp_path), download=download)),
-        **{name: functools.partial(data.load_dataset, name, data_dir=str(tmp_path),
-                                   download=download, source="tfds")
-           for name in ("pmnist", "imdb", "agnews")},
-    }  # fmt: skip
+        "mnist": lambda: highway._load(
+            hw.HighwayConfig(
+                dataset="mnist", data_source="tfds", data_dir=str(tmp_path), download=download
+            )
+        ),
+        "cifar100": lambda: highway._load(
+            hw.HighwayConfig(
+                dataset="cifar100", data_source="tfds", data_dir=str(tmp_path), download=download
+            )
+        ),
+        **{
+            name: functools.partial(
+                data.load_dataset, name, data_dir=str(tmp_path), download=download, source="tfds"
+            )
+            for name in ("pmnist", "imdb", "agnews")
+        },
+    }
     for reader in readers.values():
         with pytest.raises(common.DataError, match="is not prepared") as e:
             reader()
         assert ("download=False" in str(e.value)) == (not download)
-    assert calls == [(name, download) for name in
-                     ("mnist", "cifar100", "mnist", "imdb_reviews", "ag_news_subset")]
+    assert calls == [
+        (name, download)
+        for name in ("mnist", "cifar100", "mnist", "imdb_reviews", "ag_news_subset")
+    ]
 
 
 def test_tfds_without_download_refuses_an_unprepared_set_at_once(tmp_path):
@@ -499,8 +591,13 @@ def test_sweep_table_prints_no_library_log_line(tmp_path):
     run.mkdir()
     (run / "config.json").write_text('{"depth": 10, "hsg": false}')
     (run / "results.json").write_text('{"valid_ppl": 70.0, "test_ppl": 68.0}')
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"),
-                           f"--root={tmp_path}", "--table"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "sweep.py"), f"--root={tmp_path}", "--table"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "| 10 | 70.0 | 68.0 |" in proc.stdout

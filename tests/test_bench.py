@@ -24,8 +24,9 @@ RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)
 
 def setup(hsg, tied, dtype="float32", depth=2):
     model = lm.rhn_language_model(V, N, depth, hsg=hsg, tied=tied, scan_impl="fused", dtype=dtype)
-    cfg = train.LMConfig(batch_size=B, num_steps=T, drop_x=RATES.x, drop_i=RATES.i,
-                         drop_h=RATES.h, drop_o=RATES.o)  # fmt: skip
+    cfg = train.LMConfig(
+        batch_size=B, num_steps=T, drop_x=RATES.x, drop_i=RATES.i, drop_h=RATES.h, drop_o=RATES.o
+    )
     params = helpers.random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     return model, cfg, params
 
@@ -51,9 +52,19 @@ def rhnzoo_loss(model, cfg):
 
 def peer_loss(model, cfg, dtype="float32", layers="python"):
     def loss(params, carry, x, y, masks):
-        return bench_lm.peer_loss(params, carry, x, y, masks, hsg="W_R" in params["cell"],
-                                  tied=model.tied, batch_size=B, weight_decay=cfg.weight_decay,
-                                  dtype=dtype, layers=layers)  # fmt: skip
+        return bench_lm.peer_loss(
+            params,
+            carry,
+            x,
+            y,
+            masks,
+            hsg="W_R" in params["cell"],
+            tied=model.tied,
+            batch_size=B,
+            weight_decay=cfg.weight_decay,
+            dtype=dtype,
+            layers=layers,
+        )
 
     return loss
 
@@ -66,9 +77,13 @@ def value_and_grad(loss):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
-@pytest.mark.parametrize("hsg,tied,layers", [
-    pytest.param(False, True, "python", marks=pytest.mark.slow),
-    pytest.param(True, False, "scan", marks=pytest.mark.slow)])  # fast: the train-step test
+@pytest.mark.parametrize(
+    "hsg,tied,layers",
+    [
+        pytest.param(False, True, "python", marks=pytest.mark.slow),
+        pytest.param(True, False, "scan", marks=pytest.mark.slow),
+    ],
+)  # fast: the train-step test
 def test_peer_loss_and_gradients_match_rhnzoo(hsg, tied, layers):
     model, cfg, params = setup(hsg, tied)
     carry, x, y, masks = inputs(model)
@@ -169,14 +184,20 @@ def test_alternate_structure():
 def test_ratios_of_minima_medians_and_paired_rounds():
     """Worked by hand: a's calls 2, 4, 3 s and b's 1, 2, 3 s give 2 / 1 (minima), 3 / 2
     (medians) and the median of 2, 2, 1 (pairs in time order)."""
-    secs = {"a": {"min": 2.0, "median": 3.0, "all": [2.0, 4.0, 3.0]},
-            "b": {"min": 1.0, "median": 2.0, "all": [1.0, 2.0, 3.0]}}  # fmt: skip
+    secs = {
+        "a": {"min": 2.0, "median": 3.0, "all": [2.0, 4.0, 3.0]},
+        "b": {"min": 1.0, "median": 2.0, "all": [1.0, 2.0, 3.0]},
+    }
     assert ratios(secs, "a", "b") == {"min": 2.0, "median": 1.5, "paired_median": 2.0}
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "rhnzoo.bench.lm", *args],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rhnzoo.bench.lm", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -199,8 +220,9 @@ def test_cli_tiny_prints_one_json_record():
     assert r["eval_batch1_tokens_per_s"] > 0 and r["compile_s"] > 0 and r["peer_compile_s"] > 0
 
 
-@pytest.mark.parametrize("layer_loop,per_layer", [("auto", True), ("scan", False),
-                                                  ("python", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "layer_loop,per_layer", [("auto", True), ("scan", False), ("python", True)]
+)
 def test_layer_loop_reaches_the_traced_step_and_is_recorded(monkeypatch, layer_loop, per_layer):
     """``--layer_loop`` picks the fused RHN's micro-layer layout of the compiled train step
     (seen by what the layer loop is given: per-layer weight lists or the stacked weights),
@@ -208,9 +230,13 @@ def test_layer_loop_reaches_the_traced_step_and_is_recorded(monkeypatch, layer_l
     from rhnzoo.cells import rhn_fused
 
     seen, layer_scan = [], rhn_fused._layer_scan
-    monkeypatch.setattr(rhn_fused, "_layer_scan",
-                        lambda layer, carry, xs, reverse=False: seen.append(
-                            isinstance(xs[0], list)) or layer_scan(layer, carry, xs, reverse))  # fmt: skip
+    monkeypatch.setattr(
+        rhn_fused,
+        "_layer_scan",
+        lambda layer, carry, xs, reverse=False: (
+            seen.append(isinstance(xs[0], list)) or layer_scan(layer, carry, xs, reverse)
+        ),
+    )
     default = rhn_fused.LOOP_LAYERS_UP_TO
     r = bench_lm.bench("tiny", bench_lm.CONFIGS["tiny"], peer=False, steps=0, layer_loop=layer_loop)
     assert seen and set(seen) == {per_layer}
@@ -241,10 +267,12 @@ def test_nnx_scan_highway_peer_computes_rhnzoo_function():
     b = peer.blocks
     params = {
         "input": {"W": peer.first.kernel[...], "b": peer.first.bias[...]},
-        "layers": {"W": jnp.concatenate([b.h.kernel[...], b.t.kernel[...]], -1),
-                   "b": jnp.concatenate([b.h.bias[...], b.t.bias[...]], -1)},
+        "layers": {
+            "W": jnp.concatenate([b.h.kernel[...], b.t.kernel[...]], -1),
+            "b": jnp.concatenate([b.h.bias[...], b.t.bias[...]], -1),
+        },
         "output": {"W": peer.out.kernel[...], "b": peer.out.bias[...]},
-    }  # fmt: skip
+    }
     assert jax.tree.structure(params) == jax.tree.structure(net.init(jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (5, 7))
     np.testing.assert_allclose(peer(x), net.apply(params, x), rtol=1e-5, atol=1e-6)
@@ -255,9 +283,20 @@ def test_rnn_bench_candidates_compute_the_same_loss():
     """bench.rnn times nothing until rhnzoo's fused step, its reference scan and (LSTM)
     Flax's ``OptimizedLSTMCell`` with rhnzoo's weights agree on the loss (it raises
     otherwise); run as its CLI (its flags would clash with bench.lm's in this process)."""
-    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny",
-                          "--cells=lstm,gru,sc_lstm,rrn", "--rounds=1", "--bfloat16"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhnzoo.bench.rnn",
+            "--configs=tiny",
+            "--cells=lstm,gru,sc_lstm,rrn",
+            "--rounds=1",
+            "--bfloat16",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["cell"] for r in records] == ["lstm", "gru", "sc_lstm", "rrn"]
     for r in records:
@@ -277,9 +316,20 @@ def test_rnn_bench_candidates_compute_the_same_loss():
 def test_trace_cli_lists_the_steps_xla_ops():
     """``rhnzoo.bench.trace`` prints per-op times of a train step, largest first; the
     time scan's ops run once per step (T = 6 for the tiny shape)."""
-    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.trace", "--cell=lstm",
-                          "--config=tiny", "--steps=1", "--top=200"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhnzoo.bench.trace",
+            "--cell=lstm",
+            "--config=tiny",
+            "--steps=1",
+            "--top=200",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [line.split() for line in out.splitlines()[1:]]
     ms = [float(r[0]) for r in rows]
     assert len(rows) > 5 and ms == sorted(ms, reverse=True) and ms[0] > 0
@@ -320,15 +370,22 @@ def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
     """``--unroll=2,3`` adds fused candidates with that many steps per scan iteration
     (forward and backward): they compute the loss of unroll 1 and get a ratio; a bad
     value is one ``error:`` line."""
-    base = [sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny", "--cells=lstm,rrn",
-            "--rounds=1"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "rhnzoo.bench.rnn",
+        "--configs=tiny",
+        "--cells=lstm,rrn",
+        "--rounds=1",
+    ]
     out = subprocess.run(base + ["--unroll=2,3"], capture_output=True, text=True, check=True)
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["cell"] for r in records] == ["lstm", "rrn"]
     for r in records:
         for k in (2, 3):
-            np.testing.assert_allclose(r["losses"][f"rhnzoo_u{k}"], r["losses"]["rhnzoo"],
-                                       rtol=1e-6)  # fmt: skip
+            np.testing.assert_allclose(
+                r["losses"][f"rhnzoo_u{k}"], r["losses"]["rhnzoo"], rtol=1e-6
+            )
             assert r[f"ratio_rhnzoo_u{k}_over_rhnzoo"]["min"] > 0
     bad = subprocess.run(base + ["--unroll=0"], capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")
@@ -338,8 +395,10 @@ def test_rnn_bench_imports_neither_torch_nor_pallas_mosaic_gpu():
     """bench.rnn imports torch only where a torch peer is built (:func:`torch_step`,
     :func:`torch_skip_reason`), and Pallas's Mosaic GPU module (MLIR bindings) only where
     a kernel is built: importing the module loads neither."""
-    code = ("import sys, rhnzoo.bench.rnn; print(sorted(m for m in ('torch', "
-            "'jax.experimental.pallas.mosaic_gpu') if m in sys.modules))")
+    code = (
+        "import sys, rhnzoo.bench.rnn; print(sorted(m for m in ('torch', "
+        "'jax.experimental.pallas.mosaic_gpu') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
@@ -352,9 +411,22 @@ def test_rnn_bench_pallas_and_torch_candidates_say_why_they_were_skipped():
     others as before, and names commit, versions and every timed candidate's precision."""
     import importlib.util
 
-    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny",
-                          "--cells=lstm,sc_lstm", "--rounds=1", "--pallas", "--torch"],
-                         check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhnzoo.bench.rnn",
+            "--configs=tiny",
+            "--cells=lstm,sc_lstm",
+            "--rounds=1",
+            "--pallas",
+            "--torch",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["cell"] for r in records] == ["lstm", "sc_lstm"]
@@ -425,8 +497,9 @@ assert rnn.jax_precision("gpu", "BF16_BF16_F32") == "BF16_BF16_F32"
 print("same losses")
 """
     here = str(__import__("pathlib").Path(__file__).parent)
-    out = subprocess.run([sys.executable, "-c", code, here], check=False, capture_output=True,
-                         text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, here], check=False, capture_output=True, text=True
+    )
     assert out.returncode == 0 and "same losses" in out.stdout, out.stderr[-2000:]
 
 
@@ -442,16 +515,28 @@ def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
     new, sums = jax.jit(jax.vmap(step))(state, batch, keys)
     for k in range(3):
         own, own_sums = jax.jit(step)(*make(k), keys[k])
-        for a, b in zip(jax.tree.leaves((new, sums)), jax.tree.leaves((own, own_sums)),
-                        strict=True):  # fmt: skip
+        for a, b in zip(
+            jax.tree.leaves((new, sums)), jax.tree.leaves((own, own_sums)), strict=True
+        ):
             np.testing.assert_allclose(np.asarray(a)[k], np.asarray(b), rtol=2e-5, atol=1e-6)
     assert not np.allclose(np.asarray(sums["loss"])[0], np.asarray(sums["loss"])[1])
 
 
 def test_the_seeds_benchmark_writes_one_record_per_configuration():
-    out = subprocess.run([sys.executable, "-m", "rhnzoo.bench.seeds", "--configs=tiny_lm",
-                          "--seeds=1,2", "--rounds=1"], capture_output=True, text=True,
-                         timeout=300, check=False)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhnzoo.bench.seeds",
+            "--configs=tiny_lm",
+            "--seeds=1,2",
+            "--rounds=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     assert record["config"] == "tiny_lm" and record["single_step_ms_min"] > 0

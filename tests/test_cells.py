@@ -36,9 +36,15 @@ def numpy_hsg_step(p, x, s_prev, mask, coupled):
 FAST_STEP_CASES = {(1, True, False), (3, False, False), (3, True, True), (1, False, True)}
 
 
-@pytest.mark.parametrize("depth,coupled,hsg", [
-    pytest.param(d, c, h, marks=[pytest.mark.slow] * ((d, c, h) not in FAST_STEP_CASES))
-    for h in (False, True) for c in (True, False) for d in (1, 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    "depth,coupled,hsg",
+    [
+        pytest.param(d, c, h, marks=[pytest.mark.slow] * ((d, c, h) not in FAST_STEP_CASES))
+        for h in (False, True)
+        for c in (True, False)
+        for d in (1, 3)
+    ],
+)
 def test_step_matches_numpy(depth, coupled, hsg):
     B, m, n, T = 3, 5, 4, 6
     cell = cells.RHN(n, depth, coupled=coupled)
@@ -87,8 +93,10 @@ def test_parameters_and_dropout_masks_are_the_draws_in_their_own_shape():
     parameters and masks as before the change."""
     for shape in [(3, 5, 10), (2, 4, 5), (7,)]:
         key = jax.random.PRNGKey(sum(shape))
-        np.testing.assert_array_equal(cells.base.uniform(key, shape, 0.04),
-                                      jax.random.uniform(key, shape, jnp.float32, -0.04, 0.04))
+        np.testing.assert_array_equal(
+            cells.base.uniform(key, shape, 0.04),
+            jax.random.uniform(key, shape, jnp.float32, -0.04, 0.04),
+        )
         keep = jax.random.bernoulli(key, 0.75, shape).astype(jnp.float32)
         np.testing.assert_array_equal(dropout.mask(key, shape, 0.25), keep / 0.75)
 

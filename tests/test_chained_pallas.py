@@ -37,8 +37,13 @@ def setup(n, B, m, T, depth=2, activation="sigmoid", seed=0, kind="rrn"):
     keys = jax.random.split(jax.random.PRNGKey(seed), 5)
     cell = make(kind, n, depth, activation)
     params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
-    return (cell, params, 0.5 * normal(keys[2], (B, n)), normal(keys[3], (T, B, m)),
-            normal(keys[4], (T, B, n)))  # fmt: skip
+    return (
+        cell,
+        params,
+        0.5 * normal(keys[2], (B, n)),
+        normal(keys[3], (T, B, m)),
+        normal(keys[4], (T, B, n)),
+    )
 
 
 def dropout_mask(B, n, seed=7):
@@ -63,8 +68,9 @@ FAST = {"padded_rows_masked", "gru_padded_rows_masked"}
 pytestmark = pytest.mark.pallas
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow)
-                                  for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in CASES]
+)
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, K, act, lengths, masked, outputs = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, K, act or "sigmoid", kind=kind)
@@ -72,7 +78,15 @@ def test_values_and_gradients_match_the_reference(case):
     mask = dropout_mask(B, n) if masked else None
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens, outputs=outputs),
-        cell, params, carry, xs, target, mask, lens, outputs)  # fmt: skip
+        cell,
+        params,
+        carry,
+        xs,
+        target,
+        mask,
+        lens,
+        outputs,
+    )
     # The loss as close to the reference as the fused scan's bfloat16 mode is (the same
     # precision policy; the loss is a sum of terms of both signs, so no relative bound).
     assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
@@ -86,7 +100,15 @@ def test_outputs_false_reads_the_final_carry():
     lens = jnp.asarray([6, 0, 3, 5])
     got, ref, _ = kernel_reference_fused(
         lambda p, c, x: chained_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
-        cell, params, carry, xs, target, lengths=lens, outputs=False, fused=False)  # fmt: skip
+        cell,
+        params,
+        carry,
+        xs,
+        target,
+        lengths=lens,
+        outputs=False,
+        fused=False,
+    )
     assert chained_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)
@@ -106,8 +128,9 @@ def test_parallel_cells_through_the_dispatcher_run_each_part_by_its_kernels(name
     carry = jax.tree.map(lambda a: a + 0.3, cell.initial_carry(B))
     xs, target = normal(keys[2], (T, B, m)), normal(keys[3], (T, B, n))
     lens, mask = jnp.asarray([5, 0, 2, 4]), dropout_mask(B, n)
-    run = lambda impl, **kw: lambda p, c, x: scan.unroll(cell, p, c, x, mask, impl=impl,
-                                                          lengths=lens, **kw)  # fmt: skip
+    run = lambda impl, **kw: (
+        lambda p, c, x: scan.unroll(cell, p, c, x, mask, impl=impl, lengths=lens, **kw)
+    )
     with deadline(300):
         got = value_and_grads(run("pallas", dtype=jnp.bfloat16), params, carry, xs, target)
     fused = value_and_grads(run("fused", dtype=jnp.bfloat16), params, carry, xs, target)
@@ -129,11 +152,21 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     with deadline(300):
         assert_stacked_seeds_equal_each_seed(
             lambda p, c, x, mask: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens),
-            params, carry, xs, target, masks)  # fmt: skip
+            params,
+            carry,
+            xs,
+            target,
+            masks,
+        )
     cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
     lower_stacked_for_cuda(
         lambda p, c, x: chained_pallas.unroll(cell, p, c, x, outputs=False, interpret=False),
-        params, carry, xs, target, outputs=False)  # fmt: skip
+        params,
+        carry,
+        xs,
+        target,
+        outputs=False,
+    )
 
 
 def test_refuses_what_it_does_not_compute():
@@ -147,19 +180,28 @@ def test_refuses_what_it_does_not_compute():
     deep = cells.RRN(128, depth=4)  # four 128 x 128 matrices and their step inputs: too many
     assert not supports(deep) and ScanImpl.PALLAS not in scan.implementations(deep)
     with pytest.raises(ValueError, match="no Pallas kernel"):
-        chained_pallas.unroll(deep, deep.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 128)),
-                              jnp.zeros((2, 4, 1)))  # fmt: skip
+        chained_pallas.unroll(
+            deep, deep.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 128)), jnp.zeros((2, 4, 1))
+        )
     wide = cells.RRN(128, depth=3)  # fits with a 1-wide input, not a 64-wide one
     with pytest.raises(ValueError, match="shared memory at input width 64"):
-        chained_pallas.unroll(wide, wide.init(jax.random.PRNGKey(0), 64), jnp.zeros((4, 128)),
-                              jnp.zeros((2, 4, 64)), outputs=False)  # fmt: skip
+        chained_pallas.unroll(
+            wide,
+            wide.init(jax.random.PRNGKey(0), 64),
+            jnp.zeros((4, 128)),
+            jnp.zeros((2, 4, 64)),
+            outputs=False,
+        )
     gru = cells.GRU(100)  # n -> 128: the output cotangents do not fit beside U and the gates'
     with pytest.raises(ValueError, match="at input width 1 with outputs"):
-        chained_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 100)),
-                              jnp.zeros((2, 4, 1)))  # fmt: skip
+        chained_pallas.unroll(
+            gru, gru.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 100)), jnp.zeros((2, 4, 1))
+        )
     # auto does not pick these kernels: not measured on a GPU yet
     for c in (cells.RRN(64), cells.GRU(64)):
-        assert scan.resolve("auto", c, batch=64, dtype=jnp.bfloat16, backend="gpu") is ScanImpl.FUSED
+        assert (
+            scan.resolve("auto", c, batch=64, dtype=jnp.bfloat16, backend="gpu") is ScanImpl.FUSED
+        )
 
 
 # ------------------------------------------------------------------ lowering for cuda
@@ -168,17 +210,28 @@ def test_refuses_what_it_does_not_compute():
 def forward_args(T, n, m, K, B=64):
     N, MP = gated_pallas._padded(n, m)
     z, H = jax.ShapeDtypeStruct, N // 64
-    return (z((T, B, MP), jnp.bfloat16), z((K, H, N, 64), jnp.bfloat16),
-            z((K, H, 64, MP), jnp.bfloat16), z((K, H, 64), jnp.float32),
-            z((H, B, 64), jnp.bfloat16), (z((H, B, 64), jnp.float32),), z((B,), jnp.int32))  # fmt: skip
+    return (
+        z((T, B, MP), jnp.bfloat16),
+        z((K, H, N, 64), jnp.bfloat16),
+        z((K, H, 64, MP), jnp.bfloat16),
+        z((K, H, 64), jnp.float32),
+        z((H, B, 64), jnp.bfloat16),
+        (z((H, B, 64), jnp.float32),),
+        z((B,), jnp.int32),
+    )
 
 
 def backward_args(T, n, spec, B=64):
     N, _ = gated_pallas._padded(n, 1)
     z = jax.ShapeDtypeStruct
-    return (z((T, spec.co32, B, N), jnp.float32), z((T, spec.co16, B, N), jnp.bfloat16),
-            z((T, B, N), jnp.float32), z((spec.step.blocks, N, N), jnp.bfloat16), z((B,), jnp.int32),
-            z((B, N), jnp.float32))  # fmt: skip
+    return (
+        z((T, spec.co32, B, N), jnp.float32),
+        z((T, spec.co16, B, N), jnp.bfloat16),
+        z((T, B, N), jnp.float32),
+        z((spec.step.blocks, N, N), jnp.bfloat16),
+        z((B,), jnp.int32),
+        z((B, N), jnp.float32),
+    )
 
 
 def lower_kernels(cell, T=12, *, with_dy=True):
@@ -191,17 +244,26 @@ def lower_kernels(cell, T=12, *, with_dy=True):
     lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
     args = backward_args(T, cell.hidden_size, spec)
     bwd = lambda *a: chained_pallas._backward_call(*a, spec=spec, interpret=False)
-    without_dy = lambda c32, c16, *a: chained_pallas._backward_call(c32, c16, None, *a, spec=spec,
-                                                                    interpret=False)  # fmt: skip
+    without_dy = lambda c32, c16, *a: chained_pallas._backward_call(
+        c32, c16, None, *a, spec=spec, interpret=False
+    )
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
     lower_for_cuda(without_dy, *(args[:2] + args[3:]), args[5])  # a mask
     if with_dy:
         lower_for_cuda(bwd, *args)
 
 
-@pytest.mark.parametrize("kind, n, depth", [
-    ("rrn", 64, 1), ("rrn", 64, 2), ("rrn", 128, 2), pytest.param("rrn", 128, 3, marks=pytest.mark.slow),
-    ("gru", 64, 3), ("gru", 128, 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, n, depth",
+    [
+        ("rrn", 64, 1),
+        ("rrn", 64, 2),
+        ("rrn", 128, 2),
+        pytest.param("rrn", 128, 3, marks=pytest.mark.slow),
+        ("gru", 64, 3),
+        ("gru", 128, 3),
+    ],
+)
 def test_kernels_lower_for_an_h100(kind, n, depth):
     """Every kernel configuration (N = 64 or 128, the RRN's K = 1-3 layers, a dropout
     mask or none; backward with and without output cotangents where they fit) lowers
@@ -217,7 +279,10 @@ def test_shared_memory_estimate_matches_the_lowering():
     GRU's backward at n = 128 with output cotangents; the lowering says so."""
     deep, gru = cells.RRN(128, depth=4), cells.GRU(128)
     assert min(chained_pallas.smem_bytes(deep, 1)) > chained_pallas.SMEM_LIMIT
-    assert max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024 <= chained_pallas.SMEM_LIMIT
+    assert (
+        max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024
+        <= chained_pallas.SMEM_LIMIT
+    )
     assert chained_pallas.smem_bytes(gru, 1)[1] > chained_pallas.SMEM_LIMIT
     assert max(chained_pallas.smem_bytes(gru, 1, with_dy=False)) + 1024 <= chained_pallas.SMEM_LIMIT
     spec = chained_pallas._spec(deep)
@@ -232,19 +297,33 @@ def test_shared_memory_estimate_matches_the_lowering():
 
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
-@pytest.mark.parametrize("kind, n, depth, outputs", [("rrn", 100, 2, True), ("rrn", 5, 3, False),
-                                                     ("gru", 100, 3, False), ("gru", 5, 3, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, n, depth, outputs",
+    [("rrn", 100, 2, True), ("rrn", 5, 3, False), ("gru", 100, 3, False), ("gru", 5, 3, True)],
+)
 def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, kind, n, depth, outputs):
     """The interpreter's race detector watches every shared-memory access of the kernels
     (threads' loads and stores, TMA copies, wgmma operands): none may race. Two
     warpgroups (n = 100) and one; the backward with one input slot (n = 100) and two."""
     _, plgpu = gated_pallas._plgpu()
-    monkeypatch.setattr(chained_pallas, "_interpret_params",
-                        lambda interpret: plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
+    monkeypatch.setattr(
+        chained_pallas,
+        "_interpret_params",
+        lambda interpret: plgpu.InterpretGPUParams(detect_races=True),
+    )
     cell, params, carry, xs, target = setup(n, 4, 3, 3, depth, kind=kind)
     with deadline(300):
-        jax.block_until_ready(value_and_grads(
-            lambda p, c, x: chained_pallas.unroll(cell, p, c, x, dropout_mask(4, n), outputs=outputs),
-            params, carry, xs, target, outputs=outputs))  # fmt: skip
+        jax.block_until_ready(
+            value_and_grads(
+                lambda p, c, x: chained_pallas.unroll(
+                    cell, p, c, x, dropout_mask(4, n), outputs=outputs
+                ),
+                params,
+                carry,
+                xs,
+                target,
+                outputs=outputs,
+            )
+        )
     out, err = capfd.readouterr()
     assert "RACE DETECTED" not in out + err

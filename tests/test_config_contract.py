@@ -52,9 +52,11 @@ TASKS = {"LMConfig", "RRLConfig", "HighwayConfig", "JSBConfig", "TrialConfig", "
 
 def _required(cls) -> dict:
     """Values for the fields without a default (``RunConfig.epochs``): their ``low`` or 1."""
-    return {f.name: config_lib.meta(f)["low"] or 1 for f in dataclasses.fields(cls)
-            if f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING}  # fmt: skip
+    return {
+        f.name: config_lib.meta(f)["low"] or 1
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
 
 
 def _kind(cls, f) -> type:
@@ -89,9 +91,13 @@ def _other_value(cls, f, value):
     if kind in (int, float):
         base = value if value is not None else (m["low"] if m["low"] is not None else 1)
         step = kind(1) if kind is int else abs(base) * 0.5 + 0.25
-        return [kind(v) for v in (base + step, base - step, (m["low"] or 0) + 2 * step)
-                if v != value and (m["low"] is None or v >= m["low"])
-                and (m["high"] is None or v <= m["high"])]  # fmt: skip
+        return [
+            kind(v)
+            for v in (base + step, base - step, (m["low"] or 0) + 2 * step)
+            if v != value
+            and (m["low"] is None or v >= m["low"])
+            and (m["high"] is None or v <= m["high"])
+        ]
     if kind is str:
         return ["elsewhere"]
     if kind is tuple:
@@ -172,8 +178,10 @@ def test_a_structural_change_is_refused_and_a_resumable_one_is_not(cls):
             if resumable:
                 assert conflicts == [], f.name
             else:
-                assert len(conflicts) == 1 and conflicts[0].startswith(f"{f.name}="), (f.name,
-                                                                                       conflicts)
+                assert len(conflicts) == 1 and conflicts[0].startswith(f"{f.name}="), (
+                    f.name,
+                    conflicts,
+                )
             tried[resumable] += 1
             break
     fields = [config_lib.meta(f)["resumable"] for f in dataclasses.fields(cls)]

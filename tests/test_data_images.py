@@ -27,8 +27,6 @@ MNIST_FILES = (
 )
 
 
-
-
 # ------------------------------------------------------------------------------ MNIST
 
 
@@ -120,7 +118,15 @@ def _gz(payload):
             r"outside 0\.\.9",
         ),
     ],
-    ids=["bad-magic", "short-payload", "truncated-gzip", "not-gzip", "short-header", "count-mismatch", "label-range"],
+    ids=[
+        "bad-magic",
+        "short-payload",
+        "truncated-gzip",
+        "not-gzip",
+        "short-header",
+        "count-mismatch",
+        "label-range",
+    ],
 )
 def test_mnist_bad_files_are_one_line_errors(tmp_path, clean_env, name, payload, message):
     write_mnist(tmp_path / "m", small_mnist())

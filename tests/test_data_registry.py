@@ -9,13 +9,27 @@ from rhnzoo.data import registry
 
 
 def test_every_set_is_registered_with_its_task_and_files():
-    assert set(data.names()) == {"ptb", "ptb_char", "enwik8", "text8", "jsb_chorales", "mnist",
-                                 "cifar100", "pmnist", "imdb", "agnews", "20ng"}  # fmt: skip
+    assert set(data.names()) == {
+        "ptb",
+        "ptb_char",
+        "enwik8",
+        "text8",
+        "jsb_chorales",
+        "mnist",
+        "cifar100",
+        "pmnist",
+        "imdb",
+        "agnews",
+        "20ng",
+    }
     assert data.names("images") == ("mnist", "cifar100")
     assert set(data.names("sequences")) == {"pmnist", "imdb", "agnews", "20ng"}
     for d in data.DATASETS.values():
         assert d.files and callable(d.load) and d.origin.offline_hint, d.name
-    assert (data.DATASETS["cifar100"].input_size, data.DATASETS["cifar100"].num_classes) == (3072, 100)
+    assert (data.DATASETS["cifar100"].input_size, data.DATASETS["cifar100"].num_classes) == (
+        3072,
+        100,
+    )
     assert data.DATASETS["enwik8"].metric == "bpc" and data.DATASETS["ptb"].metric == "ppl"
 
 
@@ -34,8 +48,11 @@ def test_ensure_files_resolves_its_own_directory(tmp_path, monkeypatch):
 
 
 def test_unknown_names_are_one_line():
-    for call in (lambda: data.ensure_files("mnist2"), lambda: data.load("ptb3"),
-                 lambda: registry.get("ptb", task="images")):  # fmt: skip
+    for call in (
+        lambda: data.ensure_files("mnist2"),
+        lambda: data.load("ptb3"),
+        lambda: registry.get("ptb", task="images"),
+    ):
         with pytest.raises(ValueError) as e:
             call()
         assert "choose from" in str(e.value) and "\n" not in str(e.value)

@@ -17,8 +17,6 @@ from rhnzoo.data import common as data_common
 from rhnzoo.data import text
 
 
-
-
 def words(data_set, doc):
     return [data_set.vocab[i] for i in doc]
 

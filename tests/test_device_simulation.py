@@ -39,8 +39,12 @@ sys.meta_path[:] = [_NotOnTheImage()] + [
 def image_tree(dest: pathlib.Path) -> pathlib.Path:
     """A copy of what the device tool sends of this checkout (no ``.git``: the window's
     commit is in ``.harvest/window.json``), with the image's import blocker."""
-    listed = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     for rel in filter(None, listed.decode().split("\0")):
         src = ROOT / rel
         if src.is_file():
@@ -50,18 +54,34 @@ def image_tree(dest: pathlib.Path) -> pathlib.Path:
     return dest
 
 
-def device_call(tree: pathlib.Path, call: dict, out: pathlib.Path, home: pathlib.Path,
-                timeout: float | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def device_call(
+    tree: pathlib.Path,
+    call: dict,
+    out: pathlib.Path,
+    home: pathlib.Path,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
     """Runs ``call["command"]`` as the device would: from ``tree``, ``$OUT`` = ``out``
     (empty), a bare environment (no RHNZOO_DATA, no XDG caches, an empty HOME)."""
     assert len(call["command"]) < harvest.COMMAND_LIMIT
     out.mkdir()
     home.mkdir(exist_ok=True)
-    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-           "HOME": str(home), "OUT": str(out), "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
-           "TMPDIR": str(home)}  # fmt: skip
-    return subprocess.run(["bash", "-c", call["command"]], cwd=tree, env=env, text=True,
-                          capture_output=True, timeout=timeout or call["timeout_s"])  # fmt: skip
+    env = {
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        "HOME": str(home),
+        "OUT": str(out),
+        "JAX_PLATFORMS": "cpu",
+        "LANG": "C.UTF-8",
+        "TMPDIR": str(home),
+    }
+    return subprocess.run(
+        ["bash", "-c", call["command"]],
+        cwd=tree,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout or call["timeout_s"],
+    )
 
 
 def read_only_copy(out: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
@@ -79,15 +99,18 @@ def _window_data(name: str) -> None:
             pytest.skip(f"{d} not in $RHNZOO_DATA")
 
 
-def _window(tmp_path: pathlib.Path, name: str, records: pathlib.Path, extra: str = "",
-            tag: str = "1") -> tuple[dict, pathlib.Path, subprocess.CompletedProcess]:  # fmt: skip
+def _window(
+    tmp_path: pathlib.Path, name: str, records: pathlib.Path, extra: str = "", tag: str = "1"
+) -> tuple[dict, pathlib.Path, subprocess.CompletedProcess]:
     """prepare (here, into a fresh copy of the tree) then the device call; returns the
     call, ``$OUT`` and the process."""
     tree = image_tree(tmp_path / f"tree{tag}")
     call = harvest.prepare(name, smoke=True, root=tree, records=records, log=lambda s: None)
-    assert harvest.travelling_bytes() + sum(
-        p.stat().st_size for p in (tree / ".harvest").rglob("*") if p.is_file()
-    ) <= harvest.TRAVEL_LIMIT
+    assert (
+        harvest.travelling_bytes()
+        + sum(p.stat().st_size for p in (tree / ".harvest").rglob("*") if p.is_file())
+        <= harvest.TRAVEL_LIMIT
+    )
     call = dict(call, command=call["command"] + extra)
     out = tmp_path / f"out{tag}"
     proc = device_call(tree, call, out, tmp_path / "home")
@@ -125,7 +148,8 @@ def _windows() -> list[str]:
     names = [harvest.next_pending()]
     for chunk in harvest.CHUNKS.values():
         if chunk.table not in {harvest.CHUNKS[n].table for n in names} and chunk.table != (
-            "rrl_pmnist_paper"):  # P-MNIST: the cut window below
+            "rrl_pmnist_paper"
+        ):  # P-MNIST: the cut window below
             names.append(chunk.name)
     return names
 
@@ -143,11 +167,14 @@ def test_a_window_runs_as_the_device_runs_it_and_its_table_comes_from_what_comes
     assert summary["complete"] and summary["finished"] and summary["smoke"]
     assert summary["chunk"] == name and summary["partial"] is None
     # What ran is what prepare printed: the chunk's stacked command, in the image.
-    assert summary["command"][:-1] == harvest.experiment_command(
-        harvest.CHUNKS[name], pathlib.Path("x"), True)[1:-1]
+    assert (
+        summary["command"][:-1]
+        == harvest.experiment_command(harvest.CHUNKS[name], pathlib.Path("x"), True)[1:-1]
+    )
     queue = tmp_path / "queue.tsv"
-    texts = harvest.record(read_only_copy(out, tmp_path / "back"), smoke=True,
-                           records=records, queue=queue)  # fmt: skip
+    texts = harvest.record(
+        read_only_copy(out, tmp_path / "back"), smoke=True, records=records, queue=queue
+    )
     chunk = harvest.CHUNKS[name]
     _assert_table(texts[chunk.table], records / chunk.table, chunk.metric)
     assert (records / chunk.table / f"{name}.log").is_file() and not queue.exists()
@@ -184,8 +211,7 @@ def test_a_window_cut_at_its_deadline_leaves_a_partial_archive_the_next_window_r
         log = tar.extractfile(f"{name}/log.txt").read().decode()
     resumed = [line for line in log.splitlines() if line.startswith("resumed ")]
     assert resumed and int(resumed[0].rsplit(" at step ", 1)[1]) > 0, log[-2000:]
-    texts = harvest.record(read_only_copy(out2, tmp_path / "back2"), smoke=True,
-                           records=records)  # fmt: skip
+    texts = harvest.record(read_only_copy(out2, tmp_path / "back2"), smoke=True, records=records)
     _assert_table(texts["rrl_pmnist_paper"], records / "rrl_pmnist_paper", "test_acc")
     assert not (records / "rrl_pmnist_paper" / "partial" / f"{name}.tar.gz").exists()
 
@@ -197,17 +223,34 @@ PARTS = {  # part: the files it leaves in $OUT besides env.txt
     "rnn": {"rnn.jsonl", "rnn.log"},
     "flags": {"rnn_flags.jsonl", "rnn_flags.log"},
     "lm": {"lm.jsonl", "lm.log", "lm-ops.txt"},
-    "pallas": {"pallas.jsonl", "pallas.log", "pallas-probe.jsonl", "pallas-probe.log",
-               "pallas-pytest.log"},
-    "pallas-quick": {"pallas.jsonl", "pallas.log", "pallas-probe.jsonl", "pallas-probe.log",
-                     "pallas-pytest.log"},
+    "pallas": {
+        "pallas.jsonl",
+        "pallas.log",
+        "pallas-probe.jsonl",
+        "pallas-probe.log",
+        "pallas-pytest.log",
+    },
+    "pallas-quick": {
+        "pallas.jsonl",
+        "pallas.log",
+        "pallas-probe.jsonl",
+        "pallas-probe.log",
+        "pallas-pytest.log",
+    },
     "seeds": {"seeds.jsonl", "seeds.log"},
     "seeds-quick": {"seeds.jsonl", "seeds.log"},
     "kernel": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
     "kernel-quick": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
 }
-EMPTY_OK = {"rnn.log", "rnn_flags.log", "lm.log", "pallas.log", "pallas-probe.log",
-            "seeds.log", "kernel.log"}  # stderr: empty where nothing went wrong
+EMPTY_OK = {
+    "rnn.log",
+    "rnn_flags.log",
+    "lm.log",
+    "pallas.log",
+    "pallas-probe.log",
+    "seeds.log",
+    "kernel.log",
+}  # stderr: empty where nothing went wrong
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +266,7 @@ def test_measure_sh_names_every_part():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("part", list(PARTS))
-def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(
-    image, tmp_path, part
-):
+def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(image, tmp_path, part):
     call = {"command": f"bash docs/runs/gpu/measure.sh --dry {part}", "timeout_s": 600}
     out = tmp_path / "out"
     proc = device_call(image, call, out, tmp_path / "home")
@@ -256,15 +297,23 @@ def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(
         assert "test_gated_pallas.py" in (out / "pallas-pytest.log").read_text()
     if part.startswith("kernel"):
         figures = [json.loads(x)["figure"] for x in (out / "kernel.jsonl").read_text().splitlines()]
-        assert {"pallas_forward", "pallas_value_and_grad", "error_pallas_approx_math",
-                "error_pallas_no_auto_barriers", "error_fused_bf16"} <= set(figures)
+        assert {
+            "pallas_forward",
+            "pallas_value_and_grad",
+            "error_pallas_approx_math",
+            "error_pallas_no_auto_barriers",
+            "error_fused_bf16",
+        } <= set(figures)
         assert "ptxas" in (out / "kernel-ptxas.txt").read_text()
 
 
 @pytest.mark.slow
 def test_the_tensorboard_test_skips_in_the_image_without_tensorboardx(image, tmp_path):
     # Finding 7: it failed where tensorboardX is absent.
-    call = {"command": "PYTHONPATH=$PWD python -m pytest -q -p no:cacheprovider "
-                       "tests/test_engine.py -k tensorboard_event_files", "timeout_s": 300}
+    call = {
+        "command": "PYTHONPATH=$PWD python -m pytest -q -p no:cacheprovider "
+        "tests/test_engine.py -k tensorboard_event_files",
+        "timeout_s": 300,
+    }
     proc = device_call(image, call, tmp_path / "out", tmp_path / "home")
     assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-2000:]

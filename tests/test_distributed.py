@@ -21,8 +21,17 @@ from helpers import write_random_mnist
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ptb.py"
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
-RUN = ["--hidden_size=16", "--depth=2", "--batch_size=4", "--num_steps=10", "--max_steps=12",
-       "--log_every=2", "--eval_batch_size=2", "--eval_num_steps=200", "--noprogress"]  # fmt: skip
+RUN = [
+    "--hidden_size=16",
+    "--depth=2",
+    "--batch_size=4",
+    "--num_steps=10",
+    "--max_steps=12",
+    "--log_every=2",
+    "--eval_batch_size=2",
+    "--eval_num_steps=200",
+    "--noprogress",
+]
 
 
 def free_port() -> int:
@@ -41,16 +50,32 @@ def one_and_two_processes(script, args, workdir):
     banner and each process's line saying what it joins left out, after checking it)
     after checking that every run exits 0."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    one = subprocess.run([sys.executable, str(script), *args, f"--workdir={workdir / 'one'}"],
-                         capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    one = subprocess.run(
+        [sys.executable, str(script), *args, f"--workdir={workdir / 'one'}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), *args, f"--workdir={workdir / 'two'}", "--distributed",
-             f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(script),
+                *args,
+                f"--workdir={workdir / 'two'}",
+                "--distributed",
+                f"--coordinator_address=localhost:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for i in range(2)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -58,12 +83,16 @@ def one_and_two_processes(script, args, workdir):
         assert p.returncode == 0, err[-3000:]
     for i, (out, _) in enumerate(outs):
         assert out.startswith(f"--distributed: process {i} joining 2 processes at localhost:")
-    return [[l for l in out.splitlines() if not l.startswith(("[Gloo]", "--distributed: "))]
-            for out, _ in outs]  # fmt: skip
+    return [
+        [l for l in out.splitlines() if not l.startswith(("[Gloo]", "--distributed: "))]
+        for out, _ in outs
+    ]
 
 
-@pytest.mark.skipif(not (PTB_DIR / "ptb.train.txt").exists(),
-                    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)")  # fmt: skip
+@pytest.mark.skipif(
+    not (PTB_DIR / "ptb.train.txt").exists(),
+    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
+)
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     first, second = one_and_two_processes(SCRIPT, RUN, tmp_path)
@@ -86,9 +115,19 @@ def test_two_processes_train_a_classifier_like_one(tmp_path):
     write_random_mnist(tmp_path / "mnist", train=120, test=20)
     # 102 train / 18 dev / 20 test sequences: batches of 20 split 10 + 10 over the
     # processes; the dev set's last batch is partly padding rows (weight 0).
-    args = ["--dataset=pmnist", "--model=lstm", "--hidden_size=8", "--max_len=16",
-            "--batch_size=20", "--max_steps=4", "--log_every=1", "--noprogress",
-            f"--data_dir={tmp_path / 'mnist'}", "--noverify_data", "--nodownload"]  # fmt: skip
+    args = [
+        "--dataset=pmnist",
+        "--model=lstm",
+        "--hidden_size=8",
+        "--max_len=16",
+        "--batch_size=20",
+        "--max_steps=4",
+        "--log_every=1",
+        "--noprogress",
+        f"--data_dir={tmp_path / 'mnist'}",
+        "--noverify_data",
+        "--nodownload",
+    ]
     first, second = one_and_two_processes(ROOT / "experiments" / "rrl.py", args, tmp_path)
     assert any(l.startswith("final") for l in first) and second == [], first
     one, two = tmp_path / "one" / "lstm", tmp_path / "two" / "lstm"  # <root>/<model>
@@ -107,13 +146,21 @@ def test_two_processes_train_a_classifier_like_one(tmp_path):
 def test_an_unreachable_coordinator_is_one_line_after_the_timeout(tmp_path):
     """Issue 48: a process other than 0 says what it waits for, then gives up after
     --distributed_timeout with one error line (JAX alone would wait, then abort)."""
-    args = [sys.executable, str(SCRIPT), "--distributed", f"--workdir={tmp_path / 'w'}",
-            f"--coordinator_address=localhost:{free_port()}", "--num_processes=2",
-            "--process_id=1", "--distributed_timeout=2"]  # fmt: skip
+    args = [
+        sys.executable,
+        str(SCRIPT),
+        "--distributed",
+        f"--workdir={tmp_path / 'w'}",
+        f"--coordinator_address=localhost:{free_port()}",
+        "--num_processes=2",
+        "--process_id=1",
+        "--distributed_timeout=2",
+    ]
     result = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stdout.startswith("--distributed: process 1 joining 2 processes at localhost:")
     assert result.stderr.strip().splitlines() == [
         f"error: --distributed: no coordinator answered at {args[4].split('=')[1]} within 2 s; "
-        "start process 0 first or check --coordinator_address"]
+        "start process 0 first or check --coordinator_address"
+    ]
     assert not (tmp_path / "w").exists()

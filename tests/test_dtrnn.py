@@ -97,8 +97,10 @@ def test_zero_shortcuts_reduce_dtsrnn_to_dtrnn():
     assert float(jnp.abs(ys_ds - ys_dt).max()) > 1e-3  # the shortcuts do something
 
 
-@pytest.mark.parametrize("make", [pytest.param(lambda: cells.DTRNN(8, 4), marks=pytest.mark.slow),
-                                  lambda: cells.DTSRNN(8, 3)])
+@pytest.mark.parametrize(
+    "make",
+    [pytest.param(lambda: cells.DTRNN(8, 4), marks=pytest.mark.slow), lambda: cells.DTSRNN(8, 3)],
+)
 def test_cell_in_user_written_scan_under_jit(make):
     cell = make()
     params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(7))
@@ -112,8 +114,9 @@ def test_cell_in_user_written_scan_under_jit(make):
     np.testing.assert_allclose(carry, h, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "dtrnn" else a
-                                  for a in CELLS])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch", [pytest.param(a, marks=pytest.mark.slow) if a == "dtrnn" else a for a in CELLS]
+)
 def test_gradient_matches_finite_differences(arch):
     check_unroll_gradient(CELLS[arch][0](4, 3))
 

@@ -97,8 +97,13 @@ def test_resume_after_a_signal_reproduces_the_uninterrupted_run(tmp_path, uninte
     workdir = tmp_path / "w"
     lines = []
     with pytest.raises(engine.Interrupted) as info:
-        run(workdir, engine_toy.make_task(on_batch=sigterm_at(stop_at)), lines.append,
-            max_steps=30, checkpoint_every_steps=5)  # fmt: skip
+        run(
+            workdir,
+            engine_toy.make_task(on_batch=sigterm_at(stop_at)),
+            lines.append,
+            max_steps=30,
+            checkpoint_every_steps=5,
+        )
     assert info.value.signum == signal.SIGTERM
     assert lines[-1].startswith("stopped by signal 15 in training at step ")
     assert int(saved_state(workdir)["state"]["step"]) == stop_at + 1  # saved where it stopped
@@ -118,20 +123,55 @@ def test_every_fires_on_multiples_of_n_and_never_for_0():
 # The loop's lines and saves for 30 steps of 12-step epochs, log_every=4,
 # checkpoint_every_steps=5: a mid-epoch checkpoint is skipped at an epoch's end, which saves
 # after its validation line.
-TAIL = ["step 16", "step 20", "save 20", "step 24", "epoch 2", "save 24", "save 25", "step 28",
-        "epoch 3", "save 30"]  # fmt: skip
+TAIL = [
+    "step 16",
+    "step 20",
+    "save 20",
+    "step 24",
+    "epoch 2",
+    "save 24",
+    "save 25",
+    "step 28",
+    "epoch 3",
+    "save 30",
+]
 LOOP_EVENTS = {
-    6: ["step 4", "save 5", "save 7", "stopped 7",  # stopped after step 7, mid-epoch
-        "resumed 7", "step 8", "save 10", "step 12", "epoch 1", "save 12", "save 15", *TAIL],
-    11: ["step 4", "save 5", "step 8", "save 10", "step 12", "save 12", "stopped 12",
-         # stopped after the epoch's last step, before its validation: validated first
-         "resumed 12", "epoch 1", "save 12", "save 15", *TAIL],
-}  # fmt: skip
+    6: [
+        "step 4",
+        "save 5",
+        "save 7",
+        "stopped 7",  # stopped after step 7, mid-epoch
+        "resumed 7",
+        "step 8",
+        "save 10",
+        "step 12",
+        "epoch 1",
+        "save 12",
+        "save 15",
+        *TAIL,
+    ],
+    11: [
+        "step 4",
+        "save 5",
+        "step 8",
+        "save 10",
+        "step 12",
+        "save 12",
+        "stopped 12",
+        # stopped after the epoch's last step, before its validation: validated first
+        "resumed 12",
+        "epoch 1",
+        "save 12",
+        "save 15",
+        *TAIL,
+    ],
+}
 
 
 @pytest.mark.parametrize("stop_at", sorted(LOOP_EVENTS))
 def test_the_loop_s_periodic_actions_and_epoch_ends_in_order_across_a_stop(
-        tmp_path, monkeypatch, stop_at):  # fmt: skip
+    tmp_path, monkeypatch, stop_at
+):
     events, save = [], engine.Checkpoints.save
 
     def recorded_save(self, step, tree):
@@ -180,8 +220,9 @@ def wait_for(proc, prefix):
 
 def test_sigterm_in_training_saves_and_exits_143(tmp_path):
     workdir = tmp_path / "w"
-    proc = subprocess.Popen(toy(f"--workdir={workdir}"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        toy(f"--workdir={workdir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for(proc, "  step ")  # training has started (log_every=1)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -190,16 +231,24 @@ def test_sigterm_in_training_saves_and_exits_143(tmp_path):
     assert err.strip() == ""  # one line, no traceback
     step = int(saved_state(workdir)["state"]["step"])
     assert step > 0
-    done = subprocess.run(toy(f"--workdir={workdir}", f"--max_steps={step + 2}"),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        toy(f"--workdir={workdir}", f"--max_steps={step + 2}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert f"resumed {workdir} at step {step}" in done.stdout
 
 
 def test_sigterm_during_a_long_evaluation_saves_and_exits_143(tmp_path):
     workdir = tmp_path / "w"
-    proc = subprocess.Popen(toy(f"--workdir={workdir}", "--slow_eval"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        toy(f"--workdir={workdir}", "--slow_eval"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(proc, "validation started")  # an endless evaluation has begun
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -215,12 +264,18 @@ def test_kill_9_at_several_moments_then_resume_gives_identical_outputs(tmp_path,
     attempts; whatever the kill interrupted (a step, a checkpoint write, the validation
     record), the finished run's outputs equal the uninterrupted run's."""
     workdir = tmp_path / "w"
-    args = toy(f"--workdir={workdir}", "--max_steps=30", "--checkpoint_every_steps=5",
-               "--log_every=5", "--epochs=3")  # fmt: skip
+    args = toy(
+        f"--workdir={workdir}",
+        "--max_steps=30",
+        "--checkpoint_every_steps=5",
+        "--log_every=5",
+        "--epochs=3",
+    )
     args_every = [a if not a.startswith("--log_every") else "--log_every=1" for a in args]
     for target in (4, 11, 12, 22):
-        proc = subprocess.Popen(args_every, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            args_every, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for line in proc.stdout:
             if line.startswith("  step ") and int(line.split()[1]) >= target:
                 break
@@ -232,8 +287,10 @@ def test_kill_9_at_several_moments_then_resume_gives_identical_outputs(tmp_path,
     state, best, metrics, results = outputs(workdir)
     ref_state, ref_best, ref_metrics, ref_results = uninterrupted
     epoch = lambda ms: [m for m in ms if m["kind"] == "epoch"]
-    assert_same_outputs((state, best, epoch(metrics), results),
-                        (ref_state, ref_best, epoch(ref_metrics), ref_results))  # fmt: skip
+    assert_same_outputs(
+        (state, best, epoch(metrics), results),
+        (ref_state, ref_best, epoch(ref_metrics), ref_results),
+    )
 
 
 IMDB_PAPER_LOSSES = json.loads((ROOT / "tests" / "imdb_paper_losses.json").read_text())
@@ -246,8 +303,9 @@ def scripted(losses, **kw):
     task = engine_toy.scripted_task(losses, **kw)
     epochs = -(-len(losses) // task.steps_per_epoch)
     try:
-        engine.run(task, cfg(epochs=epochs, max_steps=len(losses), **cfg_kw), None,
-                   log=lines.append)  # fmt: skip
+        engine.run(
+            task, cfg(epochs=epochs, max_steps=len(losses), **cfg_kw), None, log=lines.append
+        )
     except engine.TrainingDiverged as e:
         return lines, str(e)
     return lines, None
@@ -303,8 +361,10 @@ def test_a_loss_that_rises_above_the_runs_best_stops():
     > 3.099), at step 137, below the chance level all along."""
     lines, error = scripted([2.0] * 100 + [3.5] * 100, chance_loss=5.0)
     assert error is not None
-    assert error.startswith("mean training loss over steps 88-137 is 3.11 nats, more than "
-                            "ln 3 above the run's best such mean, 2: the run diverged")
+    assert error.startswith(
+        "mean training loss over steps 88-137 is 3.11 nats, more than "
+        "ln 3 above the run's best such mean, 2: the run diverged"
+    )
     assert scripted([2.0] * 100 + [3.0] * 100, chance_loss=5.0)[1] is None  # 1 nat up
 
 
@@ -320,10 +380,13 @@ def test_a_blow_up_stops_at_once_also_in_the_warm_up():
     chance (5e8 x less likely than a uniform guess) trains on through the warm-up."""
     chance = math.log(10_000)
     lines, error = scripted([chance, chance, 800.0] + [chance] * 10, chance_loss=chance)
-    assert error.startswith("training loss at step 3 is 800 nats, more than 20 above the "
-                            "chance level (a uniform guess), 9.21: a blow-up: the run diverged")
-    lines, error = scripted([chance] * 30, chance_loss=chance, valid_loss=chance + 20.5,
-                            steps_per_epoch=10)  # fmt: skip
+    assert error.startswith(
+        "training loss at step 3 is 800 nats, more than 20 above the "
+        "chance level (a uniform guess), 9.21: a blow-up: the run diverged"
+    )
+    lines, error = scripted(
+        [chance] * 30, chance_loss=chance, valid_loss=chance + 20.5, steps_per_epoch=10
+    )
     assert error.startswith("validation loss after epoch 1 is 29.71 nats, more than 20 above")
     assert scripted([chance + 19.9] * 60, chance_loss=chance)[1] is None
     assert scripted([800.0] * 5, chance_loss=chance, divergence_factor=0)[1] is None
@@ -333,9 +396,11 @@ def test_validation_loss_is_held_to_the_chance_level_after_the_warm_up():
     """Epochs of 40 steps, a validation loss 2 nats above chance: the first validation
     (step 40, before 20 + 50 steps) passes, the second (step 80) stops the run."""
     lines, error = scripted([1.0] * 200, chance_loss=1.0, valid_loss=3.0, steps_per_epoch=40)
-    assert error == ("validation loss after epoch 2 is 3 nats, more than ln 3 above the chance "
-                     "level (a uniform guess), 1: the run diverged; no checkpoint was written; "
-                     "try a lower --lr (--divergence_factor=0: no such stop)")
+    assert error == (
+        "validation loss after epoch 2 is 3 nats, more than ln 3 above the chance "
+        "level (a uniform guess), 1: the run diverged; no checkpoint was written; "
+        "try a lower --lr (--divergence_factor=0: no such stop)"
+    )
     assert [l.split("|")[0] for l in lines if l.startswith("epoch ")] == ["epoch   1 "]
 
 
@@ -354,29 +419,39 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
     losses = [1.0] * 5 + [4.0] * 195
     config = lambda **kw: cfg(epochs=1, max_steps=200, checkpoint_every_steps=25, **kw)
     with pytest.raises(engine.TrainingDiverged) as whole:
-        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a",
-                   log=None)  # fmt: skip
+        engine.run(
+            engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a", log=None
+        )
     with pytest.raises(engine.Interrupted):
-        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0,
-                                            on_batch=sigterm_at_step(59, 1000)),
-                   config(), tmp_path / "b", log=None)  # fmt: skip
+        engine.run(
+            engine_toy.scripted_task(losses, chance_loss=1.0, on_batch=sigterm_at_step(59, 1000)),
+            config(),
+            tmp_path / "b",
+            log=None,
+        )
     assert int(saved_state(tmp_path / "b")["state"]["step"]) == 60
     with pytest.raises(engine.TrainingDiverged) as resumed:
-        engine.run(engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "b",
-                   log=None)  # fmt: skip
+        engine.run(
+            engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "b", log=None
+        )
     assert str(resumed.value) == str(whole.value).replace("(step 50)", "(step 60)")
     assert "steps 21-70" in str(whole.value)
     for workdir, step in ((tmp_path / "a", 50), (tmp_path / "b", 60)):
         assert int(saved_state(workdir)["state"]["step"]) == step
 
 
-@pytest.mark.parametrize("damage", ["truncate a data file", "delete _METADATA",
-                                    "delete ocdbt.process_0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage", ["truncate a data file", "delete _METADATA", "delete ocdbt.process_0"]
+)
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, uninterrupted, damage):
     workdir = tmp_path / "w"
     with pytest.raises(engine.Interrupted):
-        run(workdir, engine_toy.make_task(on_batch=sigterm_at(21)), max_steps=30,
-            checkpoint_every_steps=5)  # fmt: skip  (checkpoints at 5, 10, 12, 15, 20, 22)
+        run(
+            workdir,
+            engine_toy.make_task(on_batch=sigterm_at(21)),
+            max_steps=30,
+            checkpoint_every_steps=5,
+        )  # fmt: skip  (checkpoints at 5, 10, 12, 15, 20, 22)
     bad = workdir / "checkpoints" / "22" / "default"
     if damage == "truncate a data file":
         data_file = max((bad / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
@@ -411,8 +486,11 @@ def test_results_are_strict_json(tmp_path):
     def refuse(constant):
         raise ValueError(f"non-standard JSON constant {constant}")
 
-    assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [None, 1.5],
-                                                                     "c": 2.0}  # fmt: skip
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "a": None,
+        "b": [None, 1.5],
+        "c": 2.0,
+    }
 
 
 def test_unusable_workdirs_are_refused_with_one_line(tmp_path):
@@ -472,20 +550,34 @@ def test_a_workdir_without_a_checkpoint_holds_no_run(tmp_path):
     leaves a config.json but no run: a rerun with other settings starts afresh, says so
     in one line and trains; once a checkpoint exists, other settings are refused."""
     with pytest.raises(engine.TrainingDiverged, match="no checkpoint was written"):
-        engine.run(engine_toy.scripted_task([1.0, 1.0, math.inf]), cfg(epochs=1, log_every=1, lr=1.0),
-                   tmp_path / "w", log=None)  # fmt: skip
+        engine.run(
+            engine_toy.scripted_task([1.0, 1.0, math.inf]),
+            cfg(epochs=1, log_every=1, lr=1.0),
+            tmp_path / "w",
+            log=None,
+        )
     assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2
     lines = []
-    engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=4, log_every=1, lr=0.5),
-               tmp_path / "w", log=lines.append)  # fmt: skip
-    assert lines[0] == (f"workdir {tmp_path / 'w'} holds no checkpoint of its earlier settings "
-                        "(lr=1.0 there vs 0.5); starting afresh with these")
+    engine.run(
+        engine_toy.scripted_task([1.0] * 8),
+        cfg(epochs=1, max_steps=4, log_every=1, lr=0.5),
+        tmp_path / "w",
+        log=lines.append,
+    )
+    assert lines[0] == (
+        f"workdir {tmp_path / 'w'} holds no checkpoint of its earlier settings "
+        "(lr=1.0 there vs 0.5); starting afresh with these"
+    )
     assert json.loads((tmp_path / "w" / "config.json").read_text())["lr"] == 0.5
     metrics = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in metrics] == [1, 2, 3, 4, 4]  # the first try's lines are gone
     with pytest.raises(ValueError, match=r"holds an incompatible run \(lr=0.5 there vs 0.25\)"):
-        engine.run(engine_toy.scripted_task([1.0] * 8), cfg(epochs=1, max_steps=8, lr=0.25),
-                   tmp_path / "w", log=None)  # fmt: skip
+        engine.run(
+            engine_toy.scripted_task([1.0] * 8),
+            cfg(epochs=1, max_steps=8, lr=0.25),
+            tmp_path / "w",
+            log=None,
+        )
     # Anything a run does not write before its first checkpoint (a study's trials) is a run.
     engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1))
     (tmp_path / "study" / "trials").mkdir()
@@ -499,17 +591,24 @@ def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupte
     uninterrupted run's."""
     workdir = tmp_path / "w"
     with pytest.raises(engine.Interrupted):
-        run(workdir, engine_toy.make_task(on_batch=sigterm_at(13)), max_steps=30,
-            checkpoint_every_steps=5)  # fmt: skip
-    left = [workdir / "checkpoints" / "15.orbax-checkpoint-tmp-1764000000",
-            workdir / "best" / "24.orbax-checkpoint-tmp"]  # fmt: skip
+        run(
+            workdir,
+            engine_toy.make_task(on_batch=sigterm_at(13)),
+            max_steps=30,
+            checkpoint_every_steps=5,
+        )
+    left = [
+        workdir / "checkpoints" / "15.orbax-checkpoint-tmp-1764000000",
+        workdir / "best" / "24.orbax-checkpoint-tmp",
+    ]
     for tmp in left:
         (tmp / "default").mkdir(parents=True)
         (tmp / "default" / "data").write_bytes(b"x" * 1000)
     lines = []
     run(workdir, log=lines.append, max_steps=30, checkpoint_every_steps=5)
     assert [l for l in lines if l.startswith("removed ")] == [
-        f"removed {tmp}: a checkpoint save that did not finish" for tmp in left]
+        f"removed {tmp}: a checkpoint save that did not finish" for tmp in left
+    ]
     assert not any(tmp.exists() for tmp in left)
     assert_same_outputs(outputs(workdir), uninterrupted)
 
@@ -520,25 +619,38 @@ def test_one_trainer_per_workdir(tmp_path):
     the workdir and the holder's pid, and leaves the workdir alone; after kill -9 of the
     holder (no stale lock), a new run resumes."""
     workdir = tmp_path / "w"
-    holder = subprocess.Popen(toy(f"--workdir={workdir}", "--checkpoint_every_steps=5"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        toy(f"--workdir={workdir}", "--checkpoint_every_steps=5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(holder, "  step      10 |")
         config = (workdir / "config.json").read_text()
-        second = subprocess.run(toy(f"--workdir={workdir}", "--lr=0.5", "--max_steps=3"),
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        second = subprocess.run(
+            toy(f"--workdir={workdir}", "--lr=0.5", "--max_steps=3"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 1 and second.stdout == ""
         assert second.stderr.strip().splitlines() == [
             f"error: workdir {workdir} is in use by process {holder.pid}, which is training in "
-            "it; wait for it to end or stop it, or use another --workdir"]
+            "it; wait for it to end or stop it, or use another --workdir"
+        ]
         assert (workdir / "config.json").read_text() == config
         assert holder.poll() is None
     finally:
         holder.kill()
         holder.communicate(timeout=60)
     step = int(saved_state(workdir)["state"]["step"])
-    after = subprocess.run(toy(f"--workdir={workdir}", f"--max_steps={step + 2}"),
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    after = subprocess.run(
+        toy(f"--workdir={workdir}", f"--max_steps={step + 2}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert after.returncode == 0, after.stderr
     assert f"resumed {workdir} at step {step}" in after.stdout
 
@@ -560,9 +672,18 @@ def test_readers_need_no_lock(tmp_path):
     assert run(tmp_path / "w", max_steps=20).results["step"] == 20
 
 
-@pytest.mark.parametrize("bad", [dict(max_steps=0), dict(max_epochs=-1), dict(max_epochs=0),
-                                 dict(checkpoint_every_steps=-1), dict(log_every=0),
-                                 dict(epochs=0), dict(max_steps=2.5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_steps=0),
+        dict(max_epochs=-1),
+        dict(max_epochs=0),
+        dict(checkpoint_every_steps=-1),
+        dict(log_every=0),
+        dict(epochs=0),
+        dict(max_steps=2.5),
+    ],
+)
 def test_run_length_settings_are_validated(bad):
     name, value = next(iter(bad.items()))
     expected = "an integer" if isinstance(value, float) else ">= "
@@ -654,19 +775,26 @@ def test_whole_run_estimate_excludes_compilation_and_recompilation(monkeypatch):
     step x the steps left."""
     monkeypatch.setattr(progress, "ESTIMATE_MIN_S", 0.0)
     monkeypatch.setattr(progress, "device_name", lambda: "CPU")  # the same line on any backend
-    clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(
-        n, 2.0 if n % 4 == 0 else 1.0))  # fmt: skip
+    clock = FakeClock(
+        monkeypatch, lambda n: {1: 100.0, 2: 30.0, 5: 50.0}.get(n, 2.0 if n % 4 == 0 else 1.0)
+    )
     task = engine_toy.scripted_task(np.ones(100), steps_per_epoch=100, on_batch=clock.on_batch)
     lines = []
     engine.run(task, cfg(epochs=1, log_every=1), None, log=lines.append)
     estimates = [l for l in lines if l.startswith("estimated ")]
-    assert estimates == [("estimated 2 min for the 78 steps left (1.26 s per step on CPU, "
-                          "timed after compilation; validation not included)")]  # 98.5 s
+    assert estimates == [
+        (
+            "estimated 2 min for the 78 steps left (1.26 s per step on CPU, "
+            "timed after compilation; validation not included)"
+        )
+    ]  # 98.5 s
     step_22 = next(l for l in lines if l.startswith("  step      22 |"))
     assert lines.index(estimates[0]) == lines.index(step_22) + 1  # as soon as it is timed
     step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
     assert "run ETA" not in step_lines[1] and "run ETA" not in step_lines[2]  # compiling
-    assert step_lines[3].endswith("| run ETA 2 min") and step_lines[5].endswith("| run ETA 1 h 19 min")
+    assert step_lines[3].endswith("| run ETA 2 min") and step_lines[5].endswith(
+        "| run ETA 1 h 19 min"
+    )
     assert step_lines[90].endswith("| run ETA 10 s") and "run ETA" not in step_lines[100]
     assert progress.duration(40) == "40 s" and progress.duration(7 * 3600 + 300) == "7 h 5 min"
     assert progress.duration(3 * 86400 + 4 * 3600) == "3 d 4 h"
@@ -693,12 +821,20 @@ def test_estimate_after_the_first_validation_counts_the_validations(monkeypatch)
         return task.validate(params, track)
 
     lines = []
-    engine.run(dataclasses.replace(task, validate=validate), cfg(epochs=3, log_every=1), None,
-               log=lines.append)  # fmt: skip
+    engine.run(
+        dataclasses.replace(task, validate=validate),
+        cfg(epochs=3, log_every=1),
+        None,
+        log=lines.append,
+    )
     estimates = [l for l in lines if l.startswith("estimated ")]
-    assert estimates == [("estimated 44 s for the 24 steps and 2 validations left (1 s per "
-                          "step in epoch 1, 10 s per validation and its checkpoints; "
-                          "validation included, the final evaluation not)")]  # fmt: skip
+    assert estimates == [
+        (
+            "estimated 44 s for the 24 steps and 2 validations left (1 s per "
+            "step in epoch 1, 10 s per validation and its checkpoints; "
+            "validation included, the final evaluation not)"
+        )
+    ]
     epoch_1 = next(l for l in lines if l.startswith("epoch   1 |"))
     assert lines.index(estimates[0]) == lines.index(epoch_1) + 1
     step_lines = {int(l.split()[1]): l for l in lines if l.startswith("  step")}
@@ -714,11 +850,22 @@ def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypat
     clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0}.get(n, 1.0))
     lines = []
     with pytest.raises(engine.Interrupted):
-        run(tmp_path / "w", engine_toy.make_task(on_batch=lambda e, i: (
-            clock.on_batch(e, i), sigterm_at(16)(e, i))), lines.append, log_every=1)  # fmt: skip
+        run(
+            tmp_path / "w",
+            engine_toy.make_task(
+                on_batch=lambda e, i: (clock.on_batch(e, i), sigterm_at(16)(e, i))
+            ),
+            lines.append,
+            log_every=1,
+        )
     clock.n = -1  # a new process: compiles again
-    run(tmp_path / "w", engine_toy.make_task(on_batch=clock.on_batch), lines.append,
-        log_every=1, max_steps=24)  # fmt: skip
+    run(
+        tmp_path / "w",
+        engine_toy.make_task(on_batch=clock.on_batch),
+        lines.append,
+        log_every=1,
+        max_steps=24,
+    )
     epochs = [l for l in lines if l.startswith("epoch ")]
     assert [l.split(" | ")[4] for l in epochs] == ["8 ex/s", "8 ex/s"], epochs
     records = [json.loads(l) for l in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]

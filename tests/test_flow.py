@@ -33,15 +33,23 @@ def state(cell, seed=0, steps=3):
     return params, carry, jax.tree.map(lambda a: a[steps], cell.project_inputs(params, xs))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # variants of the others
-                                  if n in ("rhn_uncoupled", "dtrnn", "sc_lstm") else n for n in CELLS])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow)  # variants of the others
+        if n in ("rhn_uncoupled", "dtrnn", "sc_lstm")
+        else n
+        for n in CELLS
+    ],
+)
 def test_jacobian_matches_central_differences(name):
     cell = CELLS[name]
     state32 = jax.tree.map(np.asarray, state(cell))
     with jax.enable_x64(True):
-        params, carry, x_proj = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64)
-                                             if np.issubdtype(a.dtype, np.floating) else a,
-                                             state32)  # fmt: skip
+        params, carry, x_proj = jax.tree.map(
+            lambda a: jnp.asarray(a, jnp.float64) if np.issubdtype(a.dtype, np.floating) else a,
+            state32,
+        )
         a = np.asarray(flow.temporal_jacobian(cell, params, carry, x_proj))
         s, unflatten = flow.flatten_carry(carry)
         d = s.shape[1]
@@ -81,8 +89,9 @@ def test_plain_tanh_rnn_jacobian_is_eq_2():
     params, carry, x_proj = state(cell)
     z = x_proj + carry @ params["R"][0] + params["b"][0]
     expected = params["R"][0] @ jax.vmap(jnp.diag)(1 - jnp.tanh(z) ** 2)  # [B, n, n]
-    np.testing.assert_allclose(flow.temporal_jacobian(cell, params, carry, x_proj), expected,
-                               rtol=1e-5, atol=1e-7)  # fmt: skip
+    np.testing.assert_allclose(
+        flow.temporal_jacobian(cell, params, carry, x_proj), expected, rtol=1e-5, atol=1e-7
+    )
 
 
 def test_every_eigenvalue_lies_in_a_gersgorin_disc():
@@ -108,7 +117,9 @@ def test_gradient_norms_through_time_equal_products_of_jacobians(name):
     a = np.asarray(flow.jacobians_along(cell, params, carry, xs), np.float64)  # [T, B, d, d]
     g = np.broadcast_to(np.asarray(u, np.float64), (B, len(u)))  # ∂L/∂s_T per row
     expected = [1.0]
-    for t in reversed(range(len(xs))):  # ∂L/∂s_{t} = A_t ∂L/∂s_{t+1}  (A[j, i] = ∂s_{t+1,i}/∂s_{t,j})
+    for t in reversed(
+        range(len(xs))
+    ):  # ∂L/∂s_{t} = A_t ∂L/∂s_{t+1}  (A[j, i] = ∂s_{t+1,i}/∂s_{t,j})
         g = np.einsum("bji,bi->bj", a[t], g)
         expected.append(np.linalg.norm(g, axis=-1).mean())
     np.testing.assert_allclose(norms, expected, rtol=1e-4)

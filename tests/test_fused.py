@@ -22,8 +22,9 @@ def setup(depth, hsg, seed=0, B=3, m=5, n=6, T=7):
     params = cell.init(keys[0], m)
     leaves, tree = jax.tree.flatten(params)
     params = jax.tree.unflatten(
-        tree, [0.5 * normal(k, l.shape) for k, l in
-               zip(jax.random.split(keys[1], len(leaves)), leaves)])  # fmt: skip
+        tree,
+        [0.5 * normal(k, l.shape) for k, l in zip(jax.random.split(keys[1], len(leaves)), leaves)],
+    )
     xs = normal(keys[2], (T, B, m))
     s0 = normal(keys[3], (B, n))
     mask = jax.random.bernoulli(keys[4], 0.7, (B, n)) / 0.7
@@ -37,22 +38,28 @@ def loss(unroll_fn, cell, params, s0, xs, mask, target):
 
 @pytest.mark.parametrize(
     "depth,hsg,use_mask,remat,layer_loop",
-    [pytest.param(1, False, False, False, "scan", marks=pytest.mark.slow),
-     (1, True, True, True, "python"),
-     pytest.param(3, False, True, False, "python", marks=pytest.mark.slow),
-     (3, True, False, True, "scan"),
-     pytest.param(5, True, True, False, "scan", marks=pytest.mark.slow),
-     pytest.param(5, False, True, True, "python", marks=pytest.mark.slow),
-     pytest.param(5, True, True, False, None, marks=pytest.mark.slow)],
-)  # fmt: skip
+    [
+        pytest.param(1, False, False, False, "scan", marks=pytest.mark.slow),
+        (1, True, True, True, "python"),
+        pytest.param(3, False, True, False, "python", marks=pytest.mark.slow),
+        (3, True, False, True, "scan"),
+        pytest.param(5, True, True, False, "scan", marks=pytest.mark.slow),
+        pytest.param(5, False, True, True, "python", marks=pytest.mark.slow),
+        pytest.param(5, True, True, False, None, marks=pytest.mark.slow),
+    ],
+)
 def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat, layer_loop):
     cell, params, xs, s0, mask = setup(depth, hsg, seed=depth)
     mask = mask if use_mask else None
     target = normal(jax.random.PRNGKey(9), (xs.shape[0], xs.shape[1], cell.hidden_size))
     ref = lambda *a: cells.unroll(*a)
     fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2, layer_loop=layer_loop)
-    np.testing.assert_allclose(fast(cell, params, s0, xs, mask)[1],
-                               ref(cell, params, s0, xs, mask)[1], rtol=1e-5, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        fast(cell, params, s0, xs, mask)[1],
+        ref(cell, params, s0, xs, mask)[1],
+        rtol=1e-5,
+        atol=1e-5,
+    )
     g_ref = jax.grad(loss, argnums=(2, 3, 4))(ref, cell, params, s0, xs, mask, target)
     g_fast = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))(
         fast, cell, params, s0, xs, mask, target
@@ -109,8 +116,9 @@ def _dot_dtypes(jaxpr, where=""):
     return found
 
 
-@pytest.mark.parametrize("hsg,layer_loop,remat", [(True, "python", False), (True, "scan", True),
-                                                  (False, "scan", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "hsg,layer_loop,remat", [(True, "python", False), (True, "scan", True), (False, "scan", False)]
+)
 def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, layer_loop, remat):
     """With ``dtype=bfloat16`` every product of the gradient program, the backward's
     (the per-step ds and HSG products, the weight gradients, the input projection's
@@ -118,8 +126,12 @@ def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, laye
     in float32 where the forward's runs in bfloat16 (autodiff's transpose of the input
     projection multiplied its float32 cotangent by the bfloat16 inputs)."""
     cell, params, xs, s0, mask = setup(3, hsg, n=8)
-    f = lambda p, xs: jnp.sum(fused.unroll(cell, p, s0, xs, mask, dtype=jnp.bfloat16,
-                                           layer_loop=layer_loop, remat=remat)[1] ** 2)  # fmt: skip
+    f = lambda p, xs: jnp.sum(
+        fused.unroll(cell, p, s0, xs, mask, dtype=jnp.bfloat16, layer_loop=layer_loop, remat=remat)[
+            1
+        ]
+        ** 2
+    )
     dots = _dot_dtypes(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(params, xs).jaxpr)
     assert sum("scan" in where for where, _ in dots) >= 2, dots  # the per-step products seen
     assert len(dots) >= 6 and all(d == ("bfloat16", "bfloat16") for _, d in dots), dots
@@ -130,14 +142,20 @@ def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, laye
 def test_fused_rejects_unsupported_cells():
     with pytest.raises(ValueError, match="coupled"):
         cell = cells.RHN(4, 2, coupled=False)
-        fused.unroll(cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)),
-                     jnp.zeros((5, 2, 3)))  # fmt: skip
+        fused.unroll(
+            cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)), jnp.zeros((5, 2, 3))
+        )
     with pytest.raises(ValueError, match="bfloat16 needs"):
         lm.rhn_language_model(10, 8, 2, dtype="bfloat16")
     cell = cells.RHN(4, 2)
     with pytest.raises(ValueError, match="layer_loop must be"):
-        fused.unroll(cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)),
-                     jnp.zeros((5, 2, 3)), layer_loop="unrolled")  # fmt: skip
+        fused.unroll(
+            cell,
+            cell.init(jax.random.PRNGKey(0), 3),
+            jnp.zeros((2, 4)),
+            jnp.zeros((5, 2, 3)),
+            layer_loop="unrolled",
+        )
 
 
 def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
@@ -153,8 +171,11 @@ def test_runtime_one_is_exactly_one_and_stays_in_the_compiled_program():
     assert "divide" not in compiled(lambda x, m: x / 1.0)  # the control: folded away
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="counts XLA:CPU's copies in its "
-                    "optimized HLO; other compilers lay out and fuse the weights otherwise")
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="counts XLA:CPU's copies in its "
+    "optimized HLO; other compilers lay out and fuse the weights otherwise",
+)
 @pytest.mark.slow
 def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     """With the Python layer loop, XLA:CPU's compiled gradient copies each micro-layer's
@@ -166,11 +187,14 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     cell, params, xs, s0, mask = setup(L, False, n=n, T=5)
     ys = lambda p: fused.unroll(cell, p, s0, xs, mask, layer_loop="python")[1]
     hlo = jax.jit(jax.grad(lambda p: jnp.sum(ys(p) ** 2))).lower(params).compile().as_text()
-    entry = hlo[hlo.index("ENTRY"):]
+    entry = hlo[hlo.index("ENTRY") :]
     shape = rf"f32\[(?:{n},{2 * n}|{2 * n},{n})\]"  # one layer's R_l or R_l^T
-    copies = [op for op in entry.splitlines()
-              if re.search(rf"= {shape}\S* (copy|transpose|slice)\(", op)
-              or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)]  # fmt: skip
+    copies = [
+        op
+        for op in entry.splitlines()
+        if re.search(rf"= {shape}\S* (copy|transpose|slice)\(", op)
+        or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)
+    ]
     assert len(copies) == 2 * L, copies
 
 
@@ -187,13 +211,20 @@ def _while_body_ops(hlo, shape):
             comps[name].append(line)
     bodies = {b for ops in comps.values() for op in ops for b in re.findall(r"body=%([\w.-]+)", op)}
     assert bodies, "no while loop in the program"
-    return [op.strip() for b in sorted(bodies) for op in comps[b]
-            if re.search(rf"= {shape}\S* (copy|dynamic-slice|slice|transpose|gather)\(", op)
-            or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)]  # fmt: skip
+    return [
+        op.strip()
+        for b in sorted(bodies)
+        for op in comps[b]
+        if re.search(rf"= {shape}\S* (copy|dynamic-slice|slice|transpose|gather)\(", op)
+        or (re.search(rf"= {shape}\S* fusion\(", op) and "kind=kLoop" in op)
+    ]
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads XLA:CPU's optimized HLO; other "
-                    "compilers fuse or alias the weights' slices otherwise")
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="reads XLA:CPU's optimized HLO; other "
+    "compilers fuse or alias the weights' slices otherwise",
+)
 @pytest.mark.slow
 def test_hoisted_layer_weights_are_not_copied_per_micro_layer_step():
     """Above depth 10 (here 12, with HSG), the per-layer weights sliced once outside the
@@ -207,18 +238,22 @@ def test_hoisted_layer_weights_are_not_copied_per_micro_layer_step():
 
     def body_copies(layer_loop):
         f = lambda p: jnp.sum(fused.unroll(cell, p, s0, xs, mask, layer_loop=layer_loop)[1] ** 2)
-        return _while_body_ops(jax.jit(jax.value_and_grad(f)).lower(params).compile().as_text(),
-                               shape)  # fmt: skip
+        return _while_body_ops(
+            jax.jit(jax.value_and_grad(f)).lower(params).compile().as_text(), shape
+        )
 
     assert body_copies("python") == []
     assert len(body_copies("scan")) >= 2  # the counter sees XLA:CPU's per-step copies
 
 
-@pytest.mark.parametrize("hsg,layer_loop,remat", [pytest.param(True, "python", False,
-                                                               marks=pytest.mark.slow),
-                                                  pytest.param(False, "python", True,
-                                                               marks=pytest.mark.slow),
-                                                  (True, "scan", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "hsg,layer_loop,remat",
+    [
+        pytest.param(True, "python", False, marks=pytest.mark.slow),
+        pytest.param(False, "python", True, marks=pytest.mark.slow),
+        (True, "scan", False),
+    ],
+)
 def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer_loop, remat):
     """In float64 (``dtype=None``: no float32 cast, exact tanh / sigmoid) the hand-written
     backward pass equals autodiff of the reference cell to rounding, with dropout."""

@@ -48,8 +48,15 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
     params, carry, xs, mask, target = setup(cell, m, dtype, batch=batch)
     mask = mask if use_mask else None
     ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
-    fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, unroll=2,
-                             project_per_step=per_step, weight_grad_chunk=chunk)  # fmt: skip
+    fast = functools.partial(
+        gated_fused.unroll,
+        cell,
+        mask=mask,
+        lengths=lengths,
+        unroll=2,
+        project_per_step=per_step,
+        weight_grad_chunk=chunk,
+    )
     out_ref, out_fast = ref(params, carry, xs), jax.jit(fast)(params, carry, xs)
     for a, b in zip(jax.tree.leaves(out_fast), jax.tree.leaves(out_ref)):
         assert a.dtype == b.dtype
@@ -57,16 +64,22 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
     grad = lambda f: jax.grad(loss, argnums=(1, 2, 3), allow_int=True)(f, params, carry, xs, target)
     g_ref = grad(ref)
     g_fast = jax.jit(jax.grad(loss, argnums=(1, 2, 3), allow_int=True), static_argnums=0)(
-        fast, params, carry, xs, target)  # fmt: skip
+        fast, params, carry, xs, target
+    )
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
         if a.dtype != jax.dtypes.float0:  # the SC-LSTM step counter
             np.testing.assert_allclose(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow),
-                                  pytest.param("gru_ra", marks=pytest.mark.slow),
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  pytest.param("hrl", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("gru", marks=pytest.mark.slow),
+        pytest.param("gru_ra", marks=pytest.mark.slow),
+        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+        pytest.param("hrl", marks=pytest.mark.slow),
+    ],
+)
 def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62):
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
@@ -75,42 +88,92 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
     lengths = np.random.default_rng(batch).integers(0, T + 1, batch)
     tol = dict(rtol=1e-10, atol=1e-12)
     with jax.enable_x64(True):
-        compare(CELLS[name](), 3, jnp.float64, lengths=lengths, use_mask=True, per_step=True,
-                tol=tol, batch=batch)  # fmt: skip
-        compare(CELLS[name](), 1, jnp.float64, lengths=None, use_mask=False, per_step=True,
-                tol=tol, batch=batch)  # fmt: skip
+        compare(
+            CELLS[name](),
+            3,
+            jnp.float64,
+            lengths=lengths,
+            use_mask=True,
+            per_step=True,
+            tol=tol,
+            batch=batch,
+        )
+        compare(
+            CELLS[name](),
+            1,
+            jnp.float64,
+            lengths=None,
+            use_mask=False,
+            per_step=True,
+            tol=tol,
+            batch=batch,
+        )
 
 
 # The registry's cells (LSTM, GRU, RRN, SC-LSTM-I/P, HRL, LSTM+GRU) under this unroll,
 # padded and full, with dropout: tests/test_scan_dispatch.py's float64 grid (through
 # scan.unroll); here float32 once and the variants it lacks (reset_after, tanh at depth 3).
-@pytest.mark.parametrize("name", ["lstm", "gru_ra",
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["lstm", "gru_ra", pytest.param("rrn3_tanh", marks=pytest.mark.slow)]
+)
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
-    compare(CELLS[name](), 3, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=False,
-            tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+    compare(
+        CELLS[name](),
+        3,
+        jnp.float32,
+        lengths=LENGTHS,
+        use_mask=True,
+        per_step=False,
+        tol=dict(rtol=2e-4, atol=2e-5),
+    )
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  pytest.param("sclstm_p", marks=pytest.mark.slow),
-                                  pytest.param("hrl", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        "gru",
+        "gru_ra",
+        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+        pytest.param("sclstm_p", marks=pytest.mark.slow),
+        pytest.param("hrl", marks=pytest.mark.slow),
+    ],
+)
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
-        compare(CELLS[name](), 1, jnp.float64, lengths=LENGTHS, use_mask=False, per_step=True,
-                tol=dict(rtol=1e-10, atol=1e-12))  # fmt: skip
+        compare(
+            CELLS[name](),
+            1,
+            jnp.float64,
+            lengths=LENGTHS,
+            use_mask=False,
+            per_step=True,
+            tol=dict(rtol=1e-10, atol=1e-12),
+        )
 
 
 @pytest.mark.parametrize("chunk", [1, 3])  # per step, in chunks of 3 (T = 9: the default)
-@pytest.mark.parametrize("name,m,per_step", [pytest.param("lstm", 1, True, marks=pytest.mark.slow),
-                                             ("gru", 3, True),
-                                             ("gru_ra", 3, False),  # its extra dz rows
-                                             pytest.param("rrn3_tanh", 3, False,
-                                                          marks=pytest.mark.slow),
-                                             ("sclstm_p", 3, False)])
+@pytest.mark.parametrize(
+    "name,m,per_step",
+    [
+        pytest.param("lstm", 1, True, marks=pytest.mark.slow),
+        ("gru", 3, True),
+        ("gru_ra", 3, False),  # its extra dz rows
+        pytest.param("rrn3_tanh", 3, False, marks=pytest.mark.slow),
+        ("sclstm_p", 3, False),
+    ],
+)
 def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk):
-    compare(CELLS[name](), m, jnp.float32, lengths=LENGTHS, use_mask=True, per_step=per_step,
-            chunk=chunk, tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+    compare(
+        CELLS[name](),
+        m,
+        jnp.float32,
+        lengths=LENGTHS,
+        use_mask=True,
+        per_step=per_step,
+        chunk=chunk,
+        tol=dict(rtol=2e-4, atol=2e-5),
+    )
 
 
 @pytest.mark.parametrize("name", list(CELLS))
@@ -125,9 +188,17 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  "sclstm_p", pytest.param("hrl", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        "gru",
+        "gru_ra",
+        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+        "sclstm_p",
+        pytest.param("hrl", marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
     cell = CELLS[name]()
@@ -156,28 +227,56 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
         gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow),
-                                  pytest.param("sclstm_i", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        pytest.param("sclstm_i", marks=pytest.mark.slow),
+    ],
+)
 def test_without_lengths_every_step_is_real(name):
-    compare(CELLS[name](), 2, jnp.float32, lengths=None, use_mask=False, per_step=True,
-            tol=dict(rtol=2e-4, atol=2e-5))  # fmt: skip
+    compare(
+        CELLS[name](),
+        2,
+        jnp.float32,
+        lengths=None,
+        use_mask=False,
+        per_step=True,
+        tol=dict(rtol=2e-4, atol=2e-5),
+    )
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
-                                  pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-                                  pytest.param("sclstm_p", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        "gru",
+        "gru_ra",
+        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
+        pytest.param("sclstm_p", marks=pytest.mark.slow),
+    ],
+)
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
         params, carry, xs, mask, target = setup(cell, 2, jnp.float64, seed=1)
-        f = jax.jit(lambda p: loss(functools.partial(gated_fused.unroll, cell, mask=mask,
-                                                     lengths=LENGTHS), p, carry, xs, target))  # fmt: skip
+        f = jax.jit(
+            lambda p: loss(
+                functools.partial(gated_fused.unroll, cell, mask=mask, lengths=LENGTHS),
+                p,
+                carry,
+                xs,
+                target,
+            )
+        )
         check_gradient_by_finite_differences(f, params)
         if "alpha" in params:  # dL/dα on its own: the skips must carry it
             g = jax.grad(f)(params)["alpha"]
             e = 1e-6
-            fd = (f({**params, "alpha": params["alpha"] + e})
-                  - f({**params, "alpha": params["alpha"] - e})) / (2 * e)  # fmt: skip
+            fd = (
+                f({**params, "alpha": params["alpha"] + e})
+                - f({**params, "alpha": params["alpha"] - e})
+            ) / (2 * e)
             assert abs(float(g)) > 1e-3
             np.testing.assert_allclose(float(g), float(fd), rtol=1e-6, atol=1e-8)
 
@@ -189,15 +288,18 @@ def test_unsupported_cells_raise():
         gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra",
-                                  "rrn1", "sclstm_p"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra", "rrn1", "sclstm_p"]
+)
 def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
     """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
     computes the same gradients."""
     cell = CELLS[name]()
     params, carry, xs, mask, target = setup(cell, 3, jnp.float32)
     x_proj = cell.project_inputs(params, xs)
-    step_jaxpr = str(jax.make_jaxpr(lambda p, c, x: cell.step(p, c, x, mask))(params, carry, x_proj[0]))
+    step_jaxpr = str(
+        jax.make_jaxpr(lambda p, c, x: cell.step(p, c, x, mask))(params, carry, x_proj[0])
+    )
     assert "checkpoint" not in step_jaxpr and "remat" not in step_jaxpr
     plain = functools.partial(cells.unroll, cell, mask=mask, lengths=LENGTHS)
     saving = functools.partial(cells.unroll, cell, mask=mask, lengths=LENGTHS, save_matmuls=True)
@@ -222,9 +324,15 @@ def classifier_loss(model, params, tokens, lengths, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow),
-                                  pytest.param("sclstm_p", marks=pytest.mark.slow),
-                                  pytest.param("hrl", marks=pytest.mark.slow), "lstm_gru"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        pytest.param("sclstm_p", marks=pytest.mark.slow),
+        pytest.param("hrl", marks=pytest.mark.slow),
+        "lstm_gru",
+    ],
+)
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output
     at its last real step (0 for an empty row): same logits and gradients as the
@@ -235,17 +343,24 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
     assert (fused.resolved_scan(B), ref.resolved_scan(B)) == ("fused", "reference")
     params = random_params(ref.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
     batch = classifier_batch()
-    np.testing.assert_allclose(fused.logits(params, *batch[:2]), ref.logits(params, *batch[:2]),
-                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        fused.logits(params, *batch[:2]), ref.logits(params, *batch[:2]), rtol=1e-5, atol=1e-6
+    )
     g_ref = jax.grad(classifier_loss, argnums=1)(ref, params, *batch)
     g_fused = jax.jit(jax.grad(classifier_loss, argnums=1), static_argnums=0)(fused, params, *batch)
     for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,m", [("lstm", 8), ("gru", 1),
-                                    pytest.param("gru_ra", 8, marks=pytest.mark.slow),
-                                    pytest.param("rrn1", 8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name,m",
+    [
+        ("lstm", 8),
+        ("gru", 1),
+        pytest.param("gru_ra", 8, marks=pytest.mark.slow),
+        pytest.param("rrn1", 8, marks=pytest.mark.slow),
+    ],
+)
 def test_classifier_bfloat16_stays_close_to_float32(name, m):
     """bf16 matmul inputs (float32 accumulation and state) at the initial parameters
     (the regime training starts in): logits within 2% of their scale, gradients within
@@ -312,7 +427,10 @@ def test_default_unroll_is_the_backends_measured_one(monkeypatch, backend, lstm,
         params, carry, xs, _, target = setup(cell, 3, jnp.float32)
         assert gated_fused.default_unroll(cell) == want
         f = lambda p: loss(functools.partial(gated_fused.unroll, cell), p, carry, xs, target)
-        scans = re.findall(r"\blength=(\d+)[^\]]*?\breverse=(\w+)[^\]]*?\bunroll=(\d+)",
-                           str(jax.make_jaxpr(jax.grad(f))(params)), re.S)  # fmt: skip
+        scans = re.findall(
+            r"\blength=(\d+)[^\]]*?\breverse=(\w+)[^\]]*?\bunroll=(\d+)",
+            str(jax.make_jaxpr(jax.grad(f))(params)),
+            re.S,
+        )
         time_scans = sorted((r, int(u)) for length, r, u in scans if int(length) == T)
         assert time_scans == [("False", want), ("True", want)], (cell, scans)

@@ -29,9 +29,12 @@ from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import lm as lm_training
 from rhnzoo.tasks import rrl
 
-KINDS = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True),
-         "sc_lstm_p": lambda n: cells.SCLSTM(n, skip=3, learn_alpha=True),
-         "sc_lstm_i": lambda n: cells.SCLSTM(n, skip=1)}  # fmt: skip
+KINDS = {
+    "lstm": cells.LSTM,
+    "gru": lambda n: cells.GRU(n, reset_after=True),
+    "sc_lstm_p": lambda n: cells.SCLSTM(n, skip=3, learn_alpha=True),
+    "sc_lstm_i": lambda n: cells.SCLSTM(n, skip=1),
+}
 
 
 def setup(n, B, m, T, seed=0, kind="lstm"):
@@ -46,8 +49,9 @@ def setup(n, B, m, T, seed=0, kind="lstm"):
         carry = cells.LSTMState(carry, 0.5 * normal(keys[3], (B, n)))
     if kind.startswith("sc_lstm"):
         counts = jnp.asarray([0, 2, 5, 1] * (B // 4) + [3] * (B % 4), jnp.int32)
-        carry = cells.SCLSTMState(carry, 0.5 * normal(keys[3], (B, n)),
-                                  0.5 * normal(keys[6], (B, n)), counts)  # fmt: skip
+        carry = cells.SCLSTMState(
+            carry, 0.5 * normal(keys[3], (B, n)), 0.5 * normal(keys[6], (B, n)), counts
+        )
         if cell.learn_alpha:
             params["alpha"] = jnp.float32(0.7)
     return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
@@ -76,8 +80,9 @@ FAST = {"lstm_masked", "gru_padded_rows_masked", "sc_lstm_p_padded_rows_masked"}
 pytestmark = pytest.mark.pallas
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow)
-                                  for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in CASES]
+)
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, lengths, masked = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, kind=kind)
@@ -87,7 +92,14 @@ def test_values_and_gradients_match_the_reference(case):
         mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
-        cell, params, carry, xs, target, mask, lens)  # fmt: skip
+        cell,
+        params,
+        carry,
+        xs,
+        target,
+        mask,
+        lens,
+    )
     # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
     # bfloat16 mode is (the same precision policy).
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
@@ -115,7 +127,15 @@ def test_outputs_false_reads_the_final_carry(kind):
         np.testing.assert_array_equal(final.t, want.t)
     got, ref, _ = kernel_reference_fused(
         lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
-        cell, params, carry, xs, target, lengths=lens, outputs=False, fused=False)  # fmt: skip
+        cell,
+        params,
+        carry,
+        xs,
+        target,
+        lengths=lens,
+        outputs=False,
+        fused=False,
+    )
     assert gated_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)
@@ -135,10 +155,20 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     with deadline(300):
         assert_stacked_seeds_equal_each_seed(
             lambda p, c, x, mask: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
-            params, carry, xs, target, masks)  # fmt: skip
+            params,
+            carry,
+            xs,
+            target,
+            masks,
+        )
     cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
-    lower_stacked_for_cuda(lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False),
-                           params, carry, xs, target)  # fmt: skip
+    lower_stacked_for_cuda(
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False),
+        params,
+        carry,
+        xs,
+        target,
+    )
 
 
 def test_refuses_what_it_does_not_compute():
@@ -187,34 +217,54 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks(cell):
     rng = np.random.default_rng(0)
     rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
     depth = {"depth": 2} if cell == "rrn" else {}  # the LM's default depth is the RHN's 10
-    cfg = lm_training.LMConfig(cell=cell, hidden_size=8, batch_size=3, num_steps=5,
-                               dtype="bfloat16", drop_x=0.1, drop_i=0.2, drop_h=0.2,
-                               drop_o=0.2, **depth)  # fmt: skip
+    cfg = lm_training.LMConfig(
+        cell=cell,
+        hidden_size=8,
+        batch_size=3,
+        num_steps=5,
+        dtype="bfloat16",
+        drop_x=0.1,
+        drop_i=0.2,
+        drop_h=0.2,
+        drop_o=0.2,
+        **depth,
+    )
     models = [cfg.replace(scan_impl=impl).model(13) for impl in ("pallas", "fused")]
     assert models[0].resolved_scan(3) is ScanImpl.PALLAS
     params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(3))
 
     def loss_of(model, params):
-        loss, (_, carry_out) = lm_training.window_loss(model, cfg, params, (rows, jnp.int32(1)),
-                                                       jax.random.PRNGKey(2), carry)  # fmt: skip
+        loss, (_, carry_out) = lm_training.window_loss(
+            model, cfg, params, (rows, jnp.int32(1)), jax.random.PRNGKey(2), carry
+        )
         return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
 
     assert_tasks_agree(loss_of, models, params)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, reset_after", [("lstm", False), ("gru", True), ("gru", False),
-                                                ("sc_lstm_p", False), ("rrn", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, reset_after",
+    [("lstm", False), ("gru", True), ("gru", False), ("sc_lstm_p", False), ("rrn", False)],
+)
 def test_the_classifier_task_runs_the_kernel(model, reset_after):
     """The RRL task's classifier (embedding, input and output dropout, padded rows with
     an empty one) with --scan_impl=pallas --dtype=bfloat16, either GRU, the RRN and Cho's
     GRU by chained_pallas (the task's HRL, sized to the LSTM's parameter count, has n >
     128), against the fused scan in bfloat16."""
-    cfg = rrl.RRLConfig(model=model, gru_reset_after=reset_after, hidden_size=6, embed_size=4,
-                        drop=0.3, input_drop=0.2, dtype="bfloat16")  # fmt: skip
-    models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
-              for impl in ("pallas", "fused")]  # fmt: skip
+    cfg = rrl.RRLConfig(
+        model=model,
+        gru_reset_after=reset_after,
+        hidden_size=6,
+        embed_size=4,
+        drop=0.3,
+        input_drop=0.2,
+        dtype="bfloat16",
+    )
+    models = [
+        cfg.replace(scan_impl=impl).classifier(3, vocab_size=11) for impl in ("pallas", "fused")
+    ]
     assert models[0].resolved_scan(4) is ScanImpl.PALLAS
     params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     rng = np.random.default_rng(0)
@@ -235,18 +285,30 @@ def forward_args(T, n, m, B=64):
     N, MP = gated_pallas._padded(n, m)
     z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
     H = N // 64
-    return (z((T, B, MP), jnp.bfloat16), z((4, H, N, 64), jnp.bfloat16),
-            z((4, H, 64, MP), jnp.bfloat16), z((4, H, 64), jnp.float32),
-            z((H, B, 64), jnp.bfloat16), (z((H, B, 64), jnp.float32),), z((B,), jnp.int32))  # fmt: skip
+    return (
+        z((T, B, MP), jnp.bfloat16),
+        z((4, H, N, 64), jnp.bfloat16),
+        z((4, H, 64, MP), jnp.bfloat16),
+        z((4, H, 64), jnp.float32),
+        z((H, B, 64), jnp.bfloat16),
+        (z((H, B, 64), jnp.float32),),
+        z((B,), jnp.int32),
+    )
 
 
 def backward_args(T, n, with_dy, B=64, blocks=4, coefficients=5):
     N, _ = gated_pallas._padded(n, 1)
     z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
     dy = z((T, B, N), jnp.float32) if with_dy else None
-    return (z((T, coefficients, B, N), jnp.bfloat16), z((T, B, N), jnp.float32), dy,
-            z((blocks, N, N), jnp.bfloat16), z((B,), jnp.int32), z((B, N), jnp.float32),
-            z((B, N), jnp.float32))  # fmt: skip
+    return (
+        z((T, coefficients, B, N), jnp.bfloat16),
+        z((T, B, N), jnp.float32),
+        dy,
+        z((blocks, N, N), jnp.bfloat16),
+        z((B,), jnp.int32),
+        z((B, N), jnp.float32),
+        z((B, N), jnp.float32),
+    )
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -264,10 +326,12 @@ def test_kernels_lower_for_an_h100(n, kind):
     args = backward_args(12, n, with_dy=True, blocks=3 if gru else 4, coefficients=3 if gru else 5)
     if gru:  # no dc carry
         bwd = lambda c, f, dy, u, lens, dh, m: gated_pallas._backward_call(
-            c, f, dy, u, lens, dh, None, m, interpret=False)
+            c, f, dy, u, lens, dh, None, m, interpret=False
+        )
         lower_for_cuda(bwd, *args[:6], args[5])  # with a mask
         without_dy = lambda c, f, u, lens, dh: gated_pallas._backward_call(
-            c, f, None, u, lens, dh, None, interpret=False)
+            c, f, None, u, lens, dh, None, interpret=False
+        )
         lower_for_cuda(without_dy, *(args[:2] + args[3:6]))
         return
     lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args)
@@ -312,18 +376,30 @@ def test_shared_memory_estimate_matches_the_lowering():
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
 @pytest.mark.parametrize("kind", ["lstm", "gru", "sc_lstm_p"])
 @pytest.mark.parametrize("n, outputs", [(100, True), (5, False)])  # two warpgroups forward,
-def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, outputs, kind):  # 1 and 2 slots back
+def test_no_races_between_threads_tma_and_tensor_cores(
+    monkeypatch, capfd, n, outputs, kind
+):  # 1 and 2 slots back
     """The interpreter's race detector watches every shared-memory access of the
     kernels (threads' loads and stores, TMA copies, wgmma operands): none may race. It
     reports a removed ``commit_smem`` before a TMA refill (checked by hand)."""
     _, plgpu = gated_pallas._plgpu()
-    monkeypatch.setattr(gated_pallas, "_interpret_params",
-                        lambda interpret: plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
+    monkeypatch.setattr(
+        gated_pallas,
+        "_interpret_params",
+        lambda interpret: plgpu.InterpretGPUParams(detect_races=True),
+    )
     cell, params, carry, xs, target = setup(n, 4, 3, 3, kind=kind)
     mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (4, n)) / 0.75
     with deadline(300):
-        jax.block_until_ready(value_and_grads(
-            lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, outputs=outputs),
-            params, carry, xs, target, outputs=outputs))  # fmt: skip
+        jax.block_until_ready(
+            value_and_grads(
+                lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, outputs=outputs),
+                params,
+                carry,
+                xs,
+                target,
+                outputs=outputs,
+            )
+        )
     out, err = capfd.readouterr()
     assert "RACE DETECTED" not in out + err

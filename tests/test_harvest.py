@@ -43,8 +43,11 @@ def test_every_chunk_is_one_table_s_and_carries_at_most_64_mib_with_the_tree():
 
 def test_the_travelling_size_counts_tracked_files_and_git_not_only_the_stage():
     # Finding 8: prepare checked only .harvest/ against 64 MiB.
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                             check=True).stdout.decode().split("\0")  # fmt: skip
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     files = sum((ROOT / f).stat().st_size for f in tracked if f and (ROOT / f).is_file())
     git = sum(p.stat().st_size for p in (ROOT / ".git").rglob("*") if p.is_file())
     assert harvest.travelling_bytes() >= files + git * 0.99 > 0
@@ -53,10 +56,14 @@ def test_the_travelling_size_counts_tracked_files_and_git_not_only_the_stage():
 def test_seeded_windows_run_their_seeds_as_one_stacked_program(tmp_path):
     # Finding 2: three seeds as three processes time-slice one GPU. Each row's seeds are
     # one vmapped program by default, and --jobs is divided by the seeds.
-    cmd = lambda name, smoke=False: harvest.experiment_command(harvest.CHUNKS[name], tmp_path,
-                                                               smoke)  # fmt: skip
-    for name, jobs in (("rrl-imdb-lstm", "--jobs=1"), ("rrl-pmnist-hrl", "--jobs=1"),
-                       ("highway-mnist-d10", "--jobs=2")):  # fmt: skip
+    cmd = lambda name, smoke=False: harvest.experiment_command(
+        harvest.CHUNKS[name], tmp_path, smoke
+    )
+    for name, jobs in (
+        ("rrl-imdb-lstm", "--jobs=1"),
+        ("rrl-pmnist-hrl", "--jobs=1"),
+        ("highway-mnist-d10", "--jobs=2"),
+    ):
         assert cmd(name)[-3:] == ["--stack_seeds", jobs, f"--workdir={tmp_path}"]
         assert "--seeds=3" in cmd(name)
     assert "--stack_seeds" not in cmd("jsb-d1")  # trials, no seeds
@@ -77,8 +84,11 @@ def test_prepare_stages_the_data_and_prints_the_device_call_that_runs(tmp_path, 
     assert not window["smoke"] and not window["resume"]
     lines = capsys.readouterr().out.splitlines()
     assert json.loads(lines[-1]) == call
-    assert call == {"command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run "
-                               "highway-mnist-d10", "carry": [".harvest"], "timeout_s": 600}
+    assert call == {
+        "command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run highway-mnist-d10",
+        "carry": [".harvest"],
+        "timeout_s": 600,
+    }
     # Finding 8: the line names the command run returns to, stacked where it stacks.
     assert "--stack_seeds --jobs=2" in lines[-2]
 
@@ -128,8 +138,10 @@ def test_prepare_makes_and_carries_the_vectors_the_imdb_window_reads(tmp_path):
     harvest.prepare("rrl-imdb-lstm", root=tmp_path, records=tmp_path / "records")
     config = presets.get_config("paper", "imdb", model="lstm")
     data = rrl.load_data(config)
-    os.environ["XDG_CACHE_HOME"], before = str(tmp_path / ".harvest" / "cache"), os.environ.get(
-        "XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"], before = (
+        str(tmp_path / ".harvest" / "cache"),
+        os.environ.get("XDG_CACHE_HOME"),
+    )
     try:
         path = word2vec.cache_path(data.train.inputs, data.vocab, 256, dataset="imdb")
         vectors, found = word2vec.load_word2vec(path, data.vocab, 256)
@@ -154,9 +166,17 @@ def _archive(out: pathlib.Path, info: dict) -> pathlib.Path:
     return out
 
 
-INFO = {"chunk": "rrl-pmnist-lstm", "table": "rrl_pmnist_paper", "complete": True,
-        "finished": ["lstm"], "date": "2026-11-27", "device": "CPU", "commit": "abc",
-        "minutes_total": 0.1, "partial": None}  # fmt: skip
+INFO = {
+    "chunk": "rrl-pmnist-lstm",
+    "table": "rrl_pmnist_paper",
+    "complete": True,
+    "finished": ["lstm"],
+    "date": "2026-11-27",
+    "device": "CPU",
+    "commit": "abc",
+    "minutes_total": 0.1,
+    "partial": None,
+}
 
 
 def test_record_never_puts_a_smoke_window_into_a_paper_table_or_the_queue(tmp_path):
@@ -194,12 +214,19 @@ def test_record_reads_a_read_only_out_and_writes_nothing_there(tmp_path):
 def test_the_cli_gives_one_error_line_for_a_bad_window_and_a_missing_out(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("OUT", None)
-    for args, says in ((["prepare", "nope"], "no window 'nope'"),
-                       (["run", "rrl-pmnist-lstm"], "no $OUT"),
-                       (["record", str(tmp_path / "none")], "not a folder"),
-                       (["record", str(tmp_path)], "no window archive")):  # fmt: skip
-        p = subprocess.run([sys.executable, "-m", "rhnzoo.studies.harvest", *args], cwd=tmp_path,
-                           env=env, capture_output=True, text=True)  # fmt: skip
+    for args, says in (
+        (["prepare", "nope"], "no window 'nope'"),
+        (["run", "rrl-pmnist-lstm"], "no $OUT"),
+        (["record", str(tmp_path / "none")], "not a folder"),
+        (["record", str(tmp_path)], "no window archive"),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "rhnzoo.studies.harvest", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert p.returncode == 1 and p.stderr.splitlines() == [f"error: {p.stderr[7:-1]}"]
         assert says in p.stderr, p.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []

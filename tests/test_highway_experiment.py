@@ -15,9 +15,16 @@ from helpers import DATA, ROOT, needs_data, run_script
 MNIST_DIR = DATA / "mnist"
 needs_mnist = needs_data("mnist", "train-images-idx3-ubyte.gz", what="MNIST")
 # A CPU-sized sweep: depth 3 (plain and highway), 20 steps each, small analyses.
-SMALL = ["--depths=3", "--plain_lrs=3:1e-3", "--max_steps=20", "--noprogress",
-         "--heatmap_examples=300", "--lesion_examples=300", "--diagnostics_depth=4",
-         "--log_every=10"]  # fmt: skip
+SMALL = [
+    "--depths=3",
+    "--plain_lrs=3:1e-3",
+    "--max_steps=20",
+    "--noprogress",
+    "--heatmap_examples=300",
+    "--lesion_examples=300",
+    "--diagnostics_depth=4",
+    "--log_every=10",
+]
 
 
 highway = functools.partial(run_script, "highway.py")
@@ -52,14 +59,21 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
     root = tmp_path / "sweep"
     result = highway("--sweep", *SMALL, f"--workdir={root}")
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("results.md", "analysis.json", "training_curves.png", "plain_diagnostics.png",
-                 "gate_heatmaps_d3.png", "lesion_d3.png"):  # fmt: skip
+    for name in (
+        "results.md",
+        "analysis.json",
+        "training_curves.png",
+        "plain_diagnostics.png",
+        "gate_heatmaps_d3.png",
+        "lesion_d3.png",
+    ):
         assert (root / name).is_file(), name
     for kind in ("plain", "highway"):
         results = json.loads((root / f"{kind}_d3" / "results.json").read_text())
         assert results["step"] == 20 and 0 <= results["test_acc"] <= 1
-    rows = [line for line in (root / "results.md").read_text().splitlines()
-            if line.startswith("| 3 ")]  # fmt: skip
+    rows = [
+        line for line in (root / "results.md").read_text().splitlines() if line.startswith("| 3 ")
+    ]
     assert len(rows) == 1 and "—" not in rows[0], rows
     assert png_shape(root / "training_curves.png")[:2] == (300, 320)  # 1 panel of 3.2 x 3 in
     assert png_shape(root / "gate_heatmaps_d3.png")[:2] == (300, 1280)
@@ -79,17 +93,33 @@ def test_small_sweep_writes_table_and_figures_and_resumes(tmp_path):
 @pytest.mark.slow
 @needs_mnist
 def test_single_highway_run_writes_its_figures(tmp_path):
-    result = highway("--depth=2", "--max_steps=10", "--noprogress", "--lesion_examples=100",
-                     "--heatmap_examples=100", f"--workdir={tmp_path / 'w'}")  # fmt: skip
+    result = highway(
+        "--depth=2",
+        "--max_steps=10",
+        "--noprogress",
+        "--lesion_examples=100",
+        "--heatmap_examples=100",
+        f"--workdir={tmp_path / 'w'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "highway net, depth 2, width 50: 44,860 parameters" in result.stdout
     for name in ("results.json", "gate_heatmaps.png", "lesion.png"):
         assert (tmp_path / "w" / name).is_file(), name
     # analyze.py reads the data set and the net from the run's config.json.
-    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "analyze.py"),
-                             f"--workdir={tmp_path / 'w'}", f"--out={tmp_path / 'a'}",
-                             "--lesion_examples=100", "--heatmap_examples=100"],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "analyze.py"),
+            f"--workdir={tmp_path / 'w'}",
+            f"--out={tmp_path / 'a'}",
+            "--lesion_examples=100",
+            "--heatmap_examples=100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("gate_heatmaps.png", "lesion.png", "analysis.json"):
         assert (tmp_path / "a" / name).is_file(), name
@@ -105,26 +135,47 @@ def test_sweep_with_two_jobs_and_two_seeds_on_generated_mnist(tmp_path):
 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     root = tmp_path / "sweep"
-    result = highway("--sweep", "--depths=3", "--plain_lrs=3:1e-3", "--max_steps=6",
-                     "--batch_size=20", "--valid_size=40", "--noprogress", "--log_every=3",
-                     "--heatmap_examples=20", "--lesion_examples=20", "--diagnostics_depth=0",
-                     f"--data_dir={mnist}", "--noverify_data", "--nodownload", "--jobs=2",
-                     "--seeds=2", "--seed=3", f"--workdir={root}")  # fmt: skip
+    result = highway(
+        "--sweep",
+        "--depths=3",
+        "--plain_lrs=3:1e-3",
+        "--max_steps=6",
+        "--batch_size=20",
+        "--valid_size=40",
+        "--noprogress",
+        "--log_every=3",
+        "--heatmap_examples=20",
+        "--lesion_examples=20",
+        "--diagnostics_depth=0",
+        f"--data_dir={mnist}",
+        "--noverify_data",
+        "--nodownload",
+        "--jobs=2",
+        "--seeds=2",
+        "--seed=3",
+        f"--workdir={root}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 runs, 2 at a time in child processes" in result.stdout
-    (row,) = [line for line in (root / "results.md").read_text().splitlines()
-              if line.startswith("| 3 ")]  # fmt: skip
+    (row,) = [
+        line for line in (root / "results.md").read_text().splitlines() if line.startswith("| 3 ")
+    ]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     for kind, column in (("plain", 5), ("highway", 10)):
-        accs = [100 * json.loads((root / name / "results.json").read_text())["test_acc"]
-                for name in (f"{kind}_d3", f"{kind}_d3_s1")]  # fmt: skip
-        seeds = [json.loads((root / name / "config.json").read_text())["seed"]
-                 for name in (f"{kind}_d3", f"{kind}_d3_s1")]  # fmt: skip
+        accs = [
+            100 * json.loads((root / name / "results.json").read_text())["test_acc"]
+            for name in (f"{kind}_d3", f"{kind}_d3_s1")
+        ]
+        seeds = [
+            json.loads((root / name / "config.json").read_text())["seed"]
+            for name in (f"{kind}_d3", f"{kind}_d3_s1")
+        ]
         assert seeds == [3, 4]
         expected = f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f}% (n=2)"
         assert cells[column] == expected, row
     assert (root / "gate_heatmaps_d3.png").is_file() and "seeds 3-4" in result.stdout + (
-        root / "results.md").read_text()  # fmt: skip
+        root / "results.md"
+    ).read_text()
 
 
 @pytest.mark.slow
@@ -139,22 +190,41 @@ def test_stacked_seeds_write_what_separate_seeds_write(tmp_path):
     from rhnzoo import engine
 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
-    common = ("--sweep", "--depths=3", "--plain_lrs=3:1e-3", "--max_steps=6", "--batch_size=20",
-              "--valid_size=40", "--noprogress", "--log_every=3", "--heatmap_examples=20",
-              "--lesion_examples=20", "--diagnostics_depth=0", f"--data_dir={mnist}",
-              "--noverify_data", "--nodownload", "--seeds=2", "--seed=3")  # fmt: skip
+    common = (
+        "--sweep",
+        "--depths=3",
+        "--plain_lrs=3:1e-3",
+        "--max_steps=6",
+        "--batch_size=20",
+        "--valid_size=40",
+        "--noprogress",
+        "--log_every=3",
+        "--heatmap_examples=20",
+        "--lesion_examples=20",
+        "--diagnostics_depth=0",
+        f"--data_dir={mnist}",
+        "--noverify_data",
+        "--nodownload",
+        "--seeds=2",
+        "--seed=3",
+    )
     for root, extra in (("separate", ()), ("stacked", ("--stack_seeds",))):
         result = highway(*common, f"--workdir={tmp_path / root}", *extra)
         assert result.returncode == 0, result.stderr[-3000:]
     timing = lambda r: {k: v for k, v in r.items() if not k.endswith(("_per_s", "_s"))}
     for name in ("plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"):
         separate, stacked = tmp_path / "separate" / name, tmp_path / "stacked" / name
-        got, want = timing(_json(stacked / "results.json")), timing(_json(separate / "results.json"))
+        got, want = (
+            timing(_json(stacked / "results.json")),
+            timing(_json(separate / "results.json")),
+        )
         assert got == want
         assert [timing(r) for r in engine.read_metrics(stacked)] == [
-            timing(r) for r in engine.read_metrics(separate)]  # fmt: skip
+            timing(r) for r in engine.read_metrics(separate)
+        ]
         assert [timing(r) for r in engine.read_metrics(stacked, "train")] == [
-            timing(r) for r in engine.read_metrics(separate, "train")]  # fmt: skip
+            timing(r) for r in engine.read_metrics(separate, "train")
+        ]
         config = _json(stacked / "config.json")
         assert config["workdir"] == str(stacked) and config["seed"] == 3 + name.endswith("_s1")
         assert config == {**_json(separate / "config.json"), "workdir": str(stacked)}
@@ -176,14 +246,25 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (240, 784), np.uint8), rng.integers(0, 10, 240)
     splits = hw.split_data(images[:200], labels[:200], images[200:], labels[200:], 40)
-    cfg = hw.HighwayConfig(sweep=True, depths=("3",), plain_lrs=("3:1e-3",), max_steps=6,
-                           batch_size=20, log_every=1, progress=False, diagnostics_depth=0,
-                           workdir=str(tmp_path / "sweep"))  # fmt: skip
+    cfg = hw.HighwayConfig(
+        sweep=True,
+        depths=("3",),
+        plain_lrs=("3:1e-3",),
+        max_steps=6,
+        batch_size=20,
+        log_every=1,
+        progress=False,
+        diagnostics_depth=0,
+        workdir=str(tmp_path / "sweep"),
+    )
     lines = []
     hw.sweep(cfg, splits, log=lines.append)
     assert len(lines) == 4, lines
     assert lines[1].startswith("[1/2] plain_d3 done in ") and ": final (best checkpoint" in lines[1]
-    assert lines[2] == f"[2/2] highway_d3 -> {tmp_path / 'sweep' / 'highway_d3'} (its lines: sweep.log)"
+    assert (
+        lines[2]
+        == f"[2/2] highway_d3 -> {tmp_path / 'sweep' / 'highway_d3'} (its lines: sweep.log)"
+    )
     for name in ("plain_d3", "highway_d3"):
         log = (tmp_path / "sweep" / name / "sweep.log").read_text()
         assert log.count("  step ") == 6 and "final (best checkpoint" in log
@@ -196,15 +277,40 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
 # --valid_size=40 --noprogress --log_every=3 --data_dir=/tmp/hw-mnist --noverify_data
 # --nodownload --workdir=/tmp/hw-old/sweep`, its run plain_d3_s1 (seed 3 + 1).
 CONFIG_0016358 = {
-    "activation": "tanh", "batch_size": 20, "checkpoint_every_steps": 0,
-    "data_dir": "/tmp/hw-mnist", "data_source": "files", "dataset": "mnist", "depth": 3,
-    "divergence_factor": 3.0, "download": False, "epochs": 400, "eval_batch_size": 1000,
-    "input_size": 784, "kernel_init": "glorot_uniform", "kind": "plain", "log_every": 3,
-    "lr": 0.001, "lr_decay_rate": 0.96, "lr_decay_steps": 100000, "matmul_precision": "default",
-    "max_epochs": None, "max_steps": 4, "momentum": 0.9, "num_classes": 10, "patience": None,
-    "preset": None, "progress": False, "seed": 4, "tensorboard": False, "transform_bias": -4.0,
-    "valid_size": 40, "verify_data": False, "width": 71, "workdir": "/tmp/hw-old/sweep",
-}  # fmt: skip
+    "activation": "tanh",
+    "batch_size": 20,
+    "checkpoint_every_steps": 0,
+    "data_dir": "/tmp/hw-mnist",
+    "data_source": "files",
+    "dataset": "mnist",
+    "depth": 3,
+    "divergence_factor": 3.0,
+    "download": False,
+    "epochs": 400,
+    "eval_batch_size": 1000,
+    "input_size": 784,
+    "kernel_init": "glorot_uniform",
+    "kind": "plain",
+    "log_every": 3,
+    "lr": 0.001,
+    "lr_decay_rate": 0.96,
+    "lr_decay_steps": 100000,
+    "matmul_precision": "default",
+    "max_epochs": None,
+    "max_steps": 4,
+    "momentum": 0.9,
+    "num_classes": 10,
+    "patience": None,
+    "preset": None,
+    "progress": False,
+    "seed": 4,
+    "tensorboard": False,
+    "transform_bias": -4.0,
+    "valid_size": 40,
+    "verify_data": False,
+    "width": 71,
+    "workdir": "/tmp/hw-old/sweep",
+}
 
 
 def old_sweep_config(**changes):
@@ -212,11 +318,23 @@ def old_sweep_config(**changes):
     default then, not the test session's ``highest``), with ``changes``."""
     from rhnzoo.tasks.highway import HighwayConfig
 
-    settings = {"sweep": True, "depths": ("3",), "plain_lrs": ("3:1e-3",), "seeds": 2,
-                "seed": 3, "batch_size": 20, "valid_size": 40, "data_dir": "/tmp/hw-mnist",
-                "verify_data": False, "download": False, "workdir": "/tmp/hw-old/sweep",
-                "max_steps": 4, "progress": False, "log_every": 3,
-                "matmul_precision": "default"}  # fmt: skip
+    settings = {
+        "sweep": True,
+        "depths": ("3",),
+        "plain_lrs": ("3:1e-3",),
+        "seeds": 2,
+        "seed": 3,
+        "batch_size": 20,
+        "valid_size": 40,
+        "data_dir": "/tmp/hw-mnist",
+        "verify_data": False,
+        "download": False,
+        "workdir": "/tmp/hw-old/sweep",
+        "max_steps": 4,
+        "progress": False,
+        "log_every": 3,
+        "matmul_precision": "default",
+    }
     return HighwayConfig(**{**settings, **changes})
 
 
@@ -240,8 +358,11 @@ def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
     assert (run.kind, run.depth, run.width, run.lr, run.seed) == ("plain", 3, 71, 0.001, 4)
     wd = old_workdir(tmp_path / "plain_d3_s1")
     assert prepare_workdir(wd, run, check_only=True) == wd
-    more = dict(old_sweep_config(depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"),
-                                 diagnostics_depth=0).runs())  # fmt: skip
+    more = dict(
+        old_sweep_config(
+            depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"), diagnostics_depth=0
+        ).runs()
+    )
     assert len(more) == 8 and more["plain_d3_s1"].depths == ("3",)
     prepare_workdir(wd, more["plain_d3_s1"], check_only=True)
     assert json.loads((wd / "config.json").read_text()) == CONFIG_0016358  # only checked
@@ -259,12 +380,16 @@ def test_a_structural_difference_from_an_old_workdir_is_refused(tmp_path):
     for other, shown in (
         (runs["plain_d3_s1"].replace(activation="relu"), "activation='tanh' there vs 'relu'"),
         (runs["plain_d3"], "seed=4 there vs 3"),
-        (dict(old_sweep_config(plain_lrs=("3:1e-2",)).runs())["plain_d3_s1"],
-         "lr=0.001 there vs 0.01"),
-        (runs["plain_d3_s1"].replace(init="he_normal"),
-         "init='glorot_uniform' there vs 'he_normal'"),
+        (
+            dict(old_sweep_config(plain_lrs=("3:1e-2",)).runs())["plain_d3_s1"],
+            "lr=0.001 there vs 0.01",
+        ),
+        (
+            runs["plain_d3_s1"].replace(init="he_normal"),
+            "init='glorot_uniform' there vs 'he_normal'",
+        ),
         (runs["highway_d3_s1"], "kind='plain' there vs 'highway'"),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=r"holds an incompatible run \(.*" + re.escape(shown)):
             prepare_workdir(wd, other, check_only=True)
 
@@ -281,7 +406,8 @@ def test_the_net_of_a_runs_config_json_old_or_new():
     assert he == dataclasses.replace(old, kernel_init="he_normal")
     run = dict(old_sweep_config(dataset="cifar100").runs())["highway_d3"]
     assert net_from_config(json.loads(json.dumps(run.to_dict()))) == FeedForwardNet(
-        "highway", 3, 50, 3072, 100, "tanh", "glorot_uniform", -4.0)  # fmt: skip
+        "highway", 3, 50, 3072, 100, "tanh", "glorot_uniform", -4.0
+    )
     with pytest.raises(ValueError, match="not a highway-net run's config .*--dataset must be"):
         net_from_config({"dataset": "ptb", "depth": 10, "hidden_size": 830})
 
@@ -313,7 +439,7 @@ def test_config_round_trip_and_one_line_errors():
         ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run settings
         ({"epochs": 0}, "--epochs must be >= 1, got 0"),
         ({"matmul_precision": "fast"}, "--matmul_precision: "),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=re.escape(message)) as error:
             HighwayConfig.from_dict(values)
         assert "\n" not in str(error.value)
@@ -327,8 +453,12 @@ def test_presets_hold_the_reproductions_settings():
 
     d = configs.get_config()
     assert (d.transform_bias, d.momentum, d.lr_decay_rate, d.lr_decay_steps) == (-4, 0.9, 0.96, 1e5)
-    assert (d.activation, d.init, d.epochs, d.depths) == ("tanh", "glorot_uniform", 400,
-                                                          ("10", "20", "50", "100"))  # fmt: skip
+    assert (d.activation, d.init, d.epochs, d.depths) == (
+        "tanh",
+        "glorot_uniform",
+        400,
+        ("10", "20", "50", "100"),
+    )
     assert [d.learning_rate("highway", k) for k in (10, 20, 50, 100)] == [0.1] * 4
     assert [d.learning_rate("plain", k) for k in (10, 20, 50, 100)] == [1e-3, 1e-3, 1e-5, 1e-5]
     assert (d.net("highway", 50).width, d.net("plain", 50).width) == (50, 71)
@@ -373,16 +503,41 @@ def test_a_run_takes_the_preset_under_the_flags_given_and_resumes(tmp_path):
 
     mnist = write_random_mnist(tmp_path / "mnist", train=100, test=20)
     wd = tmp_path / "w"
-    args = ["--preset=cpu", "--kind=plain", "--depth=3", "--plain_lrs=3:0.02,10:1", "--seed=7",
-            "--max_steps=3", "--batch_size=20", "--valid_size=40", "--noprogress",
-            f"--data_dir={mnist}", "--noverify_data", "--nodownload", f"--workdir={wd}"]
+    args = [
+        "--preset=cpu",
+        "--kind=plain",
+        "--depth=3",
+        "--plain_lrs=3:0.02,10:1",
+        "--seed=7",
+        "--max_steps=3",
+        "--batch_size=20",
+        "--valid_size=40",
+        "--noprogress",
+        f"--data_dir={mnist}",
+        "--noverify_data",
+        "--nodownload",
+        f"--workdir={wd}",
+    ]
     result = highway(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "plain net, depth 3, width 71: " in result.stdout
     written = json.loads((wd / "config.json").read_text())
-    expected = {"preset": "cpu", "epochs": 120, "transform_bias": -4.0, "kind": "plain",
-                "depth": 3, "width": 71, "lr": 0.02, "seed": 7, "depths": ["3"], "sweep": False,
-                "batch_size": 20, "max_steps": 3, "workdir": str(wd), "init": "glorot_uniform"}
+    expected = {
+        "preset": "cpu",
+        "epochs": 120,
+        "transform_bias": -4.0,
+        "kind": "plain",
+        "depth": 3,
+        "width": 71,
+        "lr": 0.02,
+        "seed": 7,
+        "depths": ["3"],
+        "sweep": False,
+        "batch_size": 20,
+        "max_steps": 3,
+        "workdir": str(wd),
+        "init": "glorot_uniform",
+    }
     assert {k: written[k] for k in expected} == expected
     again = highway(*args)
     assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-3000:]
@@ -406,19 +561,36 @@ def test_a_plain_single_run_draws_its_learning_curves_and_its_lesions(tmp_path, 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     drawn = []
     real = plots.plot_learning_curves
-    monkeypatch.setattr(plots, "plot_learning_curves",
-                        lambda curves, *a, **k: drawn.append(curves) or real(curves, *a, **k))
-    cfg = HighwayConfig(kind="plain", depth=3, lr=1e-3, epochs=1, batch_size=20, valid_size=40,
-                        log_every=2, progress=False, data_dir=str(mnist), download=False,
-                        verify_data=False, workdir=str(tmp_path / "w"))  # fmt: skip
+    monkeypatch.setattr(
+        plots,
+        "plot_learning_curves",
+        lambda curves, *a, **k: drawn.append(curves) or real(curves, *a, **k),
+    )
+    cfg = HighwayConfig(
+        kind="plain",
+        depth=3,
+        lr=1e-3,
+        epochs=1,
+        batch_size=20,
+        valid_size=40,
+        log_every=2,
+        progress=False,
+        data_dir=str(mnist),
+        download=False,
+        verify_data=False,
+        workdir=str(tmp_path / "w"),
+    )
     app.train_and_evaluate(cfg)
     assert png_shape(tmp_path / "w" / "learning_curves.png")[:2] == (400, 640)
     (curves,) = drawn
     assert [r["step"] for r in curves["training"]] == [2, 4, 6, 8]  # 8 steps, logged every 2
     assert [r["step"] for r in curves["validation"]] == [8]
     assert all(r["xent"] > 0 for r in curves["training"] + curves["validation"])
-    numbers = report.analyze(tmp_path / "w", tmp_path / "a",
-                             report.Options(lesion_examples=30, progress=False, verify=False))
+    numbers = report.analyze(
+        tmp_path / "w",
+        tmp_path / "a",
+        report.Options(lesion_examples=30, progress=False, verify=False),
+    )
     assert numbers["phases"]["lesion"]["status"] == "done"
     assert "gate_heatmaps" not in numbers["phases"]  # a plain net has no gates
     assert len(numbers["lesion"]["nll"]) == 2 and numbers["lesion"]["num_images"] == 30

@@ -42,8 +42,10 @@ def tiny(kind="highway", activation="tanh", depth=4, **kw):
     return FeedForwardNet(kind, depth, 5, 7, 3, activation, **kw)
 
 
-@pytest.mark.parametrize("kind,activation", [("highway", "tanh"), ("highway", "relu"),
-                                             ("highway", "sigmoid"), ("plain", "relu")])
+@pytest.mark.parametrize(
+    "kind,activation",
+    [("highway", "tanh"), ("highway", "relu"), ("highway", "sigmoid"), ("plain", "relu")],
+)
 def test_net_matches_numpy(kind, activation):
     net = tiny(kind, activation)
     params = random_params(net.init(jax.random.key(0)), jax.random.key(1))
@@ -75,8 +77,9 @@ def test_gradient_matches_finite_differences(kind):
             v = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), p)
             shift = lambda s: jax.tree.map(lambda a, d: a + s * eps * d, p, v)
             fd = (loss(shift(1)) - loss(shift(-1))) / (2 * eps)
-            analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads),
-                                                          jax.tree.leaves(v)))  # fmt: skip
+            analytic = sum(
+                jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(v))
+            )
             np.testing.assert_allclose(analytic, fd, rtol=1e-6, atol=1e-9)
 
 
@@ -108,14 +111,16 @@ def test_initialisation():
     # Each n x n block (H, T) of each layer has its own draw.
     assert not np.allclose(W[0, :, :n], W[0, :, n:]) and not np.allclose(W[0], W[1])
     he = jax.jit(FeedForwardNet("plain", depth, n, 300, 10, kernel_init="he_normal").init)(
-        jax.random.key(1))
+        jax.random.key(1)
+    )
     np.testing.assert_allclose(np.std(he["layers"]["W"]), math.sqrt(2 / n), rtol=0.05)
     np.testing.assert_allclose(np.std(he["input"]["W"]), math.sqrt(2 / 300), rtol=0.05)
     # The layer stacks take the option too; He normal stays their default.
     q = jax.jit(Highway(n, depth=2, kernel_init="glorot_uniform").init)(jax.random.key(2))
     assert float(jnp.abs(q["W"]).max()) <= math.sqrt(6 / (2 * n))
-    np.testing.assert_allclose(np.std(jax.jit(Plain(n, 3).init)(jax.random.key(3))["W"]),
-                               math.sqrt(2 / n), rtol=0.05)  # fmt: skip
+    np.testing.assert_allclose(
+        np.std(jax.jit(Plain(n, 3).init)(jax.random.key(3))["W"]), math.sqrt(2 / n), rtol=0.05
+    )
 
 
 def test_initialisers_are_jax_nn_initializers_with_batch_axes():
@@ -131,10 +136,15 @@ def test_initialisers_are_jax_nn_initializers_with_batch_axes():
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [(dict(depth=1), "depth must be an integer >= 2"), (dict(width=0), "width must be"),
-     (dict(kind="resnet"), "kind must be one of"), (dict(activation="gelu"), "activation"),
-     (dict(kernel_init="lecun"), "kernel_init"), (dict(num_classes=1), "num_classes")],
-)  # fmt: skip
+    [
+        (dict(depth=1), "depth must be an integer >= 2"),
+        (dict(width=0), "width must be"),
+        (dict(kind="resnet"), "kind must be one of"),
+        (dict(activation="gelu"), "activation"),
+        (dict(kernel_init="lecun"), "kernel_init"),
+        (dict(num_classes=1), "num_classes"),
+    ],
+)
 def test_invalid_nets(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FeedForwardNet(**kwargs)
@@ -151,9 +161,12 @@ def test_lesion_removes_exactly_one_layer():
         keep = [l for l in range(net.depth - 1) if l != layer]
         short = FeedForwardNet("highway", net.depth - 1, 5, 7, 3)
         p_short = {**p64, "layers": {k: v[keep] for k, v in p64["layers"].items()}}
-        np.testing.assert_allclose(lesion_apply(params, layer, x),
-                                   np_net(short, p_short, x.astype(np.float64))[0],
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            lesion_apply(params, layer, x),
+            np_net(short, p_short, x.astype(np.float64))[0],
+            rtol=1e-5,
+            atol=1e-5,
+        )
     lesioned = analysis.highway_lesion_params(net, params, 1)
     np.testing.assert_array_equal(lesioned["layers"]["b"][1, 5:], analysis.LESION_BIAS)
     assert params["layers"]["b"][1, 5] != analysis.LESION_BIAS  # not modified in place
@@ -175,9 +188,12 @@ def test_lesioned_logits_are_the_net_without_the_layer(kind):
         keep = [l for l in range(net.depth - 1) if l != layer]
         short = FeedForwardNet(kind, net.depth - 1, 5, 7, 3, net.activation)
         p_short = {**p64, "layers": {k: v[keep] for k, v in p64["layers"].items()}}
-        np.testing.assert_allclose(lesioned(params, layer, x),
-                                   np_net(short, p_short, x.astype(np.float64))[0],
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            lesioned(params, layer, x),
+            np_net(short, p_short, x.astype(np.float64))[0],
+            rtol=1e-5,
+            atol=1e-5,
+        )
     labels = np.arange(8) % 3
     images = (x * 255).astype(np.uint8)
     result = analysis.highway_lesions(net, params, (images, labels), batch_size=3)
@@ -194,8 +210,9 @@ def test_lesioning_a_closed_layer_changes_nothing():
     x = jax.random.uniform(jax.random.key(8), (16, 7))
     apply = jax.jit(net.apply)
     intact = apply(params, x)
-    np.testing.assert_allclose(apply(analysis.highway_lesion_params(net, params, 1), x),
-                               intact, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        apply(analysis.highway_lesion_params(net, params, 1), x), intact, atol=1e-6
+    )
     other = apply(analysis.highway_lesion_params(net, params, 0), x)
     assert float(jnp.abs(other - intact).max()) > 1e-3  # an open layer does matter
 
@@ -241,8 +258,10 @@ def test_highway_lesions_evaluate_each_lesion(trained_tiny):
     np.testing.assert_allclose(result.base_nll, np_xent(params), rtol=1e-5)
     for layer in range(3):
         np.testing.assert_allclose(
-            result.nll[layer], np_xent(analysis.highway_lesion_params(net, params, layer)),
-            rtol=1e-5)  # fmt: skip
+            result.nll[layer],
+            np_xent(analysis.highway_lesion_params(net, params, layer)),
+            rtol=1e-5,
+        )
 
 
 def test_activation_statistics_and_gradient_norms(trained_tiny):
@@ -254,11 +273,14 @@ def test_activation_statistics_and_gradient_norms(trained_tiny):
     np.testing.assert_allclose(var, hidden.var(axis=(1, 2)), rtol=1e-4, atol=1e-7)
     norms = analysis.gradient_norms(net, params, images, labels)
     x = hw.inputs(jnp.asarray(images))
-    grads = jax.grad(lambda p: jnp.mean(-jax.nn.log_softmax(net.apply(p, x))[
-        jnp.arange(20), labels]))(params)  # fmt: skip
+    grads = jax.grad(
+        lambda p: jnp.mean(-jax.nn.log_softmax(net.apply(p, x))[jnp.arange(20), labels])
+    )(params)
     expect = [np.sqrt(np.sum(grads["input"]["W"] ** 2) + np.sum(grads["input"]["b"] ** 2))]
-    expect += [np.sqrt(np.sum(grads["layers"]["W"][l] ** 2) + np.sum(grads["layers"]["b"][l] ** 2))
-               for l in range(3)]  # fmt: skip
+    expect += [
+        np.sqrt(np.sum(grads["layers"]["W"][l] ** 2) + np.sum(grads["layers"]["b"][l] ** 2))
+        for l in range(3)
+    ]
     np.testing.assert_allclose(norms, expect, rtol=1e-4)
 
 
@@ -269,8 +291,7 @@ def test_plain_diagnostics_show_glorot_relu_vanishing():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (256, 64), dtype=np.uint8)
     labels = rng.integers(0, 10, 256)
-    diag = analysis.plain_diagnostics(images, labels, depth=20, width=128,
-                                      activations=("relu",))  # fmt: skip
+    diag = analysis.plain_diagnostics(images, labels, depth=20, width=128, activations=("relu",))
     assert set(diag) == {"relu, Glorot", "relu, He"}
     second = {k: d["mean"] ** 2 + d["variance"] for k, d in diag.items()}
     assert second["relu, Glorot"][-1] < 1e-3 * second["relu, Glorot"][1]
@@ -286,18 +307,24 @@ def test_split_and_config_errors():
     for bad in (0, 100):
         with pytest.raises(ValueError, match="--valid_size must be in"):
             hw.split_data(x, y, x, y, bad)
-    for kwargs, flag in ((dict(lr=0.0), "--lr"), (dict(momentum=1.0), "--momentum"),
-                         (dict(batch_size=0), "--batch_size"),
-                         (dict(lr_decay_rate=0.0), "--lr_decay_rate")):  # fmt: skip
+    for kwargs, flag in (
+        (dict(lr=0.0), "--lr"),
+        (dict(momentum=1.0), "--momentum"),
+        (dict(batch_size=0), "--batch_size"),
+        (dict(lr_decay_rate=0.0), "--lr_decay_rate"),
+    ):
         with pytest.raises(ValueError, match=flag):
             hw.HighwayConfig(**kwargs)
     with pytest.raises(ValueError, match="batch_size must be in"):
-        hw.train_and_evaluate(hw.HighwayConfig(batch_size=71), splits,
-                              net=FeedForwardNet(input_size=16))
+        hw.train_and_evaluate(
+            hw.HighwayConfig(batch_size=71), splits, net=FeedForwardNet(input_size=16)
+        )
 
 
-@pytest.mark.skipif(not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
-                    reason=f"real MNIST not found in {MNIST_DIR} (set RHNZOO_DATA)")  # fmt: skip
+@pytest.mark.skipif(
+    not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
+    reason=f"real MNIST not found in {MNIST_DIR} (set RHNZOO_DATA)",
+)
 @pytest.mark.slow
 def test_depth10_highway_learns_real_mnist():
     """300 SGD steps (batch 64, lr 0.1, T bias -2) on 6,400 real MNIST images: the
@@ -306,10 +333,16 @@ def test_depth10_highway_learns_real_mnist():
     from rhnzoo.data import load_mnist
 
     data = load_mnist(MNIST_DIR, download=False)
-    splits = hw.split_data(data.train_images[:7400], data.train_labels[:7400],
-                           data.test_images[:2000], data.test_labels[:2000], 1000)  # fmt: skip
-    cfg = hw.HighwayConfig(lr=0.1, batch_size=64, epochs=3, transform_bias=-2.0,
-                           log_every=10**6, progress=False)  # fmt: skip
+    splits = hw.split_data(
+        data.train_images[:7400],
+        data.train_labels[:7400],
+        data.test_images[:2000],
+        data.test_labels[:2000],
+        1000,
+    )
+    cfg = hw.HighwayConfig(
+        lr=0.1, batch_size=64, epochs=3, transform_bias=-2.0, log_every=10**6, progress=False
+    )
     net = cfg.net()
     assert net == FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
     at_init = hw.evaluate(net, net.init(jax.random.key(0)), splits["valid"])["loss"]
@@ -324,19 +357,35 @@ def test_sweep_table_shows_the_mean_and_sd_over_seeds():
 
     def run(kind, acc, xent, diverged=False, epochs=3):
         results = {"test_acc": acc, **({"diverged": True} if diverged else {})}
-        return {"kind": kind, "depth": 10, "width": 50, "params": 1234, "lr": 0.1,
-                "history": [{"epoch": epochs, "train_xent": xent}], "results": results}  # fmt: skip
+        return {
+            "kind": kind,
+            "depth": 10,
+            "width": 50,
+            "params": 1234,
+            "lr": 0.1,
+            "history": [{"epoch": epochs, "train_xent": xent}],
+            "results": results,
+        }
 
     one = analysis.sweep_table([run("plain", 0.9, 0.31), run("highway", 0.95, 0.2, True)])
-    assert one.splitlines()[2] == ("| 10 | 1,234 | 0.1 | 3 | 0.3100 | 90.00% | 1,234 | 0.1 | 3 "
-                                   "| 0.2000 | 95.00% (diverged) |")  # fmt: skip
-    seeds = [run("plain", 0.9, 0.31), run("plain", 0.8, 0.35, epochs=5),
-             run("highway", 0.95, 0.2), run("highway", 0.97, 0.1, True),
-             {**run("highway", 0, 0), "results": None, "history": [],
-              "failed": {"exit_status": 1}}]  # fmt: skip
+    assert one.splitlines()[2] == (
+        "| 10 | 1,234 | 0.1 | 3 | 0.3100 | 90.00% | 1,234 | 0.1 | 3 | 0.2000 | 95.00% (diverged) |"
+    )
+    seeds = [
+        run("plain", 0.9, 0.31),
+        run("plain", 0.8, 0.35, epochs=5),
+        run("highway", 0.95, 0.2),
+        run("highway", 0.97, 0.1, True),
+        {**run("highway", 0, 0), "results": None, "history": [], "failed": {"exit_status": 1}},
+    ]
     cells = [c.strip() for c in analysis.sweep_table(seeds).splitlines()[2].strip("|").split("|")]
     sd = lambda *v: statistics.stdev(v)
-    assert cells[3:6] == ["4", f"0.3300 ± {sd(0.31, 0.35):.4f} (n=2)",
-                          f"85.00 ± {sd(90, 80):.2f}% (n=2)"]  # fmt: skip
-    assert cells[9:] == [f"0.1500 ± {sd(0.2, 0.1):.4f} (n=2)",
-                         f"96.00 ± {sd(95, 97):.2f}% (n=2) (1 diverged)"]  # fmt: skip
+    assert cells[3:6] == [
+        "4",
+        f"0.3300 ± {sd(0.31, 0.35):.4f} (n=2)",
+        f"85.00 ± {sd(90, 80):.2f}% (n=2)",
+    ]
+    assert cells[9:] == [
+        f"0.1500 ± {sd(0.2, 0.1):.4f} (n=2)",
+        f"96.00 ± {sd(95, 97):.2f}% (n=2) (1 diverged)",
+    ]

@@ -215,14 +215,32 @@ def test_study_config_is_the_preset_with_the_flags_given_over_it():
     integers, --noverify an alias); the engine's flags that apply to an in-memory trial
     are there, those that do not are no flags."""
     args = ["--preset=cpu", "--trials=3", "--depths=4,1", "--noverify", "--patience=2"]
-    out = subprocess.run([sys.executable, "-c", FLAGS_TO_CONFIG, *args], check=False,
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", FLAGS_TO_CONFIG, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     config, names = (json.loads(line) for line in out.stdout.splitlines()[-2:])
     assert (config["width"], config["epochs"], config["batch_size"]) == (32, 25, 16)  # preset
-    assert (config["trials"], config["depths"], config["verify_data"], config["patience"],
-            config["preset"], config["seed"]) == (3, [4, 1], False, 2, "cpu", 0)  # fmt: skip
-    engine_flags = {"seed", "max_steps", "max_epochs", "patience", "divergence_factor",
-                    "matmul_precision"}  # fmt: skip
+    assert (
+        config["trials"],
+        config["depths"],
+        config["verify_data"],
+        config["patience"],
+        config["preset"],
+        config["seed"],
+    ) == (3, [4, 1], False, 2, "cpu", 0)
+    engine_flags = {
+        "seed",
+        "max_steps",
+        "max_epochs",
+        "patience",
+        "divergence_factor",
+        "matmul_precision",
+    }
     assert engine_flags | {"jobs", "sweep_run", "data_dir", "workdir"} <= set(names)
     assert not {"log_every", "progress", "tensorboard", "checkpoint_every_steps"} & set(names)

@@ -99,10 +99,21 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
 
     workdir = tmp_path / "w"
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *data_flags(tmp_path), "--archs=rhn", "--depths=1",
-         "--trials=50", "--epochs=200", "--width=6", f"--workdir={workdir}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            *data_flags(tmp_path),
+            "--archs=rhn",
+            "--depths=1",
+            "--trials=50",
+            "--epochs=200",
+            "--width=6",
+            f"--workdir={workdir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:  # wait until a trial has finished: training is under way
         if line.startswith("[   1/"):
             break
@@ -119,22 +130,33 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
 @pytest.mark.slow
 def test_two_jobs_give_the_trials_of_one_after_another(tmp_path):
     """--jobs=2: every trial in a child process (this command with --sweep_run)."""
-    args = [*data_flags(tmp_path), "--archs=rhn", "--depths=1", "--trials=2", "--epochs=1",
-            "--width=6"]  # fmt: skip
+    args = [
+        *data_flags(tmp_path),
+        "--archs=rhn",
+        "--depths=1",
+        "--trials=2",
+        "--epochs=1",
+        "--width=6",
+    ]
     seq = jsb(*args, f"--workdir={tmp_path / 'seq'}")
     par = jsb(*args, f"--workdir={tmp_path / 'par'}", "--jobs=2")
     assert seq.returncode == 0 and par.returncode == 0, par.stderr[-3000:]
     assert "2 runs, 2 at a time in child processes" in par.stdout
-    done = [line.split()[1] for line in par.stdout.splitlines()
-            if line.startswith("[") and " done in " in line]  # fmt: skip
+    done = [
+        line.split()[1]
+        for line in par.stdout.splitlines()
+        if line.startswith("[") and " done in " in line
+    ]
     assert sorted(done) == ["rhn_d1_t0", "rhn_d1_t1"]
     lines = lambda root: (tmp_path / root / "results.jsonl").read_text().splitlines()
     nll = ("valid_nll", "test_nll")
-    untimed = lambda root: [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-                            for line in lines(root)]  # fmt: skip
+    untimed = lambda root: [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines(root)
+    ]
     par, seq = untimed("par"), untimed("seq")
     assert len(par) == 2 and [{k: v for k, v in r.items() if k not in nll} for r in par] == [
-        {k: v for k, v in r.items() if k not in nll} for r in seq]
+        {k: v for k, v in r.items() if k not in nll} for r in seq
+    ]
     # The NLLs to float32 rounding: with the fused RHN scan (auto since issue 45) the second
     # trial's validation NLL in one process differed from the same trial's in a fresh
     # child by 1.3e-7 relative (13.2031940 vs 13.2031923; its test NLL equal), where the

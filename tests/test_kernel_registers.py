@@ -46,8 +46,13 @@ def _params():
             marks = [] if name in FAST else [pytest.mark.slow]
             if (name, which) in SPILLS:
                 stores, loads = SPILLS[name, which]
-                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-                    f"ptxas: {stores} B spill stores, {loads} B spill loads")))  # fmt: skip
+                marks.append(
+                    pytest.mark.xfail(
+                        strict=True,
+                        raises=AssertionError,
+                        reason=(f"ptxas: {stores} B spill stores, {loads} B spill loads"),
+                    )
+                )
             yield pytest.param(name, which, marks=marks, id=f"{name}-{which}")
 
 
@@ -67,11 +72,13 @@ def test_parse_ptxas_log_reads_registers_and_spills():
     """The parser reads the counts of ptxas's ``-v`` log (its format in CUDA 13.0), so a
     spilling kernel fails :func:`test_no_spills`; a log without exactly one entry is an
     error, not zero spills."""
-    log = ("ptxas info    : 0 bytes gmem\n"
-           "ptxas info    : Compiling entry function 'body_mosaic_gpu_kernel' for 'sm_90a'\n"
-           "ptxas info    : Function properties for body_mosaic_gpu_kernel\n"
-           "    56 bytes stack frame, 56 bytes spill stores, 52 bytes spill loads\n"
-           "ptxas info    : Used 255 registers, used 16 barriers, 1 bytes smem\n")  # fmt: skip
+    log = (
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function 'body_mosaic_gpu_kernel' for 'sm_90a'\n"
+        "ptxas info    : Function properties for body_mosaic_gpu_kernel\n"
+        "    56 bytes stack frame, 56 bytes spill stores, 52 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 16 barriers, 1 bytes smem\n"
+    )
     assert kr.parse_ptxas_log(log) == kr.Counts(255, 56, 52, 56)
     with pytest.raises(ValueError, match="one entry function"):
         kr.parse_ptxas_log("ptxas info    : 0 bytes gmem\n")

@@ -40,7 +40,8 @@ def test_kernel_under_x64_matches_the_reference(name):
         assert ys.dtype == jnp.float32
         for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(carry), strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape  # SC-LSTM's count stays int32
-        got, ref, _ = kernel_reference_fused(kernel, cell, params, carry, xs, target,
-                                             lengths=lengths, fused=False)  # fmt: skip
+        got, ref, _ = kernel_reference_fused(
+            kernel, cell, params, carry, xs, target, lengths=lengths, fused=False
+        )
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0])) + 1e-3
     assert_close(got[1], ref[1], rtol=2e-2)

@@ -85,8 +85,12 @@ def test_every_part_of_the_package_has_a_layer():
 
 
 def test_no_import_runs_upward():
-    upward = [f"{a} -> {b}" for a, targets in graph().items() for b in sorted(targets)
-              if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]  # fmt: skip
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in graph().items()
+        for b in sorted(targets)
+        if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)
+    ]
     assert not set(upward) - KNOWN_UPWARD, sorted(set(upward) - KNOWN_UPWARD)
     assert not KNOWN_UPWARD - set(upward), "taken down: drop from KNOWN_UPWARD"
 
@@ -94,16 +98,23 @@ def test_no_import_runs_upward():
 def test_no_module_imports_itself_through_others():
     # A package's __init__ only hands names on; edges into it would tie every submodule
     # that imports a sibling through it into a false circle.
-    edges = {a: {b for b in targets if b != a and is_module(b)
-                 and not (ROOT.joinpath(*b.split(".")) / "__init__.py").is_file()}
-             for a, targets in graph().items()}  # fmt: skip
+    edges = {
+        a: {
+            b
+            for b in targets
+            if b != a
+            and is_module(b)
+            and not (ROOT.joinpath(*b.split(".")) / "__init__.py").is_file()
+        }
+        for a, targets in graph().items()
+    }
     state, circles = {}, []
 
     def visit(node, stack):
         state[node] = "open"
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == "open":
-                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"

@@ -100,8 +100,9 @@ def test_nll_in_time_chunks_is_the_same_sum_and_gradient():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 6), 0, 11)
     targets = jnp.roll(tokens, -1, axis=1)
     weights = jnp.ones((3, 6)).at[2, 4:].set(0.0)  # a padded row end
-    nll = lambda p, chunk: model.nll(p, model.initial_carry(3), tokens, targets, None, weights,
-                                     time_chunk=chunk)[0]  # fmt: skip
+    nll = lambda p, chunk: model.nll(
+        p, model.initial_carry(3), tokens, targets, None, weights, time_chunk=chunk
+    )[0]
     full, g_full = jax.value_and_grad(nll)(params, None)
     for chunk in (1, 2, 3, 6):
         part, g_part = jax.value_and_grad(nll)(params, chunk)

@@ -48,8 +48,11 @@ def test_resume_refuses_a_structural_change_and_records_a_resumable_one(tmp_path
     config = LMConfig.from_dict(json.loads(OLD_CONFIG_JSON))
     (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
     (tmp_path / "results.json").write_text("{}")  # the workdir holds a run
-    with pytest.raises(ValueError, match=r"holds an incompatible run \(cell='rhn' there vs "
-                       r"'gru'.*hidden_size=256 there vs 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds an incompatible run \(cell='rhn' there vs "
+        r"'gru'.*hidden_size=256 there vs 8",
+    ):
         engine.prepare_workdir(tmp_path, config.replace(cell="gru", hidden_size=8))
     longer = config.replace(max_steps=80, eval_batch_size=10, unroll=2)  # resumable
     engine.prepare_workdir(tmp_path, longer)
@@ -84,17 +87,24 @@ def test_a_new_setting_is_one_field(tmp_path):
         engine.prepare_workdir(tmp_path, before.replace(label_smoothing=0.1), check_only=True)
 
 
-@pytest.mark.parametrize("values,message", [
-    ({"lr": 0.0}, "lr must be > 0, got 0.0"),
-    ({"drop_o": 1.0}, "drop_o must be a drop probability in [0, 1), got 1.0"),
-    ({"init_scale": -1.0}, "init_scale must be > 0, got -1.0"),
-    ({"max_steps": 1.5}, "--max_steps must be an integer, got 1.5"),
-    ({"dtype": "bfloat16", "scan_impl": "reference"},
-     "dtype=bfloat16 needs the fused or pallas scan"),
-    ({"cell": "dtrnn", "scan_impl": "fused"},
-     "scan_impl='fused' cannot run DTRNN; its scans: reference"),
-    ({"dataset": "mnist"}, "mnist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"lr": 0.0}, "lr must be > 0, got 0.0"),
+        ({"drop_o": 1.0}, "drop_o must be a drop probability in [0, 1), got 1.0"),
+        ({"init_scale": -1.0}, "init_scale must be > 0, got -1.0"),
+        ({"max_steps": 1.5}, "--max_steps must be an integer, got 1.5"),
+        (
+            {"dtype": "bfloat16", "scan_impl": "reference"},
+            "dtype=bfloat16 needs the fused or pallas scan",
+        ),
+        (
+            {"cell": "dtrnn", "scan_impl": "fused"},
+            "scan_impl='fused' cannot run DTRNN; its scans: reference",
+        ),
+        ({"dataset": "mnist"}, "mnist"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(values, message):
     """The LM's own rules (between fields, beyond a field's low / choices: those of every
     field are tests/test_config_contract.py's)."""
@@ -145,8 +155,10 @@ def test_get_config_gives_an_hsg_model_the_papers_rhn_gate_bias():
     assert lm_configs.get_config("small", "ptb_char", hsg=True).init_bias == -1.0  # the preset's
     assert lm_configs.get_config(depth=40).init_bias == -2.0
     assert lm_configs.get_config("small", lr=0.1) == lm_configs.get_config("small").replace(lr=0.1)
-    for settings, message in [({"learning_rate": 0.1}, "unknown LMConfig setting"),
-                              ({"depth": 0}, "depth")]:  # fmt: skip
+    for settings, message in [
+        ({"learning_rate": 0.1}, "unknown LMConfig setting"),
+        ({"depth": 0}, "depth"),
+    ]:
         with pytest.raises(ValueError, match=message):
             lm_configs.get_config(**settings)
 
@@ -159,11 +171,21 @@ def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
     rng = np.random.default_rng(0)
     tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
     corpus = data.Corpus(tokens(400), tokens(100), tokens(100), tuple("abcdefghijkl"))
-    base = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_steps=3,
-                    progress=False, eval_batch_size=4, eval_num_steps=20,
-                    max_grad_norm=1e30)  # fmt: skip
-    configs = [("fine", base.replace(lr=0.1, workdir=str(tmp_path / "fine"))),
-               ("wild", base.replace(lr=1e30, max_steps=80, workdir=str(tmp_path / "wild")))]
+    base = LMConfig(
+        hidden_size=8,
+        depth=1,
+        batch_size=4,
+        num_steps=5,
+        max_steps=3,
+        progress=False,
+        eval_batch_size=4,
+        eval_num_steps=20,
+        max_grad_norm=1e30,
+    )
+    configs = [
+        ("fine", base.replace(lr=0.1, workdir=str(tmp_path / "fine"))),
+        ("wild", base.replace(lr=1e30, max_steps=80, workdir=str(tmp_path / "wild"))),
+    ]
     lines = []
     failed = depth_sweep.train_all(configs, tmp_path, lambda: corpus, log=lines.append)
     assert failed == ["wild"]
@@ -186,14 +208,36 @@ def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path
     rng = np.random.default_rng(1)
     tokens = lambda n: rng.integers(0, 12, n).astype(np.int32)
     corpus = data.Corpus(tokens(400), tokens(100), tokens(100), tuple("abcdefghijkl"))
-    base = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_steps=3,
-                    progress=False, eval_batch_size=4, eval_num_steps=20)  # fmt: skip
-    rows = lambda root: [(sweep.seed_name("d1", k), base.replace(
-        seed=k, workdir=str(root / sweep.seed_name("d1", k)))) for k in range(2)]  # fmt: skip
+    base = LMConfig(
+        hidden_size=8,
+        depth=1,
+        batch_size=4,
+        num_steps=5,
+        max_steps=3,
+        progress=False,
+        eval_batch_size=4,
+        eval_num_steps=20,
+    )
+    rows = lambda root: [
+        (
+            sweep.seed_name("d1", k),
+            base.replace(seed=k, workdir=str(root / sweep.seed_name("d1", k))),
+        )
+        for k in range(2)
+    ]
     lines = []
     stacked = tmp_path / "stacked"
-    assert depth_sweep.train_all(rows(stacked), stacked, lambda: corpus, log=lines.append,
-                                 jobs=sweep.Jobs(stack_seeds=True), seeds=2) == []  # fmt: skip
+    assert (
+        depth_sweep.train_all(
+            rows(stacked),
+            stacked,
+            lambda: corpus,
+            log=lines.append,
+            jobs=sweep.Jobs(stack_seeds=True),
+            seeds=2,
+        )
+        == []
+    )
     assert lines[0].startswith("[1/1] d1") and (stacked / "d1" / "stacked" / "seeds.json").is_file()
     alone = tmp_path / "alone"
     depth_sweep.train_all(rows(alone), alone, lambda: corpus, log=None, seeds=2)
@@ -206,19 +250,33 @@ def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path
 
 def test_train_and_evaluate_is_the_one_entry_point(tmp_path):
     rng = np.random.default_rng(1)
-    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (300, 80, 80)),
-                         tuple("abcdefghi"))  # fmt: skip
-    config = LMConfig(cell="gru", hidden_size=8, batch_size=4, num_steps=5, max_steps=2,
-                      progress=False, eval_batch_size=4, workdir=str(tmp_path / "w"))  # fmt: skip
+    corpus = data.Corpus(
+        *(rng.integers(0, 9, n).astype(np.int32) for n in (300, 80, 80)), tuple("abcdefghi")
+    )
+    config = LMConfig(
+        cell="gru",
+        hidden_size=8,
+        batch_size=4,
+        num_steps=5,
+        max_steps=2,
+        progress=False,
+        eval_batch_size=4,
+        workdir=str(tmp_path / "w"),
+    )
     results = lm_training.train_and_evaluate(config, corpus, log=None)
     assert results["step"] == 2 and np.isfinite(results["test_ppl"])
     assert json.loads((tmp_path / "w" / "config.json").read_text())["cell"] == "gru"
 
 
-@pytest.mark.parametrize("module,name", [("rhnzoo.tasks.lm", "LMConfig"),
-                                         ("rhnzoo.tasks.rrl", "RRLConfig"),
-                                         ("rhnzoo.tasks.highway", "HighwayConfig"),
-                                         ("rhnzoo.tasks.polyphonic", "JSBConfig")])
+@pytest.mark.parametrize(
+    "module,name",
+    [
+        ("rhnzoo.tasks.lm", "LMConfig"),
+        ("rhnzoo.tasks.rrl", "RRLConfig"),
+        ("rhnzoo.tasks.highway", "HighwayConfig"),
+        ("rhnzoo.tasks.polyphonic", "JSBConfig"),
+    ],
+)
 def test_an_empty_string_setting_is_refused_in_every_task(module, name):
     """Issue 48: ``--workdir=`` (empty) once trained into the default workdir."""
     import importlib
@@ -235,15 +293,23 @@ def test_a_single_run_writes_its_learning_curves(tmp_path):
     workdir without epoch records."""
 
     rng = np.random.default_rng(2)
-    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
-                         tuple("abcdefghi"))  # fmt: skip
-    config = LMConfig(hidden_size=8, depth=1, batch_size=4, num_steps=5, max_max_epoch=2,
-                      max_epoch=1, progress=False, eval_batch_size=4,
-                      workdir=str(tmp_path / "w"))  # fmt: skip
+    corpus = data.Corpus(
+        *(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)), tuple("abcdefghi")
+    )
+    config = LMConfig(
+        hidden_size=8,
+        depth=1,
+        batch_size=4,
+        num_steps=5,
+        max_max_epoch=2,
+        max_epoch=1,
+        progress=False,
+        eval_batch_size=4,
+        workdir=str(tmp_path / "w"),
+    )
     lm_training.train_and_evaluate(config, corpus, log=None)
     lines = []
-    path = cli.write_learning_curves(config.run_dir, "valid_ppl", "train_ppl",
-                                        log=lines.append)  # fmt: skip
+    path = cli.write_learning_curves(config.run_dir, "valid_ppl", "train_ppl", log=lines.append)
     assert path == tmp_path / "w" / "learning_curves.png" and lines == [f"wrote {path}"]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.write_learning_curves(tmp_path, "valid_ppl", log=lines.append) is None

@@ -16,6 +16,7 @@ def eight_devices_env() -> dict:
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
     return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
 
+
 SCRIPT = textwrap.dedent("""
     import json, sys, jax, numpy as np
     from rhnzoo import data
@@ -64,8 +65,13 @@ def test_eight_devices_match_one(tmp_path):
     import numpy as np
 
     env = eight_devices_env()
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(PTB_DIR), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(PTB_DIR), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     one, eight = out["1"], out["8"]
@@ -86,11 +92,24 @@ def test_eight_devices_match_one(tmp_path):
 def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
     env = eight_devices_env()
     script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "ptb.py"
-    proc = subprocess.run([sys.executable, str(script), "--preset=small", "--batch_size=12",
-                           "--max_steps=1", f"--workdir={tmp_path / 'w'}"], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--preset=small",
+            "--batch_size=12",
+            "--max_steps=1",
+            f"--workdir={tmp_path / 'w'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and lines == ["error: batch_size 12 is not divisible by the 8 devices"]
+    assert proc.returncode == 1 and lines == [
+        "error: batch_size 12 is not divisible by the 8 devices"
+    ]
     assert not (tmp_path / "w").exists()
 
 
@@ -167,8 +186,13 @@ def test_classifiers_on_eight_devices_match_one():
     import numpy as np
 
     env = eight_devices_env()
-    proc = subprocess.run([sys.executable, "-c", CLASSIFIER_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CLASSIFIER_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert out["error"] == "batch_size 16 is not divisible by the 3 devices"

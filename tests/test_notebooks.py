@@ -16,11 +16,18 @@ DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
 
 # Tiny sizes: each notebook runs in well under a minute on 2 CPU cores.
 TINY = {
-    "quickstart": dict(INSTALL=False, DEPTH=2, HSG=True, MAX_STEPS=4, ANALYZE=True,
-                       BATCH_SIZE=4, EXTRA_FLAGS=["--hidden_size=16", "--num_steps=10",
-                                    "--eval_batch_size=20", "--log_every=2"]),
-    "custom_scan": dict(INSTALL=False, CELLS=["lstm", "hsg_rhn"], HIDDEN=8, T=12,
-                        TRAIN_STEPS=3, BATCH=8),
+    "quickstart": dict(
+        INSTALL=False,
+        DEPTH=2,
+        HSG=True,
+        MAX_STEPS=4,
+        ANALYZE=True,
+        BATCH_SIZE=4,
+        EXTRA_FLAGS=["--hidden_size=16", "--num_steps=10", "--eval_batch_size=20", "--log_every=2"],
+    ),
+    "custom_scan": dict(
+        INSTALL=False, CELLS=["lstm", "hsg_rhn"], HIDDEN=8, T=12, TRAIN_STEPS=3, BATCH=8
+    ),
     "papers": dict(INSTALL=False, HIGHWAY_DEPTH=10, HIGHWAY_STEPS=4, RNN_HIDDEN=4, RNN_STEPS=2),
 }
 NEEDS = {"quickstart": "ptb/ptb.train.txt", "papers": "mnist/train-images-idx3-ubyte.gz"}
@@ -35,8 +42,11 @@ def test_every_notebook_is_committed_clean_with_a_parameters_cell():
         assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), path
         tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters'"
-        names = {line.split("=")[0].strip() for line in "".join(tagged[0]["source"]).splitlines()
-                 if "=" in line and not line.startswith("#")}  # fmt: skip
+        names = {
+            line.split("=")[0].strip()
+            for line in "".join(tagged[0]["source"]).splitlines()
+            if "=" in line and not line.startswith("#")
+        }
         assert set(TINY[path.stem]) <= names, f"{path.name}: unknown parameters"
 
 
@@ -50,10 +60,14 @@ def execute(name, tmp_path, **overrides):
     if name in RUNS_PARAM:  # the notebook's runs go to the test's directory
         params[RUNS_PARAM[name]] = str(tmp_path / "runs")
     out = papermill.execute_notebook(
-        str(ROOT / "notebooks" / f"{name}.ipynb"), str(tmp_path / f"{name}.out.ipynb"),
-        parameters=params, cwd=str(ROOT), kernel_name="python3", progress_bar=False,
+        str(ROOT / "notebooks" / f"{name}.ipynb"),
+        str(tmp_path / f"{name}.out.ipynb"),
+        parameters=params,
+        cwd=str(ROOT),
+        kernel_name="python3",
+        progress_bar=False,
         log_output=False,
-    )  # fmt: skip
+    )
     errors = [o for c in out["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert not errors
     return out
@@ -71,8 +85,9 @@ def test_quickstart_runs_on_eight_devices_with_the_default_batch(tmp_path, monke
     split over 8, so the notebook rounds it up to 24 and the run trains on all 8; the
     evaluation batch of 20 is split over the 8 with 4 zero-weight rows appended; then the
     notebook's analysis. (The notebook's one run: on one device it is the same code.)"""
-    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} "
-                       "--xla_force_host_platform_device_count=8")
+    monkeypatch.setenv(
+        "XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    )
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     out = execute("quickstart", tmp_path, BATCH_SIZE=None)
     text = "".join(o.get("text", "") for c in out["cells"] for o in c.get("outputs", []))

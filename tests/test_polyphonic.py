@@ -109,8 +109,9 @@ def test_training_steps_are_clipped_heavy_ball_sgd():
         theta = jax.tree.map(lambda p, v: p - lr * v, theta, velocity)
         thetas.append(theta)
 
-    config = polyphonic.PolyphonicConfig(lr=lr, momentum=mu, max_grad_norm=clip, batch_size=3,
-                                         epochs=2, progress=False)  # fmt: skip
+    config = polyphonic.PolyphonicConfig(
+        lr=lr, momentum=mu, max_grad_norm=clip, batch_size=3, epochs=2, progress=False
+    )
     data = {"train": seqs, "valid": seqs, "test": seqs}
     out = polyphonic.train(model, data, config, params=jax.tree.map(jnp.array, params))
     assert [r["train"] for r in out.history] == pytest.approx(expected_losses, rel=1e-5)
@@ -130,8 +131,10 @@ def fixture_data(seed=0):
             roll[i, 1:] = roll[i - 1, :-1]
         return roll
 
-    return {split: [song(int(rng.integers(6, 14))) for _ in range(k)]
-            for split, k in (("train", 24), ("valid", 6), ("test", 6))}  # fmt: skip
+    return {
+        split: [song(int(rng.integers(6, 14))) for _ in range(k)]
+        for split, k in (("train", 24), ("valid", 6), ("test", 6))
+    }
 
 
 def test_training_lowers_the_nll_and_reports_test_at_best_valid():
@@ -140,9 +143,17 @@ def test_training_lowers_the_nll_and_reports_test_at_best_valid():
     logs = []
     before = polyphonic.evaluate(model, model.init(jax.random.PRNGKey(5)), data["valid"])
     result = polyphonic.train(
-        model, data, lr=1.0, momentum=0.9, max_grad_norm=5.0, batch_size=8, epochs=4,
-        progress=False, key=jax.random.PRNGKey(5), log=logs.append,
-    )  # fmt: skip
+        model,
+        data,
+        lr=1.0,
+        momentum=0.9,
+        max_grad_norm=5.0,
+        batch_size=8,
+        epochs=4,
+        progress=False,
+        key=jax.random.PRNGKey(5),
+        log=logs.append,
+    )
     assert result.epochs_run == 4 and not result.diverged
     assert len([line for line in logs if line.startswith("epoch")]) == 4
     assert logs[-1].startswith("final (best checkpoint")  # the engine's lines, unfiltered
@@ -156,8 +167,9 @@ def test_nan_parameters_are_reported_as_diverged():
     model = small_model()
     params = model.init(jax.random.PRNGKey(0))
     params["b_out"] = params["b_out"].at[0].set(jnp.nan)
-    result = polyphonic.train(model, fixture_data(), lr=0.1, epochs=3, params=params,
-                              progress=False)  # fmt: skip
+    result = polyphonic.train(
+        model, fixture_data(), lr=0.1, epochs=3, params=params, progress=False
+    )
     assert result.diverged and result.epochs_run == 1 and result.best_epoch == 0
     assert result.best_valid == math.inf and result.test_at_best == math.inf
 
@@ -175,10 +187,28 @@ def test_invalid_hyperparameters():
 def test_polyphonic_config_round_trip_and_one_line_errors():
     config = polyphonic.PolyphonicConfig(lr=0.3, momentum=0.9, max_steps=7, patience=2)
     values = config.to_dict()
-    assert {k: values[k] for k in ("lr", "momentum", "max_grad_norm", "batch_size", "epochs",
-                                   "max_steps", "patience", "seed")} == {
-        "lr": 0.3, "momentum": 0.9, "max_grad_norm": 10.0, "batch_size": 16, "epochs": 40,
-        "max_steps": 7, "patience": 2, "seed": 0}  # fmt: skip
+    assert {
+        k: values[k]
+        for k in (
+            "lr",
+            "momentum",
+            "max_grad_norm",
+            "batch_size",
+            "epochs",
+            "max_steps",
+            "patience",
+            "seed",
+        )
+    } == {
+        "lr": 0.3,
+        "momentum": 0.9,
+        "max_grad_norm": 10.0,
+        "batch_size": 16,
+        "epochs": 40,
+        "max_steps": 7,
+        "patience": 2,
+        "seed": 0,
+    }
     assert polyphonic.PolyphonicConfig.from_dict(values) == config
     # The engine reads the run's length from the config itself: 40 epochs cut to 7 steps.
     assert config.total_steps(steps_per_epoch=2) == 7 and config.cut_short(2)
@@ -186,16 +216,19 @@ def test_polyphonic_config_round_trip_and_one_line_errors():
         polyphonic.PolyphonicConfig.from_dict({**values, "dropout": 0.1})
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"lr": 0.0}, "^--lr must be > 0, got 0.0$"),
-    ({"momentum": 1.0}, "^--momentum must be < 1, got 1.0$"),
-    ({"momentum": -0.1}, "^--momentum must be >= 0"),
-    ({"max_grad_norm": 0.0}, "^--max_grad_norm must be > 0"),
-    ({"epochs": 0}, "^--epochs must be >= 1, got 0$"),
-    ({"batch_size": 0}, "^--batch_size must be >= 1, got 0$"),
-    ({"max_steps": 0}, "^--max_steps must be >= 1, got 0$"),
-    ({"divergence_factor": 0.5}, "^--divergence_factor must be 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"lr": 0.0}, "^--lr must be > 0, got 0.0$"),
+        ({"momentum": 1.0}, "^--momentum must be < 1, got 1.0$"),
+        ({"momentum": -0.1}, "^--momentum must be >= 0"),
+        ({"max_grad_norm": 0.0}, "^--max_grad_norm must be > 0"),
+        ({"epochs": 0}, "^--epochs must be >= 1, got 0$"),
+        ({"batch_size": 0}, "^--batch_size must be >= 1, got 0$"),
+        ({"max_steps": 0}, "^--max_steps must be >= 1, got 0$"),
+        ({"divergence_factor": 0.5}, "^--divergence_factor must be 0"),
+    ],
+)
 def test_polyphonic_config_rejects_bad_settings_in_one_line(bad, message):
     with pytest.raises(ValueError, match=message) as e:
         polyphonic.PolyphonicConfig(**bad)
@@ -218,7 +251,7 @@ def test_jsb_config_checks_and_drops_repeats():
         ({"patience": 0}, "^--patience must be >= 1, got 0$"),
         ({"workdir": " "}, "^--workdir must not be empty"),
         ({"matmul_precision": "fast"}, "^--matmul_precision: unknown matmul precision"),
-    ]  # fmt: skip
+    ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
             JSB(**bad)
@@ -230,14 +263,30 @@ def test_jsb_config_resume_rules():
     config = polyphonic.JSBConfig(matmul_precision="float32")
     assert config.matmul_precision == "highest"  # recorded as a level
     recorded = json.loads(json.dumps(config.to_dict()))
-    extent = {"trials": 30, "archs": ["rhn"], "depths": [6], "workdir": "x", "data_dir": "d",
-              "preset": "cpu", "download": False}  # fmt: skip
+    extent = {
+        "trials": 30,
+        "archs": ["rhn"],
+        "depths": [6],
+        "workdir": "x",
+        "data_dir": "d",
+        "preset": "cpu",
+        "download": False,
+    }
     assert config.conflicts({**recorded, **extent}) == []
-    for name, value in [("epochs", 3), ("batch_size", 8), ("width", 32), ("seed", 1),
-                        ("max_steps", 5), ("max_epochs", 5), ("patience", 2),
-                        ("divergence_factor", 0.0), ("matmul_precision", "default")]:  # fmt: skip
+    for name, value in [
+        ("epochs", 3),
+        ("batch_size", 8),
+        ("width", 32),
+        ("seed", 1),
+        ("max_steps", 5),
+        ("max_epochs", 5),
+        ("patience", 2),
+        ("divergence_factor", 0.0),
+        ("matmul_precision", "default"),
+    ]:
         assert config.conflicts({**recorded, name: value}) == [
-            f"{name}={value!r} there vs {recorded[name]!r}"]
+            f"{name}={value!r} there vs {recorded[name]!r}"
+        ]
     # On its own, a piano-roll run may change its run limits on resume.
     assert polyphonic.PolyphonicConfig().conflicts({"max_steps": 5, "patience": 2}) == []
 
@@ -264,19 +313,50 @@ def test_jsb_presets_hold_the_papers_study():
 # A trial workdir written by the code before the configs (commit 0016358): study(...,
 # archs rhn, dtrnn, depths 2, 2 trials, width 4, epochs 1, batch 8, seed 3, 'highest').
 OLD_TRIAL_CONFIG = {
-    "arch": "rhn", "batch_size": 8, "depth": 2, "epochs": 1, "hidden": 4,
-    "init_bias": -2.267492239054105, "init_scale": 0.013773344750579892,
-    "lr": 0.3185562740273419, "matmul_precision": "highest",
-    "max_grad_norm": 14.599032390543904, "max_steps": None, "momentum": 0.0,
-    "params": 1224, "seed": 3, "trial": 0, "width": 4,
-}  # fmt: skip
-OLD_RESULTS = {"best_epoch": 1, "diverged": False, "epochs_run": 1, "seconds": 49.91,
-               "test_nll": 45.78940993088942, "valid_nll": 45.76331865026596}  # fmt: skip
+    "arch": "rhn",
+    "batch_size": 8,
+    "depth": 2,
+    "epochs": 1,
+    "hidden": 4,
+    "init_bias": -2.267492239054105,
+    "init_scale": 0.013773344750579892,
+    "lr": 0.3185562740273419,
+    "matmul_precision": "highest",
+    "max_grad_norm": 14.599032390543904,
+    "max_steps": None,
+    "momentum": 0.0,
+    "params": 1224,
+    "seed": 3,
+    "trial": 0,
+    "width": 4,
+}
+OLD_RESULTS = {
+    "best_epoch": 1,
+    "diverged": False,
+    "epochs_run": 1,
+    "seconds": 49.91,
+    "test_nll": 45.78940993088942,
+    "valid_nll": 45.76331865026596,
+}
 # The study root's config.json of that code: the settings every trial shared, no more.
-OLD_ROOT_CONFIG = {"batch_size": 8, "epochs": 1, "matmul_precision": "highest",
-                   "max_steps": None, "seed": 3, "width": 4}  # fmt: skip
-OLD_STUDY = polyphonic.JSBConfig(archs=("rhn",), depths=(2,), trials=1, width=4, epochs=1,
-                                 batch_size=8, seed=3, matmul_precision="float32")  # fmt: skip
+OLD_ROOT_CONFIG = {
+    "batch_size": 8,
+    "epochs": 1,
+    "matmul_precision": "highest",
+    "max_steps": None,
+    "seed": 3,
+    "width": 4,
+}
+OLD_STUDY = polyphonic.JSBConfig(
+    archs=("rhn",),
+    depths=(2,),
+    trials=1,
+    width=4,
+    epochs=1,
+    batch_size=8,
+    seed=3,
+    matmul_precision="float32",
+)
 
 
 def test_trial_config_holds_the_config_json_of_before():
@@ -306,12 +386,13 @@ def test_study_resumes_a_study_written_before_the_configs(tmp_path):
     lines = []
     rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY, log=lines.append)
     assert lines[0].startswith("parameter counts (target: RHN of width 4")
-    assert lines[1:] == ["        RHN depth 2: hidden    4,    1,224 params (target 1,224, +0.00%)",
-                         "1 of 1 trials already finished"]  # fmt: skip
+    assert lines[1:] == [
+        "        RHN depth 2: hidden    4,    1,224 params (target 1,224, +0.00%)",
+        "1 of 1 trials already finished",
+    ]
     assert rows == [{**OLD_TRIAL_CONFIG, **OLD_RESULTS}]
     assert json.loads((tmp_path / "results.jsonl").read_text()) == rows[0]
-    assert json.loads((tmp_path / "config.json").read_text()) == engine.strict(
-        OLD_STUDY.to_dict())
+    assert json.loads((tmp_path / "config.json").read_text()) == engine.strict(OLD_STUDY.to_dict())
 
 
 def test_study_refuses_another_structural_setting_in_one_line(tmp_path):
@@ -330,8 +411,7 @@ def test_study_with_more_trials_extends_a_study_written_before_the_configs(tmp_p
     0016358 wrote for it."""
     old_study(tmp_path)
     lines = []
-    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=2),
-                            log=lines.append)  # fmt: skip
+    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=2), log=lines.append)
     assert "1 of 2 trials already finished" in lines
     assert [line[:8] for line in lines if line.startswith("[")] == ["[   2/2]"]
     old, new = rows
@@ -356,15 +436,21 @@ def test_an_in_process_study_says_the_time_its_trials_left_take(tmp_path):
 
 
 def test_study_table_rows():
-    sizes = {("rhn", 1): {"hidden": 6, "params": 1756, "target": 1756},
-             ("dtrnn", 1): {"hidden": 9, "params": 1762, "target": 1756}}  # fmt: skip
-    rows = [{"arch": "rhn", "depth": 1, "valid_nll": 12.5, "test_nll": 12.8},
-            {"arch": "rhn", "depth": 1, "valid_nll": math.inf, "test_nll": 9.0},
-            {"arch": "rhn", "depth": 1, "valid_nll": 13.0, "test_nll": 13.25}]  # fmt: skip
+    sizes = {
+        ("rhn", 1): {"hidden": 6, "params": 1756, "target": 1756},
+        ("dtrnn", 1): {"hidden": 9, "params": 1762, "target": 1756},
+    }
+    rows = [
+        {"arch": "rhn", "depth": 1, "valid_nll": 12.5, "test_nll": 12.8},
+        {"arch": "rhn", "depth": 1, "valid_nll": math.inf, "test_nll": 9.0},
+        {"arch": "rhn", "depth": 1, "valid_nll": 13.0, "test_nll": 13.25},
+    ]
     config = polyphonic.JSBConfig(archs=("rhn", "dtrnn"), depths=(1,))
     assert polyphonic.study_table(rows, config, sizes).splitlines() == [
-        ("| architecture | depth | hidden | params | target | trials | failed | "
-         "test NLL (best valid trial) | median test NLL | best valid NLL |"),
+        (
+            "| architecture | depth | hidden | params | target | trials | failed | "
+            "test NLL (best valid trial) | median test NLL | best valid NLL |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
         "| RHN | 1 | 6 | 1,756 | 1,756 | 3 | 1 | 12.800 | 13.250 | 12.500 |",
         "| DT-RNN | 1 | 9 | 1,762 | 1,756 | 0 | 0 | - | - | - |",

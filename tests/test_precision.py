@@ -35,11 +35,20 @@ def test_the_suite_runs_at_highest_from_the_environment():
     assert precision.current() == "highest"
 
 
-@pytest.mark.parametrize("name,level", [
-    ("default", "default"), ("high", "high"), ("highest", "highest"), ("bfloat16", "default"),
-    ("fastest", "default"), ("tensorfloat32", "high"), ("bfloat16_3x", "high"),
-    ("float32", "highest"), ("TF32_TF32_F32", "TF32_TF32_F32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,level",
+    [
+        ("default", "default"),
+        ("high", "high"),
+        ("highest", "highest"),
+        ("bfloat16", "default"),
+        ("fastest", "default"),
+        ("tensorfloat32", "high"),
+        ("bfloat16_3x", "high"),
+        ("float32", "highest"),
+        ("TF32_TF32_F32", "TF32_TF32_F32"),
+    ],
+)
 def test_names_normalise_to_jax_levels(name, level):
     assert precision.normalize(name) == level
     with precision.context(name):
@@ -54,9 +63,11 @@ def test_unknown_names_are_one_line_errors(bad):
     if bad is not None:  # every config holding the setting says it the same way
         from rhnzoo.tasks import polyphonic
 
-        for make in (lambda: RunConfig(epochs=1, matmul_precision=bad),
-                     lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),
-                     lambda: polyphonic.JSBConfig(matmul_precision=bad)):  # fmt: skip
+        for make in (
+            lambda: RunConfig(epochs=1, matmul_precision=bad),
+            lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),
+            lambda: polyphonic.JSBConfig(matmul_precision=bad),
+        ):
             with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
                 make()
 
@@ -66,8 +77,13 @@ def test_cudnn_rnn_precision_follows_the_level():
     of it (JAX's own rule, which runs before any GPU is needed) is TensorFloat-32 at
     default and high, float32 at highest."""
     rule = jax_rnn._lstm_cudnn_allow_tf32
-    for level, tf32 in [("default", True), ("high", True), ("highest", False),
-                        ("F32_F32_F32", False), ("TF32_TF32_F32", True)]:  # fmt: skip
+    for level, tf32 in [
+        ("default", True),
+        ("high", True),
+        ("highest", False),
+        ("F32_F32_F32", False),
+        ("TF32_TF32_F32", True),
+    ]:
         with precision.context(level):
             assert rule(precision.cudnn_rnn()) is tf32, level
         assert rule(precision.cudnn_rnn(level)) is tf32, level
@@ -112,9 +128,12 @@ def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
         def wrap(name, fn):
             return lambda params, track: seen[name].add(precision.current()) or fn(params, track)
 
-        task = dataclasses.replace(task, train_step=step,
-                                   validate=wrap("validate", task.validate),
-                                   final_evaluate=wrap("final", task.final_evaluate))  # fmt: skip
+        task = dataclasses.replace(
+            task,
+            train_step=step,
+            validate=wrap("validate", task.validate),
+            final_evaluate=wrap("final", task.final_evaluate),
+        )
         cfg = RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
         engine.run(task, cfg, None, log=None)
         assert seen == {"step": {expected}, "validate": {expected}, "final": {expected}}
@@ -146,7 +165,7 @@ def default_precision_tolerance() -> dict:
     within 3.5 x 2^-8 (as atol and rtol). Never tighter than the float32 tolerances of
     tests/test_gated_fused.py."""
     bits = {"cpu": 24, "gpu": 11, "cuda": 11, "rocm": 11, "tpu": 8}[jax.default_backend()]
-    eps = 2.0 ** -bits
+    eps = 2.0**-bits
     return dict(rtol=max(2e-4, 32 * eps), atol=max(2e-5, 32 * eps))
 
 
@@ -166,8 +185,7 @@ def gated_problem(name, seed=0, B=4, m=3, n=5, T=9):
     params = random_params(cell.init(k[0], m), k[1])
     leaves, tree = jax.tree.flatten(cell.initial_carry(B))
     keys = jax.random.split(k[2], len(leaves))
-    carry = jax.tree.unflatten(tree, [0.5 * normal(kk, a.shape)
-                                      for a, kk in zip(leaves, keys)])  # fmt: skip
+    carry = jax.tree.unflatten(tree, [0.5 * normal(kk, a.shape) for a, kk in zip(leaves, keys)])
     xs = normal(k[3], (T, B, m))
     mask = jax.random.bernoulli(k[4], 0.8, (B, n)) / 0.8
     target = normal(k[5], (T, B, n))
@@ -186,13 +204,16 @@ def value_and_grads(unroll, args, target):
 
 
 # The fused scans training runs take (float32, fast tanh / sigmoid, hand-written backward).
-FUSED = {"rhn_hsg": (rhn_problem, functools.partial(rhn_fused.unroll, layer_loop="python")),
-         "lstm": (functools.partial(gated_problem, "lstm"), gated_fused.unroll),
-         "gru": (functools.partial(gated_problem, "gru"), gated_fused.unroll)}  # fmt: skip
+FUSED = {
+    "rhn_hsg": (rhn_problem, functools.partial(rhn_fused.unroll, layer_loop="python")),
+    "lstm": (functools.partial(gated_problem, "lstm"), gated_fused.unroll),
+    "gru": (functools.partial(gated_problem, "gru"), gated_fused.unroll),
+}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c != "gru" else c
-                                  for c in FUSED])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c != "gru" else c for c in FUSED]
+)
 def test_fused_scans_at_the_default_precision_match_float64(case):
     """The fused scan under ``default``, values and gradients, against the reference scan
     under autodiff in float64."""
@@ -202,8 +223,9 @@ def test_fused_scans_at_the_default_precision_match_float64(case):
     with precision.context("default"):
         ys, grads = jax.jit(functools.partial(value_and_grads, fast))(args, target)
     with jax.enable_x64(True):
-        args64, mask64, target64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64),
-                                                (args, mask, target))  # fmt: skip
+        args64, mask64, target64 = jax.tree.map(
+            lambda a: jnp.asarray(a, jnp.float64), (args, mask, target)
+        )
         reference = lambda p, c, x: cells.unroll(cell, p, c, x, mask64)
         ys64, grads64 = value_and_grads(reference, args64, target64)
         ys64, grads64 = np.asarray(ys64), jax.tree.map(np.asarray, grads64)
@@ -248,12 +270,20 @@ def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module,args", [("lm", ["--configs=tiny", "--steps=0"]),
-                                         ("rnn", ["--configs=tiny", "--cells=gru", "--rounds=1"])])
+@pytest.mark.parametrize(
+    "module,args",
+    [
+        ("lm", ["--configs=tiny", "--steps=0"]),
+        ("rnn", ["--configs=tiny", "--cells=gru", "--rounds=1"]),
+    ],
+)
 def test_benchmark_records_say_the_precision_they_ran_at(module, args):
-    out = subprocess.run([sys.executable, "-m", f"rhnzoo.bench.{module}", *args,
-                          "--matmul_precision=tensorfloat32"],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", f"rhnzoo.bench.{module}", *args, "--matmul_precision=tensorfloat32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert records and all(r["matmul_precision"] == "high" for r in records)

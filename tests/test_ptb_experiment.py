@@ -75,13 +75,18 @@ def test_an_exploding_learning_rate_stops_within_the_first_log_window(tmp_path):
     line (step 100) and the first judged window (steps 21-70), with one error line; no
     checkpoint was written (issue 48: once it trained on until step 70)."""
     workdir = tmp_path / "w"
-    result = ptb(*TINY, "--lr=100", "--max_steps=300", "--checkpoint_every_steps=20",
-                 f"--workdir={workdir}")  # fmt: skip
+    result = ptb(
+        *TINY, "--lr=100", "--max_steps=300", "--checkpoint_every_steps=20", f"--workdir={workdir}"
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     step = int(lines[0].removeprefix("error: training loss at step ").split()[0])
-    assert step <= 10 and "more than 20 above the chance level (a uniform guess), 9.21: a " \
-        "blow-up: the run diverged; no checkpoint was written; try a lower --lr" in lines[0]
+    assert (
+        step <= 10
+        and "more than 20 above the chance level (a uniform guess), 9.21: a "
+        "blow-up: the run diverged; no checkpoint was written; try a lower --lr"
+        in lines[0]
+    )
     assert "  step " not in result.stdout
     assert not any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
 
@@ -111,10 +116,19 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     """Waits for the first training-loss line (no sleeping past compilation), then SIGTERM."""
     workdir = tmp_path / "w"
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *TINY, "--max_steps=100000", "--log_every=1",
-         f"--workdir={workdir}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            *TINY,
+            "--max_steps=100000",
+            "--log_every=1",
+            f"--workdir={workdir}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:
         if line.startswith("  step "):
             break
@@ -133,8 +147,10 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
 @needs_ptb
 def test_unusable_workdir_is_one_line(tmp_path):
     (tmp_path / "file").write_text("not a directory")
-    for workdir, message in [(tmp_path / "file", "exists and is not a directory"),
-                             (tmp_path / "file" / "sub", "cannot create workdir")]:  # fmt: skip
+    for workdir, message in [
+        (tmp_path / "file", "exists and is not a directory"),
+        (tmp_path / "file" / "sub", "cannot create workdir"),
+    ]:
         result = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
@@ -153,10 +169,14 @@ def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
 
 
 @needs_ptb
-@pytest.mark.parametrize("flags_,bias", [(["--hsg"], -2.5),  # the one ptb.py run kept fast
-                                         pytest.param(["--nohsg"], -2.0, marks=pytest.mark.slow),
-                                         pytest.param(["--hsg", "--init_bias=-1.0"], -1.0,
-                                                      marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags_,bias",
+    [
+        (["--hsg"], -2.5),  # the one ptb.py run kept fast
+        pytest.param(["--nohsg"], -2.0, marks=pytest.mark.slow),
+        pytest.param(["--hsg", "--init_bias=-1.0"], -1.0, marks=pytest.mark.slow),
+    ],
+)
 def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
     """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates"."""
     result = ptb(*TINY, *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
@@ -178,14 +198,18 @@ def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     assert config["cell"] == "gru" and config["hsg"]
     model, _, _ = analysis.load_run(tmp_path / "w")
-    assert model.cell == cells.HSG(cells.GRU(16), init_scale=0.04) and model.scan_impl == "reference"
+    assert (
+        model.cell == cells.HSG(cells.GRU(16), init_scale=0.04) and model.scan_impl == "reference"
+    )
     from rhnzoo.analysis import report
 
     numbers = report.analyze(tmp_path / "w", tmp_path / "a", report.Options(max_eval_tokens=200))
     assert numbers["model"] == "GRU+HSG" and numbers["dataset"] == "ptb"
     assert (tmp_path / "a" / "analysis.json").is_file()
-    for flags_, message in [(["--cell=lstm", "--depth=3"], "--depth does not apply to --cell=lstm"),
-                            (["--cell=lstm", "--hsg"], "HSG needs a cell whose carry is one")]:  # fmt: skip
+    for flags_, message in [
+        (["--cell=lstm", "--depth=3"], "--depth does not apply to --cell=lstm"),
+        (["--cell=lstm", "--hsg"], "HSG needs a cell whose carry is one"),
+    ]:
         result = ptb(*tiny, *flags_, f"--workdir={tmp_path / 'x'}")
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr

@@ -37,15 +37,24 @@ def test_ci_runs_the_readmes_install_and_test_commands():
     flag, commands of the README's shell blocks, and the README's full-suite commands are
     all in CI (two pytest sessions: the Pallas kernels and the float64 grid in their own)."""
     ci = (README.parent / ".ci" / "run").read_text()
-    marked = {tag: [shlex.split(line, comments=True) for line in ci.splitlines()
-                    if line.rstrip().endswith(f"# README: {tag}")]
-              for tag in ("install", "tests")}  # fmt: skip
-    shell = [shlex.split(line, comments=True)
-             for block in re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.M | re.S)
-             for line in block.splitlines()]  # fmt: skip
+    marked = {
+        tag: [
+            shlex.split(line, comments=True)
+            for line in ci.splitlines()
+            if line.rstrip().endswith(f"# README: {tag}")
+        ]
+        for tag in ("install", "tests")
+    }
+    shell = [
+        shlex.split(line, comments=True)
+        for block in re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.M | re.S)
+        for line in block.splitlines()
+    ]
     assert len(marked["install"]) == 1 and len(marked["tests"]) == 2, marked
     for command in marked["install"] + marked["tests"]:
-        assert [w for w in command if w != "-q"] in [[w for w in c if w != "-q"] for c in shell], command
+        assert [w for w in command if w != "-q"] in [[w for w in c if w != "-q"] for c in shell], (
+            command
+        )
     full_suite = [c for c in shell if "pytest" in c and "--dist" in c]
     assert full_suite == marked["tests"]
     sessions = [c[len(c) - 1 - c[::-1].index("-m") + 1] for c in marked["tests"]]

@@ -39,11 +39,23 @@ def test_every_name_builds_and_steps(name):
 def test_registry_matches_the_cells():
     assert cells.make("rhn", 8, depth=3, init_bias=-2.5) == cells.RHN(8, 3, init_bias=-2.5)
     assert cells.make("hsg_rhn", 8, depth=3) == cells.HSG(cells.RHN(8, 3))
-    assert cells.make("gru", 8, hsg=True, hsg_init_bias=-1.0) == cells.HSG(cells.GRU(8), init_bias=-1.0)
+    assert cells.make("gru", 8, hsg=True, hsg_init_bias=-1.0) == cells.HSG(
+        cells.GRU(8), init_bias=-1.0
+    )
     assert cells.make("hrl", 8) == cells.Parallel((cells.LSTM(8), cells.RRN(8)))
     assert cells.make("sc_lstm_p", 8, skip=5) == cells.SCLSTM(8, skip=5, learn_alpha=True)
-    assert set(cells.NAMES) == {"rhn", "dtrnn", "dtsrnn", "lstm", "gru", "rrn", "sc_lstm_i",
-                                "sc_lstm_p", "hrl", "lstm_gru"}  # fmt: skip
+    assert set(cells.NAMES) == {
+        "rhn",
+        "dtrnn",
+        "dtsrnn",
+        "lstm",
+        "gru",
+        "rrn",
+        "sc_lstm_i",
+        "sc_lstm_p",
+        "hrl",
+        "lstm_gru",
+    }
 
 
 @pytest.mark.parametrize(
@@ -78,16 +90,25 @@ def loss_falls(step, state, batch, steps=8):
 # Every cell of IN_TASKS in the language model (the fast tier: the RHN, HSG, the gated
 # cells, a Parallel); one cell in each other task, whose wiring is cell-independent
 # (every cell's scan with lengths and its final output: tests/test_scan_dispatch.py).
-@pytest.mark.parametrize("name", [n if n in ("rhn", "hsg_rhn", "lstm", "gru", "hrl") else
-                                  pytest.param(n, marks=pytest.mark.slow) for n in IN_TASKS])
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        if n in ("rhn", "hsg_rhn", "lstm", "gru", "hrl")
+        else pytest.param(n, marks=pytest.mark.slow)
+        for n in IN_TASKS
+    ],
+)
 def test_every_cell_trains_in_the_language_model(name):
     rng = np.random.default_rng(0)
-    corpus = data.Corpus(rng.integers(0, 7, 200), rng.integers(0, 7, 50),
-                         rng.integers(0, 7, 50), tuple("abcdefg"))  # fmt: skip
+    corpus = data.Corpus(
+        rng.integers(0, 7, 200), rng.integers(0, 7, 50), rng.integers(0, 7, 50), tuple("abcdefg")
+    )
     opts = cells.applicable(name, dict(depth=2, init_bias=-1.0))
     model = lm.language_model(name, corpus.vocab_size, 8, **opts)
-    cfg = lm_training.LMConfig(lr=1.0, batch_size=2, num_steps=5, drop_x=0.1, drop_i=0.2,
-                               drop_h=0.2, drop_o=0.2)  # fmt: skip
+    cfg = lm_training.LMConfig(
+        lr=1.0, batch_size=2, num_steps=5, drop_x=0.1, drop_i=0.2, drop_h=0.2, drop_o=0.2
+    )
     tx = lm_training.make_optimizer(cfg, 10)
     state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(0))
     rows = jnp.asarray(data.batchify(corpus.train, cfg.batch_size))
@@ -107,17 +128,28 @@ def test_a_cell_trains_on_piano_rolls():
 def test_a_cell_trains_as_a_sequence_classifier():
     """The task's train step learns one padded batch; the task end to end (its whole
     first epoch, two steps, then its evaluation) gives finite losses."""
-    config = rrl.RRLConfig(model="sc_lstm_p", hidden_size=4, init_scale=0.1, batch_size=4,
-                           max_len=8, buckets=1, epochs=1, progress=False)  # fmt: skip
+    config = rrl.RRLConfig(
+        model="sc_lstm_p",
+        hidden_size=4,
+        init_scale=0.1,
+        batch_size=4,
+        max_len=8,
+        buckets=1,
+        epochs=1,
+        progress=False,
+    )
     rng = np.random.default_rng(0)
-    split = sequences.Split([rng.uniform(size=(int(t), 1)).astype(np.float32) for t in (5, 8, 3, 6)],
-                      np.array([0, 1, 2, 1], np.int32))  # fmt: skip
+    split = sequences.Split(
+        [rng.uniform(size=(int(t), 1)).astype(np.float32) for t in (5, 8, 3, 6)],
+        np.array([0, 1, 2, 1], np.int32),
+    )
     model = config.classifier(3, input_size=1)
     params = model.init(jax.random.PRNGKey(0))
     tx = optax.adam(0.1)
     batch = rrl.pad(split, np.arange(4), 4, 8, config.keep)
-    loss_falls(rrl.make_train_step(model, tx), {"params": params, "opt_state": tx.init(params)},
-               batch)  # fmt: skip
+    loss_falls(
+        rrl.make_train_step(model, tx), {"params": params, "opt_state": tx.init(params)}, batch
+    )
     dataset = sequences.Dataset(split, split, split, num_classes=3, vocab=None, input_size=1)
     run = rrl.train_and_evaluate(config.replace(batch_size=2), dataset, log=None)
     assert run.results["step"] == 2

@@ -17,7 +17,8 @@ def test_every_rendered_table_in_the_docs_is_its_records():
     assert DOCS / "speed.md" in pages  # the K-seeds table
     for page in pages:
         assert render.render(page) == page.read_text(), (
-            f"{page.name}: a table differs from its record; run python -m rhnzoo.bench.render")
+            f"{page.name}: a table differs from its record; run python -m rhnzoo.bench.render"
+        )
 
 
 def _page(tmp_path, records):
@@ -33,8 +34,10 @@ def test_a_table_follows_its_record(tmp_path):
     assert text.startswith("before\n<!-- render: seeds seeds.jsonl -->\n| shape |")
     assert text.endswith("|\n<!-- /render -->\nafter\n") and "stale" not in text
     row = text.splitlines()[4]
-    assert row == ("| P-MNIST (LSTM 1 -> 100, B 100, T 784) | 583 | 549 (0.94) | 541 (0.93) "
-                   "| 543 (0.93) | 573 (0.98) | 2.4 GiB (187 MiB) |")
+    assert row == (
+        "| P-MNIST (LSTM 1 -> 100, B 100, T 784) | 583 | 549 (0.94) | 541 (0.93) "
+        "| 543 (0.93) | 573 (0.98) | 2.4 GiB (187 MiB) |"
+    )
     records[0]["k2_ms_per_seed"], records[0]["k2_steps_ratio"] = 612.4, 1.05
     records[0]["single_peak_bytes_estimate"] = 3 * 2**20
     row = render.render(_page(tmp_path, records[:1])).splitlines()[4]

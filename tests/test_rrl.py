@@ -24,8 +24,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def ragged(rng, n, vocab, max_len):
-    return [rng.integers(2, vocab, int(rng.integers(0, max_len + 1))).astype(np.int32)
-            for _ in range(n)]  # fmt: skip
+    return [
+        rng.integers(2, vocab, int(rng.integers(0, max_len + 1))).astype(np.int32) for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("cell", [cells.LSTM(6), cells.Parallel((cells.LSTM(6), cells.RRN(6)))])
@@ -44,8 +45,9 @@ def test_features_are_each_rows_output_at_its_last_real_step(cell):
             np.testing.assert_array_equal(got[row], 0.0)
             continue
         x_proj = cell.project_inputs(params["cell"], params["embed"][seq][:, None])
-        _, ys = jax.lax.scan(functools.partial(cell.step, params["cell"]),
-                             cell.initial_carry(1), x_proj)  # fmt: skip
+        _, ys = jax.lax.scan(
+            functools.partial(cell.step, params["cell"]), cell.initial_carry(1), x_proj
+        )
         np.testing.assert_allclose(got[row], ys[-1, 0], rtol=1e-5, atol=1e-6)
 
 
@@ -87,18 +89,30 @@ def test_the_task_learns_a_sequence_rule_on_the_engine():
                 s[int(rng.integers(len(s)))] = 2
         return sequences.Split(seqs, labels)
 
-    config = rrl.RRLConfig(model="lstm", hidden_size=16, embed_size=8, init_scale=0.3, drop=0.0,
-                           embeddings="random", batch_size=16, max_len=12, buckets=1, epochs=6,
-                           progress=False)  # fmt: skip
-    dataset = sequences.Dataset(split(256), split(64), split(64), num_classes=2,
-                                vocab=tuple("abcdefgh"), input_size=None)  # fmt: skip
+    config = rrl.RRLConfig(
+        model="lstm",
+        hidden_size=16,
+        embed_size=8,
+        init_scale=0.3,
+        drop=0.0,
+        embeddings="random",
+        batch_size=16,
+        max_len=12,
+        buckets=1,
+        epochs=6,
+        progress=False,
+    )
+    dataset = sequences.Dataset(
+        split(256), split(64), split(64), num_classes=2, vocab=tuple("abcdefgh"), input_size=None
+    )
     run = rrl.train_and_evaluate(config, dataset, log=None)
     assert run.results["dev_acc"] > 0.85, run.history
 
 
 def make_cell(name, hidden, hybrid_hidden, **settings):
-    return rrl.RRLConfig(model=name, hidden_size=hidden, hybrid_hidden_size=hybrid_hidden,
-                         **settings).cell()  # fmt: skip
+    return rrl.RRLConfig(
+        model=name, hidden_size=hidden, hybrid_hidden_size=hybrid_hidden, **settings
+    ).cell()
 
 
 def test_every_model_of_the_paper_builds_with_table_2_sizes():
@@ -108,8 +122,9 @@ def test_every_model_of_the_paper_builds_with_table_2_sizes():
         assert cell.hidden_size == expected, name
     hrl = make_cell("hrl", 12, 8)
     assert [type(c).__name__ for c in hrl.cells] == ["LSTM", "RRN"]
-    assert make_cell("sc_lstm_p", 12, 8).learn_alpha and not make_cell(
-        "sc_lstm_i", 12, 8).learn_alpha
+    assert (
+        make_cell("sc_lstm_p", 12, 8).learn_alpha and not make_cell("sc_lstm_i", 12, 8).learn_alpha
+    )
     with pytest.raises(ValueError, match="unknown cell"):
         make_cell("transformer", 12, 8)
 
@@ -120,8 +135,10 @@ def test_word2vec_text_and_binary_files(tmp_path):
     text = tmp_path / "v.txt"
     text.write_text("3 3\n" + "".join(f"{w} {' '.join(map(str, v))}\n" for w, v in vectors.items()))
     binary = tmp_path / "v.bin"
-    binary.write_bytes(b"3 3\n" + b"".join(w.encode() + b" " + struct.pack("<3f", *v) + b"\n"
-                                           for w, v in vectors.items()))  # fmt: skip
+    binary.write_bytes(
+        b"3 3\n"
+        + b"".join(w.encode() + b" " + struct.pack("<3f", *v) + b"\n" for w, v in vectors.items())
+    )
     for path in (text, binary):
         got, found = load_word2vec(path, vocab, 3)
         assert found.tolist() == [False, False, True, False, True]
@@ -136,8 +153,13 @@ def test_word2vec_text_and_binary_files(tmp_path):
 
 
 def rrl_script(*args, timeout=300):
-    return subprocess.run([sys.executable, str(ROOT / "experiments" / "rrl.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "rrl.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +169,19 @@ def tiny_mnist(tmp_path_factory):
 
 @pytest.mark.slow
 def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_mnist):
-    args = ["--dataset=pmnist", "--models=lstm,sc_lstm_i", "--hidden_size=4", "--max_len=16",
-            "--batch_size=20", "--max_steps=2", "--noprogress", f"--data_dir={tiny_mnist}",
-            "--noverify_data", "--nodownload", f"--workdir={tmp_path / 'root'}"]  # fmt: skip
+    args = [
+        "--dataset=pmnist",
+        "--models=lstm,sc_lstm_i",
+        "--hidden_size=4",
+        "--max_len=16",
+        "--batch_size=20",
+        "--max_steps=2",
+        "--noprogress",
+        f"--data_dir={tiny_mnist}",
+        "--noverify_data",
+        "--nodownload",
+        f"--workdir={tmp_path / 'root'}",
+    ]
     first = rrl_script(*args, "--table")
     assert first.returncode == 0, first.stderr[-2000:]
     rows = [l for l in first.stdout.splitlines() if l.startswith("| LSTM") or l.startswith("| SC")]
@@ -168,8 +200,13 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
 
 
 def test_missing_data_is_one_line_naming_the_files(tmp_path):
-    result = rrl_script("--dataset=pmnist", "--max_steps=1", f"--data_dir={tmp_path / 'none'}",
-                        "--nodownload", f"--workdir={tmp_path / 'w'}")  # fmt: skip
+    result = rrl_script(
+        "--dataset=pmnist",
+        "--max_steps=1",
+        f"--data_dir={tmp_path / 'none'}",
+        "--nodownload",
+        f"--workdir={tmp_path / 'w'}",
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and "train-images-idx3-ubyte.gz" in lines[0]
     assert not (tmp_path / "w").exists()
@@ -180,20 +217,32 @@ def test_projecting_inside_the_scan_computes_the_same_function(cell):
     params = cell.init(jax.random.PRNGKey(1), 2)
     xs = normal(jax.random.PRNGKey(2), (7, 3, 2))
     lengths = jnp.array([7, 4, 0])
-    run = lambda per_step: cells.unroll(cell, params, cell.initial_carry(3), xs, lengths=lengths,
-                                        project_per_step=per_step)  # fmt: skip
+    run = lambda per_step: cells.unroll(
+        cell, params, cell.initial_carry(3), xs, lengths=lengths, project_per_step=per_step
+    )
     for a, b in zip(jax.tree.leaves(run(False)), jax.tree.leaves(run(True))):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def table_rows(stdout):
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in stdout.splitlines()
-            if line.startswith("| LSTM") or line.startswith("| SC")]  # fmt: skip
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in stdout.splitlines()
+        if line.startswith("| LSTM") or line.startswith("| SC")
+    ]
 
 
-TINY = ["--dataset=pmnist", "--hidden_size=4", "--max_len=16", "--batch_size=20",
-        "--max_steps=2", "--noprogress", "--noverify_data", "--nodownload", "--table"]  # fmt: skip
+TINY = [
+    "--dataset=pmnist",
+    "--hidden_size=4",
+    "--max_len=16",
+    "--batch_size=20",
+    "--max_steps=2",
+    "--noprogress",
+    "--noverify_data",
+    "--nodownload",
+    "--table",
+]
 
 
 @pytest.mark.slow
@@ -204,7 +253,9 @@ def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
     assert seq.returncode == 0 and par.returncode == 0, par.stderr[-2000:]
     assert "2 runs, 2 at a time in child processes" in par.stdout
     assert sorted(l.split()[1] for l in par.stdout.splitlines() if l.startswith("[")) == [
-        "lstm", "sc_lstm_i"]  # one line per run finished  # fmt: skip
+        "lstm",
+        "sc_lstm_i",
+    ]  # one line per run finished
     without_minutes = lambda rows: [row[:-1] for row in rows]
     assert without_minutes(table_rows(par.stdout)) == without_minutes(table_rows(seq.stdout))
     assert len(table_rows(par.stdout)) == 2
@@ -212,8 +263,10 @@ def test_two_jobs_give_the_rows_of_one_after_another(tmp_path, tiny_mnist):
         read = lambda root, name: json.loads((tmp_path / root / model / name).read_text())
         untimed = lambda r: {k: v for k, v in r.items() if not k.endswith("_s")}
         assert untimed(read("par", "results.json")) == untimed(read("seq", "results.json"))
-        assert read("par", "config.json") == {**read("seq", "config.json"),
-                                               "workdir": str(tmp_path / "par")}  # fmt: skip
+        assert read("par", "config.json") == {
+            **read("seq", "config.json"),
+            "workdir": str(tmp_path / "par"),
+        }
 
 
 @pytest.mark.slow
@@ -221,8 +274,15 @@ def test_seeds_train_one_workdir_each_and_the_table_shows_mean_and_sd(tmp_path, 
     import statistics
 
     root = tmp_path / "root"
-    out = rrl_script(*TINY, "--models=lstm", "--max_steps=4", "--seeds=2", "--seed=5",
-                     f"--data_dir={tiny_mnist}", f"--workdir={root}")  # fmt: skip
+    out = rrl_script(
+        *TINY,
+        "--models=lstm",
+        "--max_steps=4",
+        "--seeds=2",
+        "--seed=5",
+        f"--data_dir={tiny_mnist}",
+        f"--workdir={root}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     read = lambda name, file: json.loads((root / name / file).read_text())
     results = [read(name, "results.json") for name in ("lstm", "lstm_s1")]
@@ -230,16 +290,19 @@ def test_seeds_train_one_workdir_each_and_the_table_shows_mean_and_sd(tmp_path, 
     assert [c["seed"] for c in configs] == [5, 6]
     assert results[0]["test_xent"] != results[1]["test_xent"]  # other initialisation
     (row,) = table_rows(out.stdout)
-    cell = lambda key: (f"{statistics.mean(100 * r[key] for r in results):.2f} ± "
-                        f"{statistics.stdev(100 * r[key] for r in results):.2f} (n=2)")  # fmt: skip
+    cell = lambda key: (
+        f"{statistics.mean(100 * r[key] for r in results):.2f} ± "
+        f"{statistics.stdev(100 * r[key] for r in results):.2f} (n=2)"
+    )
     assert row[2:4] == [cell("dev_acc"), cell("test_acc")], row
     assert "pmnist, preset custom, 2 seeds" in out.stdout
 
 
 def body_rows(text):
     """The cells of a markdown table's rows (after its header and rule)."""
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in text.splitlines()[2:]]  # fmt: skip
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()[2:]
+    ]
 
 
 def fake_run(workdir, config, dev_accs, results=None):
@@ -247,9 +310,12 @@ def fake_run(workdir, config, dev_accs, results=None):
     accuracy in ``metrics.jsonl``, and ``results.json`` when finished."""
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps(config))
-    (workdir / "metrics.jsonl").write_text("".join(
-        json.dumps({"kind": "epoch", "epoch": e, "dev_acc": acc, "elapsed_s": 60.0 * e}) + "\n"
-        for e, acc in enumerate(dev_accs, 1)))  # fmt: skip
+    (workdir / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"kind": "epoch", "epoch": e, "dev_acc": acc, "elapsed_s": 60.0 * e}) + "\n"
+            for e, acc in enumerate(dev_accs, 1)
+        )
+    )
     if results is not None:
         (workdir / "results.json").write_text(json.dumps(results))
 
@@ -258,8 +324,12 @@ def test_tables_mark_an_unfinished_run_and_leave_its_test_cell_blank(tmp_path):
     """Issue 48: ``--table --norun_missing`` showed LSTM's dev accuracy after 1 of 10
     epochs like a finished run's."""
     fake_run(tmp_path / "lstm", {"model": "lstm", "epochs": 10}, [0.7933])
-    fake_run(tmp_path / "gru", {"model": "gru", "epochs": 2}, [0.8, 0.85],
-             {"dev_acc": 0.85, "test_acc": 0.84, "parameters": 1234, "step": 20})
+    fake_run(
+        tmp_path / "gru",
+        {"model": "gru", "epochs": 2},
+        [0.8, 0.85],
+        {"dev_acc": 0.85, "test_acc": 0.84, "parameters": 1234, "step": 20},
+    )
     fake_run(tmp_path / "gru_s1", {"model": "gru", "epochs": 2}, [0.81])
     lstm, gru = body_rows(rrl.table_text(tmp_path, ["lstm", "gru"], "imdb", "t"))
     assert lstm[2:4] == ["79.33 (epoch 1 of 10, unfinished)", "—"], lstm
@@ -272,21 +342,39 @@ def test_tables_mark_an_unfinished_run_and_leave_its_test_cell_blank(tmp_path):
 def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
     """Issue 48: ``rrl.py --model=gru --seeds=2`` trained both seeds and showed no mean ±
     sd. Both seeds' workdirs are finished runs (faked), so nothing trains."""
-    config = rrl.RRLConfig(model="gru", hidden_size=4, embed_size=4, max_len=8, batch_size=4,
-                           epochs=1, embeddings="random", progress=False,
-                           workdir=str(tmp_path))  # fmt: skip
+    config = rrl.RRLConfig(
+        model="gru",
+        hidden_size=4,
+        embed_size=4,
+        max_len=8,
+        batch_size=4,
+        epochs=1,
+        embeddings="random",
+        progress=False,
+        workdir=str(tmp_path),
+    )
     for k, (dev, test) in enumerate([(0.80, 0.78), (0.82, 0.74)]):
-        fake_run(tmp_path / rrl.sweep.seed_name("gru", k),
-                 config.replace(seed=config.seed + k).to_dict(), [dev],
-                 {"dev_acc": dev, "test_acc": test, "parameters": 100, "step": 10**6,
-                  "best_step": 1})  # fmt: skip
+        fake_run(
+            tmp_path / rrl.sweep.seed_name("gru", k),
+            config.replace(seed=config.seed + k).to_dict(),
+            [dev],
+            {"dev_acc": dev, "test_acc": test, "parameters": 100, "step": 10**6, "best_step": 1},
+        )
     rng = np.random.default_rng(0)
     split = lambda n: sequences.Split(ragged(rng, n, 10, 8), rng.integers(0, 2, n).astype(np.int32))
     dataset = sequences.Dataset(split(8), split(4), split(4), 2, tuple("abcdefghij"), None)
     lines = []
-    text = rrl.run_experiment({"gru": config}, tmp_path, study=None, table=False,
-                              run_missing=False, load=lambda: dataset, title="imdb",
-                              log=lines.append, seeds=2)  # fmt: skip
+    text = rrl.run_experiment(
+        {"gru": config},
+        tmp_path,
+        study=None,
+        table=False,
+        run_missing=False,
+        load=lambda: dataset,
+        title="imdb",
+        log=lines.append,
+        seeds=2,
+    )
     assert text is not None, lines
     (row,) = body_rows(text)
     assert row[2:4] == ["81.00 ± 1.41 (n=2)", "76.00 ± 2.83 (n=2)"], row

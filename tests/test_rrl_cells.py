@@ -349,8 +349,13 @@ def test_bad_hyperparameters_raise():
     ]:
         with pytest.raises(ValueError, match=match):
             make()
-    for cell in (cells.LSTM(4), cells.GRU(4), cells.RRN(4), cells.SCLSTM(4, learn_alpha=True),
-                 cells.Parallel((cells.LSTM(4), cells.GRU(4)))):  # fmt: skip
+    for cell in (
+        cells.LSTM(4),
+        cells.GRU(4),
+        cells.RRN(4),
+        cells.SCLSTM(4, learn_alpha=True),
+        cells.Parallel((cells.LSTM(4), cells.GRU(4))),
+    ):
         with pytest.raises(ValueError, match="input_size"):
             cell.init(jax.random.PRNGKey(0), 0)
 

@@ -28,8 +28,14 @@ PAPER = ROOT.parent / "shared" / "papers" / "004_b303ba294415a388.txt"
 @pytest.mark.skipif(not PAPER.is_file(), reason=f"{PAPER} (the paper's text) is not here")
 def test_paper_table3_is_the_papers_table():
     """PAPER_TABLE3 against the rows of Table 3 as the paper's text file prints them."""
-    labels = {"LSTM": "lstm", "RRN": "rrn", "SC-LSTM-P": "sc_lstm_p", "SC-LSTM-I": "sc_lstm_i",
-              "LSTM+GRU": "lstm_gru", "HRL": "hrl"}  # fmt: skip
+    labels = {
+        "LSTM": "lstm",
+        "RRN": "rrn",
+        "SC-LSTM-P": "sc_lstm_p",
+        "SC-LSTM-I": "sc_lstm_i",
+        "LSTM+GRU": "lstm_gru",
+        "HRL": "hrl",
+    }
     text = PAPER.read_text().split("Table 2: Model Sizes")[1].split("Table 3:")[0]
     rows = {}
     for line in text.splitlines():
@@ -49,7 +55,8 @@ def test_rrn_recurrent_init_and_f_bias():
     np.testing.assert_array_equal(plain["b"], 0.0)  # eq. 4 as written: zero biases
     assert float(jnp.abs(plain["U"]).max()) <= 0.04
     p = cells.RRN(n, depth=K, recurrent_init="orthogonal", f_bias=-3.0).init(
-        jax.random.PRNGKey(0), 5)
+        jax.random.PRNGKey(0), 5
+    )
     for k in range(K):
         np.testing.assert_allclose(p["U"][k] @ p["U"][k].T, np.eye(n), atol=1e-5)
     assert not np.allclose(p["U"][0], p["U"][1])
@@ -60,8 +67,13 @@ def test_rrn_recurrent_init_and_f_bias():
 
 
 def test_the_rrn_options_reach_the_hybrid():
-    hrl = rrl.RRLConfig(model="hrl", hidden_size=8, hybrid_hidden_size=6,
-                        rrn_recurrent_init="orthogonal", rrn_f_bias=-2.0).cell()  # fmt: skip
+    hrl = rrl.RRLConfig(
+        model="hrl",
+        hidden_size=8,
+        hybrid_hidden_size=6,
+        rrn_recurrent_init="orthogonal",
+        rrn_f_bias=-2.0,
+    ).cell()
     rrn = hrl.cells[1]
     assert (rrn.recurrent_init, rrn.f_bias, rrn.hidden_size) == ("orthogonal", -2.0, 6)
 
@@ -89,8 +101,9 @@ def test_input_dropout_drops_input_units_only_in_training():
     params = model.init(jax.random.PRNGKey(0))
     inputs, lengths = jnp.tile(jnp.arange(2, 8), (40, 1)), jnp.full(40, 6)
     embedded = np.asarray(params["embed"][7])  # the last step's word
-    np.testing.assert_array_equal(model.features(params, inputs, lengths),
-                                  np.broadcast_to(embedded, (40, 50)))  # no key: no dropout
+    np.testing.assert_array_equal(
+        model.features(params, inputs, lengths), np.broadcast_to(embedded, (40, 50))
+    )  # no key: no dropout
     h = np.asarray(model.features(params, inputs, lengths, jax.random.PRNGKey(3)))
     kept = h != 0
     assert 0.4 < kept.mean() < 0.6  # element-wise, rate 0.5
@@ -120,8 +133,9 @@ def test_each_dropout_mask_is_the_same_whether_or_not_the_other_site_drops():
     out_mask = {}
     for input_drop in (0.0, 0.3):
         model = SequenceClassifier(_Ones(), 50, 50, vocab_size=9, drop=0.5, input_drop=input_drop)
-        out_mask[input_drop] = np.asarray(model.logits(_identity_readout(model), inputs,
-                                                       lengths, key))  # fmt: skip
+        out_mask[input_drop] = np.asarray(
+            model.logits(_identity_readout(model), inputs, lengths, key)
+        )
     assert set(np.unique(out_mask[0.0])) == {0.0, 2.0}  # a mask at rate 0.5, scaled
     np.testing.assert_array_equal(out_mask[0.3], out_mask[0.0])
     echoed = {}
@@ -182,13 +196,34 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
 
 
 def test_every_study_setting_is_a_valid_config():
-    base = dict(dataset="imdb", embed_size=8, hidden_size=8, hybrid_hidden_size=6, rrn_depth=2,
-                rrn_activation="sigmoid", rrn_recurrent_init="uniform", rrn_f_bias=0.0,
-                skip=20, forget_bias=1.0, init_scale=0.1, drop=0.5, input_drop=0.0,
-                batch_size=4, max_len=40, keep="last", buckets=2, lr=1.0, adadelta_eps=1e-6,
-                max_grad_norm=5.0, epochs=2, subset=None, embeddings="word2vec",
-                freeze_embeddings=False,
-                patience=None, divergence_factor=2.0)  # fmt: skip
+    base = dict(
+        dataset="imdb",
+        embed_size=8,
+        hidden_size=8,
+        hybrid_hidden_size=6,
+        rrn_depth=2,
+        rrn_activation="sigmoid",
+        rrn_recurrent_init="uniform",
+        rrn_f_bias=0.0,
+        skip=20,
+        forget_bias=1.0,
+        init_scale=0.1,
+        drop=0.5,
+        input_drop=0.0,
+        batch_size=4,
+        max_len=40,
+        keep="last",
+        buckets=2,
+        lr=1.0,
+        adadelta_eps=1e-6,
+        max_grad_norm=5.0,
+        epochs=2,
+        subset=None,
+        embeddings="word2vec",
+        freeze_embeddings=False,
+        patience=None,
+        divergence_factor=2.0,
+    )
     for (study, dataset), spec in presets.STUDIES.items():
         for name, overrides in spec["settings"].items():
             overrides = dict(overrides)
@@ -209,8 +244,9 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
 
 def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluates():
     # Smoke windows (rhnzoo.studies.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
-    split = lambda n, k: sequences.Split([np.full(2, i, np.int32) for i in range(n)],
-                                         (np.arange(n) + k) % 2)  # fmt: skip
+    split = lambda n, k: sequences.Split(
+        [np.full(2, i, np.int32) for i in range(n)], (np.arange(n) + k) % 2
+    )
     data = sequences.Dataset(split(40, 0), split(50, 1), split(60, 0), 2, tuple("abcdefgh"), None)
     a, b = rrl.eval_subset(data, 20), rrl.eval_subset(data, 20)
     assert a.train is data.train and (len(a.dev.labels), len(a.test.labels)) == (20, 20)
@@ -221,9 +257,19 @@ def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluate
     assert [x[0] for x in a.test.inputs] == [x[0] for x in b.test.inputs]
     assert rrl.eval_subset(data, None) is data and rrl.eval_subset(data, 60) is data
     lines = []
-    config = rrl.RRLConfig(model="lstm", hidden_size=4, embed_size=4, embeddings="random",
-                           batch_size=4, max_len=2, buckets=1, epochs=1, max_steps=1,
-                           eval_subset=8, progress=False)  # fmt: skip
+    config = rrl.RRLConfig(
+        model="lstm",
+        hidden_size=4,
+        embed_size=4,
+        embeddings="random",
+        batch_size=4,
+        max_len=2,
+        buckets=1,
+        epochs=1,
+        max_steps=1,
+        eval_subset=8,
+        progress=False,
+    )
     run = rrl.train_and_evaluate(config, data, log=lines.append)
     assert "40 train / 8 dev / 8 test sequences" in lines[0], lines
     assert {"dev_acc", "test_acc"} <= set(run.results)
@@ -232,17 +278,30 @@ def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluate
 @pytest.mark.slow
 def test_study_mode_runs_every_setting_and_prints_its_table(tmp_path):
     write_random_mnist(tmp_path / "mnist", train=60, test=10)
-    args = [sys.executable, str(ROOT / "experiments" / "rrl.py"), "--dataset=pmnist",
-            "--study=skip", "--hidden_size=4", "--max_len=16", "--batch_size=20", "--max_steps=1",
-            "--noprogress", f"--data_dir={tmp_path / 'mnist'}", "--noverify_data",
-            "--nodownload", f"--workdir={tmp_path / 'root'}"]  # fmt: skip
+    args = [
+        sys.executable,
+        str(ROOT / "experiments" / "rrl.py"),
+        "--dataset=pmnist",
+        "--study=skip",
+        "--hidden_size=4",
+        "--max_len=16",
+        "--batch_size=20",
+        "--max_steps=1",
+        "--noprogress",
+        f"--data_dir={tmp_path / 'mnist'}",
+        "--noverify_data",
+        "--nodownload",
+        f"--workdir={tmp_path / 'root'}",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [l for l in out.stdout.splitlines() if re.match(r"\| L\d+ \|", l)]
     assert [r.split("|")[1].strip() for r in rows] == ["L10", "L20", "L50"], out.stdout
     assert all("—" not in r.split("|")[3] for r in rows)  # a test accuracy in every row
     for L in (10, 20, 50):
-        config = json.loads((tmp_path / "root" / "study_skip" / f"L{L}" / "config.json").read_text())
+        config = json.loads(
+            (tmp_path / "root" / "study_skip" / f"L{L}" / "config.json").read_text()
+        )
         assert (config["model"], config["skip"], config["subset"]) == ("sc_lstm_i", L, 12000)
     assert (tmp_path / "root" / "study_skip" / "table.md").read_text().count("| L") == 3
 
@@ -301,22 +360,27 @@ def test_the_training_settings_are_the_configs_own():
     assert float(jnp.abs(updates["W"]).max()) > 0
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"model": "transformer"}, "unknown cell 'transformer'"),
-    ({"model": "sc_lstm_i", "skip": 0}, "--skip must be >= 1, got 0"),
-    ({"max_len": 0}, "max_len must be >= 1, got 0"),
-    ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
-    ({"adadelta_eps": -1e-6}, "--adadelta_eps must be > 0, got -1e-06"),
-    ({"dataset": "cifar10"}, "--dataset must be one of imdb, pmnist, agnews, 20ng"),
-    ({"keep": "middle"}, "--keep must be one of last, first, got 'middle'"),
-    ({"input_drop": 1.5}, "--input_drop must be a drop probability in [0, 1), got 1.5"),
-    ({"subset": 0}, "--subset must be >= 1, got 0"),
-    ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run's settings
-    ({"divergence_factor": 0.5}, "--divergence_factor must be 0 (off) or a finite number >= 1"),
-    ({"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"},
-     "needs the fused or pallas scan"),
-    ({"model": "dtrnn", "scan_impl": "fused"}, "scan_impl='fused' cannot run DTRNN"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"model": "transformer"}, "unknown cell 'transformer'"),
+        ({"model": "sc_lstm_i", "skip": 0}, "--skip must be >= 1, got 0"),
+        ({"max_len": 0}, "max_len must be >= 1, got 0"),
+        ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+        ({"adadelta_eps": -1e-6}, "--adadelta_eps must be > 0, got -1e-06"),
+        ({"dataset": "cifar10"}, "--dataset must be one of imdb, pmnist, agnews, 20ng"),
+        ({"keep": "middle"}, "--keep must be one of last, first, got 'middle'"),
+        ({"input_drop": 1.5}, "--input_drop must be a drop probability in [0, 1), got 1.5"),
+        ({"subset": 0}, "--subset must be >= 1, got 0"),
+        ({"max_steps": 0}, "--max_steps must be >= 1, got 0"),  # the run's settings
+        ({"divergence_factor": 0.5}, "--divergence_factor must be 0 (off) or a finite number >= 1"),
+        (
+            {"model": "rrn", "dtype": "bfloat16", "scan_impl": "reference"},
+            "needs the fused or pallas scan",
+        ),
+        ({"model": "dtrnn", "scan_impl": "fused"}, "scan_impl='fused' cannot run DTRNN"),
+    ],
+)
 def test_a_bad_setting_is_one_line_on_construction(changes, message):
     with pytest.raises(ValueError) as e:
         rrl.RRLConfig(**changes)
@@ -366,24 +430,41 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
     later = ("dtype", "hybrid_embed_size", "scan_impl", "matmul_precision", "preset")
     recorded = {k: v for k, v in config.to_dict().items() if k not in later}
     workdir = _workdir_with_a_run(tmp_path, recorded)
-    resumed = config.replace(max_steps=5, scan_impl="reference", workdir="elsewhere",
-                             data_dir="/data", patience=2, progress=False)  # fmt: skip
+    resumed = config.replace(
+        max_steps=5,
+        scan_impl="reference",
+        workdir="elsewhere",
+        data_dir="/data",
+        patience=2,
+        progress=False,
+    )
     engine.prepare_workdir(workdir, resumed, check_only=True)
     engine.prepare_workdir(workdir, resumed)
     now = json.loads((workdir / "config.json").read_text())
     assert (now["dtype"], now["scan_impl"], now["max_steps"], now["preset"]) == (
-        "float32", "reference", 5, "cpu")  # fmt: skip
+        "float32",
+        "reference",
+        5,
+        "cpu",
+    )
 
 
-@pytest.mark.parametrize("change", [{"hidden_size": 7}, {"adadelta_eps": 1e-4},
-                                    {"dtype": "bfloat16", "scan_impl": "fused"},
-                                    {"hybrid_embed_size": 4}])  # fmt: skip
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"hidden_size": 7},
+        {"adadelta_eps": 1e-4},
+        {"dtype": "bfloat16", "scan_impl": "fused"},
+        {"hybrid_embed_size": 4},
+    ],
+)
 def test_a_structural_change_is_refused_in_one_line(tmp_path, change):
     from rhnzoo import engine
 
     config = rrl.RRLConfig(model="lstm", dataset="pmnist", hidden_size=6)
-    recorded = {k: v for k, v in config.to_dict().items()
-                if k not in ("dtype", "hybrid_embed_size")}  # fmt: skip
+    recorded = {
+        k: v for k, v in config.to_dict().items() if k not in ("dtype", "hybrid_embed_size")
+    }
     workdir = _workdir_with_a_run(tmp_path, recorded)
     with pytest.raises(ValueError) as e:
         engine.prepare_workdir(workdir, config.replace(**change), check_only=True)
@@ -397,8 +478,12 @@ def test_a_structural_change_is_refused_in_one_line(tmp_path, change):
 def test_the_sizes_of_the_paper_preset_are_table_2():
     """``paper`` against Wang & Tian's Table 2 (embedding x hidden; "Hybrid": HRL and
     LSTM+GRU), as the model is built: the embedding table's width and the cell's."""
-    table2 = {"agnews": ((256, 512), (256, 384)), "imdb": ((256, 512), (256, 384)),
-              "20ng": ((500, 768), (256, 512)), "pmnist": ((1, 100), (1, 80))}  # fmt: skip
+    table2 = {
+        "agnews": ((256, 512), (256, 384)),
+        "imdb": ((256, 512), (256, 384)),
+        "20ng": ((500, 768), (256, 512)),
+        "pmnist": ((1, 100), (1, 80)),
+    }
     for dataset, ((m, n), (hybrid_m, hybrid_n)) in table2.items():
         for name in rrl.MODELS:
             c = presets.get_config("paper", dataset).replace(model=name)
@@ -414,14 +499,24 @@ def test_the_sizes_of_the_paper_preset_are_table_2():
 
 def test_presets_and_the_pixel_input():
     cpu = presets.get_config("cpu", "imdb")
-    assert (cpu.embed_size, cpu.hidden_size, cpu.hybrid_hidden_size, cpu.patience,
-            cpu.preset) == (64, 128, 96, 3, "cpu")  # fmt: skip
+    assert (cpu.embed_size, cpu.hidden_size, cpu.hybrid_hidden_size, cpu.patience, cpu.preset) == (
+        64,
+        128,
+        96,
+        3,
+        "cpu",
+    )
     assert presets.get_config(None, "imdb") == rrl.RRLConfig()
     assert presets.get_config(None, "pmnist").embed_size == 1  # one pixel per step
     assert presets.preset_overrides(None, "imdb") == {}
     given = presets.get_config("cpu", "pmnist", hidden_size=32, model="rrn")
     assert (given.hidden_size, given.model, given.embed_size, given.epochs, given.preset) == (
-        32, "rrn", 1, 8, "cpu")  # the given settings over the preset, the rest the preset's
+        32,
+        "rrn",
+        1,
+        8,
+        "cpu",
+    )  # the given settings over the preset, the rest the preset's
     assert rrl.RRLConfig(model="hrl", hybrid_embed_size=32).embedding_size() == 32
     assert rrl.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
     with pytest.raises(ValueError, match="^--hybrid_embed_size must be >= 1, got 0$"):
@@ -442,8 +537,14 @@ def test_runs_are_one_config_per_model_or_per_study_setting():
     assert {c.model for name, c in study.items() if name != "lstm_reference"} == {"rrn"}
     assert study["lstm_reference"].model == "lstm"
     eps = study["eps1e-4"]
-    assert (eps.adadelta_eps, eps.subset, eps.epochs, eps.divergence_factor, eps.hidden_size,
-            eps.seed) == (1e-4, 12000, 3, 5.0, 6, 4)  # the budget over the base  # fmt: skip
+    assert (
+        eps.adadelta_eps,
+        eps.subset,
+        eps.epochs,
+        eps.divergence_factor,
+        eps.hidden_size,
+        eps.seed,
+    ) == (1e-4, 12000, 3, 5.0, 6, 4)  # the budget over the base
     with pytest.raises(ValueError, match="no skip study on agnews"):
         presets.runs(base.replace(dataset="agnews"), [], "skip")
 
@@ -452,12 +553,20 @@ def _script_config(*argv):
     """``{'config': experiments/rrl.py's base config, 'flags': its config flags}`` for
     the command line ``argv`` (parsed in a fresh process; $JAX_DEFAULT_MATMUL_PRECISION
     unset)."""
-    code = ("import json, sys; from rhnzoo.apps import cli, rrl; rrl.define_flags(); "
-            "cli.FLAGS(sys.argv); print(json.dumps({'config': rrl.config().to_dict(), "
-            "'flags': rrl._NAMES}))")  # fmt: skip
+    code = (
+        "import json, sys; from rhnzoo.apps import cli, rrl; rrl.define_flags(); "
+        "cli.FLAGS(sys.argv); print(json.dumps({'config': rrl.config().to_dict(), "
+        "'flags': rrl._NAMES}))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "JAX_DEFAULT_MATMUL_PRECISION"}
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
-                         cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -469,9 +578,11 @@ def test_the_flags_are_the_configs_fields_and_given_ones_go_over_the_preset():
     assert set(plain["flags"]) == {f.name for f in dataclasses.fields(rrl.RRLConfig)} - {"preset"}
     default = "default"  # the matmul precision where JAX's is unset
     assert rrl.RRLConfig.from_dict(plain["config"]) == rrl.RRLConfig(matmul_precision=default)
-    given = _script_config("--dataset=pmnist", "--preset=cpu", "--hidden_size=32",
-                           "--model=rrn", "--epochs=10")  # 10: also the default  # fmt: skip
-    expect = presets.get_config("cpu", "pmnist", hidden_size=32, model="rrn", epochs=10,
-                                matmul_precision=default)  # fmt: skip
+    given = _script_config(
+        "--dataset=pmnist", "--preset=cpu", "--hidden_size=32", "--model=rrn", "--epochs=10"
+    )  # 10: also the default
+    expect = presets.get_config(
+        "cpu", "pmnist", hidden_size=32, model="rrn", epochs=10, matmul_precision=default
+    )
     assert rrl.RRLConfig.from_dict(given["config"]) == expect
     assert (expect.embed_size, expect.batch_size, expect.epochs) == (1, 100, 10)

@@ -36,8 +36,11 @@ def impls(name):
     """(name, impl) for every implementation the cell has but the reference scan (which
     ``test_the_reference_scan_is_exactly_rhnzoo_cells_unroll`` holds equal to
     ``cells.unroll`` bit for bit) and the pallas kernel (``tests/test_*_pallas.py``)."""
-    return [(name, str(i)) for i in scan.implementations(build(name))
-            if i not in (ScanImpl.REFERENCE, ScanImpl.PALLAS)]  # fmt: skip
+    return [
+        (name, str(i))
+        for i in scan.implementations(build(name))
+        if i not in (ScanImpl.REFERENCE, ScanImpl.PALLAS)
+    ]
 
 
 # The fast selection: each kind of fused scan at least once (gated, Parallel of gated,
@@ -70,9 +73,14 @@ def assert_trees_close(got, want, **tol):
 
 @pytest.mark.x64_grid  # CI: in the second session (.ci/run), beside the Pallas tests
 @pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
-@pytest.mark.parametrize("name,impl", [
-    pytest.param(n, i, marks=() if n in FAST else pytest.mark.slow)
-    for name in cells.ALL_NAMES for n, i in impls(name)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,impl",
+    [
+        pytest.param(n, i, marks=() if n in FAST else pytest.mark.slow)
+        for name in cells.ALL_NAMES
+        for n, i in impls(name)
+    ],
+)
 def test_every_cell_under_every_scan_matches_the_reference(name, impl, lengths):
     """float64: the dispatched scan's outputs, final carry and the gradients of a loss
     on both (params, initial carry, inputs) equal the reference scan's
@@ -81,8 +89,7 @@ def test_every_cell_under_every_scan_matches_the_reference(name, impl, lengths):
     with jax.enable_x64(True):
         params, carry, xs, mask, target = setup(cell)
         ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
-        run = functools.partial(scan.unroll, cell, mask=mask, impl=impl, lengths=lengths,
-                                unroll=2)  # fmt: skip
+        run = functools.partial(scan.unroll, cell, mask=mask, impl=impl, lengths=lengths, unroll=2)
         assert_trees_close(jax.jit(run)(params, carry, xs), ref(params, carry, xs), **FLOAT64)
         grad = jax.grad(loss, argnums=(1, 2, 3), allow_int=True)
         g_ref = grad(ref, params, carry, xs, target)
@@ -92,8 +99,9 @@ def test_every_cell_under_every_scan_matches_the_reference(name, impl, lengths):
             assert float(jnp.abs(g).max()) > 0
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
-                                  for n in FUSED])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in FUSED]
+)
 def test_fused_final_output_without_the_output_stack_matches_the_reference(name):
     """What the classifier reads: ``outputs=False`` and ``output_of`` of the final carry
     give each row's output at its last real step, with the reference scan's gradients
@@ -108,8 +116,9 @@ def test_fused_final_output_without_the_output_stack_matches_the_reference(name)
         return jnp.where(real[:, None], ys[idx], 0.0)
 
     def run(params, carry, xs):
-        carry, ys = scan.unroll(cell, params, carry, xs, impl="fused", lengths=LENGTHS,
-                                outputs=False)  # fmt: skip
+        carry, ys = scan.unroll(
+            cell, params, carry, xs, impl="fused", lengths=LENGTHS, outputs=False
+        )
         assert ys is None
         return jnp.where(real[:, None], scan.output_of(cell, carry), 0.0)
 
@@ -117,8 +126,9 @@ def test_fused_final_output_without_the_output_stack_matches_the_reference(name)
         params, carry, xs, _, _ = setup(cell, seed=1)
         w = normal(jax.random.PRNGKey(7), (B, N), jnp.float64)
         assert_trees_close(run(params, carry, xs), ref(params, carry, xs), **FLOAT64)
-        grad = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a)) * w),
-                                  argnums=(0, 1, 2), allow_int=True)(params, carry, xs)  # fmt: skip
+        grad = lambda f: jax.grad(
+            lambda *a: jnp.sum(jnp.sin(f(*a)) * w), argnums=(0, 1, 2), allow_int=True
+        )(params, carry, xs)
         assert_trees_close(grad(run), grad(ref), **FLOAT64)
 
 
@@ -137,10 +147,23 @@ def test_the_reference_scan_is_exactly_rhnzoo_cells_unroll(name):
 
 
 def test_auto_is_fused_where_the_cell_has_it_else_reference():
-    want = {"rhn": "fused", "dtrnn": "reference", "dtsrnn": "reference", "lstm": "fused",
-            "gru": "fused", "rrn": "fused", "sc_lstm_i": "fused", "sc_lstm_p": "fused",
-            "hrl": "fused", "lstm_gru": "fused", "hsg_rhn": "fused", "hsg_dtrnn": "reference",
-            "hsg_dtsrnn": "reference", "hsg_gru": "reference", "hsg_rrn": "reference"}  # fmt: skip
+    want = {
+        "rhn": "fused",
+        "dtrnn": "reference",
+        "dtsrnn": "reference",
+        "lstm": "fused",
+        "gru": "fused",
+        "rrn": "fused",
+        "sc_lstm_i": "fused",
+        "sc_lstm_p": "fused",
+        "hrl": "fused",
+        "lstm_gru": "fused",
+        "hsg_rhn": "fused",
+        "hsg_dtrnn": "reference",
+        "hsg_dtsrnn": "reference",
+        "hsg_gru": "reference",
+        "hsg_rrn": "reference",
+    }
     assert {n: str(scan.resolve("auto", build(n))) for n in cells.ALL_NAMES} == want
     assert scan.resolve("auto", cells.RHN(N, 2, coupled=False)) is ScanImpl.REFERENCE
     # remat: the RHN's fused scan has it, the gated ones do not
@@ -159,8 +182,9 @@ def test_auto_never_picks_pallas_on_the_cpu(dtype):
         for batch in (None, 1, 64, 100, 128):
             for backend in ("cpu", None):
                 try:
-                    got = scan.resolve("auto", build(name, 64), batch=batch, dtype=dtype,
-                                       backend=backend)  # fmt: skip
+                    got = scan.resolve(
+                        "auto", build(name, 64), batch=batch, dtype=dtype, backend=backend
+                    )
                 except ValueError:  # bfloat16 and no fused scan
                     assert dtype is jnp.bfloat16
                     continue
@@ -183,8 +207,10 @@ def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
     lstm, bf16 = build("lstm"), jnp.bfloat16
     assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu") is ScanImpl.PALLAS
     assert seen == [(lstm, 64, bf16, "gpu", 1)]
-    assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu",
-                        input_size=300) is ScanImpl.FUSED  # fmt: skip
+    assert (
+        scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="gpu", input_size=300)
+        is ScanImpl.FUSED
+    )
     assert seen[-1] == (lstm, 64, bf16, "gpu", 300)
     assert scan.resolve("auto", lstm, batch=64, dtype=bf16, backend="cpu") is ScanImpl.FUSED
     assert scan.resolve("auto", lstm, batch=32, dtype=bf16, backend="gpu") is ScanImpl.FUSED
@@ -198,34 +224,82 @@ def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
         scan.resolve("pallas", lstm, remat=True)
 
 
-@pytest.mark.parametrize("impl, cell, kw, message", [
-    ("fast", cells.LSTM(N), {},
-     "scan_impl must be one of auto, reference, fused, pallas, got 'fast'"),
-    ("fused", cells.DTRNN(N, 2), {}, "scan_impl='fused' cannot run DTRNN; its scans: reference"),
-    ("fused", cells.HSG(cells.GRU(N)), {}, "cannot run HSG(GRU); its scans: reference"),
-    ("fused", cells.RHN(N, 2, coupled=False), {},
-     "cannot run RHN(coupled=False); its scans: reference"),
-    ("pallas", cells.HSG(cells.RHN(N, 2)), {},
-     "scan_impl='pallas' cannot run HSG(RHN); its scans: reference, fused"),
-    ("pallas", cells.RRN(N, depth=10), {},  # ten matrices and their step inputs: too many
-     "cannot run RRN; its scans: reference, fused (the persistent kernels: LSTM, SC-LSTM"),
-    ("fused", cells.Parallel((cells.LSTM(N), cells.RRN(N))), {"remat": True},
-     ("remat needs the reference scan (scan_impl='reference'): the fused scan of "
-      "Parallel(LSTM, RRN) has no remat")),
-    ("reference", cells.GRU(N), {"dtype": "bfloat16"},
-     "dtype=bfloat16 needs the fused or pallas scan"),
-    ("auto", cells.DTSRNN(N, 2), {"dtype": jnp.bfloat16},
-     "DTSRNN does not have (its scans: reference)"),
-    ("auto", cells.LSTM(N), {"dtype": jnp.bfloat16, "remat": True},
-     "LSTM does not have with remat"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "impl, cell, kw, message",
+    [
+        (
+            "fast",
+            cells.LSTM(N),
+            {},
+            "scan_impl must be one of auto, reference, fused, pallas, got 'fast'",
+        ),
+        (
+            "fused",
+            cells.DTRNN(N, 2),
+            {},
+            "scan_impl='fused' cannot run DTRNN; its scans: reference",
+        ),
+        ("fused", cells.HSG(cells.GRU(N)), {}, "cannot run HSG(GRU); its scans: reference"),
+        (
+            "fused",
+            cells.RHN(N, 2, coupled=False),
+            {},
+            "cannot run RHN(coupled=False); its scans: reference",
+        ),
+        (
+            "pallas",
+            cells.HSG(cells.RHN(N, 2)),
+            {},
+            "scan_impl='pallas' cannot run HSG(RHN); its scans: reference, fused",
+        ),
+        (
+            "pallas",
+            cells.RRN(N, depth=10),
+            {},  # ten matrices and their step inputs: too many
+            "cannot run RRN; its scans: reference, fused (the persistent kernels: LSTM, SC-LSTM",
+        ),
+        (
+            "fused",
+            cells.Parallel((cells.LSTM(N), cells.RRN(N))),
+            {"remat": True},
+            (
+                "remat needs the reference scan (scan_impl='reference'): the fused scan of "
+                "Parallel(LSTM, RRN) has no remat"
+            ),
+        ),
+        (
+            "reference",
+            cells.GRU(N),
+            {"dtype": "bfloat16"},
+            "dtype=bfloat16 needs the fused or pallas scan",
+        ),
+        (
+            "auto",
+            cells.DTSRNN(N, 2),
+            {"dtype": jnp.bfloat16},
+            "DTSRNN does not have (its scans: reference)",
+        ),
+        (
+            "auto",
+            cells.LSTM(N),
+            {"dtype": jnp.bfloat16, "remat": True},
+            "LSTM does not have with remat",
+        ),
+    ],
+)
 def test_a_scan_the_cell_does_not_have_is_one_line(impl, cell, kw, message):
     with pytest.raises(ValueError) as e:
         scan.resolve(impl, cell, **kw)
     assert message in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="scan"):  # the dispatcher refuses the same
-        scan.unroll(cell, cell.init(jax.random.PRNGKey(0), M), cell.initial_carry(B),
-                    jnp.zeros((T, B, M)), impl=impl, **kw)  # fmt: skip
+        scan.unroll(
+            cell,
+            cell.init(jax.random.PRNGKey(0), M),
+            cell.initial_carry(B),
+            jnp.zeros((T, B, M)),
+            impl=impl,
+            **kw,
+        )
 
 
 def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
@@ -237,8 +311,10 @@ def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
     for impl in ("auto", "reference", "fused"):
         for remat in (False, True):
             assert scan.resolve(impl, a, remat=remat) is scan.resolve(impl, b, remat=remat)
-    models = [lm.language_model("hsg_rhn", 11, N, depth=2, scan_impl="auto"),
-              lm.language_model("rhn", 11, N, depth=2, hsg=True, scan_impl="auto")]
+    models = [
+        lm.language_model("hsg_rhn", 11, N, depth=2, scan_impl="auto"),
+        lm.language_model("rhn", 11, N, depth=2, hsg=True, scan_impl="auto"),
+    ]
     assert models[0] == models[1] and models[0].resolved_scan(20) is ScanImpl.FUSED
     clf = [SequenceClassifier(c, 2, M) for c in (a, b)]
     assert clf[0] == clf[1] and clf[0].resolved_scan(20) is ScanImpl.FUSED
@@ -246,9 +322,10 @@ def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
 
 def test_scan_impl_is_one_setting_in_every_task():
     """``--scan_impl``: the same default, choices, help and resume rule in every config."""
-    fields = [{f.name: f for f in dataclasses.fields(c)}["scan_impl"]
-              for c in (lm_training.LMConfig, rrl.RRLConfig, polyphonic.JSBConfig,
-                        polyphonic.TrialConfig)]  # fmt: skip
+    fields = [
+        {f.name: f for f in dataclasses.fields(c)}["scan_impl"]
+        for c in (lm_training.LMConfig, rrl.RRLConfig, polyphonic.JSBConfig, polyphonic.TrialConfig)
+    ]
     metas = [(f.default, dict(f.metadata)) for f in fields]
     assert all(m == metas[0] for m in metas)
     default, meta = metas[0]
@@ -278,23 +355,38 @@ def assert_same_loss_and_gradients(loss_of, models, params):
     fused, ref = models
     assert has_fused_scan(functools.partial(loss_of, fused), params)
     assert not has_fused_scan(functools.partial(loss_of, ref), params)
-    (v_f, g_f), (v_r, g_r) = (jax.value_and_grad(functools.partial(loss_of, m))(params)
-                              for m in models)  # fmt: skip
+    (v_f, g_f), (v_r, g_r) = (
+        jax.value_and_grad(functools.partial(loss_of, m))(params) for m in models
+    )
     np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
     assert_trees_close(g_f, g_r, rtol=1e-4, atol=1e-6)
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(g_r))
 
 
-@pytest.mark.parametrize("cell", ["lstm", pytest.param("gru", marks=pytest.mark.slow),
-                                  pytest.param("hrl", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "lstm",
+        pytest.param("gru", marks=pytest.mark.slow),
+        pytest.param("hrl", marks=pytest.mark.slow),
+    ],
+)
 def test_a_gated_language_model_runs_the_fused_scan_with_the_references_numbers(cell):
     """The LM task (``LMConfig.model``, ``window_loss`` with all four dropout sites and
     weight decay) with --cell=lstm under 'fused' (not possible before the dispatcher)
     and 'reference': the same loss and gradients."""
     rng = np.random.default_rng(0)
     rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
-    cfg = lm_training.LMConfig(cell=cell, hidden_size=8, batch_size=3, num_steps=9,
-                               drop_x=0.1, drop_i=0.2, drop_h=0.2, drop_o=0.2)  # fmt: skip
+    cfg = lm_training.LMConfig(
+        cell=cell,
+        hidden_size=8,
+        batch_size=3,
+        num_steps=9,
+        drop_x=0.1,
+        drop_i=0.2,
+        drop_h=0.2,
+        drop_o=0.2,
+    )
     models = [cfg.replace(scan_impl=impl).model(13) for impl in ("fused", "reference")]
     assert [m.resolved_scan(3) for m in models] == [ScanImpl.FUSED, ScanImpl.REFERENCE]
     assert cfg.model(13).resolved_scan(3) is ScanImpl.FUSED  # auto
@@ -302,8 +394,9 @@ def test_a_gated_language_model_runs_the_fused_scan_with_the_references_numbers(
     carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(3))
 
     def loss_of(model, params):
-        loss, (_, carry_out) = lm_training.window_loss(model, cfg, params, (rows, jnp.int32(1)),
-                                                       jax.random.PRNGKey(2), carry)  # fmt: skip
+        loss, (_, carry_out) = lm_training.window_loss(
+            model, cfg, params, (rows, jnp.int32(1)), jax.random.PRNGKey(2), carry
+        )
         return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
 
     assert_same_loss_and_gradients(loss_of, models, params)
@@ -323,16 +416,24 @@ def test_an_rhn_language_model_runs_the_same_scan_as_before():
         assert has_fused_scan(nll, model.init(jax.random.PRNGKey(0)))
 
 
-@pytest.mark.parametrize("name", ["rhn", pytest.param("hsg_rhn", marks=pytest.mark.slow),
-                                  pytest.param("sc_lstm_p", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rhn",
+        pytest.param("hsg_rhn", marks=pytest.mark.slow),
+        pytest.param("sc_lstm_p", marks=pytest.mark.slow),
+    ],
+)
 def test_an_rhn_classifier_runs_the_fused_scan_with_the_references_numbers(name):
     """The RRL task's model (``RRLConfig.classifier``: embedding, input and output
     dropout, padded rows with an empty one) with --model=rhn under 'fused' (not possible
     before the dispatcher) and 'reference': the same loss and gradients."""
-    cfg = rrl.RRLConfig(model=name, hidden_size=6, embed_size=4, drop=0.3, input_drop=0.2,
-                        rrn_depth=2, skip=2)  # fmt: skip
-    models = [cfg.replace(scan_impl=impl).classifier(3, vocab_size=11)
-              for impl in ("fused", "reference")]  # fmt: skip
+    cfg = rrl.RRLConfig(
+        model=name, hidden_size=6, embed_size=4, drop=0.3, input_drop=0.2, rrn_depth=2, skip=2
+    )
+    models = [
+        cfg.replace(scan_impl=impl).classifier(3, vocab_size=11) for impl in ("fused", "reference")
+    ]
     assert cfg.classifier(3, vocab_size=11).resolved_scan(B) is ScanImpl.FUSED  # auto
     params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     rng = np.random.default_rng(0)
@@ -390,8 +491,9 @@ def test_the_nnx_module_takes_the_scan_too():
         carry, ys = module(xs, scan_impl=impl)
         return jnp.sum(jnp.sin(ys)) + jnp.sum(carry**2)
 
-    (v_f, g_f), (v_r, g_r) = (nnx.value_and_grad(functools.partial(loss_of, i))(rnn)
-                              for i in ("fused", "reference"))  # fmt: skip
+    (v_f, g_f), (v_r, g_r) = (
+        nnx.value_and_grad(functools.partial(loss_of, i))(rnn) for i in ("fused", "reference")
+    )
     np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
     assert_trees_close(nnx.to_pure_dict(g_f), nnx.to_pure_dict(g_r), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="cannot run DTRNN"):
@@ -404,8 +506,9 @@ def test_the_lm_dropout_mask_reaches_the_fused_gated_scan():
     model = lm.language_model("lstm", 11, N, scan_impl="fused")
     params = random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(3))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (B, T)), jnp.int32)
-    masks = dropout.lm_masks(jax.random.PRNGKey(1), tokens, 11, N, N,
-                             dropout.Rates(0.0, 0.0, 0.5, 0.0))  # fmt: skip
+    masks = dropout.lm_masks(
+        jax.random.PRNGKey(1), tokens, 11, N, N, dropout.Rates(0.0, 0.0, 0.5, 0.0)
+    )
     ref = dataclasses.replace(model, scan_impl="reference")
     for m in (None, masks):
         got = model.hidden(params, model.initial_carry(B), tokens, m)[1]

@@ -13,13 +13,33 @@ SCRIPTS = sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
 HELP_ELSEWHERE = {"highway.py"}  # test_highway_experiment.py runs its --help
 # A few of each script's own flags that --help must show.
 OWN_FLAGS = {
-    "ptb.py": ["--depth", "--hsg", "--max_steps", "--max_epochs", "--workdir", "--verify_data",
-               "--matmul_precision"],
+    "ptb.py": [
+        "--depth",
+        "--hsg",
+        "--max_steps",
+        "--max_epochs",
+        "--workdir",
+        "--verify_data",
+        "--matmul_precision",
+    ],
     "char.py": ["--dataset", "--depth", "--max_steps", "--verify_data", "--matmul_precision"],
-    "jsb.py": ["--archs", "--depths", "--max_steps", "--max_epochs", "--verify_data",
-               "--matmul_precision"],
-    "rrl.py": ["--dataset", "--model", "--table", "--skip", "--patience", "--verify_data",
-               "--matmul_precision"],
+    "jsb.py": [
+        "--archs",
+        "--depths",
+        "--max_steps",
+        "--max_epochs",
+        "--verify_data",
+        "--matmul_precision",
+    ],
+    "rrl.py": [
+        "--dataset",
+        "--model",
+        "--table",
+        "--skip",
+        "--patience",
+        "--verify_data",
+        "--matmul_precision",
+    ],
     "analyze.py": ["--workdir", "--mc_samples", "--flow"],
     "sweep.py": ["--depths", "--root", "--table"],
 }
@@ -27,8 +47,12 @@ OWN_FLAGS = {
 
 @pytest.mark.parametrize("script", sorted(set(SCRIPTS) - HELP_ELSEWHERE))
 def test_help_lists_the_scripts_own_flags_with_defaults(script):
-    result = subprocess.run([sys.executable, str(ROOT / "experiments" / script), "--help"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1  # absl's convention for --help (README says so)
     assert script in OWN_FLAGS, f"add {script}'s own flags to OWN_FLAGS"
     for flag in OWN_FLAGS[script]:
@@ -46,6 +70,5 @@ def test_analyze_help_names_workdirs_that_ptb_py_creates():
 
     text = (ROOT / "experiments" / "analyze.py").read_text()
     named = set(re.findall(r"--workdir=(runs/ptb\S*)", text))
-    made = {presets.get_config("small").run_dir,
-            presets.get_config(depth=10, hsg=False).run_dir}  # fmt: skip
+    made = {presets.get_config("small").run_dir, presets.get_config(depth=10, hsg=False).run_dir}
     assert named and named <= made, named - made

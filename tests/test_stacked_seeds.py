@@ -31,8 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPE = engine_toy.N_TRAIN // engine_toy.BATCH  # 12 steps per epoch
 TIMING = ("_per_s", "elapsed_s", "_eval_s")  # fields that differ between any two runs
 K = 3
-CFG = {"epochs": 3, "progress": False, "log_every": 5, "max_steps": 30,
-       "checkpoint_every_steps": 5}
+CFG = {"epochs": 3, "progress": False, "log_every": 5, "max_steps": 30, "checkpoint_every_steps": 5}
 
 
 def cfg(**kw):
@@ -98,8 +97,10 @@ def assert_same_as_stacked(workdir, reference):
     b = latest_state(pathlib.Path(reference) / "stacked" / "checkpoints")
     assert_trees_equal(a["state"], b["state"])
     for meta_a, meta_b in zip(a["meta"], b["meta"], strict=True):
-        assert_trees_equal({k: v for k, v in meta_a.items() if k != "elapsed"},
-                           {k: v for k, v in meta_b.items() if k != "elapsed"})  # fmt: skip
+        assert_trees_equal(
+            {k: v for k, v in meta_a.items() if k != "elapsed"},
+            {k: v for k, v in meta_b.items() if k != "elapsed"},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -119,18 +120,26 @@ def toy_runs(tmp_path_factory):
 
 def test_stacked_toy_seeds_equal_separate_runs_bit_for_bit(toy_runs):
     root, stacked, lines = toy_runs
-    assert sorted(p.name for p in root.iterdir()) == ["run", "run_s1", "run_s2", "sep0", "sep1",
-                                                      "sep2"]  # fmt: skip
+    assert sorted(p.name for p in root.iterdir()) == [
+        "run",
+        "run_s1",
+        "run_s2",
+        "sep0",
+        "sep1",
+        "sep2",
+    ]
     assert json.loads((root / "run" / "stacked" / "seeds.json").read_text()) == [0, 1, 2]
     assert [l for l in lines if "seeds stacked" in l] == [
-        "6 parameters, 12 steps per epoch, 30 steps in this run, 3 seeds stacked"]
+        "6 parameters, 12 steps per epoch, 30 steps in this run, 3 seeds stacked"
+    ]
     assert len(stacked) == K and [r.results["stopped"] for r in stacked] == ["end"] * K
     final = latest_state(root / "run" / "stacked" / "checkpoints")
     assert int(final["state"]["step"]) == 30
     for k, workdir in enumerate(seed_dirs(root / "run")):
         separate = root / f"sep{k}"
         assert json.loads((workdir / "config.json").read_text()) == json.loads(
-            (separate / "config.json").read_text())  # fmt: skip
+            (separate / "config.json").read_text()
+        )
         assert json.loads((workdir / "config.json").read_text())["seed"] == k
         assert_same_records(records(workdir), records(separate))
         # The returned RunResult is the separate run's too.
@@ -141,19 +150,22 @@ def test_stacked_toy_seeds_equal_separate_runs_bit_for_bit(toy_runs):
         # Row k of the final stacked state (and its bookkeeping) is the separate run's state.
         alone = latest_state(separate / "checkpoints")
         assert int(alone["state"]["step"]) == 30
-        assert_trees_equal(jax.tree.map(lambda a, k=k: a[k], final["state"]["task"]),
-                           alone["state"]["task"])  # fmt: skip
-        assert_trees_equal({n: v for n, v in final["meta"][k].items() if n != "elapsed"},
-                           {n: v for n, v in alone["meta"].items() if n != "elapsed"})  # fmt: skip
+        assert_trees_equal(
+            jax.tree.map(lambda a, k=k: a[k], final["state"]["task"]), alone["state"]["task"]
+        )
+        assert_trees_equal(
+            {n: v for n, v in final["meta"][k].items() if n != "elapsed"},
+            {n: v for n, v in alone["meta"].items() if n != "elapsed"},
+        )
         # Each seed's lines carry its seed; its final line is the separate run's.
         assert f"[seed {k}] {stacked[k].results['final']}" in lines
     # A rerun only reads: one "already finished" line per seed, the same results.
     before = {p: p.read_bytes() for p in (root / "run").rglob("*") if p.is_file()}
     again_lines = []
-    again = engine.run(engine_toy.make_task(), cfg(), root / "run", seeds=K,
-                       log=again_lines.append)  # fmt: skip
-    assert again_lines == [f"[seed {k}] already finished: {r.results['final']}"
-                           for k, r in enumerate(stacked)]  # fmt: skip
+    again = engine.run(engine_toy.make_task(), cfg(), root / "run", seeds=K, log=again_lines.append)
+    assert again_lines == [
+        f"[seed {k}] already finished: {r.results['final']}" for k, r in enumerate(stacked)
+    ]
     assert [a.results for a in again] == [r.results for r in stacked]
     assert {p: p.read_bytes() for p in (root / "run").rglob("*") if p.is_file()} == before
 
@@ -200,32 +212,52 @@ def test_a_diverging_seed_and_a_patient_one_stop_as_their_separate_runs(tmp_path
     checkpoints of its separate run; stopped by SIGTERM at step 20 (after seed 1
     stopped, before seed 2 did) and resumed, the stacked run ends the same."""
     config = cfg(epochs=3, max_steps=None, patience=1, lr=0.005)
-    stacked = engine.run(fated_task(), config, tmp_path / "run", seeds=K, on_divergence="stop",
-                         log=None)  # fmt: skip
+    stacked = engine.run(
+        fated_task(), config, tmp_path / "run", seeds=K, on_divergence="stop", log=None
+    )
     assert [r.results["stopped"] for r in stacked] == ["end", "diverged", "patience"]
     assert [r.diverged for r in stacked] == [False, True, False]
-    assert stacked[1].results["diverged"].startswith(
-        "non-finite training loss at step 16 (inf): the run diverged; the last good "
-        "checkpoint (step 15) is intact")  # fmt: skip
+    assert (
+        stacked[1]
+        .results["diverged"]
+        .startswith(
+            "non-finite training loss at step 16 (inf): the run diverged; the last good "
+            "checkpoint (step 15) is intact"
+        )
+    )
     assert stacked[2].results["step"] == 2 * SPE and stacked[0].results["step"] == 3 * SPE
     for k, workdir in enumerate(seed_dirs(tmp_path / "run")):
-        separate = engine.run(fated_task(), config.replace(seed=k), tmp_path / f"sep{k}",
-                              on_divergence="stop", log=None)  # fmt: skip
+        separate = engine.run(
+            fated_task(),
+            config.replace(seed=k),
+            tmp_path / f"sep{k}",
+            on_divergence="stop",
+            log=None,
+        )
         assert separate.results == stacked[k].results
         assert_same_records(records(workdir), records(tmp_path / f"sep{k}"))
         assert_trees_equal(stacked[k].best_params, separate.best_params)
 
     lines = []
     with pytest.raises(engine.Interrupted):
-        engine.run(fated_task(stop_at=19), config, tmp_path / "again", seeds=K,
-                   on_divergence="stop", log=lines.append)  # fmt: skip
-    assert lines[-1].startswith("stopped by signal 15 in training at step 20; checkpoint saved "
-                                f"at step 20 in {tmp_path / 'again' / 'stacked' / 'checkpoints'}")
+        engine.run(
+            fated_task(stop_at=19),
+            config,
+            tmp_path / "again",
+            seeds=K,
+            on_divergence="stop",
+            log=lines.append,
+        )
+    assert lines[-1].startswith(
+        "stopped by signal 15 in training at step 20; checkpoint saved "
+        f"at step 20 in {tmp_path / 'again' / 'stacked' / 'checkpoints'}"
+    )
     assert json.loads((tmp_path / "again_s1" / "results.json").read_text())["stopped"] == "diverged"
     assert not (tmp_path / "again_s2" / "results.json").exists()
     lines = []
-    engine.run(fated_task(), config, tmp_path / "again", seeds=K, on_divergence="stop",
-               log=lines.append)  # fmt: skip
+    engine.run(
+        fated_task(), config, tmp_path / "again", seeds=K, on_divergence="stop", log=lines.append
+    )
     assert f"resumed {tmp_path / 'again' / 'stacked'} at step 20" in lines
     assert any(l.startswith("[seed 1] already finished: final (") for l in lines), lines
     for mine, theirs in zip(seed_dirs(tmp_path / "again"), seed_dirs(tmp_path / "run")):
@@ -257,10 +289,10 @@ def test_a_stacked_run_resumes_after_a_signal_exactly(tmp_path, toy_runs, stop_a
     assert info.value.signum == signal.SIGTERM
     assert lines[-1].startswith(f"stopped by signal 15 in training at step {stop_at + 1}; ")
     assert int(latest_state(tmp_path / "run" / "stacked" / "checkpoints")["state"]["step"]) == (
-        stop_at + 1)  # fmt: skip
+        stop_at + 1
+    )
     lines = []
-    resumed = engine.run(engine_toy.make_task(), cfg(), tmp_path / "run", seeds=K,
-                         log=lines.append)  # fmt: skip
+    resumed = engine.run(engine_toy.make_task(), cfg(), tmp_path / "run", seeds=K, log=lines.append)
     assert f"resumed {tmp_path / 'run' / 'stacked'} at step {stop_at + 1}" in lines
     assert [r.results for r in resumed] == [r.results for r in toy_runs[1]]
     assert_same_as_stacked(tmp_path / "run", reference)
@@ -290,13 +322,13 @@ def test_kill_9_in_a_stacked_run_then_resume_gives_identical_outputs(tmp_path, t
     from it and ends with the outputs of the uninterrupted stacked run."""
     script = KILLED.format(tests=str(ROOT / "tests"), spe=SPE, kill_at=17, config=CFG, k=K)
     args = [sys.executable, "-c", script, str(tmp_path / "run"), str(tmp_path / "killed")]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                           check=False)  # fmt: skip
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert (tmp_path / "killed").exists() and not (tmp_path / "run" / "results.json").exists()
     assert int(latest_state(tmp_path / "run" / "stacked" / "checkpoints")["state"]["step"]) == 15
-    second = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            check=False)  # fmt: skip
+    second = subprocess.run(
+        args, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
+    )
     assert second.returncode == 0, second.stderr
     assert f"resumed {tmp_path / 'run' / 'stacked'} at step 15" in second.stdout
     assert_same_as_stacked(tmp_path / "run", toy_runs[0] / "run")
@@ -315,12 +347,16 @@ def test_bad_seed_counts_are_refused_and_leave_nothing_behind(tmp_path):
     snapshot = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     before = snapshot()
     stack = tmp_path / "run" / "stacked"
-    with pytest.raises(ValueError, match=f"^{stack} holds the stacked state of seeds "
-                       r"\[0, 1, 2\], not \[0, 1\]; rerun with those seeds or delete "):
+    with pytest.raises(
+        ValueError,
+        match=f"^{stack} holds the stacked state of seeds "
+        r"\[0, 1, 2\], not \[0, 1\]; rerun with those seeds or delete ",
+    ):
         engine.run(engine_toy.make_task(), cfg(), tmp_path / "run", seeds=2, log=None)
     assert snapshot() == before  # nothing written, no lock left: the 3 seeds still resume
-    resumed = engine.run(engine_toy.make_task(), cfg(max_steps=10), tmp_path / "run", seeds=3,
-                         log=None)  # fmt: skip
+    resumed = engine.run(
+        engine_toy.make_task(), cfg(max_steps=10), tmp_path / "run", seeds=3, log=None
+    )
     assert [r.results["step"] for r in resumed] == [10] * 3
 
 
@@ -337,8 +373,9 @@ def assert_close_results(stacked, separate, rtol):
     text = lambda r: {k: v for k, v in untimed(r).items() if k not in numeric(r) and k != "final"}
     assert text(stacked) == text(separate)
     keys = sorted(numeric(separate))
-    np.testing.assert_allclose([stacked[k] for k in keys], [separate[k] for k in keys],
-                               rtol=rtol, err_msg=str(keys))  # fmt: skip
+    np.testing.assert_allclose(
+        [stacked[k] for k in keys], [separate[k] for k in keys], rtol=rtol, err_msg=str(keys)
+    )
 
 
 def assert_close_trees(a, b, rtol, atol):
@@ -372,15 +409,32 @@ def test_rrl_classifier_stacked_equals_separate_runs():
         seqs = [rng.integers(3, 8, int(rng.integers(1, 17))).astype(np.int32) for _ in range(n)]
         return sequences.Split(seqs, rng.integers(0, 2, n).astype(np.int32))
 
-    dataset = sequences.Dataset(split(40), split(16), split(16), num_classes=2,
-                                vocab=tuple("abcdefgh"), input_size=None)  # fmt: skip
-    config = rrl.RRLConfig(model="lstm", hidden_size=6, embed_size=4, init_scale=0.3, drop=0.3,
-                           embeddings="random", batch_size=8, max_len=16, buckets=2, epochs=2,
-                           progress=False)  # fmt: skip
-    plans = [[length for length, _ in rrl.plan(dataset.train, config, (seed, epoch))]
-             for seed in range(K) for epoch in range(2)]  # fmt: skip
-    assert any(len({plans[2 * k + e][i] for k in range(K)}) > 1
-               for e in range(2) for i in range(len(plans[0])))  # buckets differ across seeds
+    dataset = sequences.Dataset(
+        split(40), split(16), split(16), num_classes=2, vocab=tuple("abcdefgh"), input_size=None
+    )
+    config = rrl.RRLConfig(
+        model="lstm",
+        hidden_size=6,
+        embed_size=4,
+        init_scale=0.3,
+        drop=0.3,
+        embeddings="random",
+        batch_size=8,
+        max_len=16,
+        buckets=2,
+        epochs=2,
+        progress=False,
+    )
+    plans = [
+        [length for length, _ in rrl.plan(dataset.train, config, (seed, epoch))]
+        for seed in range(K)
+        for epoch in range(2)
+    ]
+    assert any(
+        len({plans[2 * k + e][i] for k in range(K)}) > 1
+        for e in range(2)
+        for i in range(len(plans[0]))
+    )  # buckets differ across seeds
     stacked = rrl.train_and_evaluate(config, dataset, log=None, seeds=K)
     for k in range(K):
         separate = rrl.train_and_evaluate(config.replace(seed=k), dataset, log=None)
@@ -422,11 +476,14 @@ def test_stacked_highway_validation_gives_each_seed_its_own_sums_bit_for_bit(kin
     net = FeedForwardNet(kind, 3 if kind == "highway" else 2, 6, 12, 10, transform_bias=-1.0)
     params = [net.init(jax.random.PRNGKey(k)) for k in range(K)]
     rng = np.random.default_rng(0)
-    split = (rng.integers(0, 256, (23, 12), dtype=np.uint8),
-             rng.integers(0, 10, 23).astype(np.int32))
+    split = (
+        rng.integers(0, 256, (23, 12), dtype=np.uint8),
+        rng.integers(0, 10, 23).astype(np.int32),
+    )
     stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
-    stacked = classify.evaluate(hw.make_sums_fn(net, stacked=True), stack(params), split, 10,
-                                stacked=True)  # fmt: skip
+    stacked = classify.evaluate(
+        hw.make_sums_fn(net, stacked=True), stack(params), split, 10, stacked=True
+    )
     alone = [classify.evaluate(hw.make_sums_fn(net), p, split, 10) for p in params]
     assert stacked == alone and len({r["loss"] for r in alone}) == K
 
@@ -441,26 +498,40 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
     from rhnzoo.engine.workdir import read_metrics, restore_params
 
     rng = np.random.default_rng(2)
-    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
-                         tuple("abcdefghi"))  # fmt: skip
-    config = lm_training.LMConfig(hidden_size=8, depth=2, batch_size=4, num_steps=5,
-                                  max_max_epoch=2, max_epoch=1, progress=False,
-                                  eval_batch_size=4, drop_x=0.1, drop_i=0.3, drop_h=0.2,
-                                  drop_o=0.3)  # fmt: skip
-    stacked = lm_training.train_and_evaluate(config, corpus, workdir=tmp_path / "run", log=None,
-                                             seeds=K)  # fmt: skip
+    corpus = data.Corpus(
+        *(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)), tuple("abcdefghi")
+    )
+    config = lm_training.LMConfig(
+        hidden_size=8,
+        depth=2,
+        batch_size=4,
+        num_steps=5,
+        max_max_epoch=2,
+        max_epoch=1,
+        progress=False,
+        eval_batch_size=4,
+        drop_x=0.1,
+        drop_i=0.3,
+        drop_h=0.2,
+        drop_o=0.3,
+    )
+    stacked = lm_training.train_and_evaluate(
+        config, corpus, workdir=tmp_path / "run", log=None, seeds=K
+    )
     assert len(stacked) == K
     for k, workdir in enumerate(seed_dirs(tmp_path / "run")):
         separate = lm_training.train_and_evaluate(
-            config.replace(seed=k), corpus, workdir=tmp_path / f"sep{k}", log=None)
+            config.replace(seed=k), corpus, workdir=tmp_path / f"sep{k}", log=None
+        )
         assert_close_results(stacked[k], separate, rtol=1e-5)
         assert stacked[k]["final"] == separate["final"]
         mine, theirs = read_metrics(workdir), read_metrics(tmp_path / f"sep{k}")
         assert len(mine) == len(theirs) == 2
         for a, b in zip(mine, theirs):
             assert_close_results(a, b, rtol=1e-5)
-        assert_close_trees(restore_params(workdir), restore_params(tmp_path / f"sep{k}"),
-                           rtol=1e-5, atol=1e-7)  # fmt: skip
+        assert_close_trees(
+            restore_params(workdir), restore_params(tmp_path / f"sep{k}"), rtol=1e-5, atol=1e-7
+        )
     assert stacked[0]["valid_ppl"] != stacked[1]["valid_ppl"]
 
 
@@ -475,19 +546,27 @@ def test_polyphonic_training_stacked_equals_separate_runs():
 
     rolls = fixture_data()  # shifted chords, ragged lengths
     model = PianoRollModel(cells.DTSRNN(5, 3))
-    settings = {"lr": 1.0, "momentum": 0.9, "max_grad_norm": 5.0, "batch_size": 8, "epochs": 2,
-                "progress": False}
+    settings = {
+        "lr": 1.0,
+        "momentum": 0.9,
+        "max_grad_norm": 5.0,
+        "batch_size": 8,
+        "epochs": 2,
+        "progress": False,
+    }
     stacked = polyphonic.train(model, rolls, seeds=K, **settings)
     assert len(stacked) == K
     for k in range(K):
         separate = polyphonic.train(model, rolls, seed=k, **settings)
         a, b = stacked[k], separate
-        np.testing.assert_allclose([a.best_valid, a.test_at_best], [b.best_valid, b.test_at_best],
-                                   rtol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            [a.best_valid, a.test_at_best], [b.best_valid, b.test_at_best], rtol=1e-5
+        )
         assert (a.best_epoch, a.diverged, a.epochs_run) == (b.best_epoch, b.diverged, b.epochs_run)
         for h, g in zip(a.history, b.history, strict=True):
-            np.testing.assert_allclose([h["train"], h["valid"]], [g["train"], g["valid"]],
-                                       rtol=1e-5)  # fmt: skip
+            np.testing.assert_allclose(
+                [h["train"], h["valid"]], [g["train"], g["valid"]], rtol=1e-5
+            )
         assert_close_trees(a.best_params, b.best_params, rtol=1e-5, atol=1e-7)
     assert stacked[0].best_valid != stacked[1].best_valid
 
@@ -505,10 +584,19 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
 
     stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
     rng = np.random.default_rng(4)
-    corpus = data.Corpus(*(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)),
-                         tuple("abcdefghi"))  # fmt: skip
-    config = lm_training.LMConfig(hidden_size=8, depth=2, batch_size=4, num_steps=5, max_epoch=1,
-                                  max_max_epoch=1, progress=False, eval_batch_size=4)  # fmt: skip
+    corpus = data.Corpus(
+        *(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)), tuple("abcdefghi")
+    )
+    config = lm_training.LMConfig(
+        hidden_size=8,
+        depth=2,
+        batch_size=4,
+        num_steps=5,
+        max_epoch=1,
+        max_max_epoch=1,
+        progress=False,
+        eval_batch_size=4,
+    )
     model = config.model(9)
     params = [model.init(jax.random.PRNGKey(k)) for k in range(K)]
     evaluate = lm_training.Evaluator(model)

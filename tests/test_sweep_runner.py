@@ -27,8 +27,9 @@ TOY_CONFIG = engine_toy.ToyConfig()
 
 def toy_runs(task, epochs=2):
     cfg = TOY_CONFIG.replace(epochs=epochs, progress=False, log_every=100)
-    train = lambda workdir, on_divergence: engine.run(task, cfg, workdir, log=None,
-                                                      on_divergence=on_divergence).results
+    train = lambda workdir, on_divergence: (
+        engine.run(task, cfg, workdir, log=None, on_divergence=on_divergence).results
+    )
     return [sweep.Run(name, TOY_CONFIG, train) for name in ("a", "b")]
 
 
@@ -46,13 +47,17 @@ def test_runner_skips_finished_runs_and_resumes_a_killed_one(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_all(toy_runs(dataclasses.replace(task, final_evaluate=killed))[:1], tmp_path,
-                      log=None)  # fmt: skip
-    assert (tmp_path / "a" / "checkpoints").is_dir() and not (tmp_path / "a" / "results.json").exists()
+        sweep.run_all(
+            toy_runs(dataclasses.replace(task, final_evaluate=killed))[:1], tmp_path, log=None
+        )
+    assert (tmp_path / "a" / "checkpoints").is_dir() and not (
+        tmp_path / "a" / "results.json"
+    ).exists()
     lines = []
     first = sweep.run_all(toy_runs(counted), tmp_path, log=lines.append)
-    assert len(calls) == 2 and all(r["step"] == 2 * (engine_toy.N_TRAIN // engine_toy.BATCH)
-                                   for r in first.values())  # fmt: skip
+    assert len(calls) == 2 and all(
+        r["step"] == 2 * (engine_toy.N_TRAIN // engine_toy.BATCH) for r in first.values()
+    )
     again = sweep.run_all(toy_runs(counted), tmp_path, log=lines.append)
     assert len(calls) == 2 and again == first  # nothing trained or evaluated again
     rows = sweep.collect(tmp_path, ["a", "b", "c"])
@@ -98,21 +103,29 @@ def test_each_run_done_estimates_the_runs_left_scaled_by_their_size(tmp_path, mo
     line: the run printed it). Rerun with one more: the finished runs take no time and
     are not timed, nor is a resumed one (c, its config.json written before)."""
     clock = Clock(monkeypatch)
-    runs = [clock.run(name, 60.0 * size, size) for name, size in
-            (("a", 1), ("b", 2), ("c", 3), ("d", 4))]  # fmt: skip
+    runs = [
+        clock.run(name, 60.0 * size, size)
+        for name, size in (("a", 1), ("b", 2), ("c", 3), ("d", 4))
+    ]
     lines = []
     sweep.run_all(runs, tmp_path, log=lines.append)
     done = [l for l in lines if " done in " in l]
-    assert done == ["[1/4] a done in 1.0 min; about 9 min for the 3 runs left",
-                    "[2/4] b done in 2.0 min; about 7 min for the 2 runs left",
-                    "[3/4] c done in 3.0 min; about 4 min for the 1 run left",
-                    "[4/4] d done in 4.0 min"]  # fmt: skip
+    assert done == [
+        "[1/4] a done in 1.0 min; about 9 min for the 3 runs left",
+        "[2/4] b done in 2.0 min; about 7 min for the 2 runs left",
+        "[3/4] c done in 3.0 min; about 4 min for the 1 run left",
+        "[4/4] d done in 4.0 min",
+    ]
     lines.clear()
     (tmp_path / "c" / "results.json").unlink()  # c trains again, as does a fresh e
     sweep.run_all([*runs, clock.run("e", 60.0)], tmp_path, log=lines.append)
     assert [l for l in lines if " done in " in l] == [
-        "[1/5] a done in 0.0 min", "[2/5] b done in 0.0 min", "[3/5] c done in 3.0 min",
-        "[4/5] d done in 0.0 min", "[5/5] e done in 1.0 min"]  # fmt: skip
+        "[1/5] a done in 0.0 min",
+        "[2/5] b done in 0.0 min",
+        "[3/5] c done in 3.0 min",
+        "[4/5] d done in 0.0 min",
+        "[5/5] e done in 1.0 min",
+    ]
 
 
 def test_children_s_estimate_is_divided_by_the_jobs(tmp_path, monkeypatch):
@@ -123,11 +136,14 @@ def test_children_s_estimate_is_divided_by_the_jobs(tmp_path, monkeypatch):
     runs = [clock.run(name, 0.0) for name in ("a", "b", "c", "d", "e")]
     estimate = sweep._Estimate(runs, tmp_path, at_a_time=2)
     assert estimate.done("a", 120.0, running={"b": 120.0}) == (
-        "; about 3 min for the 4 runs left, 2 at a time")  # (0 + 3 x 2 min) / 2  # fmt: skip
+        "; about 3 min for the 4 runs left, 2 at a time"
+    )  # (0 + 3 x 2 min) / 2
     assert estimate.done("b", 120.0, running={"c": 30.0}) == (
-        "; about 3 min for the 3 runs left, 2 at a time")  # (1.5 + 2 + 2 min) / 2  # fmt: skip
+        "; about 3 min for the 3 runs left, 2 at a time"
+    )  # (1.5 + 2 + 2 min) / 2
     assert estimate.done("c", 0.0, measured=False, running={"d": 60.0}) == (
-        "; about 2 min for the 2 runs left, 2 at a time")  # e: 2 min > (1 + 2 min) / 2  # fmt: skip
+        "; about 2 min for the 2 runs left, 2 at a time"
+    )  # e: 2 min > (1 + 2 min) / 2
 
 
 @pytest.mark.slow
@@ -141,9 +157,20 @@ def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path):
     if not (pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb").is_dir():
         pytest.skip("real PTB files not found (set RHNZOO_DATA)")
     root = pathlib.Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, str(root / "experiments" / "sweep.py"), f"--root={tmp_path}",
-           "--depths=1", "--", "--hidden_size=8", "--batch_size=4", "--num_steps=10",
-           "--max_steps=2", "--noprogress", "--eval_batch_size=20", "--eval_num_steps=200"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(root / "experiments" / "sweep.py"),
+        f"--root={tmp_path}",
+        "--depths=1",
+        "--",
+        "--hidden_size=8",
+        "--batch_size=4",
+        "--num_steps=10",
+        "--max_steps=2",
+        "--noprogress",
+        "--eval_batch_size=20",
+        "--eval_num_steps=200",
+    ]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     assert first.returncode == 0, first.stderr[-3000:]
     assert (tmp_path / "d1_rhn" / "results.json").is_file()
@@ -168,11 +195,18 @@ def results_without_times(results):
 
 @pytest.mark.slow
 def test_two_jobs_give_the_runs_of_one_and_a_failing_run_is_recorded(tmp_path):
-    seq = subprocess.run(toy_sweep(tmp_path / "seq", "--runs=a,b", "--epochs=2"),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    par = subprocess.run(toy_sweep(tmp_path / "par", "--runs=a,bad,b", "--fail=bad",
-                                   "--epochs=2", "--jobs=2"),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    seq = subprocess.run(
+        toy_sweep(tmp_path / "seq", "--runs=a,b", "--epochs=2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    par = subprocess.run(
+        toy_sweep(tmp_path / "par", "--runs=a,bad,b", "--fail=bad", "--epochs=2", "--jobs=2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert seq.returncode == 0 and par.returncode == 0, par.stderr[-2000:]
     assert "[1/2] a ->" in seq.stdout and "runs, 2 at a time" in par.stdout
     ran = {line.split()[1]: line for line in par.stdout.splitlines() if line.startswith("[")}
@@ -182,7 +216,8 @@ def test_two_jobs_give_the_runs_of_one_and_a_failing_run_is_recorded(tmp_path):
     par_rows = sweep.collect(tmp_path / "par", ["a", "b", "bad"])
     for name in ("a", "b"):  # the same run, in a child process
         assert results_without_times(par_rows[name]["results"]) == results_without_times(
-            seq_rows[name]["results"])  # fmt: skip
+            seq_rows[name]["results"]
+        )
         assert par_rows[name]["failed"] is None
         assert "resumed" not in (tmp_path / "par" / name / sweep.LOG).read_text()
     assert par_rows["bad"]["results"] is None and par_rows["bad"]["config"] is None
@@ -206,9 +241,13 @@ def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path
     passed on to the children once, which save; exit 128 + N once they have. SIGKILL:
     the children see the parent gone, SIGTERM themselves and save."""
     logs = [tmp_path / name / sweep.LOG for name in ("a", "b")]
-    parent = subprocess.Popen(toy_sweep(tmp_path, "--runs=a,b", "--jobs=2", "--log_every=1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)  # fmt: skip
+    parent = subprocess.Popen(
+        toy_sweep(tmp_path, "--runs=a,b", "--jobs=2", "--log_every=1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for_lines(logs, r"^epoch +1 ")  # both children are training
         if signum == signal.SIGINT:
@@ -228,9 +267,12 @@ def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path
     for log in logs:
         saved.append(int(re.search(r"checkpoint saved at step (\d+)", log.read_text())[1]))
         assert not (log.parent / "results.json").exists()
-    again = subprocess.run(toy_sweep(tmp_path, "--runs=a,b", "--jobs=2",
-                                     f"--max_steps={max(saved) + 3}"),
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    again = subprocess.run(
+        toy_sweep(tmp_path, "--runs=a,b", "--jobs=2", f"--max_steps={max(saved) + 3}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     for log, step in zip(logs, saved):
         assert f"resumed {log.parent} at step {step}" in log.read_text()
@@ -239,8 +281,11 @@ def test_a_killed_parent_leaves_every_child_saved_and_the_sweep_resumes(tmp_path
 
 
 def test_seed_runs_gives_a_run_per_seed_or_one_per_row_of_stacked_seeds():
-    rows = [(sweep.seed_name(row, k), TOY_CONFIG.replace(seed=k)) for row in ("a", "b")
-            for k in range(3)]  # fmt: skip
+    rows = [
+        (sweep.seed_name(row, k), TOY_CONFIG.replace(seed=k))
+        for row in ("a", "b")
+        for k in range(3)
+    ]
     made = []
     train = lambda config, k: made.append((config.seed, k)) or (lambda workdir, div: {})
     each = sweep.seed_runs(rows, 3, train, size=lambda config: 2.0 + config.seed)
@@ -267,10 +312,15 @@ def test_mean_sd_is_the_mean_and_sample_standard_deviation():
 
 
 def test_markdown_lays_out_blanks_and_alignment():
-    text = tables.markdown(["depth", "acc", "note"], [[10, "97.1", None], [20, None, "x"]],
-                          align="rr-")
-    assert text.splitlines() == ["| depth | acc | note |", "|---:|---:|---|",
-                                 "| 10 | 97.1 | — |", "| 20 | — | x |"]
+    text = tables.markdown(
+        ["depth", "acc", "note"], [[10, "97.1", None], [20, None, "x"]], align="rr-"
+    )
+    assert text.splitlines() == [
+        "| depth | acc | note |",
+        "|---:|---:|---|",
+        "| 10 | 97.1 | — |",
+        "| 20 | — | x |",
+    ]
     assert tables.markdown(["a"], [[None]], blank="-").splitlines()[1:] == ["|---|", "| - |"]
     with pytest.raises(ValueError, match="one of l, r, c"):
         tables.markdown(["a", "b"], [], align="r")

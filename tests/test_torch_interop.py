@@ -24,9 +24,12 @@ def torch_state_dict(gates, seed, *, m=M, n=N, zero_hh=False):
     """A random ``nn.LSTM`` (gates=4) / ``nn.GRU`` (gates=3) state dict, float64, weights
     N(0, 0.5²) so that every gate is used (not PyTorch's init)."""
     rng = np.random.default_rng(seed)
-    sd = {"weight_ih_l0": rng.normal(0, 0.5, (gates * n, m)),
-          "weight_hh_l0": rng.normal(0, 0.5, (gates * n, n)),
-          "bias_ih_l0": rng.normal(0, 0.5, gates * n), "bias_hh_l0": rng.normal(0, 0.5, gates * n)}
+    sd = {
+        "weight_ih_l0": rng.normal(0, 0.5, (gates * n, m)),
+        "weight_hh_l0": rng.normal(0, 0.5, (gates * n, n)),
+        "bias_ih_l0": rng.normal(0, 0.5, gates * n),
+        "bias_hh_l0": rng.normal(0, 0.5, gates * n),
+    }
     if zero_hh:  # zero where PyTorch's two biases enter only as a sum (rhnzoo keeps the sum)
         sd["bias_hh_l0"][: (4 if gates == 4 else 2) * n] = 0.0
     return sd
@@ -85,9 +88,10 @@ UNROLLS = {
     "reference": lambda cell: functools.partial(cells.unroll, cell),
     "reference_save_matmuls": lambda cell: functools.partial(cells.unroll, cell, save_matmuls=True),
     "fused": lambda cell: functools.partial(gated_fused.unroll, cell, unroll=2),
-    "fused_projected": lambda cell: functools.partial(gated_fused.unroll, cell,
-                                                      project_per_step=False),
-}  # fmt: skip
+    "fused_projected": lambda cell: functools.partial(
+        gated_fused.unroll, cell, project_per_step=False
+    ),
+}
 
 
 def inputs(seed):
@@ -202,8 +206,7 @@ def test_cho_gru_does_not_compute_torchs_gru(b_hn):
         h0, xs = jnp.asarray(h0), jnp.asarray(xs)
         after = cells.unroll(cells.GRU(N, reset_after=True), params, h0, xs)[1]
         np.testing.assert_allclose(after, ys_ref, **TOL)
-        cho = {"W": params["W"], "U": params["U"],
-               "b": params["b"].at[2 * N :].add(params["b_hn"])}  # fmt: skip
+        cho = {"W": params["W"], "U": params["U"], "b": params["b"].at[2 * N :].add(params["b_hn"])}
         for run in (cells.unroll, gated_fused.unroll):
             ys = run(cells.GRU(N), cho, h0, xs)[1]
             assert float(jnp.abs(ys - ys_ref).max()) > 0.05
@@ -216,13 +219,18 @@ def test_flax_gru_cell_computes_the_reset_after_gru():
 
     cell = cells.GRU(N, reset_after=True)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(keys[0], a.shape),
-                          cell.init(keys[0], M))  # fmt: skip
+    params = jax.tree.map(
+        lambda a: a + 0.3 * jax.random.normal(keys[0], a.shape), cell.init(keys[0], M)
+    )
     W, U, b = (np.split(np.asarray(params[k]), 3, axis=-1) for k in ("W", "U", "b"))
-    flax_params = {"params": {
-        **{f"i{g}": {"kernel": W[k], "bias": b[k]} for k, g in enumerate("rzn")},
-        "hr": {"kernel": U[0]}, "hz": {"kernel": U[1]},
-        "hn": {"kernel": U[2], "bias": np.asarray(params["b_hn"])}}}  # fmt: skip
+    flax_params = {
+        "params": {
+            **{f"i{g}": {"kernel": W[k], "bias": b[k]} for k, g in enumerate("rzn")},
+            "hr": {"kernel": U[0]},
+            "hz": {"kernel": U[1]},
+            "hn": {"kernel": U[2], "bias": np.asarray(params["b_hn"])},
+        }
+    }
     xs = jax.random.normal(keys[1], (T, B, M))
     h = h0 = 0.5 * jax.random.normal(keys[2], (B, N))
     flax_cell = nn.GRUCell(N)
@@ -258,12 +266,17 @@ def test_round_trips(kind):
     exactly where sd's recurrent bias is zero in the summed blocks, and otherwise keeps
     the weights, b_in, b_hn and every bias_ih + bias_hh exactly (the same function)."""
     gates = 4 if kind == "lstm" else 3
-    frm, to = ((torch_interop.lstm_from_torch, torch_interop.lstm_to_torch) if kind == "lstm"
-               else (torch_interop.gru_from_torch, torch_interop.gru_to_torch))  # fmt: skip
+    frm, to = (
+        (torch_interop.lstm_from_torch, torch_interop.lstm_to_torch)
+        if kind == "lstm"
+        else (torch_interop.gru_from_torch, torch_interop.gru_to_torch)
+    )
     cell = cells.LSTM(N) if kind == "lstm" else cells.GRU(N, reset_after=True)
     params = jax.tree.map(np.asarray, cell.init(jax.random.PRNGKey(5), M))
-    params = {k: v + np.float32(0.1) * np.arange(v.size, dtype=np.float32).reshape(v.shape)
-              for k, v in params.items()}  # fmt: skip
+    params = {
+        k: v + np.float32(0.1) * np.arange(v.size, dtype=np.float32).reshape(v.shape)
+        for k, v in params.items()
+    }
     back = frm(to(params))
     assert set(back) == set(params)
     for k in params:
@@ -280,19 +293,22 @@ def test_round_trips(kind):
     again = to(frm(sd))
     for k in ("weight_ih_l0", "weight_hh_l0"):
         np.testing.assert_array_equal(again[k], sd[k])
-    np.testing.assert_array_equal(again["bias_ih_l0"] + again["bias_hh_l0"],
-                                  sd["bias_ih_l0"] + sd["bias_hh_l0"])  # fmt: skip
+    np.testing.assert_array_equal(
+        again["bias_ih_l0"] + again["bias_hh_l0"], sd["bias_ih_l0"] + sd["bias_hh_l0"]
+    )
     if kind == "gru":
         np.testing.assert_array_equal(again["bias_ih_l0"][2 * N :], sd["bias_ih_l0"][2 * N :])
         np.testing.assert_array_equal(again["bias_hh_l0"][2 * N :], sd["bias_hh_l0"][2 * N :])
     assert not np.array_equal(again["bias_hh_l0"], sd["bias_hh_l0"])  # the split is not kept
     xs, h0, c0, _ = inputs(7)
     if kind == "lstm":
-        np.testing.assert_allclose(torch_lstm(np, again, xs, h0, c0)[0],
-                                   torch_lstm(np, sd, xs, h0, c0)[0], **TOL)  # fmt: skip
+        np.testing.assert_allclose(
+            torch_lstm(np, again, xs, h0, c0)[0], torch_lstm(np, sd, xs, h0, c0)[0], **TOL
+        )
     else:
-        np.testing.assert_allclose(torch_gru(np, again, xs, h0)[0], torch_gru(np, sd, xs, h0)[0],
-                                   **TOL)  # fmt: skip
+        np.testing.assert_allclose(
+            torch_gru(np, again, xs, h0)[0], torch_gru(np, sd, xs, h0)[0], **TOL
+        )
 
 
 def test_prefixed_keys_and_missing_biases():
@@ -316,24 +332,43 @@ def _init(cell):
     return cell.init(jax.random.PRNGKey(0), M)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: torch_interop.gru_to_torch(_init(cells.GRU(N))), "reset_after=True"),
-    (lambda: torch_interop.gru_from_torch(torch_state_dict(3, 0)
-                                          | {"weight_ih_l1": np.zeros((15, 5))}),
-     "only one unidirectional layer"),
-    (lambda: torch_interop.lstm_from_torch(torch_state_dict(4, 0)
-                                           | {"weight_hr_l0": np.zeros((3, 5))}),
-     "unexpected keys ['weight_hr_l0']"),
-    (lambda: torch_interop.lstm_from_torch({"weight_ih_l0": np.zeros((20, 3))}),
-     "no weight_hh_l0"),
-    (lambda: torch_interop.lstm_from_torch(torch_state_dict(3, 0)),
-     "weight_hh_l0 must be [4 n, n]"),
-    (lambda: torch_interop.gru_from_torch(torch_state_dict(3, 0) | {"bias_hh_l0": np.zeros(4)}),
-     "bias_hh_l0 must be [15]"),
-    (lambda: torch_interop.lstm_to_torch(_init(cells.SCLSTM(N, learn_alpha=True))),
-     "unexpected parameters ['alpha']"),
-    (lambda: torch_interop.lstm_to_torch(_init(cells.GRU(N))), "expected W [m, 4 n]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: torch_interop.gru_to_torch(_init(cells.GRU(N))), "reset_after=True"),
+        (
+            lambda: torch_interop.gru_from_torch(
+                torch_state_dict(3, 0) | {"weight_ih_l1": np.zeros((15, 5))}
+            ),
+            "only one unidirectional layer",
+        ),
+        (
+            lambda: torch_interop.lstm_from_torch(
+                torch_state_dict(4, 0) | {"weight_hr_l0": np.zeros((3, 5))}
+            ),
+            "unexpected keys ['weight_hr_l0']",
+        ),
+        (
+            lambda: torch_interop.lstm_from_torch({"weight_ih_l0": np.zeros((20, 3))}),
+            "no weight_hh_l0",
+        ),
+        (
+            lambda: torch_interop.lstm_from_torch(torch_state_dict(3, 0)),
+            "weight_hh_l0 must be [4 n, n]",
+        ),
+        (
+            lambda: torch_interop.gru_from_torch(
+                torch_state_dict(3, 0) | {"bias_hh_l0": np.zeros(4)}
+            ),
+            "bias_hh_l0 must be [15]",
+        ),
+        (
+            lambda: torch_interop.lstm_to_torch(_init(cells.SCLSTM(N, learn_alpha=True))),
+            "unexpected parameters ['alpha']",
+        ),
+        (lambda: torch_interop.lstm_to_torch(_init(cells.GRU(N))), "expected W [m, 4 n]"),
+    ],
+)
 def test_conversion_errors_are_one_line(call, message):
     with pytest.raises(ValueError) as e:
         call()
@@ -349,12 +384,17 @@ def test_reset_after_reaches_the_cell_by_name_and_config():
     assert "reset_after" in cells.options("gru") and "reset_after" not in cells.options("lstm")
     assert cells.make("gru", 8, reset_after=True) == cells.GRU(8, reset_after=True)
     assert cells.make("hsg_gru", 8, reset_after=True) == cells.HSG(cells.GRU(8, reset_after=True))
-    assert cells.make("lstm_gru", 8, **cells.applicable("lstm_gru", {"reset_after": True})) == \
-        cells.Parallel((cells.LSTM(8), cells.GRU(8, reset_after=True)))  # fmt: skip
+    assert cells.make(
+        "lstm_gru", 8, **cells.applicable("lstm_gru", {"reset_after": True})
+    ) == cells.Parallel((cells.LSTM(8), cells.GRU(8, reset_after=True)))
     assert cells.applicable("lstm", {"reset_after": True}) == {}
     p = cells.GRU(8, reset_after=True).init(jax.random.PRNGKey(0), 3)
-    assert {k: v.shape for k, v in p.items()} == {"W": (3, 24), "U": (8, 24), "b": (24,),
-                                                  "b_hn": (8,)}  # fmt: skip
+    assert {k: v.shape for k, v in p.items()} == {
+        "W": (3, 24),
+        "U": (8, 24),
+        "b": (24,),
+        "b_hn": (8,),
+    }
     assert set(cells.GRU(8).init(jax.random.PRNGKey(0), 3)) == {"W", "U", "b"}
     config = rrl.RRLConfig(model="gru", hidden_size=8, gru_reset_after=True)
     assert config.cell() == cells.GRU(8, init_scale=config.init_scale, reset_after=True)
@@ -370,8 +410,10 @@ def test_reset_after_reaches_the_cell_by_name_and_config():
 # Issue 62: bias=False modules, the GRU's convention carried by its parameters, and
 # parameters of another size refused by name.
 
-CONVERTERS = {"lstm": (4, torch_interop.lstm_from_torch, torch_interop.lstm_to_torch),
-              "gru": (3, torch_interop.gru_from_torch, torch_interop.gru_to_torch)}  # fmt: skip
+CONVERTERS = {
+    "lstm": (4, torch_interop.lstm_from_torch, torch_interop.lstm_to_torch),
+    "gru": (3, torch_interop.gru_from_torch, torch_interop.gru_to_torch),
+}
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -439,8 +481,11 @@ def test_parameters_of_another_size_are_refused_by_name(kind):
     gates = 3 if kind == "gru" else 4
     frm = torch_interop.gru_from_torch if kind == "gru" else torch_interop.lstm_from_torch
     params = frm(torch_state_dict(gates, seed=13))
-    make = {"lstm": cells.LSTM, "gru": lambda n: cells.GRU(n, reset_after=True),
-            "sc_lstm": lambda n: cells.SCLSTM(n, skip=2)}[kind]  # fmt: skip
+    make = {
+        "lstm": cells.LSTM,
+        "gru": lambda n: cells.GRU(n, reset_after=True),
+        "sc_lstm": lambda n: cells.SCLSTM(n, skip=2),
+    }[kind]
     xs = jnp.ones((T, B, M))
     for impl in (cells.unroll, gated_fused.unroll):
         cell = make(8)

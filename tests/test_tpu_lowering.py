@@ -44,8 +44,11 @@ def kernel_fits_any_gpu(monkeypatch):
         if (backend or jax.default_backend()) not in ("gpu", "cuda"):
             return False
         return fits(cell, batch, dtype, "cpu", **kw) or (
-            type(cell) is cells.LSTM and cell.hidden_size <= 64 and dtype is not None
-            and jnp.dtype(dtype) == jnp.bfloat16)  # fmt: skip
+            type(cell) is cells.LSTM
+            and cell.hidden_size <= 64
+            and dtype is not None
+            and jnp.dtype(dtype) == jnp.bfloat16
+        )
 
     monkeypatch.setattr(gated_pallas, "fits", on_any_gpu)
 
@@ -57,8 +60,14 @@ def test_auto_resolves_for_the_named_platform_and_never_a_gpu_kernel_on_a_tpu(ke
         assert scan.resolve("auto", lstm, batch=100, dtype=jnp.bfloat16) is ScanImpl.PALLAS
     with scan.for_platform("tpu"):
         assert scan.platform() == "tpu"
-        for cell in (lstm, cells.GRU(64, reset_after=True), cells.GRU(64), cells.RRN(64),
-                     cells.SCLSTM(64, skip=3), cells.make("hrl", 64)):  # fmt: skip
+        for cell in (
+            lstm,
+            cells.GRU(64, reset_after=True),
+            cells.GRU(64),
+            cells.RRN(64),
+            cells.SCLSTM(64, skip=3),
+            cells.make("hrl", 64),
+        ):
             assert scan.resolve("auto", cell, batch=100, dtype=jnp.bfloat16) is ScanImpl.FUSED
         assert scan.resolve("auto", cells.make("rhn", 8, depth=2), batch=4) is ScanImpl.FUSED
     assert scan.platform() == jax.default_backend()  # restored on leaving
@@ -74,8 +83,9 @@ def test_pallas_asked_for_on_a_tpu_is_one_line(cell):
     assert scan.resolve("pallas", cell, backend="gpu") is ScanImpl.PALLAS  # a GPU: as before
     assert scan.resolve("pallas", cell, backend="cpu") is ScanImpl.PALLAS  # interpret mode
     with scan.for_platform("tpu"), pytest.raises(ValueError, match="'tpu'"):  # a task's model
-        rrl.RRLConfig(model="lstm", hidden_size=8, embed_size=4, scan_impl="pallas",
-                      dtype="bfloat16").classifier(3, vocab_size=11)  # fmt: skip
+        rrl.RRLConfig(
+            model="lstm", hidden_size=8, embed_size=4, scan_impl="pallas", dtype="bfloat16"
+        ).classifier(3, vocab_size=11)
     with pytest.raises(ValueError, match="platform name"):
         with scan.for_platform(""):
             pass
@@ -95,26 +105,41 @@ def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
     tx = lm.make_optimizer(cfg, steps_per_epoch=4)
     state = jax.eval_shape(lambda k: lm.init_state(model, cfg, tx, k), KEY)
     rows = jax.ShapeDtypeStruct((B, 4 * T + 1), jnp.int32)
-    lower_for_tpu(lm.make_train_step(model, cfg, tx), state,
-                  (rows, jax.ShapeDtypeStruct((), jnp.int32)), KEY)  # fmt: skip
+    lower_for_tpu(
+        lm.make_train_step(model, cfg, tx), state, (rows, jax.ShapeDtypeStruct((), jnp.int32)), KEY
+    )
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    lower_for_tpu(functools.partial(lm._eval_window, model), state["params"], state["carry"],
-                  jax.ShapeDtypeStruct((), jnp.float32), tokens, tokens,
-                  jax.ShapeDtypeStruct((B, T), jnp.float32))  # fmt: skip
+    lower_for_tpu(
+        functools.partial(lm._eval_window, model),
+        state["params"],
+        state["carry"],
+        jax.ShapeDtypeStruct((), jnp.float32),
+        tokens,
+        tokens,
+        jax.ShapeDtypeStruct((B, T), jnp.float32),
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("model_name", ["lstm", "gru", "hrl"])
 def test_the_rrl_classifier_steps_lower_for_a_tpu(model_name, dtype, kernel_fits_any_gpu):
     B, T = 4, 5
-    cfg = rrl.RRLConfig(model=model_name, hidden_size=8, hybrid_hidden_size=8, embed_size=4,
-                        dtype=dtype)  # fmt: skip
+    cfg = rrl.RRLConfig(
+        model=model_name, hidden_size=8, hybrid_hidden_size=8, embed_size=4, dtype=dtype
+    )
     model = cfg.classifier(3, vocab_size=11)
     tx = cfg.optimizer()
     params = jax.eval_shape(model.init, KEY)
     state = {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
-    batch = tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
-        ((B, T), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.float32)])  # fmt: skip
+    batch = tuple(
+        jax.ShapeDtypeStruct(shape, dtype)
+        for shape, dtype in [
+            ((B, T), jnp.int32),
+            ((B,), jnp.int32),
+            ((B,), jnp.int32),
+            ((B,), jnp.float32),
+        ]
+    )
     lower_for_tpu(rrl.make_train_step(model, tx), state, batch, KEY)
     lower_for_tpu(functools.partial(rrl._eval_sums, model), params, *batch)
 
@@ -128,10 +153,19 @@ def test_the_highway_steps_lower_for_a_tpu(kind):
     state = jax.eval_shape(lambda k: highway.init_state(net, tx, k), KEY)
     images = jax.ShapeDtypeStruct((10, net.input_size), jnp.uint8)
     labels = jax.ShapeDtypeStruct((10,), jnp.int32)
-    lower_for_tpu(highway.make_train_step(net, tx), state,
-                  (images, labels, jax.ShapeDtypeStruct((4,), jnp.int32)), KEY)  # fmt: skip
-    lower_for_tpu(highway.make_sums_fn(net), state["params"], images, labels,
-                  jax.ShapeDtypeStruct((10,), jnp.float32))  # fmt: skip
+    lower_for_tpu(
+        highway.make_train_step(net, tx),
+        state,
+        (images, labels, jax.ShapeDtypeStruct((4,), jnp.int32)),
+        KEY,
+    )
+    lower_for_tpu(
+        highway.make_sums_fn(net),
+        state["params"],
+        images,
+        labels,
+        jax.ShapeDtypeStruct((10,), jnp.float32),
+    )
 
 
 @pytest.mark.parametrize("arch", ["rhn", "lstm"])
@@ -141,9 +175,13 @@ def test_the_jsb_steps_lower_for_a_tpu(arch, kernel_fits_any_gpu):
     T, B = 5, 3
     model = polyphonic.study_model(arch, 8, 2, scan_impl="auto")
     params = jax.eval_shape(model.init, KEY)
-    state = {"params": params,
-             "opt_state": jax.eval_shape(polyphonic.sgd(0.1, 0.9, 1.0).init, params)}  # fmt: skip
-    batch = (jax.ShapeDtypeStruct((T, B, 88), jnp.float32),
-             jax.ShapeDtypeStruct((T, B), jnp.float32))
+    state = {
+        "params": params,
+        "opt_state": jax.eval_shape(polyphonic.sgd(0.1, 0.9, 1.0).init, params),
+    }
+    batch = (
+        jax.ShapeDtypeStruct((T, B, 88), jnp.float32),
+        jax.ShapeDtypeStruct((T, B), jnp.float32),
+    )
     lower_for_tpu(polyphonic._engine_step(model), state, batch, KEY)
     lower_for_tpu(functools.partial(polyphonic.nll_sums, model), params, *batch)

@@ -66,11 +66,25 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
 
 def run(tmp_path, name, corpus, **kw):
     model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True)
-    cfg = train.LMConfig(**{**dict(lr=0.5, batch_size=4, num_steps=10, progress=False,
-                                   eval_batch_size=2, eval_num_steps=50, max_epoch=1,
-                                   lr_decay=2.0, drop_x=0.2, drop_i=0.3, drop_h=0.2,
-                                   drop_o=0.3),
-                            **kw})  # fmt: skip
+    cfg = train.LMConfig(
+        **{
+            **dict(
+                lr=0.5,
+                batch_size=4,
+                num_steps=10,
+                progress=False,
+                eval_batch_size=2,
+                eval_num_steps=50,
+                max_epoch=1,
+                lr_decay=2.0,
+                drop_x=0.2,
+                drop_i=0.3,
+                drop_h=0.2,
+                drop_o=0.3,
+            ),
+            **kw,
+        }
+    )
     return train.train_and_evaluate(cfg, corpus, workdir=tmp_path / name, model=model, log=None)
 
 
@@ -78,8 +92,9 @@ def run(tmp_path, name, corpus, **kw):
 # (``XLA_FLAGS=--xla_gpu_deterministic_ops=true``). Elsewhere two uninterrupted runs
 # already differ in the last bit of a few embedding rows (seen on an H100: 1 of 160,000
 # elements, 1 ulp), so resume is checked to float32 rounding there.
-BITWISE = (jax.default_backend() == "cpu"
-           or "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", ""))
+BITWISE = jax.default_backend() == "cpu" or "--xla_gpu_deterministic_ops=true" in os.environ.get(
+    "XLA_FLAGS", ""
+)
 
 
 def latest_state(workdir):
@@ -149,8 +164,16 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
     corpus = ptb_slice(ptb, 1200, 300)
     base = lm.rhn_language_model(corpus.vocab_size, 8, 1)
     model = NaNAfterThreeSteps(base.cell, base.vocab_size, base.embed_size)
-    cfg = train.LMConfig(lr=1.0, batch_size=4, num_steps=10, progress=False, log_every=1,
-                         checkpoint_every_steps=2, weight_decay=0.0, max_grad_norm=1e9)
+    cfg = train.LMConfig(
+        lr=1.0,
+        batch_size=4,
+        num_steps=10,
+        progress=False,
+        log_every=1,
+        checkpoint_every_steps=2,
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+    )
     with pytest.raises(engine.TrainingDiverged, match=r"non-finite.*at step 4.*step 2\) is intact"):
         train.train_and_evaluate(cfg, corpus, workdir=tmp_path / "nan", model=model, log=None)
     assert int(latest_state(tmp_path / "nan")["step"]) == 2

@@ -66,7 +66,8 @@ def flatten_carry(carry: Any) -> tuple[Array, Callable[[Array], Any]]:
 def temporal_jacobian(
     cell: Any, params: Params, carry: Any, x_proj_t: Any, mask: Array | None = None
 ) -> Array:
-    """The temporal Jacobian of one step, ``A [B, d, d]`` with ``A[b, j, i] = ∂s_t[i] / ∂s_{t-1}[j]``.
+    """The temporal Jacobian of one step, ``A [B, d, d]`` with ``A[b, j, i] = ∂s_t[i] /
+    ∂s_{t-1}[j]``.
 
     Args:
       cell: any cell of the protocol; params: its parameters.
@@ -83,8 +84,12 @@ def temporal_jacobian(
     def step_row(s_row, carry_row, x_row, mask_row):
         full = unflatten(s_row[None])
         full = jax.tree.map(lambda new, old: new if _is_float(old) else old[None], full, carry_row)
-        new, _ = cell.step(params, full, jax.tree.map(lambda a: a[None], x_row),
-                           None if mask_row is None else mask_row[None])  # fmt: skip
+        new, _ = cell.step(
+            params,
+            full,
+            jax.tree.map(lambda a: a[None], x_row),
+            None if mask_row is None else mask_row[None],
+        )
         return flatten_carry(new)[0][0]
 
     def jac(s_row, carry_row, x_row, mask_row):
@@ -198,14 +203,21 @@ def per_layer_norms(groups: Any) -> Array:
       ``[L]`` (summed over groups): entry l is ``sqrt(Σ_leaves ‖leaf[l]‖²)``.
     """
     groups = groups if isinstance(groups, list | tuple) else [groups]
-    norms = [jnp.sqrt(sum(jnp.sum(jnp.square(leaf.reshape(leaf.shape[0], -1)), axis=-1)
-                          for leaf in jax.tree.leaves(group)))  # fmt: skip
-             for group in groups]
+    norms = [
+        jnp.sqrt(
+            sum(
+                jnp.sum(jnp.square(leaf.reshape(leaf.shape[0], -1)), axis=-1)
+                for leaf in jax.tree.leaves(group)
+            )
+        )
+        for group in groups
+    ]
     return jnp.concatenate(norms)
 
 
-def layer_gradient_norms(loss_fn: Callable[[Params], Array], params: Params,
-                         layered: Callable[[Params], Any]) -> np.ndarray:  # fmt: skip
+def layer_gradient_norms(
+    loss_fn: Callable[[Params], Array], params: Params, layered: Callable[[Params], Any]
+) -> np.ndarray:
     """Per-layer L2 norms ``‖∂loss/∂θ_l‖`` of a feed-forward stack (through depth).
 
     Args:

@@ -51,11 +51,21 @@ Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
 
-__all__ = ["net_from_config", "load_highway_run", "GateStats", "gate_statistics",
-           "highway_lesion_params", "lesioned_logits", "highway_lesions",
-           "iter_highway_lesions",
-           "activation_statistics",
-           "gradient_norms", "plain_diagnostics", "sweep_table", "sweep_report"]  # fmt: skip
+__all__ = [
+    "net_from_config",
+    "load_highway_run",
+    "GateStats",
+    "gate_statistics",
+    "highway_lesion_params",
+    "lesioned_logits",
+    "highway_lesions",
+    "iter_highway_lesions",
+    "activation_statistics",
+    "gradient_norms",
+    "plain_diagnostics",
+    "sweep_table",
+    "sweep_report",
+]
 
 # ----------------------------------------------------------------------------- runs
 
@@ -134,9 +144,14 @@ def _gate_sum_fn(net: FeedForwardNet):
 
 
 def gate_statistics(
-    net: FeedForwardNet, params: Params, images: np.ndarray, *, sample: int = 0,
-    batch_size: int = 1000, track: Track | None = None,
-) -> GateStats:  # fmt: skip
+    net: FeedForwardNet,
+    params: Params,
+    images: np.ndarray,
+    *,
+    sample: int = 0,
+    batch_size: int = 1000,
+    track: Track | None = None,
+) -> GateStats:
     """The four heatmap columns of Srivastava et al. Fig. 2 for a trained highway net.
 
     Args:
@@ -249,9 +264,13 @@ def _lesioned_sums_fn(net: FeedForwardNet):
 
 
 def iter_highway_lesions(
-    net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
-    batch_size: int = 1000, track: Track | None = None,
-) -> Iterator[LesionResult]:  # fmt: skip
+    net: FeedForwardNet,
+    params: Params,
+    split: tuple[np.ndarray, np.ndarray],
+    *,
+    batch_size: int = 1000,
+    track: Track | None = None,
+) -> Iterator[LesionResult]:
     """:func:`highway_lesions` as it goes (:func:`rhnzoo.analysis.lm.lesion_snapshots`): a
     :class:`LesionResult` after the intact net's evaluation and after each removed layer's.
 
@@ -276,9 +295,13 @@ def iter_highway_lesions(
 
 
 def highway_lesions(
-    net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], *,
-    batch_size: int = 1000, track: Track | None = None,
-) -> LesionResult:  # fmt: skip
+    net: FeedForwardNet,
+    params: Params,
+    split: tuple[np.ndarray, np.ndarray],
+    *,
+    batch_size: int = 1000,
+    track: Track | None = None,
+) -> LesionResult:
     """Removes each highway (or plain) layer in turn (:func:`lesioned_logits`) and
     measures the mean cross-entropy on ``split`` (Srivastava et al. Fig. 4: the training
     set).
@@ -318,10 +341,14 @@ def _layer_stats_fn(net: FeedForwardNet):
             lambda p: classify.xent_sums(net.apply(p, x), labels)["loss"] / labels.shape[0]
         )(params)
         # The input layer, then the depth - 1 stacked layers (rhnzoo.analysis.flow).
-        norms = flow.per_layer_norms([jax.tree.map(lambda a: a[None], grads["input"]),
-                                      grads["layers"]])  # fmt: skip
-        return {"mean": hidden.mean(axis=(1, 2)), "variance": hidden.var(axis=(1, 2)),
-                "grad_norm": norms}  # fmt: skip
+        norms = flow.per_layer_norms(
+            [jax.tree.map(lambda a: a[None], grads["input"]), grads["layers"]]
+        )
+        return {
+            "mean": hidden.mean(axis=(1, 2)),
+            "variance": hidden.var(axis=(1, 2)),
+            "grad_norm": norms,
+        }
 
     return jax.jit(f)
 
@@ -424,8 +451,13 @@ def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
         groups.setdefault((r["kind"], r["depth"]), []).append(r)
     head = ["depth"]
     for kind in ("plain", "highway"):
-        head += [f"{kind} params", f"{kind} lr", f"{kind} epochs", f"{kind} train CE",
-                 f"{kind} test acc"]  # fmt: skip
+        head += [
+            f"{kind} params",
+            f"{kind} lr",
+            f"{kind} epochs",
+            f"{kind} train CE",
+            f"{kind} test acc",
+        ]
     rows = []
     for depth in sorted({r["depth"] for r in runs}):
         row = [depth]
@@ -440,17 +472,24 @@ def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
     """The five cells of one kind and depth (its runs: one per seed)."""
     lasts = [(r.get("history") or [{}])[-1] for r in group]
     results = [r.get("results") or {} for r in group]
-    xents = [x for x in (last.get("train_xent") for last in lasts)
-             if x is not None and math.isfinite(x)]  # fmt: skip
+    xents = [
+        x for x in (last.get("train_xent") for last in lasts) if x is not None and math.isfinite(x)
+    ]
     accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
     diverged = sum(bool(res.get("diverged")) for res in results)
-    acc = tables.mean_sd(accs, unit="%") or ("failed" if any(r.get("failed") for r in group)
-                                            else "—")  # fmt: skip
+    acc = tables.mean_sd(accs, unit="%") or (
+        "failed" if any(r.get("failed") for r in group) else "—"
+    )
     if diverged:
         acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
     epochs = [last.get("epoch", 0) for last in lasts]
-    return [f"{group[0]['params']:,}", f"{group[0]['lr']:g}", f"{sum(epochs) / len(epochs):.0f}",
-            tables.mean_sd(xents, ".4f") or "—", acc]  # fmt: skip
+    return [
+        f"{group[0]['params']:,}",
+        f"{group[0]['lr']:g}",
+        f"{sum(epochs) / len(epochs):.0f}",
+        tables.mean_sd(xents, ".4f") or "—",
+        acc,
+    ]
 
 
 def sweep_report(
@@ -490,8 +529,9 @@ def sweep_report(
     root = pathlib.Path(root)
     written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
     table = sweep_table(runs)
-    written.append(tables.write_table(root / "results.md",
-                                     (header + "\n\n" if header else "") + table))  # fmt: skip
+    written.append(
+        tables.write_table(root / "results.md", (header + "\n\n" if header else "") + table)
+    )
     log(table)
 
     first: dict[tuple[str, int], Mapping[str, Any]] = {}
@@ -502,14 +542,19 @@ def sweep_report(
         if r.get("history"):
             panels.setdefault(f"depth {r['depth']}", {})[r["kind"]] = r["history"]
     for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
-        numbers["runs"].append({k: r.get(k) for k in ("kind", "depth", "width", "params", "lr",
-                                                      "results")})  # fmt: skip
+        numbers["runs"].append(
+            {k: r.get(k) for k in ("kind", "depth", "width", "params", "lr", "results")}
+        )
     if panels:
-        written.append(plots.plot_curve_panels(
-            panels, root / "training_curves.png", key="train_xent",
-            ylabel="mean training cross-entropy (nats)",
-            title=f"{dataset}: plain vs highway, mean training cross-entropy per epoch",
-        ))  # fmt: skip
+        written.append(
+            plots.plot_curve_panels(
+                panels,
+                root / "training_curves.png",
+                key="train_xent",
+                ylabel="mean training cross-entropy (nats)",
+                title=f"{dataset}: plain vs highway, mean training cross-entropy per epoch",
+            )
+        )
 
     images, labels = train_split
     for r in first.values():
@@ -518,35 +563,60 @@ def sweep_report(
         net, params, _ = load_highway_run(r["workdir"])
         depth = net.depth
         gates = gate_statistics(net, params, images[:heatmap_examples])
-        numbers["gates"][depth] = {"mean_t_per_layer": gates.mean_t.mean(1).tolist(),
-                                   "t_bias_per_layer": gates.t_bias.mean(1).tolist()}  # fmt: skip
-        written.append(plots.plot_highway_gates(
-            {f"depth {depth}": gates}, root / f"gate_heatmaps_d{depth}.png",
-            title=f"Highway net, depth {depth}: transform gates (mean over "
-                  f"{gates.num_examples:,} training images; sample = image 0)"))  # fmt: skip
+        numbers["gates"][depth] = {
+            "mean_t_per_layer": gates.mean_t.mean(1).tolist(),
+            "t_bias_per_layer": gates.t_bias.mean(1).tolist(),
+        }
+        written.append(
+            plots.plot_highway_gates(
+                {f"depth {depth}": gates},
+                root / f"gate_heatmaps_d{depth}.png",
+                title=f"Highway net, depth {depth}: transform gates (mean over "
+                f"{gates.num_examples:,} training images; sample = image 0)",
+            )
+        )
         split = (images[:lesion_examples], labels[:lesion_examples])
         lesion = highway_lesions(net, params, split, track=track)
-        numbers["lesions"][depth] = {"intact": lesion.base_nll, "lesioned": lesion.nll.tolist(),
-                                     "num_images": lesion.num_tokens}  # fmt: skip
+        numbers["lesions"][depth] = {
+            "intact": lesion.base_nll,
+            "lesioned": lesion.nll.tolist(),
+            "num_images": lesion.num_tokens,
+        }
         worst = int(np.argmax(lesion.nll))
-        log(f"lesions, depth {depth} ({lesion.num_tokens:,} training images): intact "
+        log(
+            f"lesions, depth {depth} ({lesion.num_tokens:,} training images): intact "
             f"{lesion.base_nll:.4f} nats; largest {lesion.nll[worst]:.4f} (layer {worst + 2}); "
-            f"median {np.median(lesion.nll):.4f}")  # fmt: skip
-        written.append(plots.plot_lesion_curve(
-            {f"depth {depth}": lesion}, root / f"lesion_d{depth}.png",
-            title=f"Lesioning, highway net of depth {depth} "
-                  f"({lesion.num_tokens:,} training images)"))  # fmt: skip
+            f"median {np.median(lesion.nll):.4f}"
+        )
+        written.append(
+            plots.plot_lesion_curve(
+                {f"depth {depth}": lesion},
+                root / f"lesion_d{depth}.png",
+                title=f"Lesioning, highway net of depth {depth} "
+                f"({lesion.num_tokens:,} training images)",
+            )
+        )
 
     if diagnostics_depth:
-        diag = plain_diagnostics(images[:diagnostics_examples], labels[:diagnostics_examples],
-                                 depth=diagnostics_depth, num_classes=num_classes,
-                                 seed=seed)  # fmt: skip
-        numbers["plain_diagnostics"] = {"depth": diagnostics_depth, **{
-            k: {s: v.tolist() for s, v in d.items()} for k, d in diag.items()}}  # fmt: skip
-        written.append(plots.plot_layer_statistics(
-            diag, root / "plain_diagnostics.png",
-            title=f"Plain nets of depth {diagnostics_depth} at initialisation "
-                  f"({diagnostics_examples:,} training images)"))  # fmt: skip
+        diag = plain_diagnostics(
+            images[:diagnostics_examples],
+            labels[:diagnostics_examples],
+            depth=diagnostics_depth,
+            num_classes=num_classes,
+            seed=seed,
+        )
+        numbers["plain_diagnostics"] = {
+            "depth": diagnostics_depth,
+            **{k: {s: v.tolist() for s, v in d.items()} for k, d in diag.items()},
+        }
+        written.append(
+            plots.plot_layer_statistics(
+                diag,
+                root / "plain_diagnostics.png",
+                title=f"Plain nets of depth {diagnostics_depth} at initialisation "
+                f"({diagnostics_examples:,} training images)",
+            )
+        )
     path = root / "analysis.json"
     workdir_lib.write_json(path, numbers)
     written.append(path)

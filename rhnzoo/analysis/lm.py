@@ -48,9 +48,23 @@ Array = jax.Array
 Params = Any
 PathLike = str | os.PathLike
 
-__all__ = ["LESION_BIAS", "load_run", "run_label", "Gates", "gate_activity", "hsg_gate_sample",
-           "lesion_params", "LesionResult", "lesion_snapshots", "iter_lesions", "lesion_layers",
-           "MCResult", "MCPass", "mc_dropout_perplexity", "shared_bar"]  # fmt: skip
+__all__ = [
+    "LESION_BIAS",
+    "load_run",
+    "run_label",
+    "Gates",
+    "gate_activity",
+    "hsg_gate_sample",
+    "lesion_params",
+    "LesionResult",
+    "lesion_snapshots",
+    "iter_lesions",
+    "lesion_layers",
+    "MCResult",
+    "MCPass",
+    "mc_dropout_perplexity",
+    "shared_bar",
+]
 
 # config.json keys forwarded to lm.language_model when present (cell options only when
 # the run's cell takes them).
@@ -118,8 +132,9 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
     config = workdir_lib.read_config(workdir)
     missing = [k for k in ("hidden_size", "depth") if k not in config]
     if missing:
-        raise ValueError(f"{workdir / 'config.json'} lacks {', '.join(missing)}; cannot "
-                         "rebuild the model")  # fmt: skip
+        raise ValueError(
+            f"{workdir / 'config.json'} lacks {', '.join(missing)}; cannot rebuild the model"
+        )
     params = workdir_lib.restore_params(workdir)
     if params is None:
         raise ValueError(
@@ -201,9 +216,13 @@ def _gate_scan(model: lm.LanguageModel, params: Params, carry: Array, tokens: Ar
 
 
 def _gate_windows(
-    model: lm.LanguageModel, params: Params, tokens: Array, num_steps: int | None,
-    track: Track | None = None, carry: Array | None = None,
-) -> Iterator[Gates]:  # fmt: skip
+    model: lm.LanguageModel,
+    params: Params,
+    tokens: Array,
+    num_steps: int | None,
+    track: Track | None = None,
+    carry: Array | None = None,
+) -> Iterator[Gates]:
     """:class:`Gates` of ``tokens [B, T]`` in windows of ``num_steps`` time steps (None: one
     window), the state carried across them; the last window is padded to ``num_steps``
     (one compilation) and the padding cut off. ``track`` iterates the windows."""
@@ -251,9 +270,15 @@ def gate_activity(
 
 
 def hsg_gate_sample(
-    model: lm.LanguageModel, params: Params, tokens: Array, num_times: int, seed: int = 0, *,
-    num_steps: int | None = None, track: Track | None = None,
-) -> np.ndarray:  # fmt: skip
+    model: lm.LanguageModel,
+    params: Params,
+    tokens: Array,
+    num_times: int,
+    seed: int = 0,
+    *,
+    num_steps: int | None = None,
+    track: Track | None = None,
+) -> np.ndarray:
     """HSG gate values at ``num_times`` random time steps (Shoham & Permuter, Fig. 7).
 
     Args:
@@ -352,9 +377,13 @@ class LesionResult:
 
 
 def lesion_snapshots(
-    evaluate: Callable[[int | None, Track | None], tuple[float, int]], num_layers: int,
-    chunks: int, *, track: Track | None = None, desc: str = "lesion",
-) -> Iterator[LesionResult]:  # fmt: skip
+    evaluate: Callable[[int | None, Track | None], tuple[float, int]],
+    num_layers: int,
+    chunks: int,
+    *,
+    track: Track | None = None,
+    desc: str = "lesion",
+) -> Iterator[LesionResult]:
     """A lesion study as it goes: the intact model, then each of ``num_layers`` lesions.
 
     Yields a :class:`LesionResult` after the intact evaluation (``nll`` empty) and after
@@ -447,9 +476,18 @@ def lesion_layers(
       Interrupted: from ``track``, on a signal (the finished lesions are lost; keep
         them with :func:`iter_lesions`).
     """
-    return collections.deque(iter_lesions(model, params, tokens, batch_size=batch_size,
-                                          num_steps=num_steps, bias=bias, track=track),
-                             maxlen=1)[0]  # fmt: skip
+    return collections.deque(
+        iter_lesions(
+            model,
+            params,
+            tokens,
+            batch_size=batch_size,
+            num_steps=num_steps,
+            bias=bias,
+            track=track,
+        ),
+        maxlen=1,
+    )[0]
 
 
 # ------------------------------------------------------------------------ MC dropout
@@ -527,8 +565,9 @@ class MCPass:
         self._window = self._window.lower(params, carry, x[0], y[0], window_masks).compile()
         return time.perf_counter() - t0
 
-    def __call__(self, params: Params, x: np.ndarray, y: np.ndarray, key: Array,
-                 track: Track | None = None) -> Array:  # fmt: skip
+    def __call__(
+        self, params: Params, x: np.ndarray, y: np.ndarray, key: Array, track: Track | None = None
+    ) -> Array:
         masks = self._masks(key, x)
         carry = self.model.initial_carry(x.shape[1])
         windows = range(len(x)) if track is None else track(range(len(x)), total=len(x))

@@ -23,10 +23,20 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike
 
-__all__ = ["plot_gate_heatmap", "plot_lesion", "plot_gate_histogram", "plot_learning_curves",
-           "plot_ppl_vs_depth", "plot_curve_panels", "plot_highway_gates", "plot_lesion_curve",
-           "plot_layer_statistics", "plot_gersgorin", "plot_gradient_flow",
-           "plot_trial_swarm"]  # fmt: skip
+__all__ = [
+    "plot_gate_heatmap",
+    "plot_lesion",
+    "plot_gate_histogram",
+    "plot_learning_curves",
+    "plot_ppl_vs_depth",
+    "plot_curve_panels",
+    "plot_highway_gates",
+    "plot_lesion_curve",
+    "plot_layer_statistics",
+    "plot_gersgorin",
+    "plot_gradient_flow",
+    "plot_trial_swarm",
+]
 
 
 def _save(fig: Figure, path: PathLike) -> pathlib.Path:
@@ -58,8 +68,9 @@ def _heatmap(
     """``matrix [layers, columns]`` as an image, layer 1 on top, with 1-based layer
     ticks (at most about ten) and a colour bar: the gate heatmaps of both papers."""
     num_layers = matrix.shape[0]
-    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin,
-                      vmax=vmax)  # fmt: skip
+    image = ax.imshow(
+        matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax
+    )
     ticks = range(0, num_layers, max(1, num_layers // 10))
     ax.set_yticks(ticks, [str(l + 1) for l in ticks])
     ax.set_ylabel(ylabel)
@@ -67,15 +78,20 @@ def _heatmap(
     fig.colorbar(image, ax=ax, label=colorbar)
 
 
-def _curves(ax, curves: Mapping[str, Sequence[Mapping[str, Any]]], key: str, x: str = "epoch",
-            **style) -> None:  # fmt: skip
+def _curves(
+    ax, curves: Mapping[str, Sequence[Mapping[str, Any]]], key: str, x: str = "epoch", **style
+) -> None:
     """One line per label of ``key`` vs ``x`` (``'epoch'`` or ``'step'``; records without
     ``key`` skipped), log-scale y, legend if any line."""
     for label, records in curves.items():
         records = [r for r in records if r.get(key) is not None]
         if records:
-            ax.plot([r[x] for r in records], [r[key] for r in records], label=label,
-                    **style.get(label, {}))  # fmt: skip
+            ax.plot(
+                [r[x] for r in records],
+                [r[key] for r in records],
+                label=label,
+                **style.get(label, {}),
+            )
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(x)
@@ -112,8 +128,9 @@ def plot_gate_heatmap(
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
     xlabel = "input token (time step t)" if labels is not None else "time step t"
-    _heatmap(fig, ax, activity, ylabel="micro-layer l", xlabel=xlabel,
-             colorbar="mean transform gate T")  # fmt: skip
+    _heatmap(
+        fig, ax, activity, ylabel="micro-layer l", xlabel=xlabel, colorbar="mean transform gate T"
+    )
     if labels is not None:
         ax.set_xticks(range(num_steps), list(labels), rotation=90, fontsize=7)
     ax.set_title(title or "Mean T-gate activity per micro-layer")
@@ -138,8 +155,9 @@ def plot_lesion(
     return _save(_lesion_figure(result, title, figsize, dpi), path)
 
 
-def _lesion_figure(result: LesionResult, title: str | None, figsize: tuple[float, float],
-                   dpi: int) -> Figure:  # fmt: skip
+def _lesion_figure(
+    result: LesionResult, title: str | None, figsize: tuple[float, float], dpi: int
+) -> Figure:
     delta = result.delta_nll
     layers = np.arange(1, delta.size + 1)
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
@@ -149,8 +167,10 @@ def _lesion_figure(result: LesionResult, title: str | None, figsize: tuple[float
     ax.margins(y=0.12)  # room for the bar labels inside the axes, below the title
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(layers)
-    ax.set_xlabel("lesioned micro-layer l (T gate bias set to -1e4)\n"
-                  "bar labels: perplexity with that micro-layer lesioned")  # fmt: skip
+    ax.set_xlabel(
+        "lesioned micro-layer l (T gate bias set to -1e4)\n"
+        "bar labels: perplexity with that micro-layer lesioned"
+    )
     ax.set_ylabel("Δ loss (nats/token)")
     ax.set_title(title or f"Lesioning: intact perplexity {result.base_ppl:.1f}")
     return fig
@@ -245,8 +265,10 @@ def plot_ppl_vs_depth(
 
 # ------------------------------------------------------------- feed-forward highway nets
 
-_KIND_STYLE = {"plain": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
-               "highway": {"color": "tab:red", "marker": "o", "markersize": 2.5}}
+_KIND_STYLE = {
+    "plain": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
+    "highway": {"color": "tab:red", "marker": "o", "markersize": 2.5},
+}
 
 
 def plot_curve_panels(
@@ -269,8 +291,9 @@ def plot_curve_panels(
       path: PNG file; the image is ``(len(panels) * panel_size[0], panel_size[1]) * dpi``.
       key: the record field on the y axis.
     """
-    fig = Figure(figsize=(panel_size[0] * max(len(panels), 1), panel_size[1]), dpi=dpi,
-                 layout="constrained")  # fmt: skip
+    fig = Figure(
+        figsize=(panel_size[0] * max(len(panels), 1), panel_size[1]), dpi=dpi, layout="constrained"
+    )
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
     for ax, (name, curves) in zip(axes, panels.items()):
         _curves(ax, curves, key, **_KIND_STYLE)
@@ -301,12 +324,17 @@ def plot_highway_gates(
         ``sample_t``, ``sample_output``, each ``[layers, units]``).
       path: PNG file; the image is ``(4 * panel_size[0], len(rows) * panel_size[1]) * dpi``.
     """
-    columns = [("t_bias", "transform gate biases", "coolwarm", None, None),
-               ("mean_t", "mean transform gate T", "viridis", 0.0, 1.0),
-               ("sample_t", "T, one example", "viridis", 0.0, 1.0),
-               ("sample_output", "block outputs, one example", "coolwarm", None, None)]  # fmt: skip
-    fig = Figure(figsize=(4 * panel_size[0], panel_size[1] * max(len(rows), 1)), dpi=dpi,
-                 layout="constrained")  # fmt: skip
+    columns = [
+        ("t_bias", "transform gate biases", "coolwarm", None, None),
+        ("mean_t", "mean transform gate T", "viridis", 0.0, 1.0),
+        ("sample_t", "T, one example", "viridis", 0.0, 1.0),
+        ("sample_output", "block outputs, one example", "coolwarm", None, None),
+    ]
+    fig = Figure(
+        figsize=(4 * panel_size[0], panel_size[1] * max(len(rows), 1)),
+        dpi=dpi,
+        layout="constrained",
+    )
     axes = fig.subplots(max(len(rows), 1), 4, squeeze=False)
     for r, (name, stats) in enumerate(rows.items()):
         for c, (field, label, cmap, vmin, vmax) in enumerate(columns):
@@ -314,9 +342,17 @@ def plot_highway_gates(
             if vmin is None:  # symmetric around 0 for biases and outputs
                 bound = float(np.abs(matrix).max()) or 1.0
                 vmin, vmax = -bound, bound
-            _heatmap(fig, axes[r, c], matrix, ylabel=f"{name}: highway layer" if c == 0 else "",
-                     xlabel="unit (block)", colorbar="", cmap=cmap, vmin=vmin,
-                     vmax=vmax)  # fmt: skip
+            _heatmap(
+                fig,
+                axes[r, c],
+                matrix,
+                ylabel=f"{name}: highway layer" if c == 0 else "",
+                xlabel="unit (block)",
+                colorbar="",
+                cmap=cmap,
+                vmin=vmin,
+                vmax=vmax,
+            )
             axes[r, c].set_title(label, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
@@ -349,10 +385,20 @@ def plot_lesion_curve(
         ax.set_yscale("log")
     for label, result in results.items():
         layers = np.arange(1, result.nll.size + 1)
-        (line,) = ax.plot(layers, result.nll, "o-", markersize=3, linewidth=0.8,
-                          label=f"{label}: one layer removed")  # fmt: skip
-        ax.axhline(result.base_nll, color=line.get_color(), linestyle=":",
-                   label=f"{label}: intact ({result.base_nll:.3g})")  # fmt: skip
+        (line,) = ax.plot(
+            layers,
+            result.nll,
+            "o-",
+            markersize=3,
+            linewidth=0.8,
+            label=f"{label}: one layer removed",
+        )
+        ax.axhline(
+            result.base_nll,
+            color=line.get_color(),
+            linestyle=":",
+            label=f"{label}: intact ({result.base_nll:.3g})",
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("removed highway layer (T forced to 0: identity)")
     ax.set_ylabel(ylabel)
@@ -377,8 +423,11 @@ def plot_layer_statistics(
         [depth], 'grad_norm': [depth]}`` (:func:`plain_diagnostics`).
       path: PNG file; the image is ``(3 * panel_size[0], panel_size[1]) * dpi``.
     """
-    panels = [("mean", "mean activation", "linear"), ("variance", "variance of activations", "log"),
-              ("grad_norm", "gradient L2 norm", "log")]  # fmt: skip
+    panels = [
+        ("mean", "mean activation", "linear"),
+        ("variance", "variance of activations", "log"),
+        ("grad_norm", "gradient L2 norm", "log"),
+    ]
     fig = Figure(figsize=(3 * panel_size[0], panel_size[1]), dpi=dpi, layout="constrained")
     axes = fig.subplots(1, 3)
     for ax, (key, label, scale) in zip(axes, panels):
@@ -413,19 +462,29 @@ def plot_gersgorin(
     """
     from matplotlib.patches import Circle
 
-    fig = Figure(figsize=(figsize_per_panel * len(panels), figsize_per_panel), dpi=dpi,
-                 layout="constrained")  # fmt: skip
+    fig = Figure(
+        figsize=(figsize_per_panel * len(panels), figsize_per_panel), dpi=dpi, layout="constrained"
+    )
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    reach = max(1.1, *(float(np.max(np.abs(p["centres"]) + p["radii"])) * 1.05 for p in panels),
-                *(float(np.max(np.abs(p["eigenvalues"]))) * 1.05 for p in panels))  # fmt: skip
+    reach = max(
+        1.1,
+        *(float(np.max(np.abs(p["centres"]) + p["radii"])) * 1.05 for p in panels),
+        *(float(np.max(np.abs(p["eigenvalues"]))) * 1.05 for p in panels),
+    )
     for ax, panel in zip(axes, panels):
         for c, r in zip(np.real(panel["centres"]), panel["radii"]):
             ax.add_patch(Circle((c, 0.0), r, color="tab:blue", alpha=0.08, lw=0))
             ax.add_patch(Circle((c, 0.0), r, fill=False, color="tab:blue", alpha=0.4, lw=0.5))
         ev = np.asarray(panel["eigenvalues"])
         ax.plot(np.real(ev), np.imag(ev), "x", color="tab:red", ms=4, label="eigenvalues")
-        ax.plot(np.real(panel["centres"]), np.zeros(len(panel["centres"])), ".", color="tab:blue",
-                ms=2, label="disc centres")  # fmt: skip
+        ax.plot(
+            np.real(panel["centres"]),
+            np.zeros(len(panel["centres"])),
+            ".",
+            color="tab:blue",
+            ms=2,
+            label="disc centres",
+        )
         ax.add_patch(Circle((0, 0), 1.0, fill=False, ls="--", color="k", lw=0.8))
         ax.set_xlim(-reach, reach)
         ax.set_ylim(-reach, reach)
@@ -460,8 +519,9 @@ def plot_gradient_flow(
     return _save(_gradient_flow_figure(curves, title, figsize, dpi), path)
 
 
-def _gradient_flow_figure(curves: Mapping[str, np.ndarray], title: str | None,
-                          figsize: tuple[float, float], dpi: int) -> Figure:  # fmt: skip
+def _gradient_flow_figure(
+    curves: Mapping[str, np.ndarray], title: str | None, figsize: tuple[float, float], dpi: int
+) -> Figure:
     import matplotlib
 
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
@@ -470,8 +530,13 @@ def _gradient_flow_figure(curves: Mapping[str, np.ndarray], title: str | None,
     for i, (label, norms) in enumerate(curves.items()):
         norms = np.asarray(norms, np.float64)
         style = "--" if "trained" in label else "-"
-        ax.plot(np.arange(len(norms)), np.maximum(norms, 1e-30), style, label=label,
-                color=colors[(2 * i) % 20 + (i // 10) % 2])  # fmt: skip
+        ax.plot(
+            np.arange(len(norms)),
+            np.maximum(norms, 1e-30),
+            style,
+            label=label,
+            color=colors[(2 * i) % 20 + (i // 10) % 2],
+        )
     ax.set_yscale("log")
     ax.set_xlabel("steps back in time k")
     ax.set_ylabel(r"$\Vert\partial L_T / \partial s_{T-k}\Vert$")
@@ -505,8 +570,9 @@ def plot_trial_swarm(
             if ys.size:
                 jitter = x0 + rng.uniform(-0.35, 0.35, ys.size) * width
                 color = (colors or {}).get(label, f"C{a}")
-                ax.scatter(jitter, ys, s=14, color=color, alpha=0.8, lw=0,
-                           label=label if d == 0 else None)  # fmt: skip
+                ax.scatter(
+                    jitter, ys, s=14, color=color, alpha=0.8, lw=0, label=label if d == 0 else None
+                )
                 ax.hlines(np.median(ys), x0 - 0.4 * width, x0 + 0.4 * width, color="k", lw=1)
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
     ax.set_xlabel(xlabel)

@@ -69,28 +69,34 @@ class Options(Config):
     split: str = setting("valid", "Split for gates and MC.", choices=("train", "valid", "test"))
     mc_samples: int = setting(0, "MC-dropout passes K (0: skip MC evaluation).", low=0)
     mc_batch_size: int = setting(1, "Rows of the MC evaluation (1: reference).", low=1)
-    max_eval_tokens: int | None = setting(None, "Evaluate only the first N tokens of --split.",
-                                          low=1)
+    max_eval_tokens: int | None = setting(
+        None, "Evaluate only the first N tokens of --split.", low=1
+    )
     eval_num_steps: int = setting(200, "Window length of evaluation scans.", low=1)
     lesion_tokens: int = setting(20000, "Training tokens for the lesion study.", low=1)
     lesion_batch_size: int = setting(20, "Rows of the lesion evaluation.", low=1)
     heatmap_steps: int = setting(40, "Time steps shown in the gate heatmap.", low=1)
     hist_tokens: int = setting(2000, "Tokens of --split run for the HSG histogram.", low=1)
     hist_times: int = setting(200, "Random time steps in the HSG histogram.", low=1)
-    seed: int = setting(0, f"Seed of the MC masks and the histogram's time steps: 0 to "
-                        f"{SEED_HIGH}.", low=0, high=SEED_HIGH)
-    data_dir: str | None = setting(None, "Data directory (default: the run's data_dir "
-                                   "setting).")
+    seed: int = setting(
+        0,
+        f"Seed of the MC masks and the histogram's time steps: 0 to {SEED_HIGH}.",
+        low=0,
+        high=SEED_HIGH,
+    )
+    data_dir: str | None = setting(None, "Data directory (default: the run's data_dir setting).")
     verify: bool = setting(True, "Check the data files' sha256 (off for your own corpora).")
     flow_hidden: int = setting(64, "Units of the cells compared at initialisation.", low=1)
     flow_steps: int = setting(100, "Time steps T of the gradient-flow sequences.", low=1)
-    flow_tokens: int = setting(50, "Tokens read before the Gersgorin Jacobian is taken.",
-                               low=1)
+    flow_tokens: int = setting(50, "Tokens read before the Gersgorin Jacobian is taken.", low=1)
     heatmap_examples: int = setting(1000, "Highway runs: images in the gate heatmap.", low=1)
     lesion_examples: int = setting(10000, "Highway runs: images in the lesion study.", low=1)
     progress: bool = setting(True, "Show progress bars (with an ETA) for the long phases.")
-    redo: bool = setting(False, "Recompute the phases an earlier analysis of the same "
-                         "checkpoint finished with the same settings (default: keep them).")
+    redo: bool = setting(
+        False,
+        "Recompute the phases an earlier analysis of the same "
+        "checkpoint finished with the same settings (default: keep them).",
+    )
     # The engine's progress/signal tracker for long evaluations (not a setting); None:
     # rhnzoo.engine.signals.track with ``progress``.
     track: Any = dataclasses.field(default=None, metadata={"flag": False})
@@ -110,8 +116,6 @@ FAMILIES = {
     "SC-LSTM (L=20)": ("sc_lstm_i", {"skip": 20}),
     "HRL": ("hrl", {}),
 }
-
-
 
 
 def run_kind(config: dict) -> str:
@@ -205,10 +209,15 @@ class Phases:
         if not isinstance(earlier, dict) or not isinstance(earlier.get("phases"), dict):
             return
         if earlier.get("checkpoint") != checkpoint:
+
             def name(c):
                 return "no checkpoint" if c is None else f"{c['kind']} step {c['step']}"
-            print(f"{path} holds an analysis of {name(earlier.get('checkpoint'))}, this one "
-                  f"reads {name(checkpoint)}: its phases are replaced", flush=True)  # fmt: skip
+
+            print(
+                f"{path} holds an analysis of {name(earlier.get('checkpoint'))}, this one "
+                f"reads {name(checkpoint)}: its phases are replaced",
+                flush=True,
+            )
             return
         self.results.update({k: v for k, v in earlier.items() if k not in _META})
         self.results["phases"] = dict(earlier["phases"])
@@ -222,32 +231,47 @@ class Phases:
         settings = json.loads(json.dumps(workdir_lib.strict(settings)))
         self._settings[name] = settings
         record = self.results["phases"].get(name)
-        if (self._redo or not isinstance(record, dict) or record.get("status") != "done"
-                or record.get("settings") != settings or "keys" not in record):  # fmt: skip
+        if (
+            self._redo
+            or not isinstance(record, dict)
+            or record.get("status") != "done"
+            or record.get("settings") != settings
+            or "keys" not in record
+        ):
             return False
         folder = self.paths[0].parent
         if not all((folder / f).is_file() for f in record.get("figures", [])):
             return False
         self.results["phases"][name] = self.results["phases"].pop(name)  # this run's order
         shown = ", ".join(record.get("figures", [])) or "its numbers"
-        print(f"{name}: kept from the earlier analysis of this checkpoint ({shown}; --redo "
-              "recomputes it)", flush=True)  # fmt: skip
+        print(
+            f"{name}: kept from the earlier analysis of this checkpoint ({shown}; --redo "
+            "recomputes it)",
+            flush=True,
+        )
         return True
 
     def _written(self, before: dict[str, Any]) -> list[str]:
         """The top-level keys of :attr:`results` set since the shallow copy ``before``."""
-        return [k for k, v in self.results.items()
-                if k not in _META and (k not in before or before[k] is not v)]  # fmt: skip
+        return [
+            k
+            for k, v in self.results.items()
+            if k not in _META and (k not in before or before[k] is not v)
+        ]
 
     @contextlib.contextmanager
     def __call__(self, name: str, what: str, unit: str = "chunks") -> Iterator[signals.Track]:
         print(f"{name}: {what}", flush=True)
         earlier = self.results["phases"].pop(name, None)
-        earlier_numbers = {k: self.results.pop(k) for k in (earlier or {}).get("keys", [])
-                           if k in self.results}  # fmt: skip
+        earlier_numbers = {
+            k: self.results.pop(k) for k in (earlier or {}).get("keys", []) if k in self.results
+        }
         before = dict(self.results)
         record = self._record = self.results["phases"][name] = {
-            "status": "running", "figures": [], "settings": self._settings.pop(name, {})}
+            "status": "running",
+            "figures": [],
+            "settings": self._settings.pop(name, {}),
+        }
         t0 = time.perf_counter()
         try:
             if signals.stop_requested() is not None:
@@ -262,22 +286,31 @@ class Phases:
                 self.results["phases"][name] = earlier
                 left = f"{name} as the earlier analysis left it"
             else:
-                record.update(status="interrupted", signal=e.signum, keys=partial,
-                              seconds=time.perf_counter() - t0)  # fmt: skip
+                record.update(
+                    status="interrupted",
+                    signal=e.signum,
+                    keys=partial,
+                    seconds=time.perf_counter() - t0,
+                )
                 left = f"{name} marked interrupted"
             self.results["interrupted"] = {"phase": name, "signal": e.signum}
             self._write()
-            done = [n for n, r in self.results["phases"].items()
-                    if r["status"] == "done" and n != name]  # fmt: skip
+            done = [
+                n for n, r in self.results["phases"].items() if r["status"] == "done" and n != name
+            ]
             files = ", ".join(map(str, self.paths)) or "nothing"
-            print(f"stopped by signal {e.signum} in phase {name}: wrote {files} with the phases "
-                  f"done ({', '.join(done) or 'none'}) and {left}", flush=True)
+            print(
+                f"stopped by signal {e.signum} in phase {name}: wrote {files} with the phases "
+                f"done ({', '.join(done) or 'none'}) and {left}",
+                flush=True,
+            )
             raise
         record.update(status="done", seconds=time.perf_counter() - t0, keys=self._written(before))
         self._write()
 
-    def _timed(self, name: str, unit: str, iterable: Iterable, total: int | None = None,
-               desc: str = "") -> Iterator:  # fmt: skip
+    def _timed(
+        self, name: str, unit: str, iterable: Iterable, total: int | None = None, desc: str = ""
+    ) -> Iterator:
         """The phase's tracker: the bar named ``name``; once :data:`ESTIMATE_ITEMS` items
         after the first :data:`WARMUP_ITEMS` (compilations) are timed, and more are left,
         the time left: their median time x the items left."""
@@ -289,8 +322,10 @@ class Phases:
                 durations.append(now - last)
             if len(durations) == ESTIMATE_ITEMS and total and total > i:
                 each = float(np.median(durations))
-                tqdm.write(f"  {name}: {_about(each * (total - i))} left ({total - i:,} of "
-                           f"{total:,} {unit} to go, {each:.3g} s each)")  # fmt: skip
+                tqdm.write(
+                    f"  {name}: {_about(each * (total - i))} left ({total - i:,} of "
+                    f"{total:,} {unit} to go, {each:.3g} s each)"
+                )
             last = now
             yield item
 
@@ -332,8 +367,11 @@ def _note_checkpoint(workdir: pathlib.Path, results: dict) -> None:
     if used is None or "checkpoint" in results:
         return
     results["checkpoint"] = used
-    why = ("best validation" if used["kind"] == "best"
-           else "no validation has happened yet: best/ holds no step")  # fmt: skip
+    why = (
+        "best validation"
+        if used["kind"] == "best"
+        else "no validation has happened yet: best/ holds no step"
+    )
     print(f"checkpoint: {used['kind']} at step {used['step']} ({why}): {used['path']}")
 
 
@@ -350,13 +388,23 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
     seed = int(config.get("seed", 0))
     if kind == "lm":
         model, trained, config = lm_analysis.load_run(workdir)
-        corpus = data.load(config.get("dataset", "ptb"), _data_dir(config, opts), download=False,
-                           verify=opts.verify)  # fmt: skip
+        corpus = data.load(
+            config.get("dataset", "ptb"),
+            _data_dir(config, opts),
+            download=False,
+            verify=opts.verify,
+        )
         init = model.init(jax.random.split(jax.random.PRNGKey(seed))[0])
         tokens = np.asarray(getattr(corpus, opts.split)[:length])
         embed = lambda p: p["embed"][tokens][:, None, :]
-        return (lm_analysis.run_label(config), model.cell, init["cell"], trained["cell"],
-                embed(trained), embed(init))  # fmt: skip
+        return (
+            lm_analysis.run_label(config),
+            model.cell,
+            init["cell"],
+            trained["cell"],
+            embed(trained),
+            embed(init),
+        )
     if kind == "sequences":
         from rhnzoo.tasks import rrl
 
@@ -368,12 +416,16 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
         if trained is None:
             raise ValueError(f"{workdir} has no checkpoint; train it first")
         trained = jax.tree.map(jax.numpy.asarray, trained)
-        input_size = (trained["embed"].shape[1] if "embed" in trained
-                      else data.DATASETS[config["dataset"]].input_size)  # fmt: skip
+        input_size = (
+            trained["embed"].shape[1]
+            if "embed" in trained
+            else data.DATASETS[config["dataset"]].input_size
+        )
         kc = jax.random.split(jax.random.split(jax.random.PRNGKey(seed))[0], 3)[1]
         init_cell = cell.init(kc, input_size)
-        dataset = data.load_dataset(config["dataset"], data_dir=_data_dir(config, opts),
-                                    download=False, verify=opts.verify)  # fmt: skip
+        dataset = data.load_dataset(
+            config["dataset"], data_dir=_data_dir(config, opts), download=False, verify=opts.verify
+        )
         split = {"valid": dataset.dev, "train": dataset.train, "test": dataset.test}[opts.split]
         seq = np.asarray(split.inputs[0])[:length]
         if "embed" in trained:  # the trained embedding feeds both cells
@@ -382,12 +434,15 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
             xs = jax.numpy.asarray(seq, jax.numpy.float32).reshape(len(seq), 1, -1)
         label = f"{cells.label(name) if name in cells.ALL_NAMES else name} ({config['dataset']})"
         return label, cell, init_cell, trained["cell"], xs, xs
-    raise ValueError(f"{workdir} is a feed-forward run ({config.get('dataset')}); the flow "
-                     "figures need a recurrent one")  # fmt: skip
+    raise ValueError(
+        f"{workdir} is a feed-forward run ({config.get('dataset')}); the flow "
+        "figures need a recurrent one"
+    )
 
 
-def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options,
-                 phases: Phases | None = None) -> dict:  # fmt: skip
+def flow_figures(
+    workdir: pathlib.Path | None, out: pathlib.Path, opts: Options, phases: Phases | None = None
+) -> dict:
     """gradient_flow.png (and gersgorin.png for a run); returns the numbers.
 
     Phases (:class:`Phases`): ``gradient_flow``, every family of :data:`FAMILIES` at
@@ -415,24 +470,28 @@ def flow_figures(workdir: pathlib.Path | None, out: pathlib.Path, opts: Options,
     else:
         _gradient_flow(out, opts, phases, curves, title)
     if workdir is not None:
-        _run_flow(workdir, out, opts, phases, curves, title + " and a trained run",
-                  redraw=not kept)  # fmt: skip
+        _run_flow(workdir, out, opts, phases, curves, title + " and a trained run", redraw=not kept)
     if own:
         phases.finish()
         print(f"wrote {out / 'flow.json'}")
     return results
 
 
-def _gradient_flow(out: pathlib.Path, opts: Options, phases: Phases, curves: dict,
-                   title: str) -> None:  # fmt: skip
+def _gradient_flow(
+    out: pathlib.Path, opts: Options, phases: Phases, curves: dict, title: str
+) -> None:
     """Phase ``gradient_flow``: every family of :data:`FAMILIES` at initialisation; adds
     their curves to ``curves`` and draws gradient_flow.png."""
     results = phases.results
     n, steps, batch, m = opts.flow_hidden, opts.flow_steps, 4, 32
-    with phases("gradient_flow", f"{len(FAMILIES)} cell families at initialisation, {n} units, "
-                f"{steps} steps", unit="cells") as track:  # fmt: skip
-        xs = cells.base.flat_draw(jax.random.normal, jax.random.PRNGKey(opts.seed),
-                                  (steps, batch, m))  # fmt: skip
+    with phases(
+        "gradient_flow",
+        f"{len(FAMILIES)} cell families at initialisation, {n} units, {steps} steps",
+        unit="cells",
+    ) as track:
+        xs = cells.base.flat_draw(
+            jax.random.normal, jax.random.PRNGKey(opts.seed), (steps, batch, m)
+        )
         norms = results["gradient_norms_at_init"] = {}
         for label, (name, settings) in track(FAMILIES.items(), total=len(FAMILIES)):
             cell = cells.make(name, n, **settings)
@@ -440,34 +499,50 @@ def _gradient_flow(out: pathlib.Path, opts: Options, phases: Phases, curves: dic
             curve = flow.gradient_norms_through_time(cell, params, cell.initial_carry(batch), xs)
             curves[label], norms[label] = curve, curve.tolist()
             back = min(10, steps)
-            tqdm.write(f"{label:>16}: gradient norm {curve[back]:.2e} at {back} steps back, "
-                       f"{curve[-1]:.2e} at {steps}")  # fmt: skip
+            tqdm.write(
+                f"{label:>16}: gradient norm {curve[back]:.2e} at {back} steps back, "
+                f"{curve[-1]:.2e} at {steps}"
+            )
         phases.wrote(plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title))
 
 
-def _run_flow(workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: Phases,
-              curves: dict, title: str, redraw: bool = False) -> None:  # fmt: skip
+def _run_flow(
+    workdir: pathlib.Path,
+    out: pathlib.Path,
+    opts: Options,
+    phases: Phases,
+    curves: dict,
+    title: str,
+    redraw: bool = False,
+) -> None:
     """Phase ``run_flow``: the run's cell at initialisation and trained; adds its curves
     to ``curves`` and redraws gradient_flow.png, draws gersgorin.png. Kept from an
     earlier analysis (:meth:`Phases.kept`), its curves are added from there, and
     gradient_flow.png redrawn with them if ``redraw`` (the families' curves are new)."""
     steps, tokens = opts.flow_steps, opts.flow_tokens
     config = workdir_lib.read_config(workdir)
-    if phases.kept("run_flow", _settings(opts, "flow_steps", "flow_tokens", "split",
-                                         data_dir=_data_dir(config, opts))):  # fmt: skip
+    if phases.kept(
+        "run_flow",
+        _settings(opts, "flow_steps", "flow_tokens", "split", data_dir=_data_dir(config, opts)),
+    ):
         run = phases.results["run"]
         for name in ("initialisation", "trained"):
             curves[f"{run['label']}, {name} ({opts.split})"] = np.asarray(
-                run[name]["gradient_norms"])
+                run[name]["gradient_norms"]
+            )
         if redraw:
             drawn = plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title)
             print(f"wrote {drawn}")
         return
-    with phases("run_flow", f"the run's cell at initialisation and trained: gradient flow over "
-                f"{steps} steps, Jacobians along {tokens + 1} tokens of {opts.split}",
-                unit="parameter sets") as track:  # fmt: skip
-        label, cell, init, trained, xs_trained, xs_init = run_cell(workdir, opts,
-                                                                   max(tokens, steps) + 1)
+    with phases(
+        "run_flow",
+        f"the run's cell at initialisation and trained: gradient flow over "
+        f"{steps} steps, Jacobians along {tokens + 1} tokens of {opts.split}",
+        unit="parameter sets",
+    ) as track:
+        label, cell, init, trained, xs_trained, xs_init = run_cell(
+            workdir, opts, max(tokens, steps) + 1
+        )
         _note_checkpoint(workdir, phases.results)
         run = phases.results["run"] = {"workdir": str(workdir), "label": label}
         panels = []
@@ -477,9 +552,11 @@ def _run_flow(workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: P
             curves[f"{label}, {name} ({opts.split})"] = curve
             panels.append({"title": f"{label}, {name}: after {tokens} steps", **panel})
             rho = np.asarray(run[name]["spectral_radius"])
-            tqdm.write(f"{label}, {name}: spectral radius along {len(rho)} steps: mean "
-                       f"{rho.mean():.3f}, max {rho.max():.3f}; mean disc radius "
-                       f"{run[name]['disc_radius_mean']:.3f}")  # fmt: skip
+            tqdm.write(
+                f"{label}, {name}: spectral radius along {len(rho)} steps: mean "
+                f"{rho.mean():.3f}, max {rho.max():.3f}; mean disc radius "
+                f"{run[name]['disc_radius_mean']:.3f}"
+            )
         gersgorin = "Gersgorin discs of the temporal Jacobian"
         phases.wrote(plots.plot_gersgorin(panels, out / "gersgorin.png", title=gersgorin))
         phases.wrote(plots.plot_gradient_flow(curves, out / "gradient_flow.png", title=title))
@@ -498,9 +575,10 @@ def _cell_flow(cell, params, seq, steps: int, tokens: int):
     numbers = {
         "spectral_radius": flow.spectral_radius(a).tolist(),
         "largest_singular_value": flow.largest_singular_value(a).tolist(),
-        "disc_radius_mean": float(radii.mean()), "disc_centre_mean": float(centres.mean()),
+        "disc_radius_mean": float(radii.mean()),
+        "disc_centre_mean": float(centres.mean()),
         "gradient_norms": curve.tolist(),
-    }  # fmt: skip
+    }
     panel = {"centres": centres, "radii": radii, "eigenvalues": flow.eigenvalues(last)}
     return curve, panel, numbers
 
@@ -536,8 +614,13 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
     return results
 
 
-def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
-                    train_split=None, phases: Phases | None = None) -> dict:  # fmt: skip
+def analyze_highway(
+    workdir: pathlib.Path,
+    out: pathlib.Path,
+    opts: Options,
+    train_split=None,
+    phases: Phases | None = None,
+) -> dict:
     """Gate heatmap and lesions of a feed-forward highway run (plain nets: lesions only,
     a removed plain layer passing its input through unchanged, as a removed highway
     layer does; :func:`rhnzoo.analysis.highway.iter_highway_lesions`), on the run's
@@ -552,41 +635,58 @@ def analyze_highway(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
     phases = phases or Phases([], opts)
     net, params, config = hw_analysis.load_highway_run(workdir)
     if train_split is None:
-        images = data.load(config["dataset"], _data_dir(config, opts), download=False,
-                           verify=opts.verify)  # fmt: skip
-        train_split = hw.split_data(images.train_images, images.train_labels,
-                                    images.test_images, images.test_labels,
-                                    int(config.get("valid_size", 10000)))["train"]  # fmt: skip
+        images = data.load(
+            config["dataset"], _data_dir(config, opts), download=False, verify=opts.verify
+        )
+        train_split = hw.split_data(
+            images.train_images,
+            images.train_labels,
+            images.test_images,
+            images.test_labels,
+            int(config.get("valid_size", 10000)),
+        )["train"]
     x, y = train_split
     results = phases.results
     results.update(workdir=str(workdir), model=f"{net.kind} depth {net.depth}")
     data_dir = _data_dir(config, opts)
     if net.kind == "highway" and not phases.kept(
-            "gate_heatmaps", _settings(opts, "heatmap_examples", data_dir=data_dir)):  # fmt: skip
+        "gate_heatmaps", _settings(opts, "heatmap_examples", data_dir=data_dir)
+    ):
         shown = x[: opts.heatmap_examples]
-        with phases("gate_heatmaps", f"transform gates over {len(shown):,} training images",
-                    unit="batches") as track:  # fmt: skip
+        with phases(
+            "gate_heatmaps", f"transform gates over {len(shown):,} training images", unit="batches"
+        ) as track:
             gates = hw_analysis.gate_statistics(net, params, shown, track=track)
-            phases.wrote(plots.plot_highway_gates({f"depth {net.depth}": gates},
-                                                  out / "gate_heatmaps.png"))  # fmt: skip
+            phases.wrote(
+                plots.plot_highway_gates({f"depth {net.depth}": gates}, out / "gate_heatmaps.png")
+            )
     n = opts.lesion_examples
     if phases.kept("lesion", _settings(opts, "lesion_examples", data_dir=data_dir)):
         return results
-    with phases("lesion", f"the intact net and {net.depth - 1} removed {net.kind} layers, "
-                f"{len(x[:n]):,} training images each", unit="batches") as track:  # fmt: skip
+    with phases(
+        "lesion",
+        f"the intact net and {net.depth - 1} removed {net.kind} layers, "
+        f"{len(x[:n]):,} training images each",
+        unit="batches",
+    ) as track:
         for lesion in hw_analysis.iter_highway_lesions(net, params, (x[:n], y[:n]), track=track):
             results["lesion"] = {
-                "intact_nll": lesion.base_nll, "nll": lesion.nll.tolist(),
-                "num_images": lesion.num_tokens, "num_layers": net.depth - 1,
-            }  # fmt: skip
-        print(f"lesions: intact {lesion.base_nll:.4f} nats, removed layers "
-              f"{lesion.nll.min():.4f} .. {lesion.nll.max():.4f}")  # fmt: skip
+                "intact_nll": lesion.base_nll,
+                "nll": lesion.nll.tolist(),
+                "num_images": lesion.num_tokens,
+                "num_layers": net.depth - 1,
+            }
+        print(
+            f"lesions: intact {lesion.base_nll:.4f} nats, removed layers "
+            f"{lesion.nll.min():.4f} .. {lesion.nll.max():.4f}"
+        )
         phases.wrote(plots.plot_lesion_curve({f"depth {net.depth}": lesion}, out / "lesion.png"))
     return results
 
 
-def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
-               phases: Phases | None = None) -> dict:  # fmt: skip
+def analyze_lm(
+    workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: Phases | None = None
+) -> dict:
     """Gates, lesions (RHN cells), HSG gates (HSG(RHN)) and MC dropout (any cell).
 
     Phases ``gate_heatmap``, ``lesion``, ``hsg_gate`` (RHN cells; the last for HSG),
@@ -598,8 +698,10 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
     dataset = config.get("dataset", "ptb")
     corpus = data.load(dataset, _data_dir(config, opts), download=False, verify=opts.verify)
     if corpus.vocab_size != model.vocab_size:
-        raise ValueError(f"the run has a {model.vocab_size}-symbol vocabulary but the data has "
-                         f"{corpus.vocab_size}; pass the run's --data_dir")  # fmt: skip
+        raise ValueError(
+            f"the run has a {model.vocab_size}-symbol vocabulary but the data has "
+            f"{corpus.vocab_size}; pass the run's --data_dir"
+        )
     stream = getattr(corpus, opts.split)
     if opts.max_eval_tokens is not None:
         stream = stream[: opts.max_eval_tokens]
@@ -617,7 +719,7 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
         "hsg_gate": (*on_split, "hist_tokens", "hist_times", "seed"),
         "deterministic": (*on_split, "mc_batch_size"),
         "mc_dropout": (*on_split, "mc_batch_size", "mc_samples", "seed"),
-    }  # fmt: skip
+    }
     todo = lambda name: not phases.kept(name, _settings(opts, *uses[name], data_dir=data_dir))
     if _is_rhn(model.cell):
         if todo("gate_heatmap"):
@@ -627,8 +729,9 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
         if isinstance(model.cell, cells.HSG) and todo("hsg_gate"):
             _hsg_gates(*run, stream[: opts.hist_tokens])
     else:
-        print(f"{label}: no transform gates (gate heatmap, lesions and HSG gates are for RHN "
-              "cells)")  # fmt: skip
+        print(
+            f"{label}: no transform gates (gate heatmap, lesions and HSG gates are for RHN cells)"
+        )
     if opts.mc_samples:
         if todo("deterministic"):
             _deterministic(*run, stream)
@@ -640,38 +743,60 @@ def analyze_lm(workdir: pathlib.Path, out: pathlib.Path, opts: Options,
 def _gate_heatmap(model, params, label, out, opts, phases, corpus, stream) -> None:
     """Phase ``gate_heatmap``: transform gates over an example sequence (Zilly et al. Fig. 5b)."""
     example = stream[: opts.heatmap_steps]
-    with phases("gate_heatmap", f"transform gates over the first {len(example)} tokens of "
-                f"{opts.split}"):  # fmt: skip
+    with phases(
+        "gate_heatmap", f"transform gates over the first {len(example)} tokens of {opts.split}"
+    ):
         gates = lm_analysis.gate_activity(model, params, example[None])
         layer_mean = gates.t.mean(axis=(0, 2, 3))
         phases.results["t_gate_mean_per_layer"] = [float(v) for v in layer_mean]
         print("mean T gate per micro-layer:", " ".join(f"{v:.3f}" for v in layer_mean))
-        phases.wrote(plots.plot_gate_heatmap(
-            gates.t, out / "gate_heatmap.png", labels=[corpus.vocab[i] for i in example],
-            title=f"{label}: mean T-gate activity ({opts.split}, first {len(example)} tokens)",
-        ))  # fmt: skip
+        phases.wrote(
+            plots.plot_gate_heatmap(
+                gates.t,
+                out / "gate_heatmap.png",
+                labels=[corpus.vocab[i] for i in example],
+                title=f"{label}: mean T-gate activity ({opts.split}, first {len(example)} tokens)",
+            )
+        )
 
 
 def _lesions(model, params, label, out, opts, phases, tokens) -> None:
     """Phase ``lesion`` (Zilly et al. sec. 6): ``results['lesion']`` holds the finished
     evaluations as they come (``nll``/``ppl`` of the layers lesioned so far)."""
     depth = (model.cell.cell if isinstance(model.cell, cells.HSG) else model.cell).depth
-    with phases("lesion", f"the intact model and {depth} lesioned micro-layers, {len(tokens):,} "
-                f"training tokens each (batch {opts.lesion_batch_size}, windows of "
-                f"{opts.eval_num_steps})", unit="windows") as track:  # fmt: skip
-        lesions = lm_analysis.iter_lesions(model, params, tokens, batch_size=opts.lesion_batch_size,
-                                           num_steps=opts.eval_num_steps, track=track)  # fmt: skip
+    with phases(
+        "lesion",
+        f"the intact model and {depth} lesioned micro-layers, {len(tokens):,} "
+        f"training tokens each (batch {opts.lesion_batch_size}, windows of "
+        f"{opts.eval_num_steps})",
+        unit="windows",
+    ) as track:
+        lesions = lm_analysis.iter_lesions(
+            model,
+            params,
+            tokens,
+            batch_size=opts.lesion_batch_size,
+            num_steps=opts.eval_num_steps,
+            track=track,
+        )
         for lesion in lesions:
             phases.results["lesion"] = {
-                "num_tokens": lesion.num_tokens, "intact_nll": lesion.base_nll,
-                "intact_ppl": lesion.base_ppl, "nll": lesion.nll.tolist(),
-                "ppl": lesion.ppl.tolist(), "num_layers": depth,
-            }  # fmt: skip
-        print(f"lesions on {lesion.num_tokens} training tokens: intact {lesion.base_nll:.4f} "
-              f"nats/token, perplexity {lesion.base_ppl:.2f}")  # fmt: skip
+                "num_tokens": lesion.num_tokens,
+                "intact_nll": lesion.base_nll,
+                "intact_ppl": lesion.base_ppl,
+                "nll": lesion.nll.tolist(),
+                "ppl": lesion.ppl.tolist(),
+                "num_layers": depth,
+            }
+        print(
+            f"lesions on {lesion.num_tokens} training tokens: intact {lesion.base_nll:.4f} "
+            f"nats/token, perplexity {lesion.base_ppl:.2f}"
+        )
         for layer, (nll, ppl, d) in enumerate(zip(lesion.nll, lesion.ppl, lesion.delta_nll)):
-            print(f"  lesion micro-layer {layer + 1}: {nll:.4f} nats/token (Δ {d:+.4f}), "
-                  f"perplexity {ppl:.2f} (Δ {ppl - lesion.base_ppl:+.2f})")  # fmt: skip
+            print(
+                f"  lesion micro-layer {layer + 1}: {nll:.4f} nats/token (Δ {d:+.4f}), "
+                f"perplexity {ppl:.2f} (Δ {ppl - lesion.base_ppl:+.2f})"
+            )
         title = f"{label}: lesioning (intact ppl {lesion.base_ppl:.1f})"
         phases.wrote(plots.plot_lesion(lesion, out / "lesion.png", title=title))
 
@@ -679,18 +804,31 @@ def _lesions(model, params, label, out, opts, phases, tokens) -> None:
 def _hsg_gates(model, params, label, out, opts, phases, tokens) -> None:
     """Phase ``hsg_gate``: HSG gate histogram (Shoham & Permuter Fig. 7)."""
     times = min(opts.hist_times, len(tokens))
-    with phases("hsg_gate", f"HSG gates at {times} random steps of the first {len(tokens):,} "
-                f"tokens of {opts.split}", unit="windows") as track:  # fmt: skip
-        values = lm_analysis.hsg_gate_sample(model, params, tokens[None], times,
-                                             seed=opts.seed, num_steps=opts.eval_num_steps,
-                                             track=track)  # fmt: skip
+    with phases(
+        "hsg_gate",
+        f"HSG gates at {times} random steps of the first {len(tokens):,} tokens of {opts.split}",
+        unit="windows",
+    ) as track:
+        values = lm_analysis.hsg_gate_sample(
+            model,
+            params,
+            tokens[None],
+            times,
+            seed=opts.seed,
+            num_steps=opts.eval_num_steps,
+            track=track,
+        )
         below, above = float((values < 0.1).mean()), float((values > 0.9).mean())
         phases.results["hsg_gate"] = {
-            "num_values": int(values.size), "mean": float(values.mean()),
-            "fraction_below_0.1": below, "fraction_above_0.9": above,
-        }  # fmt: skip
-        print(f"HSG gate over {values.size} values: mean {values.mean():.3f}, "
-              f"< 0.1: {below:.1%}, > 0.9: {above:.1%}")  # fmt: skip
+            "num_values": int(values.size),
+            "mean": float(values.mean()),
+            "fraction_below_0.1": below,
+            "fraction_above_0.9": above,
+        }
+        print(
+            f"HSG gate over {values.size} values: mean {values.mean():.3f}, "
+            f"< 0.1: {below:.1%}, > 0.9: {above:.1%}"
+        )
         title = f"{label}: HSG gate values ({opts.split})"
         phases.wrote(plots.plot_gate_histogram(values, out / "hsg_gates.png", title=title))
 
@@ -699,16 +837,20 @@ def _deterministic(model, params, label, out, opts, phases, stream) -> None:
     """Phase ``deterministic``: the batch-``mc_batch_size`` perplexity without dropout."""
     del label, out
     batch = opts.mc_batch_size
-    with phases("deterministic", f"{opts.split} perplexity without dropout, {len(stream):,} "
-                f"tokens at batch {batch}", unit="windows") as track:  # fmt: skip
+    with phases(
+        "deterministic",
+        f"{opts.split} perplexity without dropout, {len(stream):,} tokens at batch {batch}",
+        unit="windows",
+    ) as track:
         t0 = time.perf_counter()
-        nll, count = lm_training.Evaluator(model)(params, stream, batch, opts.eval_num_steps,
-                                                  track)  # fmt: skip
+        nll, count = lm_training.Evaluator(model)(params, stream, batch, opts.eval_num_steps, track)
         seconds = time.perf_counter() - t0
         ppl = lm_training.METRICS["ppl"](nll / count)
         phases.results["deterministic"] = {"ppl": ppl, "seconds": seconds}
-        print(f"{opts.split} perplexity, batch {batch}, {int(count)} tokens: deterministic "
-              f"{ppl:.3f} ({seconds:.1f} s incl. compile)")  # fmt: skip
+        print(
+            f"{opts.split} perplexity, batch {batch}, {int(count)} tokens: deterministic "
+            f"{ppl:.3f} ({seconds:.1f} s incl. compile)"
+        )
 
 
 def _mc_dropout(model, params, label, out, opts, phases, stream, config) -> None:
@@ -717,19 +859,36 @@ def _mc_dropout(model, params, label, out, opts, phases, stream, config) -> None
     del label, out
     rates = dropout.Rates(*(float(config.get(f"drop_{s}", 0.0)) for s in "xiho"))
     k, batch = opts.mc_samples, opts.mc_batch_size
-    with phases("mc_dropout", f"{k} passes with dropout over {len(stream):,} tokens of "
-                f"{opts.split} at batch {batch}", unit="windows") as track:  # fmt: skip
-        mc = lm_analysis.mc_dropout_perplexity(model, params, stream, rates, k, seed=opts.seed,
-                                               batch_size=batch, num_steps=opts.eval_num_steps,
-                                               track=track)  # fmt: skip
+    with phases(
+        "mc_dropout",
+        f"{k} passes with dropout over {len(stream):,} tokens of {opts.split} at batch {batch}",
+        unit="windows",
+    ) as track:
+        mc = lm_analysis.mc_dropout_perplexity(
+            model,
+            params,
+            stream,
+            rates,
+            k,
+            seed=opts.seed,
+            batch_size=batch,
+            num_steps=opts.eval_num_steps,
+            track=track,
+        )
         phases.results["mc_dropout"] = {
-            "samples": k, "rates": [rates.x, rates.i, rates.h, rates.o],
-            "ppl": mc.perplexity, "sample_ppls": list(mc.sample_perplexities),
-            "num_tokens": mc.num_tokens, "compile_s": mc.compile_s, "pass_s": list(mc.pass_s),
+            "samples": k,
+            "rates": [rates.x, rates.i, rates.h, rates.o],
+            "ppl": mc.perplexity,
+            "sample_ppls": list(mc.sample_perplexities),
+            "num_tokens": mc.num_tokens,
+            "compile_s": mc.compile_s,
+            "pass_s": list(mc.pass_s),
             "seconds": mc.seconds,
-        }  # fmt: skip
+        }
         per_pass = sum(mc.pass_s) / len(mc.pass_s)
-        print(f"{opts.split} perplexity, batch {batch}, {mc.num_tokens} tokens: MC dropout "
-              f"K={k} {mc.perplexity:.3f} ({mc.seconds:.1f} s: compile {mc.compile_s:.1f} s + "
-              f"{per_pass:.1f} s per pass)")  # fmt: skip
+        print(
+            f"{opts.split} perplexity, batch {batch}, {mc.num_tokens} tokens: MC dropout "
+            f"K={k} {mc.perplexity:.3f} ({mc.seconds:.1f} s: compile {mc.compile_s:.1f} s + "
+            f"{per_pass:.1f} s per pass)"
+        )
         print("  single-pass perplexities:", " ".join(f"{p:.2f}" for p in mc.sample_perplexities))

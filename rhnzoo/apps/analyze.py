@@ -29,8 +29,12 @@ def define_flags() -> None:
     defaults are :class:`~rhnzoo.analysis.report.Options`'."""
     flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
     flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
-    flags.DEFINE_boolean("flow", False, "Draw the information-flow figures (gradient_flow.png, "
-                         "and gersgorin.png for a --workdir) instead of the gate analysis.")
+    flags.DEFINE_boolean(
+        "flow",
+        False,
+        "Draw the information-flow figures (gradient_flow.png, "
+        "and gersgorin.png for a --workdir) instead of the gate analysis.",
+    )
     _OPTIONS.extend(cli.define_config_flags(report.Options(), module_name=__name__))
 
 
@@ -40,8 +44,9 @@ def run() -> None:
     if workdir is None and not (FLAGS.flow and FLAGS.out):
         raise ValueError("--workdir is required (or --flow with --out)")
     # A workdir without config.json is an error before anything is written.
-    recorded = (workdir_lib.read_config(workdir).get("matmul_precision", "default")
-                if workdir else None)  # fmt: skip
+    recorded = (
+        workdir_lib.read_config(workdir).get("matmul_precision", "default") if workdir else None
+    )
     opts = report.Options(**cli.given(_OPTIONS))  # tracker: signals.track with --progress
     out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
     out.mkdir(parents=True, exist_ok=True)

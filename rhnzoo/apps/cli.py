@@ -64,8 +64,9 @@ class _TupleParser(flags.ListParser):
         try:
             return tuple(self.item(v) for v in values)
         except ValueError:
-            raise ValueError(f"expected comma-separated {self.item.__name__} values, "
-                             f"got {argument!r}") from None
+            raise ValueError(
+                f"expected comma-separated {self.item.__name__} values, got {argument!r}"
+            ) from None
 
 
 def _item_type(hint: Any) -> type:
@@ -76,9 +77,14 @@ def _item_type(hint: Any) -> type:
     return args[0] if args and isinstance(args[0], type) else str
 
 
-def define_config_flags(defaults: config_lib.Config, presets: Sequence[str] = (), *,
-                        skip: Sequence[str] = (), module_name: str | None = None,
-                        flag_values: flags.FlagValues = FLAGS) -> tuple[str, ...]:  # fmt: skip
+def define_config_flags(
+    defaults: config_lib.Config,
+    presets: Sequence[str] = (),
+    *,
+    skip: Sequence[str] = (),
+    module_name: str | None = None,
+    flag_values: flags.FlagValues = FLAGS,
+) -> tuple[str, ...]:
     """Defines one flag per field of ``defaults`` (a task's config) declared a flag: its
     name, its default from ``defaults``, its help and choices from the field's
     :func:`~rhnzoo.config.setting`; a tuple field is a comma-separated list of its items' type. With
@@ -96,8 +102,13 @@ def define_config_flags(defaults: config_lib.Config, presets: Sequence[str] = ()
     """
     where = {"module_name": module_name, "flag_values": flag_values}
     if presets:
-        flags.DEFINE_enum("preset", None, list(presets), "Named setting overriding the "
-                          "defaults (flags given explicitly still win).", **where)
+        flags.DEFINE_enum(
+            "preset",
+            None,
+            list(presets),
+            "Named setting overriding the defaults (flags given explicitly still win).",
+            **where,
+        )
     hints = typing.get_type_hints(type(defaults))
     names = []
     for f in dataclasses.fields(defaults):
@@ -108,11 +119,21 @@ def define_config_flags(defaults: config_lib.Config, presets: Sequence[str] = ()
         if m["choices"] is not None and kind is str:
             flags.DEFINE_enum(f.name, default, list(m["choices"]), help_, **where)
         elif kind is tuple:
-            flags.DEFINE(_TupleParser(_item_type(hints[f.name])), f.name, default, help_,
-                         serializer=flags.CsvListSerializer(","), **where)
+            flags.DEFINE(
+                _TupleParser(_item_type(hints[f.name])),
+                f.name,
+                default,
+                help_,
+                serializer=flags.CsvListSerializer(","),
+                **where,
+            )
         else:
-            define = {bool: flags.DEFINE_boolean, int: flags.DEFINE_integer,
-                      float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]  # fmt: skip
+            define = {
+                bool: flags.DEFINE_boolean,
+                int: flags.DEFINE_integer,
+                float: flags.DEFINE_float,
+                str: flags.DEFINE_string,
+            }[kind]
             define(f.name, default, help_, **where)
         names.append(f.name)
     return tuple(names)
@@ -123,8 +144,9 @@ def given(names: Sequence[str]) -> dict[str, Any]:
     return {name: FLAGS[name].value for name in names if FLAGS[name].present}
 
 
-def config_from_flags(get_config: Callable[..., config_lib.Config], names: Sequence[str],
-                      **fixed: Any) -> config_lib.Config:  # fmt: skip
+def config_from_flags(
+    get_config: Callable[..., config_lib.Config], names: Sequence[str], **fixed: Any
+) -> config_lib.Config:
     """``get_config(preset, **fixed, **flags given)``: the config of ``--preset`` (when
     the script has one) with the flags of ``names`` given on the command line over it.
     Raises ValueError (one line) for a bad setting."""
@@ -147,12 +169,17 @@ def initialize_distributed(cfg: config_lib.DistributedSettings, log=print) -> No
     if not cfg.distributed:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    settings = {k: getattr(cfg, k) for k in ("coordinator_address", "num_processes",
-                                             "process_id") if getattr(cfg, k) is not None}
+    settings = {
+        k: getattr(cfg, k)
+        for k in ("coordinator_address", "num_processes", "process_id")
+        if getattr(cfg, k) is not None
+    }
     where = cfg.coordinator_address or "the cluster runtime's coordinator"
-    log(f"--distributed: process {cfg.process_id if cfg.process_id is not None else '?'} "
+    log(
+        f"--distributed: process {cfg.process_id if cfg.process_id is not None else '?'} "
         f"joining {cfg.num_processes or 'all'} processes at {where} (waiting up to "
-        f"{cfg.distributed_timeout} s)")
+        f"{cfg.distributed_timeout} s)"
+    )
     sys.stdout.flush()
     if cfg.coordinator_address and cfg.process_id != 0:
         _wait_for_port(cfg.coordinator_address, cfg.distributed_timeout)
@@ -174,9 +201,11 @@ def _wait_for_port(address: str, timeout: float) -> None:
                 return
         except (OSError, ValueError) as e:
             if time.monotonic() >= deadline or isinstance(e, ValueError):
-                raise ValueError(f"--distributed: no coordinator answered at {address} within "
-                                 f"{timeout:g} s; start process 0 first or check "
-                                 "--coordinator_address") from None
+                raise ValueError(
+                    f"--distributed: no coordinator answered at {address} within "
+                    f"{timeout:g} s; start process 0 first or check "
+                    "--coordinator_address"
+                ) from None
         time.sleep(0.5)
 
 
@@ -215,9 +244,11 @@ def check_fits(state: Callable[[], Any], sizes: str) -> int:
     need = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
     have, where = device_memory()
     if need > have:
-        raise ValueError(f"{sizes}: the parameters and optimizer state alone take "
-                         f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
-                         f"memory of the {where}")  # fmt: skip
+        raise ValueError(
+            f"{sizes}: the parameters and optimizer state alone take "
+            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+            f"memory of the {where}"
+        )
     return need
 
 
@@ -231,8 +262,13 @@ class _PrecisionParser(flags.ArgumentParser):
         return "string"
 
 
-def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | None = None, *,
-                          log: Callable[[str], None] = print) -> pathlib.Path | None:  # fmt: skip
+def write_learning_curves(
+    workdir: str | os.PathLike,
+    valid: str,
+    train: str | None = None,
+    *,
+    log: Callable[[str], None] = print,
+) -> pathlib.Path | None:
     """A finished single run's figure: ``<workdir>/learning_curves.png``: its epoch
     records' (``metrics.jsonl``) ``valid`` field (e.g. ``'valid_ppl'``) and its ``train``
     field (e.g. ``'train_ppl'``) from the training-log records (every ``log_every``
@@ -257,11 +293,19 @@ def write_learning_curves(workdir: str | os.PathLike, valid: str, train: str | N
     metric = valid.split("_", 1)[-1]  # the y axis: 'ppl', 'bpc', 'acc'
     logged = [r for r in workdir_lib.read_metrics(workdir, "train") if train and train in r]
     sources = (("validation", valid, records), ("training", train, logged or records))
-    curves = {label: [{"step": r["step"], metric: r.get(key)} for r in rows]
-              for label, key, rows in sources if key}  # fmt: skip
-    path = plots.plot_learning_curves(curves, png, key=metric, x="step",
-                                      title=f"Learning curves: {workdir.resolve().name}",
-                                      style={label: {"marker": "o"} for label in curves})  # fmt: skip
+    curves = {
+        label: [{"step": r["step"], metric: r.get(key)} for r in rows]
+        for label, key, rows in sources
+        if key
+    }
+    path = plots.plot_learning_curves(
+        curves,
+        png,
+        key=metric,
+        x="step",
+        title=f"Learning curves: {workdir.resolve().name}",
+        style={label: {"marker": "o"} for label in curves},
+    )
     log(f"wrote {path}")
     return path
 
@@ -273,8 +317,9 @@ def define_precision_flag() -> None:
     if "matmul_precision" in FLAGS:
         return
     field = {f.name: f for f in dataclasses.fields(RunSettings)}["matmul_precision"]
-    flags.DEFINE(_PrecisionParser(), "matmul_precision", precision.current(),
-                 config_lib.meta(field)["help"])
+    flags.DEFINE(
+        _PrecisionParser(), "matmul_precision", precision.current(), config_lib.meta(field)["help"]
+    )
 
 
 def parse_flags(argv: Sequence[str], positional: bool = False) -> list[str]:
@@ -297,8 +342,11 @@ def parse_flags(argv: Sequence[str], positional: bool = False) -> list[str]:
         sys.exit(f"error: unexpected arguments {' '.join(argv[1:])}")
     for name in FLAGS:
         flag = FLAGS[name]
-        if (isinstance(flag.parser, flags.FloatParser) and flag.value is not None
-                and not math.isfinite(flag.value)):  # fmt: skip
+        if (
+            isinstance(flag.parser, flags.FloatParser)
+            and flag.value is not None
+            and not math.isfinite(flag.value)
+        ):
             sys.exit(f"error: --{flag.name} must be a finite number, got {flag.value}")
     return argv
 
@@ -325,6 +373,3 @@ def main(fn: Callable[[], Any]) -> Any:
         sys.exit(f"error: {' '.join(str(e).split())}")
     except engine.Interrupted as e:
         sys.exit(128 + e.signum)
-
-
-

@@ -47,8 +47,7 @@ def define_flags() -> None:
     flags.DEFINE_list("depths", ["10", "20", "30", "40"], "Recurrence depths L to sweep.")
     flags.DEFINE_string("root", "runs/sweep", "Directory holding one workdir per run.")
     flags.DEFINE_boolean("dry_run", False, "Print the commands, one per line, and exit.")
-    flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run "
-                         "nothing.")
+    flags.DEFINE_boolean("table", False, "Print the results table and write the PNGs; run nothing.")
     flags.DEFINE_string("out", None, "Where --table writes its PNGs (default: --root).")
     lm.define_flags("ptb")  # ptb.py's flags, for every run
     runner.define_flags()
@@ -96,8 +95,7 @@ def table_command(depths: list[int], root: pathlib.Path) -> None:
         raise ValueError(f"--root={root} does not exist: no runs to tabulate")
     runs = read_runs(root)
     if not runs:
-        raise ValueError(f"--root={root} holds no run (no <run>/config.json): nothing to "
-                         "tabulate")  # fmt: skip
+        raise ValueError(f"--root={root} holds no run (no <run>/config.json): nothing to tabulate")
     text = table(depths, runs)
     for run in runs:  # an unreadable metrics.jsonl: one line before anything is written
         workdir_lib.read_metrics(run["workdir"])
@@ -116,11 +114,16 @@ def table_command(depths: list[int], root: pathlib.Path) -> None:
 def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple[str, LMConfig]]:
     """``(name, config)`` of every run of the sweep from the flags (each checked: one
     line for a bad setting), depth-major, without HSG before with HSG, seed-minor."""
-    runs = [(d, hsg, k, sweep.seed_name(workdir_name(d, hsg), k))
-            for d in depths for hsg in (False, True) for k in range(seeds)]  # fmt: skip
-    return [(name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k,
-                             workdir=str(root / name)))
-            for d, hsg, k, name in runs]  # fmt: skip
+    runs = [
+        (d, hsg, k, sweep.seed_name(workdir_name(d, hsg), k))
+        for d in depths
+        for hsg in (False, True)
+        for k in range(seeds)
+    ]
+    return [
+        (name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k, workdir=str(root / name)))
+        for d, hsg, k, name in runs
+    ]
 
 
 def dry_run(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
@@ -145,8 +148,9 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         lm.check_fits(max((c for _, c in configs), key=lambda c: c.depth))  # the largest
     first = configs[0][1]
-    load = functools.partial(data.load, "ptb", first.data_dir, download=first.download,
-                             verify=first.verify_data)  # fmt: skip
+    load = functools.partial(
+        data.load, "ptb", first.data_dir, download=first.download, verify=first.verify_data
+    )
     failed = train_all(configs, root, load, jobs=jobs, seeds=seeds)
     if failed:
         raise engine.RunError(f"{len(failed)} run(s) diverged or failed: {', '.join(failed)}")
@@ -220,16 +224,23 @@ def table(depths: list[int], runs: list[dict]) -> str:
             )
             continue
         seen[seed] = run
-    header = ["Depth L", "valid ppl (RHN)", "test ppl (RHN)", "valid ppl (RHN+HSG)",
-              "test ppl (RHN+HSG)", "paper test ppl"]  # fmt: skip
+    header = [
+        "Depth L",
+        "valid ppl (RHN)",
+        "test ppl (RHN)",
+        "valid ppl (RHN+HSG)",
+        "test ppl (RHN+HSG)",
+        "paper test ppl",
+    ]
     rows = []
     for depth in sorted(set(depths) | {d for d, _ in cells}):
         row = [depth]
         for hsg in (False, True):
             group = cells.get((depth, hsg), {})
             row += [_cell(group, "valid_ppl"), _cell(group, "test_ppl")]
-        paper = [f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items())
-                 if d == depth]  # fmt: skip
+        paper = [
+            f"{p} ({src})" for (d, _), (p, src) in sorted(PAPER_TEST_PPL.items()) if d == depth
+        ]
         row.append("; ".join(paper) or None)
         rows.append(row)
     return tables.markdown(header, rows, blank=BLANK, align="rrrrrl")
@@ -237,8 +248,9 @@ def table(depths: list[int], runs: list[dict]) -> str:
 
 def _cell(group: dict[Any, dict], name: str) -> str | None:
     """Result ``name`` over a group's seeds as mean ± sd (one decimal); None if none has it."""
-    return tables.mean_sd([r["results"][name] for r in group.values() if name in r["results"]],
-                         ".1f")  # fmt: skip
+    return tables.mean_sd(
+        [r["results"][name] for r in group.values() if name in r["results"]], ".1f"
+    )
 
 
 def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
@@ -279,8 +291,14 @@ def write_plots(runs: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
-def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpus_loader,
-              log=print, jobs=None, seeds: int = 1) -> list[str]:  # fmt: skip
+def train_all(
+    configs: Sequence[tuple[str, LMConfig]],
+    root: pathlib.Path,
+    corpus_loader,
+    log=print,
+    jobs=None,
+    seeds: int = 1,
+) -> list[str]:
     """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.tasks.lm.LMConfig`) in
     ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.studies.sweep.Jobs`), the
     corpus read once (``corpus_loader()``); ``configs`` rows of ``seeds`` seeds
@@ -290,19 +308,29 @@ def train_all(configs: Sequence[tuple[str, LMConfig]], root: pathlib.Path, corpu
     ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
     or have no results (a child process that failed)."""
     corpus = corpus_loader()
-    runs = sweep.seed_runs(configs, seeds,
-                           lambda c, k: functools.partial(_train_run, c, corpus, log, seeds=k),
-                           stack=jobs is not None and jobs.stack_seeds)  # fmt: skip
+    runs = sweep.seed_runs(
+        configs,
+        seeds,
+        lambda c, k: functools.partial(_train_run, c, corpus, log, seeds=k),
+        stack=jobs is not None and jobs.stack_seeds,
+    )
     done = sweep.run_all(runs, root, log=log, jobs=jobs, on_divergence="stop")
     return [name for name, results in done.items() if not results or results.get("diverged")]
 
 
-def _train_run(config: LMConfig, corpus, log, workdir: pathlib.Path, on_divergence: str,
-               seeds: int | None = None) -> dict:  # fmt: skip
+def _train_run(
+    config: LMConfig,
+    corpus,
+    log,
+    workdir: pathlib.Path,
+    on_divergence: str,
+    seeds: int | None = None,
+) -> dict:
     """A :attr:`rhnzoo.studies.sweep.Run.train`: ``config`` trained on ``corpus`` in
     ``workdir`` (``seeds``: K seeds of it stacked; the first one's results)."""
     from rhnzoo.tasks import lm as lm_training
 
-    out = lm_training.train_and_evaluate(config, corpus, workdir=workdir, log=log,
-                                         on_divergence=on_divergence, seeds=seeds)  # fmt: skip
+    out = lm_training.train_and_evaluate(
+        config, corpus, workdir=workdir, log=log, on_divergence=on_divergence, seeds=seeds
+    )
     return out if seeds is None else out[0]

@@ -34,8 +34,14 @@ def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
     :class:`HighwayConfig` field, their defaults :func:`rhnzoo.configs.highway.get_config`'s,
     ``--preset``; the runner's ``--jobs``, ``--seeds``, ``--sweep_run``."""
-    _NAMES.extend(cli.define_config_flags(configs.get_config(None), list(configs.PRESETS),
-                                          skip=RUNNER_FIELDS, module_name=__name__))
+    _NAMES.extend(
+        cli.define_config_flags(
+            configs.get_config(None),
+            list(configs.PRESETS),
+            skip=RUNNER_FIELDS,
+            module_name=__name__,
+        )
+    )
     runner.define_flags()
 
 
@@ -74,8 +80,10 @@ def check_fits(cfg: HighwayConfig) -> None:
     tx, _ = hw.make_optimizer(cfg, 1.0)  # the rate shapes no state
     for kind in ("plain", "highway") if cfg.sweep else (cfg.kind,):
         net = cfg.net(kind, depth)
-        cli.check_fits(lambda net=net: hw.init_state(net, tx, jax.random.PRNGKey(0)),
-                       f"--kind={kind}, --width={net.width}, --depth={depth}")  # fmt: skip
+        cli.check_fits(
+            lambda net=net: hw.init_state(net, tx, jax.random.PRNGKey(0)),
+            f"--kind={kind}, --width={net.width}, --depth={depth}",
+        )
 
 
 def _load(cfg: HighwayConfig):
@@ -93,8 +101,13 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.studies.sweep.Jobs`). Every
     setting was checked when ``cfg`` was made, before the data are read."""
     images = _load(cfg)
-    splits = hw.split_data(images.train_images, images.train_labels, images.test_images,
-                           images.test_labels, cfg.valid_size)  # fmt: skip
+    splits = hw.split_data(
+        images.train_images,
+        images.train_labels,
+        images.test_images,
+        images.test_labels,
+        cfg.valid_size,
+    )
     classify.steps_per_epoch(len(splits["train"][0]), cfg.batch_size)  # batch fits
     if cfg.sweep:
         _sweep(cfg, splits, jobs)
@@ -110,15 +123,19 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
 
 def _tracker(cfg: HighwayConfig):
     """The engine's progress bar and signal check for the analyses."""
-    return lambda it, total=None, desc="": engine.track(it, total=total, desc=desc,
-                                                        progress=cfg.progress)
+    return lambda it, total=None, desc="": engine.track(
+        it, total=total, desc=desc, progress=cfg.progress
+    )
 
 
 def _figures(cfg: HighwayConfig, workdir: pathlib.Path, train_split) -> None:
     from rhnzoo.analysis import report
 
-    opts = report.Options(heatmap_examples=cfg.heatmap_examples,
-                          lesion_examples=cfg.lesion_examples, track=_tracker(cfg))  # fmt: skip
+    opts = report.Options(
+        heatmap_examples=cfg.heatmap_examples,
+        lesion_examples=cfg.lesion_examples,
+        track=_tracker(cfg),
+    )
     report.analyze_highway(workdir, workdir, opts, train_split)
 
 
@@ -127,8 +144,11 @@ def _header(cfg: HighwayConfig, train_s: float) -> str:
     import jax
 
     last = cfg.seed + cfg.seeds - 1
-    seeds = (f"seed {cfg.seed}" if cfg.seeds == 1 else f"seeds {cfg.seed}-{last} (mean ± sd "
-             f"over them; figures: seed {cfg.seed})")  # fmt: skip
+    seeds = (
+        f"seed {cfg.seed}"
+        if cfg.seeds == 1
+        else f"seeds {cfg.seed}-{last} (mean ± sd over them; figures: seed {cfg.seed})"
+    )
     return (
         f"# Highway vs plain nets on {cfg.dataset.upper()} (Srivastava et al. 2015)\n\n"
         f"Settings: {cfg.epochs} epochs (--max_epochs {cfg.max_epochs}, --max_steps "
@@ -140,7 +160,7 @@ def _header(cfg: HighwayConfig, train_s: float) -> str:
         f"best-validation parameters.\n"
         f"Machine: {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__} "
         f"{jax.devices()[0].device_kind}; training time (engine, all runs) {train_s / 60:.1f} min."
-    )  # fmt: skip
+    )
 
 
 def _sweep(cfg: HighwayConfig, splits, jobs) -> None:
@@ -150,11 +170,17 @@ def _sweep(cfg: HighwayConfig, splits, jobs) -> None:
     done = hw.sweep(cfg, splits, jobs=jobs)
     train_s = sum((r["history"][-1]["elapsed_s"] if r["history"] else 0.0) for r in done)
     for path in analysis.sweep_report(
-        cfg.output_dir(), done, splits["train"], header=_header(cfg, train_s),
-        dataset=cfg.dataset.upper(), heatmap_examples=cfg.heatmap_examples,
-        lesion_examples=cfg.lesion_examples, diagnostics_depth=cfg.diagnostics_depth,
-        num_classes=data.DATASETS[cfg.dataset].num_classes, seed=cfg.seed,
+        cfg.output_dir(),
+        done,
+        splits["train"],
+        header=_header(cfg, train_s),
+        dataset=cfg.dataset.upper(),
+        heatmap_examples=cfg.heatmap_examples,
+        lesion_examples=cfg.lesion_examples,
+        diagnostics_depth=cfg.diagnostics_depth,
+        num_classes=data.DATASETS[cfg.dataset].num_classes,
+        seed=cfg.seed,
         track=_tracker(cfg),
-    ):  # fmt: skip
+    ):
         print(f"wrote {path}")
     print(f"sweep done in {(time.time() - start) / 60:.1f} min (this invocation)")

@@ -33,9 +33,14 @@ def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
     :class:`~rhnzoo.tasks.polyphonic.JSBConfig` field but :data:`NOT_FLAGS`,
     ``--preset``, ``--verify`` (an alias of ``--verify_data``) and the runner's."""
-    _NAMES.extend(cli.define_config_flags(jsb_configs.get_config(None),
-                                          list(jsb_configs.PRESETS), skip=NOT_FLAGS,
-                                          module_name=__name__))  # fmt: skip
+    _NAMES.extend(
+        cli.define_config_flags(
+            jsb_configs.get_config(None),
+            list(jsb_configs.PRESETS),
+            skip=NOT_FLAGS,
+            module_name=__name__,
+        )
+    )
     flags.DEFINE_alias("verify", "verify_data", module_name=__name__)
     runner.define_flags(seeds=False)  # a random search's trials differ already
 
@@ -60,8 +65,10 @@ def check_fits(config: polyphonic.JSBConfig) -> None:
         params = model.init(jax.random.PRNGKey(0))
         return {"params": params, "opt_state": polyphonic.sgd(0.1, 0.9, 1.0).init(params)}
 
-    cli.check_fits(state, f"--width={config.width} ({cells.label(arch)} at depth {depth}: "
-                          f"width {size['hidden']})")
+    cli.check_fits(
+        state,
+        f"--width={config.width} ({cells.label(arch)} at depth {depth}: width {size['hidden']})",
+    )
 
 
 def run_study() -> None:
@@ -80,20 +87,25 @@ def run_study() -> None:
         rows = polyphonic.study(data, workdir, config, jobs=jobs)
     except engine.Interrupted as e:
         done = len(list((workdir / "trials").glob("*/results.json")))
-        print(f"stopped by signal {e.signum}; {done} finished trials are in "
-              f"{workdir / 'trials'}; rerun with the same --workdir to continue", flush=True)
+        print(
+            f"stopped by signal {e.signum}; {done} finished trials are in "
+            f"{workdir / 'trials'}; rerun with the same --workdir to continue",
+            flush=True,
+        )
         raise
     sizes = polyphonic.plan(config.archs, config.depths, config.width)
     table = polyphonic.study_table(rows, config, sizes)
     write_outputs(workdir, config, rows, table)
     print(table)
-    print(f"wrote {workdir / 'results.md'}, {workdir / 'jsb_swarm.png'}, "
-          f"{workdir / 'results.jsonl'}")
+    print(
+        f"wrote {workdir / 'results.md'}, {workdir / 'jsb_swarm.png'}, {workdir / 'results.jsonl'}"
+    )
     print(f"total {time.perf_counter() - start:.0f} s")
 
 
-def write_outputs(workdir: pathlib.Path, config: polyphonic.JSBConfig, rows: list[dict],
-                  table: str) -> None:  # fmt: skip
+def write_outputs(
+    workdir: pathlib.Path, config: polyphonic.JSBConfig, rows: list[dict], table: str
+) -> None:
     """``results.md`` (the table under its heading) and ``jsb_swarm.png`` (Fig. 4 style:
     every trial's test NLL per architecture and depth)."""
     from rhnzoo.analysis import plots
@@ -105,7 +117,12 @@ def write_outputs(workdir: pathlib.Path, config: polyphonic.JSBConfig, rows: lis
         f"{config.width}; {config.trials} trials x {config.epochs} epochs, batch "
         f"{config.batch_size}, seed {config.seed}, matmul precision {config.matmul_precision}.\n\n"
         + table,
-    )  # fmt: skip
-    points = {cells.label(a): {d: [r["test_nll"] for r in rows if (r["arch"], r["depth"]) == (a, d)]
-                               for d in config.depths} for a in config.archs}  # fmt: skip
+    )
+    points = {
+        cells.label(a): {
+            d: [r["test_nll"] for r in rows if (r["arch"], r["depth"]) == (a, d)]
+            for d in config.depths
+        }
+        for a in config.archs
+    }
     plots.plot_trial_swarm(points, workdir / "jsb_swarm.png", colors=COLORS)

@@ -30,9 +30,14 @@ def define_flags(dataset: str, choices: list[str] | None = None) -> None:
     ``dataset``)."""
     if choices:
         flags.DEFINE_enum("dataset", dataset, choices, "Data set.", module_name=__name__)
-    _NAMES.extend(cli.define_config_flags(lm_configs.defaults(dataset),
-                                          list(lm_configs.presets(dataset)),
-                                          skip=("dataset",), module_name=__name__))
+    _NAMES.extend(
+        cli.define_config_flags(
+            lm_configs.defaults(dataset),
+            list(lm_configs.presets(dataset)),
+            skip=("dataset",),
+            module_name=__name__,
+        )
+    )
     flags.DEFINE_alias("epochs", "max_max_epoch", module_name=__name__)
 
 
@@ -53,19 +58,26 @@ def config(dataset: str | None = None, **overrides: Any) -> LMConfig:
     given = cli.given(_NAMES)
     settings = {**given, **overrides}
     cell = settings.get("cell", "rhn")
-    stray = [f"--{k}" for k in lm_training.CELL_KEYS
-             if k in settings and k not in cells.options(cell)]  # fmt: skip
+    stray = [
+        f"--{k}" for k in lm_training.CELL_KEYS if k in settings and k not in cells.options(cell)
+    ]
     if stray:
-        raise ValueError(f"{', '.join(stray)} does not apply to --cell={cell} (its "
-                         f"options: {', '.join(cells.options(cell))})")  # fmt: skip
+        raise ValueError(
+            f"{', '.join(stray)} does not apply to --cell={cell} (its "
+            f"options: {', '.join(cells.options(cell))})"
+        )
     cfg = lm_configs.get_config(FLAGS.preset, dataset or _dataset(FLAGS.preset), **settings)
     if "hsg_init_bias" in given and not cfg.hsg:
-        raise ValueError(f"--hsg_init_bias={cfg.hsg_init_bias} sets the Highway State Gate's "
-                         "bias: it needs --hsg")  # fmt: skip
+        raise ValueError(
+            f"--hsg_init_bias={cfg.hsg_init_bias} sets the Highway State Gate's "
+            "bias: it needs --hsg"
+        )
     if "max_epoch" in given and cfg.max_epoch > cfg.max_max_epoch:
-        raise ValueError(f"--max_epoch={cfg.max_epoch} (epochs at the initial learning rate) "
-                         f"exceeds --max_max_epoch={cfg.max_max_epoch} (the schedule's epochs): "
-                         "the learning rate would never decay")  # fmt: skip
+        raise ValueError(
+            f"--max_epoch={cfg.max_epoch} (epochs at the initial learning rate) "
+            f"exceeds --max_max_epoch={cfg.max_max_epoch} (the schedule's epochs): "
+            "the learning rate would never decay"
+        )
     return cfg
 
 
@@ -76,9 +88,11 @@ def _dataset(preset: str | None) -> str:
     if own is None or own == FLAGS.dataset:
         return FLAGS.dataset
     if FLAGS["dataset"].present:
-        raise ValueError(f"--preset={preset} is sized for --dataset={own}, not "
-                         f"--dataset={FLAGS.dataset}; leave --preset out (and set the sizes) "
-                         "for another data set")  # fmt: skip
+        raise ValueError(
+            f"--preset={preset} is sized for --dataset={own}, not "
+            f"--dataset={FLAGS.dataset}; leave --preset out (and set the sizes) "
+            "for another data set"
+        )
     return own
 
 
@@ -88,8 +102,9 @@ def check_fits(cfg: LMConfig) -> None:
     at a vocabulary of 2 symbols, a lower bound of any corpus's model."""
 
     def state():
-        return lm_training.init_state(cfg.model(2), cfg, lm_training.make_optimizer(cfg, 1),
-                                      jax.random.PRNGKey(0))  # fmt: skip
+        return lm_training.init_state(
+            cfg.model(2), cfg, lm_training.make_optimizer(cfg, 1), jax.random.PRNGKey(0)
+        )
 
     depth = f", --depth={cfg.depth}" if "depth" in cells.options(cfg.cell) else ""
     cli.check_fits(state, f"--hidden_size={cfg.hidden_size}{depth}")
@@ -97,7 +112,8 @@ def check_fits(cfg: LMConfig) -> None:
 
 def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = None) -> None:
     """The language-model experiments' main: the flags as one config (:func:`config`,
-    checked, and its size (:func:`check_fits`), before any data is read) -> data -> :func:`~rhnzoo.tasks.lm.train_and_evaluate`
+    checked, and its size (:func:`check_fits`), before any data is read) -> data ->
+    :func:`~rhnzoo.tasks.lm.train_and_evaluate`
     -> the run's learning curves (:func:`rhnzoo.apps.cli.write_learning_curves`).
 
     Args:

@@ -28,19 +28,32 @@ def define_flags() -> None:
     :class:`RRLConfig` field (``--model`` among them), their defaults the config's,
     ``--preset``; the script's own ``--models``, ``--table``, ``--study``,
     ``--run_missing``; the sweep runner's (:func:`rhnzoo.apps.runner.define_flags`)."""
-    _NAMES.extend(cli.define_config_flags(presets.get_config(), list(presets.PRESETS),
-                                          module_name=__name__))  # fmt: skip
-    flags.DEFINE_list("models", list(rrl.MODELS), "With --table: the models of the table.",
-                      module_name=__name__)  # fmt: skip
-    flags.DEFINE_boolean("table", False, "Train the --models not finished under the root, then "
-                         "print the Table 3 layout (--norun_missing: only print).",
-                         module_name=__name__)  # fmt: skip
-    flags.DEFINE_enum("study", None, sorted({s for s, _ in presets.STUDIES}), "A study of what the "
-                      "paper leaves open, screened on dev at a reduced budget "
-                      "(rhnzoo.configs.rrl.STUDIES): 'rrn' the RRN recipe, 'skip' SC-LSTM's L; "
-                      "then its table.", module_name=__name__)  # fmt: skip
-    flags.DEFINE_boolean("run_missing", True, "With --table / --study: train unfinished runs.",
-                         module_name=__name__)  # fmt: skip
+    _NAMES.extend(
+        cli.define_config_flags(presets.get_config(), list(presets.PRESETS), module_name=__name__)
+    )
+    flags.DEFINE_list(
+        "models", list(rrl.MODELS), "With --table: the models of the table.", module_name=__name__
+    )
+    flags.DEFINE_boolean(
+        "table",
+        False,
+        "Train the --models not finished under the root, then "
+        "print the Table 3 layout (--norun_missing: only print).",
+        module_name=__name__,
+    )
+    flags.DEFINE_enum(
+        "study",
+        None,
+        sorted({s for s, _ in presets.STUDIES}),
+        "A study of what the "
+        "paper leaves open, screened on dev at a reduced budget "
+        "(rhnzoo.configs.rrl.STUDIES): 'rrn' the RRN recipe, 'skip' SC-LSTM's L; "
+        "then its table.",
+        module_name=__name__,
+    )
+    flags.DEFINE_boolean(
+        "run_missing", True, "With --table / --study: train unfinished runs.", module_name=__name__
+    )
     runner.define_flags()
 
 
@@ -55,14 +68,18 @@ def config() -> RRLConfig:
         nothing).
     """
     if FLAGS.table and FLAGS.study:
-        raise ValueError(f"--table (the --models' Table 3) and --study={FLAGS.study} (a study's "
-                         "own table) are separate runs: give one")  # fmt: skip
+        raise ValueError(
+            f"--table (the --models' Table 3) and --study={FLAGS.study} (a study's "
+            "own table) are separate runs: give one"
+        )
     cfg = cli.config_from_flags(presets.get_config, _NAMES)
     lengths = cfg.bucket_lengths()
     if FLAGS["buckets"].present and cfg.buckets > len(lengths):
-        raise ValueError(f"--buckets={cfg.buckets} at --max_len={cfg.max_len} gives only "
-                         f"{len(lengths)} distinct padded lengths "
-                         f"({', '.join(map(str, lengths))}): use --buckets <= {len(lengths)}")
+        raise ValueError(
+            f"--buckets={cfg.buckets} at --max_len={cfg.max_len} gives only "
+            f"{len(lengths)} distinct padded lengths "
+            f"({', '.join(map(str, lengths))}): use --buckets <= {len(lengths)}"
+        )
     return cfg
 
 
@@ -79,8 +96,11 @@ def check_fits(cfg: RRLConfig) -> None:
         return {"params": params, "opt_state": tx.init(params)}
 
     hybrid = cfg.model in registry.PARALLEL_NAMES
-    size = f"--hybrid_hidden_size={cfg.hybrid_hidden_size}" if hybrid else \
-        f"--hidden_size={cfg.hidden_size}"  # fmt: skip
+    size = (
+        f"--hybrid_hidden_size={cfg.hybrid_hidden_size}"
+        if hybrid
+        else f"--hidden_size={cfg.hidden_size}"
+    )
     cli.check_fits(state, f"--model={cfg.model}, {size}, --embed_size={cfg.embedding_size()}")
 
 
@@ -93,8 +113,9 @@ def experiment() -> None:
     jobs, seeds = runner.from_flags()  # before JAX touches a device
     if base.distributed and jobs.n > 1:
         raise ValueError("--jobs > 1 and --distributed do not go together")
-    configs = presets.runs(base, FLAGS.models if FLAGS.table else [base.model],
-                           FLAGS.study)  # every run checked: one line  # fmt: skip
+    configs = presets.runs(
+        base, FLAGS.models if FLAGS.table else [base.model], FLAGS.study
+    )  # every run checked: one line
     cli.initialize_distributed(base)
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         for c in configs.values():
@@ -103,11 +124,18 @@ def experiment() -> None:
     preset = base.preset or "custom"
     root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}")
     title = f"{base.dataset}, preset {preset}" + (f", {seeds} seeds" if seeds > 1 else "")
-    text = rrl.run_experiment(configs, root, study=FLAGS.study, table=FLAGS.table,
-                              run_missing=FLAGS.run_missing,
-                              load=functools.cache(functools.partial(rrl.load_data, base)),
-                              title=title, log=print if primary else None, seeds=seeds,
-                              jobs=jobs)  # fmt: skip
+    text = rrl.run_experiment(
+        configs,
+        root,
+        study=FLAGS.study,
+        table=FLAGS.table,
+        run_missing=FLAGS.run_missing,
+        load=functools.cache(functools.partial(rrl.load_data, base)),
+        title=title,
+        log=print if primary else None,
+        seeds=seeds,
+        jobs=jobs,
+    )
     if not (FLAGS.table or FLAGS.study):  # one model: its (first seed's) learning curves
         cli.write_learning_curves(root / base.model, "dev_acc", "train_acc")
     if text and primary:

@@ -15,24 +15,37 @@ from rhnzoo.studies.sweep import LOG, MEMORY_SHARE, Jobs, stop_with_parent
 def define_flags(*, seeds: bool = True) -> None:
     """``--jobs``, ``--sweep_run`` (a child's) and, with ``seeds``, ``--seeds``; call once,
     at import of a sweep's script; :func:`from_flags` reads them."""
-    flags.DEFINE_integer("jobs", 1, "Runs at a time: 1 trains them one after another in "
-                         "this process; N > 1 runs each as a child process (this command "
-                         "with --sweep_run=<run>), N side by side, each with its share of "
-                         f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
-                         "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
-                         f"goes to <workdir>/{LOG}.")  # fmt: skip
-    flags.DEFINE_string("sweep_run", None, "Train this run of the sweep alone (what the "
-                        "children of --jobs do).")  # fmt: skip
+    flags.DEFINE_integer(
+        "jobs",
+        1,
+        "Runs at a time: 1 trains them one after another in "
+        "this process; N > 1 runs each as a child process (this command "
+        "with --sweep_run=<run>), N side by side, each with its share of "
+        f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
+        "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
+        f"goes to <workdir>/{LOG}.",
+    )
+    flags.DEFINE_string(
+        "sweep_run", None, "Train this run of the sweep alone (what the children of --jobs do)."
+    )
     if seeds:
-        flags.DEFINE_integer("seeds", 1, "Runs per row, with seeds --seed, --seed+1, ... "
-                             "(initialisation, dropout, data order; the dev split stays "
-                             "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
-                             "(n).")  # fmt: skip
-        flags.DEFINE_boolean("stack_seeds", False, "Train a row's --seeds as one program: "
-                             "their states stacked, one vmapped step for all (on an "
-                             "accelerator K seeds cost far less than K runs); the same "
-                             "workdirs and records; with --jobs, each child trains a "
-                             "row's seeds.")  # fmt: skip
+        flags.DEFINE_integer(
+            "seeds",
+            1,
+            "Runs per row, with seeds --seed, --seed+1, ... "
+            "(initialisation, dropout, data order; the dev split stays "
+            "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
+            "(n).",
+        )
+        flags.DEFINE_boolean(
+            "stack_seeds",
+            False,
+            "Train a row's --seeds as one program: "
+            "their states stacked, one vmapped step for all (on an "
+            "accelerator K seeds cost far less than K runs); the same "
+            "workdirs and records; with --jobs, each child trains a "
+            "row's seeds.",
+        )
 
 
 def from_flags() -> tuple[Jobs, int]:
@@ -55,8 +68,10 @@ def from_flags() -> tuple[Jobs, int]:
     if "stack_seeds" in F and F.stack_seeds and seeds == 1:
         raise ValueError("--stack_seeds stacks a row's --seeds: it needs --seeds > 1")
     if seeds > 1 and "seed" in F and F.seed + seeds - 1 > SEED_HIGH:  # one: the config's check
-        raise ValueError(f"--seed={F.seed} with --seeds={seeds}: the last seed, "
-                         f"{F.seed + seeds - 1}, must be <= {SEED_HIGH}")  # fmt: skip
+        raise ValueError(
+            f"--seed={F.seed} with --seeds={seeds}: the last seed, "
+            f"{F.seed + seeds - 1}, must be <= {SEED_HIGH}"
+        )
     stack = seeds > 1 and F.stack_seeds
     if F.sweep_run is not None:
         stop_with_parent()

@@ -45,17 +45,57 @@ import jax.numpy as jnp
 LM_CONFIGS = {
     # The reference code's ptb_sota and enwik8_sota settings, HSG's deepest, the CPU
     # preset, and a tiny one for tests and smoke runs.
-    "ptb_sota": dict(vocab=10000, hidden=830, depth=10, batch=20, num_steps=35, tied=True,
-                     hsg=False, rates=(0.25, 0.75, 0.25, 0.75)),
-    "ptb_d40_hsg": dict(vocab=10000, hidden=830, depth=40, batch=20, num_steps=35, tied=True,
-                        hsg=True, rates=(0.25, 0.75, 0.25, 0.75)),
-    "enwik8_sota": dict(vocab=205, hidden=1500, depth=10, batch=128, num_steps=50, tied=False,
-                        hsg=False, rates=(0.10, 0.40, 0.10, 0.40)),
-    "cpu_small": dict(vocab=10000, hidden=256, depth=3, batch=20, num_steps=35, tied=True,
-                      hsg=False, rates=(0.1, 0.3, 0.1, 0.3)),
-    "tiny": dict(vocab=50, hidden=16, depth=2, batch=4, num_steps=6, tied=True,
-                 hsg=True, rates=(0.1, 0.3, 0.1, 0.3)),
-}  # fmt: skip
+    "ptb_sota": dict(
+        vocab=10000,
+        hidden=830,
+        depth=10,
+        batch=20,
+        num_steps=35,
+        tied=True,
+        hsg=False,
+        rates=(0.25, 0.75, 0.25, 0.75),
+    ),
+    "ptb_d40_hsg": dict(
+        vocab=10000,
+        hidden=830,
+        depth=40,
+        batch=20,
+        num_steps=35,
+        tied=True,
+        hsg=True,
+        rates=(0.25, 0.75, 0.25, 0.75),
+    ),
+    "enwik8_sota": dict(
+        vocab=205,
+        hidden=1500,
+        depth=10,
+        batch=128,
+        num_steps=50,
+        tied=False,
+        hsg=False,
+        rates=(0.10, 0.40, 0.10, 0.40),
+    ),
+    "cpu_small": dict(
+        vocab=10000,
+        hidden=256,
+        depth=3,
+        batch=20,
+        num_steps=35,
+        tied=True,
+        hsg=False,
+        rates=(0.1, 0.3, 0.1, 0.3),
+    ),
+    "tiny": dict(
+        vocab=50,
+        hidden=16,
+        depth=2,
+        batch=4,
+        num_steps=6,
+        tied=True,
+        hsg=True,
+        rates=(0.1, 0.3, 0.1, 0.3),
+    ),
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,8 +188,10 @@ def alternate(
         if peak_dtype is not None:
             peaks.append(matmul_peak(peak_dtype, size=peak_size, reps=peak_reps))
     out: dict[str, Any] = {
-        "seconds": {name: {"min": min(ts), "median": statistics.median(ts), "all": ts}
-                    for name, ts in times.items()}  # fmt: skip
+        "seconds": {
+            name: {"min": min(ts), "median": statistics.median(ts), "all": ts}
+            for name, ts in times.items()
+        }
     }
     if peaks:
         out["peak_flops_per_s"] = {"max": max(peaks), "min": min(peaks), "all": peaks}
@@ -163,8 +205,11 @@ def ratios(seconds: Mapping[str, Mapping[str, Any]], a: str, b: str) -> dict[str
     each candidate back to back, so load that drifts between rounds moves the paired
     median least."""
     x, y = seconds[a], seconds[b]
-    return {"min": x["min"] / y["min"], "median": x["median"] / y["median"],
-            "paired_median": statistics.median(p / q for p, q in zip(x["all"], y["all"]))}  # fmt: skip
+    return {
+        "min": x["min"] / y["min"],
+        "median": x["median"] / y["median"],
+        "paired_median": statistics.median(p / q for p, q in zip(x["all"], y["all"])),
+    }
 
 
 def memory_estimate(compiled, prefix: str = "") -> dict:
@@ -174,8 +219,10 @@ def memory_estimate(compiled, prefix: str = "") -> dict:
     try:
         m = compiled.memory_analysis()
         est = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-        return {f"{prefix}temp_bytes": int(m.temp_size_in_bytes),
-                f"{prefix}peak_bytes_estimate": int(est - m.alias_size_in_bytes)}  # fmt: skip
+        return {
+            f"{prefix}temp_bytes": int(m.temp_size_in_bytes),
+            f"{prefix}peak_bytes_estimate": int(est - m.alias_size_in_bytes),
+        }
     except Exception:  # not every backend reports it
         return {}
 
@@ -188,9 +235,14 @@ def host_info() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-            "cpu": cpu, "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__}  # fmt: skip
+    return {
+        "device": str(jax.devices()[0].device_kind),
+        "backend": jax.default_backend(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__,
+    }
 
 
 def stepper(compiled, state, batch, key):

@@ -65,10 +65,14 @@ def define_flags() -> None:
     flags.DEFINE_list("compile_depths", ["10", "100"], "Depths whose compile time is measured.")
     flags.DEFINE_integer("rounds", 2, "Timed rounds (one epoch of each per round).")
     flags.DEFINE_integer("steps", None, "Steps per timed epoch (default: a full epoch, 390).")
-    flags.DEFINE_list("peers", ["nnx", "nnx_scan"], "Flax NNX peers: nnx (Python loop over "
-                      "layers), nnx_scan (nnx.vmap init + nnx.scan apply).")
+    flags.DEFINE_list(
+        "peers",
+        ["nnx", "nnx_scan"],
+        "Flax NNX peers: nnx (Python loop over layers), nnx_scan (nnx.vmap init + nnx.scan apply).",
+    )
     cli.define_precision_flag()
     flags.adopt_module_key_flags(cli)
+
 
 WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 
@@ -76,14 +80,26 @@ WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 class NNXHighwayNet(nnx.Module):
     """The fully connected highway net written the plain Flax NNX way (Python loop)."""
 
-    def __init__(self, depth: int, width: int, input_size: int, num_classes: int,
-                 transform_bias: float, *, rngs: nnx.Rngs):  # fmt: skip
+    def __init__(
+        self,
+        depth: int,
+        width: int,
+        input_size: int,
+        num_classes: int,
+        transform_bias: float,
+        *,
+        rngs: nnx.Rngs,
+    ):
         glorot = nnx.initializers.glorot_uniform()
         linear = lambda m, n, **kw: nnx.Linear(m, n, kernel_init=glorot, rngs=rngs, **kw)
         self.first = linear(input_size, width)
         self.h = nnx.List([linear(width, width) for _ in range(depth - 1)])
-        self.t = nnx.List([linear(width, width, bias_init=nnx.initializers.constant(transform_bias))
-                           for _ in range(depth - 1)])  # fmt: skip
+        self.t = nnx.List(
+            [
+                linear(width, width, bias_init=nnx.initializers.constant(transform_bias))
+                for _ in range(depth - 1)
+            ]
+        )
         self.out = linear(width, num_classes)
 
     def __call__(self, x):
@@ -101,8 +117,13 @@ class NNXHighwayBlock(nnx.Module):
     def __init__(self, width: int, transform_bias: float, *, rngs: nnx.Rngs):
         glorot = nnx.initializers.glorot_uniform()
         self.h = nnx.Linear(width, width, kernel_init=glorot, rngs=rngs)
-        self.t = nnx.Linear(width, width, kernel_init=glorot, rngs=rngs,
-                            bias_init=nnx.initializers.constant(transform_bias))  # fmt: skip
+        self.t = nnx.Linear(
+            width,
+            width,
+            kernel_init=glorot,
+            rngs=rngs,
+            bias_init=nnx.initializers.constant(transform_bias),
+        )
 
     def __call__(self, x):
         t = jax.nn.sigmoid(self.t(x))
@@ -114,8 +135,16 @@ class NNXScanHighwayNet(nnx.Module):
     ``depth - 1`` blocks with stacked parameters (``nnx.split_rngs``: one RNG stream per
     layer), ``nnx.scan`` applies them with the activation as the carry."""
 
-    def __init__(self, depth: int, width: int, input_size: int, num_classes: int,
-                 transform_bias: float, *, rngs: nnx.Rngs):  # fmt: skip
+    def __init__(
+        self,
+        depth: int,
+        width: int,
+        input_size: int,
+        num_classes: int,
+        transform_bias: float,
+        *,
+        rngs: nnx.Rngs,
+    ):
         glorot = nnx.initializers.glorot_uniform()
         self.first = nnx.Linear(input_size, width, kernel_init=glorot, rngs=rngs)
 
@@ -145,8 +174,9 @@ def data() -> tuple[dict, str]:
         from rhnzoo.data import load_mnist
 
         d = load_mnist(download=False)
-        return hw.split_data(d.train_images, d.train_labels, d.test_images, d.test_labels,
-                             10000), "MNIST"  # fmt: skip
+        return hw.split_data(
+            d.train_images, d.train_labels, d.test_images, d.test_labels, 10000
+        ), "MNIST"
     except Exception as e:  # noqa: BLE001 - any reason: fall back to random images
         rng = np.random.default_rng(0)
         x, y = rng.integers(0, 256, (60000, 28, 28), np.uint8), rng.integers(0, 10, 60000)
@@ -163,8 +193,9 @@ def batch_indices(splits, steps: int) -> list[np.ndarray]:
 def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
     """``{'rhnzoo': epoch, 'one': step}``: zero-argument callables running ``steps`` (one)
     train steps of the rhnzoo net, returning the last loss sums."""
-    cfg = hw.HighwayConfig(depth=depth, width=WIDTH, transform_bias=T_BIAS, lr=LR,
-                           momentum=MOMENTUM, batch_size=BATCH)  # fmt: skip
+    cfg = hw.HighwayConfig(
+        depth=depth, width=WIDTH, transform_bias=T_BIAS, lr=LR, momentum=MOMENTUM, batch_size=BATCH
+    )
     net, (tx, _) = cfg.net(), hw.make_optimizer(cfg, LR)
     step = jax.jit(hw.make_train_step(net, tx), donate_argnums=0)
     state = {"s": jax.jit(functools.partial(hw.init_state, net, tx))(jax.random.key(0))}
@@ -216,8 +247,11 @@ def nnx_epoch(depth: int, splits, steps: int, scan: bool = False) -> dict:
     plain = lambda i: train_step(model, optimizer, images, labels, i)
     fast = lambda i: cached(images, labels, i)
     name = "nnx_scan" if scan else "nnx"
-    return {name: lambda: run(steps, plain), f"{name}_cached": lambda: run(steps, fast),
-            "one": lambda: run(1, plain)}
+    return {
+        name: lambda: run(steps, plain),
+        f"{name}_cached": lambda: run(steps, fast),
+        "one": lambda: run(1, plain),
+    }
 
 
 def compile_seconds(one) -> float:
@@ -243,15 +277,25 @@ def main(argv):
 def bench(splits, source) -> None:
     """Compiles and times the epochs; prints the JSON record."""
     steps = FLAGS.steps or classify.steps_per_epoch(len(splits["train"][0]), BATCH)
-    out = {"bench": "highway_mnist_epoch", "device": jax.devices()[0].device_kind,
-           "backend": jax.default_backend(), "data": source, "depth": FLAGS.depth,
-           "width": WIDTH, "batch": BATCH, "steps": steps,
-           "matmul_precision": precision.current()}  # fmt: skip
+    out = {
+        "bench": "highway_mnist_epoch",
+        "device": jax.devices()[0].device_kind,
+        "backend": jax.default_backend(),
+        "data": source,
+        "depth": FLAGS.depth,
+        "width": WIDTH,
+        "batch": BATCH,
+        "steps": steps,
+        "matmul_precision": precision.current(),
+    }
     depths = sorted({int(d) for d in FLAGS.compile_depths} | {FLAGS.depth})
     # Every net compiles once, on its first step (timed); the timed depth's functions
     # are then reused for the epochs.
-    makers = {"rhnzoo": rhnzoo_epoch, "nnx": nnx_epoch,
-              "nnx_scan": lambda *a: nnx_epoch(*a, scan=True)}  # fmt: skip
+    makers = {
+        "rhnzoo": rhnzoo_epoch,
+        "nnx": nnx_epoch,
+        "nnx_scan": lambda *a: nnx_epoch(*a, scan=True),
+    }
     unknown = set(FLAGS.peers) - {"nnx", "nnx_scan"}
     if unknown:
         raise SystemExit(f"error: unknown peers {sorted(unknown)}; choose from nnx, nnx_scan")
@@ -263,8 +307,10 @@ def bench(splits, source) -> None:
             compile_s[name][depth] = compile_seconds(fns.pop("one"))
             if depth == FLAGS.depth:
                 candidates.update(fns)
-    out["compile_s"] = {name: {d: c for d, c in v.items() if str(d) in FLAGS.compile_depths}
-                        for name, v in compile_s.items()}  # fmt: skip
+    out["compile_s"] = {
+        name: {d: c for d, c in v.items() if str(d) in FLAGS.compile_depths}
+        for name, v in compile_s.items()
+    }
     timed = alternate(candidates, rounds=FLAGS.rounds)
     sec = timed["seconds"]
     out["epoch_s"] = {k: {"min": v["min"], "median": v["median"]} for k, v in sec.items()}

@@ -103,20 +103,32 @@ RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
 flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
 flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "rhnzoo's time scan.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Matmul input dtype (float32: "
-                  "at --matmul_precision).")
+flags.DEFINE_enum(
+    "dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "Matmul input dtype (float32: at --matmul_precision).",
+)
 flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
 flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
 flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
-flags.DEFINE_enum("layer_loop", "auto", ["auto", "python", "scan"],
-                  "rhnzoo's RHN micro-layers in the fused train step (rhn_fused.unroll's "
-                  "layer_loop): 'python', per-layer weights sliced once outside the time scan; "
-                  "'scan', a lax.scan over the stacked weights (XLA:CPU copies R_l out of the "
-                  "stack per micro-layer and step); 'auto', python up to depth "
-                  "rhn_fused.LOOP_LAYERS_UP_TO, scan above. Recorded as resolved.")
+flags.DEFINE_enum(
+    "layer_loop",
+    "auto",
+    ["auto", "python", "scan"],
+    "rhnzoo's RHN micro-layers in the fused train step (rhn_fused.unroll's "
+    "layer_loop): 'python', per-layer weights sliced once outside the time scan; "
+    "'scan', a lax.scan over the stacked weights (XLA:CPU copies R_l out of the "
+    "stack per micro-layer and step); 'auto', python up to depth "
+    "rhn_fused.LOOP_LAYERS_UP_TO, scan above. Recorded as resolved.",
+)
 flags.DEFINE_boolean("peer", True, "Also time the plain-JAX peer step, alternating.")
-flags.DEFINE_enum("peer_layers", "python", ["python", "scan"],
-                  "The peer's loop over micro-layers: Python for loop or lax.scan.")
+flags.DEFINE_enum(
+    "peer_layers",
+    "python",
+    ["python", "scan"],
+    "The peer's loop over micro-layers: Python for loop or lax.scan.",
+)
 flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
 flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
 flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
@@ -221,8 +233,16 @@ def peer_loss(
     return nll / batch_size + weight_decay * train.l2_penalty(params), (nll, carry)
 
 
-def peer_window_loss(params: dict, batch: tuple[Array, Array], key: Array, carry: Array, *,
-                     cfg: train.LMConfig, vocab_size: int, **options: Any):  # fmt: skip
+def peer_window_loss(
+    params: dict,
+    batch: tuple[Array, Array],
+    key: Array,
+    carry: Array,
+    *,
+    cfg: train.LMConfig,
+    vocab_size: int,
+    **options: Any,
+):
     """:func:`peer_loss` on window ``batch = (rows, index)``, in the loss contract of
     :func:`rhnzoo.engine.step.make_train_step` (as :func:`rhnzoo.tasks.lm.window_loss`:
     the same window, carry zeroed at window 0, masks from ``key`` by
@@ -232,9 +252,16 @@ def peer_window_loss(params: dict, batch: tuple[Array, Array], key: Array, carry
     x, y = train.window(rows, index, cfg.num_steps)
     m, n = params["embed"].shape[1], carry.shape[1]
     masks = dropout.lm_masks(key, x, vocab_size, m, n, cfg.rates)
-    loss, (nll, carry) = peer_loss(params, train.reset_carry(carry, index), x, y, masks,
-                                   batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                                   **options)  # fmt: skip
+    loss, (nll, carry) = peer_loss(
+        params,
+        train.reset_carry(carry, index),
+        x,
+        y,
+        masks,
+        batch_size=cfg.batch_size,
+        weight_decay=cfg.weight_decay,
+        **options,
+    )
     return loss, ({"loss": nll, "count": jnp.float32(cfg.batch_size * cfg.num_steps)}, carry)
 
 
@@ -257,8 +284,15 @@ def make_peer_step(
     model and its gradient written in plain JAX (:func:`peer_loss`). Wrap it in
     ``jax.jit(..., donate_argnums=0)``.
     """
-    loss = functools.partial(peer_window_loss, cfg=cfg, vocab_size=vocab_size, hsg=hsg,
-                             tied=tied, dtype=dtype, layers=layers)  # fmt: skip
+    loss = functools.partial(
+        peer_window_loss,
+        cfg=cfg,
+        vocab_size=vocab_size,
+        hsg=hsg,
+        tied=tied,
+        dtype=dtype,
+        layers=layers,
+    )
     return step.make_train_step(loss, tx)
 
 
@@ -288,22 +322,47 @@ def _layer_loop(layer_loop: str, c: dict, scan_impl: str) -> str | None:
     return layer_loop
 
 
-def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32",
-          remat: bool = False, unroll: int = 1, peer: bool = True, peer_layers: str = "python",
-          steps: int = 10, budget_s: float = 120.0, eval_tokens: int = 2000,
-          layer_loop: str = "auto") -> dict:  # fmt: skip
+def bench(
+    name: str,
+    c: dict,
+    *,
+    scan_impl: str = "fused",
+    dtype: str = "float32",
+    remat: bool = False,
+    unroll: int = 1,
+    peer: bool = True,
+    peer_layers: str = "python",
+    steps: int = 10,
+    budget_s: float = 120.0,
+    eval_tokens: int = 2000,
+    layer_loop: str = "auto",
+) -> dict:
     """Compiles and times configuration ``c`` (an entry of :data:`CONFIGS`).
 
     Returns the JSON record (see the module docstring; the flags of the same names
     document the arguments; the matmul precision is the one in effect). ``steps=0``
     returns after compilation.
     """
-    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
-                                  tied=c["tied"], scan_impl=scan_impl, remat=remat,
-                                  dtype=dtype, unroll=unroll)  # fmt: skip
+    model = lm.rhn_language_model(
+        c["vocab"],
+        c["hidden"],
+        c["depth"],
+        hsg=c["hsg"],
+        tied=c["tied"],
+        scan_impl=scan_impl,
+        remat=remat,
+        dtype=dtype,
+        unroll=unroll,
+    )
     drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = train.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
-                         drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
+    cfg = train.LMConfig(
+        batch_size=c["batch"],
+        num_steps=c["num_steps"],
+        drop_x=drop_x,
+        drop_i=drop_i,
+        drop_h=drop_h,
+        drop_o=drop_o,
+    )
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32)
     rows = jnp.asarray(data.batchify(tokens, c["batch"]))
@@ -311,26 +370,39 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
     batch, key = (rows, jnp.int32(1)), jax.random.PRNGKey(1)
     result: dict[str, Any] = {
-        "config": name, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "dtype": dtype, "matmul_precision": precision.current(), "scan_impl": scan_impl,
-        "remat": remat, "unroll": unroll, "layer_loop": _layer_loop(layer_loop, c, scan_impl),
+        "config": name,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dtype": dtype,
+        "matmul_precision": precision.current(),
+        "scan_impl": scan_impl,
+        "remat": remat,
+        "unroll": unroll,
+        "layer_loop": _layer_loop(layer_loop, c, scan_impl),
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
         **host_info(),
-    }  # fmt: skip
+    }
     up_to = rhn_fused.LOOP_LAYERS_UP_TO  # read when the step is traced
     if layer_loop != "auto":
         rhn_fused.LOOP_LAYERS_UP_TO = sys.maxsize if layer_loop == "python" else 0
     try:
-        compiled, result["compile_s"] = _compile(train.make_train_step(model, cfg, tx), state,
-                                                  batch, key)  # fmt: skip
+        compiled, result["compile_s"] = _compile(
+            train.make_train_step(model, cfg, tx), state, batch, key
+        )
     finally:
         rhn_fused.LOOP_LAYERS_UP_TO = up_to
     result.update(memory_estimate(compiled))
     candidates, boxes = {}, {}
     candidates["rhnzoo"], boxes["rhnzoo"] = stepper(compiled, state, batch, key)
     if peer:
-        peer_step = make_peer_step(cfg, tx, vocab_size=c["vocab"], hsg=c["hsg"], tied=c["tied"],
-                                   dtype=dtype, layers=peer_layers)  # fmt: skip
+        peer_step = make_peer_step(
+            cfg,
+            tx,
+            vocab_size=c["vocab"],
+            hsg=c["hsg"],
+            tied=c["tied"],
+            dtype=dtype,
+            layers=peer_layers,
+        )
         result["peer_layers"] = peer_layers
         peer_state = jax.tree.map(jnp.copy, state)  # its own buffers (both are donated)
         peer_compiled, result["peer_compile_s"] = _compile(peer_step, peer_state, batch, key)
@@ -353,10 +425,14 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
 
     secs, peaks = timing["seconds"], timing["peak_flops_per_s"]
     fpt, tokens_per_step = flops_per_token(c), c["batch"] * c["num_steps"]
-    result.update(rounds=rounds, peak_dtype=jnp.dtype(peak_dtype).name,
-                  peak_flops_per_s_max=peaks["max"], peak_flops_per_s_min=peaks["min"],
-                  peak_gflops_all=[round(p / 1e9, 1) for p in peaks["all"]],
-                  model_flops_per_token=fpt)  # fmt: skip
+    result.update(
+        rounds=rounds,
+        peak_dtype=jnp.dtype(peak_dtype).name,
+        peak_flops_per_s_max=peaks["max"],
+        peak_flops_per_s_min=peaks["min"],
+        peak_gflops_all=[round(p / 1e9, 1) for p in peaks["all"]],
+        model_flops_per_token=fpt,
+    )
     for who, s in secs.items():
         result[f"{who}_step_ms_min"] = 1e3 * s["min"]
         result[f"{who}_step_ms_median"] = 1e3 * s["median"]
@@ -368,8 +444,9 @@ def bench(name: str, c: dict, *, scan_impl: str = "fused", dtype: str = "float32
         result[f"{pre}mfu"] = fpt * tokens_per_step / s["min"] / peaks["max"]
     if peer:
         r = ratios(secs, "peer", "rhnzoo")
-        result.update(speedup=r["min"], speedup_median=r["median"],
-                      speedup_paired_median=r["paired_median"])  # fmt: skip
+        result.update(
+            speedup=r["min"], speedup_median=r["median"], speedup_paired_median=r["paired_median"]
+        )
 
     if eval_tokens:
         evaluate = train.Evaluator(model)
@@ -389,18 +466,28 @@ def main(argv):
     if unknown:
         raise SystemExit(f"error: unknown configs {sorted(unknown)}; choose from {list(CONFIGS)}")
     if FLAGS.steps < 0 or FLAGS.budget_s <= 0:
-        raise SystemExit(f"error: need --steps >= 0 and --budget_s > 0, got {FLAGS.steps}, "
-                         f"{FLAGS.budget_s}")  # fmt: skip
+        raise SystemExit(
+            f"error: need --steps >= 0 and --budget_s > 0, got {FLAGS.steps}, {FLAGS.budget_s}"
+        )
     for name in FLAGS.configs:
         c = dict(CONFIGS[name])
         if FLAGS.num_steps:
             c["num_steps"] = FLAGS.num_steps
         with precision.context(FLAGS.matmul_precision):
-            result = bench(name, c, scan_impl=FLAGS.scan_impl, dtype=FLAGS.dtype,
-                           remat=FLAGS.remat, unroll=FLAGS.unroll, peer=FLAGS.peer,
-                           peer_layers=FLAGS.peer_layers, steps=FLAGS.steps,
-                           budget_s=FLAGS.budget_s, eval_tokens=FLAGS.eval_tokens,
-                           layer_loop=FLAGS.layer_loop)  # fmt: skip
+            result = bench(
+                name,
+                c,
+                scan_impl=FLAGS.scan_impl,
+                dtype=FLAGS.dtype,
+                remat=FLAGS.remat,
+                unroll=FLAGS.unroll,
+                peer=FLAGS.peer,
+                peer_layers=FLAGS.peer_layers,
+                steps=FLAGS.steps,
+                budget_s=FLAGS.budget_s,
+                eval_tokens=FLAGS.eval_tokens,
+                layer_loop=FLAGS.layer_loop,
+            )
         print(json.dumps(result), flush=True)
 
 

@@ -41,14 +41,19 @@ def seeds_table(records: list[dict]) -> str:
     the largest K (GiB) with the unstacked step's (MiB) in brackets. Raises KeyError for a
     configuration or K the record lacks."""
     big = SEED_KS[-1]
-    rows = ["| shape | one step | " + " | ".join(f"K = {k}" for k in SEED_KS)
-            + f" | memory, K = {big} |",
-            "|---|" + "---:|" * (len(SEED_KS) + 2)]
+    rows = [
+        "| shape | one step | "
+        + " | ".join(f"K = {k}" for k in SEED_KS)
+        + f" | memory, K = {big} |",
+        "|---|" + "---:|" * (len(SEED_KS) + 2),
+    ]
     for r in records:
         cells = [SEED_SHAPES[r["config"]], f"{r['single_step_ms_min']:.0f}"]
         cells += [f"{r[f'k{k}_ms_per_seed']:.0f} ({r[f'k{k}_steps_ratio']:.2f})" for k in SEED_KS]
-        cells.append(f"{r[f'k{big}_peak_bytes_estimate'] / 2**30:.1f} GiB "
-                     f"({r['single_peak_bytes_estimate'] / 2**20:.0f} MiB)")
+        cells.append(
+            f"{r[f'k{big}_peak_bytes_estimate'] / 2**30:.1f} GiB "
+            f"({r['single_peak_bytes_estimate'] / 2**20:.0f} MiB)"
+        )
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -85,8 +90,11 @@ def main(argv: list[str]) -> int:
             if not check:
                 page.write_text(new)
     if check and stale:
-        print(f"error: tables differ from their records in {', '.join(stale)} "
-              "(python -m rhnzoo.bench.render)", file=sys.stderr)
+        print(
+            f"error: tables differ from their records in {', '.join(stale)} "
+            "(python -m rhnzoo.bench.render)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -119,7 +119,7 @@ CONFIGS = {
     "imdb_cpu": {"input": 256, "hidden": 512, "batch": 32, "steps": 100, "classes": 2},
     "pmnist": {"input": 1, "hidden": 100, "batch": 100, "steps": 784, "classes": 10},
     "tiny": {"input": 3, "hidden": 8, "batch": 4, "steps": 6, "classes": 3},  # for tests
-}  # fmt: skip
+}
 CELLS = {
     "lstm": lambda n: cells.LSTM(n),
     "gru": lambda n: cells.GRU(n),
@@ -146,17 +146,36 @@ flags.DEFINE_list("cells", list(CELLS), "Cells.")
 flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
 flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
-flags.DEFINE_list("unroll", [], "Also time rhnzoo's fused scan with these unroll=k (time steps "
-                  "per scan iteration, forward and backward), e.g. 2,4,8.")
-flags.DEFINE_boolean("pallas", False, "Also time rhnzoo's persistent Pallas kernel "
-                     "(rhnzoo.cells.gated_pallas, bfloat16) where it supports the cell, on a GPU.")
-flags.DEFINE_boolean("torch", False, "Also time torch.nn.LSTM / nn.GRU (cuDNN) in float32, TF32, "
-                     "bfloat16 and float16 (LSTM and GRU; skipped with a reason where torch or "
-                     "CUDA is absent).")
-flags.DEFINE_string("torch_device", "cuda", "Device of the torch peers (cpu: check their code "
-                    "without a GPU; not cuDNN's times).")
-flags.DEFINE_boolean("torch_profile", False, "With --torch: after all timings, one JSON line "
-                     "per torch peer with its five longest GPU kernels (torch.profiler).")
+flags.DEFINE_list(
+    "unroll",
+    [],
+    "Also time rhnzoo's fused scan with these unroll=k (time steps "
+    "per scan iteration, forward and backward), e.g. 2,4,8.",
+)
+flags.DEFINE_boolean(
+    "pallas",
+    False,
+    "Also time rhnzoo's persistent Pallas kernel "
+    "(rhnzoo.cells.gated_pallas, bfloat16) where it supports the cell, on a GPU.",
+)
+flags.DEFINE_boolean(
+    "torch",
+    False,
+    "Also time torch.nn.LSTM / nn.GRU (cuDNN) in float32, TF32, "
+    "bfloat16 and float16 (LSTM and GRU; skipped with a reason where torch or "
+    "CUDA is absent).",
+)
+flags.DEFINE_string(
+    "torch_device",
+    "cuda",
+    "Device of the torch peers (cpu: check their code without a GPU; not cuDNN's times).",
+)
+flags.DEFINE_boolean(
+    "torch_profile",
+    False,
+    "With --torch: after all timings, one JSON line "
+    "per torch peer with its five longest GPU kernels (torch.profiler).",
+)
 cli.define_precision_flag()
 flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
@@ -197,16 +216,33 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unr
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
     if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
-        carry, _ = gated_fused.unroll(cell, params["cell"], carry, xs, lengths=jnp.full((B,), T),
-                                      dtype=dtype, outputs=False, unroll=unroll)  # fmt: skip
+        carry, _ = gated_fused.unroll(
+            cell,
+            params["cell"],
+            carry,
+            xs,
+            lengths=jnp.full((B,), T),
+            dtype=dtype,
+            outputs=False,
+            unroll=unroll,
+        )
         last = gated_fused.output_of(cell, carry)
     elif scan_impl == "pallas":
-        carry, _ = scan.unroll(cell, params["cell"], carry, xs, impl="pallas", dtype=dtype,
-                               lengths=jnp.full((B,), T), outputs=False)  # fmt: skip
+        carry, _ = scan.unroll(
+            cell,
+            params["cell"],
+            carry,
+            xs,
+            impl="pallas",
+            dtype=dtype,
+            lengths=jnp.full((B,), T),
+            outputs=False,
+        )
         last = gated_fused.output_of(cell, carry)
     else:
-        _, ys = cells.unroll(cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8,
-                             save_matmuls=True)  # fmt: skip
+        _, ys = cells.unroll(
+            cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8, save_matmuls=True
+        )
         last = ys[-1]
     return last @ params["out"]["kernel"] + params["out"]["bias"]
 
@@ -238,9 +274,15 @@ def cudnn_weights(params, m: int, n: int) -> jax.Array:
     """
     p = params["cell"]
     order = [0, 1, 3, 2]  # cuDNN's i, f, g, o as rhnzoo's block indices
-    blocks = lambda a: jnp.concatenate([a[..., k * n:(k + 1) * n] for k in order], -1)
-    return jnp.concatenate([blocks(p["W"]).T.ravel(), blocks(p["U"]).T.ravel(), blocks(p["b"]),
-                            jnp.zeros((4 * n,), p["b"].dtype)])  # fmt: skip
+    blocks = lambda a: jnp.concatenate([a[..., k * n : (k + 1) * n] for k in order], -1)
+    return jnp.concatenate(
+        [
+            blocks(p["W"]).T.ravel(),
+            blocks(p["U"]).T.ravel(),
+            blocks(p["b"]),
+            jnp.zeros((4 * n,), p["b"].dtype),
+        ]
+    )
 
 
 def cudnn_logits(m: int, n: int, params, xs):
@@ -250,10 +292,19 @@ def cudnn_logits(m: int, n: int, params, xs):
     (:func:`rhnzoo.precision.cudnn_rnn`)."""
     B = xs.shape[1]
     zeros = jnp.zeros((1, B, n), xs.dtype)
-    _, h, _ = jax_rnn.lstm(jnp.swapaxes(xs, 0, 1), zeros, zeros, params["lstm"],
-                           jnp.full((B,), xs.shape[0], jnp.int32), input_size=m, hidden_size=n,
-                           num_layers=1, dropout=0.0, bidirectional=False,
-                           precision=precision.cudnn_rnn())  # fmt: skip
+    _, h, _ = jax_rnn.lstm(
+        jnp.swapaxes(xs, 0, 1),
+        zeros,
+        zeros,
+        params["lstm"],
+        jnp.full((B,), xs.shape[0], jnp.int32),
+        input_size=m,
+        hidden_size=n,
+        num_layers=1,
+        dropout=0.0,
+        bidirectional=False,
+        precision=precision.cudnn_rnn(),
+    )
     return h[0] @ params["out"]["kernel"] + params["out"]["bias"]
 
 
@@ -283,9 +334,14 @@ def git_commit() -> str | None:
     """``git rev-parse HEAD`` of the checkout this module lies in, or None (no git, no
     checkout). Read once per process."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True,
-                             text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     commit = out.stdout.strip()
@@ -295,13 +351,20 @@ def git_commit() -> str | None:
 def versions(torch_module=None) -> dict:
     """Python, JAX, jaxlib, Flax and optax versions; with ``torch_module`` (an imported
     ``torch``) also torch's, the CUDA it was built for and the cuDNN it loaded."""
-    out = {"python": platform.python_version(), "jax": jax.__version__,
-           "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-           "optax": optax.__version__}  # fmt: skip
+    out = {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+    }
     if torch_module is not None:
         cudnn = torch_module.backends.cudnn
-        out.update(torch=torch_module.__version__, torch_cuda=torch_module.version.cuda,
-                   torch_cudnn=cudnn.version() if cudnn.is_available() else None)  # fmt: skip
+        out.update(
+            torch=torch_module.__version__,
+            torch_cuda=torch_module.version.cuda,
+            torch_cudnn=cudnn.version() if cudnn.is_available() else None,
+        )
     return out
 
 
@@ -329,8 +392,10 @@ def pallas_skip_reason(cell, backend: str | None = None) -> str | None:
     ``scan.pallas_supports(cell)``."""
     backend = backend or jax.default_backend()
     if backend != "gpu":
-        return (f"not a GPU (backend {backend}): the persistent Pallas kernel is timed "
-                "compiled on a GPU only")  # fmt: skip
+        return (
+            f"not a GPU (backend {backend}): the persistent Pallas kernel is timed "
+            "compiled on a GPU only"
+        )
     if not scan.pallas_supports(cell):
         return f"no persistent Pallas kernel for {cell!r} (scan.pallas_supports)"
     return None
@@ -374,8 +439,10 @@ def torch_skip_reason(cell_name: str, device: str) -> str | None:
     if torch is None:
         return why
     if device.startswith("cuda") and not torch.cuda.is_available():
-        return (f"CUDA is not available to torch {torch.__version__} (built for CUDA "
-                f"{torch.version.cuda}): the torch peers are cuDNN on a GPU")  # fmt: skip
+        return (
+            f"CUDA is not available to torch {torch.__version__} (built for CUDA "
+            f"{torch.version.cuda}): the torch peers are cuDNN on a GPU"
+        )
     return None
 
 
@@ -413,8 +480,9 @@ def torch_function_loss(cell_name: str, params, xs, labels) -> float:
     cell, p, _ = torch_weights(cell_name, params)
     xent = optax.softmax_cross_entropy_with_integer_labels
     with precision.context("highest"):
-        f = jax.jit(lambda p, xs, y: xent(rhnzoo_logits(cell, p, xs, scan_impl="reference"),
-                                          y).mean())  # fmt: skip
+        f = jax.jit(
+            lambda p, xs, y: xent(rhnzoo_logits(cell, p, xs, scan_impl="reference"), y).mean()
+        )
         return float(f({"cell": p, "out": params["out"]}, xs, labels))
 
 
@@ -430,16 +498,28 @@ def _set_tf32(torch, allowed: bool) -> dict:
         mode = "tf32" if allowed else "ieee"
         backends.cuda.matmul.fp32_precision = mode
         rnn.fp32_precision = mode
-        return {"cuda.matmul.fp32_precision": backends.cuda.matmul.fp32_precision,
-                "cudnn.rnn.fp32_precision": rnn.fp32_precision}  # fmt: skip
+        return {
+            "cuda.matmul.fp32_precision": backends.cuda.matmul.fp32_precision,
+            "cudnn.rnn.fp32_precision": rnn.fp32_precision,
+        }
     backends.cuda.matmul.allow_tf32 = allowed
     backends.cudnn.allow_tf32 = allowed
-    return {"cuda.matmul.allow_tf32": backends.cuda.matmul.allow_tf32,
-            "cudnn.allow_tf32": backends.cudnn.allow_tf32}  # fmt: skip
+    return {
+        "cuda.matmul.allow_tf32": backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": backends.cudnn.allow_tf32,
+    }
 
 
-def torch_step(cell_name: str, params, xs, labels, *, dtype: str = "float32",
-               tf32: bool = False, device: str = "cuda"):  # fmt: skip
+def torch_step(
+    cell_name: str,
+    params,
+    xs,
+    labels,
+    *,
+    dtype: str = "float32",
+    tf32: bool = False,
+    device: str = "cuda",
+):
     """The torch peer's train step: a zero-argument callable, built here (torch is
     imported here, not when this module is).
 
@@ -462,8 +542,12 @@ def torch_step(cell_name: str, params, xs, labels, *, dtype: str = "float32",
     rnn = (torch.nn.LSTM if cell_name == "lstm" else torch.nn.GRU)(m, n)
     rnn.load_state_dict({k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()})
     linear = torch.nn.Linear(n, kernel.shape[1])
-    linear.load_state_dict({"weight": torch.from_numpy(np.array(kernel.T, np.float32)),
-                            "bias": torch.from_numpy(np.array(bias, np.float32))})  # fmt: skip
+    linear.load_state_dict(
+        {
+            "weight": torch.from_numpy(np.array(kernel.T, np.float32)),
+            "bias": torch.from_numpy(np.array(bias, np.float32)),
+        }
+    )
     tdtype = getattr(torch, dtype)
     rnn.to(device=device, dtype=tdtype)
     linear.to(device=device, dtype=tdtype)
@@ -497,8 +581,14 @@ def torch_kernels(step, top: int = 5) -> list[dict]:
     torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
-        us = next((getattr(e, a) for a in ("self_device_time_total", "self_cuda_time_total")
-                   if hasattr(e, a)), 0)  # fmt: skip
+        us = next(
+            (
+                getattr(e, a)
+                for a in ("self_device_time_total", "self_cuda_time_total")
+                if hasattr(e, a)
+            ),
+            0,
+        )
         if us > 0:
             rows.append({"name": str(e.key)[:160], "calls": int(e.count), "ms": us / 1e3})
     return sorted(rows, key=lambda r: -r["ms"])[:top]
@@ -509,9 +599,19 @@ def _loss_check(loss: float, against: str, value: float, rtol: float) -> dict:
     return {"against": against, "rtol": rtol, "ok": ok}
 
 
-def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
-          bfloat16: bool = False, unrolls=(), pallas: bool = False,
-          torch_device: str | None = None, profile_into: list | None = None) -> dict:  # fmt: skip
+def bench(
+    cell_name: str,
+    name: str,
+    c: dict,
+    *,
+    rounds: int,
+    repeats: int,
+    bfloat16: bool = False,
+    unrolls=(),
+    pallas: bool = False,
+    torch_device: str | None = None,
+    profile_into: list | None = None,
+) -> dict:
     """Times rhnzoo's train step (value and grad) against its peers on shape ``c``
     (``unrolls``: extra fused candidates ``rhnzoo_u{k}``; ``pallas``: the persistent
     Pallas kernel where it can run; ``torch_device``: the torch peers on that device, None:
@@ -522,12 +622,16 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     cell, params, xs, labels = problem(cell_name, c)
     steps = {
         "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
-        "reference": (loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="reference")),
-                      params),  # fmt: skip
+        "reference": (
+            loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="reference")),
+            params,
+        ),
     }
     if bfloat16:
-        steps["rhnzoo_bf16"] = (loss_of(functools.partial(rhnzoo_logits, cell,
-                                                          dtype=jnp.bfloat16)), params)  # fmt: skip
+        steps["rhnzoo_bf16"] = (
+            loss_of(functools.partial(rhnzoo_logits, cell, dtype=jnp.bfloat16)),
+            params,
+        )
     for k in unrolls:
         steps[f"rhnzoo_u{k}"] = (loss_of(functools.partial(rhnzoo_logits, cell, unroll=k)), params)
     peer = "reference"
@@ -536,28 +640,37 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         steps["flax"] = (loss_of(model.apply), flax_params(params, n))
         peer = "flax"
         if backend == "gpu":
-            steps["jax_cudnn"] = (loss_of(functools.partial(cudnn_logits, m, n)),
-                                  {"lstm": cudnn_weights(params, m, n), "out": params["out"]})
+            steps["jax_cudnn"] = (
+                loss_of(functools.partial(cudnn_logits, m, n)),
+                {"lstm": cudnn_weights(params, m, n), "out": params["out"]},
+            )
     elif cell_name in ("gru", "gru_ra"):
         model = FlaxGRUClassifier(n, C)
         steps["flax"] = (loss_of(model.apply), model.init(jax.random.PRNGKey(1), xs))
         peer = "flax"
     losses = {k: float(f(p, xs, labels)[0]) for k, (f, p) in steps.items()}
-    same = [k for k in losses if k not in ("rhnzoo_bf16", "jax_cudnn")
-            and not (k == "flax" and cell_name in ("gru", "gru_ra"))]  # fmt: skip
+    same = [
+        k
+        for k in losses
+        if k not in ("rhnzoo_bf16", "jax_cudnn")
+        and not (k == "flax" and cell_name in ("gru", "gru_ra"))
+    ]
     near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own reduction order, and
     # with TensorFloat-32 its own rounding: 2.4 % off XLA's TF32 loss at the IMDB shape's
     # 400 steps on an H100, where XLA's paths agreed to 2e-6
     near_rtol = 1e-3 if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST else 5e-2
-    if not (np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
-            and np.allclose(near, losses["rhnzoo"], rtol=near_rtol)):  # fmt: skip
+    if not (
+        np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
+        and np.allclose(near, losses["rhnzoo"], rtol=near_rtol)
+    ):
         raise AssertionError(f"{cell_name} {name}: the losses differ: {losses}")
     fns = {k: functools.partial(f, p, xs, labels) for k, (f, p) in steps.items()}
     level = jax_precision(backend)
     precisions = {k: "bf16" if k == "rhnzoo_bf16" else level for k in steps}
     if "jax_cudnn" in steps:
-        precisions["jax_cudnn"] = ("fp32" if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST
-                                   else "tf32")  # fmt: skip
+        precisions["jax_cudnn"] = (
+            "fp32" if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST else "tf32"
+        )
     skipped, checks, extra = {}, {}, {}
     torch_module = None
 
@@ -570,16 +683,18 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
         if why is None:
             extra["pallas_fits"] = _pallas_fits(cell, c)
             try:
-                f = loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="pallas",
-                                              dtype=jnp.bfloat16))  # fmt: skip
+                f = loss_of(
+                    functools.partial(rhnzoo_logits, cell, scan_impl="pallas", dtype=jnp.bfloat16)
+                )
                 losses["pallas"] = float(f(params, xs, labels)[0])
             except Exception as e:  # noqa: BLE001 - a kernel that fails to build or run
                 why = f"failed: {_one_line(e)}"
             else:
                 fns["pallas"] = functools.partial(f, params, xs, labels)
                 precisions["pallas"] = "bf16"
-                checks["pallas"] = _loss_check(losses["pallas"], "rhnzoo", losses["rhnzoo"],
-                                               PALLAS_RTOL)  # fmt: skip
+                checks["pallas"] = _loss_check(
+                    losses["pallas"], "rhnzoo", losses["rhnzoo"], PALLAS_RTOL
+                )
         if why is not None:
             skip("pallas", why)
     if torch_device is not None:
@@ -589,36 +704,54 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
             try:
                 losses["torch_function_fp32"] = torch_function_loss(cell_name, params, xs, labels)
             except Exception as e:  # noqa: BLE001 - the peers are still timed, unchecked
-                logging.warning("bench.rnn %s %s: no loss to check the torch peers against: %s",
-                                cell_name, name, _one_line(e))  # fmt: skip
+                logging.warning(
+                    "bench.rnn %s %s: no loss to check the torch peers against: %s",
+                    cell_name,
+                    name,
+                    _one_line(e),
+                )
             for peer_name, (dtype, tf32) in TORCH_PEERS.items():
                 try:
-                    step = torch_step(cell_name, params, xs, labels, dtype=dtype, tf32=tf32,
-                                      device=torch_device)  # fmt: skip
+                    step = torch_step(
+                        cell_name, params, xs, labels, dtype=dtype, tf32=tf32, device=torch_device
+                    )
                     losses[peer_name] = float(step())  # also the warm-up
                 except Exception as e:  # noqa: BLE001 - e.g. a cuDNN that does not load
                     skip(peer_name, f"failed: {_one_line(e)}")
                     continue
                 fns[peer_name] = step
-                precisions[peer_name] = {"float32": "tf32" if tf32 else "fp32",
-                                         "bfloat16": "bf16", "float16": "fp16"}[dtype]  # fmt: skip
+                precisions[peer_name] = {
+                    "float32": "tf32" if tf32 else "fp32",
+                    "bfloat16": "bf16",
+                    "float16": "fp16",
+                }[dtype]
                 if "torch_function_fp32" in losses:
-                    checks[peer_name] = _loss_check(losses[peer_name], "torch_function_fp32",
-                                                    losses["torch_function_fp32"],
-                                                    TORCH_RTOL[peer_name])  # fmt: skip
+                    checks[peer_name] = _loss_check(
+                        losses[peer_name],
+                        "torch_function_fp32",
+                        losses["torch_function_fp32"],
+                        TORCH_RTOL[peer_name],
+                    )
                 if profile_into is not None:
                     profile_into.append((cell_name, name, peer_name, step))
-            extra["torch_settings"] = {p: _set_tf32(torch_module, tf)
-                                       for p, (dt, tf) in TORCH_PEERS.items()
-                                       if p in fns and dt == "float32"}  # fmt: skip
+            extra["torch_settings"] = {
+                p: _set_tf32(torch_module, tf)
+                for p, (dt, tf) in TORCH_PEERS.items()
+                if p in fns and dt == "float32"
+            }
             extra["torch_device"] = torch_device
         else:
             for peer_name in TORCH_PEERS:
                 skip(peer_name, why)
     bad = sorted(k for k, v in checks.items() if not v["ok"])
     if bad:
-        logging.warning("bench.rnn %s %s: loss check failed for %s (timed all the same): %s",
-                        cell_name, name, bad, losses)  # fmt: skip
+        logging.warning(
+            "bench.rnn %s %s: loss check failed for %s (timed all the same): %s",
+            cell_name,
+            name,
+            bad,
+            losses,
+        )
 
     timed = alternate(
         fns,
@@ -629,13 +762,20 @@ def bench(cell_name: str, name: str, c: dict, *, rounds: int, repeats: int,
     s = {k: {"min": v["min"], "median": v["median"]} for k, v in timed["seconds"].items()}
     ratio = functools.partial(ratios, timed["seconds"])
     out = {
-        "cell": cell_name, "config": name, "device": str(jax.devices()[0].device_kind),
-        "backend": backend, "matmul_precision": precision.current(), **c,
-        "losses": losses, "seconds": s, "peer": peer,
+        "cell": cell_name,
+        "config": name,
+        "device": str(jax.devices()[0].device_kind),
+        "backend": backend,
+        "matmul_precision": precision.current(),
+        **c,
+        "losses": losses,
+        "seconds": s,
+        "peer": peer,
         f"ratio_{peer}_over_rhnzoo": ratio(peer, "rhnzoo"),
         "peak_flops_per_s": {k: timed["peak_flops_per_s"][k] for k in ("max", "min")},
-        "rounds": rounds, "repeats": repeats,
-    }  # fmt: skip
+        "rounds": rounds,
+        "repeats": repeats,
+    }
     if peer != "reference":
         out["ratio_reference_over_rhnzoo"] = ratio("reference", "rhnzoo")
     if bfloat16:
@@ -678,15 +818,28 @@ def main(argv):
     for cell_name in FLAGS.cells:
         for name in FLAGS.configs:
             with precision.context(FLAGS.matmul_precision):
-                result = bench(cell_name, name, CONFIGS[name], rounds=FLAGS.rounds,
-                               repeats=FLAGS.repeats, bfloat16=FLAGS.bfloat16,
-                               unrolls=unrolls, pallas=FLAGS.pallas, torch_device=torch_device,
-                               profile_into=profiled)  # fmt: skip
+                result = bench(
+                    cell_name,
+                    name,
+                    CONFIGS[name],
+                    rounds=FLAGS.rounds,
+                    repeats=FLAGS.repeats,
+                    bfloat16=FLAGS.bfloat16,
+                    unrolls=unrolls,
+                    pallas=FLAGS.pallas,
+                    torch_device=torch_device,
+                    profile_into=profiled,
+                )
             print(json.dumps(result), flush=True)
     for cell_name, name, peer_name, step in profiled or ():  # after every timing: the
         # profiler may leave the process slower
-        record = {"record": "torch_kernels", "cell": cell_name, "config": name,
-                  "candidate": peer_name, "commit": git_commit()}  # fmt: skip
+        record = {
+            "record": "torch_kernels",
+            "cell": cell_name,
+            "config": name,
+            "candidate": peer_name,
+            "commit": git_commit(),
+        }
         try:
             record["kernels"] = torch_kernels(step)
         except Exception as e:  # noqa: BLE001 - no CUPTI, a CPU device, ...

@@ -42,17 +42,45 @@ from rhnzoo.tasks import rrl
 # name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
 # vocabulary: 20,000 words, reviews of 400), ptb_sota, and tiny ones for the tests.
 CONFIGS: dict[str, tuple[str, dict]] = {
-    "pmnist": ("classifier", dict(dataset="pmnist", **rrl_presets.PAPER_SIZES["pmnist"],
-                                  batch_size=100, vocab=None, classes=10, input=1)),
-    "imdb": ("classifier", dict(dataset="imdb", **rrl_presets.PAPER_SIZES["imdb"],
-                                max_len=400, batch_size=32, vocab=20000, classes=2,
-                                input=None)),
+    "pmnist": (
+        "classifier",
+        dict(
+            dataset="pmnist",
+            **rrl_presets.PAPER_SIZES["pmnist"],
+            batch_size=100,
+            vocab=None,
+            classes=10,
+            input=1,
+        ),
+    ),
+    "imdb": (
+        "classifier",
+        dict(
+            dataset="imdb",
+            **rrl_presets.PAPER_SIZES["imdb"],
+            max_len=400,
+            batch_size=32,
+            vocab=20000,
+            classes=2,
+            input=None,
+        ),
+    ),
     "ptb_sota": ("lm", LM_CONFIGS["ptb_sota"]),
-    "tiny_classifier": ("classifier", dict(dataset="imdb", embed_size=4, hidden_size=8,
-                                           max_len=6, batch_size=4, vocab=30, classes=3,
-                                           input=None)),
+    "tiny_classifier": (
+        "classifier",
+        dict(
+            dataset="imdb",
+            embed_size=4,
+            hidden_size=8,
+            max_len=6,
+            batch_size=4,
+            vocab=30,
+            classes=3,
+            input=None,
+        ),
+    ),
     "tiny_lm": ("lm", LM_CONFIGS["tiny"]),
-}  # fmt: skip
+}
 
 FLAGS = flags.FLAGS
 
@@ -66,6 +94,7 @@ def define_flags() -> None:
     cli.define_precision_flag()
     flags.adopt_module_key_flags(cli)
 
+
 Step = Callable[[Any, Any, jax.Array], tuple[Any, dict]]
 
 
@@ -73,8 +102,9 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
     """``(step, make)``: rrl's train step of the LSTM classifier of ``c`` and
     ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own."""
     keys = ("embed_size", "hidden_size", "max_len", "batch_size")
-    config = rrl.RRLConfig(model="lstm", dataset=c["dataset"], embeddings="random",
-                           **{k: c[k] for k in keys})  # fmt: skip
+    config = rrl.RRLConfig(
+        model="lstm", dataset=c["dataset"], embeddings="random", **{k: c[k] for k in keys}
+    )
     model = config.classifier(c["classes"], c["input"], c["vocab"])
     tx = config.optimizer()
     B, T = c["batch_size"], c["max_len"]
@@ -82,10 +112,17 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
     def make(seed: int):
         rng = np.random.default_rng(seed)
         params = model.init(jax.random.PRNGKey(seed))
-        inputs = (rng.normal(size=(B, T, c["input"])).astype(np.float32) if c["vocab"] is None
-                  else rng.integers(1, c["vocab"], (B, T)).astype(np.int32))  # fmt: skip
-        batch = (inputs, np.full(B, T, np.int32), rng.integers(0, c["classes"], B).astype(np.int32),
-                 np.ones(B, np.float32))  # fmt: skip
+        inputs = (
+            rng.normal(size=(B, T, c["input"])).astype(np.float32)
+            if c["vocab"] is None
+            else rng.integers(1, c["vocab"], (B, T)).astype(np.int32)
+        )
+        batch = (
+            inputs,
+            np.full(B, T, np.int32),
+            rng.integers(0, c["classes"], B).astype(np.int32),
+            np.ones(B, np.float32),
+        )
         return {"params": params, "opt_state": tx.init(params)}, jax.tree.map(jnp.asarray, batch)
 
     return rrl.make_train_step(model, tx), make
@@ -94,16 +131,22 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
 def lm_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     """``(step, make)`` as :func:`classifier_problem`, of the RHN language model of ``c``
     (truncated BPTT: the state holds the carry; the batch is the seed's token rows)."""
-    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
-                                  tied=c["tied"])  # fmt: skip
+    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"], tied=c["tied"])
     drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = lm_training.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
-                               drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
+    cfg = lm_training.LMConfig(
+        batch_size=c["batch"],
+        num_steps=c["num_steps"],
+        drop_x=drop_x,
+        drop_i=drop_i,
+        drop_h=drop_h,
+        drop_o=drop_o,
+    )
     tx = lm_training.make_optimizer(cfg, 100)
 
     def make(seed: int):
         tokens = np.random.default_rng(seed).integers(
-            0, c["vocab"], c["batch"] * (c["num_steps"] * 2 + 1), dtype=np.int32)
+            0, c["vocab"], c["batch"] * (c["num_steps"] * 2 + 1), dtype=np.int32
+        )
         rows = jnp.asarray(data.batchify(tokens, c["batch"]))
         state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(seed))
         return state, (rows, jnp.int32(1))
@@ -130,9 +173,13 @@ def bench(name: str, ks: list[int], rounds: int) -> dict:
     """Compiles and times configuration ``name`` at every K of ``ks`` (one JSON record)."""
     task, c = CONFIGS[name]
     step, make = (classifier_problem if task == "classifier" else lm_problem)(c)
-    result: dict[str, Any] = {"config": name, "task": task,
-                              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "matmul_precision": precision.current(), **host_info()}  # fmt: skip
+    result: dict[str, Any] = {
+        "config": name,
+        "task": task,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "matmul_precision": precision.current(),
+        **host_info(),
+    }
     candidates: dict[str, Callable[[], Any]] = {}
     for k in [None, *ks]:
         label = "single" if k is None else f"k{k}"

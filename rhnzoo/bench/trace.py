@@ -66,20 +66,25 @@ def main(argv):
     from rhnzoo.bench import rnn
 
     if FLAGS.config not in rnn.CONFIGS or FLAGS.cell not in rnn.CELLS:
-        raise SystemExit(f"error: choose --config from {list(rnn.CONFIGS)}, --cell from {list(rnn.CELLS)}")
+        raise SystemExit(
+            f"error: choose --config from {list(rnn.CONFIGS)}, --cell from {list(rnn.CELLS)}"
+        )
     cell, params, xs, labels = rnn.problem(FLAGS.cell, rnn.CONFIGS[FLAGS.config])
     step = rnn.loss_of(functools.partial(rnn.rhnzoo_logits, cell, scan_impl=FLAGS.scan_impl))
     with precision.context(FLAGS.matmul_precision):
         rows = op_times(lambda: step(params, xs, labels), steps=FLAGS.steps)
-    print(f"{FLAGS.cell} {FLAGS.config} ({FLAGS.scan_impl}), {jax.devices()[0].device_kind}, "
-          f"matmul precision {FLAGS.matmul_precision}: ms per train step, events per step")
+    print(
+        f"{FLAGS.cell} {FLAGS.config} ({FLAGS.scan_impl}), {jax.devices()[0].device_kind}, "
+        f"matmul precision {FLAGS.matmul_precision}: ms per train step, events per step"
+    )
     for name, ms, count in rows[: FLAGS.top]:
         print(f"{ms:10.2f} {count:7d}  {name}")
 
 
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_enable_xprof_traceme=true").strip()  # fmt: skip
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+    ).strip()
     from absl import app, flags
 
     from rhnzoo.apps import cli

@@ -29,8 +29,28 @@ from rhnzoo.cells.rhn import HSG, RHN
 from rhnzoo.cells.registry import ALL_NAMES, HSG_NAMES, NAMES, applicable, label, make, options
 
 __all__ = [
-    "Carry", "Cell", "Params", "check_positive", "keep_state_after_end", "unroll",
-    "RHN", "HSG", "DTRNN", "DTSRNN",
-    "LSTM", "GRU", "SCLSTM", "LSTMState", "SCLSTMState", "RRN", "Parallel",
-    "make", "NAMES", "HSG_NAMES", "ALL_NAMES", "options", "applicable", "label",
-]  # fmt: skip
+    "Carry",
+    "Cell",
+    "Params",
+    "check_positive",
+    "keep_state_after_end",
+    "unroll",
+    "RHN",
+    "HSG",
+    "DTRNN",
+    "DTSRNN",
+    "LSTM",
+    "GRU",
+    "SCLSTM",
+    "LSTMState",
+    "SCLSTMState",
+    "RRN",
+    "Parallel",
+    "make",
+    "NAMES",
+    "HSG_NAMES",
+    "ALL_NAMES",
+    "options",
+    "applicable",
+    "label",
+]

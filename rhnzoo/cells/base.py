@@ -154,13 +154,10 @@ def flat_draw(sample, key: Array, shape: tuple[int, ...], **kwargs: Any) -> Arra
 
 def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
     """float32 ``shape`` array uniform in [-scale, scale] (:func:`flat_draw`)."""
-    return flat_draw(jax.random.uniform, key, shape, dtype=jnp.float32, minval=-scale,
-                     maxval=scale)
+    return flat_draw(jax.random.uniform, key, shape, dtype=jnp.float32, minval=-scale, maxval=scale)
 
 
 def check_positive(name: str, value: int) -> None:
     """Raises ValueError unless ``value`` is an integer >= 1."""
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-

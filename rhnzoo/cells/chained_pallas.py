@@ -123,8 +123,10 @@ def _gru_backward(co32, co16, dh, stage, ms):
     quarters = range(len(dh))
     g = stage([(2, lambda q: dh[q] * co16(1, q))])
     a = stage([(0, lambda q: _quarter(g, q) * co16(3, q)), (1, lambda q: dh[q] * co16(2, q))])
-    return [dh[q] * co32(0, q) + _masked(co16(0, q) * _quarter(g, q) + _quarter(a, q), ms, q)
-            for q in quarters]  # fmt: skip
+    return [
+        dh[q] * co32(0, q) + _masked(co16(0, q) * _quarter(g, q) + _quarter(a, q), ms, q)
+        for q in quarters
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +178,9 @@ def supports(cell: Any) -> bool:
     return cell.hidden_size <= 128 and _fits(cell, 1, with_dy=False)
 
 
-def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
-         input_size: int = 1) -> bool:
+def fits(
+    cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
+) -> bool:
     """Whether ``auto`` may pick these kernels: never yet. They have not been timed on a
     GPU (``docs/runs/gpu/measure.sh pallas`` times them); until they are measured faster
     than the fused scan, ``auto`` leaves these cells to it. The signature is
@@ -237,11 +240,17 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
             for q, cs in enumerate(qcols):
                 bar = per_slot * j + per_q * q
                 for i in range(I):
-                    plgpu.copy_gmem_to_smem(c32_ref.at[t, i, rows, cs], c32_s.at[j, i, q], bar_in.at[bar + i])
+                    plgpu.copy_gmem_to_smem(
+                        c32_ref.at[t, i, rows, cs], c32_s.at[j, i, q], bar_in.at[bar + i]
+                    )
                 for i in range(J):
-                    plgpu.copy_gmem_to_smem(c16_ref.at[t, i, rows, cs], c16_s.at[j, i, q], bar_in.at[bar + I + i])
+                    plgpu.copy_gmem_to_smem(
+                        c16_ref.at[t, i, rows, cs], c16_s.at[j, i, q], bar_in.at[bar + I + i]
+                    )
                 if has_dy:
-                    plgpu.copy_gmem_to_smem(dy_ref.at[t, rows, cs], dy_s.at[j, q], bar_in.at[bar + I + J])
+                    plgpu.copy_gmem_to_smem(
+                        dy_ref.at[t, rows, cs], dy_s.at[j, q], bar_in.at[bar + I + J]
+                    )
 
         fetch(T - 1, 0)
 
@@ -300,7 +309,9 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
             plgpu.SMEM((K, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((slots, I, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER)),
             plgpu.SMEM((slots, J, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER)) if has_dy else None,
+            plgpu.SMEM((slots, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER))
+            if has_dy
+            else None,
             plgpu.SMEM((spec.terms,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM(tile, _f32, transforms=sw(_f32, _QUARTER)),
             plgpu.SMEM((ROWS,), jnp.int32),
@@ -312,8 +323,9 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
-    return kernel(*((co32, co16) + ((dy,) if has_dy else ()) + (u, lens, dhT)
-                    + ((mask,) if masked else ())))  # fmt: skip
+    return kernel(
+        *((co32, co16) + ((dy,) if has_dy else ()) + (u, lens, dhT) + ((mask,) if masked else ()))
+    )
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -372,7 +384,9 @@ def _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask):
     else:
         g = _mm(dz[2][0], U[2], "bj,ij->bi")
         direct = DH[0] * co32[0][0]
-        into_U = co16[0][0] * g + _mm(dz[0][0], U[0], "bj,ij->bi") + _mm(dz[1][0], U[1], "bj,ij->bi")
+        into_U = (
+            co16[0][0] * g + _mm(dz[0][0], U[0], "bj,ij->bi") + _mm(dz[1][0], U[1], "bj,ij->bi")
+        )
     if mask is not None:
         into_U = into_U * mask
     return jnp.where(valid[0], direct + into_U, DH[0])
@@ -386,8 +400,18 @@ def _chain(cell, outputs: bool, interpret: bool, W, U, b, h0, xs, lens, mask):
 def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
     """``W [K, m, n]``, ``U [K, n, n]``, ``b [K, n]``: the cell's blocks."""
     N, _ = _padded(U.shape[1], xs.shape[2])
-    y = _forward(xs, _pad_to(U, U.shape[:2] + (N,)), _pad_to(W, W.shape[:2] + (N,)), b, h0, (h0,),
-                 lens, mask, step=_spec(cell).step, interpret=interpret)  # fmt: skip
+    y = _forward(
+        xs,
+        _pad_to(U, U.shape[:2] + (N,)),
+        _pad_to(W, W.shape[:2] + (N,)),
+        b,
+        h0,
+        (h0,),
+        lens,
+        mask,
+        step=_spec(cell).step,
+        interpret=interpret,
+    )
     H_all = _carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask
@@ -412,11 +436,13 @@ def _chain_bwd(cell, outputs, interpret, res, cotangents):
     call = functools.partial(_backward_call, spec=_spec(cell), interpret=interpret)
     DH = _one_at_a_time(call)(
         jnp.stack([pad(a) for a in co32], axis=1).astype(_f32),
-        jnp.stack([pad(a) for a in co16], axis=1).astype(_bf16), dy,
-        _pad_to(U, (K, N, N)).astype(_bf16), _pad_to(lens, (Bp,)),
+        jnp.stack([pad(a) for a in co16], axis=1).astype(_bf16),
+        dy,
+        _pad_to(U, (K, N, N)).astype(_bf16),
+        _pad_to(lens, (Bp,)),
         _pad_to(dhT.astype(_f32), (Bp, N)),
         None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
-    )[:, :B, :n]  # fmt: skip
+    )[:, :B, :n]
     dz, srcs = _block_grads(cell, U, DH, valid, vals, Hm, co32, co16)
     dZ = jnp.stack(dz)  # [K, T, B, n]
     dU = jnp.stack([_mm(s, d, "tbi,tbj->ij") for s, d in zip(srcs, dz)])
@@ -424,8 +450,15 @@ def _chain_bwd(cell, outputs, interpret, res, cotangents):
     dxs = _mm(dZ, W, "ktbn,kmn->tbm")
     dh0 = _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask)
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
-    return (dW.astype(W.dtype), dU.astype(U.dtype), dZ.sum(axis=(1, 2)).astype(W.dtype),
-            dh0.astype(h0.dtype), dxs.astype(xs.dtype), None, dmask)  # fmt: skip
+    return (
+        dW.astype(W.dtype),
+        dU.astype(U.dtype),
+        dZ.sum(axis=(1, 2)).astype(W.dtype),
+        dh0.astype(h0.dtype),
+        dxs.astype(xs.dtype),
+        None,
+        dmask,
+    )
 
 
 _chain.defvjp(_chain_fwd, _chain_bwd)
@@ -485,16 +518,20 @@ def unroll(
         the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     if not supports(cell):
-        raise ValueError(f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
-                         "size <= 128 whose matrices fit one CTA's shared memory only")  # fmt: skip
+        raise ValueError(
+            f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
+            "size <= 128 whose matrices fit one CTA's shared memory only"
+        )
     if isinstance(cell, GRU):
         check_params(cell, params, xs.shape[-1])
     interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     m = xs.shape[2]
     if not _fits(cell, m, with_dy=outputs):
         need = max(smem_bytes(cell, m, with_dy=outputs))
-        raise ValueError(f"the {type(cell).__name__} kernels need {need} B of shared memory at "
-                         f"input width {m}{' with outputs' if outputs else ''} (one CTA has "
-                         f"{SMEM_LIMIT}): use scan_impl='fused'")  # fmt: skip
+        raise ValueError(
+            f"the {type(cell).__name__} kernels need {need} B of shared memory at "
+            f"input width {m}{' with outputs' if outputs else ''} (one CTA has "
+            f"{SMEM_LIMIT}): use scan_impl='fused'"
+        )
     W, U, b = _blocks_of(cell, params)
     return _chain(cell, bool(outputs), bool(interpret), W, U, b, carry, xs, lens, mask)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from rhnzoo.cells.base import Array, Params, check_positive, uniform
 
+
 @dataclasses.dataclass(frozen=True)
 class _DeepTransitionRNN:
     """Shared code of :class:`DTRNN` and :class:`DTSRNN` (see their docstrings)."""

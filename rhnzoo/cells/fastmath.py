@@ -1,7 +1,8 @@
 """float32 tanh and logistic sigmoid as rational polynomials, for the fused scans.
 
 XLA:CPU evaluates ``tanh`` and ``logistic`` at several times the cost of the multiplies
-around them (figures in docs/runs/cpu/levers.md). In a recurrent step these nonlinearities are most of the elementwise work
+around them (figures in docs/runs/cpu/levers.md). In a recurrent step these nonlinearities are most
+of the elementwise work
 (an LSTM evaluates 5n of them per row and step), so :mod:`rhnzoo.cells.gated_fused` and
 :mod:`rhnzoo.cells.rhn_fused` use these instead: the same [13/6] minimax rational
 approximation of tanh that Eigen (``generic_fast_tanh_float``) and XLA:CPU's own tanh
@@ -31,11 +32,16 @@ import jax.numpy as jnp
 
 # Eigen's generic_fast_tanh_float: numerator odd (x, x^3, ..., x^13), denominator even.
 _CLAMP = 7.90531110763549805
-_NUM = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05,
-        5.12229709037114e-08, -8.60467152213735e-11, 2.00018790482477e-13,
-        -2.76076847742355e-16)  # fmt: skip
-_DEN = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04,
-        1.19825839466702e-06)  # fmt: skip
+_NUM = (
+    4.89352455891786e-03,
+    6.37261928875436e-04,
+    1.48572235717979e-05,
+    5.12229709037114e-08,
+    -8.60467152213735e-11,
+    2.00018790482477e-13,
+    -2.76076847742355e-16,
+)
+_DEN = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 
 
 def _horner(coefficients, x2):
@@ -82,8 +88,9 @@ def dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
 
 def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     """``jnp.einsum(spec, a, b)`` under the precision rule above."""
-    return jnp.einsum(spec, cast(a, dtype), cast(b, dtype),
-                      preferred_element_type=accumulation(dtype))  # fmt: skip
+    return jnp.einsum(
+        spec, cast(a, dtype), cast(b, dtype), preferred_element_type=accumulation(dtype)
+    )
 
 
 def project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
@@ -113,10 +120,18 @@ def _project_fwd(a, w, dtype):
 def _project_bwd(dtype, residuals, g):
     a, w = residuals
     lead = tuple(range(a.ndim - 1))
-    da = jax.lax.dot_general(cast(g, dtype), cast(w, dtype), (((g.ndim - 1,), (1,)), ((), ())),
-                             preferred_element_type=accumulation(dtype))  # fmt: skip
-    dw = jax.lax.dot_general(cast(a, dtype), cast(g, dtype), ((lead, lead), ((), ())),
-                             preferred_element_type=accumulation(dtype))  # fmt: skip
+    da = jax.lax.dot_general(
+        cast(g, dtype),
+        cast(w, dtype),
+        (((g.ndim - 1,), (1,)), ((), ())),
+        preferred_element_type=accumulation(dtype),
+    )
+    dw = jax.lax.dot_general(
+        cast(a, dtype),
+        cast(g, dtype),
+        ((lead, lead), ((), ())),
+        preferred_element_type=accumulation(dtype),
+    )
     return da.astype(a.dtype), dw.astype(w.dtype)
 
 

@@ -118,8 +118,12 @@ def _outer_sum(a: Array, dZ: Array, dtype: Any) -> Array:
     out as ``[j, C B]`` (see :func:`_scan_bwd`); ``a``, the smaller operand, is
     transposed to ``[i, C B]``."""
     a = jnp.swapaxes(a, 0, 1).reshape(a.shape[1], -1)
-    out = jax.lax.dot_general(_cast(a, dtype), _cast(dZ, dtype), (((1,), (1,)), ((), ())),
-                              preferred_element_type=_acc(dtype))  # fmt: skip
+    out = jax.lax.dot_general(
+        _cast(a, dtype),
+        _cast(dZ, dtype),
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=_acc(dtype),
+    )
     return out.astype(dZ.dtype)
 
 
@@ -205,7 +209,14 @@ class _LSTMKernel:
         c, i, f, o, g = (saved[k] for k in "c i f o g".split())
         tc = fastmath.tanh(f * c + i * g)
         dc = dc + dh * o * (1 - tc * tc)
-        dz = _rows([dc * g * i * (1 - i), dc * c * f * (1 - f), dh * tc * o * (1 - o), dc * i * (1 - g * g)])
+        dz = _rows(
+            [
+                dc * g * i * (1 - i),
+                dc * c * f * (1 - f),
+                dh * tc * o * (1 - o),
+                dc * i * (1 - g * g),
+            ]
+        )
         dh_prev = _masked(_dot(p["U"], dz, self.dtype).astype(dh.dtype), mask)
         dcarry_prev = (dh_prev, dc * f) + ((danchor_prev,) if self.skip else ())
         return dcarry_prev, dz, extra
@@ -290,8 +301,13 @@ class _GRUResetAfterKernel:
 
     def prepare(self, w):
         U, n = _cast(w["U"], self.dtype), self.n
-        return {"UT": U.T, "U_rz": U[:, : 2 * n], "U_h": U[:, 2 * n :], "b": _bias(w["b"]),
-                "b_hn": _bias(w["b_hn"])}  # fmt: skip
+        return {
+            "UT": U.T,
+            "U_rz": U[:, : 2 * n],
+            "U_h": U[:, 2 * n :],
+            "b": _bias(w["b"]),
+            "b_hn": _bias(w["b_hn"]),
+        }
 
     def forward(self, p, h, xp, aux, mask):
         n = self.n
@@ -322,8 +338,11 @@ class _GRUResetAfterKernel:
         hm = _masked(saved["h"], mask)
         dU_rz = _outer_sum(hm, dZ[: 2 * n], self.dtype)
         dU_h = _outer_sum(hm, dZ[3 * n :], self.dtype)
-        return {"U": jnp.concatenate([dU_rz, dU_h], axis=-1), "b": dZ[: 3 * n].sum(axis=1),
-                "b_hn": dZ[3 * n :].sum(axis=1)}  # fmt: skip
+        return {
+            "U": jnp.concatenate([dU_rz, dU_h], axis=-1),
+            "b": dZ[: 3 * n].sum(axis=1),
+            "b_hn": dZ[3 * n :].sum(axis=1),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,9 +391,10 @@ class _RRNKernel:
 
     def weight_grads(self, w, saved, dZ, extra, mask):
         n, K = self.n, self.depth
-        ins = [_masked(saved["h"], mask)] + [saved["y"][:, k * n : (k + 1) * n] for k in range(K - 1)]
-        dU = jnp.stack([_outer_sum(ins[k], dZ[k * n : (k + 1) * n], self.dtype)
-                        for k in range(K)])  # fmt: skip
+        ins = [_masked(saved["h"], mask)] + [
+            saved["y"][:, k * n : (k + 1) * n] for k in range(K - 1)
+        ]
+        dU = jnp.stack([_outer_sum(ins[k], dZ[k * n : (k + 1) * n], self.dtype) for k in range(K)])
         return {"U": dU, "b": dZ.sum(axis=1)}
 
 
@@ -477,9 +497,13 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
         # overwrites (carried rather than zero-filled anew per chunk).
         dcarry, dw, dW, dZ_buf = carry
         dys_c, saved_c, aux_c, xs_c = inputs
-        (dcarry, dZ_buf), extra = jax.lax.scan(step, (dcarry, dZ_buf),
-                                               (jnp.arange(chunk), (dys_c, saved_c, aux_c)),
-                                               reverse=True, unroll=unroll)  # fmt: skip
+        (dcarry, dZ_buf), extra = jax.lax.scan(
+            step,
+            (dcarry, dZ_buf),
+            (jnp.arange(chunk), (dys_c, saved_c, aux_c)),
+            reverse=True,
+            unroll=unroll,
+        )
         dZ = dZ_buf.reshape(kn, chunk * B)  # columns t B + b: a free reshape
         dw = jax.tree.map(jnp.add, dw, kern.weight_grads(w, saved_c, dZ, extra, mask))
         dZx = dZ if kn == kx else dZ[:kx]  # xp's cotangent
@@ -490,11 +514,15 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
         dx = _dot(Wc, dZx, kern.dtype).astype(xs_c.dtype).reshape(-1, chunk, B)
         return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dx, 0, 1)
 
-    zeros = (dcarry_T, jax.tree.map(jnp.zeros_like, w), None if W is None else jnp.zeros_like(W),
-             jnp.zeros((kn, chunk, B), saved["h"].dtype))  # fmt: skip
-    (dcarry0, dw, dW, _), dxs = jax.lax.scan(chunk_step, zeros,
-                                          chunks((dys, saved, aux, None if W is None else xs)),
-                                          reverse=True)  # fmt: skip
+    zeros = (
+        dcarry_T,
+        jax.tree.map(jnp.zeros_like, w),
+        None if W is None else jnp.zeros_like(W),
+        jnp.zeros((kn, chunk, B), saved["h"].dtype),
+    )
+    (dcarry0, dw, dW, _), dxs = jax.lax.scan(
+        chunk_step, zeros, chunks((dys, saved, aux, None if W is None else xs)), reverse=True
+    )
     dmask = None if mask is None else jnp.zeros_like(mask)
     return dw, dW, dcarry0, dxs.reshape((T,) + dxs.shape[2:]), None, dmask
 
@@ -594,11 +622,19 @@ def unroll(
         ``weight_grad_chunk`` that does not divide T, or (LSTM, SC-LSTM, GRU) parameters
         that are not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
-    kw = dict(lengths=lengths, unroll=unroll, project_per_step=project_per_step, dtype=dtype,
-              weight_grad_chunk=weight_grad_chunk, outputs=outputs)  # fmt: skip
+    kw = dict(
+        lengths=lengths,
+        unroll=unroll,
+        project_per_step=project_per_step,
+        dtype=dtype,
+        weight_grad_chunk=weight_grad_chunk,
+        outputs=outputs,
+    )
     if isinstance(cell, Parallel):
-        outs = [globals()["unroll"](c, p, k, xs, mask, **kw)
-                for c, p, k in zip(cell.cells, params, carry)]  # fmt: skip
+        outs = [
+            globals()["unroll"](c, p, k, xs, mask, **kw)
+            for c, p, k in zip(cell.cells, params, carry)
+        ]
         ys = sum(o[1] for o in outs) / len(outs) if outputs else None
         return tuple(o[0] for o in outs), ys
     if not supports(cell):
@@ -651,7 +687,9 @@ def unroll(
     if chunk is None:  # measured: docs/runs/cpu/levers.md
         chunk = max(c for c in range(1, 17) if T % c == 0) if project_per_step else T
     elif not (isinstance(chunk, int) and chunk >= 1 and T % chunk == 0):
-        raise ValueError(f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}")
+        raise ValueError(
+            f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}"
+        )
     carry_T, ys = _scan(kern, unroll, chunk, outputs, w, W, carry0, x_in, aux, mask_fm)
     if outputs and lengths is None:  # ys holds h_{t-1}: shift it by one step
         ys = jnp.concatenate([ys[1:], _first(carry_T)[None]])

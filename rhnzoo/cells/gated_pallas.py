@@ -135,12 +135,14 @@ def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
     return _forward_smem_bytes(4, N, MP, 0), bwd
 
 
-def fits(cell: Any, batch: int, dtype: Any, backend: str | None = None, *,
-         input_size: int = 1) -> bool:
+def fits(
+    cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
+) -> bool:
     """Whether ``auto`` may pick the kernel: where it was measured faster than the fused
     scan. That is an LSTM with hidden size n <= 64, bfloat16 matmul inputs (``dtype``),
     a GPU of compute capability 9.0 (``backend`` None: JAX's default device), and both
-    kernels within one CTA's shared memory for this ``input_size``. At 64 < n <= 128 the kernel runs (:func:`supports`)
+    kernels within one CTA's shared memory for this ``input_size``. At 64 < n <= 128 the kernel
+    runs (:func:`supports`)
     but its backward kernel made the train step slower than the fused scan's on an
     H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
     dispatcher's signature (any batch is padded to 64-row tiles)."""
@@ -198,7 +200,8 @@ class _Step:
     [ROWS, 64] for the warpgroup's units (src None: h_{t-1} m), their tensor-core
     products issued together; ``restage(v)`` puts ``v`` of every warpgroup in shared
     memory (bfloat16) as a later product's src; ``carry`` the tuple of the cell's float32
-    carries [ROWS, 64] (besides h's bfloat16 copy); ``m`` the mask or None; ``skips`` SC-LSTM's ``(count [ROWS] int32, α
+    carries [ROWS, 64] (besides h's bfloat16 copy); ``m`` the mask or None; ``skips`` SC-LSTM's
+    ``(count [ROWS] int32, α
     [ROWS, 64])`` or None."""
 
     blocks: int
@@ -255,8 +258,9 @@ def _lstm_step(skip: int = 0) -> _Step:
 _GRU_RA = _Step(4, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
 
 
-def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: _Step,
-                  interpret: bool):
+def _forward_call(
+    x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: _Step, interpret: bool
+):
     """The forward kernel of every persistent cell: one warpgroup per 64 hidden units
     (H = N / 64 of them per CTA), the cell's step (``step``) written against the kernel's
     primitives.
@@ -284,7 +288,8 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
         m_ref = refs[0] if masked else None
         t0_ref, alpha_ref = refs[masked : masked + 2] if skipping else (None, None)
         y_ref, u_s, w_s, x_s, h_s, a_s, y_s, b_s, len_s, sk_s, bar_w, bar_x, bar_init, bar_step = (
-            refs[masked + 2 * skipping :])  # fmt: skip
+            refs[masked + 2 * skipping :]
+        )
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
 
@@ -295,7 +300,9 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
                     if uses_u[k]:
                         plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_w.at[k * H + j])
                     if uses_w[k]:
-                        plgpu.copy_gmem_to_smem(w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j])
+                        plgpu.copy_gmem_to_smem(
+                            w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j]
+                        )
             plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
             plgpu.copy_gmem_to_smem(c_refs[0].at[:, rows], y_s, bar_init.at[1])
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
@@ -330,8 +337,9 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
             for k in (5, 6):
                 plgpu.barrier_wait(bar_init.at[k])
             t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
-            alpha = lax.broadcast_in_dim(plgpu.load(sk_s[1].at[wg], layout=L.reduce(0)),
-                                         (ROWS, _HALF), [1])  # fmt: skip
+            alpha = lax.broadcast_in_dim(
+                plgpu.load(sk_s[1].at[wg], layout=L.reduce(0)), (ROWS, _HALF), [1]
+            )
 
         def step_t(t, carry):
             slot = lax.rem(t, 2)
@@ -353,9 +361,13 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
                     return tuple(a[...] for a in accs)
 
                 zs = pl.run_scoped(run, *[plgpu.ACC((ROWS, _HALF), _f32)] * len(blocks))
-                return [z + lax.broadcast_in_dim(plgpu.load(b_s.at[k, wg], layout=L.reduce(0)),
-                                                 (ROWS, _HALF), [1])
-                        for z, (k, _) in zip(zs, blocks)]  # fmt: skip
+                return [
+                    z
+                    + lax.broadcast_in_dim(
+                        plgpu.load(b_s.at[k, wg], layout=L.reduce(0)), (ROWS, _HALF), [1]
+                    )
+                    for z, (k, _) in zip(zs, blocks)
+                ]
 
             restaged = []
 
@@ -372,8 +384,9 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
                 return buf
 
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
-            h_new, new = step.forward(product, restage, tuple(carry), m,
-                                      (t0_v + t, alpha) if skipping else None)  # fmt: skip
+            h_new, new = step.forward(
+                product, restage, tuple(carry), m, (t0_v + t, alpha) if skipping else None
+            )
             kept = plgpu.load(h_s.at[slot, wg], layout=L)
             h_in = h_new if m is None else h_new * m  # what enters U next step
             h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
@@ -398,7 +411,9 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
             plgpu.SMEM((K, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
             plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
             plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)) if buffers else None,
+            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF))
+            if buffers
+            else None,
             plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
             plgpu.SMEM((K, H, _HALF), _f32),
             plgpu.SMEM((ROWS,), jnp.int32),
@@ -418,8 +433,9 @@ def _forward_call(x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: 
     return kernel(*((x, u, w, b, h0, lens, *carry0) + ((mask,) if masked else ()) + (skips or ())))
 
 
-def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, skip: int = 0,
-                   interpret: bool):
+def _backward_call(
+    coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, skip: int = 0, interpret: bool
+):
     """The backward kernel: the reverse recurrence of (dh, dc) (the LSTM), or of dh alone
     (the reset-after GRU: ``dcT`` None, ``coef [T, 3, Bp, N]`` the coefficients of its
     three dz blocks, ``F`` = z_t, ``u [3, N, N]``; the kernel then returns ``(DH,)``, and
@@ -500,7 +516,9 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
         def fetch(t, q):  # phase (t, q)'s tiles into slot q % slots (quarters is even)
             j, cs = q % slots, qcols[q]
             for k in range(n_co):
-                plgpu.copy_gmem_to_smem(coef_ref.at[t, k, rows, cs], co_s.at[j, k], bar_in.at[7 * j + k])
+                plgpu.copy_gmem_to_smem(
+                    coef_ref.at[t, k, rows, cs], co_s.at[j, k], bar_in.at[7 * j + k]
+                )
             plgpu.copy_gmem_to_smem(F_ref.at[t, rows, cs], F_s.at[j], bar_in.at[7 * j + 5])
             if has_dy:
                 plgpu.copy_gmem_to_smem(dy_ref.at[t, rows, cs], dy_s.at[j], bar_in.at[7 * j + 6])
@@ -518,8 +536,10 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
             dhc, dcc, dac = carry
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
             if skip:  # τ - 1 = t0 + t on a real step
-                on, skipped = (lax.broadcast_in_dim(a, (ROWS, _QUARTER), [0])
-                               for a in _skip_grid(t0_v + t, skip))  # fmt: skip
+                on, skipped = (
+                    lax.broadcast_in_dim(a, (ROWS, _QUARTER), [0])
+                    for a in _skip_grid(t0_v + t, skip)
+                )
 
             def phases(acc):
                 new_dc, new_da = [], []
@@ -535,7 +555,10 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
                     if skip:  # h_t was the anchor: its cotangent joins dh_t's
                         dh = jnp.where(valid & on, dh + dac[q], dh)
                         alpha = lax.broadcast_in_dim(
-                            plgpu.load(sk_s[1].at[qcols[q]], layout=L.reduce(0)), (ROWS, _QUARTER), [1])
+                            plgpu.load(sk_s[1].at[qcols[q]], layout=L.reduce(0)),
+                            (ROWS, _QUARTER),
+                            [1],
+                        )
                         none = jnp.zeros_like(dh)  # (a Python 0.0 here is an array constant)
                         da = jnp.where(on, none, dac[q]) + jnp.where(skipped, alpha * dh, none)
                         new_da.append(jnp.where(valid, da, dac[q]))
@@ -603,8 +626,16 @@ def _backward_call(coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, ski
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
-    return kernel(*((coef, F) + ((dy,) if has_dy else ()) + (u, lens, dhT)
-                    + ((dcT,) if lstm else ()) + ((mask,) if masked else ()) + (skips or ())))
+    return kernel(
+        *(
+            (coef, F)
+            + ((dy,) if has_dy else ())
+            + (u, lens, dhT)
+            + ((dcT,) if lstm else ())
+            + ((mask,) if masked else ())
+            + (skips or ())
+        )
+    )
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -614,7 +645,9 @@ def _call_settings(xs: Array, lengths, dtype, interpret) -> tuple[bool, Array]:
     """``unroll``'s checks and defaults shared by the kernel modules: ``(interpret, lens
     [B] int32)``; raises ValueError for a ``dtype`` other than bfloat16."""
     if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
-        raise ValueError(f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}")
+        raise ValueError(
+            f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}"
+        )
     T, B, _ = xs.shape
     lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
     return jax.default_backend() == "cpu" if interpret is None else interpret, lens
@@ -648,8 +681,13 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     if mask is not None:
         H_prev = H_prev * mask
     z = jnp.einsum("tbm,mk->tbk", xs.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
-    z = z + jnp.einsum("tbn,nk->tbk", H_prev.astype(_bf16), U.astype(_bf16),
-                       preferred_element_type=_f32) + b  # fmt: skip
+    z = (
+        z
+        + jnp.einsum(
+            "tbn,nk->tbk", H_prev.astype(_bf16), U.astype(_bf16), preferred_element_type=_f32
+        )
+        + b
+    )
     i, f, o = (_sigmoid(z[..., k * n : (k + 1) * n]) for k in range(3))
     g = jnp.tanh(z[..., 3 * n :])
     v = valid[:, :, None]
@@ -678,8 +716,9 @@ def _one_at_a_time(call):
 
         def one(rows):
             rows = iter(rows)
-            return call(*jax.tree.unflatten(tree, [next(rows) if b else a
-                                                   for a, b in zip(flat, batched)]))  # fmt: skip
+            return call(
+                *jax.tree.unflatten(tree, [next(rows) if b else a for a, b in zip(flat, batched)])
+            )
 
         out = lax.map(one, [a for a, b in zip(flat, batched) if b])
         return out, jax.tree.map(lambda _: True, out)
@@ -713,7 +752,7 @@ def _forward(xs, Ub, Wb, bk, h0, carry0, lens, mask, skips=None, *, step, interp
         _pad_to(lens, (Bp,)),
         None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
         skips,
-    )  # fmt: skip
+    )
     return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
 
 
@@ -743,8 +782,19 @@ def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
     n = U.shape[0]
     N, _ = _padded(n, xs.shape[2])
     carry0, kernel_skips = ((c0, skips[1]), (skips[0], skips[2])) if skip else ((c0,), None)
-    y = _forward(xs, _blocks(U, n, N), _blocks(W, n, N), b.reshape(4, n), h0, carry0, lens, mask,
-                 kernel_skips, step=_lstm_step(skip), interpret=interpret)  # fmt: skip
+    y = _forward(
+        xs,
+        _blocks(U, n, N),
+        _blocks(W, n, N),
+        b.reshape(4, n),
+        h0,
+        carry0,
+        lens,
+        mask,
+        kernel_skips,
+        step=_lstm_step(skip),
+        interpret=interpret,
+    )
     H = _carries(y, h0, lens)
     valid = jnp.arange(T)[:, None] < lens[None, :]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
@@ -777,14 +827,23 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     kernel_skips = None
     if skip:
         t0, _, alpha = skips
-        kernel_skips = (_pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (N,)),
-                        _pad_to(daT.astype(_f32), (Bp, N)))  # fmt: skip
+        kernel_skips = (
+            _pad_to(t0, (Bp,)),
+            jnp.broadcast_to(alpha.astype(_f32), (N,)),
+            _pad_to(daT.astype(_f32), (Bp, N)),
+        )
     call = functools.partial(_backward_call, skip=skip, interpret=interpret)
     DH, DC = _one_at_a_time(call)(
-        coef, pad(f.astype(_f32)), dy, _pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
-        _pad_to(lens, (Bp,)), _pad_to(dhT.astype(_f32), (Bp, N)), _pad_to(dcT.astype(_f32), (Bp, N)),
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), kernel_skips,
-    )  # fmt: skip
+        coef,
+        pad(f.astype(_f32)),
+        dy,
+        _pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
+        _pad_to(lens, (Bp,)),
+        _pad_to(dhT.astype(_f32), (Bp, N)),
+        _pad_to(dcT.astype(_f32), (Bp, N)),
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+        kernel_skips,
+    )
     DH, DC = DH[:, :B, :n], DC[:, :B, :n]
     dZ = jnp.where(valid, jnp.concatenate([DC * P, DC * Q, DH * S, DC * R], axis=-1), 0.0)
     dZ16 = dZ.astype(_bf16)
@@ -800,7 +859,9 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     dc0 = jnp.where(v0, DC[0] * f[0], DC[0])
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
     dskips = None
-    if skip:  # DH holds dh_t with the anchor's cotangent in; da_{t-1} = (1 - on) da_t + skipped α dh_t
+    if (
+        skip
+    ):  # DH holds dh_t with the anchor's cotangent in; da_{t-1} = (1 - on) da_t + skipped α dh_t
         t0, a0, alpha = skips
         on, skipped = (x[:, :, None] for x in _grid(skip, t0, T, valid[..., 0]))
         dalpha = jnp.sum(jnp.where(skipped, DH * A_prev, 0.0))
@@ -809,8 +870,17 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
         da0 = jnp.sum(jnp.where(first & skipped, alpha * DH, 0.0), axis=0)
         da0 = da0 + jnp.where(first[-1] & ~on[-1], daT, 0.0)
         dskips = (None, da0.astype(a0.dtype), dalpha.astype(alpha.dtype))
-    return (dW.astype(W.dtype), dU.astype(U.dtype), db.astype(b.dtype), dh0.astype(h0.dtype),
-            dc0.astype(c0.dtype), dxs.astype(xs.dtype), None, dmask, dskips)  # fmt: skip
+    return (
+        dW.astype(W.dtype),
+        dU.astype(U.dtype),
+        db.astype(b.dtype),
+        dh0.astype(h0.dtype),
+        dc0.astype(c0.dtype),
+        dxs.astype(xs.dtype),
+        None,
+        dmask,
+        dskips,
+    )
 
 
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
@@ -836,7 +906,10 @@ def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
     H_all = _carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask
-    zx = jnp.einsum("tbm,mk->tbk", xs.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32) + b
+    zx = (
+        jnp.einsum("tbm,mk->tbk", xs.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
+        + b
+    )
     zh = jnp.einsum("tbn,nk->tbk", Hm.astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
     r, z = _sigmoid(zx[..., :n] + zh[..., :n]), _sigmoid(zx[..., n : 2 * n] + zh[..., n : 2 * n])
     g = zh[..., 2 * n :] + b_hn
@@ -861,10 +934,16 @@ def _gru_bwd(outputs, interpret, res, cotangents):
     if outputs and dys is not None:
         dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
     (DH,) = _backward_call(
-        coef, pad(z.astype(_f32)), dy, _pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
-        _pad_to(lens, (Bp,)), _pad_to(dhT.astype(_f32), (Bp, N)), None,
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)), interpret=interpret,
-    )  # fmt: skip
+        coef,
+        pad(z.astype(_f32)),
+        dy,
+        _pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
+        _pad_to(lens, (Bp,)),
+        _pad_to(dhT.astype(_f32), (Bp, N)),
+        None,
+        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+        interpret=interpret,
+    )
     DH = DH[:, :B, :n]
     dr, dz, dn_h, dn_x = (jnp.where(valid, DH * a, 0.0) for a in (Ar, Az, An, dn))
     dZh = jnp.concatenate([dr, dz, dn_h], axis=-1)  # what multiplies U
@@ -872,14 +951,23 @@ def _gru_bwd(outputs, interpret, res, cotangents):
     dU = jnp.einsum("tbn,tbk->nk", Hm.astype(_bf16), dZh.astype(_bf16), preferred_element_type=_f32)
     dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZx.astype(_bf16), preferred_element_type=_f32)
     dxs = jnp.einsum("tbk,mk->tbm", dZx.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
-    dh0 = jnp.einsum("bk,nk->bn", dZh[0].astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
+    dh0 = jnp.einsum(
+        "bk,nk->bn", dZh[0].astype(_bf16), U.astype(_bf16), preferred_element_type=_f32
+    )
     if mask is not None:
         dh0 = dh0 * mask
     dh0 = jnp.where(valid[0], dh0 + DH[0] * z[0], DH[0])
     dmask = None if mask is None else jnp.zeros_like(mask)
-    return (dW.astype(W.dtype), dU.astype(U.dtype), dZx.sum(axis=(0, 1)).astype(b.dtype),
-            dn_h.sum(axis=(0, 1)).astype(b_hn.dtype), dh0.astype(h0.dtype), dxs.astype(xs.dtype),
-            None, dmask)  # fmt: skip
+    return (
+        dW.astype(W.dtype),
+        dU.astype(U.dtype),
+        dZx.sum(axis=(0, 1)).astype(b.dtype),
+        dn_h.sum(axis=(0, 1)).astype(b_hn.dtype),
+        dh0.astype(h0.dtype),
+        dxs.astype(xs.dtype),
+        None,
+        dmask,
+    )
 
 
 _gru.defvjp(_gru_fwd, _gru_bwd)
@@ -927,19 +1015,43 @@ def unroll(
         other than bfloat16.
     """
     if not supports(cell):
-        raise ValueError(f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
-                         "GRU with hidden size <= 128 only")  # fmt: skip
+        raise ValueError(
+            f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
+            "GRU with hidden size <= 128 only"
+        )
     check_params(cell, params, xs.shape[-1])
     interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     if type(cell) is GRU:
-        return _gru(bool(outputs), bool(interpret), params["W"], params["U"], params["b"],
-                    params["b_hn"], carry, xs, lens, mask)  # fmt: skip
+        return _gru(
+            bool(outputs),
+            bool(interpret),
+            params["W"],
+            params["U"],
+            params["b"],
+            params["b_hn"],
+            carry,
+            xs,
+            lens,
+            mask,
+        )
     skips, skip = None, 0
     if type(cell) is SCLSTM:
         alpha = params["alpha"] if cell.learn_alpha else jnp.ones((), _f32)
         skips, skip = (carry.t.astype(jnp.int32), carry.h_anchor, alpha), cell.skip
-    (h, c, anchor), ys = _lstm(bool(outputs), bool(interpret), skip, params["W"], params["U"],
-                               params["b"], carry.h, carry.c, xs, lens, mask, skips)  # fmt: skip
+    (h, c, anchor), ys = _lstm(
+        bool(outputs),
+        bool(interpret),
+        skip,
+        params["W"],
+        params["U"],
+        params["b"],
+        carry.h,
+        carry.c,
+        xs,
+        lens,
+        mask,
+        skips,
+    )
     if skip:
         return SCLSTMState(h, c, anchor, carry.t + lens.astype(carry.t.dtype)), ys
     return type(carry)(h, c), ys

@@ -90,30 +90,39 @@ def check_params(cell: Any, params: Params, input_size: int | None = None) -> No
     if isinstance(cell, SCLSTM) and cell.learn_alpha:
         want["alpha"] = ()
     if not hasattr(params, "keys"):
-        raise ValueError(f"{cell!r}: parameters must be a dict with keys {sorted(want)}, "
-                         f"got {type(params).__name__}")  # fmt: skip
+        raise ValueError(
+            f"{cell!r}: parameters must be a dict with keys {sorted(want)}, "
+            f"got {type(params).__name__}"
+        )
     if isinstance(cell, GRU) and (cell.reset_after != ("b_hn" in params)):
         if cell.reset_after:
-            raise ValueError(f"{cell!r}: no 'b_hn' in the parameters: these are Cho et al.'s "
-                             f"GRU({n})'s (reset gate before U); the reset-after GRU (PyTorch's "
-                             "nn.GRU) needs b_hn")  # fmt: skip
-        raise ValueError(f"{cell!r}: a 'b_hn' parameter: these are parameters of GRU({n}, "
-                         "reset_after=True) (PyTorch's nn.GRU, torch_interop.gru_from_torch), "
-                         "which computes another function; run them with that cell")  # fmt: skip
+            raise ValueError(
+                f"{cell!r}: no 'b_hn' in the parameters: these are Cho et al.'s "
+                f"GRU({n})'s (reset gate before U); the reset-after GRU (PyTorch's "
+                "nn.GRU) needs b_hn"
+            )
+        raise ValueError(
+            f"{cell!r}: a 'b_hn' parameter: these are parameters of GRU({n}, "
+            "reset_after=True) (PyTorch's nn.GRU, torch_interop.gru_from_torch), "
+            "which computes another function; run them with that cell"
+        )
     missing, unknown = sorted(set(want) - set(params)), sorted(set(params) - set(want))
     if missing or unknown:
-        raise ValueError(f"{cell!r}: parameters {sorted(want)} expected; "
-                         + (f"missing {missing}" if missing else "")
-                         + ("; " if missing and unknown else "")
-                         + (f"unknown {unknown}" if unknown else ""))  # fmt: skip
+        raise ValueError(
+            f"{cell!r}: parameters {sorted(want)} expected; "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"unknown {unknown}" if unknown else "")
+        )
     for key, shape in want.items():
         got = tuple(jnp.shape(params[key]))
         if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
             text = "[m, " + str(k * n) + "]" if shape[:1] == (None,) else str(list(shape))
-            raise ValueError(f"{cell!r}: parameter '{key}' has shape {list(got)}, expected "
-                             f"{text} for hidden size {n}"
-                             + (f" and input size {input_size}" if key == "W" and input_size
-                                else ""))  # fmt: skip
+            raise ValueError(
+                f"{cell!r}: parameter '{key}' has shape {list(got)}, expected "
+                f"{text} for hidden size {n}"
+                + (f" and input size {input_size}" if key == "W" and input_size else "")
+            )
 
 
 @dataclasses.dataclass(frozen=True)

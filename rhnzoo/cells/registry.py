@@ -52,8 +52,9 @@ def _parallel(*classes):
     options = tuple(dict.fromkeys(k for cls in classes for k in _fields(cls)))
 
     def build(n, **kw):
-        return Parallel(tuple(cls(n, **{k: v for k, v in kw.items() if k in _fields(cls)})
-                              for cls in classes))  # fmt: skip
+        return Parallel(
+            tuple(cls(n, **{k: v for k, v in kw.items() if k in _fields(cls)}) for cls in classes)
+        )
 
     return build, options
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from rhnzoo.cells.base import Array, Params, check_positive, uniform
 
+
 @dataclasses.dataclass(frozen=True)
 class RHN:
     """Recurrent Highway Network cell (Zilly et al., ICML 2017, eqs. 6-9).
@@ -197,5 +198,3 @@ class HSG:
         g = self.gate(params, carry, s_new)
         s_hat = s_new + g * (carry - s_new)
         return s_hat, s_hat
-
-

@@ -75,7 +75,7 @@ def _layer_scan(layer, carry, xs, reverse=False):
         return jax.lax.scan(layer, carry, xs, reverse=reverse)
     L = len(xs[0])
     outs = [None] * L
-    for l in (range(L - 1, -1, -1) if reverse else range(L)):
+    for l in range(L - 1, -1, -1) if reverse else range(L):
         carry, outs[l] = layer(carry, tuple(x[l] for x in xs))
     return carry, tuple(map(list, zip(*outs))) if isinstance(outs[0], tuple) else outs
 
@@ -169,13 +169,13 @@ def _run(R, b, hsg, s0, x_proj, mask, *, remat, unroll, dtype, loop):
 def _unroll(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
     """Feature-major: ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n, B]``; returns
     ``(s_T [n, B], ys [T, n, B])``."""
-    return _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype,
-                loop=loop)[0]  # fmt: skip
+    return _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype, loop=loop)[0]
 
 
 def _unroll_fwd(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
-    out, saved = _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype,
-                      loop=loop)  # fmt: skip
+    out, saved = _run(
+        R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype, loop=loop
+    )
     return out, (R, b, hsg, x_proj, mask, saved)
 
 
@@ -196,6 +196,7 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
     ds0, (dZ, dzg, S, s_prev, s_l) = jax.lax.scan(
         step, ds_T, (dys, x_proj, saved), reverse=True, unroll=unroll
     )
+
     # Weight gradients: one matmul per micro-layer over all T x B positions.
     def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
         return fastmath.einsum("t...ib,t...jb->...ij", a, dz, dtype)
@@ -264,6 +265,7 @@ def unroll(
     # The projection's backward under the same rule (bfloat16 inputs where the forward's are).
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
-    s_T, ys = _unroll(params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype,
-                      loop)  # fmt: skip
+    s_T, ys = _unroll(
+        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype, loop
+    )
     return s_T.T, jnp.swapaxes(ys, 1, 2)

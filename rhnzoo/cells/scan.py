@@ -51,16 +51,19 @@ class ScanImpl(enum.StrEnum):
 # The values of ``--scan_impl`` / ``scan_impl=``, ``auto`` (every task's default) first.
 CHOICES: tuple[str, ...] = ("auto", "reference", "fused", "pallas")
 
-HELP = ("Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + autodiff; "
-        "any cell), 'fused' (hand-written backward scans: LSTM, GRU, SC-LSTM, RRN, HRL, "
-        "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (persistent GPU kernel for the gated "
-        "cells) or 'auto' (pallas where it fits, else fused where the cell has it and "
-        "--remat allows, else reference).")  # fmt: skip
+HELP = (
+    "Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + autodiff; "
+    "any cell), 'fused' (hand-written backward scans: LSTM, GRU, SC-LSTM, RRN, HRL, "
+    "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (persistent GPU kernel for the gated "
+    "cells) or 'auto' (pallas where it fits, else fused where the cell has it and "
+    "--remat allows, else reference)."
+)
 
 
 # Where the scans run: None (JAX's default backend) or the platform set by for_platform().
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("rhnzoo_scan_platform",
-                                                                      default=None)  # fmt: skip
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "rhnzoo_scan_platform", default=None
+)
 # The platforms the persistent kernels (Mosaic GPU) run on: an NVIDIA GPU compiled, the
 # CPU in Pallas's GPU interpret mode.
 PALLAS_PLATFORMS = ("gpu", "cuda", "cpu")
@@ -209,32 +212,48 @@ def resolve(
     where = lambda: backend or platform()  # noqa: E731
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
-        if (ScanImpl.PALLAS in have and not remat and batch is not None
-                and _pallas_module(cell).fits(cell, batch, dtype, where(), **size)):  # fmt: skip
+        if (
+            ScanImpl.PALLAS in have
+            and not remat
+            and batch is not None
+            and _pallas_module(cell).fits(cell, batch, dtype, where(), **size)
+        ):
             return ScanImpl.PALLAS
         if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
             return ScanImpl.FUSED
         impl = ScanImpl.REFERENCE
         if bf16:
-            raise ValueError(f"dtype=bfloat16 needs the fused or pallas scan, which {name} "
-                             f"does not have{' with remat' if remat else ''} (its scans: "
-                             f"{listed})")  # fmt: skip
+            raise ValueError(
+                f"dtype=bfloat16 needs the fused or pallas scan, which {name} "
+                f"does not have{' with remat' if remat else ''} (its scans: "
+                f"{listed})"
+            )
     if impl not in have:
-        why = ("" if impl is not ScanImpl.PALLAS else " (the persistent kernels: LSTM, SC-LSTM, "
-               "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
-               "one CTA's shared memory: the RRN up to depth 3 at n = 128)")  # fmt: skip
+        why = (
+            ""
+            if impl is not ScanImpl.PALLAS
+            else " (the persistent kernels: LSTM, SC-LSTM, "
+            "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
+            "one CTA's shared memory: the RRN up to depth 3 at n = 128)"
+        )
         raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
     if impl is ScanImpl.PALLAS and where() not in PALLAS_PLATFORMS:
-        raise ValueError(f"scan_impl='pallas' runs Mosaic GPU kernels (an NVIDIA GPU), not on "
-                         f"platform '{where()}': use scan_impl='fused' (or 'auto', which picks "
-                         f"it for {name} there)")  # fmt: skip
+        raise ValueError(
+            f"scan_impl='pallas' runs Mosaic GPU kernels (an NVIDIA GPU), not on "
+            f"platform '{where()}': use scan_impl='fused' (or 'auto', which picks "
+            f"it for {name} there)"
+        )
     no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
     if remat and no_remat:
-        raise ValueError(f"remat needs the reference scan (scan_impl='reference'): the {impl} "
-                         f"scan of {name} has no remat")  # fmt: skip
+        raise ValueError(
+            f"remat needs the reference scan (scan_impl='reference'): the {impl} "
+            f"scan of {name} has no remat"
+        )
     if bf16 and impl is ScanImpl.REFERENCE:
-        raise ValueError(f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
-                         f"computes in the inputs' dtype); {name}'s scans: {listed}")  # fmt: skip
+        raise ValueError(
+            f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
+            f"computes in the inputs' dtype); {name}'s scans: {listed}"
+        )
     return impl
 
 
@@ -291,36 +310,75 @@ def unroll(
     Raises:
       ValueError: what :func:`resolve` raises.
     """
-    which = resolve(impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat,
-                    input_size=xs.shape[-1])  # fmt: skip
+    which = resolve(
+        impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat, input_size=xs.shape[-1]
+    )
     if which is ScanImpl.REFERENCE:
-        carry, ys = base.unroll(cell, params, carry, xs, mask, lengths=lengths,
-                                unroll=unroll or 1, remat=remat,
-                                project_per_step=bool(project_per_step),
-                                save_matmuls=save_matmuls)  # fmt: skip
+        carry, ys = base.unroll(
+            cell,
+            params,
+            carry,
+            xs,
+            mask,
+            lengths=lengths,
+            unroll=unroll or 1,
+            remat=remat,
+            project_per_step=bool(project_per_step),
+            save_matmuls=save_matmuls,
+        )
         return carry, ys if outputs else None
     if which is ScanImpl.PALLAS:
         if interpret is None:
             interpret = platform() == "cpu"
-        return _pallas(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
-                       outputs=outputs, interpret=interpret)  # fmt: skip
+        return _pallas(
+            cell,
+            params,
+            carry,
+            xs,
+            mask,
+            lengths=lengths,
+            dtype=dtype,
+            outputs=outputs,
+            interpret=interpret,
+        )
     if gated_fused.supports(cell):
         per_step = True if project_per_step is None else project_per_step
         if unroll is None and not isinstance(cell, Parallel):  # a Parallel's parts: their own
             unroll = gated_fused.default_unroll(cell, platform())
-        return gated_fused.unroll(cell, params, carry, xs, mask, lengths=lengths,
-                                  unroll=unroll, project_per_step=per_step, dtype=dtype,
-                                  outputs=outputs)  # fmt: skip
-    return _rhn_fused(cell, params, carry, xs, mask, lengths=lengths, dtype=dtype,
-                      unroll=unroll or 1, remat=remat, outputs=outputs)  # fmt: skip
+        return gated_fused.unroll(
+            cell,
+            params,
+            carry,
+            xs,
+            mask,
+            lengths=lengths,
+            unroll=unroll,
+            project_per_step=per_step,
+            dtype=dtype,
+            outputs=outputs,
+        )
+    return _rhn_fused(
+        cell,
+        params,
+        carry,
+        xs,
+        mask,
+        lengths=lengths,
+        dtype=dtype,
+        unroll=unroll or 1,
+        remat=remat,
+        outputs=outputs,
+    )
 
 
 def _pallas(cell, params, carry, xs, mask, **kwargs):
     """The persistent kernels: a ``Parallel`` cell part by part (each part's own kernels,
     the output the mean of theirs, as :class:`~rhnzoo.cells.Parallel` defines it)."""
     if isinstance(cell, Parallel):
-        parts = [_pallas(c, p, h, xs, mask, **kwargs)
-                 for c, p, h in zip(cell.cells, params, carry, strict=True)]  # fmt: skip
+        parts = [
+            _pallas(c, p, h, xs, mask, **kwargs)
+            for c, p, h in zip(cell.cells, params, carry, strict=True)
+        ]
         ys = [y for _, y in parts]
         return tuple(h for h, _ in parts), None if ys[0] is None else sum(ys) / len(ys)
     return _pallas_module(cell).unroll(cell, params, carry, xs, mask, **kwargs)
@@ -337,8 +395,9 @@ def _rhn_fused(cell, params, carry, xs, mask, *, lengths, dtype, unroll, remat, 
     a row's final carry is its output at its last real step (the initial carry for an
     empty row) and padded outputs are zeroed; the padded steps run and get zero
     cotangents."""
-    carry_T, ys = rhn_fused.unroll(cell, params, carry, xs, mask, unroll=unroll, remat=remat,
-                                   dtype=dtype)  # fmt: skip
+    carry_T, ys = rhn_fused.unroll(
+        cell, params, carry, xs, mask, unroll=unroll, remat=remat, dtype=dtype
+    )
     if lengths is None:
         return carry_T, ys if outputs else None
     T, B = xs.shape[:2]

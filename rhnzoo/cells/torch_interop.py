@@ -73,11 +73,14 @@ def _read(state_dict: Mapping[str, Any], gates: int, prefix: str, what: str):
     NumPy arrays, missing biases as zeros; ValueError (one line) for a missing key, a
     shape that does not fit, or a layout other than one unidirectional layer."""
     keys = [k[len(prefix) :] for k in state_dict if k.startswith(prefix)]
-    other = sorted(k for k in keys if k not in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0",
-                                                "bias_hh_l0"))  # fmt: skip
+    other = sorted(
+        k for k in keys if k not in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+    )
     if other:
-        raise ValueError(f"{what}: only one unidirectional layer without projection "
-                         f"converts; unexpected keys {other} under prefix {prefix!r}")  # fmt: skip
+        raise ValueError(
+            f"{what}: only one unidirectional layer without projection "
+            f"converts; unexpected keys {other} under prefix {prefix!r}"
+        )
     for k in ("weight_ih_l0", "weight_hh_l0"):
         if k not in keys:
             raise ValueError(f"{what}: no {prefix}{k} in the state dict")
@@ -97,18 +100,26 @@ def _read(state_dict: Mapping[str, Any], gates: int, prefix: str, what: str):
     return w_ih, w_hh, biases[0], biases[1], n
 
 
-def _no_bias(state: dict[str, np.ndarray], params: Mapping[str, Any], keys: tuple[str, ...],
-             prefix: str, what: str) -> dict[str, np.ndarray]:
+def _no_bias(
+    state: dict[str, np.ndarray],
+    params: Mapping[str, Any],
+    keys: tuple[str, ...],
+    prefix: str,
+    what: str,
+) -> dict[str, np.ndarray]:
     """``state`` without its two bias keys (``bias=False``); ValueError (one line) if any
     of the parameters ``keys`` is not zero."""
     for k in keys:
         if np.any(np.asarray(params[k]) != 0):
             big = float(np.max(np.abs(params[k])))
-            raise ValueError(f"{what}: bias=False, but '{k}' is not zero (max |{k}| = {big:.3g}): "
-                             "a module without biases computes another function; convert "
-                             "with bias=True")  # fmt: skip
-    return {k: v for k, v in state.items()
-            if k not in (prefix + "bias_ih_l0", prefix + "bias_hh_l0")}  # fmt: skip
+            raise ValueError(
+                f"{what}: bias=False, but '{k}' is not zero (max |{k}| = {big:.3g}): "
+                "a module without biases computes another function; convert "
+                "with bias=True"
+            )
+    return {
+        k: v for k, v in state.items() if k not in (prefix + "bias_ih_l0", prefix + "bias_hh_l0")
+    }
 
 
 def _check(params: Mapping[str, Any], gates: int, what: str, extra: tuple[str, ...] = ()):
@@ -119,10 +130,17 @@ def _check(params: Mapping[str, Any], gates: int, what: str, extra: tuple[str, .
         raise ValueError(f"{what}: parameters lack {missing}")
     W, U, b = (np.asarray(params[k]) for k in ("W", "U", "b"))
     n = U.shape[0] if U.ndim == 2 else 0
-    if n < 1 or U.shape != (n, gates * n) or W.ndim != 2 or W.shape[1] != gates * n \
-            or b.shape != (gates * n,):  # fmt: skip
-        raise ValueError(f"{what}: expected W [m, {gates} n], U [n, {gates} n], b "
-                         f"[{gates} n]; got {W.shape}, {U.shape}, {b.shape}")  # fmt: skip
+    if (
+        n < 1
+        or U.shape != (n, gates * n)
+        or W.ndim != 2
+        or W.shape[1] != gates * n
+        or b.shape != (gates * n,)
+    ):
+        raise ValueError(
+            f"{what}: expected W [m, {gates} n], U [n, {gates} n], b "
+            f"[{gates} n]; got {W.shape}, {U.shape}, {b.shape}"
+        )
     return W, U, b, n
 
 
@@ -146,13 +164,16 @@ def lstm_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str
         the reverse direction or a projection (``proj_size``).
     """
     w_ih, w_hh, b_ih, b_hh, _ = _read(state_dict, 4, prefix, "lstm_from_torch")
-    return {"W": _blocks(w_ih, _LSTM_ORDER, 0).T.copy(),
-            "U": _blocks(w_hh, _LSTM_ORDER, 0).T.copy(),
-            "b": _blocks(b_ih + b_hh, _LSTM_ORDER, 0)}  # fmt: skip
+    return {
+        "W": _blocks(w_ih, _LSTM_ORDER, 0).T.copy(),
+        "U": _blocks(w_hh, _LSTM_ORDER, 0).T.copy(),
+        "b": _blocks(b_ih + b_hh, _LSTM_ORDER, 0),
+    }
 
 
-def lstm_to_torch(params: Mapping[str, Any], prefix: str = "", *,
-                  bias: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+def lstm_to_torch(
+    params: Mapping[str, Any], prefix: str = "", *, bias: bool = True
+) -> dict[str, np.ndarray]:
     """A ``torch.nn.LSTM(m, n, bias=bias)`` state dict from :class:`~rhnzoo.cells.LSTM`
     parameters.
 
@@ -180,10 +201,12 @@ def lstm_to_torch(params: Mapping[str, Any], prefix: str = "", *,
         raise ValueError(f"lstm_to_torch: unexpected parameters {unknown}")
     W, U, b, _ = _check(params, 4, "lstm_to_torch")
     back = _inverse(_LSTM_ORDER)
-    state = {prefix + "weight_ih_l0": _blocks(W.T, back, 0).copy(),
-             prefix + "weight_hh_l0": _blocks(U.T, back, 0).copy(),
-             prefix + "bias_ih_l0": _blocks(b, back, 0),
-             prefix + "bias_hh_l0": np.zeros_like(b)}  # fmt: skip
+    state = {
+        prefix + "weight_ih_l0": _blocks(W.T, back, 0).copy(),
+        prefix + "weight_hh_l0": _blocks(U.T, back, 0).copy(),
+        prefix + "bias_ih_l0": _blocks(b, back, 0),
+        prefix + "bias_hh_l0": np.zeros_like(b),
+    }
     return state if bias else _no_bias(state, params, ("b",), prefix, "lstm_to_torch")
 
 
@@ -213,8 +236,9 @@ def gru_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str,
     return {"W": w_ih.T.copy(), "U": w_hh.T.copy(), "b": b, "b_hn": b_hh[2 * n :].copy()}
 
 
-def gru_to_torch(params: Mapping[str, Any], prefix: str = "", *,
-                 bias: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+def gru_to_torch(
+    params: Mapping[str, Any], prefix: str = "", *, bias: bool = True
+) -> dict[str, np.ndarray]:
     """A ``torch.nn.GRU(m, n, bias=bias)`` state dict from ``GRU(n, reset_after=True)``
     parameters.
 
@@ -239,9 +263,11 @@ def gru_to_torch(params: Mapping[str, Any], prefix: str = "", *,
         ``bias=False`` with a nonzero b or b_hn.
     """
     if "b_hn" not in params:
-        raise ValueError("gru_to_torch: no 'b_hn': these are parameters of Cho et al.'s GRU "
-                         "(reset gate before U), which torch.nn.GRU does not compute; "
-                         "convert a GRU(n, reset_after=True)")  # fmt: skip
+        raise ValueError(
+            "gru_to_torch: no 'b_hn': these are parameters of Cho et al.'s GRU "
+            "(reset gate before U), which torch.nn.GRU does not compute; "
+            "convert a GRU(n, reset_after=True)"
+        )
     unknown = sorted(set(params) - {"W", "U", "b", "b_hn"})
     if unknown:
         raise ValueError(f"gru_to_torch: unexpected parameters {unknown}")
@@ -250,6 +276,10 @@ def gru_to_torch(params: Mapping[str, Any], prefix: str = "", *,
     if b_hn.shape != (n,):
         raise ValueError(f"gru_to_torch: b_hn must be [{n}], got {b_hn.shape}")
     b_hh = np.concatenate([np.zeros(2 * n, b_hn.dtype), b_hn])
-    state = {prefix + "weight_ih_l0": W.T.copy(), prefix + "weight_hh_l0": U.T.copy(),
-             prefix + "bias_ih_l0": b.copy(), prefix + "bias_hh_l0": b_hh}  # fmt: skip
+    state = {
+        prefix + "weight_ih_l0": W.T.copy(),
+        prefix + "weight_hh_l0": U.T.copy(),
+        prefix + "bias_ih_l0": b.copy(),
+        prefix + "bias_hh_l0": b_hh,
+    }
     return state if bias else _no_bias(state, params, ("b", "b_hn"), prefix, "gru_to_torch")

@@ -39,9 +39,10 @@ from rhnzoo.tasks.highway import HighwayConfig
 
 # Each preset: the settings it changes from the defaults (HighwayConfig's fields).
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(epochs=120, transform_bias=-4.0,
-                plain_lrs=("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5")),
-}  # fmt: skip
+    "cpu": dict(
+        epochs=120, transform_bias=-4.0, plain_lrs=("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5")
+    ),
+}
 
 
 def get_config(preset: str | None = None, **overrides: Any) -> HighwayConfig:

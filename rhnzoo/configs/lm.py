@@ -22,30 +22,65 @@ from rhnzoo.tasks.lm import HSG_RHN_INIT_BIAS, LMConfig
 
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(
-    depth=10, hidden_size=1500, init_scale=0.04, init_bias=-4.0, lr=0.2, lr_decay=1.03,
-    max_epoch=5, max_max_epoch=500, weight_decay=1e-7, max_grad_norm=10.0, num_steps=50,
-    batch_size=128, drop_x=0.10, drop_i=0.40, drop_h=0.10, drop_o=0.40, tied=False,
-)  # fmt: skip
+    depth=10,
+    hidden_size=1500,
+    init_scale=0.04,
+    init_bias=-4.0,
+    lr=0.2,
+    lr_decay=1.03,
+    max_epoch=5,
+    max_max_epoch=500,
+    weight_decay=1e-7,
+    max_grad_norm=10.0,
+    num_steps=50,
+    batch_size=128,
+    drop_x=0.10,
+    drop_i=0.40,
+    drop_h=0.10,
+    drop_o=0.40,
+    tied=False,
+)
 
 PTB_PRESETS = {
     # ``experiments/ptb.py --preset=small``: a 2-core CPU in about 30 minutes; see
     # docs/rhn.md for its measured result (lr 1.0 with clipping at 10 diverged in epoch 2).
     "small": dict(
-        hidden_size=256, depth=3, lr=0.5, max_grad_norm=5.0, max_epoch=4, lr_decay=2.0,
-        max_max_epoch=8, drop_x=0.1, drop_i=0.3, drop_h=0.1, drop_o=0.3, eval_num_steps=200,
+        hidden_size=256,
+        depth=3,
+        lr=0.5,
+        max_grad_norm=5.0,
+        max_epoch=4,
+        lr_decay=2.0,
+        max_max_epoch=8,
+        drop_x=0.1,
+        drop_i=0.3,
+        drop_h=0.1,
+        drop_o=0.3,
+        eval_num_steps=200,
     ),
-}  # fmt: skip
+}
 
 CHAR_PRESETS = {
     # --dataset=ptb_char on a 2-core CPU in 15-25 minutes (4 epochs of ~1570 steps); tuned
     # briefly: lr 1.0 diverges and 0.2-0.3 learns slowly; init_bias -1 and windows of 50
     # learned faster than -2 and 100; no dropout (the model underfits in 4 epochs).
     "small": dict(
-        hidden_size=256, depth=3, batch_size=64, num_steps=50, init_bias=-1.0, lr=0.5,
-        max_epoch=2, lr_decay=2.0, max_max_epoch=4, drop_x=0.0, drop_i=0.0, drop_h=0.0,
-        drop_o=0.0, eval_num_steps=1000,
+        hidden_size=256,
+        depth=3,
+        batch_size=64,
+        num_steps=50,
+        init_bias=-1.0,
+        lr=0.5,
+        max_epoch=2,
+        lr_decay=2.0,
+        max_max_epoch=4,
+        drop_x=0.0,
+        drop_i=0.0,
+        drop_h=0.0,
+        drop_o=0.0,
+        eval_num_steps=1000,
     ),
-}  # fmt: skip
+}
 # The data set each character-level preset is sized for: ``char.py --preset=small`` alone
 # is PTB-char (the enwik8 defaults of char.py would apply its sizes to a 20x larger set and
 # download it), and the preset with another --dataset is refused (rhnzoo.apps.lm.config).

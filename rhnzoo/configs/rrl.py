@@ -20,23 +20,43 @@ from rhnzoo.tasks.rrl import RRLConfig
 PAPER_SIZES = {
     "imdb": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
     "agnews": dict(embed_size=256, hidden_size=512, hybrid_hidden_size=384),
-    "20ng": dict(embed_size=500, hidden_size=768, hybrid_embed_size=256,
-                 hybrid_hidden_size=512),
-    "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784,
-                   buckets=1),
-}  # fmt: skip
+    "20ng": dict(embed_size=500, hidden_size=768, hybrid_embed_size=256, hybrid_hidden_size=512),
+    "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784, buckets=1),
+}
 # 2-core CPU, about 7-30 minutes per model (measured times in README / docs/rrl.md):
 # smaller widths than Table 2, the last 400 steps of a review, fewer epochs.
 CPU_SIZES = {
-    "imdb": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
-                 epochs=10, patience=3, batch_size=32),
-    "agnews": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=64,
-                   epochs=3, batch_size=64),
-    "20ng": dict(embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=400,
-                 epochs=10, patience=3, batch_size=32),
-    "pmnist": dict(embed_size=1, hidden_size=64, hybrid_hidden_size=48, max_len=784,
-                   buckets=1, epochs=8, batch_size=100),
-}  # fmt: skip
+    "imdb": dict(
+        embed_size=64,
+        hidden_size=128,
+        hybrid_hidden_size=96,
+        max_len=400,
+        epochs=10,
+        patience=3,
+        batch_size=32,
+    ),
+    "agnews": dict(
+        embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=64, epochs=3, batch_size=64
+    ),
+    "20ng": dict(
+        embed_size=64,
+        hidden_size=128,
+        hybrid_hidden_size=96,
+        max_len=400,
+        epochs=10,
+        patience=3,
+        batch_size=32,
+    ),
+    "pmnist": dict(
+        embed_size=1,
+        hidden_size=64,
+        hybrid_hidden_size=48,
+        max_len=784,
+        buckets=1,
+        epochs=8,
+        batch_size=100,
+    ),
+}
 # preset -> data set -> settings (overrides, e.g. flags given explicitly, win over them).
 PRESETS = {"paper": PAPER_SIZES, "cpu": CPU_SIZES}
 
@@ -60,25 +80,43 @@ _RRN_SETTINGS = {
     "tanh": {"rrn_activation": "tanh"},
     "lstm_reference": {"model": "lstm"},
 }
-SCREEN = {"imdb": dict(max_len=100, epochs=3, patience=None, buckets=2, divergence_factor=5.0),
-          "pmnist": dict(subset=12000, epochs=3, divergence_factor=5.0)}  # fmt: skip
+SCREEN = {
+    "imdb": dict(max_len=100, epochs=3, patience=None, buckets=2, divergence_factor=5.0),
+    "pmnist": dict(subset=12000, epochs=3, divergence_factor=5.0),
+}
 STUDIES = {
-    ("rrn", "imdb"): dict(model="rrn", budget=SCREEN["imdb"], settings={
-        "paper_random_emb": {"embeddings": "random"},
-        **{("paper_w2v" if k == "paper" else k if "model" in v else f"w2v_{k}"): {**_W2V, **v}
-           for k, v in _RRN_SETTINGS.items()},
-        "w2v_indrop0.25": {**_W2V, "input_drop": 0.25},
-        "w2v_frozen": {**_W2V, "freeze_embeddings": True},
-    }),
-    ("rrn", "pmnist"): dict(model="rrn", budget=SCREEN["pmnist"], settings={
-        **_RRN_SETTINGS,
-        "tanh_init0.03": {"rrn_activation": "tanh", "init_scale": 0.03},
-        "tanh_clip1": {"rrn_activation": "tanh", "max_grad_norm": 1.0},
-    }),
-    ("skip", "imdb"): dict(model="sc_lstm_i", budget=dict(subset=8000, epochs=3, patience=None),
-                           settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
-    ("skip", "pmnist"): dict(model="sc_lstm_i", budget=dict(subset=12000, epochs=3),
-                             settings={f"L{L}": {"skip": L} for L in (10, 20, 50)}),
+    ("rrn", "imdb"): dict(
+        model="rrn",
+        budget=SCREEN["imdb"],
+        settings={
+            "paper_random_emb": {"embeddings": "random"},
+            **{
+                ("paper_w2v" if k == "paper" else k if "model" in v else f"w2v_{k}"): {**_W2V, **v}
+                for k, v in _RRN_SETTINGS.items()
+            },
+            "w2v_indrop0.25": {**_W2V, "input_drop": 0.25},
+            "w2v_frozen": {**_W2V, "freeze_embeddings": True},
+        },
+    ),
+    ("rrn", "pmnist"): dict(
+        model="rrn",
+        budget=SCREEN["pmnist"],
+        settings={
+            **_RRN_SETTINGS,
+            "tanh_init0.03": {"rrn_activation": "tanh", "init_scale": 0.03},
+            "tanh_clip1": {"rrn_activation": "tanh", "max_grad_norm": 1.0},
+        },
+    ),
+    ("skip", "imdb"): dict(
+        model="sc_lstm_i",
+        budget=dict(subset=8000, epochs=3, patience=None),
+        settings={f"L{L}": {"skip": L} for L in (10, 20, 50)},
+    ),
+    ("skip", "pmnist"): dict(
+        model="sc_lstm_i",
+        budget=dict(subset=12000, epochs=3),
+        settings={f"L{L}": {"skip": L} for L in (10, 20, 50)},
+    ),
 }
 
 
@@ -103,8 +141,9 @@ def get_config(preset: str | None = None, dataset: str = "imdb", **overrides: An
     Raises:
       ValueError: an unknown preset or data set, an unknown or bad setting (one line).
     """
-    return RRLConfig.from_dict({**preset_overrides(preset, dataset), **overrides,
-                                "dataset": dataset, "preset": preset})  # fmt: skip
+    return RRLConfig.from_dict(
+        {**preset_overrides(preset, dataset), **overrides, "dataset": dataset, "preset": preset}
+    )
 
 
 def study(name: str, dataset: str) -> dict[str, Any]:
@@ -112,13 +151,15 @@ def study(name: str, dataset: str) -> dict[str, Any]:
     settings). Raises ValueError (one line) where there is none."""
     spec = STUDIES.get((name, dataset))
     if spec is None:
-        raise ValueError(f"no {name} study on {dataset}; studies: "
-                         f"{', '.join('/'.join(k) for k in STUDIES)}")  # fmt: skip
+        raise ValueError(
+            f"no {name} study on {dataset}; studies: {', '.join('/'.join(k) for k in STUDIES)}"
+        )
     return spec
 
 
-def runs(base: RRLConfig, models: Sequence[str],
-         study_name: str | None = None) -> dict[str, RRLConfig]:  # fmt: skip
+def runs(
+    base: RRLConfig, models: Sequence[str], study_name: str | None = None
+) -> dict[str, RRLConfig]:
     """Every run of an experiment, ``{name: config}``, from one ``base`` config (the
     script's flags): one run per model of ``models`` (named by the model; ``base.model``
     replaced), or with ``study_name`` one per setting of that study on ``base.dataset``
@@ -131,5 +172,7 @@ def runs(base: RRLConfig, models: Sequence[str],
     if study_name is None:
         return {m: base.replace(model=m) for m in dict.fromkeys(models)}
     spec = study(study_name, base.dataset)
-    return {name: base.replace(**{**spec["budget"], "model": spec["model"], **setting})
-            for name, setting in spec["settings"].items()}  # fmt: skip
+    return {
+        name: base.replace(**{**spec["budget"], "model": spec["model"], **setting})
+        for name, setting in spec["settings"].items()
+    }

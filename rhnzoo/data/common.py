@@ -329,8 +329,9 @@ def _tfds_prepared(name: str, data_dir: str | os.PathLike) -> bool:
     return any((pathlib.Path(data_dir) / name).rglob("dataset_info.json"))
 
 
-def tfds_examples(name: str, split: str, data_dir: str | os.PathLike | None = None, *,
-                  download: bool = True):  # fmt: skip
+def tfds_examples(
+    name: str, split: str, data_dir: str | os.PathLike | None = None, *, download: bool = True
+):
     """All examples of TFDS data set `name`'s `split`, read with ``tfds.data_source``
     (ArrayRecord files, random access, no TensorFlow), and the source's features.
 
@@ -402,7 +403,8 @@ def num_windows(row_len: int, num_steps: int) -> int:
 
 
 def windows(rows: np.ndarray, num_steps: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (x, y), both int32 [B, num_steps], for each window of rows [B, L]; y is x shifted by one."""
+    """Yield (x, y), both int32 [B, num_steps], for each window of rows [B, L]; y is x shifted by
+    one."""
     rows = np.asarray(rows, dtype=np.int32)
     for i in range(num_windows(rows.shape[1], num_steps)):
         start = i * num_steps

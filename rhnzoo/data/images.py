@@ -70,8 +70,8 @@ def _image_data(where, train_images, train_labels, test_images, test_labels, lab
 # ones published for the LeCun files (f68b3c2d..., d53e105e..., 9fb629c4..., ec29112d...),
 # the values torchvision checks.
 MNIST_SHA256 = {
-    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",  # noqa: E501
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",  # noqa: E501
     "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
     "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
 }
@@ -298,8 +298,9 @@ def load_cifar100(
 TFDS_IMAGE_SETS = ("mnist", "cifar100")
 
 
-def load_tfds_images(name: str, data_dir: str | os.PathLike | None = None, *,
-                     download: bool = True) -> ImageData:  # fmt: skip
+def load_tfds_images(
+    name: str, data_dir: str | os.PathLike | None = None, *, download: bool = True
+) -> ImageData:
     """Load ``'mnist'`` or ``'cifar100'`` through TensorFlow Datasets (``--data_source=tfds``).
 
     Reads the ``train`` and ``test`` splits with ``tfds.data_source`` (needs the extra

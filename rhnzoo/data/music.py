@@ -87,7 +87,8 @@ def _piano_roll(path: pathlib.Path, split: str, index: int, sequence) -> np.ndar
 def load_jsb(
     data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
 ) -> dict[str, list[np.ndarray]]:
-    """Load JSB Chorales from ``jsb_chorales.pickle`` in `resolve_data_dir('jsb_chorales', data_dir)`.
+    """Load JSB Chorales from ``jsb_chorales.pickle`` in `resolve_data_dir('jsb_chorales',
+    data_dir)`.
 
     If the file is missing and `download` is true it is fetched from pyro-ppl/datasets
     (JSB_URLS) and checked against JSB_SHA256; `verify=False` skips the check of a file

@@ -64,27 +64,77 @@ DATASETS: dict[str, DataSet] = {
     d.name: d
     for d in (
         DataSet("ptb", "lm", ptb.load_ptb, ptb.PTB_SHA256, ptb.PTB_ORIGIN, "ppl"),
-        DataSet("ptb_char", "lm", char.load_ptb_char, char.PTB_CHAR_SHA256, char.PTB_CHAR_ORIGIN,
-                "bpc"),
+        DataSet(
+            "ptb_char", "lm", char.load_ptb_char, char.PTB_CHAR_SHA256, char.PTB_CHAR_ORIGIN, "bpc"
+        ),
         DataSet("enwik8", "lm", char.load_enwik8, char.ENWIK8_SHA256, char.ENWIK8_ORIGIN, "bpc"),
         DataSet("text8", "lm", char.load_text8, char.TEXT8_SHA256, char.TEXT8_ORIGIN, "bpc"),
-        DataSet("jsb_chorales", "polyphonic", music.load_jsb, music.JSB_SHA256, music.JSB_ORIGIN,
-                "nats"),
-        DataSet("mnist", "images", images.load_mnist, images.MNIST_SHA256, images.MNIST_ORIGIN,
-                "accuracy", 784, 10),
-        DataSet("cifar100", "images", images.load_cifar100, images.CIFAR100_SHA256,
-                images.CIFAR100_ORIGIN, "accuracy", 3072, 100),
-        DataSet("pmnist", "sequences", sequences.load_pmnist, images.MNIST_SHA256,
-                images.MNIST_ORIGIN, "accuracy", 1, 10),
-        DataSet("imdb", "sequences", text.load_imdb, text.IMDB_SHA256, text.IMDB_ORIGIN,
-                "accuracy", None, 2,
-                text._imdb_source),  # the archive, another tarball or an aclImdb/ folder
-        DataSet("agnews", "sequences", text.load_agnews, text.AGNEWS_SHA256, text.AGNEWS_ORIGIN,
-                "accuracy", None, 4),
-        DataSet("20ng", "sequences", text.load_20ng, text.NG20_FILES, text.NG20_ORIGIN,
-                "accuracy", None, 20),
+        DataSet(
+            "jsb_chorales", "polyphonic", music.load_jsb, music.JSB_SHA256, music.JSB_ORIGIN, "nats"
+        ),
+        DataSet(
+            "mnist",
+            "images",
+            images.load_mnist,
+            images.MNIST_SHA256,
+            images.MNIST_ORIGIN,
+            "accuracy",
+            784,
+            10,
+        ),
+        DataSet(
+            "cifar100",
+            "images",
+            images.load_cifar100,
+            images.CIFAR100_SHA256,
+            images.CIFAR100_ORIGIN,
+            "accuracy",
+            3072,
+            100,
+        ),
+        DataSet(
+            "pmnist",
+            "sequences",
+            sequences.load_pmnist,
+            images.MNIST_SHA256,
+            images.MNIST_ORIGIN,
+            "accuracy",
+            1,
+            10,
+        ),
+        DataSet(
+            "imdb",
+            "sequences",
+            text.load_imdb,
+            text.IMDB_SHA256,
+            text.IMDB_ORIGIN,
+            "accuracy",
+            None,
+            2,
+            text._imdb_source,
+        ),  # the archive, another tarball or an aclImdb/ folder
+        DataSet(
+            "agnews",
+            "sequences",
+            text.load_agnews,
+            text.AGNEWS_SHA256,
+            text.AGNEWS_ORIGIN,
+            "accuracy",
+            None,
+            4,
+        ),
+        DataSet(
+            "20ng",
+            "sequences",
+            text.load_20ng,
+            text.NG20_FILES,
+            text.NG20_ORIGIN,
+            "accuracy",
+            None,
+            20,
+        ),
     )
-}  # fmt: skip
+}
 NAMES: tuple[str, ...] = tuple(DATASETS)
 
 
@@ -97,21 +147,37 @@ def get(name: str, task: str | None = None) -> DataSet:
     """The entry of ``name``; ValueError (one line) for an unknown name or another task."""
     valid = names(task)
     if name not in valid:
-        raise ValueError(f"unknown {'' if task is None else task + ' '}data set {name!r}; "
-                         f"choose from {', '.join(valid)}")  # fmt: skip
+        raise ValueError(
+            f"unknown {'' if task is None else task + ' '}data set {name!r}; "
+            f"choose from {', '.join(valid)}"
+        )
     return DATASETS[name]
 
 
-def load(name: str, data_dir: str | os.PathLike | None = None, *, download: bool = True,
-         verify: bool = True, **options: Any) -> Any:  # fmt: skip
+def load(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    download: bool = True,
+    verify: bool = True,
+    **options: Any,
+) -> Any:
     """Loads data set ``name`` with its loader (``options``: the loader's own)."""
     return get(name).load(data_dir, download=download, verify=verify, **options)
 
 
-def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None, download: bool = True,
-                 verify: bool = True, source: str = "files", coverage: float = 0.95,
-                 dev_fraction: float = 0.15, dev_seed: int = 0,
-                 permute: bool = True) -> sequences.Dataset:  # fmt: skip
+def load_dataset(
+    name: str,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    download: bool = True,
+    verify: bool = True,
+    source: str = "files",
+    coverage: float = 0.95,
+    dev_fraction: float = 0.15,
+    dev_seed: int = 0,
+    permute: bool = True,
+) -> sequences.Dataset:
     """A set of the ``'sequences'`` task (IMDB, P-MNIST, AG News, 20NG) with the paper's
     15 % dev split of the training set (:mod:`rhnzoo.data.sequences`).
 
@@ -129,18 +195,31 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None, downlo
     get(name, task="sequences")  # one line for an unknown name
     common.check_source(source)
     if name == "pmnist":
-        return sequences.load_pmnist(data_dir, download=download, verify=verify, source=source,
-                                     permute=permute, dev_fraction=dev_fraction,
-                                     dev_seed=dev_seed)  # fmt: skip
+        return sequences.load_pmnist(
+            data_dir,
+            download=download,
+            verify=verify,
+            source=source,
+            permute=permute,
+            dev_fraction=dev_fraction,
+            dev_seed=dev_seed,
+        )
     opts = dict(coverage=coverage, dev_fraction=dev_fraction, dev_seed=dev_seed)
-    data = (sequences.load_tfds_text(name, data_dir, download=download, **opts)
-            if source == "tfds" else
-            load(name, data_dir, download=download, verify=verify, **opts))  # fmt: skip
+    data = (
+        sequences.load_tfds_text(name, data_dir, download=download, **opts)
+        if source == "tfds"
+        else load(name, data_dir, download=download, verify=verify, **opts)
+    )
     return sequences.from_text(data, dev_fraction, dev_seed)
 
 
-def ensure_files(name: str, data_dir: str | os.PathLike | None = None, *,
-                 download: bool = True, verify: bool = True) -> pathlib.Path:  # fmt: skip
+def ensure_files(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    download: bool = True,
+    verify: bool = True,
+) -> pathlib.Path:
     """Makes sure the files of ``name`` are in its directory (``data_dir``, else
     ``$RHNZOO_DATA/<directory>``, else the user cache): downloads the missing ones,
     checks sha256 sums. Returns the directory.

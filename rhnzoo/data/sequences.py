@@ -19,6 +19,7 @@ import numpy as np
 
 from rhnzoo.data import images, text
 from rhnzoo.data.common import check_source
+
 # The text sets' names in TensorFlow Datasets (20NG has none).
 TFDS_TEXT_NAMES = {"imdb": "imdb_reviews", "agnews": "ag_news_subset"}
 
@@ -51,27 +52,44 @@ class Dataset:
     input_size: int | None  # features per step for float inputs
 
 
-def with_dev_split(train_all: Split, test: Split, num_classes: int,
-                   vocab: tuple[str, ...] | None, dev_fraction: float = 0.15,
-                   dev_seed: int = 0) -> Dataset:  # fmt: skip
+def with_dev_split(
+    train_all: Split,
+    test: Split,
+    num_classes: int,
+    vocab: tuple[str, ...] | None,
+    dev_fraction: float = 0.15,
+    dev_seed: int = 0,
+) -> Dataset:
     """The :class:`Dataset` whose dev split is ``dev_fraction`` of ``train_all``
     (:func:`rhnzoo.data.text.dev_split` with ``dev_seed``) and whose train split is the
     rest."""
     keep, held_out = text.dev_split(len(train_all.labels), dev_fraction, dev_seed)
-    return Dataset(train_all.subset(keep), train_all.subset(held_out), test, num_classes,
-                   vocab, None if vocab is not None else 1)  # fmt: skip
+    return Dataset(
+        train_all.subset(keep),
+        train_all.subset(held_out),
+        test,
+        num_classes,
+        vocab,
+        None if vocab is not None else 1,
+    )
 
 
 def from_text(data: text.TextData, dev_fraction: float = 0.15, dev_seed: int = 0) -> Dataset:
     """A tokenised text set (:class:`rhnzoo.data.text.TextData`, its vocabulary built
     without the same dev documents) with its dev split."""
-    return with_dev_split(Split(data.train, data.train_labels),
-                          Split(data.test, data.test_labels), data.num_classes, data.vocab,
-                          dev_fraction, dev_seed)  # fmt: skip
+    return with_dev_split(
+        Split(data.train, data.train_labels),
+        Split(data.test, data.test_labels),
+        data.num_classes,
+        data.vocab,
+        dev_fraction,
+        dev_seed,
+    )
 
 
-def load_tfds_text(name: str, data_dir: str | os.PathLike | None = None,
-                   **options) -> text.TextData:  # fmt: skip
+def load_tfds_text(
+    name: str, data_dir: str | os.PathLike | None = None, **options
+) -> text.TextData:
     """Text set ``name`` (``'imdb'``, ``'agnews'``) from TensorFlow Datasets
     (:func:`rhnzoo.data.text.load_tfds_text`; ``options``: its own). Raises ValueError for
     a set that TFDS does not have."""
@@ -81,9 +99,16 @@ def load_tfds_text(name: str, data_dir: str | os.PathLike | None = None,
     return text.load_tfds_text(tfds_name, data_dir, **options)
 
 
-def load_pmnist(data_dir: str | os.PathLike | None = None, *, download: bool = True,
-                verify: bool = True, source: str = "files", permute: bool = True,
-                dev_fraction: float = 0.15, dev_seed: int = 0) -> Dataset:  # fmt: skip
+def load_pmnist(
+    data_dir: str | os.PathLike | None = None,
+    *,
+    download: bool = True,
+    verify: bool = True,
+    source: str = "files",
+    permute: bool = True,
+    dev_fraction: float = 0.15,
+    dev_seed: int = 0,
+) -> Dataset:
     """P-MNIST: MNIST as 784 pixel steps ``[784, 1]`` float32 in [0, 1] under the fixed
     permutation of :func:`rhnzoo.data.images.pixel_sequences` (``permute=False``:
     sequential MNIST), 10 classes, with the dev split. ``source='tfds'`` reads
@@ -94,9 +119,17 @@ def load_pmnist(data_dir: str | os.PathLike | None = None, *, download: bool = T
       rhnzoo.data.DataError: missing or corrupt files.
     """
     check_source(source)
-    data = (images.load_tfds_images("mnist", data_dir, download=download) if source == "tfds" else
-            images.load_mnist(data_dir, download=download, verify=verify))  # fmt: skip
+    data = (
+        images.load_tfds_images("mnist", data_dir, download=download)
+        if source == "tfds"
+        else images.load_mnist(data_dir, download=download, verify=verify)
+    )
     to_steps = lambda x: images.pixel_sequences(x, permute=permute)[..., None]
-    return with_dev_split(Split(to_steps(data.train_images), data.train_labels),
-                          Split(to_steps(data.test_images), data.test_labels), 10, None,
-                          dev_fraction, dev_seed)  # fmt: skip
+    return with_dev_split(
+        Split(to_steps(data.train_images), data.train_labels),
+        Split(to_steps(data.test_images), data.test_labels),
+        10,
+        None,
+        dev_fraction,
+        dev_seed,
+    )

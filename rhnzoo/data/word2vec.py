@@ -37,9 +37,15 @@ def _stable_hash(text: str) -> int:
 
 
 def train_word2vec(
-    docs: Sequence[np.ndarray], vocab: Sequence[str], dim: int, *, dataset: str,
-    seed: int = 0, cache: bool = True, log=print,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    docs: Sequence[np.ndarray],
+    vocab: Sequence[str],
+    dim: int,
+    *,
+    dataset: str,
+    seed: int = 0,
+    cache: bool = True,
+    log=print,
+) -> tuple[np.ndarray, np.ndarray]:
     """Word2Vec vectors of ``vocab`` trained on ``docs`` (token ids), cached.
 
     One worker thread and a fixed hash make the training deterministic, so the same
@@ -70,19 +76,24 @@ def train_word2vec(
     try:
         from gensim.models import Word2Vec
     except ImportError:
-        raise DataError("word2vec embeddings need gensim: pip install gensim "
-                        "(or --embeddings=random to learn them from scratch)") from None  # fmt: skip
+        raise DataError(
+            "word2vec embeddings need gensim: pip install gensim "
+            "(or --embeddings=random to learn them from scratch)"
+        ) from None
     sentences = [[vocab[i] for i in doc] for doc in docs if len(doc)]
     if not sentences:
         raise DataError("word2vec: the training split has no words")
-    model = Word2Vec(sentences, vector_size=dim, seed=seed, workers=1, hashfxn=_stable_hash,
-                     **W2V_SETTINGS)  # fmt: skip
+    model = Word2Vec(
+        sentences, vector_size=dim, seed=seed, workers=1, hashfxn=_stable_hash, **W2V_SETTINGS
+    )
     vectors, found = np.zeros((len(vocab), dim), np.float32), np.zeros(len(vocab), bool)
     for i, word in enumerate(vocab):
         if word in model.wv.key_to_index:
             vectors[i], found[i] = model.wv[word], True
-    log(f"word2vec: trained {dim}-d vectors for {found.sum():,} words on "
-        f"{sum(map(len, sentences)):,} training tokens")  # fmt: skip
+    log(
+        f"word2vec: trained {dim}-d vectors for {found.sum():,} words on "
+        f"{sum(map(len, sentences)):,} training tokens"
+    )
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -91,8 +102,9 @@ def train_word2vec(
     return vectors, found
 
 
-def cache_path(docs: Sequence[np.ndarray], vocab: Sequence[str], dim: int, *, dataset: str,
-               seed: int = 0) -> pathlib.Path:
+def cache_path(
+    docs: Sequence[np.ndarray], vocab: Sequence[str], dim: int, *, dataset: str, seed: int = 0
+) -> pathlib.Path:
     """Where :func:`train_word2vec` caches the vectors of these arguments:
     ``<user cache>/<dataset>/word2vec/<dim>d_<digest>.bin``, the digest (16 hex digits)
     of ``dim``, ``seed``, :data:`W2V_SETTINGS`, ``vocab`` and ``docs``."""
@@ -130,14 +142,18 @@ def load_word2vec(
         for word, vector in rows:
             if vectors is None:
                 if dim is not None and len(vector) != dim:
-                    raise DataError(f"{path}: vectors have {len(vector)} dimensions, the "
-                                    f"embedding has {dim}; set --embed_size={len(vector)}")  # fmt: skip
+                    raise DataError(
+                        f"{path}: vectors have {len(vector)} dimensions, the "
+                        f"embedding has {dim}; set --embed_size={len(vector)}"
+                    )
                 vectors = np.zeros((len(vocab), len(vector)), np.float32)
             i = index.get(word)
             if i is not None and not found[i]:
                 if len(vector) != vectors.shape[1]:
-                    raise DataError(f"{path}: the vector of {word!r} has {len(vector)} values, "
-                                    f"not {vectors.shape[1]}")  # fmt: skip
+                    raise DataError(
+                        f"{path}: the vector of {word!r} has {len(vector)} values, "
+                        f"not {vectors.shape[1]}"
+                    )
                 vectors[i], found[i] = vector, True
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not a word2vec file ({e})") from None

@@ -141,9 +141,9 @@ class Task:
     final_evaluate: Callable[[Params, Track], dict[str, Any]]
     select: str
     higher_is_better: bool = False
-    train_metrics: Callable[[Mapping[str, float]], dict[str, float]] = (
-        lambda s: {"train_loss": s["loss"] / max(s["count"], 1.0)}
-    )
+    train_metrics: Callable[[Mapping[str, float]], dict[str, float]] = lambda s: {
+        "train_loss": s["loss"] / max(s["count"], 1.0)
+    }
     chance_loss: float | None = None
     unit: str = "ex"
     throughput_key: str | None = None
@@ -223,16 +223,21 @@ class _Seed:
     def already_finished(self, task: Task) -> RunResult:
         final = self.done.get("final") or progress.final_line(self.done, task.final_label)
         self.say(f"already finished: {final}")
-        return RunResult(self.done, read_metrics(self.workdir), restore_params(self.workdir),
-                         "diverged" in self.done)  # fmt: skip
+        return RunResult(
+            self.done,
+            read_metrics(self.workdir),
+            restore_params(self.workdir),
+            "diverged" in self.done,
+        )
 
     def open(self, primary: bool, stacked: bool) -> None:
         """The workdir locked and prepared for training, its checkpoints opened (stacked:
         the best ones only)."""
         if self.workdir is not None:
             self.lock = WorkdirLock(self.workdir, warn=self.say) if primary else None
-            self.ckpt = _open_workdir(self.workdir, self.config, primary, self.say,
-                                      latest=not stacked)  # fmt: skip
+            self.ckpt = _open_workdir(
+                self.workdir, self.config, primary, self.say, latest=not stacked
+            )
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -246,8 +251,7 @@ class _Seed:
 def _evaluate_again(task: Task, done: dict | None, say) -> bool:
     """Whether the finished run's results (``done``) were evaluated with other final
     settings than ``task.final_settings`` (then it says which, in one line)."""
-    stale = {k: v for k, v in task.final_settings.items()
-             if done is not None and done.get(k) != v}  # fmt: skip
+    stale = {k: v for k, v in task.final_settings.items() if done is not None and done.get(k) != v}
     if stale:
         shown = ", ".join(f"{k} {done.get(k)} -> {v}" for k, v in stale.items())
         say(f"finished; evaluating its best checkpoint again ({shown})")
@@ -258,8 +262,15 @@ class _Run:
     """One run's state and the steps of :func:`run` (start-up, the loop, the end): one
     seed, or K seeds stacked along a leading axis of the state (:func:`run`'s ``seeds``)."""
 
-    def __init__(self, task: Task, seeds: list[_Seed], latest: Checkpoints | None, say,
-                 primary: bool, on_divergence: str):  # fmt: skip
+    def __init__(
+        self,
+        task: Task,
+        seeds: list[_Seed],
+        latest: Checkpoints | None,
+        say,
+        primary: bool,
+        on_divergence: str,
+    ):
         self.task, self.seeds, self.latest, self.say = task, seeds, latest, say
         self.cfg, self.stacked = seeds[0].config, len(seeds) > 1
         self.primary, self.on_divergence, self.spe = primary, on_divergence, task.steps_per_epoch
@@ -267,8 +278,10 @@ class _Run:
         self.epochs = -(-self.total // self.spe)  # of this run, the last one maybe partial
         self.bar = None
         self.last_saved: int | None = None
-        self.periodic = (progress.Every(self.cfg.log_every, self.log_train),
-                         progress.Every(self.cfg.checkpoint_every_steps, self.checkpoint))  # fmt: skip
+        self.periodic = (
+            progress.Every(self.cfg.log_every, self.log_train),
+            progress.Every(self.cfg.checkpoint_every_steps, self.checkpoint),
+        )
 
     @property
     def active(self) -> list[_Seed]:
@@ -291,8 +304,9 @@ class _Run:
             seed.ckpt.drop_best_after(step)
         for seed in self.seeds:
             seed.book.last_saved = self.last_saved
-            seed.metrics = MetricsLog(seed.workdir if seed.active else None,
-                                      self.cfg.tensorboard, purge_step=step)  # fmt: skip
+            seed.metrics = MetricsLog(
+                seed.workdir if seed.active else None, self.cfg.tensorboard, purge_step=step
+            )
             # Lines past the checkpoint (at step 0: all of an earlier try's) are cut.
             seed.metrics.cut_back(step, int(seed.meta["validated"]))
             seed.report = progress.Report(seed.metrics, seed.say, self.task, self.spe)
@@ -300,11 +314,14 @@ class _Run:
         if step:
             where = self.latest.workdir if self.stacked else self.seeds[0].workdir
             self.say(f"resumed {where} at step {step}")
-        self.params_count = num_params(stacking.row(task_state["params"], 0) if self.stacked
-                                       else task_state["params"])  # fmt: skip
-        self.say(f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
-                 f"{self.total:,} steps in this run"
-                 + (f", {len(self.seeds)} seeds stacked" if self.stacked else ""))  # fmt: skip
+        self.params_count = num_params(
+            stacking.row(task_state["params"], 0) if self.stacked else task_state["params"]
+        )
+        self.say(
+            f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
+            f"{self.total:,} steps in this run"
+            + (f", {len(self.seeds)} seeds stacked" if self.stacked else "")
+        )
         self.pending: collections.deque = collections.deque()  # dispatched, sums not read
         self.t_start, self.elapsed0 = progress.now(), float(self.seeds[0].meta["elapsed"])
         self.pace = progress.Pace()
@@ -315,17 +332,26 @@ class _Run:
         shardings = jax.tree.map(lambda a: a.sharding, state)
         if self.stacked:
             fn = functools.partial(stacking.stacked_step, self.task.train_step, self.task.seed_axes)
-            jitted = jax.jit(stacking.stacked_step, static_argnums=(0, 1), donate_argnums=2,
-                             out_shardings=(shardings, None))  # fmt: skip
+            jitted = jax.jit(
+                stacking.stacked_step,
+                static_argnums=(0, 1),
+                donate_argnums=2,
+                out_shardings=(shardings, None),
+            )
             step_fn = functools.partial(jitted, self.task.train_step, self.task.seed_axes)
             self.step_fn = lambda state, batch, key: step_fn(state, batch, key, self.mask)
             mask = jnp.ones(len(self.seeds), bool)
             return jax.eval_shape(fn, state, self.batch(0, 0), self.run_key, mask)[1]
-        jitted = jax.jit(_engine_step, static_argnums=0, donate_argnums=1,
-                         out_shardings=(shardings, None))  # fmt: skip
+        jitted = jax.jit(
+            _engine_step, static_argnums=0, donate_argnums=1, out_shardings=(shardings, None)
+        )
         self.step_fn = functools.partial(jitted, self.task.train_step)
-        return jax.eval_shape(functools.partial(_engine_step, self.task.train_step), state,
-                              self.batch(0, 0), self.run_key)[1]  # fmt: skip
+        return jax.eval_shape(
+            functools.partial(_engine_step, self.task.train_step),
+            state,
+            self.batch(0, 0),
+            self.run_key,
+        )[1]
 
     def batch(self, epoch: int, index: int) -> Any:
         """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.get_batches`)."""
@@ -344,10 +370,16 @@ class _Run:
     def fresh_meta(self, seed: _Seed, sums_shape: Any) -> dict:
         """A new run's bookkeeping of ``seed`` (checkpointed with the state); sets its book."""
         worst = -math.inf if self.task.higher_is_better else math.inf
-        meta = {"validated": np.array(-1), "best": np.array(worst), "best_step": np.array(-1),
-                "epoch_sums": None, "window_sums": None, "elapsed": np.array(0.0),
-                "recent": np.zeros((progress.DIVERGENCE_WINDOW, 2)),
-                "best_mean": np.array(math.inf)}  # fmt: skip
+        meta = {
+            "validated": np.array(-1),
+            "best": np.array(worst),
+            "best_step": np.array(-1),
+            "epoch_sums": None,
+            "window_sums": None,
+            "elapsed": np.array(0.0),
+            "recent": np.zeros((progress.DIVERGENCE_WINDOW, 2)),
+            "best_mean": np.array(math.inf),
+        }
         seed.book = progress.LossBook(
             meta, sums_shape, self.task.chance_loss, self.cfg.divergence_factor
         )
@@ -376,7 +408,8 @@ class _Run:
         every step."""
         self.stop_if_requested()
         if self.epoch_ends_at(self.step) and any(
-                int(s.meta["validated"]) != self.step for s in self.active):  # fmt: skip
+            int(s.meta["validated"]) != self.step for s in self.active
+        ):
             self.end_of_epoch()  # its steps were done before a stop
         if self.step >= self.total:
             return
@@ -409,9 +442,14 @@ class _Run:
         if first == 0:
             for seed in self.active:
                 seed.book.reset_sums()
-        self.bar = tqdm(total=self.steps_in(epoch), initial=first, desc=f"epoch {epoch + 1}",
-                        disable=not (self.cfg.progress and self.primary), leave=False,
-                        dynamic_ncols=True)  # fmt: skip
+        self.bar = tqdm(
+            total=self.steps_in(epoch),
+            initial=first,
+            desc=f"epoch {epoch + 1}",
+            disable=not (self.cfg.progress and self.primary),
+            leave=False,
+            dynamic_ncols=True,
+        )
 
     def take_step(self, epoch: int, index: int) -> None:
         """Batch ``index`` of ``epoch`` through the compiled step, then the periodic actions."""
@@ -445,8 +483,10 @@ class _Run:
         best_epoch = -(-int(seed.meta["best_step"]) // self.spe)
         if self.step // self.spe - best_epoch < self.cfg.patience:
             return False
-        seed.say(f"early stopping: {self.task.select} has not improved for "
-                 f"{self.cfg.patience} epochs (best at epoch {best_epoch})")  # fmt: skip
+        seed.say(
+            f"early stopping: {self.task.select} has not improved for "
+            f"{self.cfg.patience} epochs (best at epoch {best_epoch})"
+        )
         return True
 
     def diverged(self, seed: _Seed, e: TrainingDiverged) -> None:
@@ -465,14 +505,20 @@ class _Run:
         ``log_every`` steps), with the run's time left."""
         self.drain()
         per_step = self.pace.seconds_per_step("window")
-        eta = (f" | run ETA {progress.duration(self.estimate.time_left(at, per_step))}"
-               if per_step is not None and self.total > at else "")  # fmt: skip
+        eta = (
+            f" | run ETA {progress.duration(self.estimate.time_left(at, per_step))}"
+            if per_step is not None and self.total > at
+            else ""
+        )
         rate = self.pace.take("window")
         for seed in self.active:
             seed.report.train(at, seed.book.take("window"), rate, eta)
         if self.bar is not None and self.active:
-            self.bar.set_postfix(self.task.train_metrics(
-                {k: float(v) for k, v in self.active[0].meta["epoch_sums"].items()}))  # fmt: skip
+            self.bar.set_postfix(
+                self.task.train_metrics(
+                    {k: float(v) for k, v in self.active[0].meta["epoch_sums"].items()}
+                )
+            )
 
     def checkpoint(self, at: int) -> None:
         """The mid-epoch checkpoint (every ``checkpoint_every_steps``; an epoch's end
@@ -508,8 +554,7 @@ class _Run:
         if self.latest is not None:
             elapsed = np.array(self.elapsed0 + progress.now() - self.t_start)
             metas = [dict(s.meta, elapsed=elapsed) for s in self.seeds]
-            self.latest.save(at, {"state": self.state,
-                                  "meta": metas if self.stacked else metas[0]})  # fmt: skip
+            self.latest.save(at, {"state": self.state, "meta": metas if self.stacked else metas[0]})
             self.last_saved = at
             for seed in self.seeds:
                 seed.book.last_saved = at
@@ -530,8 +575,9 @@ class _Run:
             if not self.valid_loss_checked(seed, valid, at):
                 continue  # it diverged
             self.keep_if_best(seed, valid[self.task.select], at)
-            seed.report.epoch(at, sums[seed.k], rate, valid,
-                              self.elapsed0 + progress.now() - self.t_start)  # fmt: skip
+            seed.report.epoch(
+                at, sums[seed.k], rate, valid, self.elapsed0 + progress.now() - self.t_start
+            )
             seed.meta["validated"] = np.array(at)
         if self.active:
             self.save(at)
@@ -564,8 +610,9 @@ class _Run:
         """Whether ``seed``'s validation loss passes the divergence check (else it stops)."""
         if "valid_loss" in valid:
             try:
-                seed.book.check(f"validation loss after epoch {self.epoch_of(at)}",
-                                valid["valid_loss"], at)  # fmt: skip
+                seed.book.check(
+                    f"validation loss after epoch {self.epoch_of(at)}", valid["valid_loss"], at
+                )
             except TrainingDiverged as e:
                 self.diverged(seed, e)
                 return False
@@ -589,9 +636,14 @@ class _Run:
 
     def stopped(self, signum: int, where: str, at: int | None = None) -> Interrupted:
         at = self.step if at is None else at
-        saved = "nothing saved" if self.latest is None else (
-            f"checkpoint saved at step {at} in {self.latest.latest.directory}; rerun with the "
-            "same --workdir to resume")  # fmt: skip
+        saved = (
+            "nothing saved"
+            if self.latest is None
+            else (
+                f"checkpoint saved at step {at} in {self.latest.latest.directory}; rerun with the "
+                "same --workdir to resume"
+            )
+        )
         message = f"stopped by signal {signum} {where} at step {at}; {saved}"
         self.say(message)
         return Interrupted(signum, message)
@@ -607,9 +659,13 @@ class _Run:
         best = seed.best_params if seed.ckpt is None else seed.ckpt.restore_best(best_step, params)
         if best is None:
             best, best_step = (None, -1) if diverged else (params, step)
-        results = {"step": step, "best_step": best_step,
-                   f"best_{task.select}": record.get(f"best_{task.select}", float(seed.meta["best"])),
-                   "parameters": self.params_count, "stopped": stopped}  # fmt: skip
+        results = {
+            "step": step,
+            "best_step": best_step,
+            f"best_{task.select}": record.get(f"best_{task.select}", float(seed.meta["best"])),
+            "parameters": self.params_count,
+            "stopped": stopped,
+        }
         if diverged:
             results["diverged"] = diverged
         if best is not None:
@@ -657,7 +713,8 @@ def run(
     ``best/`` and ``results.json``, in ``workdir`` for the first seed and in
     ``<workdir>_s<k>`` (:func:`seed_name`) for seed k, where single runs and the
     multi-run tables read them. The stacked state is checkpointed in
-    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the same ``seeds``
+    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the same
+    ``seeds``
     resumes exactly; seeds already finished are carried along untrained. The validation
     is :attr:`Task.validate_stacked` where the task has one, else seed by seed, as the
     final evaluations are.
@@ -696,16 +753,27 @@ def run(
     return _run(task, configs, workdir, on_divergence, log)
 
 
-def _run(task: Task, configs: list[RunSettings], workdir: PathLike | None, on_divergence: str,
-         log: Callable[[str], None] | None) -> list[RunResult]:  # fmt: skip
+def _run(
+    task: Task,
+    configs: list[RunSettings],
+    workdir: PathLike | None,
+    on_divergence: str,
+    log: Callable[[str], None] | None,
+) -> list[RunResult]:
     """:func:`run` of one config, or of K seeds' configs stacked."""
     primary = jax.process_index() == 0  # prints and writes files in a multi-process run
     say = log if log is not None and primary else (lambda line: None)
     stacked = len(configs) > 1
     root = None if workdir is None else pathlib.Path(workdir).absolute()
-    seeds = [_Seed(k, c, None if root is None else root.with_name(seed_name(root.name, k)),
-                   (lambda line, s=c.seed: say(f"[seed {s}] {line}")) if stacked else say)
-             for k, c in enumerate(configs)]  # fmt: skip
+    seeds = [
+        _Seed(
+            k,
+            c,
+            None if root is None else root.with_name(seed_name(root.name, k)),
+            (lambda line, s=c.seed: say(f"[seed {s}] {line}")) if stacked else say,
+        )
+        for k, c in enumerate(configs)
+    ]
     installed_here = not signals.installed()
     catch_signals()
     latest = r = None
@@ -749,8 +817,9 @@ def _run(task: Task, configs: list[RunSettings], workdir: PathLike | None, on_di
             release_signals()
 
 
-def _open_workdir(workdir: pathlib.Path, config: RunSettings, primary: bool, say,
-                  latest: bool = True) -> Checkpoints:  # fmt: skip
+def _open_workdir(
+    workdir: pathlib.Path, config: RunSettings, primary: bool, say, latest: bool = True
+) -> Checkpoints:
     """The workdir prepared for training (``config.json`` written or checked; every
     process waits for it) and its checkpoints (``latest``: the states' too), incomplete
     saves removed."""

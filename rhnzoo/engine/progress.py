@@ -77,9 +77,13 @@ def final_line(results: Mapping[str, Any], final_label: str = "") -> str:
     """The run's last printed line, from its results (``final_label``: how the best
     checkpoint was evaluated, e.g. ``'eval batch 1'``)."""
     where = f"best checkpoint, step {results['best_step']}" + (
-        f", {final_label}" if final_label else "")  # fmt: skip
-    shown = {k: v for k, v in results.items()
-             if isinstance(v, float) and not k.endswith("_s") and not k.startswith("best_")}  # fmt: skip
+        f", {final_label}" if final_label else ""
+    )
+    shown = {
+        k: v
+        for k, v in results.items()
+        if isinstance(v, float) and not k.endswith("_s") and not k.startswith("best_")
+    }
     return f"final ({where}): " + fields(shown)
 
 
@@ -126,9 +130,11 @@ class LossBook:
         self.meta["best_mean"] = np.array(min(best, mean))
         factor = self.factor
         if factor and mean > best + math.log(factor) and not mean > self.chance + math.log(factor):
-            raise self.diverged(f"mean training loss over steps {first}-{done} is {mean:.4g} "
-                                f"nats, more than ln {factor:g} above the run's best such "
-                                f"mean, {best:.4g}")  # fmt: skip
+            raise self.diverged(
+                f"mean training loss over steps {first}-{done} is {mean:.4g} "
+                f"nats, more than ln {factor:g} above the run's best such "
+                f"mean, {best:.4g}"
+            )
         self.check(f"mean training loss over steps {first}-{done}", mean, done)
         return values
 
@@ -141,17 +147,24 @@ class LossBook:
             raise self.diverged(f"non-finite {what} ({loss})")
         factor = self.factor
         if factor and loss > self.chance + BLOWUP_NATS:
-            raise self.diverged(f"{what} is {loss:.4g} nats, more than {BLOWUP_NATS:g} above "
-                                f"the chance level (a uniform guess), {self.chance:.4g}: a "
-                                "blow-up")  # fmt: skip
+            raise self.diverged(
+                f"{what} is {loss:.4g} nats, more than {BLOWUP_NATS:g} above "
+                f"the chance level (a uniform guess), {self.chance:.4g}: a "
+                "blow-up"
+            )
         judged = window and at >= DIVERGENCE_WARMUP + DIVERGENCE_WINDOW
         if factor and judged and loss > self.chance + math.log(factor):
-            raise self.diverged(f"{what} is {loss:.4g} nats, more than ln {factor:g} above "
-                                f"the chance level (a uniform guess), {self.chance:.4g}")  # fmt: skip
+            raise self.diverged(
+                f"{what} is {loss:.4g} nats, more than ln {factor:g} above "
+                f"the chance level (a uniform guess), {self.chance:.4g}"
+            )
 
     def diverged(self, what: str) -> TrainingDiverged:
-        intact = (f"the last good checkpoint (step {self.last_saved}) is intact"
-                  if self.last_saved is not None else "no checkpoint was written")  # fmt: skip
+        intact = (
+            f"the last good checkpoint (step {self.last_saved}) is intact"
+            if self.last_saved is not None
+            else "no checkpoint was written"
+        )
         off = "" if what.startswith("non-finite") else " (--divergence_factor=0: no such stop)"
         return TrainingDiverged(f"{what}: the run diverged; {intact}; try a lower --lr{off}")
 
@@ -226,8 +239,11 @@ class Pace:
         """The span's units per second (its timed steps; all its steps if none is timed
         yet), and restarts it."""
         span = self.spans[kind]
-        units, seconds = ((span["units"], span["seconds"]) if span["durations"]
-                          else (span["all_units"], span["all_seconds"]))  # fmt: skip
+        units, seconds = (
+            (span["units"], span["seconds"])
+            if span["durations"]
+            else (span["all_units"], span["all_seconds"])
+        )
         self.spans[kind] = self._span()
         return units / max(seconds, 1e-9)
 
@@ -281,11 +297,17 @@ class Estimate:
         seconds, where = per_step * left, device_name()
         if seconds >= ESTIMATE_MIN_S:
             big = where == "CPU" and seconds > 6 * 3600
-            hint = ("; at this size a GPU/TPU job: the scripts' CPU presets (--preset=small, "
-                    "--preset=cpu) fit a CPU" if big else "")  # fmt: skip
-            self.say(f"estimated {duration(seconds)} for the {left:,} steps left ({per_step:.3g} "
-                     f"s per step on {where}, timed after compilation; validation not "
-                     f"included){hint}")  # fmt: skip
+            hint = (
+                "; at this size a GPU/TPU job: the scripts' CPU presets (--preset=small, "
+                "--preset=cpu) fit a CPU"
+                if big
+                else ""
+            )
+            self.say(
+                f"estimated {duration(seconds)} for the {left:,} steps left ({per_step:.3g} "
+                f"s per step on {where}, timed after compilation; validation not "
+                f"included){hint}"
+            )
 
     def revise(self, at: int, per_step: float | None) -> None:
         """After the epoch ending at step count ``at`` whose steps took ``per_step`` each
@@ -295,11 +317,13 @@ class Estimate:
         self.printed = True
         seconds, n = self.time_left(at, per_step), self.validations_left(at)
         if seconds >= ESTIMATE_MIN_S:
-            self.say(f"estimated {duration(seconds)} for the {self.total - at:,} steps and {n} "
-                     f"validation{'s' if n != 1 else ''} left ({per_step:.3g} s per step in "
-                     f"epoch {(at - 1) // self.spe + 1}, {self.pace.seconds_per_end():.3g} s "
-                     "per validation and its checkpoints; validation included, the final "
-                     "evaluation not)")  # fmt: skip
+            self.say(
+                f"estimated {duration(seconds)} for the {self.total - at:,} steps and {n} "
+                f"validation{'s' if n != 1 else ''} left ({per_step:.3g} s per step in "
+                f"epoch {(at - 1) // self.spe + 1}, {self.pace.seconds_per_end():.3g} s "
+                "per validation and its checkpoints; validation included, the final "
+                "evaluation not)"
+            )
 
     def validations_left(self, at: int) -> int:
         """The epoch ends (each validated) after step count ``at``."""
@@ -325,8 +349,13 @@ class Report:
         """A record's first fields: kind, 1-based epoch, step count ``at``, the learning
         rate of its last step, the training metrics ``shown``."""
         lr = self.task.learning_rate
-        return {"kind": kind, "epoch": (at - 1) // self.spe + 1, "step": at,
-                **({} if lr is None else {"lr": float(lr(at - 1))}), **shown}  # fmt: skip
+        return {
+            "kind": kind,
+            "epoch": (at - 1) // self.spe + 1,
+            "step": at,
+            **({} if lr is None else {"lr": float(lr(at - 1))}),
+            **shown,
+        }
 
     def train(self, at: int, sums: Mapping[str, float], rate: float, eta: str) -> None:
         """The training-log record and line of the steps up to step count ``at``."""
@@ -334,15 +363,29 @@ class Report:
         self.metrics.write({**self.head("train", at, shown), f"{self.task.unit}_per_s": rate})
         self.say(f"  step {at:7d} | {fields(shown)} | {rate:,.0f} {self.task.unit}/s{eta}")
 
-    def epoch(self, at: int, sums: Mapping[str, float], rate: float, valid: Mapping[str, Any],
-              elapsed: float) -> None:  # fmt: skip
+    def epoch(
+        self,
+        at: int,
+        sums: Mapping[str, float],
+        rate: float,
+        valid: Mapping[str, Any],
+        elapsed: float,
+    ) -> None:
         """The record and line of the epoch ending at step count ``at`` (maybe cut short)."""
         record = {**self.head("epoch", at, self.task.train_metrics(sums)), **valid}
         hidden = ("kind", "epoch", "step", "valid_loss")
         shown = {k: v for k, v in record.items() if k not in hidden}
         done = at - (record["epoch"] - 1) * self.spe
-        self.metrics.write({**record, f"{self.task.unit}_per_s": rate, "elapsed_s": elapsed,
-                            "epoch_complete": done == self.spe})  # fmt: skip
-        self.say(f"epoch {record['epoch']:3d} | step {at:7d} | {fields(shown)} | {rate:,.0f} "
-                 f"{self.task.unit}/s | {elapsed:.1f} s"
-                 + ("" if done == self.spe else f" (partial epoch: {done}/{self.spe} steps)"))
+        self.metrics.write(
+            {
+                **record,
+                f"{self.task.unit}_per_s": rate,
+                "elapsed_s": elapsed,
+                "epoch_complete": done == self.spe,
+            }
+        )
+        self.say(
+            f"epoch {record['epoch']:3d} | step {at:7d} | {fields(shown)} | {rate:,.0f} "
+            f"{self.task.unit}/s | {elapsed:.1f} s"
+            + ("" if done == self.spe else f" (partial epoch: {done}/{self.spe} steps)")
+        )

@@ -47,8 +47,9 @@ def check_divisible(batch_size: int, mesh: jax.sharding.Mesh) -> None:
         raise ValueError(f"batch_size {batch_size} is not divisible by the {mesh.size} devices")
 
 
-def put_rows(arrays: Any, mesh: jax.sharding.Mesh, *, pad: bool = False,
-             stacked: bool = False) -> Any:  # fmt: skip
+def put_rows(
+    arrays: Any, mesh: jax.sharding.Mesh, *, pad: bool = False, stacked: bool = False
+) -> Any:
     """Every array of the pytree ``arrays`` with its leading (batch) axis split over the
     ``"data"`` devices; ``stacked``: arrays ``[K, rows, ...]`` of K stacked seeds, whose
     rows (axis 1) are split and seed axis is not.

@@ -24,7 +24,6 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-
 _signals = {"received": None, "installed": False, "previous": {}}
 
 
@@ -80,8 +79,9 @@ def track(
       Interrupted: when a signal was received; the caller's work since the last item
         is abandoned.
     """
-    bar = tqdm(iterable, total=total, desc=desc, disable=not progress, leave=False,
-               dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        iterable, total=total, desc=desc, disable=not progress, leave=False, dynamic_ncols=True
+    )
     try:
         for item in bar:
             if stop_requested() is not None:

@@ -43,7 +43,8 @@ def row(tree: Any, k: int) -> Any:
 
 
 def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> RunSettings:
-    """The config of seed ``k`` of :func:`rhnzoo.engine.run`'s ``seeds``: seed ``config.seed + k``, and a
+    """The config of seed ``k`` of :func:`rhnzoo.engine.run`'s ``seeds``: seed ``config.seed + k``,
+    and a
     ``workdir`` setting that names the first seed's ``workdir`` renamed to seed k's
     (:func:`seed_name`), as a run of that seed alone records it."""
     changes = {"seed": config.seed + k}
@@ -56,8 +57,7 @@ def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> Ru
 STACKED = "stacked"  # the stacked seeds' checkpoints, in the first seed's workdir
 
 
-def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool,
-                say) -> Checkpoints:  # fmt: skip
+def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool, say) -> Checkpoints:
     """The stacked seeds' checkpoints in ``stack``, whose ``seeds.json`` names their seeds.
 
     Raises:
@@ -67,8 +67,10 @@ def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool,
     if path.is_file():
         old = read_json(path)
         if old != seeds:
-            raise ValueError(f"{stack} holds the stacked state of seeds {old}, not {seeds}; "
-                             f"rerun with those seeds or delete {stack}")  # fmt: skip
+            raise ValueError(
+                f"{stack} holds the stacked state of seeds {old}, not {seeds}; "
+                f"rerun with those seeds or delete {stack}"
+            )
     elif primary:
         stack.mkdir(parents=True, exist_ok=True)
         write_json(path, seeds)

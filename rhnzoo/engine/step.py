@@ -46,8 +46,11 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation):
             state["params"], batch, key, state.get("carry")
         )
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        new = {**state, "params": optax.apply_updates(state["params"], updates),
-               "opt_state": opt_state}  # fmt: skip
+        new = {
+            **state,
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }
         if "carry" in state:
             new["carry"] = carry
         return new, sums

@@ -35,6 +35,7 @@ from rhnzoo.config import Config, strict
 Params = Any
 PathLike = str | os.PathLike
 
+
 class RunError(RuntimeError):
     """A run cannot go on (disk full, unreadable checkpoint, ...); the message is one line."""
 
@@ -92,9 +93,12 @@ def read_config(workdir: PathLike) -> dict[str, Any]:
 
 
 def prepare_workdir(
-    workdir: PathLike, config: Config, *, log: Callable[[str], None] | None = None,
+    workdir: PathLike,
+    config: Config,
+    *,
+    log: Callable[[str], None] | None = None,
     check_only: bool = False,
-) -> pathlib.Path:  # fmt: skip
+) -> pathlib.Path:
     """Creates ``workdir`` with ``config.json`` (``config.to_dict()``), or checks a resumed
     run's config.
 
@@ -150,9 +154,19 @@ def prepare_workdir(
 
 
 # What a run writes before its first checkpoint: a workdir holding nothing else holds no run.
-_BEFORE_CHECKPOINT = frozenset({"config.json", ".config.json.tmp", ".lock", "metrics.jsonl",
-                                ".metrics.jsonl.tmp", "tensorboard", "checkpoints", "best",
-                                "corrupt"})  # fmt: skip
+_BEFORE_CHECKPOINT = frozenset(
+    {
+        "config.json",
+        ".config.json.tmp",
+        ".lock",
+        "metrics.jsonl",
+        ".metrics.jsonl.tmp",
+        "tensorboard",
+        "checkpoints",
+        "best",
+        "corrupt",
+    }
+)
 
 
 def holds_run(workdir: pathlib.Path) -> bool:
@@ -160,7 +174,8 @@ def holds_run(workdir: pathlib.Path) -> bool:
     write before its first checkpoint (``results.json``, a study's trials, ...)."""
     checkpoints = workdir / "checkpoints"
     return any(p.name not in _BEFORE_CHECKPOINT for p in workdir.iterdir()) or (
-        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))  # fmt: skip
+        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    )
 
 
 def _make_dir(workdir: pathlib.Path) -> None:
@@ -204,8 +219,10 @@ class WorkdirLock:
         except OSError as e:  # a file system without flock (some network mounts)
             self.release()
             if warn is not None:
-                warn(f"warning: cannot lock {workdir / '.lock'} ({_one_line(e)}); nothing "
-                     "stops a second run from training in this workdir")  # fmt: skip
+                warn(
+                    f"warning: cannot lock {workdir / '.lock'} ({_one_line(e)}); nothing "
+                    "stops a second run from training in this workdir"
+                )
             return
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
@@ -265,8 +282,12 @@ class Checkpoints:
     def remove_incomplete(self) -> list[pathlib.Path]:
         """Deletes the temporary directories of saves that never finished (a second signal
         during a save, a kill); returns them. Call from process 0 alone, under the lock."""
-        found = [p for manager in (self.latest, self.best) if manager is not None
-                 for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")]  # fmt: skip
+        found = [
+            p
+            for manager in (self.latest, self.best)
+            if manager is not None
+            for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")
+        ]
         for tmp in found:
             shutil.rmtree(tmp, ignore_errors=True)
         return found
@@ -300,8 +321,12 @@ class Checkpoints:
                 older = self.latest.latest_step()
                 warn(
                     f"warning: checkpoint {bad} is unreadable ({reason}); moved to "
-                    f"{aside}; " + (f"resuming from step {older}" if older is not None
-                                    else "starting from scratch")  # fmt: skip
+                    f"{aside}; "
+                    + (
+                        f"resuming from step {older}"
+                        if older is not None
+                        else "starting from scratch"
+                    )
                 )
 
     def drop_best_after(self, step: int) -> None:
@@ -457,7 +482,9 @@ def restore_params(workdir: PathLike) -> Params | None:
         try:
             step = manager.latest_step()
             with _quiet_orbax():
-                return None if step is None else manager.restore(step, args=ocp.args.StandardRestore())
+                return (
+                    None if step is None else manager.restore(step, args=ocp.args.StandardRestore())
+                )
         finally:
             manager.close()
 

@@ -101,8 +101,14 @@ class SequenceClassifier:
     def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
         """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
         None: any batch, so ``auto`` does not consider ``pallas``)."""
-        return scan.resolve(self.scan_impl, self.cell, batch=batch, dtype=self.dtype,
-                            remat=self.remat, input_size=self.input_size)  # fmt: skip
+        return scan.resolve(
+            self.scan_impl,
+            self.cell,
+            batch=batch,
+            dtype=self.dtype,
+            remat=self.remat,
+            input_size=self.input_size,
+        )
 
     def init(self, key: Array) -> Params:
         """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
@@ -143,17 +149,35 @@ class SequenceClassifier:
         # The bfloat16 scans take jnp.bfloat16; float32 is None: the inputs' own dtype.
         dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
         if reference:
-            _, ys = scan.unroll(self.cell, params["cell"], carry, xs, impl=impl, lengths=lengths,
-                                unroll=self.unroll, remat=self.remat, project_per_step=per_step,
-                                save_matmuls=True)  # fmt: skip
+            _, ys = scan.unroll(
+                self.cell,
+                params["cell"],
+                carry,
+                xs,
+                impl=impl,
+                lengths=lengths,
+                unroll=self.unroll,
+                remat=self.remat,
+                project_per_step=per_step,
+                save_matmuls=True,
+            )
             last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
         else:
             # Each row's carry stops at its last real step, and its output is in it: the
             # gated scans write no [T, B, n] output stack, nor read its (zero) cotangent.
-            carry, _ = scan.unroll(self.cell, params["cell"], carry, xs, impl=impl,
-                                   lengths=lengths, unroll=self.unroll, remat=self.remat,
-                                   project_per_step=per_step, dtype=dtype,
-                                   outputs=False)  # fmt: skip
+            carry, _ = scan.unroll(
+                self.cell,
+                params["cell"],
+                carry,
+                xs,
+                impl=impl,
+                lengths=lengths,
+                unroll=self.unroll,
+                remat=self.remat,
+                project_per_step=per_step,
+                dtype=dtype,
+                outputs=False,
+            )
             last = scan.output_of(self.cell, carry)
         return jnp.where((lengths > 0)[:, None], last, 0.0)
 

@@ -49,8 +49,10 @@ Params = Any
 def _he_normal(key: Array, shape: tuple[int, ...]) -> Array:
     """He et al. 2015: truncated at +-2 sd, then scaled to variance 2 / fan_in."""
     std = jnp.sqrt(jnp.float32(2.0 / shape[-2])) / jnp.float32(0.87962566103423978)
-    return flat_draw(jax.random.truncated_normal, key, shape, lower=-2, upper=2,
-                     dtype=jnp.float32) * std
+    return (
+        flat_draw(jax.random.truncated_normal, key, shape, lower=-2, upper=2, dtype=jnp.float32)
+        * std
+    )
 
 
 def _glorot_uniform(key: Array, shape: tuple[int, ...]) -> Array:
@@ -242,8 +244,10 @@ class FeedForwardNet:
         check_choice("activation", self.activation, ACTIVATIONS)
         check_choice("kernel_init", self.kernel_init, INITS)
         if not isinstance(self.depth, int) or self.depth < 2:
-            raise ValueError(f"depth must be an integer >= 2 (a first layer and at least one "
-                             f"{self.kind} layer), got {self.depth!r}")  # fmt: skip
+            raise ValueError(
+                f"depth must be an integer >= 2 (a first layer and at least one "
+                f"{self.kind} layer), got {self.depth!r}"
+            )
         check_positive("width", self.width)
         check_positive("input_size", self.input_size)
         if not isinstance(self.num_classes, int) or self.num_classes < 2:
@@ -254,8 +258,9 @@ class FeedForwardNet:
         """The ``depth - 1`` highway or plain layers after the first."""
         act = ACTIVATIONS[self.activation]
         if self.kind == "highway":
-            return Highway(self.width, self.depth - 1, act, self.kernel_init,
-                           init_bias=self.transform_bias)  # fmt: skip
+            return Highway(
+                self.width, self.depth - 1, act, self.kernel_init, init_bias=self.transform_bias
+            )
         return Plain(self.width, self.depth - 1, act, self.kernel_init)
 
     def init(self, key: Array) -> Params:
@@ -263,12 +268,16 @@ class FeedForwardNet:
         k_in, k_layers, k_out = jax.random.split(key, 3)
         m, n, c = self.input_size, self.width, self.num_classes
         return {
-            "input": {"W": INITS[self.kernel_init](k_in, (m, n)),
-                      "b": jnp.zeros((n,), jnp.float32)},
+            "input": {
+                "W": INITS[self.kernel_init](k_in, (m, n)),
+                "b": jnp.zeros((n,), jnp.float32),
+            },
             "layers": self.stack.init(k_layers),
-            "output": {"W": INITS[self.kernel_init](k_out, (n, c)),
-                       "b": jnp.zeros((c,), jnp.float32)},
-        }  # fmt: skip
+            "output": {
+                "W": INITS[self.kernel_init](k_out, (n, c)),
+                "b": jnp.zeros((c,), jnp.float32),
+            },
+        }
 
     def num_params(self) -> int:
         """Number of scalar parameters (no allocation): :func:`rhnzoo.models.num_params`."""

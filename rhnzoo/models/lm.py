@@ -73,11 +73,18 @@ class LanguageModel:
     def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
         """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
         None: any batch, so ``auto`` does not consider ``pallas``)."""
-        return scan.resolve(self.scan_impl, self.cell, batch=batch, dtype=self.dtype,
-                            remat=self.remat, input_size=self.embed_size)  # fmt: skip
+        return scan.resolve(
+            self.scan_impl,
+            self.cell,
+            batch=batch,
+            dtype=self.dtype,
+            remat=self.remat,
+            input_size=self.embed_size,
+        )
 
     def init(self, key: Array) -> Params:
-        """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n, V]``)."""
+        """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n,
+        V]``)."""
         ke, kc, ks = jax.random.split(key, 3)
         u = lambda k, shape: cells.base.uniform(k, shape, self.init_scale)
         params = {
@@ -95,8 +102,9 @@ class LanguageModel:
     def dropout_masks(self, key: Array, tokens: Array, rates: dropout.Rates) -> dict[str, Array]:
         """The variational-dropout masks of a training minibatch ``tokens [B, T]``, drawn
         from ``key`` (:func:`rhnzoo.dropout.lm_masks`; the model knows its own sizes)."""
-        return dropout.lm_masks(key, tokens, self.vocab_size, self.embed_size,
-                                self.cell.hidden_size, rates)  # fmt: skip
+        return dropout.lm_masks(
+            key, tokens, self.vocab_size, self.embed_size, self.cell.hidden_size, rates
+        )
 
     def softmax_weights(self, params: Params) -> Array:
         """``[n, V]``: the softmax matrix (the tied embedding, transposed, if tied)."""
@@ -113,9 +121,17 @@ class LanguageModel:
         if masks is not None:
             xs = xs * (masks["x"].T[..., None] * masks["i"][None])
         mask_h = None if masks is None else masks["h"]
-        carry, ys = scan.unroll(self.cell, params["cell"], carry, xs, mask_h,
-                                impl=self.scan_impl, unroll=self.unroll, remat=self.remat,
-                                dtype=self.dtype)  # fmt: skip
+        carry, ys = scan.unroll(
+            self.cell,
+            params["cell"],
+            carry,
+            xs,
+            mask_h,
+            impl=self.scan_impl,
+            unroll=self.unroll,
+            remat=self.remat,
+            dtype=self.dtype,
+        )
         if masks is not None:
             ys = ys * masks["o"][None]
         return carry, ys
@@ -123,8 +139,9 @@ class LanguageModel:
     def logits(self, params: Params, ys: Array) -> Array:
         """``ys [..., n] -> [..., V]`` unnormalised log-probabilities."""
         w = self.softmax_weights(params)
-        logits = jnp.dot(ys.astype(self.dtype), w.astype(self.dtype),
-                         preferred_element_type=jnp.float32)  # fmt: skip
+        logits = jnp.dot(
+            ys.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32
+        )
         return logits + params["softmax_b"]
 
     def nll(
@@ -167,7 +184,9 @@ class LanguageModel:
             raise ValueError(f"time_chunk {time_chunk} does not divide the window's {T} steps")
         split = lambda a: a.reshape((T // time_chunk, time_chunk) + a.shape[1:])
         add = lambda total, chunk: (total + chunk_nll(*chunk), None)
-        total, _ = jax.lax.scan(add, jnp.zeros((), jnp.float32), jax.tree.map(split, (ys, targets.T, w)))
+        total, _ = jax.lax.scan(
+            add, jnp.zeros((), jnp.float32), jax.tree.map(split, (ys, targets.T, w))
+        )
         return total, carry
 
 
@@ -202,8 +221,17 @@ def language_model(
     extra = {"hsg_init_bias": hsg_init_bias} if wrapped else {}
     rnn = cells.make(cell, hidden_size, hsg=hsg, init_scale=init_scale, **extra, **cell_options)
     embed = hidden_size if tied else min(vocab_size, hidden_size)
-    return LanguageModel(rnn, vocab_size, embed, tied=tied, init_scale=init_scale, unroll=unroll,
-                         scan_impl=scan_impl, remat=remat, dtype=dtype)  # fmt: skip
+    return LanguageModel(
+        rnn,
+        vocab_size,
+        embed,
+        tied=tied,
+        init_scale=init_scale,
+        unroll=unroll,
+        scan_impl=scan_impl,
+        remat=remat,
+        dtype=dtype,
+    )
 
 
 def rhn_language_model(
@@ -225,6 +253,11 @@ def rhn_language_model(
       ValueError: if depth < 1 or hidden_size < 1.
     """
     return language_model(
-        "rhn", vocab_size, hidden_size, depth=depth, coupled=coupled, init_bias=init_bias,
+        "rhn",
+        vocab_size,
+        hidden_size,
+        depth=depth,
+        coupled=coupled,
+        init_bias=init_bias,
         **options,
     )

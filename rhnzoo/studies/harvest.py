@@ -94,17 +94,39 @@ RRL_MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
 # Smoke: 2 steps of 64 sequences, dev and test 160 each (the full 9,000 + 10,000 P-MNIST
 # or 3,750 + 25,000 IMDB sequences were most of a smoke window's CPU time), and a long
 # schedule (--epochs) so that --smoke_steps, not the epochs, ends a longer run.
-RRL_SMOKE = ("--max_steps=2", "--subset=64", "--eval_subset=160", "--epochs=1000",
-             "--hidden_size=8", "--embed_size=8", "--hybrid_hidden_size=8",
-             "--embeddings=random", "--batch_size=16", "--jobs=1")  # fmt: skip
+RRL_SMOKE = (
+    "--max_steps=2",
+    "--subset=64",
+    "--eval_subset=160",
+    "--epochs=1000",
+    "--hidden_size=8",
+    "--embed_size=8",
+    "--hybrid_hidden_size=8",
+    "--embeddings=random",
+    "--batch_size=16",
+    "--jobs=1",
+)
 
 
 def _rrl(dataset: str, model: str, extra: tuple[str, ...], **kw) -> Chunk:
     return Chunk(
-        name=f"rrl-{dataset}-{model}", table=f"rrl_{dataset}_paper", script="experiments/rrl.py",
-        flags=(f"--dataset={dataset}", "--preset=paper", "--table", f"--models={model}",
-               "--seeds=3", "--jobs=3", "--noprogress", *extra),
-        smoke=RRL_SMOKE, stack=True, **kw)  # fmt: skip
+        name=f"rrl-{dataset}-{model}",
+        table=f"rrl_{dataset}_paper",
+        script="experiments/rrl.py",
+        flags=(
+            f"--dataset={dataset}",
+            "--preset=paper",
+            "--table",
+            f"--models={model}",
+            "--seeds=3",
+            "--jobs=3",
+            "--noprogress",
+            *extra,
+        ),
+        smoke=RRL_SMOKE,
+        stack=True,
+        **kw,
+    )
 
 
 # The highway report's setting (docs/highway.md): MNIST, plain vs highway, 400 epochs, one
@@ -115,21 +137,59 @@ HIGHWAY_SMOKE = ("--max_steps=2", "--seeds=1", "--jobs=1", "--noanalyze")
 # (architecture, depth), one depth per chunk.
 JSB_SMOKE = ("--trials=1", "--max_steps=2", "--width=8", "--jobs=1")
 
-CHUNKS: dict[str, Chunk] = {c.name: c for c in [
-    *[_rrl("imdb", m, ("--skip=50", "--divergence_factor=0"), data=("imdb",),
-           vectors="imdb", minutes=7.0) for m in RRL_MODELS],
-    *[_rrl("pmnist", m, ("--skip=10",), data=("mnist",), minutes=5.0) for m in RRL_MODELS],
-    *[Chunk(name=f"highway-mnist-d{d}", table="highway_mnist_paper",
-            script="experiments/highway.py",
-            flags=("--dataset=mnist", "--sweep", f"--depths={d}", "--epochs=400", "--seeds=3",
-                   "--jobs=6", "--noprogress"),
-            data=("mnist",), minutes=8.0, smoke=HIGHWAY_SMOKE, metric="test_acc", stack=True)
-      for d in (10, 20, 50, 100)],
-    *[Chunk(name=f"jsb-d{d}", table="jsb_paper", script="experiments/jsb.py",
-            flags=(f"--depths={d}", "--jobs=6"), data=("jsb_chorales",),
-            minutes=8.0, smoke=JSB_SMOKE, metric="test_nll", select="valid_nll")
-      for d in (1, 2, 4, 6)],
-]}  # fmt: skip
+CHUNKS: dict[str, Chunk] = {
+    c.name: c
+    for c in [
+        *[
+            _rrl(
+                "imdb",
+                m,
+                ("--skip=50", "--divergence_factor=0"),
+                data=("imdb",),
+                vectors="imdb",
+                minutes=7.0,
+            )
+            for m in RRL_MODELS
+        ],
+        *[_rrl("pmnist", m, ("--skip=10",), data=("mnist",), minutes=5.0) for m in RRL_MODELS],
+        *[
+            Chunk(
+                name=f"highway-mnist-d{d}",
+                table="highway_mnist_paper",
+                script="experiments/highway.py",
+                flags=(
+                    "--dataset=mnist",
+                    "--sweep",
+                    f"--depths={d}",
+                    "--epochs=400",
+                    "--seeds=3",
+                    "--jobs=6",
+                    "--noprogress",
+                ),
+                data=("mnist",),
+                minutes=8.0,
+                smoke=HIGHWAY_SMOKE,
+                metric="test_acc",
+                stack=True,
+            )
+            for d in (10, 20, 50, 100)
+        ],
+        *[
+            Chunk(
+                name=f"jsb-d{d}",
+                table="jsb_paper",
+                script="experiments/jsb.py",
+                flags=(f"--depths={d}", "--jobs=6"),
+                data=("jsb_chorales",),
+                minutes=8.0,
+                smoke=JSB_SMOKE,
+                metric="test_nll",
+                select="valid_nll",
+            )
+            for d in (1, 2, 4, 6)
+        ],
+    ]
+}
 
 
 def chunk_of(name: str) -> Chunk:
@@ -151,8 +211,10 @@ def read_queue(queue: pathlib.Path | None = None) -> list[dict[str, str]]:
         for line in lines[1:]:
             fields = line.split("\t")
             rows[fields[0]] = dict(zip(QUEUE_HEADER, fields + [""] * len(QUEUE_HEADER)))
-    return [rows.get(name) or dict.fromkeys(QUEUE_HEADER, "") | {"chunk": name, "state": "pending"}
-            for name in CHUNKS]  # fmt: skip
+    return [
+        rows.get(name) or dict.fromkeys(QUEUE_HEADER, "") | {"chunk": name, "state": "pending"}
+        for name in CHUNKS
+    ]
 
 
 def write_queue(rows: list[dict[str, str]], queue: pathlib.Path | None = None) -> None:
@@ -178,8 +240,9 @@ def next_pending(queue: pathlib.Path | None = None) -> str:
 def device_command(name: str, smoke: bool = False) -> str:
     """The one command the device runs for window ``name`` (from the repository root,
     ``$OUT`` set by the device tool)."""
-    return (f"PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run {name}"
-            + (" --smoke" if smoke else ""))  # fmt: skip
+    return f"PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run {name}" + (
+        " --smoke" if smoke else ""
+    )
 
 
 def make_vectors(dataset: str, log=print) -> pathlib.Path:
@@ -194,11 +257,14 @@ def make_vectors(dataset: str, log=print) -> pathlib.Path:
     config = presets.get_config("paper", dataset)
     try:
         data = rrl.load_data(config)
-        path = word2vec.cache_path(data.train.inputs, data.vocab, config.embedding_size(),
-                                   dataset=config.dataset)  # fmt: skip
+        path = word2vec.cache_path(
+            data.train.inputs, data.vocab, config.embedding_size(), dataset=config.dataset
+        )
         if not path.is_file():
-            log(f"{dataset}: training the {config.embedding_size()}-d Word2Vec vectors "
-                "(gensim, about 2 min on a CPU)")  # fmt: skip
+            log(
+                f"{dataset}: training the {config.embedding_size()}-d Word2Vec vectors "
+                "(gensim, about 2 min on a CPU)"
+            )
             rrl.embeddings_for(config, data, log=log)
     except DataError as e:
         raise HarvestError(f"{dataset} vectors: {e}") from None
@@ -211,8 +277,12 @@ def travelling_bytes(tree: pathlib.Path = ROOT) -> int:
     """What travels with every device call from ``tree`` besides the carried paths: its
     tracked and untracked-not-ignored files and its ``.git`` folder."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
-                                cwd=tree, capture_output=True, check=True).stdout  # fmt: skip
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+            cwd=tree,
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         raise HarvestError(f"{tree}: not a git checkout (the device call copies one)") from None
     total = 0
@@ -229,9 +299,16 @@ def _bytes(path: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path = ROOT,
-            records: pathlib.Path | None = None, tree: pathlib.Path = ROOT,
-            queue: pathlib.Path | None = None, log=print) -> dict:  # fmt: skip
+def prepare(
+    name: str | None = None,
+    smoke: bool = False,
+    *,
+    root: pathlib.Path = ROOT,
+    records: pathlib.Path | None = None,
+    tree: pathlib.Path = ROOT,
+    queue: pathlib.Path | None = None,
+    log=print,
+) -> dict:
     """Stages window ``name`` (None: the next pending) into ``root/.harvest/`` and returns
     (and prints, last, as JSON) its device call ``{"command", "carry", "timeout_s"}``.
 
@@ -262,8 +339,10 @@ def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path 
     size = sum(_bytes(src) for src, _ in carried)
     travelling = travelling_bytes(tree) + size
     if travelling > TRAVEL_LIMIT:
-        raise HarvestError(f"{name}: {travelling / 2**20:.1f} MiB would travel (carried "
-                           f"{size / 2**20:.1f} MiB), more than {TRAVEL_LIMIT / 2**20:.0f} MiB")
+        raise HarvestError(
+            f"{name}: {travelling / 2**20:.1f} MiB would travel (carried "
+            f"{size / 2**20:.1f} MiB), more than {TRAVEL_LIMIT / 2**20:.0f} MiB"
+        )
     command = device_command(name, smoke)
     if len(command) >= COMMAND_LIMIT:
         raise HarvestError(f"{name}: the device command has {len(command)} characters")
@@ -276,9 +355,13 @@ def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path 
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, new / rel)
         commit = _git(tree, "rev-parse", "--short", "HEAD")
         dirty = _git(tree, "status", "--porcelain", "--untracked-files=no")
-        window = {"window": name, "smoke": smoke, "commit": commit + ("+" if dirty else ""),
-                  "prepared": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                  "resume": partial.is_file()}  # fmt: skip
+        window = {
+            "window": name,
+            "smoke": smoke,
+            "commit": commit + ("+" if dirty else ""),
+            "prepared": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "resume": partial.is_file(),
+        }
         (new / "window.json").write_text(json.dumps(window) + "\n")
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
@@ -287,9 +370,11 @@ def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path 
     os.replace(new, stage)
     call = {"command": command, "carry": [STAGE_NAME], "timeout_s": TIMEOUT_S}
     how = " (resumes a partial window)" if partial.is_file() else ""
-    log(f"{name}: carries {size / 2**20:.1f} MiB in {STAGE_NAME}/, {travelling / 2**20:.1f} "
+    log(
+        f"{name}: carries {size / 2**20:.1f} MiB in {STAGE_NAME}/, {travelling / 2**20:.1f} "
         f"MiB travel in all; about {chunk.minutes:g} min{how}; it runs: "
-        f"{' '.join(experiment_command(chunk, pathlib.Path('.harvest/work/runs'), smoke)[1:])}")
+        f"{' '.join(experiment_command(chunk, pathlib.Path('.harvest/work/runs'), smoke)[1:])}"
+    )
     log(json.dumps(call))
     return call
 
@@ -297,8 +382,13 @@ def prepare(name: str | None = None, smoke: bool = False, *, root: pathlib.Path 
 # ---------------------------------------------------------------------------- the device
 
 
-def experiment_command(chunk: Chunk, workdir: pathlib.Path, smoke: bool,
-                       stack: bool | None = None, smoke_steps: int | None = None) -> list[str]:
+def experiment_command(
+    chunk: Chunk,
+    workdir: pathlib.Path,
+    smoke: bool,
+    stack: bool | None = None,
+    smoke_steps: int | None = None,
+) -> list[str]:
     """The experiment's command line; ``stack`` (default the chunk's): each row's
     ``--seeds=K`` as one program (``--stack_seeds``, ``--jobs`` divided by K);
     ``smoke_steps``: with ``smoke``, ``--max_steps`` instead of the smoke flags' 2."""
@@ -318,9 +408,16 @@ def _flag(flags: list[str], name: str) -> str | None:
     return values[-1] if values else None
 
 
-def run(name: str | None = None, out: pathlib.Path | None = None, smoke: bool = False,
-        deadline_s: float = DEADLINE_S, *, root: pathlib.Path = ROOT,
-        stack: bool | None = None, smoke_steps: int | None = None) -> dict:  # fmt: skip
+def run(
+    name: str | None = None,
+    out: pathlib.Path | None = None,
+    smoke: bool = False,
+    deadline_s: float = DEADLINE_S,
+    *,
+    root: pathlib.Path = ROOT,
+    stack: bool | None = None,
+    smoke_steps: int | None = None,
+) -> dict:
     """Runs window ``name`` (None: the one prepared in ``root/.harvest/``) on the data
     and vectors the stage carries (else the environment's), resuming its carried
     partial archive; trains in ``root/.harvest/work/`` and stops the experiment at
@@ -362,8 +459,9 @@ def run(name: str | None = None, out: pathlib.Path | None = None, smoke: bool = 
     cmd = experiment_command(chunk, runs, smoke, stack, smoke_steps)
     start = time.time()
     with open(work / "log.txt", "a") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=deadline_s)
         except subprocess.TimeoutExpired:
@@ -375,17 +473,30 @@ def run(name: str | None = None, out: pathlib.Path | None = None, smoke: bool = 
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
-    finished = sorted(p.parent.relative_to(runs).as_posix() for p in runs.rglob("results.json")
-                      if "stacked" not in p.parts)  # fmt: skip
+    finished = sorted(
+        p.parent.relative_to(runs).as_posix()
+        for p in runs.rglob("results.json")
+        if "stacked" not in p.parts
+    )
     minutes = round((time.time() - start) / 60, 2)
     before = (resumed or {}).get("minutes_total", (resumed or {}).get("minutes", 0.0))
-    info = {"chunk": name, "table": chunk.table, "smoke": smoke, "returncode": rc,
-            "minutes": minutes, "minutes_total": round(before + minutes, 2),
-            "finished": finished, "complete": rc == 0, "resumed": resumed is not None,
-            "command": cmd[1:], "date": datetime.date.today().isoformat(),
-            "commit": window.get("commit") or _git(ROOT, "rev-parse", "--short", "HEAD")
-            or "unknown", "device": _device(), "host": os.uname().nodename,
-            "partial": None}  # fmt: skip
+    info = {
+        "chunk": name,
+        "table": chunk.table,
+        "smoke": smoke,
+        "returncode": rc,
+        "minutes": minutes,
+        "minutes_total": round(before + minutes, 2),
+        "finished": finished,
+        "complete": rc == 0,
+        "resumed": resumed is not None,
+        "command": cmd[1:],
+        "date": datetime.date.today().isoformat(),
+        "commit": window.get("commit") or _git(ROOT, "rev-parse", "--short", "HEAD") or "unknown",
+        "device": _device(),
+        "host": os.uname().nodename,
+        "partial": None,
+    }
     archives = []
     with tempfile.TemporaryDirectory(dir=stage) as tmp:
         partial = pathlib.Path(tmp) / f"{name}.partial.tar.gz"
@@ -397,9 +508,11 @@ def run(name: str | None = None, out: pathlib.Path | None = None, smoke: bool = 
                         tar.add(path, arcname=str(path.relative_to(work)))
                 tar.add(work / "harvest.json", arcname="harvest.json")
             size = partial.stat().st_size
-            info["partial"] = (f"{name}.partial.tar.gz" if size <= PARTIAL_LIMIT else
-                               f"not kept: {size / 2**20:.1f} MiB, more than "
-                               f"{PARTIAL_LIMIT / 2**20:.0f} MiB")  # fmt: skip
+            info["partial"] = (
+                f"{name}.partial.tar.gz"
+                if size <= PARTIAL_LIMIT
+                else f"not kept: {size / 2**20:.1f} MiB, more than {PARTIAL_LIMIT / 2**20:.0f} MiB"
+            )
         (work / "harvest.json").write_text(json.dumps(info, indent=1) + "\n")
         archive = out / f"{name}.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
@@ -429,17 +542,22 @@ def _read_json(path: pathlib.Path) -> dict | None:
 def _git(tree: pathlib.Path, *args: str) -> str:
     """``git args``'s output in ``tree`` ('' where there is no git)."""
     try:
-        return subprocess.run(["git", *args], cwd=tree, text=True, capture_output=True,
-                              check=False).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", *args], cwd=tree, text=True, capture_output=True, check=False
+        ).stdout.strip()
     except OSError:
         return ""
 
 
 def _device() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             text=True, capture_output=True, timeout=30,
-                             check=False).stdout.strip()  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            text=True,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     return out.splitlines()[0] if out else "CPU"
@@ -470,8 +588,12 @@ def check_out(out: pathlib.Path) -> list[str]:
 # --------------------------------------------------------------------------- here: record
 
 
-def record(out_dir: pathlib.Path, smoke: bool = False, records: pathlib.Path | None = None,
-           queue: pathlib.Path | None = None) -> dict[str, str]:  # fmt: skip
+def record(
+    out_dir: pathlib.Path,
+    smoke: bool = False,
+    records: pathlib.Path | None = None,
+    queue: pathlib.Path | None = None,
+) -> dict[str, str]:
     """Merges every window archive in ``out_dir`` (read only: it is never written) into
     ``records/<table>/`` (``records``: :data:`RECORDS`; with ``smoke``
     :data:`SMOKE_RECORDS`): each run's folder replaced, the window's log and
@@ -497,7 +619,8 @@ def record(out_dir: pathlib.Path, smoke: bool = False, records: pathlib.Path | N
             if bool(info["smoke"]) != smoke:
                 raise HarvestError(
                     f"{archive}: a {'--smoke' if info['smoke'] else 'paper-scale'} window; "
-                    f"record it {'with' if info['smoke'] else 'without'} --smoke")
+                    f"record it {'with' if info['smoke'] else 'without'} --smoke"
+                )
             infos.append((archive, work, info))
         rows = read_queue(queue)
         for archive, work, info in infos:
@@ -522,12 +645,19 @@ def record(out_dir: pathlib.Path, smoke: bool = False, records: pathlib.Path | N
                 if row["chunk"] == name:
                     note = f"{len(info['finished'])} runs finished"
                     if not info["complete"]:
-                        note += ("; resumable" if info["partial"] == partial.name
-                                 else f"; partial {info['partial']}")  # fmt: skip
-                    row.update(state="done" if info["complete"] else "partial",
-                               date=info["date"], device=info["device"],
-                               commit=info["commit"], minutes=str(info["minutes_total"]),
-                               note=note)  # fmt: skip
+                        note += (
+                            "; resumable"
+                            if info["partial"] == partial.name
+                            else f"; partial {info['partial']}"
+                        )
+                    row.update(
+                        state="done" if info["complete"] else "partial",
+                        date=info["date"],
+                        device=info["device"],
+                        commit=info["commit"],
+                        minutes=str(info["minutes_total"]),
+                        note=note,
+                    )
             chunk = CHUNKS[name]
             texts[info["table"]] = table(dest, chunk.metric, chunk.select)
         if not smoke:
@@ -558,8 +688,10 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
             return min(rs, key=lambda r: r.get(select, float("inf")))[metric]
         return (max if acc else min)(r[metric] for r in rs)
 
-    rows = [(base, tables.mean_sd([r[metric] * scale for r in rs]), f"{best(rs) * scale:.2f}")
-            for base, rs in groups.items()]  # fmt: skip
+    rows = [
+        (base, tables.mean_sd([r[metric] * scale for r in rs]), f"{best(rs) * scale:.2f}")
+        for base, rs in groups.items()
+    ]
     unit = " %" if acc else ""
     how = f" (at the best {select})" if select else ""
     text = tables.markdown(("run", f"{metric}{unit}, mean ± sd (n)", f"best{how}{unit}"), rows)
@@ -568,8 +700,9 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rhnzoo.studies.harvest",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m rhnzoo.studies.harvest", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("list", help="the queue")
     p = sub.add_parser("prepare", help="here: the window's .harvest/ and its device call")
@@ -579,15 +712,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("window", nargs="?", help="a queue row (default: the one prepared)")
     p.add_argument("--smoke", action="store_true", help="at a CPU's scale")
     p.add_argument("--out", default=os.environ.get("OUT"), help="default: $OUT")
-    p.add_argument("--deadline_s", type=float, default=DEADLINE_S,
-                   help="SIGTERM to the experiment after this many seconds (the runs save)")
-    p.add_argument("--smoke_steps", type=int, default=None,
-                   help="with --smoke: train this many steps (default the smoke flags' 2)")
+    p.add_argument(
+        "--deadline_s",
+        type=float,
+        default=DEADLINE_S,
+        help="SIGTERM to the experiment after this many seconds (the runs save)",
+    )
+    p.add_argument(
+        "--smoke_steps",
+        type=int,
+        default=None,
+        help="with --smoke: train this many steps (default the smoke flags' 2)",
+    )
     p = sub.add_parser("record", help="here: OUT_DIR's archives into the records")
     p.add_argument("out_dir")
     p.add_argument("--smoke", action="store_true", help="smoke archives (never a paper table)")
-    p.add_argument("--records", default=None, help="default: docs/runs/gpu/harvest "
-                   "(--smoke: runs/harvest_smoke)")  # fmt: skip
+    p.add_argument(
+        "--records",
+        default=None,
+        help="default: docs/runs/gpu/harvest (--smoke: runs/harvest_smoke)",
+    )
     p = sub.add_parser("table", help="the table of what is recorded")
     p.add_argument("table")
     args = parser.parse_args(argv)
@@ -604,8 +748,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise HarvestError(f"--deadline_s={args.deadline_s:g}: must be > 0")
             if args.smoke_steps is not None and not (args.smoke and args.smoke_steps > 0):
                 raise HarvestError("--smoke_steps: a positive number, with --smoke")
-            run(args.window, pathlib.Path(args.out) if args.out else None, args.smoke,
-                args.deadline_s, smoke_steps=args.smoke_steps)  # fmt: skip
+            run(
+                args.window,
+                pathlib.Path(args.out) if args.out else None,
+                args.smoke,
+                args.deadline_s,
+                smoke_steps=args.smoke_steps,
+            )
         elif args.what == "record":
             out_dir = pathlib.Path(args.out_dir)
             if not out_dir.is_dir():

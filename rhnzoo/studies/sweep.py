@@ -24,7 +24,8 @@ the sizes of the runs left, divided by the runs at a time.
 
 Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
 own name for k = 0); :func:`seed_runs` makes a sweep's runs from its rows of seeds, one
-run per seed or (``--stack_seeds``) one per row of its seeds trained as one program. :func:`collect` reads the workdirs back; the tables are
+run per seed or (``--stack_seeds``) one per row of its seeds trained as one program.
+:func:`collect` reads the workdirs back; the tables are
 :mod:`rhnzoo.studies.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
 """
 
@@ -125,10 +126,14 @@ class Jobs:
         return [*self.command[:2], f"--sweep_run={name}", *self.command[2:]]
 
 
-def seed_runs(rows: Sequence[tuple[str, Config]], seeds: int,
-              train: Callable[[Config, int | None], Callable[[pathlib.Path, str], Any]], *,
-              stack: bool = False, size: Callable[[Config], float] = lambda config: 1.0,
-              ) -> list[Run]:  # fmt: skip
+def seed_runs(
+    rows: Sequence[tuple[str, Config]],
+    seeds: int,
+    train: Callable[[Config, int | None], Callable[[pathlib.Path, str], Any]],
+    *,
+    stack: bool = False,
+    size: Callable[[Config], float] = lambda config: 1.0,
+) -> list[Run]:
     """The :class:`Run` s of a sweep whose every row trains ``seeds`` seeds.
 
     Args:
@@ -150,17 +155,25 @@ def seed_runs(rows: Sequence[tuple[str, Config]], seeds: int,
     for i, (name, _) in enumerate(rows):
         first, k = rows[i - i % seeds][0], i % seeds
         if name != seed_name(first, k):
-            raise ValueError(f"run {i} is {name!r}, not seed {k} of {first!r} "
-                             f"({seeds} seeds per row, in turn)")  # fmt: skip
+            raise ValueError(
+                f"run {i} is {name!r}, not seed {k} of {first!r} ({seeds} seeds per row, in turn)"
+            )
     k = seeds if stack and seeds > 1 else 1
-    return [Run(name, config, train(config, None if k == 1 else k), size=size(config), seeds=k)
-            for name, config in rows[::k]]  # fmt: skip
+    return [
+        Run(name, config, train(config, None if k == 1 else k), size=size(config), seeds=k)
+        for name, config in rows[::k]
+    ]
 
 
 def run_all(
-    runs: Sequence[Run], root: PathLike, *, log: Callable[[str], None] | None = print,
-    jobs: Jobs | None = None, on_divergence: str = "stop", quiet: bool = False,
-) -> dict[str, Mapping[str, Any] | None]:  # fmt: skip
+    runs: Sequence[Run],
+    root: PathLike,
+    *,
+    log: Callable[[str], None] | None = print,
+    jobs: Jobs | None = None,
+    on_divergence: str = "stop",
+    quiet: bool = False,
+) -> dict[str, Mapping[str, Any] | None]:
     """Trains ``runs``, each in ``root/<name>``: one after another in this process, or
     side by side in child processes (``jobs``, see :class:`Jobs`).
 
@@ -198,8 +211,9 @@ def run_all(
     if jobs.only is not None:
         runs = [r for r in runs if r.name == jobs.only]
         if not runs:
-            raise ValueError(f"--sweep_run={jobs.only} is not a run of this sweep "
-                             f"({', '.join(names)})")  # fmt: skip
+            raise ValueError(
+                f"--sweep_run={jobs.only} is not a run of this sweep ({', '.join(names)})"
+            )
     for r in runs:
         for k in range(r.seeds):
             workdir = root / seed_name(r.name, k)
@@ -216,8 +230,9 @@ def run_all(
     return _run_here(runs, root, on_divergence, say, quiet)
 
 
-def _run_here(runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say,
-              quiet: bool) -> dict:  # fmt: skip
+def _run_here(
+    runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say, quiet: bool
+) -> dict:
     """:func:`run_all` in this process, one run after another."""
     out, estimate = {}, _Estimate(runs, root)
     for i, r in enumerate(runs, 1):
@@ -233,8 +248,7 @@ def _run_here(runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say,
     return out
 
 
-def _done_line(count: str, name: str, seconds: float, results: Mapping | None,
-               left: str) -> str:  # fmt: skip
+def _done_line(count: str, name: str, seconds: float, results: Mapping | None, left: str) -> str:
     """``[i/n] <name> done in X min``, then ``: <its final line>`` (from ``results``) and
     ``left`` (:meth:`_Estimate.done`)."""
     final = f": {results['final']}" if results and "final" in results else ""
@@ -254,8 +268,13 @@ class _Estimate:
         self.fresh = {r.name for r in runs if not (root / r.name / "config.json").is_file()}
         self.at_a_time, self.seconds, self.units = at_a_time, 0.0, 0.0
 
-    def done(self, name: str, seconds: float, measured: bool = True,
-             running: Mapping[str, float] | None = None) -> str:  # fmt: skip
+    def done(
+        self,
+        name: str,
+        seconds: float,
+        measured: bool = True,
+        running: Mapping[str, float] | None = None,
+    ) -> str:
         """Run ``name`` ended after ``seconds`` (``measured``: it trained to its end);
         ``running``: the runs still training, with their seconds so far. Returns
         ``'; about 15 min for the 7 runs left'`` (``''`` when none is left, or no run has
@@ -297,8 +316,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
     # CPU affinity; the XLA_FLAGS thread settings are not honoured by jax 0.10's CPU client).
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{MEMORY_SHARE / jobs.n:.3f}")
     env.update(PYTHONUNBUFFERED="1", RHNZOO_SWEEP_PARENT=str(os.getpid()))
-    say(f"{len(runs)} runs, {jobs.n} at a time in child processes (output: "
-        f"{root}/<run>/{LOG})")  # fmt: skip
+    say(f"{len(runs)} runs, {jobs.n} at a time in child processes (output: {root}/<run>/{LOG})")
     pending, running, out, done = list(runs), {}, {}, 0
     estimate = _Estimate(runs, root, jobs.n)
     installed_here = not signals.installed()
@@ -309,8 +327,10 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
             if stop is None and signals.stop_requested() is not None:
                 stop = signals.stop_requested()
                 pending.clear()
-                say(f"signal {stop}: stopping {len(running)} running run(s); each saves "
-                    "its checkpoint")  # fmt: skip
+                say(
+                    f"signal {stop}: stopping {len(running)} running run(s); each saves "
+                    "its checkpoint"
+                )
                 for child in running.values():
                     child.proc.send_signal(stop)
             while pending and len(running) < jobs.n:
@@ -322,8 +342,9 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
                     continue
                 del running[name]
                 done += 1
-                out[name] = _finished(name, root / name, child, stop, say,
-                                      f"[{done}/{len(runs)}]", estimate, running)  # fmt: skip
+                out[name] = _finished(
+                    name, root / name, child, stop, say, f"[{done}/{len(runs)}]", estimate, running
+                )
             time.sleep(0.2)
     finally:
         for child in running.values():  # only after an error here: stop them and wait
@@ -333,12 +354,15 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
         if installed_here:
             signals.release_signals()
     if stop is not None:
-        raise engine.Interrupted(stop, f"stopped by signal {stop}; rerun the same command "
-                                 "to resume")  # fmt: skip
+        raise engine.Interrupted(
+            stop, f"stopped by signal {stop}; rerun the same command to resume"
+        )
     failed = [name for name, results in out.items() if results is None]
     if failed:
-        say(f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)} (see their "
-            f"{FAILED} and {LOG})")  # fmt: skip
+        say(
+            f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)} (see their "
+            f"{FAILED} and {LOG})"
+        )
     return {r.name: out.get(r.name) for r in runs}
 
 
@@ -360,9 +384,14 @@ def _start(name: str, root: pathlib.Path, jobs: Jobs, env: dict, slot: int) -> _
         f.flush()
         # A session of its own: a Ctrl-C in the terminal reaches the parent alone, which
         # passes it on once (a second signal would end a child without saving).
-        proc = subprocess.Popen(jobs.child_command(name), stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            jobs.child_command(name),
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     if hasattr(os, "sched_setaffinity"):  # before the child has started JAX's thread pools
         try:
             os.sched_setaffinity(proc.pid, _cpu_share(slot, jobs.n))
@@ -380,16 +409,25 @@ def _cpu_share(slot: int, n: int) -> list[int]:
     return cores[slot * len(cores) // n : (slot + 1) * len(cores) // n]
 
 
-def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str,
-              estimate: _Estimate, running: Mapping[str, _Child]):  # fmt: skip
+def _finished(
+    name,
+    workdir: pathlib.Path,
+    child: _Child,
+    stop,
+    say,
+    count: str,
+    estimate: _Estimate,
+    running: Mapping[str, _Child],
+):
     """The results of a child that ended (None if it failed or was stopped) and its line
     (with ``estimate``'s time for the runs left; ``running``: the children still training)."""
     now = progress.now()
     code, minutes = child.proc.returncode, (now - child.start) / 60
     results = workdir / "results.json"
     ok = code == 0 and results.is_file()
-    left = estimate.done(name, now - child.start, measured=ok,
-                         running={n: now - c.start for n, c in running.items()})  # fmt: skip
+    left = estimate.done(
+        name, now - child.start, measured=ok, running={n: now - c.start for n, c in running.items()}
+    )
     if ok:
         out = json.loads(results.read_text())
         say(_done_line(count, name, now - child.start, out, "" if stop is not None else left))
@@ -400,8 +438,9 @@ def _finished(name, workdir: pathlib.Path, child: _Child, stop, say, count: str,
     lines = [l for l in child.log.read_text(errors="replace").splitlines() if l.strip()]
     error = lines[-1].strip() if lines else ""
     why = f"exit status {code}" if code else "no results.json"
-    engine.write_json(workdir / FAILED, {"exit_status": code, "error": error,
-                                         "log": str(child.log)})  # fmt: skip
+    engine.write_json(
+        workdir / FAILED, {"exit_status": code, "error": error, "log": str(child.log)}
+    )
     say(f"{count} {name} FAILED ({why}) in {minutes:.1f} min: {error} ({child.log})")
     return None
 
@@ -423,8 +462,9 @@ def stop_with_parent() -> None:
     threading.Thread(target=watch, name="rhnzoo-sweep-parent", daemon=True).start()
 
 
-def in_memory(compute: Callable[[str], Mapping[str, Any]],
-              config: Config) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:  # fmt: skip
+def in_memory(
+    compute: Callable[[str], Mapping[str, Any]], config: Config
+) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:
     """A :attr:`Run.train` for a run that keeps nothing but its results (a random-search
     trial trained in memory, no checkpoints): a workdir holding ``results.json`` is
     finished and its results are returned; otherwise ``compute(on_divergence)`` runs and

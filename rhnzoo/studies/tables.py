@@ -31,8 +31,9 @@ def mean_sd(values: Sequence[float], fmt: str = ".2f", unit: str = "") -> str | 
 _RULES = {"-": "---", "l": ":---", "r": "---:", "c": ":---:"}
 
 
-def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—",
-             align: str | None = None) -> str:  # fmt: skip
+def markdown(
+    header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = "—", align: str | None = None
+) -> str:
     """A markdown table; None cells print as ``blank``. Every table of every sweep is
     laid out here.
 
@@ -41,8 +42,9 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]], blank: str = 
     number of columns."""
     align = "-" * len(header) if align is None else align
     if len(align) != len(header) or set(align) - _RULES.keys():
-        raise ValueError(f"align must be one of l, r, c, - per column ({len(header)}), "
-                         f"got {align!r}")  # fmt: skip
+        raise ValueError(
+            f"align must be one of l, r, c, - per column ({len(header)}), got {align!r}"
+        )
     cell = lambda v: blank if v is None else str(v)
     rules = [_RULES[a] for a in align]
     lines = ["| " + " | ".join(header) + " |", "|" + "".join(r + "|" for r in rules)]

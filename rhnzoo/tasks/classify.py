@@ -36,7 +36,9 @@ def batch_indices(seed: int, epoch: int, index: int, n: int, batch_size: int) ->
 def steps_per_epoch(n: int, batch_size: int) -> int:
     """``n // batch_size``. Raises ValueError if there is no full batch."""
     if batch_size < 1 or n < batch_size:
-        raise ValueError(f"batch_size must be in [1, {n}] for {n} training examples, got {batch_size}")
+        raise ValueError(
+            f"batch_size must be in [1, {n}] for {n} training examples, got {batch_size}"
+        )
     return n // batch_size
 
 
@@ -120,8 +122,9 @@ def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
         part = [a[start : start + batch_size] for a in arrays]
         pad = batch_size - len(part[0])
         weights = np.concatenate([np.ones(len(part[0]), np.float32), np.zeros(pad, np.float32)])
-        part = [np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a
-                for a in part]  # fmt: skip
+        part = [
+            np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a for a in part
+        ]
         yield (*part, weights)
 
 
@@ -142,5 +145,8 @@ def seed_means(totals: dict[str, Array]) -> list[dict[str, float]]:
 def means(totals: dict[str, Array]) -> dict[str, float]:
     """``{'loss', 'accuracy', 'count'}`` from summed :func:`xent_sums`."""
     totals = {k: float(v) for k, v in totals.items()}
-    return {"loss": totals["loss"] / totals["count"],
-            "accuracy": totals["correct"] / totals["count"], "count": int(totals["count"])}  # fmt: skip
+    return {
+        "loss": totals["loss"] / totals["count"],
+        "accuracy": totals["correct"] / totals["count"],
+        "count": int(totals["count"]),
+    }

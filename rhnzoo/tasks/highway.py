@@ -46,9 +46,20 @@ Array = jax.Array
 Params = Any
 Split = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, m], labels int32 [N])
 
-__all__ = ["HighwayConfig", "inputs", "split_data", "make_optimizer", "forward",
-           "make_train_step", "make_sums_fn", "evaluate", "init_state", "train_and_evaluate",
-           "train_run", "sweep"]  # fmt: skip
+__all__ = [
+    "HighwayConfig",
+    "inputs",
+    "split_data",
+    "make_optimizer",
+    "forward",
+    "make_train_step",
+    "make_sums_fn",
+    "evaluate",
+    "init_state",
+    "train_and_evaluate",
+    "train_run",
+    "sweep",
+]
 
 
 HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
@@ -79,61 +90,94 @@ class HighwayConfig(RunSettings, DataSettings):
 
     # the net
     kind: str = setting("highway", "Net.", choices=KINDS)
-    depth: int = setting(10, "Hidden layers in all (>= 2): the first plain layer and depth - "
-                         "1 highway or plain layers.", low=2)
-    width: int | None = setting(None, "Units per layer (default 50 for highway, 71 for "
-                                "plain).", low=1)
-    activation: str = setting("tanh", "H and plain-layer nonlinearity.",
-                              choices=tuple(ACTIVATIONS))
+    depth: int = setting(
+        10,
+        "Hidden layers in all (>= 2): the first plain layer and depth - 1 highway or plain layers.",
+        low=2,
+    )
+    width: int | None = setting(
+        None, "Units per layer (default 50 for highway, 71 for plain).", low=1
+    )
+    activation: str = setting("tanh", "H and plain-layer nonlinearity.", choices=tuple(ACTIVATIONS))
     init: str = setting("glorot_uniform", "Weight initialisation.", choices=sorted(INITS))
-    transform_bias: float = setting(-4.0, "Initial transform-gate bias b_T (papers: -1 to "
-                                    "-10; -2 for the MNIST heatmaps, -4 for the depth "
-                                    "curves).")
+    transform_bias: float = setting(
+        -4.0,
+        "Initial transform-gate bias b_T (papers: -1 to "
+        "-10; -2 for the MNIST heatmaps, -4 for the depth "
+        "curves).",
+    )
     # the data
     dataset: str = setting("mnist", "Data set.", choices=data.names("images"))
-    data_source: str = setting("files", "The original idx / python pickle files, or "
-                               "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
-                               choices=data.SOURCES)
+    data_source: str = setting(
+        "files",
+        "The original idx / python pickle files, or "
+        "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
+        choices=data.SOURCES,
+    )
     valid_size: int = setting(10000, "Last training images held out for validation.", low=1)
     # the optimisation
-    lr: float | None = setting(None, f"Initial learning rate (default: {HIGHWAY_LR} for "
-                               "highway nets, --plain_lrs at the depth for plain nets).")
+    lr: float | None = setting(
+        None,
+        f"Initial learning rate (default: {HIGHWAY_LR} for "
+        "highway nets, --plain_lrs at the depth for plain nets).",
+    )
     plain_lrs: tuple[str, ...] = setting(
-        ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"), "depth:rate pairs, the plain nets' "
-        "learning rates when --lr is not given.", resumable=True)
+        ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"),
+        "depth:rate pairs, the plain nets' learning rates when --lr is not given.",
+        resumable=True,
+    )
     momentum: float = setting(0.9, "SGD momentum, in [0, 1).", low=0)
-    lr_decay_rate: float = setting(0.96, "Learning-rate factor every --lr_decay_steps, in "
-                                   "(0, 1].")
+    lr_decay_rate: float = setting(0.96, "Learning-rate factor every --lr_decay_steps, in (0, 1].")
     lr_decay_steps: int = setting(100_000, "Steps between learning-rate decays.", low=1)
-    batch_size: int = setting(128, "Images per SGD step (an epoch's last partial batch is "
-                              "dropped).", low=1)
-    eval_batch_size: int = setting(1000, "Images per evaluation call.", low=1,
-                                   resumable=True)
+    batch_size: int = setting(
+        128, "Images per SGD step (an epoch's last partial batch is dropped).", low=1
+    )
+    eval_batch_size: int = setting(1000, "Images per evaluation call.", low=1, resumable=True)
     epochs: int = setting(400, "Training epochs (the papers: 400).", low=1)
     # the sweep (a run's own net and seed: kind, depth, seed) and the analyses
-    sweep: bool = setting(False, "Train every --depths x (plain, highway), then write the "
-                          "table and figures.", resumable=True)
-    depths: tuple[str, ...] = setting(("10", "20", "50", "100"), "Depths of --sweep.",
-                                      resumable=True)
-    seeds: int = setting(1, "Runs per (kind, depth) of --sweep, seeds --seed ... --seed + "
-                         "seeds - 1.", low=1, resumable=True)
-    jobs: int = setting(1, "Runs of --sweep at a time (child processes when > 1).", low=1,
-                        resumable=True)
-    analyze: bool = setting(True, "After training a highway net, write its gate heatmaps and "
-                            "lesioning figure.", resumable=True)
-    heatmap_examples: int = setting(10000, "Training images averaged in the mean-T heatmap.",
-                                    low=1, resumable=True)
-    lesion_examples: int = setting(10000, "Training images of the lesioning study.", low=1,
-                                   resumable=True)
-    diagnostics_depth: int = setting(50, "Depth of the plain nets of the sweep's activation / "
-                                     "gradient diagnostics (0: skip; else >= 2).", low=0,
-                                     resumable=True)
+    sweep: bool = setting(
+        False,
+        "Train every --depths x (plain, highway), then write the table and figures.",
+        resumable=True,
+    )
+    depths: tuple[str, ...] = setting(
+        ("10", "20", "50", "100"), "Depths of --sweep.", resumable=True
+    )
+    seeds: int = setting(
+        1,
+        "Runs per (kind, depth) of --sweep, seeds --seed ... --seed + seeds - 1.",
+        low=1,
+        resumable=True,
+    )
+    jobs: int = setting(
+        1, "Runs of --sweep at a time (child processes when > 1).", low=1, resumable=True
+    )
+    analyze: bool = setting(
+        True,
+        "After training a highway net, write its gate heatmaps and lesioning figure.",
+        resumable=True,
+    )
+    heatmap_examples: int = setting(
+        10000, "Training images averaged in the mean-T heatmap.", low=1, resumable=True
+    )
+    lesion_examples: int = setting(
+        10000, "Training images of the lesioning study.", low=1, resumable=True
+    )
+    diagnostics_depth: int = setting(
+        50,
+        "Depth of the plain nets of the sweep's activation / "
+        "gradient diagnostics (0: skip; else >= 2).",
+        low=0,
+        resumable=True,
+    )
     workdir: str | None = setting(
-        None, "Run directory (a sweep's root); rerunning with it resumes (default: "
+        None,
+        "Run directory (a sweep's root); rerunning with it resumes (default: "
         "runs/highway_<dataset>_<kind>_d<depth>, a sweep's runs/highway_<dataset>_<preset "
-        "or full>).", resumable=True)
-    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
-                                 flag=False)
+        "or full>).",
+        resumable=True,
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True, flag=False)
 
     def check(self) -> None:
         super().check()  # the run settings'
@@ -151,8 +195,9 @@ class HighwayConfig(RunSettings, DataSettings):
         counts = ("lr_decay_steps", "batch_size", "eval_batch_size", "valid_size")
         not_int = [name for name in counts if not isinstance(getattr(self, name), int)]
         if not_int:
-            raise ValueError(f"--{not_int[0]} must be an integer, got "
-                             f"{getattr(self, not_int[0])!r}")  # fmt: skip
+            raise ValueError(
+                f"--{not_int[0]} must be an integer, got {getattr(self, not_int[0])!r}"
+            )
         if self.diagnostics_depth == 1:
             raise ValueError("--diagnostics_depth must be 0 or >= 2, got 1")
 
@@ -172,8 +217,9 @@ class HighwayConfig(RunSettings, DataSettings):
             pairs = [item.split(":") for item in self.plain_lrs]
             return {int(d): float(lr) for d, lr in pairs}
         except ValueError:
-            raise ValueError(f"--plain_lrs must be depth:rate pairs, got "
-                             f"{list(self.plain_lrs)}") from None  # fmt: skip
+            raise ValueError(
+                f"--plain_lrs must be depth:rate pairs, got {list(self.plain_lrs)}"
+            ) from None
 
     def learning_rate(self, kind: str, depth: int) -> float:
         """The initial learning rate of a ``kind`` net of ``depth``: ``lr`` if given, else
@@ -185,8 +231,10 @@ class HighwayConfig(RunSettings, DataSettings):
             return HIGHWAY_LR
         rates = self.plain_rates()
         if depth not in rates:
-            raise ValueError(f"no plain learning rate for depth {depth} in --plain_lrs "
-                             f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate")
+            raise ValueError(
+                f"no plain learning rate for depth {depth} in --plain_lrs "
+                f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate"
+            )
         return rates[depth]
 
     def net(self, kind: str | None = None, depth: int | None = None) -> FeedForwardNet:
@@ -196,21 +244,38 @@ class HighwayConfig(RunSettings, DataSettings):
         depth = self.depth if depth is None else depth
         spec = data.DATASETS[self.dataset]
         width = DEFAULT_WIDTH[kind] if self.width is None else self.width
-        return FeedForwardNet(kind, depth, width, spec.input_size, spec.num_classes,
-                              self.activation, self.init, self.transform_bias)  # fmt: skip
+        return FeedForwardNet(
+            kind,
+            depth,
+            width,
+            spec.input_size,
+            spec.num_classes,
+            self.activation,
+            self.init,
+            self.transform_bias,
+        )
 
-    def narrow(self, kind: str | None = None, depth: int | None = None, k: int = 0,
-               **changes: Any) -> HighwayConfig:  # fmt: skip
+    def narrow(
+        self, kind: str | None = None, depth: int | None = None, k: int = 0, **changes: Any
+    ) -> HighwayConfig:
         """The config of one run: the ``kind`` net of ``depth`` (default: the config's)
         with its width and learning rate resolved, seed ``seed + k``, no sweep (``depths``
         its depth, ``seeds`` and ``jobs`` 1); ``changes`` (e.g. ``workdir``) applied.
         Its ``to_dict()`` is the run's ``config.json``."""
         kind = self.kind if kind is None else kind
         depth = self.depth if depth is None else depth
-        return self.replace(kind=kind, depth=depth, width=self.net(kind, depth).width,
-                            lr=self.learning_rate(kind, depth), seed=self.seed + k,
-                            sweep=False, depths=(str(depth),), seeds=1, jobs=1,
-                            **changes)  # fmt: skip
+        return self.replace(
+            kind=kind,
+            depth=depth,
+            width=self.net(kind, depth).width,
+            lr=self.learning_rate(kind, depth),
+            seed=self.seed + k,
+            sweep=False,
+            depths=(str(depth),),
+            seeds=1,
+            jobs=1,
+            **changes,
+        )
 
     def runs(self) -> list[tuple[str, HighwayConfig]]:
         """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
@@ -255,17 +320,21 @@ def split_data(
     """
     n = len(train_images)
     if not isinstance(valid_size, int) or not 1 <= valid_size < n:
-        raise ValueError(f"--valid_size must be in [1, {n - 1}] for {n} training images, "
-                         f"got {valid_size!r}")  # fmt: skip
+        raise ValueError(
+            f"--valid_size must be in [1, {n - 1}] for {n} training images, got {valid_size!r}"
+        )
     flat = lambda a: np.ascontiguousarray(np.asarray(a, np.uint8).reshape(len(a), -1))
     x, y = flat(train_images), np.asarray(train_labels, np.int32)
-    return {"train": (x[: n - valid_size], y[: n - valid_size]),
-            "valid": (x[n - valid_size :], y[n - valid_size :]),
-            "test": (flat(test_images), np.asarray(test_labels, np.int32))}  # fmt: skip
+    return {
+        "train": (x[: n - valid_size], y[: n - valid_size]),
+        "valid": (x[n - valid_size :], y[n - valid_size :]),
+        "test": (flat(test_images), np.asarray(test_labels, np.int32)),
+    }
 
 
-def make_optimizer(cfg: HighwayConfig,
-                   lr: float) -> tuple[optax.GradientTransformation, optax.Schedule]:  # fmt: skip
+def make_optimizer(
+    cfg: HighwayConfig, lr: float
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """SGD with momentum and a staircase exponential decay from ``lr``: ``(tx, schedule)``."""
     schedule = optax.exponential_decay(lr, cfg.lr_decay_steps, cfg.lr_decay_rate, staircase=True)
     return optax.sgd(schedule, momentum=cfg.momentum or None), schedule
@@ -308,8 +377,15 @@ def make_sums_fn(net: FeedForwardNet, stacked: bool = False) -> Callable[..., di
     return jax.jit(lambda ps, *batch: jax.lax.map(lambda p: sums(p, *batch), ps))
 
 
-def evaluate(net: FeedForwardNet, params: Params, split: Split, batch_size: int = 1000,
-             track=None, desc: str = "", mesh=None) -> dict[str, float]:  # fmt: skip
+def evaluate(
+    net: FeedForwardNet,
+    params: Params,
+    split: Split,
+    batch_size: int = 1000,
+    track=None,
+    desc: str = "",
+    mesh=None,
+) -> dict[str, float]:
     """Mean cross-entropy (nats) and accuracy of ``params`` on ``split``:
     ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.tasks.classify.evaluate`)."""
     return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
@@ -326,15 +402,23 @@ def _check_images(net: FeedForwardNet, splits: Mapping[str, Split]) -> None:
     """Raises ValueError (one line) unless every split's images are ``[N, net.input_size]``."""
     for name, (x, _) in splits.items():
         if x.ndim != 2 or x.shape[1] != net.input_size:
-            raise ValueError(f"{name} images are {x.shape[1:]} per example, the net takes "
-                             f"{net.input_size} inputs")  # fmt: skip
+            raise ValueError(
+                f"{name} images are {x.shape[1:]} per example, the net takes "
+                f"{net.input_size} inputs"
+            )
 
 
-def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
-                       workdir: str | os.PathLike | None = None, *,
-                       net: FeedForwardNet | None = None, devices: list | None = None,
-                       log: Callable[[str], None] | None = print, on_divergence: str = "raise",
-                       seeds: int | None = None) -> engine.RunResult | list[engine.RunResult]:  # fmt: skip
+def train_and_evaluate(
+    cfg: HighwayConfig,
+    splits: Mapping[str, Split],
+    workdir: str | os.PathLike | None = None,
+    *,
+    net: FeedForwardNet | None = None,
+    devices: list | None = None,
+    log: Callable[[str], None] | None = print,
+    on_divergence: str = "raise",
+    seeds: int | None = None,
+) -> engine.RunResult | list[engine.RunResult]:
     """Trains and evaluates one net: the one entry point of a highway / plain net run.
 
     Builds the net, the optimizer (:func:`make_optimizer` at
@@ -395,28 +479,49 @@ def train_and_evaluate(cfg: HighwayConfig, splits: Mapping[str, Split],
     seeds_sums = make_sums_fn(net, stacked=True)
 
     def validate_stacked(params, track) -> list[dict[str, float]]:  # K seeds at once
-        rows = classify.evaluate(seeds_sums, params, splits["valid"], cfg.eval_batch_size,
-                                 track, "valid", mesh, stacked=True)  # fmt: skip
-        return [{"valid_xent": r["loss"], "valid_acc": r["accuracy"], "valid_loss": r["loss"]}
-                for r in rows]  # fmt: skip
+        rows = classify.evaluate(
+            seeds_sums,
+            params,
+            splits["valid"],
+            cfg.eval_batch_size,
+            track,
+            "valid",
+            mesh,
+            stacked=True,
+        )
+        return [
+            {"valid_xent": r["loss"], "valid_acc": r["accuracy"], "valid_loss": r["loss"]}
+            for r in rows
+        ]
 
     task = engine.Task(
         init_state=lambda key: sharding.put_tree(fresh(key), replicated),
-        train_step=make_train_step(net, tx), get_batch=get_batch,
-        get_batches=get_batches, seed_axes=(None, None, 0),
-        steps_per_epoch=steps_per_epoch, validate=validate, validate_stacked=validate_stacked,
-        final_evaluate=lambda p, track: {**metrics(p, "valid", track),
-                                         **metrics(p, "test", track)},
-        select="valid_xent", train_metrics=classify.train_metrics,
-        chance_loss=math.log(net.num_classes), unit="img",
+        train_step=make_train_step(net, tx),
+        get_batch=get_batch,
+        get_batches=get_batches,
+        seed_axes=(None, None, 0),
+        steps_per_epoch=steps_per_epoch,
+        validate=validate,
+        validate_stacked=validate_stacked,
+        final_evaluate=lambda p, track: {**metrics(p, "valid", track), **metrics(p, "test", track)},
+        select="valid_xent",
+        train_metrics=classify.train_metrics,
+        chance_loss=math.log(net.num_classes),
+        unit="img",
         learning_rate=lambda step: float(schedule(step)),
-    )  # fmt: skip
+    )
     return engine.run(task, cfg, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
 
 
-def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pathlib.Path,
-              on_divergence: str, quiet: bool = False, seeds: int | None = None,
-              ) -> dict[str, Any]:  # fmt: skip
+def train_run(
+    cfg: HighwayConfig,
+    splits: Mapping[str, Split],
+    log,
+    workdir: pathlib.Path,
+    on_divergence: str,
+    quiet: bool = False,
+    seeds: int | None = None,
+) -> dict[str, Any]:
     """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (bound with
     :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
     ``cfg`` (one of :meth:`HighwayConfig.runs`; ``seeds``: K seeds of it stacked) in
@@ -424,8 +529,9 @@ def train_run(cfg: HighwayConfig, splits: Mapping[str, Split], log, workdir: pat
     lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.studies.sweep.run_log`)."""
     if quiet and log is not None:
         log = runner.run_log(workdir)
-    out = train_and_evaluate(cfg, splits, workdir, log=log, on_divergence=on_divergence,
-                             seeds=seeds)  # fmt: skip
+    out = train_and_evaluate(
+        cfg, splits, workdir, log=log, on_divergence=on_divergence, seeds=seeds
+    )
     return out.results if seeds is None else out[0].results
 
 
@@ -461,17 +567,27 @@ def sweep(
     root = pathlib.Path(cfg.output_dir())
     runs, quiet = cfg.runs(), jobs is None or jobs.here
     plan = runner.seed_runs(
-        runs, cfg.seeds,
+        runs,
+        cfg.seeds,
         lambda r, k: functools.partial(train_run, r, splits, log, quiet=quiet, seeds=k),
         stack=jobs is not None and jobs.stack_seeds,
-        size=lambda r: r.epochs * r.net().num_params())  # fmt: skip
+        size=lambda r: r.epochs * r.net().num_params(),
+    )
     runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
     done = runner.collect(root, [name for name, _ in runs])
     out = []
     for name, r in runs:
         net, found = r.net(), done[name] or {}
-        out.append({"kind": net.kind, "depth": net.depth, "width": net.width,
-                    "params": net.num_params(), "lr": r.lr, "seed": r.seed,
-                    "workdir": root / name,
-                    **{k: found.get(k) for k in ("results", "history", "failed")}})  # fmt: skip
+        out.append(
+            {
+                "kind": net.kind,
+                "depth": net.depth,
+                "width": net.width,
+                "params": net.num_params(),
+                "lr": r.lr,
+                "seed": r.seed,
+                "workdir": root / name,
+                **{k: found.get(k) for k in ("results", "history", "failed")},
+            }
+        )
     return out

@@ -67,23 +67,34 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
         unknown data set, a bad rate, learning rate, size, run setting or model option.
     """
 
-    dataset: str = setting("ptb", "Language-model data set (its metric: perplexity or "
-                           "bits per character).")
-    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
-                                 flag=False)
-    cell: str = setting("rhn", "Recurrent cell (rhnzoo.cells registry; --scan_impl picks its "
-                        "time scan).", choices=cells.registry.NAMES)
-    depth: int = setting(10, "Recurrence depth L (micro-layers per time step; cells with a "
-                         "depth: rhn, dtrnn, dtsrnn, rrn, hrl).", low=1)
+    dataset: str = setting(
+        "ptb", "Language-model data set (its metric: perplexity or bits per character)."
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True, flag=False)
+    cell: str = setting(
+        "rhn",
+        "Recurrent cell (rhnzoo.cells registry; --scan_impl picks its time scan).",
+        choices=cells.registry.NAMES,
+    )
+    depth: int = setting(
+        10,
+        "Recurrence depth L (micro-layers per time step; cells with a "
+        "depth: rhn, dtrnn, dtsrnn, rrn, hrl).",
+        low=1,
+    )
     hidden_size: int = setting(830, "Units per micro-layer.", low=1)
-    hsg: bool = setting(False, "Add the Highway State Gate (Shoham & Permuter) around --cell; "
-                        f"the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.")
+    hsg: bool = setting(
+        False,
+        "Add the Highway State Gate (Shoham & Permuter) around --cell; "
+        f"the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.",
+    )
     hsg_init_bias: float = setting(-2.5, "Initial HSG gate bias b_G.")
     coupled: bool = setting(True, "Coupled carry gate C = 1 - T (RHN).")
     tied: bool = setting(True, "Tie the embedding and softmax weights.")
     init_scale: float = setting(0.04, "Uniform initialisation half-width (> 0).")
-    init_bias: float = setting(-2.0, "Initial RHN transform-gate bias (with --hsg: "
-                               f"{HSG_RHN_INIT_BIAS} unless given).")
+    init_bias: float = setting(
+        -2.0, f"Initial RHN transform-gate bias (with --hsg: {HSG_RHN_INIT_BIAS} unless given)."
+    )
     lr: float = setting(0.2, "Initial SGD learning rate lr0 (loss summed over time / batch).")
     lr_decay: float = setting(1.02, "Learning-rate divisor per epoch after max_epoch.", low=1)
     max_epoch: int = setting(20, "Epochs at constant learning rate.", low=0)
@@ -98,21 +109,35 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
     drop_o: float = setting(0.75, "Dropout probability on the cell output.")
     unroll: int = setting(1, "Time steps per lax.scan iteration.", low=1, resumable=True)
     scan_impl: str = scan.scan_impl_setting()
-    remat: bool = setting(False, "Recompute time steps in the backward pass (less memory).",
-                          resumable=True)
+    remat: bool = setting(
+        False, "Recompute time steps in the backward pass (less memory).", resumable=True
+    )
     dtype: str = setting(
-        "float32", "Matmul input dtype, float32 accumulation: float32 (computed at "
+        "float32",
+        "Matmul input dtype, float32 accumulation: float32 (computed at "
         "--matmul_precision, whose default on GPUs and TPUs rounds the inputs to TF32 / "
         "bfloat16) or bfloat16 (needs the fused or pallas scan).",
-        choices=("float32", "bfloat16"))
+        choices=("float32", "bfloat16"),
+    )
     eval_batch_size: int | None = setting(
-        None, "Final evaluation batch size (default: 1, the reference protocol, for a full "
-        "run; the training batch for a run cut short).", low=1, resumable=True)
-    eval_num_steps: int = setting(100, "Window length of evaluation scans (any value gives "
-                                  "the same numbers up to float rounding).", low=1,
-                                  resumable=True)
-    workdir: str | None = setting(None, "Run directory; rerunning with it resumes (default: "
-                                  "runs/<dataset>_<settings>).", resumable=True)
+        None,
+        "Final evaluation batch size (default: 1, the reference protocol, for a full "
+        "run; the training batch for a run cut short).",
+        low=1,
+        resumable=True,
+    )
+    eval_num_steps: int = setting(
+        100,
+        "Window length of evaluation scans (any value gives "
+        "the same numbers up to float rounding).",
+        low=1,
+        resumable=True,
+    )
+    workdir: str | None = setting(
+        None,
+        "Run directory; rerunning with it resumes (default: runs/<dataset>_<settings>).",
+        resumable=True,
+    )
 
     def check(self) -> None:
         data.registry.get(self.dataset, task="lm")
@@ -139,10 +164,12 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
         if self.workdir:
             return self.workdir
         depth = "depth" in cells.options(self.cell)
-        return (f"runs/{self.dataset}_{self.preset or 'default'}"
-                f"{'' if self.cell == 'rhn' else '_' + self.cell}"
-                f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
-                f"{'_hsg' if self.hsg else ''}")  # fmt: skip
+        return (
+            f"runs/{self.dataset}_{self.preset or 'default'}"
+            f"{'' if self.cell == 'rhn' else '_' + self.cell}"
+            f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
+            f"{'_hsg' if self.hsg else ''}"
+        )
 
     @property
     def epochs(self) -> int:
@@ -152,17 +179,29 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
     def model(self, vocab_size: int) -> LanguageModel:
         """The language model of these settings over ``vocab_size`` symbols."""
         return lm_models.language_model(
-            self.cell, vocab_size, self.hidden_size, hsg=self.hsg, tied=self.tied,
-            init_scale=self.init_scale, hsg_init_bias=self.hsg_init_bias, unroll=self.unroll,
-            scan_impl=self.scan_impl, remat=self.remat, dtype=self.dtype,
+            self.cell,
+            vocab_size,
+            self.hidden_size,
+            hsg=self.hsg,
+            tied=self.tied,
+            init_scale=self.init_scale,
+            hsg_init_bias=self.hsg_init_bias,
+            unroll=self.unroll,
+            scan_impl=self.scan_impl,
+            remat=self.remat,
+            dtype=self.dtype,
             **cells.applicable(self.cell, {k: getattr(self, k) for k in CELL_KEYS}),
-        )  # fmt: skip
+        )
 
     def schedule(self, steps_per_epoch: int) -> optax.Schedule:
         """The reference learning-rate schedule as a function of the step count."""
-        return functools.partial(learning_rate, lr=self.lr, lr_decay=self.lr_decay,
-                                 max_epoch=self.max_epoch,
-                                 steps_per_epoch=steps_per_epoch)  # fmt: skip
+        return functools.partial(
+            learning_rate,
+            lr=self.lr,
+            lr_decay=self.lr_decay,
+            max_epoch=self.max_epoch,
+            steps_per_epoch=steps_per_epoch,
+        )
 
 
 def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_per_epoch: int):
@@ -187,8 +226,11 @@ def init_state(
 ) -> State:
     """The task's training state: params, optimizer state and the truncated-BPTT carry."""
     params = model.init(key)
-    return {"params": params, "opt_state": tx.init(params),
-            "carry": model.initial_carry(cfg.batch_size)}  # fmt: skip
+    return {
+        "params": params,
+        "opt_state": tx.init(params),
+        "carry": model.initial_carry(cfg.batch_size),
+    }
 
 
 def window(rows: Array, index: Array, num_steps: int) -> tuple[Array, Array]:
@@ -203,8 +245,14 @@ def reset_carry(carry: Any, index: Array) -> Any:
     return jax.tree.map(lambda c: jnp.where(index == 0, jnp.zeros_like(c), c), carry)
 
 
-def window_loss(model: LanguageModel, cfg: LMConfig, params: Any, batch: tuple[Array, Array],
-                key: Array, carry: Any) -> tuple[Array, tuple[dict[str, Array], Any]]:  # fmt: skip
+def window_loss(
+    model: LanguageModel,
+    cfg: LMConfig,
+    params: Any,
+    batch: tuple[Array, Array],
+    key: Array,
+    carry: Any,
+) -> tuple[Array, tuple[dict[str, Array], Any]]:
     """The training loss of one window, as :func:`rhnzoo.engine.step.make_train_step`
     takes it (bind ``model`` and ``cfg`` first).
 
@@ -248,8 +296,9 @@ def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
     return split(x), split(y), split(w)
 
 
-def eval_time_chunk(num_steps: int, batch_size: int, vocab_size: int,
-                    max_logits: int = 1 << 21) -> int:  # fmt: skip
+def eval_time_chunk(
+    num_steps: int, batch_size: int, vocab_size: int, max_logits: int = 1 << 21
+) -> int:
     """The largest divisor c of ``num_steps`` with ``c * batch_size * vocab_size <=
     max_logits`` (at least 1): the ``time_chunk`` of :meth:`LanguageModel.nll` that keeps
     an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
@@ -310,7 +359,9 @@ class Evaluator:
             carry, total = window(params, carry, total, *self._rows((x[i], y[i], w[i])))
             jax.block_until_ready(previous)
         count = float(w.sum())
-        return (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
+        return (
+            (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
+        )
 
 
 # Metric name -> nats per symbol to the metric: perplexity (inf past e^700), bits per character.
@@ -320,11 +371,17 @@ METRICS = {
 }
 
 
-def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
-                       workdir: str | os.PathLike | None = None, devices: list | None = None,
-                       log=print, on_divergence: str = "raise",
-                       model: LanguageModel | None = None,
-                       seeds: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:  # fmt: skip
+def train_and_evaluate(
+    config: LMConfig,
+    corpus: data.Corpus,
+    *,
+    workdir: str | os.PathLike | None = None,
+    devices: list | None = None,
+    log=print,
+    on_divergence: str = "raise",
+    model: LanguageModel | None = None,
+    seeds: int | None = None,
+) -> dict[str, Any] | list[dict[str, Any]]:
     """Trains the language model ``config`` describes on ``corpus`` and evaluates its best
     parameters: the one entry point of ``experiments/ptb.py``, ``char.py`` and the depth
     sweep.
@@ -370,8 +427,10 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
     for split in ("valid", "test"):  # before training: the final evaluation's batch fits
         n = len(getattr(corpus, split))
         if eval_batch > n // 2:
-            raise ValueError(f"--eval_batch_size={eval_batch} is too large for the {split} "
-                             f"split's {n:,} tokens (at most {n // 2:,}: two per row)")
+            raise ValueError(
+                f"--eval_batch_size={eval_batch} is too large for the {split} "
+                f"split's {n:,} tokens (at most {n // 2:,}: two per row)"
+            )
 
     def init(key):
         state = sharding.put_tree(init_state(model, config, tx, key), sharding.replicated(mesh))
@@ -382,40 +441,53 @@ def train_and_evaluate(config: LMConfig, corpus: data.Corpus, *,
         return {f"valid_{metric}": to_metric(nll / count), "valid_loss": nll / count}
 
     def validate(params, track):
-        return validated(*evaluate(params, corpus.valid, config.batch_size, config.num_steps,
-                                   track))  # fmt: skip
+        return validated(
+            *evaluate(params, corpus.valid, config.batch_size, config.num_steps, track)
+        )
 
     def validate_stacked(params, track):  # K seeds' parameters, one evaluation
-        nlls, count = evaluate(params, corpus.valid, config.batch_size, config.num_steps, track,
-                               stacked=True)  # fmt: skip
+        nlls, count = evaluate(
+            params, corpus.valid, config.batch_size, config.num_steps, track, stacked=True
+        )
         return [validated(nll, count) for nll in nlls]
 
     def final_evaluate(params, track):
-        out = {"eval_batch_size": eval_batch,
-               "eval_protocol": "reference batch-1" if eval_batch == 1 else "batched"}  # fmt: skip
+        out = {
+            "eval_batch_size": eval_batch,
+            "eval_protocol": "reference batch-1" if eval_batch == 1 else "batched",
+        }
         for split in ("valid", "test"):
             t0 = time.perf_counter()
             split_track = functools.partial(track, desc=f"final {split} (batch {eval_batch})")
-            nll, count = evaluate(params, getattr(corpus, split), eval_batch,
-                                  config.eval_num_steps, split_track)  # fmt: skip
+            nll, count = evaluate(
+                params, getattr(corpus, split), eval_batch, config.eval_num_steps, split_track
+            )
             out[f"{split}_{metric}"] = to_metric(nll / count)
             out[f"{split}_eval_s"] = time.perf_counter() - t0
         return out
 
-    short = ", batched because the run was cut short" if cut and config.eval_batch_size is None else ""
+    short = (
+        ", batched because the run was cut short" if cut and config.eval_batch_size is None else ""
+    )
     task = engine.Task(
-        init_state=init, train_step=make_train_step(model, config, tx),
+        init_state=init,
+        train_step=make_train_step(model, config, tx),
         get_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
-        get_batches=lambda seeds, epoch, index: (rows, np.int32(index)), seed_axes=None,
+        get_batches=lambda seeds, epoch, index: (rows, np.int32(index)),
+        seed_axes=None,
         steps_per_epoch=steps_per_epoch,
-        validate=validate, validate_stacked=validate_stacked, final_evaluate=final_evaluate,
+        validate=validate,
+        validate_stacked=validate_stacked,
+        final_evaluate=final_evaluate,
         select=f"valid_{metric}",
         train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
-        chance_loss=math.log(model.vocab_size), unit="tok",
+        chance_loss=math.log(model.vocab_size),
+        unit="tok",
         learning_rate=lambda step: float(schedule(step)),
         final_label=f"eval batch {eval_batch}{short}",
         final_settings={"eval_batch_size": eval_batch},
-    )  # fmt: skip
-    out = engine.run(task, config, workdir or config.run_dir, seeds=seeds,
-                     on_divergence=on_divergence, log=log)  # fmt: skip
+    )
+    out = engine.run(
+        task, config, workdir or config.run_dir, seeds=seeds, on_divergence=on_divergence, log=log
+    )
     return out.results if seeds is None else [r.results for r in out]

@@ -62,10 +62,14 @@ class TrainSettings(RunSettings):
       ValueError: (one line naming the flag) a value out of range.
     """
 
-    epochs: int = setting(40, "Epochs of SGD at a constant learning rate (the best "
-                          "validation epoch is kept).", low=1)  # fmt: skip
-    batch_size: int = setting(16, "Sequences per SGD step (whole-sequence BPTT, padded to "
-                              "the longest training sequence).", low=1)  # fmt: skip
+    epochs: int = setting(
+        40, "Epochs of SGD at a constant learning rate (the best validation epoch is kept).", low=1
+    )
+    batch_size: int = setting(
+        16,
+        "Sequences per SGD step (whole-sequence BPTT, padded to the longest training sequence).",
+        low=1,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +135,8 @@ def _engine_step(model: PianoRollModel):
 _nll_sums_jit = jax.jit(nll_sums, static_argnums=0)
 _seeds_nll_sums_jit = jax.jit(  # K stacked seeds' parameters
     lambda model, params, x, mask: jax.vmap(lambda p: nll_sums(model, p, x, mask))(params),
-    static_argnums=0)  # fmt: skip
+    static_argnums=0,
+)
 
 
 def evaluate(
@@ -246,13 +251,17 @@ def train(
     train_seqs, size = list(data["train"]), config.batch_size
     length = max(s.shape[0] for s in train_seqs)
     # Valid and test padded to one shape: the evaluation compiles once per model.
-    pad = {"length": max(s.shape[0] for split in ("valid", "test") for s in data[split]),
-           "batch_size": max(len(data["valid"]), len(data["test"]))}  # fmt: skip
+    pad = {
+        "length": max(s.shape[0] for split in ("valid", "test") for s in data[split]),
+        "batch_size": max(len(data["valid"]), len(data["test"])),
+    }
 
     def init_state(key: Array):
         p = model.init(key) if params is None else params
-        return {"params": p, "opt_state": sgd(config.lr, config.momentum,
-                                               config.max_grad_norm).init(p)}  # fmt: skip
+        return {
+            "params": p,
+            "opt_state": sgd(config.lr, config.momentum, config.max_grad_norm).init(p),
+        }
 
     def get_batch(seed: int, epoch: int, index: int):
         order = epoch_order(seed, epoch, len(train_seqs))
@@ -267,17 +276,25 @@ def train(
         return {"valid_nll": nll, "valid_loss": nll}
 
     def validate_stacked(p: Params, track) -> list[dict[str, float]]:  # K seeds at once
-        return [{"valid_nll": nll, "valid_loss": nll}
-                for nll in evaluate(model, p, data["valid"], **pad, stacked=True)]  # fmt: skip
+        return [
+            {"valid_nll": nll, "valid_loss": nll}
+            for nll in evaluate(model, p, data["valid"], **pad, stacked=True)
+        ]
 
     steps_per_epoch = -(-len(train_seqs) // size)
     task = engine.Task(
-        init_state=init_state, train_step=_engine_step(model), get_batch=get_batch,
-        steps_per_epoch=steps_per_epoch, validate=validate, validate_stacked=validate_stacked,
+        init_state=init_state,
+        train_step=_engine_step(model),
+        get_batch=get_batch,
+        steps_per_epoch=steps_per_epoch,
+        validate=validate,
+        validate_stacked=validate_stacked,
         final_evaluate=lambda p, track: nlls(p, ("valid", "test")),
-        select="valid_nll", chance_loss=NUM_NOTES * math.log(2), unit="step",
+        select="valid_nll",
+        chance_loss=NUM_NOTES * math.log(2),
+        unit="step",
         train_metrics=_train_metrics,
-    )  # fmt: skip
+    )
     start = time.perf_counter()
     out = engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
     seconds = time.perf_counter() - start
@@ -297,8 +314,15 @@ def _result(out: engine.RunResult, steps_per_epoch: int, seconds: float) -> Trai
         best_epoch=-(-best_step // steps_per_epoch) if kept else 0,
         diverged=out.diverged,
         epochs_run=-(-out.results["step"] // steps_per_epoch),
-        history=tuple({"epoch": r["epoch"], "train": r["train_nll"], "valid": r["valid_nll"],
-                       "seconds": r["elapsed_s"]} for r in out.history),
+        history=tuple(
+            {
+                "epoch": r["epoch"],
+                "train": r["train_nll"],
+                "valid": r["valid_nll"],
+                "seconds": r["elapsed_s"],
+            }
+            for r in out.history
+        ),
         seconds=seconds,
         best_params=out.best_params,
     )
@@ -336,19 +360,34 @@ class StudySettings(TrainSettings):
       ValueError: (one line naming the flag) a value out of range.
     """
 
-    seed: int = setting(0, "Seed of the hyperparameter draws, the initialisation and the "
-                        f"batch order: 0 to {SEED_HIGH}.", low=0, high=SEED_HIGH)  # fmt: skip
-    width: int = setting(64, "RHN width defining the target parameter count at each depth "
-                         "(the other cells get the width with the nearest count).", low=1)
+    seed: int = setting(
+        0,
+        "Seed of the hyperparameter draws, the initialisation and the "
+        f"batch order: 0 to {SEED_HIGH}.",
+        low=0,
+        high=SEED_HIGH,
+    )
+    width: int = setting(
+        64,
+        "RHN width defining the target parameter count at each depth "
+        "(the other cells get the width with the nearest count).",
+        low=1,
+    )
     max_steps: int | None = setting(None, "Stop every trial after this many steps.", low=1)
     max_epochs: int | None = setting(None, "Stop every trial after this many epochs.", low=1)
-    patience: int | None = setting(None, "Early stopping: a trial ends after this many epochs "
-                                   "without a lower validation NLL (default: never).", low=1)
+    patience: int | None = setting(
+        None,
+        "Early stopping: a trial ends after this many epochs "
+        "without a lower validation NLL (default: never).",
+        low=1,
+    )
     divergence_factor: float = setting(
-        3.0, "F: a trial stops as diverged (its result: its best epoch before) at a NaN/inf "
+        3.0,
+        "F: a trial stops as diverged (its result: its best epoch before) at a NaN/inf "
         "loss, or when a mean training loss over 50 steps (from step 70 on) or a validation "
         "loss is more than ln F nats above chance (88 ln 2) or the trial's best such mean. "
-        "0: only NaN/inf stop a trial.")
+        "0: only NaN/inf stop a trial.",
+    )
     scan_impl: str = scan.scan_impl_setting()
 
 
@@ -372,17 +411,27 @@ class JSBConfig(StudySettings, DataSettings):
     """
 
     archs: tuple[str, ...] = setting(
-        ("rhn", "dtrnn", "dtsrnn"), "Architectures: any registered cell "
-        f"({', '.join(cells.ALL_NAMES)}).", resumable=True)
-    depths: tuple[int, ...] = setting((1, 2, 4, 6), "Recurrence (transition) depths.",
-                                      resumable=True)
-    trials: int = setting(20, "Random-search trials per (architecture, depth); a rerun with "
-                          "more trains only the new ones.", low=1, resumable=True)
-    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
-                                 flag=False)
-    workdir: str | None = setting(None, "Output directory (default: runs/jsb_<preset or "
-                                  "full>); rerunning with it skips the finished trials.",
-                                  resumable=True)
+        ("rhn", "dtrnn", "dtsrnn"),
+        f"Architectures: any registered cell ({', '.join(cells.ALL_NAMES)}).",
+        resumable=True,
+    )
+    depths: tuple[int, ...] = setting(
+        (1, 2, 4, 6), "Recurrence (transition) depths.", resumable=True
+    )
+    trials: int = setting(
+        20,
+        "Random-search trials per (architecture, depth); a rerun with "
+        "more trains only the new ones.",
+        low=1,
+        resumable=True,
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True, flag=False)
+    workdir: str | None = setting(
+        None,
+        "Output directory (default: runs/jsb_<preset or "
+        "full>); rerunning with it skips the finished trials.",
+        resumable=True,
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "archs", tuple(self.archs))
@@ -395,8 +444,9 @@ class JSBConfig(StudySettings, DataSettings):
         super().check()
         unknown = [a for a in self.archs if a not in cells.ALL_NAMES]
         if unknown or not self.archs:
-            raise ValueError(f"--archs must be a non-empty subset of {list(cells.ALL_NAMES)}, "
-                             f"got {unknown}")  # fmt: skip
+            raise ValueError(
+                f"--archs must be a non-empty subset of {list(cells.ALL_NAMES)}, got {unknown}"
+            )
         if not all(isinstance(d, int) for d in self.depths):
             raise ValueError(f"--depths must be integers, got {list(self.depths)}")
         if not self.depths or min(self.depths) < 1:
@@ -418,16 +468,25 @@ class TrialConfig(StudySettings, PolyphonicConfig):
 
     arch: str = setting("rhn", "Registered cell (rhnzoo.cells).", choices=cells.ALL_NAMES)
     depth: int = setting(1, "Recurrence (transition) depth.", low=1)
-    trial: int = setting(0, "Index of the random-search draw: the hyperparameters are "
-                         "sample_hparams(seed, trial).", low=0)  # fmt: skip
-    hidden: int = setting(64, "Cell width (plan: the study's width for the RHN, else the "
-                          "width with the nearest parameter count).", low=1)  # fmt: skip
-    params: int = setting(0, "Parameters of the whole model, cell and output layer (plan).",
-                          low=0)
-    init_scale: float = setting(STATIC_INIT["init_scale"], "Uniform half-width of the "
-                                "trial's initial parameters.", low=0)  # fmt: skip
-    init_bias: float = setting(STATIC_INIT["init_bias"], "Initial transform-gate bias of the "
-                               "trial's initial parameters (cells with one).")  # fmt: skip
+    trial: int = setting(
+        0,
+        "Index of the random-search draw: the hyperparameters are sample_hparams(seed, trial).",
+        low=0,
+    )
+    hidden: int = setting(
+        64,
+        "Cell width (plan: the study's width for the RHN, else the "
+        "width with the nearest parameter count).",
+        low=1,
+    )
+    params: int = setting(0, "Parameters of the whole model, cell and output layer (plan).", low=0)
+    init_scale: float = setting(
+        STATIC_INIT["init_scale"], "Uniform half-width of the trial's initial parameters.", low=0
+    )
+    init_bias: float = setting(
+        STATIC_INIT["init_bias"],
+        "Initial transform-gate bias of the trial's initial parameters (cells with one).",
+    )
 
     @property
     def name(self) -> str:
@@ -450,15 +509,17 @@ def sample_hparams(seed: int, trial: int) -> dict:
     }
 
 
-def study_model(arch: str, n: int, depth: int, *, scan_impl: str = "reference",
-                **init: float) -> PianoRollModel:  # fmt: skip
+def study_model(
+    arch: str, n: int, depth: int, *, scan_impl: str = "reference", **init: float
+) -> PianoRollModel:
     """The study's model: registered cell ``arch`` (:func:`rhnzoo.cells.make`) of width
     ``n`` and recurrence depth ``depth`` with those settings it takes, ``init``
     (``init_scale``, ``init_bias``) over :data:`STATIC_INIT`, its time scan
     ``scan_impl``."""
     settings = {"depth": depth, **STATIC_INIT, **init}
-    return PianoRollModel(cells.make(arch, n, **cells.applicable(arch, settings)),
-                          scan_impl=scan_impl)
+    return PianoRollModel(
+        cells.make(arch, n, **cells.applicable(arch, settings)), scan_impl=scan_impl
+    )
 
 
 @functools.cache  # plan() asks again for the same widths (abstract shapes: no FLOPs)
@@ -495,9 +556,11 @@ def plan_lines(sizes: dict, width: int) -> list[str]:
     """The lines saying :func:`plan`'s ``sizes``: per (arch, depth) its width and count."""
     lines = [f"parameter counts (target: RHN of width {width} at each depth):"]
     for (arch, depth), s in sizes.items():
-        lines.append(f"  {cells.label(arch):>9} depth {depth}: hidden {s['hidden']:4d}, "
-                     f"{s['params']:8,d} params (target {s['target']:,}, "
-                     f"{100 * (s['params'] / s['target'] - 1):+.2f}%)")  # fmt: skip
+        lines.append(
+            f"  {cells.label(arch):>9} depth {depth}: hidden {s['hidden']:4d}, "
+            f"{s['params']:8,d} params (target {s['target']:,}, "
+            f"{100 * (s['params'] / s['target'] - 1):+.2f}%)"
+        )
     return lines
 
 
@@ -513,8 +576,17 @@ def trial_configs(config: JSBConfig, sizes: dict) -> list[TrialConfig]:
         for depth in config.depths:
             for arch in config.archs:
                 s = sizes[arch, depth]
-                out.append(TrialConfig(arch=arch, depth=depth, trial=trial, hidden=s["hidden"],
-                                       params=s["params"], **hp, **shared))  # fmt: skip
+                out.append(
+                    TrialConfig(
+                        arch=arch,
+                        depth=depth,
+                        trial=trial,
+                        hidden=s["hidden"],
+                        params=s["params"],
+                        **hp,
+                        **shared,
+                    )
+                )
     return out
 
 
@@ -523,11 +595,22 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
     (the batch order), its initial parameters those of ``fold_in(key, 1)`` under its init
     settings."""
     model = study_model(trial.arch, trial.hidden, trial.depth, scan_impl=trial.scan_impl)
-    init_model = study_model(trial.arch, trial.hidden, trial.depth,
-                             init_scale=trial.init_scale, init_bias=trial.init_bias)  # fmt: skip
+    init_model = study_model(
+        trial.arch,
+        trial.hidden,
+        trial.depth,
+        init_scale=trial.init_scale,
+        init_bias=trial.init_bias,
+    )
     key = jax.random.fold_in(jax.random.PRNGKey(trial.seed), trial.trial)
-    return train(model, data, trial, key=key, params=init_model.init(jax.random.fold_in(key, 1)),
-                 on_divergence=on_divergence)  # fmt: skip
+    return train(
+        model,
+        data,
+        trial,
+        key=key,
+        params=init_model.init(jax.random.fold_in(key, 1)),
+        on_divergence=on_divergence,
+    )
 
 
 @dataclasses.dataclass(eq=False)
@@ -551,12 +634,14 @@ class _Progress:
         bias = f" bias {t.init_bias:.2f}" if "init_bias" in cells.options(t.arch) else ""
         left = "" if self.estimate is None else self.estimate.done(t.name, r.seconds)
         left = left.replace(" runs left", " trials left").replace(" run left", " trial left")
-        self.log(f"[{self.finished() + 1:4d}/{len(self.names)}] {cells.label(t.arch):>9} "
-                 f"d{t.depth} t{t.trial}: lr {t.lr:.3g} mom {t.momentum:.3f} clip "
-                 f"{t.max_grad_norm:.3g} scale {t.init_scale:.3g}{bias} -> valid "
-                 f"{r.best_valid:.3f} test {r.test_at_best:.3f} (epoch {r.best_epoch}"
-                 f"{', diverged' if r.diverged else ''}) {r.seconds:.1f} s | "
-                 f"{time.perf_counter() - self.start:.0f} s{left}")  # fmt: skip
+        self.log(
+            f"[{self.finished() + 1:4d}/{len(self.names)}] {cells.label(t.arch):>9} "
+            f"d{t.depth} t{t.trial}: lr {t.lr:.3g} mom {t.momentum:.3f} clip "
+            f"{t.max_grad_norm:.3g} scale {t.init_scale:.3g}{bias} -> valid "
+            f"{r.best_valid:.3f} test {r.test_at_best:.3f} (epoch {r.best_epoch}"
+            f"{', diverged' if r.diverged else ''}) {r.seconds:.1f} s | "
+            f"{time.perf_counter() - self.start:.0f} s{left}"
+        )
 
 
 def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_divergence: str) -> dict:
@@ -564,9 +649,14 @@ def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_diverge
     trained, its line printed, its results."""
     r = run_trial(trial, data, on_divergence=on_divergence)
     progress.report(trial, r)
-    return {"valid_nll": r.best_valid, "test_nll": r.test_at_best, "best_epoch": r.best_epoch,
-            "epochs_run": r.epochs_run, "diverged": r.diverged,
-            "seconds": round(r.seconds, 2)}  # fmt: skip
+    return {
+        "valid_nll": r.best_valid,
+        "test_nll": r.test_at_best,
+        "best_epoch": r.best_epoch,
+        "epochs_run": r.epochs_run,
+        "diverged": r.diverged,
+        "seconds": round(r.seconds, 2),
+    }
 
 
 def _study_run(trial: TrialConfig, data: dict, progress: _Progress) -> sweep.Run:
@@ -575,8 +665,14 @@ def _study_run(trial: TrialConfig, data: dict, progress: _Progress) -> sweep.Run
     return sweep.Run(trial.name, trial, sweep.in_memory(compute, trial))
 
 
-def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = print,
-          jobs: sweep.Jobs | None = None) -> list[dict]:  # fmt: skip
+def study(
+    data: dict,
+    root,
+    config: JSBConfig,
+    *,
+    log: Callable[[str], None] = print,
+    jobs: sweep.Jobs | None = None,
+) -> list[dict]:
     """The JSB random search on the multi-run runner.
 
     ``root`` holds the study's ``config.json`` (``config.to_dict()``; a rerun in it is
@@ -621,16 +717,28 @@ def study(data: dict, root, config: JSBConfig, *, log: Callable[[str], None] = p
 
 def _finite(row: dict) -> dict:
     """Strict JSON stores a non-finite NLL as null: back to inf."""
-    return {**row, **{k: math.inf if row.get(k) is None else row[k]
-                      for k in ("valid_nll", "test_nll")}}  # fmt: skip
+    return {
+        **row,
+        **{k: math.inf if row.get(k) is None else row[k] for k in ("valid_nll", "test_nll")},
+    }
 
 
 def study_table(rows: list[dict], config: JSBConfig, sizes: dict) -> str:
     """Markdown table (:func:`rhnzoo.studies.tables.markdown`): per (arch, depth) the test
     NLL of the best-validation trial and the median over trials (failed trials count as
     +inf)."""
-    header = ["architecture", "depth", "hidden", "params", "target", "trials", "failed",
-              "test NLL (best valid trial)", "median test NLL", "best valid NLL"]  # fmt: skip
+    header = [
+        "architecture",
+        "depth",
+        "hidden",
+        "params",
+        "target",
+        "trials",
+        "failed",
+        "test NLL (best valid trial)",
+        "median test NLL",
+        "best valid NLL",
+    ]
     table = []
     for depth in config.depths:
         for arch in config.archs:
@@ -638,13 +746,20 @@ def study_table(rows: list[dict], config: JSBConfig, sizes: dict) -> str:
             tests = [r["test_nll"] if math.isfinite(r["valid_nll"]) else math.inf for r in mine]
             best = min(mine, key=lambda r: r["valid_nll"]) if mine else None
             s = sizes[arch, depth]
-            table.append([
-                cells.label(arch), depth, s["hidden"], f"{s['params']:,}", f"{s['target']:,}",
-                len(mine), sum(not math.isfinite(t) for t in tests),
-                _nll(best["test_nll"]) if best else None,
-                _nll(float(np.median(tests))) if tests else None,
-                _nll(best["valid_nll"]) if best else None,
-            ])  # fmt: skip
+            table.append(
+                [
+                    cells.label(arch),
+                    depth,
+                    s["hidden"],
+                    f"{s['params']:,}",
+                    f"{s['target']:,}",
+                    len(mine),
+                    sum(not math.isfinite(t) for t in tests),
+                    _nll(best["test_nll"]) if best else None,
+                    _nll(float(np.median(tests))) if tests else None,
+                    _nll(best["valid_nll"]) if best else None,
+                ]
+            )
     return tables.markdown(header, table, blank="-")
 
 

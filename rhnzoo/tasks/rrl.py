@@ -6,7 +6,8 @@
   :class:`rhnzoo.data.sequences.Dataset`, from :func:`rhnzoo.data.load_dataset`.
 * Batches: every sequence is cut to ``max_len`` steps (by default its *last* ones:
   with a final-state readout the end of a review carries its verdict; Keras'
-  ``pad_sequences`` truncates the same way) and goes to the smallest of a few fixed padded lengths (``buckets``) that
+  ``pad_sequences`` truncates the same way) and goes to the smallest of a few fixed padded lengths
+  (``buckets``) that
   holds it, so jit compiles one training and one evaluation shape per bucket. Epoch e
   shuffles each bucket and the list of all batches with ``(seed, e)``; a bucket's last
   batch is filled with weight-0 rows. Batch k of epoch e is therefore a pure function
@@ -58,7 +59,8 @@ ADADELTA_RHO = 0.95
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Config):
     """Optimisation and batching settings of :func:`train_and_evaluate` (an
-    :class:`RRLConfig` is one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping, sequences cut
+    :class:`RRLConfig` is one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping,
+    sequences cut
     to ``max_len`` steps in ``buckets`` padded lengths.
 
     Raises:
@@ -67,16 +69,15 @@ class TrainConfig(Config):
 
     batch_size: int = setting(32, "Sequences per step.", low=1)
     max_len: int = setting(400, "Steps kept per sequence.", low=1)
-    keep: str = setting("last", "Which steps a longer sequence keeps.",
-                        choices=("last", "first"))
+    keep: str = setting("last", "Which steps a longer sequence keeps.", choices=("last", "first"))
     buckets: int = setting(4, "Padded lengths: max_len / 2^k, k < buckets.", low=1)
-    lr: float = setting(1.0, "Adadelta learning rate (> 0; 1: Zeiler's method as "
-                        "published).")
+    lr: float = setting(1.0, "Adadelta learning rate (> 0; 1: Zeiler's method as published).")
     adadelta_eps: float = setting(1e-6, "Adadelta's epsilon (> 0).")
     max_grad_norm: float = setting(5.0, "Global-norm gradient clipping (> 0).")
     epochs: int = setting(10, "Epochs.", low=1)
-    freeze_embeddings: bool = setting(False, "Keep the (pre-trained) embedding, "
-                                      "params['embed'], fixed.")
+    freeze_embeddings: bool = setting(
+        False, "Keep the (pre-trained) embedding, params['embed'], fixed."
+    )
 
     def check(self) -> None:
         super().check()
@@ -101,8 +102,9 @@ class TrainConfig(Config):
         if not self.freeze_embeddings:
             return tx
         # The frozen embedding neither moves nor counts in the clipped gradient norm.
-        return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()},
-                                     _embedding_frozen)  # fmt: skip
+        return optax.multi_transform(
+            {"trained": tx, "frozen": optax.set_to_zero()}, _embedding_frozen
+        )
 
 
 def _embedding_frozen(params: Mapping[str, Any]) -> dict[str, str]:
@@ -131,25 +133,33 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     """
 
     # The model: the cell and its width (Table 2), the embedding (m) or pixel.
-    model: str = setting("lstm", "Recurrent layer: a cell of rhnzoo.cells (Wang & Tian's: "
-                         f"{', '.join(MODELS)}; also rhn, hsg_rhn, dtrnn, ...).")
+    model: str = setting(
+        "lstm",
+        "Recurrent layer: a cell of rhnzoo.cells (Wang & Tian's: "
+        f"{', '.join(MODELS)}; also rhn, hsg_rhn, dtrnn, ...).",
+    )
     embed_size: int = setting(256, "Embedding width m (P-MNIST: 1, the pixel).", low=1)
     hidden_size: int = setting(512, "Hidden units n (LSTM, GRU, RRN, SC-LSTM).", low=1)
     hybrid_hidden_size: int = setting(384, "Hidden units per cell of HRL / LSTM+GRU.", low=1)
-    hybrid_embed_size: int | None = setting(None, "Embedding width of HRL / LSTM+GRU "
-                                            "(default: --embed_size).", low=1)
+    hybrid_embed_size: int | None = setting(
+        None, "Embedding width of HRL / LSTM+GRU (default: --embed_size).", low=1
+    )
     # The cells' own settings (each goes to the cells that have it).
     rrn_depth: int = setting(2, "K, layers of the RRN transition F (eq. 4).", low=1)
-    rrn_activation: str = setting("sigmoid", "Inner activation of the RRN transition (the "
-                                  "paper's σ is the logistic function).",
-                                  choices=("sigmoid", "tanh"))
-    rrn_recurrent_init: str = setting("uniform", "RRN U_k init.",
-                                      choices=("uniform", "orthogonal"))
+    rrn_activation: str = setting(
+        "sigmoid",
+        "Inner activation of the RRN transition (the paper's σ is the logistic function).",
+        choices=("sigmoid", "tanh"),
+    )
+    rrn_recurrent_init: str = setting("uniform", "RRN U_k init.", choices=("uniform", "orthogonal"))
     rrn_f_bias: float = setting(0.0, "Initial bias of the RRN's last F layer (paper: 0).")
     skip: int = setting(20, "SC-LSTM skip length L (eq. 5).", low=1)
-    gru_reset_after: bool = setting(False, "GRU: reset gate after the recurrent matmul, "
-                                    "as torch.nn.GRU / cuDNN (default: before, Cho et al. "
-                                    "2014, the paper's).")
+    gru_reset_after: bool = setting(
+        False,
+        "GRU: reset gate after the recurrent matmul, "
+        "as torch.nn.GRU / cuDNN (default: before, Cho et al. "
+        "2014, the paper's).",
+    )
     # Initialisation, dropout and the time scan.
     forget_bias: float = setting(1.0, "Initial LSTM forget-gate bias.")
     init_scale: float = setting(0.1, "Uniform initialisation half-width.")
@@ -157,33 +167,51 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     input_drop: float = setting(0.0, "Dropout probability on the embedded inputs.")
     scan_impl: str = scan.scan_impl_setting()
     dtype: str = setting(
-        "float32", "Matmul inputs of the recurrent layer, float32 accumulation: float32 "
+        "float32",
+        "Matmul inputs of the recurrent layer, float32 accumulation: float32 "
         "(computed at --matmul_precision: TF32 / bfloat16 passes by default on GPUs / TPUs) "
-        "or bfloat16 (float32 state and parameters).", choices=("float32", "bfloat16"))
+        "or bfloat16 (float32 state and parameters).",
+        choices=("float32", "bfloat16"),
+    )
     # The data.
     dataset: str = setting("imdb", "Data set.", choices=DATASETS)
-    subset: int | None = setting(None, "Train on this many training sequences "
-                                 "(screening).", low=1)
-    eval_subset: int | None = setting(None, "Evaluate on this many dev and this many test "
-                                      "sequences, a fixed sample of each (smoke runs; "
-                                      "default: all).", low=1)
+    subset: int | None = setting(None, "Train on this many training sequences (screening).", low=1)
+    eval_subset: int | None = setting(
+        None,
+        "Evaluate on this many dev and this many test "
+        "sequences, a fixed sample of each (smoke runs; "
+        "default: all).",
+        low=1,
+    )
     embeddings: str | None = setting(
-        "word2vec", "Text: 'word2vec' (trained on the training split, cached), 'random' "
-        "(learned from scratch) or a word2vec file.")
-    coverage: float = setting(0.95, "Vocabulary: most frequent words covering this fraction "
-                              "(in (0, 1]) of the training tokens; the rest is <unk>.")
+        "word2vec",
+        "Text: 'word2vec' (trained on the training split, cached), 'random' "
+        "(learned from scratch) or a word2vec file.",
+    )
+    coverage: float = setting(
+        0.95,
+        "Vocabulary: most frequent words covering this fraction "
+        "(in (0, 1]) of the training tokens; the rest is <unk>.",
+    )
     dev_seed: int = setting(0, "Seed of the 15 % dev split.", low=0)
-    permute: bool = setting(True, "P-MNIST: the fixed pixel permutation (--nopermute: "
-                            "sequential MNIST).")
-    data_source: str = setting("files", "Original files (download, checksum, cache) or "
-                               "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
-                               choices=data.SOURCES)
+    permute: bool = setting(
+        True, "P-MNIST: the fixed pixel permutation (--nopermute: sequential MNIST)."
+    )
+    data_source: str = setting(
+        "files",
+        "Original files (download, checksum, cache) or "
+        "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
+        choices=data.SOURCES,
+    )
     # The run: its directory and preset (the engine's settings are RunSettings').
-    workdir: str | None = setting(None, "Root directory: a model trains in <root>/<model>, "
-                                  "a study in <root>/study_<study>; rerunning resumes "
-                                  "(default: runs/rrl_<dataset>_<preset>).", resumable=True)
-    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True,
-                                 flag=False)
+    workdir: str | None = setting(
+        None,
+        "Root directory: a model trains in <root>/<model>, "
+        "a study in <root>/study_<study>; rerunning resumes "
+        "(default: runs/rrl_<dataset>_<preset>).",
+        resumable=True,
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True, flag=False)
 
     def check(self) -> None:
         super().check()  # the training and run settings
@@ -198,10 +226,16 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
         ``hybrid_hidden_size`` units per cell for the two-cell hybrids
         (:data:`rhnzoo.cells.registry.PARALLEL_NAMES`), else ``hidden_size``; each
         setting goes to the cells that have it. Raises ValueError (one line)."""
-        settings = {"depth": self.rrn_depth, "activation": self.rrn_activation,
-                    "skip": self.skip, "recurrent_init": self.rrn_recurrent_init,
-                    "f_bias": self.rrn_f_bias, "forget_bias": self.forget_bias,
-                    "init_scale": self.init_scale, "reset_after": self.gru_reset_after}
+        settings = {
+            "depth": self.rrn_depth,
+            "activation": self.rrn_activation,
+            "skip": self.skip,
+            "recurrent_init": self.rrn_recurrent_init,
+            "f_bias": self.rrn_f_bias,
+            "forget_bias": self.forget_bias,
+            "init_scale": self.init_scale,
+            "reset_after": self.gru_reset_after,
+        }
         n = self.hybrid_hidden_size if self.model in registry.PARALLEL_NAMES else self.hidden_size
         return cells.make(self.model, n, **cells.applicable(self.model, settings))
 
@@ -214,14 +248,22 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     def _scan(self) -> dict[str, Any]:
         return {"scan_impl": self.scan_impl, "dtype": self.dtype}
 
-    def classifier(self, num_classes: int, input_size: int | None = None,
-                   vocab_size: int | None = None) -> SequenceClassifier:  # fmt: skip
+    def classifier(
+        self, num_classes: int, input_size: int | None = None, vocab_size: int | None = None
+    ) -> SequenceClassifier:
         """The model: embedding (``vocab_size`` tokens of :meth:`embedding_size`) or
         ``input_size`` features per step -> :meth:`cell` -> dropout -> softmax over
         ``num_classes``. Raises ValueError for a bad size."""
-        return SequenceClassifier(self.cell(), num_classes, input_size or self.embedding_size(),
-                                  vocab_size, drop=self.drop, input_drop=self.input_drop,
-                                  init_scale=self.init_scale, **self._scan())  # fmt: skip
+        return SequenceClassifier(
+            self.cell(),
+            num_classes,
+            input_size or self.embedding_size(),
+            vocab_size,
+            drop=self.drop,
+            input_drop=self.input_drop,
+            init_scale=self.init_scale,
+            **self._scan(),
+        )
 
 
 def load_data(config: RRLConfig) -> Dataset:
@@ -232,9 +274,15 @@ def load_data(config: RRLConfig) -> Dataset:
       rhnzoo.data.DataError: missing or corrupt files (one line naming them).
     """
     return data.load_dataset(
-        config.dataset, data_dir=config.data_dir, download=config.download,
-        verify=config.verify_data, source=config.data_source, coverage=config.coverage,
-        dev_seed=config.dev_seed, permute=config.permute)  # fmt: skip
+        config.dataset,
+        data_dir=config.data_dir,
+        download=config.download,
+        verify=config.verify_data,
+        source=config.data_source,
+        coverage=config.coverage,
+        dev_seed=config.dev_seed,
+        permute=config.permute,
+    )
 
 
 def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
@@ -242,8 +290,14 @@ def bucket_of(lengths: np.ndarray, bucket_lengths: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(bucket_lengths), lengths, side="left")
 
 
-def pad(split: Split, index: Sequence[int], batch_size: int, length: int, keep: str = "last",
-        width: int | None = None):  # fmt: skip
+def pad(
+    split: Split,
+    index: Sequence[int],
+    batch_size: int,
+    length: int,
+    keep: str = "last",
+    width: int | None = None,
+):
     """``(inputs, lengths, labels, weights)`` of the rows ``index`` (-1: an empty
     weight-0 row), each cut to its ``keep`` (``'first'`` / ``'last'``) ``length`` steps,
     zero-padded at the end to ``[batch_size, width(, m)]`` (``width`` >= ``length``,
@@ -281,8 +335,9 @@ def plan(split: Split, cfg: TrainConfig, shuffle_seed: tuple[int, int] | None):
             rows = rng.permutation(rows)
         for start in range(0, len(rows), cfg.batch_size):
             chunk = rows[start : start + cfg.batch_size]
-            batches.append((length, np.pad(chunk, (0, cfg.batch_size - len(chunk)),
-                                           constant_values=-1)))  # fmt: skip
+            batches.append(
+                (length, np.pad(chunk, (0, cfg.batch_size - len(chunk)), constant_values=-1))
+            )
     if rng is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -319,19 +374,35 @@ def _initial_params(model: SequenceClassifier, key: Array, embeddings) -> dict:
     return params
 
 
-def _evaluate(sums_fn, params, name: str, split: Split, batches, config: TrainConfig, mesh,
-              track, stacked: bool = False) -> dict[str, float] | list[dict[str, float]]:  # fmt: skip
+def _evaluate(
+    sums_fn,
+    params,
+    name: str,
+    split: Split,
+    batches,
+    config: TrainConfig,
+    mesh,
+    track,
+    stacked: bool = False,
+) -> dict[str, float] | list[dict[str, float]]:
     """``{'<name>_acc': accuracy, '<name>_xent': mean cross-entropy (nats)}`` of ``params``
     on ``split`` in its evaluation ``batches`` (:func:`plan`), each padded and its rows
     split over ``mesh``; ``sums_fn``: the jitted :func:`_eval_sums`, ``track``: the
     engine's; ``stacked``: K stacked seeds' ``params``, ``sums_fn`` vmapped over them, a
     dict per seed."""
     totals = classify.add_up(
-        sums_fn(params, *sharding.put_rows(pad(split, rows, config.batch_size, length,
-                                               config.keep), mesh))
-        for length, rows in track(batches, total=len(batches), desc=name))  # fmt: skip
+        sums_fn(
+            params,
+            *sharding.put_rows(pad(split, rows, config.batch_size, length, config.keep), mesh),
+        )
+        for length, rows in track(batches, total=len(batches), desc=name)
+    )
     named = lambda m: {f"{name}_acc": m["accuracy"], f"{name}_xent": m["loss"]}
-    return [named(m) for m in classify.seed_means(totals)] if stacked else named(classify.means(totals))
+    return (
+        [named(m) for m in classify.seed_means(totals)]
+        if stacked
+        else named(classify.means(totals))
+    )
 
 
 # --------------------------------------------------------------------- the paper's models
@@ -353,6 +424,7 @@ PAPER_TABLE3: dict[tuple[str, str], float] = {
 
 # ------------------------------------------------------------------------- one run
 
+
 def embeddings_for(config: RRLConfig, dataset: Dataset, log=print):
     """The initial embedding of a text data set: ``(vectors, found)`` or None.
 
@@ -366,9 +438,13 @@ def embeddings_for(config: RRLConfig, dataset: Dataset, log=print):
     if dataset.vocab is None or spec in (None, "random"):
         return None
     if spec == "word2vec":
-        return word2vec.train_word2vec(dataset.train.inputs, dataset.vocab,
-                                       config.embedding_size(), dataset=config.dataset,
-                                       log=log)  # fmt: skip
+        return word2vec.train_word2vec(
+            dataset.train.inputs,
+            dataset.vocab,
+            config.embedding_size(),
+            dataset=config.dataset,
+            log=log,
+        )
     vectors = word2vec.load_word2vec(spec, dataset.vocab, config.embedding_size())
     log(f"{spec}: vectors for {vectors[1].sum():,} of {len(dataset.vocab):,} words")
     return vectors
@@ -394,10 +470,16 @@ def eval_subset(dataset: Dataset, n: int | None) -> Dataset:
     return dataclasses.replace(dataset, **cut) if cut else dataset
 
 
-def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
-                       devices: list | None = None, on_divergence: str = "raise",
-                       log: Callable[[str], None] | None = print,
-                       seeds: int | None = None) -> engine.RunResult | list[engine.RunResult]:  # fmt: skip
+def train_and_evaluate(
+    config: RRLConfig,
+    dataset: Dataset,
+    workdir=None,
+    *,
+    devices: list | None = None,
+    on_divergence: str = "raise",
+    log: Callable[[str], None] | None = print,
+    seeds: int | None = None,
+) -> engine.RunResult | list[engine.RunResult]:
     """Trains ``config.classifier`` under ``config`` on ``dataset`` (its first
     ``config.subset`` training sequences, :func:`subset`; the initial embedding
     :func:`embeddings_for`'s), validating on dev every epoch (the best: highest
@@ -429,34 +511,42 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
     for name, split in splits.items():
         if not len(split.labels):
             raise ValueError(f"the {name} split is empty")
-    model = config.classifier(kept.num_classes, kept.input_size,
-                              None if kept.vocab is None else len(kept.vocab))  # fmt: skip
+    model = config.classifier(
+        kept.num_classes, kept.input_size, None if kept.vocab is None else len(kept.vocab)
+    )
     mesh = sharding.data_mesh(devices)
     sharding.check_divisible(config.batch_size, mesh)
-    say(f"{cells.label(config.model)} on {config.dataset}: {len(kept.train.labels):,} train / "
-        f"{len(kept.dev.labels):,} dev / {len(kept.test.labels):,} test sequences")
+    say(
+        f"{cells.label(config.model)} on {config.dataset}: {len(kept.train.labels):,} train / "
+        f"{len(kept.dev.labels):,} dev / {len(kept.test.labels):,} test sequences"
+    )
     embeddings = embeddings_for(config, kept, say)
     tx = config.optimizer()
 
     def init_state(key):
         params = _initial_params(model, key, embeddings)
-        return sharding.put_tree({"params": params, "opt_state": tx.init(params)},
-                                 sharding.replicated(mesh))  # fmt: skip
+        return sharding.put_tree(
+            {"params": params, "opt_state": tx.init(params)}, sharding.replicated(mesh)
+        )
 
     # Batch k of epoch e: a pure function of (seed, e, k); the plans of an epoch are kept.
     epoch_plan = functools.lru_cache(maxsize=32)(
-        lambda seed, epoch: plan(kept.train, config, (seed, epoch)))
+        lambda seed, epoch: plan(kept.train, config, (seed, epoch))
+    )
 
     def get_batch(seed, epoch, index):
         length, rows = epoch_plan(seed, epoch)[index]
-        return sharding.put_rows(pad(kept.train, rows, config.batch_size, length, config.keep),
-                                 mesh)  # fmt: skip
+        return sharding.put_rows(
+            pad(kept.train, rows, config.batch_size, length, config.keep), mesh
+        )
 
     def get_batches(seeds, epoch, index):  # K seeds' buckets padded to the longest on the host
         planned = [epoch_plan(seed, epoch)[index] for seed in seeds]
         longest = max(length for length, _ in planned)
-        batches = [pad(kept.train, rows, config.batch_size, length, config.keep, width=longest)
-                   for length, rows in planned]  # fmt: skip
+        batches = [
+            pad(kept.train, rows, config.batch_size, length, config.keep, width=longest)
+            for length, rows in planned
+        ]
         return sharding.put_rows(stacking.stack(batches), mesh, stacked=True)
 
     eval_sums = jax.jit(functools.partial(_eval_sums, model))
@@ -464,43 +554,69 @@ def train_and_evaluate(config: RRLConfig, dataset: Dataset, workdir=None, *,
     eval_plans = {name: plan(splits[name], config, None) for name in ("dev", "test")}
 
     def evaluate(params, name, track, stacked=False):
-        return _evaluate(seeds_sums if stacked else eval_sums, params, name, splits[name],
-                         eval_plans[name], config, mesh, track, stacked)  # fmt: skip
+        return _evaluate(
+            seeds_sums if stacked else eval_sums,
+            params,
+            name,
+            splits[name],
+            eval_plans[name],
+            config,
+            mesh,
+            track,
+            stacked,
+        )
 
     def validate(params, track):
         dev = evaluate(params, "dev", track)
         return {**dev, "valid_loss": dev["dev_xent"]}
 
     def validate_stacked(params, track):  # K seeds' parameters, one evaluation
-        return [{**dev, "valid_loss": dev["dev_xent"]}
-                for dev in evaluate(params, "dev", track, stacked=True)]  # fmt: skip
+        return [
+            {**dev, "valid_loss": dev["dev_xent"]}
+            for dev in evaluate(params, "dev", track, stacked=True)
+        ]
 
     task = engine.Task(
         init_state=init_state,
         train_step=make_train_step(model, tx),
-        get_batch=get_batch, get_batches=get_batches,
+        get_batch=get_batch,
+        get_batches=get_batches,
         steps_per_epoch=len(plan(kept.train, config, None)),
-        validate=validate, validate_stacked=validate_stacked, select="dev_acc",
+        validate=validate,
+        validate_stacked=validate_stacked,
+        select="dev_acc",
         higher_is_better=True,
-        final_evaluate=lambda params, track: {**evaluate(params, "dev", track),
-                                              **evaluate(params, "test", track)},
-        train_metrics=classify.train_metrics, chance_loss=math.log(kept.num_classes),
-        unit="tok", throughput_key="tokens",
-    )  # fmt: skip
+        final_evaluate=lambda params, track: {
+            **evaluate(params, "dev", track),
+            **evaluate(params, "test", track),
+        },
+        train_metrics=classify.train_metrics,
+        chance_loss=math.log(kept.num_classes),
+        unit="tok",
+        throughput_key="tokens",
+    )
     return engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)
 
 
-def _train(config: RRLConfig, load: Callable[[], Dataset], log, workdir,
-           on_divergence: str, seeds: int | None = None) -> dict:  # fmt: skip
+def _train(
+    config: RRLConfig,
+    load: Callable[[], Dataset],
+    log,
+    workdir,
+    on_divergence: str,
+    seeds: int | None = None,
+) -> dict:
     """A sweep run's ``train(workdir, on_divergence) -> results`` (with
     ``functools.partial``): :func:`train_and_evaluate` on ``load()`` (``seeds``: K seeds
     stacked, the first one's results)."""
-    out = train_and_evaluate(config, load(), workdir, on_divergence=on_divergence, log=log,
-                             seeds=seeds)  # fmt: skip
+    out = train_and_evaluate(
+        config, load(), workdir, on_divergence=on_divergence, log=log, seeds=seeds
+    )
     return out.results if seeds is None else out[0].results
 
 
 # ------------------------------------------------------------------------ tables
+
 
 def _measured(runs: Sequence[dict | None]) -> list:
     """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
@@ -556,8 +672,11 @@ def _unfinished(dev: str | None, progress: Sequence[str], n: int) -> str | None:
     2 unfinished: epoch 1 of 10)'`` for seeds; ``dev`` itself when every run finished."""
     if not progress:
         return dev
-    note = (f"({progress[0]}, unfinished)" if n == 1
-            else f"({len(progress)} of {n} unfinished: {'; '.join(progress)})")  # fmt: skip
+    note = (
+        f"({progress[0]}, unfinished)"
+        if n == 1
+        else f"({len(progress)} of {n} unfinished: {'; '.join(progress)})"
+    )
     return note if dev is None else f"{dev} {note}"
 
 
@@ -581,10 +700,26 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
         r = next((run["results"] for run in runs if run and run["results"]), None) or {}
         params = f"{r['parameters']:,}" if "parameters" in r else None
         dev, test, epochs, minutes = _measured(runs)
-        rows.append([cells.label(name), "n/a" if paper is None else f"{paper:.2f}",
-                     dev, test, params, epochs, minutes])  # fmt: skip
-    header = [f"model ({title})", "paper test acc (Table 3)", "rhnzoo dev acc",
-              "rhnzoo test acc", "parameters", "epochs", "minutes"]  # fmt: skip
+        rows.append(
+            [
+                cells.label(name),
+                "n/a" if paper is None else f"{paper:.2f}",
+                dev,
+                test,
+                params,
+                epochs,
+                minutes,
+            ]
+        )
+    header = [
+        f"model ({title})",
+        "paper test acc (Table 3)",
+        "rhnzoo dev acc",
+        "rhnzoo test acc",
+        "parameters",
+        "epochs",
+        "minutes",
+    ]
     return tables.markdown(header, rows)
 
 
@@ -592,19 +727,36 @@ def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
     """The recipe study's table: setting, dev accuracy (best epoch), test accuracy,
     epochs, minutes (several seeds: mean ± sd; unfinished runs marked as in
     :func:`table_text`). Raises ValueError as :func:`table_text`."""
-    rows = [[name, *_measured(list(sweep.collect(root, [sweep.seed_name(name, k)
-                                                       for k in range(seeds)]).values()))]
-            for name in names]  # fmt: skip
-    return tables.markdown([f"setting ({title})", "best dev acc", "test acc (best dev)",
-                           "epochs", "minutes"], rows)  # fmt: skip
+    rows = [
+        [
+            name,
+            *_measured(
+                list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
+            ),
+        ]
+        for name in names
+    ]
+    return tables.markdown(
+        [f"setting ({title})", "best dev acc", "test acc (best dev)", "epochs", "minutes"], rows
+    )
 
 
 # ------------------------------------------------------------------- the experiment
 
-def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None, table: bool,
-                   run_missing: bool, load: Callable[[], Dataset], title: str,
-                   log: Callable[[str], None] | None = print, seeds: int = 1,
-                   jobs=None) -> str | None:  # fmt: skip
+
+def run_experiment(
+    configs: Mapping[str, RRLConfig],
+    root,
+    *,
+    study: str | None,
+    table: bool,
+    run_missing: bool,
+    load: Callable[[], Dataset],
+    title: str,
+    log: Callable[[str], None] | None = print,
+    seeds: int = 1,
+    jobs=None,
+) -> str | None:
     """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
 
     ``configs`` holds every run (name -> config, checked before any data is read:
@@ -628,22 +780,32 @@ def run_experiment(configs: Mapping[str, RRLConfig], root, *, study: str | None,
     root = pathlib.Path(root) / f"study_{study}" if study else pathlib.Path(root)
     several = bool(table or study)
     tabled = several or seeds > 1  # a table to show
-    seeded = {sweep.seed_name(name, k): c.replace(seed=c.seed + k)
-              for name, c in configs.items() for k in range(seeds)}  # fmt: skip
-    runs = sweep.seed_runs(list(seeded.items()), seeds,
-                           lambda c, k: functools.partial(_train, c, load, say, seeds=k),
-                           stack=jobs is not None and jobs.stack_seeds)  # fmt: skip
+    seeded = {
+        sweep.seed_name(name, k): c.replace(seed=c.seed + k)
+        for name, c in configs.items()
+        for k in range(seeds)
+    }
+    runs = sweep.seed_runs(
+        list(seeded.items()),
+        seeds,
+        lambda c, k: functools.partial(_train, c, load, say, seeds=k),
+        stack=jobs is not None and jobs.stack_seeds,
+    )
     if run_missing or not several:
         if jobs is not None and jobs.n > 1:  # in this process, before any child starts:
             dataset = load()  # a data error is one line; word2vec trained once, cached
-            for c in {(c.embeddings, c.embedding_size(), c.subset): c
-                      for c in seeded.values()}.values():  # fmt: skip
+            for c in {
+                (c.embeddings, c.embedding_size(), c.subset): c for c in seeded.values()
+            }.values():
                 embeddings_for(c, subset(dataset, c.subset), say)
         sweep.run_all(runs, root, log=say, jobs=jobs, on_divergence="stop" if tabled else "raise")
     if not tabled:
         return None
     first = next(iter(configs.values()))
-    text = (study_table(root, list(configs), f"{first.model} {title}", seeds) if study
-            else table_text(root, list(configs), first.dataset, title, seeds))  # fmt: skip
+    text = (
+        study_table(root, list(configs), f"{first.model} {title}", seeds)
+        if study
+        else table_text(root, list(configs), first.dataset, title, seeds)
+    )
     tables.write_table(root / "table.md", text)
     return text

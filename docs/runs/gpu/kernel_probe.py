@@ -38,7 +38,8 @@ def compiler(approx_math=False, no_barriers=False):
     gated_pallas._APPROX_MATH = approx_math
     if no_barriers:
         plgpu.CompilerParams = lambda **kw: dataclasses.replace(
-            original(**kw), unsafe_no_auto_barriers=True)
+            original(**kw), unsafe_no_auto_barriers=True
+        )
     try:
         yield
     finally:
@@ -69,22 +70,23 @@ def main():
     ap.add_argument("--variants", action="store_true", help="also the error of each setting")
     ap.add_argument("--interpret", action="store_true")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per figure (min)")
-    ap.add_argument("--stand_in", action="store_true",
-                    help="the float32 fused scan in the kernel's place (a CPU dry run of the "
-                         "script's figures, no kernel)")
+    ap.add_argument(
+        "--stand_in",
+        action="store_true",
+        help="the float32 fused scan in the kernel's place (a CPU dry run of the "
+        "script's figures, no kernel)",
+    )
     args = ap.parse_args()
     dev = jax.devices()[0]
     bf = jnp.bfloat16
-    pallas = lambda c, p, h, x: gated_pallas.unroll(c, p, h, x, outputs=False,
-                                                    interpret=args.interpret or None)
+    pallas = lambda c, p, h, x: gated_pallas.unroll(
+        c, p, h, x, outputs=False, interpret=args.interpret or None
+    )
     if args.stand_in:
-        pallas = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32,
-                                                       outputs=False)
+        pallas = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32, outputs=False)
     fused = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=bf, outputs=False)
-    reference = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32,
-                                                      outputs=False)
-    base = dict(T=args.length, device=dev.device_kind, jax=jax.__version__,
-                stand_in=args.stand_in)
+    reference = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32, outputs=False)
+    base = dict(T=args.length, device=dev.device_kind, jax=jax.__version__, stand_in=args.stand_in)
 
     def emit(rec):
         print(json.dumps({**rec, **base}), flush=True)
@@ -94,12 +96,16 @@ def main():
             cell, params, carry, xs = problem(n, B, args.length)
             for name, unroll in (("pallas", pallas), ("fused_bf16", fused)):
                 f = loss_fn(unroll, cell, carry)
-                for what, fn in (("forward", jax.jit(f)),
-                                 ("value_and_grad", jax.jit(jax.value_and_grad(f)))):
+                for what, fn in (
+                    ("forward", jax.jit(f)),
+                    ("value_and_grad", jax.jit(jax.value_and_grad(f))),
+                ):
                     try:
                         s = best(fn, params, xs, reps=args.reps)
-                        rec = {"ms": round(s * 1e3, 3),
-                               "us_per_step": round(s * 1e6 / args.length, 2)}
+                        rec = {
+                            "ms": round(s * 1e3, 3),
+                            "us_per_step": round(s * 1e6 / args.length, 2),
+                        }
                     except Exception as e:
                         rec = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     emit({"figure": f"{name}_{what}", "n": n, "B": B, **rec})
@@ -108,9 +114,12 @@ def main():
     n, B = args.n[-1], args.batch[0]
     cell, params, carry, xs = problem(n, B, args.length, seed=1)
     ref = jax.jit(jax.value_and_grad(loss_fn(reference, cell, carry)))(params, xs)
-    variants = [("pallas", pallas, {}), ("pallas_approx_math", pallas, {"approx_math": True}),
-                ("pallas_no_auto_barriers", pallas, {"no_barriers": True}),
-                ("fused_bf16", fused, {})]  # fmt: skip
+    variants = [
+        ("pallas", pallas, {}),
+        ("pallas_approx_math", pallas, {"approx_math": True}),
+        ("pallas_no_auto_barriers", pallas, {"no_barriers": True}),
+        ("fused_bf16", fused, {}),
+    ]
     for name, unroll, settings in variants:
         with compiler(**settings):
             fn = jax.jit(jax.value_and_grad(loss_fn(unroll, cell, carry)))
@@ -118,8 +127,11 @@ def main():
                 loss, grads = fn(params, xs)
                 s = best(fn, params, xs, reps=args.reps)
                 err = lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
-                rec = {"ms": round(s * 1e3, 3), "loss_rel_err": err(loss, ref[0]),
-                       "grad_rel_err": {k: err(grads[k], ref[1][k]) for k in ref[1]}}
+                rec = {
+                    "ms": round(s * 1e3, 3),
+                    "loss_rel_err": err(loss, ref[0]),
+                    "grad_rel_err": {k: err(grads[k], ref[1][k]) for k in ref[1]},
+                }
             except Exception as e:
                 rec = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         emit({"figure": f"error_{name}", "n": n, "B": B, **rec})

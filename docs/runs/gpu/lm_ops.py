@@ -35,19 +35,30 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
     c = bench_lm.CONFIGS[args.config]
-    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"],
-                                  tied=c["tied"], dtype=args.dtype)  # fmt: skip
+    model = lm.rhn_language_model(
+        c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"], tied=c["tied"], dtype=args.dtype
+    )
     drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = train.LMConfig(batch_size=c["batch"], num_steps=c["num_steps"], drop_x=drop_x,
-                         drop_i=drop_i, drop_h=drop_h, drop_o=drop_o)  # fmt: skip
-    tokens = np.random.default_rng(0).integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1),
-                                               dtype=np.int32)  # fmt: skip
+    cfg = train.LMConfig(
+        batch_size=c["batch"],
+        num_steps=c["num_steps"],
+        drop_x=drop_x,
+        drop_i=drop_i,
+        drop_h=drop_h,
+        drop_o=drop_o,
+    )
+    tokens = np.random.default_rng(0).integers(
+        0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32
+    )
     rows = jnp.asarray(data.batchify(tokens, c["batch"]))
     tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], c["num_steps"]))
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
     step = train.make_train_step(model, cfg, tx)
-    compiled = jax.jit(step, donate_argnums=0).lower(state, (rows, jnp.int32(1)),
-                                                     jax.random.PRNGKey(1)).compile()  # fmt: skip
+    compiled = (
+        jax.jit(step, donate_argnums=0)
+        .lower(state, (rows, jnp.int32(1)), jax.random.PRNGKey(1))
+        .compile()
+    )
     hlo = compiled.as_text()
     n = c["hidden"]
     # The computations, by name; a while body's, with what it calls (fusions, to_apply),
@@ -80,13 +91,18 @@ def main():
                 body_ops[opcode] += 1
             found = SHAPE.search(shape)
             dims = [int(d) for d in found.group(1).split(",") if d] if found else []
-            if opcode in ("copy", "dynamic-slice", "slice", "transpose") and dims and \
-                    np.prod(dims) >= n * n:
+            if (
+                opcode in ("copy", "dynamic-slice", "slice", "transpose")
+                and dims
+                and np.prod(dims) >= n * n
+            ):
                 where = "loop" if computation in bodies else "outside"
                 big.append(f"{opcode:14s} {shape.strip():40s} {where:7s} in {computation}")
-    print(f"{args.config} (hidden {n}, depth {c['depth']}, {args.dtype}), "
-          f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
-          f"{len(re.findall(r'body=', hlo))} while loops")
+    print(
+        f"{args.config} (hidden {n}, depth {c['depth']}, {args.dtype}), "
+        f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
+        f"{len(re.findall(r'body=', hlo))} while loops"
+    )
     print("\nops, all computations:")
     for op, k in all_ops.most_common(args.top):
         print(f"{k:7d}  {op}")

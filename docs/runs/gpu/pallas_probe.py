@@ -34,19 +34,32 @@ def main():
         Bp = -(-B // 64) * 64
         k = jax.random.split(jax.random.PRNGKey(0), 8)
         bf, f32 = jnp.bfloat16, jnp.float32
-        fwd = jax.jit(lambda *a: gated_pallas._forward_call(*a, step=gated_pallas._lstm_step(),
-                                                            interpret=False))
+        fwd = jax.jit(
+            lambda *a: gated_pallas._forward_call(
+                *a, step=gated_pallas._lstm_step(), interpret=False
+            )
+        )
         H = N // 64
-        fargs = (jax.random.normal(k[0], (T, Bp, MP)).astype(bf),
-                 (0.1 * jax.random.normal(k[1], (4, H, N, 64))).astype(bf),
-                 (0.1 * jax.random.normal(k[2], (4, H, 64, MP))).astype(bf),
-                 jnp.zeros((4, H, 64), f32), jnp.zeros((H, Bp, 64), bf),
-                 (jnp.zeros((H, Bp, 64), f32),), jnp.full((Bp,), T, jnp.int32))
-        bwd = jax.jit(lambda *a: gated_pallas._backward_call(a[0], a[1], None, *a[2:], interpret=False))
-        bargs = (jax.random.uniform(k[3], (T, 5, Bp, N)).astype(bf),
-                 jax.random.uniform(k[4], (T, Bp, N)),
-                 (0.1 * jax.random.normal(k[1], (4, N, N))).astype(bf), fargs[6],
-                 jnp.ones((Bp, N), f32), jnp.ones((Bp, N), f32))
+        fargs = (
+            jax.random.normal(k[0], (T, Bp, MP)).astype(bf),
+            (0.1 * jax.random.normal(k[1], (4, H, N, 64))).astype(bf),
+            (0.1 * jax.random.normal(k[2], (4, H, 64, MP))).astype(bf),
+            jnp.zeros((4, H, 64), f32),
+            jnp.zeros((H, Bp, 64), bf),
+            (jnp.zeros((H, Bp, 64), f32),),
+            jnp.full((Bp,), T, jnp.int32),
+        )
+        bwd = jax.jit(
+            lambda *a: gated_pallas._backward_call(a[0], a[1], None, *a[2:], interpret=False)
+        )
+        bargs = (
+            jax.random.uniform(k[3], (T, 5, Bp, N)).astype(bf),
+            jax.random.uniform(k[4], (T, Bp, N)),
+            (0.1 * jax.random.normal(k[1], (4, N, N))).astype(bf),
+            fargs[6],
+            jnp.ones((Bp, N), f32),
+            jnp.ones((Bp, N), f32),
+        )
         cell = cells.LSTM(n)
         params = cell.init(k[5], m)
         carry = cell.initial_carry(B)
@@ -56,6 +69,7 @@ def main():
             def f(p, x):
                 (h, c), _ = unroll(p, carry, x)
                 return jnp.sum(h * h)
+
             return jax.jit(jax.value_and_grad(f))
 
         pallas = lambda p, c, x: gated_pallas.unroll(cell, p, c, x, outputs=False)
@@ -69,21 +83,34 @@ def main():
             "fused_bf16_value_and_grad": (loss(fused), (params, xs)),
         }
         runs = [(False, name) for name in figures]
-        runs += [(True, name) for name in ("forward_kernel", "backward_kernel", "pallas_value_and_grad")]
+        runs += [
+            (True, name) for name in ("forward_kernel", "backward_kernel", "pallas_value_and_grad")
+        ]
         if "--quick" in sys.argv:  # a second try in a short window: the backward and the whole
-            runs = [(False, name) for name in ("backward_kernel", "pallas_value_and_grad",
-                                               "fused_bf16_value_and_grad")]  # fmt: skip
+            runs = [
+                (False, name)
+                for name in (
+                    "backward_kernel",
+                    "pallas_value_and_grad",
+                    "fused_bf16_value_and_grad",
+                )
+            ]
         for approx, name in runs:
             gated_pallas._APPROX_MATH = approx  # read when a kernel is traced
             fn, args = figures[name]
             fn = jax.jit(lambda *a, _f=fn.__wrapped__: _f(*a))  # a new function: traced anew
             try:
                 s = best(fn, *args)
-                rec = {"figure": name, "ms": round(s * 1e3, 3), "us_per_step": round(s * 1e6 / T, 2)}
+                rec = {
+                    "figure": name,
+                    "ms": round(s * 1e3, 3),
+                    "us_per_step": round(s * 1e6 / T, 2),
+                }
             except Exception as e:
                 rec = {"figure": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            rec.update(n=n, B=B, T=T, m=m, approx_math=approx, device=dev.device_kind,
-                       jax=jax.__version__)
+            rec.update(
+                n=n, B=B, T=T, m=m, approx_math=approx, device=dev.device_kind, jax=jax.__version__
+            )
             print(json.dumps(rec), flush=True)
         gated_pallas._APPROX_MATH = False
 
