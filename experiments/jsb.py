@@ -7,11 +7,11 @@ r"""Optimisation study on JSB Chorales: RHN vs DT-RNN vs DT(S)-RNN (Zilly et al.
 Zilly et al. (sec. 5.1): at recurrence depths 1, 2, 4 and 6 the architectures have the
 same number of parameters (the target: the whole model on an RHN of ``--width``; the others
 get the closest width), every (architecture, depth) gets the same random search over the
-SGD hyperparameters (``rhnzoo.tasks.polyphonic.SEARCH_SPACE``, one draw per trial index,
+SGD hyperparameters (``rhnzoo.studies.jsb.SEARCH_SPACE``, one draw per trial index,
 so the comparison is paired), and Fig. 4 plots every trial's test NLL at its
 best-validation epoch. Any registered cell can join (``--archs=rhn,lstm,hsg_gru``).
 
-The study is ``rhnzoo.tasks.polyphonic.study``: each trial a run of the multi-run
+The study is ``rhnzoo.studies.jsb.study``: each trial a run of the multi-run
 runner in ``<workdir>/trials/<arch>_d<depth>_t<trial>`` (config.json + results.json;
 trained in memory). Also in ``--workdir``: ``config.json`` (the study's settings),
 ``results.jsonl`` (one line per trial), ``jsb_swarm.png`` (Fig. 4 style), ``results.md``

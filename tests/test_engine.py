@@ -25,6 +25,8 @@ import pytest
 from rhnzoo import engine
 
 from rhnzoo.engine import progress
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "engine_toy.py"
@@ -96,7 +98,7 @@ def test_resume_after_a_signal_reproduces_the_uninterrupted_run(tmp_path, uninte
     all resume exactly: every output equals the uninterrupted run's."""
     workdir = tmp_path / "w"
     lines = []
-    with pytest.raises(engine.Interrupted) as info:
+    with pytest.raises(signals.Interrupted) as info:
         run(
             workdir,
             engine_toy.make_task(on_batch=sigterm_at(stop_at)),
@@ -172,7 +174,7 @@ LOOP_EVENTS = {
 def test_the_loop_s_periodic_actions_and_epoch_ends_in_order_across_a_stop(
     tmp_path, monkeypatch, stop_at
 ):
-    events, save = [], engine.Checkpoints.save
+    events, save = [], workdir_lib.Checkpoints.save
 
     def recorded_save(self, step, tree):
         events.append(f"save {step}")
@@ -183,23 +185,23 @@ def test_the_loop_s_periodic_actions_and_epoch_ends_in_order_across_a_stop(
         if words[0] in ("step", "epoch", "stopped", "resumed"):
             events.append(f"{words[0]} {words[-1]}")
 
-    monkeypatch.setattr(engine.Checkpoints, "save", recorded_save)
+    monkeypatch.setattr(workdir_lib.Checkpoints, "save", recorded_save)
     kw = dict(max_steps=30, log_every=4, checkpoint_every_steps=5)
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         run(tmp_path / "w", engine_toy.make_task(on_batch=sigterm_at(stop_at)), note, **kw)
     run(tmp_path / "w", log=note, **kw)
     assert events == LOOP_EVENTS[stop_at]
 
 
 def test_signal_at_start_up_saves_and_stops(tmp_path):
-    engine.catch_signals()
+    signals.catch_signals()
     try:
         os.kill(os.getpid(), signal.SIGTERM)  # arrives before the engine starts
         lines = []
-        with pytest.raises(engine.Interrupted):
+        with pytest.raises(signals.Interrupted):
             run(tmp_path / "w", log=lines.append, max_steps=30)
     finally:
-        engine.release_signals()
+        signals.release_signals()
     assert "stopped by signal 15 at start-up at step 0" in lines[-1]
     assert int(saved_state(tmp_path / "w")["state"]["step"]) == 0
 
@@ -317,11 +319,11 @@ def test_the_recorded_paper_losses_are_every_table_3_model_unstopped():
     experiments/rrl.py trains, recorded with the check off and none stopped, and the
     replay's config judging with the default factor of the experiments' RunConfig."""
     from rhnzoo.config import RunConfig
-    from rhnzoo.tasks import rrl
+    from rhnzoo.configs import rrl as rrl_configs
 
-    assert sorted(IMDB_PAPER_LOSSES["xent"]) == sorted(rrl.MODELS)
+    assert sorted(IMDB_PAPER_LOSSES["xent"]) == sorted(rrl_configs.MODELS)
     assert IMDB_PAPER_LOSSES["divergence_factor"] == 0
-    assert IMDB_PAPER_LOSSES["stopped"] == {model: None for model in rrl.MODELS}
+    assert IMDB_PAPER_LOSSES["stopped"] == {model: None for model in rrl_configs.MODELS}
     assert cfg().divergence_factor == RunConfig(epochs=1).divergence_factor > 0
 
 
@@ -422,7 +424,7 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
         engine.run(
             engine_toy.scripted_task(losses, chance_loss=1.0), config(), tmp_path / "a", log=None
         )
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         engine.run(
             engine_toy.scripted_task(losses, chance_loss=1.0, on_batch=sigterm_at_step(59, 1000)),
             config(),
@@ -445,7 +447,7 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
 )
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, uninterrupted, damage):
     workdir = tmp_path / "w"
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         run(
             workdir,
             engine_toy.make_task(on_batch=sigterm_at(21)),
@@ -473,7 +475,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device", "/some/dir")
 
     monkeypatch.setattr(ocp.CheckpointManager, "save", no_space)
-    with pytest.raises(engine.RunError) as info:
+    with pytest.raises(workdir_lib.RunError) as info:
         run(tmp_path / "w", max_steps=5, checkpoint_every_steps=2)
     assert "no space left on device" in str(info.value) and "\n" not in str(info.value)
     assert "checkpoints/2" in str(info.value)
@@ -481,7 +483,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
 
 def test_results_are_strict_json(tmp_path):
     path = tmp_path / "r.json"
-    engine.write_json(path, {"a": math.inf, "b": [math.nan, 1.5], "c": np.float32(2.0)})
+    workdir_lib.write_json(path, {"a": math.inf, "b": [math.nan, 1.5], "c": np.float32(2.0)})
 
     def refuse(constant):
         raise ValueError(f"non-standard JSON constant {constant}")
@@ -496,9 +498,9 @@ def test_results_are_strict_json(tmp_path):
 def test_unusable_workdirs_are_refused_with_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a directory"):
-        engine.prepare_workdir(tmp_path / "file", engine_toy.ToyConfig())
+        workdir_lib.prepare_workdir(tmp_path / "file", engine_toy.ToyConfig())
     with pytest.raises(ValueError, match="cannot create workdir .*file/sub"):
-        engine.prepare_workdir(tmp_path / "file" / "sub", engine_toy.ToyConfig())
+        workdir_lib.prepare_workdir(tmp_path / "file" / "sub", engine_toy.ToyConfig())
     assert not (tmp_path / "file" / "sub").exists()
 
 
@@ -509,7 +511,7 @@ def test_resuming_a_workdir_that_cannot_be_written_is_one_line(tmp_path, monkeyp
     where no file can be created."""
     run(tmp_path / "w", max_steps=15)
     (tmp_path / "w" / ".metrics.jsonl.tmp").mkdir()
-    with pytest.raises(engine.RunError, match="cannot write .*metrics.jsonl") as e:
+    with pytest.raises(workdir_lib.RunError, match="cannot write .*metrics.jsonl") as e:
         run(tmp_path / "w", max_steps=20)
     assert "\n" not in str(e.value)
 
@@ -579,10 +581,10 @@ def test_a_workdir_without_a_checkpoint_holds_no_run(tmp_path):
             log=None,
         )
     # Anything a run does not write before its first checkpoint (a study's trials) is a run.
-    engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1))
+    workdir_lib.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1))
     (tmp_path / "study" / "trials").mkdir()
     with pytest.raises(ValueError, match="holds an incompatible run"):
-        engine.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1, lr=0.5))
+        workdir_lib.prepare_workdir(tmp_path / "study", engine_toy.ToyConfig(epochs=1, lr=0.5))
 
 
 def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupted):
@@ -590,7 +592,7 @@ def test_incomplete_checkpoint_saves_are_removed_on_start(tmp_path, uninterrupte
     directories) is deleted when the run resumes, one line each; the outputs are the
     uninterrupted run's."""
     workdir = tmp_path / "w"
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         run(
             workdir,
             engine_toy.make_task(on_batch=sigterm_at(13)),
@@ -659,13 +661,13 @@ def test_readers_need_no_lock(tmp_path):
     """While a lock is held on a finished run's workdir, a rerun reads it ('already
     finished') and analyses restore its parameters; a run that would train is refused."""
     run(tmp_path / "w", max_steps=15)
-    lock = engine.WorkdirLock(tmp_path / "w")
+    lock = workdir_lib.WorkdirLock(tmp_path / "w")
     try:
         lines = []
         run(tmp_path / "w", log=lines.append, max_steps=15)
         assert lines[0].startswith("already finished: ")
-        assert engine.restore_params(tmp_path / "w") is not None
-        with pytest.raises(engine.RunError, match=f"is in use by process {os.getpid()}, "):
+        assert workdir_lib.restore_params(tmp_path / "w") is not None
+        with pytest.raises(workdir_lib.RunError, match=f"is in use by process {os.getpid()}, "):
             run(tmp_path / "w", max_steps=20)
     finally:
         lock.release()
@@ -723,11 +725,11 @@ def test_a_finished_run_is_not_trained_or_evaluated_again(tmp_path):
     calls = []
 
     def counted(task):
-        def final_evaluate(params, track):
-            calls.append(1)
-            return task.final_evaluate(params, track)
+        def eval_batches(split, final):
+            calls.extend([1] if final and split == "test" else [])  # one final evaluation
+            return task.eval_batches(split, final)
 
-        return dataclasses.replace(task, final_evaluate=final_evaluate)
+        return dataclasses.replace(task, eval_batches=eval_batches)
 
     task, lines = counted(engine_toy.make_task()), []
     first = run(tmp_path / "w", task, log=lines.append, epochs=2)
@@ -816,13 +818,13 @@ def test_estimate_after_the_first_validation_counts_the_validations(monkeypatch)
     task = engine_toy.make_task(on_batch=clock.on_batch)
     validations = iter([10.0, 4.0, 4.0])
 
-    def validate(params, track):
-        clock.t += next(validations)
-        return task.validate(params, track)
+    def eval_batches(split, final):
+        clock.t += 0.0 if final else next(validations)
+        return task.eval_batches(split, final)
 
     lines = []
     engine.run(
-        dataclasses.replace(task, validate=validate),
+        dataclasses.replace(task, eval_batches=eval_batches),
         cfg(epochs=3, log_every=1),
         None,
         log=lines.append,
@@ -849,7 +851,7 @@ def test_epoch_throughput_counts_this_process_s_steady_steps(tmp_path, monkeypat
     (it was 96 / 140 s = 0.69 ex/s, and 56 / 137 s after the resume)."""
     clock = FakeClock(monkeypatch, lambda n: {1: 100.0, 2: 30.0}.get(n, 1.0))
     lines = []
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         run(
             tmp_path / "w",
             engine_toy.make_task(
@@ -912,8 +914,8 @@ def test_a_finished_run_is_evaluated_again_with_other_final_settings(tmp_path):
     base = engine_toy.make_task()
 
     def task(k):
-        final = lambda params, track: {**base.final_evaluate(params, track), "k": k}
-        return dataclasses.replace(base, final_evaluate=final, final_settings={"k": k})
+        report = dataclasses.replace(base.report, final_settings={"k": k})
+        return dataclasses.replace(base, report=report)
 
     first = run(tmp_path / "w", task=task(1), max_steps=20).results
     metrics = (tmp_path / "w" / "metrics.jsonl").read_text()

@@ -11,6 +11,7 @@ import matplotlib.image
 import pytest
 
 from helpers import DATA, ROOT, needs_data, run_script
+from rhnzoo.engine import workdir as workdir_lib
 
 MNIST_DIR = DATA / "mnist"
 needs_mnist = needs_data("mnist", "train-images-idx3-ubyte.gz", what="MNIST")
@@ -187,8 +188,6 @@ def test_stacked_seeds_write_what_separate_seeds_write(tmp_path):
     workdir."""
     from helpers import write_random_mnist
 
-    from rhnzoo import engine
-
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     common = (
         "--sweep",
@@ -219,11 +218,11 @@ def test_stacked_seeds_write_what_separate_seeds_write(tmp_path):
             timing(_json(separate / "results.json")),
         )
         assert got == want
-        assert [timing(r) for r in engine.read_metrics(stacked)] == [
-            timing(r) for r in engine.read_metrics(separate)
+        assert [timing(r) for r in workdir_lib.read_metrics(stacked)] == [
+            timing(r) for r in workdir_lib.read_metrics(separate)
         ]
-        assert [timing(r) for r in engine.read_metrics(stacked, "train")] == [
-            timing(r) for r in engine.read_metrics(separate, "train")
+        assert [timing(r) for r in workdir_lib.read_metrics(stacked, "train")] == [
+            timing(r) for r in workdir_lib.read_metrics(separate, "train")
         ]
         config = _json(stacked / "config.json")
         assert config["workdir"] == str(stacked) and config["seed"] == 3 + name.endswith("_s1")
@@ -241,12 +240,13 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     start and end lines (the run's final line in it), whatever --log_every."""
     import numpy as np
 
+    from rhnzoo.studies import highway as highway_study
     from rhnzoo.tasks import highway as hw
 
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (240, 784), np.uint8), rng.integers(0, 10, 240)
     splits = hw.split_data(images[:200], labels[:200], images[200:], labels[200:], 40)
-    cfg = hw.HighwayConfig(
+    cfg = configs.HighwayConfig(
         sweep=True,
         depths=("3",),
         plain_lrs=("3:1e-3",),
@@ -258,7 +258,7 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
         workdir=str(tmp_path / "sweep"),
     )
     lines = []
-    hw.sweep(cfg, splits, log=lines.append)
+    highway_study.sweep(cfg, splits, log=lines.append)
     assert len(lines) == 4, lines
     assert lines[1].startswith("[1/2] plain_d3 done in ") and ": final (best checkpoint" in lines[1]
     assert (
@@ -316,7 +316,7 @@ CONFIG_0016358 = {
 def old_sweep_config(**changes):
     """The HighwayConfig of CONFIG_0016358's command line (the matmul precision its flag's
     default then, not the test session's ``highest``), with ``changes``."""
-    from rhnzoo.tasks.highway import HighwayConfig
+    from rhnzoo.configs.highway import HighwayConfig
 
     settings = {
         "sweep": True,
@@ -413,7 +413,7 @@ def test_the_net_of_a_runs_config_json_old_or_new():
 
 
 def test_config_round_trip_and_one_line_errors():
-    from rhnzoo.tasks.highway import HighwayConfig
+    from rhnzoo.configs.highway import HighwayConfig
 
     cfg = HighwayConfig(kind="plain", depth=20, sweep=True, depths=("10", "20"), seeds=3)
     assert HighwayConfig.from_dict(cfg.to_dict()) == cfg
@@ -477,7 +477,7 @@ def test_help_lists_one_flag_per_setting_with_its_help():
     import dataclasses
 
     from rhnzoo.config import meta
-    from rhnzoo.tasks.highway import HighwayConfig
+    from rhnzoo.configs.highway import HighwayConfig
 
     result = highway("--help")  # absl: the usage, exit status 1 (the script's one --help run)
     assert result.returncode == 1 and "(default:" in result.stdout
@@ -556,7 +556,7 @@ def test_a_plain_single_run_draws_its_learning_curves_and_its_lesions(tmp_path, 
 
     from rhnzoo.analysis import plots, report
     from rhnzoo.apps import highway as app
-    from rhnzoo.tasks.highway import HighwayConfig
+    from rhnzoo.configs.highway import HighwayConfig
 
     mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
     drawn = []

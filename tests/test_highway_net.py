@@ -14,7 +14,9 @@ from helpers import np_tree, random_params
 
 from rhnzoo.analysis import highway as analysis
 from rhnzoo.models.highway import INITS, FeedForwardNet, Highway, Plain
+from rhnzoo.studies import highway as highway_study
 from rhnzoo.tasks import highway as hw
+from rhnzoo.configs import highway as highway_configs
 
 MNIST_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "mnist"
 np_sigmoid = lambda z: 0.5 * (1.0 + np.tanh(0.5 * z))  # 1 / (1 + e^-z), no overflow
@@ -225,7 +227,9 @@ def trained_tiny():
     images = rng.integers(0, 256, (300, 12), dtype=np.uint8)
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
     splits = hw.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
-    cfg = hw.HighwayConfig(lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False)
+    cfg = highway_configs.HighwayConfig(
+        lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False
+    )
     out = hw.train_and_evaluate(cfg, splits, net=net, log=None)
     return net, jax.tree.map(jnp.asarray, out.best_params), splits
 
@@ -314,10 +318,10 @@ def test_split_and_config_errors():
         (dict(lr_decay_rate=0.0), "--lr_decay_rate"),
     ):
         with pytest.raises(ValueError, match=flag):
-            hw.HighwayConfig(**kwargs)
+            highway_configs.HighwayConfig(**kwargs)
     with pytest.raises(ValueError, match="batch_size must be in"):
         hw.train_and_evaluate(
-            hw.HighwayConfig(batch_size=71), splits, net=FeedForwardNet(input_size=16)
+            highway_configs.HighwayConfig(batch_size=71), splits, net=FeedForwardNet(input_size=16)
         )
 
 
@@ -340,7 +344,7 @@ def test_depth10_highway_learns_real_mnist():
         data.test_labels[:2000],
         1000,
     )
-    cfg = hw.HighwayConfig(
+    cfg = highway_configs.HighwayConfig(
         lr=0.1, batch_size=64, epochs=3, transform_bias=-2.0, log_every=10**6, progress=False
     )
     net = cfg.net()
@@ -367,7 +371,7 @@ def test_sweep_table_shows_the_mean_and_sd_over_seeds():
             "results": results,
         }
 
-    one = analysis.sweep_table([run("plain", 0.9, 0.31), run("highway", 0.95, 0.2, True)])
+    one = highway_study.sweep_table([run("plain", 0.9, 0.31), run("highway", 0.95, 0.2, True)])
     assert one.splitlines()[2] == (
         "| 10 | 1,234 | 0.1 | 3 | 0.3100 | 90.00% | 1,234 | 0.1 | 3 | 0.2000 | 95.00% (diverged) |"
     )
@@ -378,7 +382,9 @@ def test_sweep_table_shows_the_mean_and_sd_over_seeds():
         run("highway", 0.97, 0.1, True),
         {**run("highway", 0, 0), "results": None, "history": [], "failed": {"exit_status": 1}},
     ]
-    cells = [c.strip() for c in analysis.sweep_table(seeds).splitlines()[2].strip("|").split("|")]
+    cells = [
+        c.strip() for c in highway_study.sweep_table(seeds).splitlines()[2].strip("|").split("|")
+    ]
     sd = lambda *v: statistics.stdev(v)
     assert cells[3:6] == [
         "4",

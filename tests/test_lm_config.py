@@ -9,12 +9,13 @@ import pytest
 from absl import flags
 
 from rhnzoo import data
-from rhnzoo.apps import cli, depth_sweep
+from rhnzoo.apps import cli
+from rhnzoo.studies import hsg_depth
 from rhnzoo.config import setting
 from rhnzoo.configs import lm as lm_configs
-from rhnzoo import engine
 from rhnzoo.tasks import lm as lm_training
-from rhnzoo.tasks.lm import LMConfig
+from rhnzoo.configs.lm import LMConfig
+from rhnzoo.engine import workdir as workdir_lib
 
 # config.json of `ptb.py --preset=small --hsg --workdir=/tmp/x --max_steps=3`, as the code
 # before LMConfig (commit 0016358) wrote it.
@@ -39,7 +40,7 @@ def test_an_earlier_config_json_resumes(tmp_path):
     assert config.to_dict() == {**old, "cell": "rhn", "distributed_timeout": 300}
     assert config.run_dir == "/tmp/x" and config.metric == "ppl"
     (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
-    engine.prepare_workdir(tmp_path, config, check_only=True)  # no error: resumable
+    workdir_lib.prepare_workdir(tmp_path, config, check_only=True)  # no error: resumable
     assert config.replace(workdir=None).run_dir == "runs/ptb_small_d3_n256_hsg"
     assert LMConfig.from_dict(config.to_dict()) == config
 
@@ -53,9 +54,9 @@ def test_resume_refuses_a_structural_change_and_records_a_resumable_one(tmp_path
         match=r"holds an incompatible run \(cell='rhn' there vs "
         r"'gru'.*hidden_size=256 there vs 8",
     ):
-        engine.prepare_workdir(tmp_path, config.replace(cell="gru", hidden_size=8))
+        workdir_lib.prepare_workdir(tmp_path, config.replace(cell="gru", hidden_size=8))
     longer = config.replace(max_steps=80, eval_batch_size=10, unroll=2)  # resumable
-    engine.prepare_workdir(tmp_path, longer)
+    workdir_lib.prepare_workdir(tmp_path, longer)
     assert json.loads((tmp_path / "config.json").read_text()) == longer.to_dict()
 
 
@@ -82,9 +83,9 @@ def test_a_new_setting_is_one_field(tmp_path):
     (tmp_path / "config.json").write_text(OLD_CONFIG_JSON)
     (tmp_path / "results.json").write_text("{}")
     before = Extended.from_dict(json.loads(OLD_CONFIG_JSON))
-    engine.prepare_workdir(tmp_path, before, check_only=True)
+    workdir_lib.prepare_workdir(tmp_path, before, check_only=True)
     with pytest.raises(ValueError, match="label_smoothing=0.0 there vs 0.1"):
-        engine.prepare_workdir(tmp_path, before.replace(label_smoothing=0.1), check_only=True)
+        workdir_lib.prepare_workdir(tmp_path, before.replace(label_smoothing=0.1), check_only=True)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,7 @@ def test_a_diverging_sweep_run_ends_with_its_results_and_is_named(tmp_path):
         ("wild", base.replace(lr=1e30, max_steps=80, workdir=str(tmp_path / "wild"))),
     ]
     lines = []
-    failed = depth_sweep.train_all(configs, tmp_path, lambda: corpus, log=lines.append)
+    failed = hsg_depth.train_all(configs, tmp_path, lambda: corpus, log=lines.append)
     assert failed == ["wild"]
     results = json.loads((tmp_path / "wild" / "results.json").read_text())
     assert results["stopped"] == "diverged"
@@ -228,7 +229,7 @@ def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path
     lines = []
     stacked = tmp_path / "stacked"
     assert (
-        depth_sweep.train_all(
+        hsg_depth.train_all(
             rows(stacked),
             stacked,
             lambda: corpus,
@@ -240,7 +241,7 @@ def test_depth_sweep_with_stacked_seeds_trains_a_row_s_seeds_as_one_run(tmp_path
     )
     assert lines[0].startswith("[1/1] d1") and (stacked / "d1" / "stacked" / "seeds.json").is_file()
     alone = tmp_path / "alone"
-    depth_sweep.train_all(rows(alone), alone, lambda: corpus, log=None, seeds=2)
+    hsg_depth.train_all(rows(alone), alone, lambda: corpus, log=None, seeds=2)
     for name in ("d1", "d1_s1"):
         got = json.loads((stacked / name / "results.json").read_text())
         want = json.loads((alone / name / "results.json").read_text())

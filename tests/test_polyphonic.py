@@ -1,5 +1,5 @@
 """rhnzoo.tasks.polyphonic: next-step NLL, the clipped-SGD step, training on piano
-rolls, the settings and the JSB study."""
+rolls, the settings; and the JSB study (rhnzoo.studies.jsb)."""
 
 import json
 import math
@@ -14,7 +14,8 @@ from rhnzoo import cells
 from rhnzoo.data.music import pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
-from rhnzoo import engine
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.studies import jsb as jsb_study
 from rhnzoo.tasks import polyphonic
 
 
@@ -109,11 +110,13 @@ def test_training_steps_are_clipped_heavy_ball_sgd():
         theta = jax.tree.map(lambda p, v: p - lr * v, theta, velocity)
         thetas.append(theta)
 
-    config = polyphonic.PolyphonicConfig(
+    config = jsb.PolyphonicConfig(
         lr=lr, momentum=mu, max_grad_norm=clip, batch_size=3, epochs=2, progress=False
     )
     data = {"train": seqs, "valid": seqs, "test": seqs}
-    out = polyphonic.train(model, data, config, params=jax.tree.map(jnp.array, params))
+    out = polyphonic.train_and_evaluate(
+        config, data, model=model, params=jax.tree.map(jnp.array, params)
+    )
     assert [r["train"] for r in out.history] == pytest.approx(expected_losses, rel=1e-5)
     best = out.best_epoch  # one step per epoch
     for a, b in zip(jax.tree.leaves(out.best_params), jax.tree.leaves(thetas[best])):
@@ -142,18 +145,10 @@ def test_training_lowers_the_nll_and_reports_test_at_best_valid():
     model = small_model("dtsrnn")
     logs = []
     before = polyphonic.evaluate(model, model.init(jax.random.PRNGKey(5)), data["valid"])
-    result = polyphonic.train(
-        model,
-        data,
-        lr=1.0,
-        momentum=0.9,
-        max_grad_norm=5.0,
-        batch_size=8,
-        epochs=4,
-        progress=False,
-        key=jax.random.PRNGKey(5),
-        log=logs.append,
+    config = jsb.PolyphonicConfig(
+        lr=1.0, momentum=0.9, max_grad_norm=5.0, batch_size=8, epochs=4, progress=False, seed=5
     )
+    result = polyphonic.train_and_evaluate(config, data, model=model, log=logs.append)
     assert result.epochs_run == 4 and not result.diverged
     assert len([line for line in logs if line.startswith("epoch")]) == 4
     assert logs[-1].startswith("final (best checkpoint")  # the engine's lines, unfiltered
@@ -167,9 +162,8 @@ def test_nan_parameters_are_reported_as_diverged():
     model = small_model()
     params = model.init(jax.random.PRNGKey(0))
     params["b_out"] = params["b_out"].at[0].set(jnp.nan)
-    result = polyphonic.train(
-        model, fixture_data(), lr=0.1, epochs=3, params=params, progress=False
-    )
+    config = jsb.PolyphonicConfig(lr=0.1, epochs=3, progress=False)
+    result = polyphonic.train_and_evaluate(config, fixture_data(), model=model, params=params)
     assert result.diverged and result.epochs_run == 1 and result.best_epoch == 0
     assert result.best_valid == math.inf and result.test_at_best == math.inf
 
@@ -178,14 +172,14 @@ def test_invalid_hyperparameters():
     model, data = small_model(), fixture_data()
     for bad in ({"lr": 0.0}, {"lr": 0.1, "momentum": 1.0}, {"lr": 0.1, "max_grad_norm": 0}):
         with pytest.raises(ValueError):
-            polyphonic.train(model, data, **bad)
+            polyphonic.train_and_evaluate(jsb.PolyphonicConfig(**bad), data, model=model)
 
 
 # ------------------------------------------------------------------ configs and the study
 
 
 def test_polyphonic_config_round_trip_and_one_line_errors():
-    config = polyphonic.PolyphonicConfig(lr=0.3, momentum=0.9, max_steps=7, patience=2)
+    config = jsb.PolyphonicConfig(lr=0.3, momentum=0.9, max_steps=7, patience=2)
     values = config.to_dict()
     assert {
         k: values[k]
@@ -209,11 +203,11 @@ def test_polyphonic_config_round_trip_and_one_line_errors():
         "patience": 2,
         "seed": 0,
     }
-    assert polyphonic.PolyphonicConfig.from_dict(values) == config
+    assert jsb.PolyphonicConfig.from_dict(values) == config
     # The engine reads the run's length from the config itself: 40 epochs cut to 7 steps.
     assert config.total_steps(steps_per_epoch=2) == 7 and config.cut_short(2)
     with pytest.raises(ValueError, match="unknown PolyphonicConfig setting.*: dropout$"):
-        polyphonic.PolyphonicConfig.from_dict({**values, "dropout": 0.1})
+        jsb.PolyphonicConfig.from_dict({**values, "dropout": 0.1})
 
 
 @pytest.mark.parametrize(
@@ -231,12 +225,12 @@ def test_polyphonic_config_round_trip_and_one_line_errors():
 )
 def test_polyphonic_config_rejects_bad_settings_in_one_line(bad, message):
     with pytest.raises(ValueError, match=message) as e:
-        polyphonic.PolyphonicConfig(**bad)
+        jsb.PolyphonicConfig(**bad)
     assert "\n" not in str(e.value)
 
 
 def test_jsb_config_checks_and_drops_repeats():
-    JSB = polyphonic.JSBConfig
+    JSB = jsb.JSBConfig
     config = JSB(archs=["rhn", "lstm", "rhn"], depths=[4, 1, 4])
     assert config.archs == ("rhn", "lstm") and config.depths == (4, 1)
     assert JSB.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -260,7 +254,7 @@ def test_jsb_config_checks_and_drops_repeats():
 def test_jsb_config_resume_rules():
     """The study's extent and where its files are may change on a rerun; what shapes a
     trial's result may not, though the engine lets a checkpointed run change some."""
-    config = polyphonic.JSBConfig(matmul_precision="float32")
+    config = jsb.JSBConfig(matmul_precision="float32")
     assert config.matmul_precision == "highest"  # recorded as a level
     recorded = json.loads(json.dumps(config.to_dict()))
     extent = {
@@ -288,7 +282,7 @@ def test_jsb_config_resume_rules():
             f"{name}={value!r} there vs {recorded[name]!r}"
         ]
     # On its own, a piano-roll run may change its run limits on resume.
-    assert polyphonic.PolyphonicConfig().conflicts({"max_steps": 5, "patience": 2}) == []
+    assert jsb.PolyphonicConfig().conflicts({"max_steps": 5, "patience": 2}) == []
 
 
 def test_jsb_presets_hold_the_papers_study():
@@ -347,7 +341,7 @@ OLD_ROOT_CONFIG = {
     "seed": 3,
     "width": 4,
 }
-OLD_STUDY = polyphonic.JSBConfig(
+OLD_STUDY = jsb.JSBConfig(
     archs=("rhn",),
     depths=(2,),
     trials=1,
@@ -360,14 +354,14 @@ OLD_STUDY = polyphonic.JSBConfig(
 
 
 def test_trial_config_holds_the_config_json_of_before():
-    sizes = polyphonic.plan(OLD_STUDY.archs, OLD_STUDY.depths, OLD_STUDY.width)
-    (trial,) = polyphonic.trial_configs(OLD_STUDY, sizes)
+    sizes = jsb_study.plan(OLD_STUDY.archs, OLD_STUDY.depths, OLD_STUDY.width)
+    (trial,) = jsb_study.trial_configs(OLD_STUDY, sizes)
     assert trial.name == "rhn_d2_t0"
     values = trial.to_dict()
     assert {k: values[k] for k in OLD_TRIAL_CONFIG} == OLD_TRIAL_CONFIG
     assert trial.conflicts(OLD_TRIAL_CONFIG) == []  # the settings added since: defaults
     assert not trial.progress  # a trial trains silently
-    assert isinstance(trial, polyphonic.PolyphonicConfig)  # how its model trains
+    assert isinstance(trial, jsb.PolyphonicConfig)  # how its model trains
 
 
 def old_study(root):
@@ -384,7 +378,7 @@ def test_study_resumes_a_study_written_before_the_configs(tmp_path):
     again; the root's config.json then records every setting."""
     old_study(tmp_path)
     lines = []
-    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY, log=lines.append)
+    rows = jsb_study.study(fixture_data(), tmp_path, OLD_STUDY, log=lines.append)
     assert lines[0].startswith("parameter counts (target: RHN of width 4")
     assert lines[1:] == [
         "        RHN depth 2: hidden    4,    1,224 params (target 1,224, +0.00%)",
@@ -392,17 +386,19 @@ def test_study_resumes_a_study_written_before_the_configs(tmp_path):
     ]
     assert rows == [{**OLD_TRIAL_CONFIG, **OLD_RESULTS}]
     assert json.loads((tmp_path / "results.jsonl").read_text()) == rows[0]
-    assert json.loads((tmp_path / "config.json").read_text()) == engine.strict(OLD_STUDY.to_dict())
+    assert json.loads((tmp_path / "config.json").read_text()) == workdir_lib.strict(
+        OLD_STUDY.to_dict()
+    )
 
 
 def test_study_refuses_another_structural_setting_in_one_line(tmp_path):
     old_study(tmp_path)
     with pytest.raises(ValueError, match=r"holds an incompatible run \(epochs=1 there vs 2\)") as e:
-        polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(epochs=2), log=print)
+        jsb_study.study(fixture_data(), tmp_path, OLD_STUDY.replace(epochs=2), log=print)
     assert "\n" not in str(e.value)
     # A setting the old config.json lacks counts as its default: patience None there.
     with pytest.raises(ValueError, match=r"\(patience=None there vs 3\)"):
-        polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(patience=3), log=print)
+        jsb_study.study(fixture_data(), tmp_path, OLD_STUDY.replace(patience=3), log=print)
     assert json.loads((tmp_path / "config.json").read_text()) == OLD_ROOT_CONFIG
 
 
@@ -411,7 +407,7 @@ def test_study_with_more_trials_extends_a_study_written_before_the_configs(tmp_p
     0016358 wrote for it."""
     old_study(tmp_path)
     lines = []
-    rows = polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=2), log=lines.append)
+    rows = jsb_study.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=2), log=lines.append)
     assert "1 of 2 trials already finished" in lines
     assert [line[:8] for line in lines if line.startswith("[")] == ["[   2/2]"]
     old, new = rows
@@ -428,7 +424,7 @@ def test_an_in_process_study_says_the_time_its_trials_left_take(tmp_path):
     trial 1 (trial 0 finished before), one trial left; after the last, nothing."""
     old_study(tmp_path)
     lines = []
-    polyphonic.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=3), log=lines.append)
+    jsb_study.study(fixture_data(), tmp_path, OLD_STUDY.replace(trials=3), log=lines.append)
     first, last = [line for line in lines if line.startswith("[")]
     assert first.startswith("[   2/3]") and last.startswith("[   3/3]")
     assert re.search(r" s; about [\d a-z]+ for the 1 trial left$", first), first
@@ -445,8 +441,8 @@ def test_study_table_rows():
         {"arch": "rhn", "depth": 1, "valid_nll": math.inf, "test_nll": 9.0},
         {"arch": "rhn", "depth": 1, "valid_nll": 13.0, "test_nll": 13.25},
     ]
-    config = polyphonic.JSBConfig(archs=("rhn", "dtrnn"), depths=(1,))
-    assert polyphonic.study_table(rows, config, sizes).splitlines() == [
+    config = jsb.JSBConfig(archs=("rhn", "dtrnn"), depths=(1,))
+    assert jsb_study.study_table(rows, config, sizes).splitlines() == [
         (
             "| architecture | depth | hidden | params | target | trials | failed | "
             "test NLL (best valid trial) | median test NLL | best valid NLL |"

@@ -27,6 +27,7 @@ from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
 from rhnzoo.config import RunConfig
 from rhnzoo import engine
+from rhnzoo.engine import workdir as workdir_lib
 
 
 def test_the_suite_runs_at_highest_from_the_environment():
@@ -61,12 +62,12 @@ def test_unknown_names_are_one_line_errors(bad):
         precision.normalize(bad)
     assert "\n" not in str(e.value)
     if bad is not None:  # every config holding the setting says it the same way
-        from rhnzoo.tasks import polyphonic
+        from rhnzoo.configs import jsb as jsb_configs
 
         for make in (
             lambda: RunConfig(epochs=1, matmul_precision=bad),
-            lambda: polyphonic.PolyphonicConfig(lr=0.1, matmul_precision=bad),
-            lambda: polyphonic.JSBConfig(matmul_precision=bad),
+            lambda: jsb_configs.PolyphonicConfig(lr=0.1, matmul_precision=bad),
+            lambda: jsb_configs.JSBConfig(matmul_precision=bad),
         ):
             with pytest.raises(ValueError, match=r"^--matmul_precision: unknown matmul precision"):
                 make()
@@ -125,15 +126,11 @@ def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
             seen["step"].add(precision.current())  # at trace time
             return _step(state, batch, key)
 
-        def wrap(name, fn):
-            return lambda params, track: seen[name].add(precision.current()) or fn(params, track)
+        def eval_batches(split, final, _batches=task.eval_batches):
+            seen["final" if final else "validate"].add(precision.current())
+            return _batches(split, final)
 
-        task = dataclasses.replace(
-            task,
-            train_step=step,
-            validate=wrap("validate", task.validate),
-            final_evaluate=wrap("final", task.final_evaluate),
-        )
+        task = dataclasses.replace(task, train_step=step, eval_batches=eval_batches)
         cfg = RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
         engine.run(task, cfg, None, log=None)
         assert seen == {"step": {expected}, "validate": {expected}, "final": {expected}}
@@ -149,9 +146,9 @@ def test_a_workdir_from_before_the_setting_resumes_at_the_default(tmp_path):
     with precision.context("default"):  # JAX's setting where the configs are made
         config = engine_toy.ToyConfig(lr=1.0)
         assert config.matmul_precision == "default"
-        engine.prepare_workdir(tmp_path, config, check_only=True)
+        workdir_lib.prepare_workdir(tmp_path, config, check_only=True)
         with pytest.raises(ValueError, match="matmul_precision='default' there vs 'highest'"):
-            engine.prepare_workdir(tmp_path, config.replace(matmul_precision="float32"))
+            workdir_lib.prepare_workdir(tmp_path, config.replace(matmul_precision="float32"))
 
 
 # ------------------------------------------------------- the fast path at the default

@@ -18,7 +18,9 @@ from rhnzoo import cells
 from rhnzoo.data import DataError, sequences
 from rhnzoo.data.word2vec import load_word2vec
 from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.studies import rrl_table3, sweep
 from rhnzoo.tasks import rrl
+from rhnzoo.configs import rrl as rrl_configs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -54,7 +56,7 @@ def test_features_are_each_rows_output_at_its_last_real_step(cell):
 def test_batches_cover_every_example_once_and_depend_only_on_seed_and_epoch():
     rng = np.random.default_rng(1)
     split = sequences.Split(ragged(rng, 50, 20, 40), rng.integers(0, 2, 50).astype(np.int32))
-    cfg = rrl.TrainConfig(batch_size=8, max_len=32, buckets=3)
+    cfg = rrl_configs.TrainConfig(batch_size=8, max_len=32, buckets=3)
     assert cfg.bucket_lengths() == (8, 16, 32)
     epoch0, again, epoch1 = (rrl.plan(split, cfg, (3, e)) for e in (0, 0, 1))
     assert [b[0] for b in epoch0] == [b[0] for b in again]
@@ -89,7 +91,7 @@ def test_the_task_learns_a_sequence_rule_on_the_engine():
                 s[int(rng.integers(len(s)))] = 2
         return sequences.Split(seqs, labels)
 
-    config = rrl.RRLConfig(
+    config = rrl_configs.RRLConfig(
         model="lstm",
         hidden_size=16,
         embed_size=8,
@@ -110,13 +112,13 @@ def test_the_task_learns_a_sequence_rule_on_the_engine():
 
 
 def make_cell(name, hidden, hybrid_hidden, **settings):
-    return rrl.RRLConfig(
+    return rrl_configs.RRLConfig(
         model=name, hidden_size=hidden, hybrid_hidden_size=hybrid_hidden, **settings
     ).cell()
 
 
 def test_every_model_of_the_paper_builds_with_table_2_sizes():
-    for name in rrl.MODELS:
+    for name in rrl_configs.MODELS:
         cell = make_cell(name, 12, 8)
         expected = 8 if name in ("hrl", "lstm_gru") else 12
         assert cell.hidden_size == expected, name
@@ -331,10 +333,10 @@ def test_tables_mark_an_unfinished_run_and_leave_its_test_cell_blank(tmp_path):
         {"dev_acc": 0.85, "test_acc": 0.84, "parameters": 1234, "step": 20},
     )
     fake_run(tmp_path / "gru_s1", {"model": "gru", "epochs": 2}, [0.81])
-    lstm, gru = body_rows(rrl.table_text(tmp_path, ["lstm", "gru"], "imdb", "t"))
+    lstm, gru = body_rows(rrl_table3.table_text(tmp_path, ["lstm", "gru"], "imdb", "t"))
     assert lstm[2:4] == ["79.33 (epoch 1 of 10, unfinished)", "—"], lstm
     assert gru[2:4] == ["85.00", "84.00"], gru
-    lstm, gru = body_rows(rrl.study_table(tmp_path, ["lstm", "gru"], "t", seeds=2))
+    lstm, gru = body_rows(rrl_table3.study_table(tmp_path, ["lstm", "gru"], "t", seeds=2))
     assert lstm[1:3] == ["79.33 (2 of 2 unfinished: epoch 1 of 10; not started)", "—"], lstm
     assert gru[1:3] == ["83.00 ± 2.83 (n=2) (1 of 2 unfinished: epoch 1 of 2)", "84.00"], gru
 
@@ -342,7 +344,7 @@ def test_tables_mark_an_unfinished_run_and_leave_its_test_cell_blank(tmp_path):
 def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
     """Issue 48: ``rrl.py --model=gru --seeds=2`` trained both seeds and showed no mean ±
     sd. Both seeds' workdirs are finished runs (faked), so nothing trains."""
-    config = rrl.RRLConfig(
+    config = rrl_configs.RRLConfig(
         model="gru",
         hidden_size=4,
         embed_size=4,
@@ -355,7 +357,7 @@ def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
     )
     for k, (dev, test) in enumerate([(0.80, 0.78), (0.82, 0.74)]):
         fake_run(
-            tmp_path / rrl.sweep.seed_name("gru", k),
+            tmp_path / sweep.seed_name("gru", k),
             config.replace(seed=config.seed + k).to_dict(),
             [dev],
             {"dev_acc": dev, "test_acc": test, "parameters": 100, "step": 10**6, "best_step": 1},
@@ -364,7 +366,7 @@ def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
     split = lambda n: sequences.Split(ragged(rng, n, 10, 8), rng.integers(0, 2, n).astype(np.int32))
     dataset = sequences.Dataset(split(8), split(4), split(4), 2, tuple("abcdefghij"), None)
     lines = []
-    text = rrl.run_experiment(
+    text = rrl_table3.run_experiment(
         {"gru": config},
         tmp_path,
         study=None,

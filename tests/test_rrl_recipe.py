@@ -19,7 +19,9 @@ from rhnzoo import cells
 from rhnzoo.data import sequences, word2vec
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.configs import rrl as presets
+from rhnzoo.studies import rrl_table3
 from rhnzoo.tasks import rrl
+from rhnzoo.engine import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAPER = ROOT.parent / "shared" / "papers" / "004_b303ba294415a388.txt"
@@ -45,8 +47,8 @@ def test_paper_table3_is_the_papers_table():
     assert len(rows) == 6
     for model, accs in rows.items():
         for dataset, acc in zip(("agnews", "imdb", "20ng", "pmnist"), accs):
-            assert rrl.PAPER_TABLE3[(model, dataset)] == acc
-    assert len(rrl.PAPER_TABLE3) == 24
+            assert rrl_table3.PAPER_TABLE3[(model, dataset)] == acc
+    assert len(rrl_table3.PAPER_TABLE3) == 24
 
 
 def test_rrn_recurrent_init_and_f_bias():
@@ -67,7 +69,7 @@ def test_rrn_recurrent_init_and_f_bias():
 
 
 def test_the_rrn_options_reach_the_hybrid():
-    hrl = rrl.RRLConfig(
+    hrl = presets.RRLConfig(
         model="hrl",
         hidden_size=8,
         hybrid_hidden_size=6,
@@ -187,7 +189,7 @@ def test_embeddings_come_from_the_training_split_only(tmp_path, monkeypatch):
     train_docs = [d[d < 20] for d in docs]  # words 20, 21 only in dev / test
     split = lambda ds: sequences.Split(ds, np.zeros(len(ds), np.int32))
     data = sequences.Dataset(split(train_docs), split(docs), split(docs), 2, vocab, None)
-    config = rrl.RRLConfig(embeddings="word2vec", embed_size=6, dataset="imdb")
+    config = presets.RRLConfig(embeddings="word2vec", embed_size=6, dataset="imdb")
     vectors, found = rrl.embeddings_for(config, data, log=lambda line: None)
     assert found[2:20].all() and not found[20:].any()
     assert rrl.embeddings_for(config.replace(embeddings="random"), data) is None
@@ -229,7 +231,7 @@ def test_every_study_setting_is_a_valid_config():
             overrides = dict(overrides)
             model = overrides.pop("model", spec["model"])
             assert set(overrides) | set(spec["budget"]) <= set(base), (study, name)
-            rrl.RRLConfig.from_dict({**base, **spec["budget"], **overrides, "model": model})
+            presets.RRLConfig.from_dict({**base, **spec["budget"], **overrides, "model": model})
 
 
 def test_subset_is_a_fixed_sample_of_the_training_split():
@@ -257,7 +259,7 @@ def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluate
     assert [x[0] for x in a.test.inputs] == [x[0] for x in b.test.inputs]
     assert rrl.eval_subset(data, None) is data and rrl.eval_subset(data, 60) is data
     lines = []
-    config = rrl.RRLConfig(
+    config = presets.RRLConfig(
         model="lstm",
         hidden_size=4,
         embed_size=4,
@@ -312,17 +314,17 @@ def test_frozen_embeddings_do_not_move_and_the_rest_trains():
     params = {"embed": jnp.ones((4, 3)), "W": jnp.ones((3, 2))}
     grads = {"embed": jnp.full((4, 3), 100.0), "W": jnp.full((3, 2), 0.5)}
     for freeze in (False, True):
-        tx = rrl.TrainConfig(freeze_embeddings=freeze, max_grad_norm=1.0).optimizer()
+        tx = presets.TrainConfig(freeze_embeddings=freeze, max_grad_norm=1.0).optimizer()
         updates, _ = tx.update(grads, tx.init(params), params)
         new = optax.apply_updates(params, updates)
         moved = lambda k: float(jnp.abs(new[k] - params[k]).max())
         assert moved("W") > 0 and (moved("embed") == 0) == freeze
     # Frozen: the clipping norm ignores the embedding's (large) gradient, so W's update is
     # the one it gets when it is the only parameter.
-    alone = rrl.TrainConfig(max_grad_norm=1.0).optimizer()
+    alone = presets.TrainConfig(max_grad_norm=1.0).optimizer()
     w_only = {"W": params["W"]}
     u_alone, _ = alone.update({"W": grads["W"]}, alone.init(w_only), w_only)
-    tx = rrl.TrainConfig(freeze_embeddings=True, max_grad_norm=1.0).optimizer()
+    tx = presets.TrainConfig(freeze_embeddings=True, max_grad_norm=1.0).optimizer()
     u, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(u["W"], u_alone["W"], rtol=1e-6)
 
@@ -333,16 +335,16 @@ RUNS = ROOT / "docs" / "runs" / "rrl"
 
 
 def test_config_round_trips_and_refuses_unknown_keys_in_one_line():
-    config = rrl.RRLConfig(model="hrl", dataset="pmnist", hidden_size=7, subset=30, seed=3)
-    assert rrl.RRLConfig.from_dict(config.to_dict()) == config
+    config = presets.RRLConfig(model="hrl", dataset="pmnist", hidden_size=7, subset=30, seed=3)
+    assert presets.RRLConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match=r"^unknown RRLConfig setting\(s\): hiden_size$"):
-        rrl.RRLConfig.from_dict({**config.to_dict(), "hiden_size": 8})
+        presets.RRLConfig.from_dict({**config.to_dict(), "hiden_size": 8})
     # config.json holds every setting, each once under its flag's name.
-    assert list(config.to_dict()) == [f.name for f in dataclasses.fields(rrl.RRLConfig)]
+    assert list(config.to_dict()) == [f.name for f in dataclasses.fields(presets.RRLConfig)]
     assert config.to_dict()["adadelta_eps"] == 1e-6 and "eps" not in config.to_dict()
     fused = config.replace(scan_impl="fused", dtype="bfloat16").to_dict()
     assert (fused["scan_impl"], fused["dtype"]) == ("fused", "bfloat16")
-    assert rrl.RRLConfig.from_dict(fused).scan_impl == "fused"
+    assert presets.RRLConfig.from_dict(fused).scan_impl == "fused"
 
 
 def test_the_training_settings_are_the_configs_own():
@@ -350,8 +352,8 @@ def test_the_training_settings_are_the_configs_own():
     its rho 0.95."""
     import optax
 
-    config = rrl.RRLConfig(adadelta_eps=0.5, lr=2.0, max_grad_norm=100.0)
-    assert isinstance(config, rrl.TrainConfig)
+    config = presets.RRLConfig(adadelta_eps=0.5, lr=2.0, max_grad_norm=100.0)
+    assert isinstance(config, presets.TrainConfig)
     params, grads = {"W": jnp.zeros(3)}, {"W": jnp.array([1.0, -2.0, 0.0])}
     updates, _ = config.optimizer().update(grads, config.optimizer().init(params), params)
     direct = optax.adadelta(learning_rate=2.0, rho=0.95, eps=0.5)
@@ -383,7 +385,7 @@ def test_the_training_settings_are_the_configs_own():
 )
 def test_a_bad_setting_is_one_line_on_construction(changes, message):
     with pytest.raises(ValueError) as e:
-        rrl.RRLConfig(**changes)
+        presets.RRLConfig(**changes)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -392,13 +394,12 @@ def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
     """Every config.json of docs/runs/rrl (written before RRLConfig existed) is a config;
     its keys keep their values, the keys added since take their defaults, and a workdir
     holding it resumes under that config."""
-    from rhnzoo import engine
 
     paths = sorted(RUNS.rglob("config.json"))
     assert paths
     for path in paths:
         recorded = json.loads(path.read_text())
-        config = rrl.RRLConfig.from_dict(recorded)
+        config = presets.RRLConfig.from_dict(recorded)
         written = config.to_dict()
         assert {k: written[k] for k in recorded} == recorded, path
         assert config.conflicts(recorded) == [], path
@@ -406,9 +407,9 @@ def test_the_recorded_runs_configs_are_read_as_they_are_and_resume(tmp_path):
     workdir.mkdir()
     (workdir / "config.json").write_text(path.read_text())
     (workdir / "checkpoints" / "1").mkdir(parents=True)  # a run there: settings count
-    engine.prepare_workdir(workdir, config, check_only=True)  # raises if incompatible
+    workdir_lib.prepare_workdir(workdir, config, check_only=True)  # raises if incompatible
     with pytest.raises(ValueError, match="incompatible run"):
-        engine.prepare_workdir(workdir, config.replace(hidden_size=7), check_only=True)
+        workdir_lib.prepare_workdir(workdir, config.replace(hidden_size=7), check_only=True)
 
 
 def _workdir_with_a_run(tmp_path, recorded):
@@ -424,7 +425,6 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
     matmul_precision, preset): each counts as its default, so the run resumes, also
     with other resumable settings (length, scan, root, data flags); the resumed run's
     config.json then holds every setting."""
-    from rhnzoo import engine
 
     config = presets.get_config("cpu", "pmnist", model="sc_lstm_i", hidden_size=6)
     later = ("dtype", "hybrid_embed_size", "scan_impl", "matmul_precision", "preset")
@@ -438,8 +438,8 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
         patience=2,
         progress=False,
     )
-    engine.prepare_workdir(workdir, resumed, check_only=True)
-    engine.prepare_workdir(workdir, resumed)
+    workdir_lib.prepare_workdir(workdir, resumed, check_only=True)
+    workdir_lib.prepare_workdir(workdir, resumed)
     now = json.loads((workdir / "config.json").read_text())
     assert (now["dtype"], now["scan_impl"], now["max_steps"], now["preset"]) == (
         "float32",
@@ -459,15 +459,14 @@ def test_a_workdir_written_before_later_settings_resumes(tmp_path):
     ],
 )
 def test_a_structural_change_is_refused_in_one_line(tmp_path, change):
-    from rhnzoo import engine
 
-    config = rrl.RRLConfig(model="lstm", dataset="pmnist", hidden_size=6)
+    config = presets.RRLConfig(model="lstm", dataset="pmnist", hidden_size=6)
     recorded = {
         k: v for k, v in config.to_dict().items() if k not in ("dtype", "hybrid_embed_size")
     }
     workdir = _workdir_with_a_run(tmp_path, recorded)
     with pytest.raises(ValueError) as e:
-        engine.prepare_workdir(workdir, config.replace(**change), check_only=True)
+        workdir_lib.prepare_workdir(workdir, config.replace(**change), check_only=True)
     message = str(e.value)
     assert "\n" not in message and "incompatible run" in message, message
     name = "dtype" if "dtype" in change else next(iter(change))
@@ -485,7 +484,7 @@ def test_the_sizes_of_the_paper_preset_are_table_2():
         "pmnist": ((1, 100), (1, 80)),
     }
     for dataset, ((m, n), (hybrid_m, hybrid_n)) in table2.items():
-        for name in rrl.MODELS:
+        for name in presets.MODELS:
             c = presets.get_config("paper", dataset).replace(model=name)
             hybrid = name in ("hrl", "lstm_gru")
             assert c.cell().hidden_size == (hybrid_n if hybrid else n), (dataset, name)
@@ -506,7 +505,7 @@ def test_presets_and_the_pixel_input():
         3,
         "cpu",
     )
-    assert presets.get_config(None, "imdb") == rrl.RRLConfig()
+    assert presets.get_config(None, "imdb") == presets.RRLConfig()
     assert presets.get_config(None, "pmnist").embed_size == 1  # one pixel per step
     assert presets.preset_overrides(None, "imdb") == {}
     given = presets.get_config("cpu", "pmnist", hidden_size=32, model="rrn")
@@ -517,10 +516,10 @@ def test_presets_and_the_pixel_input():
         8,
         "cpu",
     )  # the given settings over the preset, the rest the preset's
-    assert rrl.RRLConfig(model="hrl", hybrid_embed_size=32).embedding_size() == 32
-    assert rrl.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
+    assert presets.RRLConfig(model="hrl", hybrid_embed_size=32).embedding_size() == 32
+    assert presets.RRLConfig(model="lstm", hybrid_embed_size=32).embedding_size() == 256
     with pytest.raises(ValueError, match="^--hybrid_embed_size must be >= 1, got 0$"):
-        rrl.RRLConfig(hybrid_embed_size=0)
+        presets.RRLConfig(hybrid_embed_size=0)
     with pytest.raises(ValueError, match="^--preset must be one of paper, cpu, got 'gpu'$"):
         presets.get_config("gpu")
     with pytest.raises(ValueError, match=r"^unknown RRLConfig setting\(s\): hiden_size$"):
@@ -528,7 +527,7 @@ def test_presets_and_the_pixel_input():
 
 
 def test_runs_are_one_config_per_model_or_per_study_setting():
-    base = rrl.RRLConfig(dataset="pmnist", hidden_size=6, seed=4, model="rhn", epochs=7)
+    base = presets.RRLConfig(dataset="pmnist", hidden_size=6, seed=4, model="rhn", epochs=7)
     table = presets.runs(base, ["gru", "lstm", "gru"])
     assert list(table) == ["gru", "lstm"] and table["lstm"].model == "lstm"
     assert table["gru"].replace(model="lstm") == table["lstm"] == base.replace(model="lstm")
@@ -575,14 +574,18 @@ def test_the_flags_are_the_configs_fields_and_given_ones_go_over_the_preset():
     """experiments/rrl.py without flags is RRLConfig(); every field but the recorded
     preset name is a flag; with --preset the flags given (and only they) override it."""
     plain = _script_config()
-    assert set(plain["flags"]) == {f.name for f in dataclasses.fields(rrl.RRLConfig)} - {"preset"}
+    assert set(plain["flags"]) == {f.name for f in dataclasses.fields(presets.RRLConfig)} - {
+        "preset"
+    }
     default = "default"  # the matmul precision where JAX's is unset
-    assert rrl.RRLConfig.from_dict(plain["config"]) == rrl.RRLConfig(matmul_precision=default)
+    assert presets.RRLConfig.from_dict(plain["config"]) == presets.RRLConfig(
+        matmul_precision=default
+    )
     given = _script_config(
         "--dataset=pmnist", "--preset=cpu", "--hidden_size=32", "--model=rrn", "--epochs=10"
     )  # 10: also the default
     expect = presets.get_config(
         "cpu", "pmnist", hidden_size=32, model="rrn", epochs=10, matmul_precision=default
     )
-    assert rrl.RRLConfig.from_dict(given["config"]) == expect
+    assert presets.RRLConfig.from_dict(given["config"]) == expect
     assert (expect.embed_size, expect.batch_size, expect.epochs) == (1, 100, 10)

@@ -20,7 +20,10 @@ from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.models import lm
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.tasks import lm as lm_training
-from rhnzoo.tasks import polyphonic, rrl
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.tasks import polyphonic
+from rhnzoo.configs import rrl as rrl_configs
+from rhnzoo.configs import jsb as jsb_configs
 
 B, N, M, T = 4, 5, 3, 7
 LENGTHS = np.array([7, 0, 3, 5], np.int32)  # a full row, an empty one, two padded ones
@@ -324,7 +327,12 @@ def test_scan_impl_is_one_setting_in_every_task():
     """``--scan_impl``: the same default, choices, help and resume rule in every config."""
     fields = [
         {f.name: f for f in dataclasses.fields(c)}["scan_impl"]
-        for c in (lm_training.LMConfig, rrl.RRLConfig, polyphonic.JSBConfig, polyphonic.TrialConfig)
+        for c in (
+            lm_configs.LMConfig,
+            rrl_configs.RRLConfig,
+            jsb_configs.JSBConfig,
+            jsb_configs.TrialConfig,
+        )
     ]
     metas = [(f.default, dict(f.metadata)) for f in fields]
     assert all(m == metas[0] for m in metas)
@@ -336,9 +344,9 @@ def test_scan_impl_is_one_setting_in_every_task():
 
 def test_a_workdir_recorded_with_the_old_values_resumes():
     for value in ("auto", "fused", "reference"):
-        old = lm_training.LMConfig(scan_impl=value).to_dict()
-        assert lm_training.LMConfig(scan_impl="reference").conflicts(old) == []
-        assert rrl.RRLConfig.from_dict({"scan_impl": value}).scan_impl == value
+        old = lm_configs.LMConfig(scan_impl=value).to_dict()
+        assert lm_configs.LMConfig(scan_impl="reference").conflicts(old) == []
+        assert rrl_configs.RRLConfig.from_dict({"scan_impl": value}).scan_impl == value
 
 
 # ------------------------------------------------------------------------- the tasks
@@ -377,7 +385,7 @@ def test_a_gated_language_model_runs_the_fused_scan_with_the_references_numbers(
     and 'reference': the same loss and gradients."""
     rng = np.random.default_rng(0)
     rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
-    cfg = lm_training.LMConfig(
+    cfg = lm_configs.LMConfig(
         cell=cell,
         hidden_size=8,
         batch_size=3,
@@ -406,7 +414,7 @@ def test_a_gated_language_model_runs_the_fused_scan_with_the_references_numbers(
 def test_an_rhn_language_model_runs_the_same_scan_as_before():
     """--cell=rhn: auto is the fused RHN scan, as it was, with and without --hsg."""
     for hsg in (False, True):
-        model = lm_training.LMConfig(hidden_size=8, depth=2, hsg=hsg).model(13)
+        model = lm_configs.LMConfig(hidden_size=8, depth=2, hsg=hsg).model(13)
         assert model.resolved_scan(20) is ScanImpl.FUSED
         tokens = jnp.zeros((2, 5), jnp.int32)
 
@@ -428,7 +436,7 @@ def test_an_rhn_classifier_runs_the_fused_scan_with_the_references_numbers(name)
     """The RRL task's model (``RRLConfig.classifier``: embedding, input and output
     dropout, padded rows with an empty one) with --model=rhn under 'fused' (not possible
     before the dispatcher) and 'reference': the same loss and gradients."""
-    cfg = rrl.RRLConfig(
+    cfg = rrl_configs.RRLConfig(
         model=name, hidden_size=6, embed_size=4, drop=0.3, input_drop=0.2, rrn_depth=2, skip=2
     )
     models = [
@@ -451,7 +459,7 @@ def test_an_rhn_classifier_runs_the_fused_scan_with_the_references_numbers(name)
 def test_the_jsb_model_runs_the_fused_scan_with_the_references_numbers(arch):
     """The JSB study's model (``study_model``) on a padded batch of piano rolls: the same
     NLL and gradients under 'fused' and 'reference'."""
-    models = [polyphonic.study_model(arch, 6, 2, scan_impl=i) for i in ("fused", "reference")]
+    models = [jsb_configs.study_model(arch, 6, 2, scan_impl=i) for i in ("fused", "reference")]
     params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
     rng = np.random.default_rng(0)
     x = jnp.asarray((rng.uniform(size=(T, B, 88)) < 0.2).astype(np.float32))
@@ -465,18 +473,20 @@ def test_the_jsb_model_runs_the_fused_scan_with_the_references_numbers(arch):
 
 
 def test_a_jsb_trial_trains_the_model_of_its_scan_impl(monkeypatch):
-    monkeypatch.setattr(polyphonic, "train", lambda model, *args, **kwargs: model)
+    from rhnzoo.studies import jsb as jsb_study
+
+    monkeypatch.setattr(polyphonic, "train_and_evaluate", lambda *args, model, **kwargs: model)
     for impl in ("fused", "reference", "auto"):
-        trial = polyphonic.TrialConfig(arch="gru", hidden=4, scan_impl=impl)
-        model = polyphonic.run_trial(trial, {})
-        assert model.scan_impl == impl and model.cell == polyphonic.study_model("gru", 4, 1).cell
+        trial = jsb_configs.TrialConfig(arch="gru", hidden=4, scan_impl=impl)
+        model = jsb_study.run_trial(trial, {})
+        assert model.scan_impl == impl and model.cell == jsb_configs.study_model("gru", 4, 1).cell
 
 
 def test_a_jsb_study_refuses_a_scan_an_architecture_lacks_in_one_line():
     with pytest.raises(ValueError) as e:
-        polyphonic.JSBConfig(archs=("rhn", "dtrnn"), scan_impl="fused")
+        jsb_configs.JSBConfig(archs=("rhn", "dtrnn"), scan_impl="fused")
     assert "cannot run DTRNN" in str(e.value) and "\n" not in str(e.value)
-    assert polyphonic.JSBConfig(archs=("rhn", "lstm"), scan_impl="fused").scan_impl == "fused"
+    assert jsb_configs.JSBConfig(archs=("rhn", "lstm"), scan_impl="fused").scan_impl == "fused"
 
 
 def test_the_nnx_module_takes_the_scan_too():

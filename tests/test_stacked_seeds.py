@@ -26,6 +26,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rhnzoo import engine
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPE = engine_toy.N_TRAIN // engine_toy.BATCH  # 12 steps per epoch
@@ -41,7 +43,7 @@ def cfg(**kw):
 def seed_dirs(workdir, k=K):
     """The workdirs of a stacked run's seeds: ``workdir``, ``<workdir>_s1``, ..."""
     workdir = pathlib.Path(workdir)
-    return [workdir.with_name(engine.seed_name(workdir.name, i)) for i in range(k)]
+    return [workdir.with_name(workdir_lib.seed_name(workdir.name, i)) for i in range(k)]
 
 
 def untimed(record):
@@ -146,7 +148,7 @@ def test_stacked_toy_seeds_equal_separate_runs_bit_for_bit(toy_runs):
         assert untimed(stacked[k].results) == records(separate)[2]
         epochs = [r for r in records(separate)[0] if r["kind"] == "epoch"]
         assert [untimed(r) for r in stacked[k].history] == epochs
-        assert_trees_equal(stacked[k].best_params, engine.restore_params(separate))
+        assert_trees_equal(stacked[k].best_params, workdir_lib.restore_params(separate))
         # Row k of the final stacked state (and its bookkeeping) is the separate run's state.
         alone = latest_state(separate / "checkpoints")
         assert int(alone["state"]["step"]) == 30
@@ -239,7 +241,7 @@ def test_a_diverging_seed_and_a_patient_one_stop_as_their_separate_runs(tmp_path
         assert_trees_equal(stacked[k].best_params, separate.best_params)
 
     lines = []
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         engine.run(
             fated_task(stop_at=19),
             config,
@@ -284,7 +286,7 @@ def signalled_task(step):
 def test_a_stacked_run_resumes_after_a_signal_exactly(tmp_path, toy_runs, stop_at):
     reference = toy_runs[0] / "run"
     lines = []
-    with pytest.raises(engine.Interrupted) as info:
+    with pytest.raises(signals.Interrupted) as info:
         engine.run(signalled_task(stop_at), cfg(), tmp_path / "run", seeds=K, log=lines.append)
     assert info.value.signum == signal.SIGTERM
     assert lines[-1].startswith(f"stopped by signal 15 in training at step {stop_at + 1}; ")
@@ -342,7 +344,7 @@ def test_bad_seed_counts_are_refused_and_leave_nothing_behind(tmp_path):
         engine.run(engine_toy.make_task(), cfg(), tmp_path / "zero", seeds=0, log=None)
     assert list(tmp_path.iterdir()) == []
     # A partial stacked run of 3 seeds, rerun with 2: refused, naming the stacked dir.
-    with pytest.raises(engine.Interrupted):
+    with pytest.raises(signals.Interrupted):
         engine.run(signalled_task(7), cfg(), tmp_path / "run", seeds=3, log=None)
     snapshot = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     before = snapshot()
@@ -402,6 +404,7 @@ def test_rrl_classifier_stacked_equals_separate_runs():
     same 1.5e-8 with one bucket (no padding): the vmapped step rounds differently."""
     from rhnzoo.data import sequences
     from rhnzoo.tasks import rrl
+    from rhnzoo.configs import rrl as rrl_configs
 
     rng = np.random.default_rng(0)
 
@@ -412,7 +415,7 @@ def test_rrl_classifier_stacked_equals_separate_runs():
     dataset = sequences.Dataset(
         split(40), split(16), split(16), num_classes=2, vocab=tuple("abcdefgh"), input_size=None
     )
-    config = rrl.RRLConfig(
+    config = rrl_configs.RRLConfig(
         model="lstm",
         hidden_size=6,
         embed_size=4,
@@ -448,13 +451,16 @@ def test_highway_net_stacked_equals_separate_runs():
     which pick the best checkpoint, are held to that."""
     from rhnzoo.models.highway import FeedForwardNet
     from rhnzoo.tasks import highway as hw
+    from rhnzoo.configs import highway as highway_configs
 
     net = FeedForwardNet("highway", 3, 6, 12, 3, transform_bias=-1.0)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (120, 12), dtype=np.uint8)
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
     splits = hw.split_data(images[:, :, None], labels, images[:30], labels[:30], 30)
-    config = hw.HighwayConfig(lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False)
+    config = highway_configs.HighwayConfig(
+        lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False
+    )
     stacked = hw.train_and_evaluate(config, splits, net=net, log=None, seeds=K)
     for k in range(K):
         separate = hw.train_and_evaluate(config.replace(seed=k), splits, net=net, log=None)
@@ -495,13 +501,14 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
     training stream; only the timings differ)."""
     from rhnzoo import data
     from rhnzoo.tasks import lm as lm_training
+    from rhnzoo.configs import lm as lm_configs
     from rhnzoo.engine.workdir import read_metrics, restore_params
 
     rng = np.random.default_rng(2)
     corpus = data.Corpus(
         *(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)), tuple("abcdefghi")
     )
-    config = lm_training.LMConfig(
+    config = lm_configs.LMConfig(
         hidden_size=8,
         depth=2,
         batch_size=4,
@@ -536,11 +543,12 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
 
 
 def test_polyphonic_training_stacked_equals_separate_runs():
-    """polyphonic.train on synthetic piano rolls (a shifting chord, 6-13 frames), a DT(S)RNN,
+    """polyphonic.train_and_evaluate on synthetic piano rolls (a shifting chord, 6-13 frames), a DT(S)RNN,
     2 epochs of 3 steps. Measured: equal bit for bit on the CPU."""
     from rhnzoo import cells
     from rhnzoo.models.piano_roll import PianoRollModel
     from rhnzoo.tasks import polyphonic
+    from rhnzoo.configs import jsb as jsb_configs
 
     from test_polyphonic import fixture_data
 
@@ -554,10 +562,11 @@ def test_polyphonic_training_stacked_equals_separate_runs():
         "epochs": 2,
         "progress": False,
     }
-    stacked = polyphonic.train(model, rolls, seeds=K, **settings)
+    config = jsb_configs.PolyphonicConfig(**settings)
+    stacked = polyphonic.train_and_evaluate(config, rolls, model=model, seeds=K)
     assert len(stacked) == K
     for k in range(K):
-        separate = polyphonic.train(model, rolls, seed=k, **settings)
+        separate = polyphonic.train_and_evaluate(config.replace(seed=k), rolls, model=model)
         a, b = stacked[k], separate
         np.testing.assert_allclose(
             [a.best_valid, a.test_at_best], [b.best_valid, b.test_at_best], rtol=1e-5
@@ -587,7 +596,7 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     corpus = data.Corpus(
         *(rng.integers(0, 9, n).astype(np.int32) for n in (200, 80, 80)), tuple("abcdefghi")
     )
-    config = lm_training.LMConfig(
+    config = lm_configs.LMConfig(
         hidden_size=8,
         depth=2,
         batch_size=4,

@@ -21,6 +21,7 @@ from rhnzoo import engine
 from rhnzoo.engine import progress
 
 from rhnzoo.studies import sweep, tables
+from rhnzoo.engine import workdir as workdir_lib
 
 TOY_CONFIG = engine_toy.ToyConfig()
 
@@ -37,18 +38,20 @@ def test_runner_skips_finished_runs_and_resumes_a_killed_one(tmp_path):
     calls = []
     task = engine_toy.make_task()
 
-    def final_evaluate(params, track):
-        calls.append(1)
-        return task.final_evaluate(params, track)
+    def eval_batches(split, final):
+        calls.extend([1] if final and split == "test" else [])  # one final evaluation
+        return task.eval_batches(split, final)
 
-    counted = dataclasses.replace(task, final_evaluate=final_evaluate)
+    counted = dataclasses.replace(task, eval_batches=eval_batches)
 
-    def killed(params, track):  # a run killed during its final evaluation: no results.json
-        raise KeyboardInterrupt
+    def killed(split, final):  # a run killed during its final evaluation: no results.json
+        if final:
+            raise KeyboardInterrupt
+        return task.eval_batches(split, final)
 
     with pytest.raises(KeyboardInterrupt):
         sweep.run_all(
-            toy_runs(dataclasses.replace(task, final_evaluate=killed))[:1], tmp_path, log=None
+            toy_runs(dataclasses.replace(task, eval_batches=killed))[:1], tmp_path, log=None
         )
     assert (tmp_path / "a" / "checkpoints").is_dir() and not (
         tmp_path / "a" / "results.json"
@@ -90,8 +93,8 @@ class Clock:
                 return json.loads((workdir / "results.json").read_text())
             self.t += seconds
             results = {"final": f"final ({name})"}
-            engine.prepare_workdir(workdir, TOY_CONFIG)
-            engine.write_json(workdir / "results.json", results)
+            workdir_lib.prepare_workdir(workdir, TOY_CONFIG)
+            workdir_lib.write_json(workdir / "results.json", results)
             return results
 
         return sweep.Run(name, TOY_CONFIG, train, size=size)

@@ -14,6 +14,8 @@ from rhnzoo import data
 from rhnzoo.models import lm
 from rhnzoo import engine
 from rhnzoo.tasks import lm as train
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.engine import workdir as workdir_lib
 
 NO_DROPOUT = dict(drop_x=0.0, drop_i=0.0, drop_h=0.0, drop_o=0.0)
 PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
@@ -58,7 +60,7 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
 
     model = lm.rhn_language_model(corpus.vocab_size, 64, 2)
     losses = train_losses(
-        model, corpus, train.LMConfig(lr=1.0, batch_size=10, num_steps=20, **NO_DROPOUT), 300
+        model, corpus, lm_configs.LMConfig(lr=1.0, batch_size=10, num_steps=20, **NO_DROPOUT), 300
     )
     assert abs(losses[0] - np.log(corpus.vocab_size)) < 0.1  # starts near uniform
     assert np.mean(losses[-50:]) < unigram_entropy - 0.1, (np.mean(losses[-50:]), unigram_entropy)
@@ -66,7 +68,7 @@ def test_loss_falls_below_unigram_entropy_on_real_ptb(ptb):
 
 def run(tmp_path, name, corpus, **kw):
     model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True)
-    cfg = train.LMConfig(
+    cfg = lm_configs.LMConfig(
         **{
             **dict(
                 lr=0.5,
@@ -138,12 +140,12 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, ptb):
 
 def test_incompatible_workdir_is_refused(tmp_path, ptb):
     corpus = ptb_slice(ptb, 1200, 300)
-    config = train.LMConfig(depth=2, max_steps=5)
-    engine.prepare_workdir(tmp_path / "w", config)
-    engine.write_json(tmp_path / "w" / "results.json", {"step": 5})  # it holds a run
-    engine.prepare_workdir(tmp_path / "w", config.replace(max_steps=50))  # length may change
+    config = lm_configs.LMConfig(depth=2, max_steps=5)
+    workdir_lib.prepare_workdir(tmp_path / "w", config)
+    workdir_lib.write_json(tmp_path / "w" / "results.json", {"step": 5})  # it holds a run
+    workdir_lib.prepare_workdir(tmp_path / "w", config.replace(max_steps=50))  # length may change
     with pytest.raises(ValueError, match="incompatible.*depth"):
-        engine.prepare_workdir(tmp_path / "w", config.replace(depth=3))
+        workdir_lib.prepare_workdir(tmp_path / "w", config.replace(depth=3))
     del corpus
 
 
@@ -164,7 +166,7 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
     corpus = ptb_slice(ptb, 1200, 300)
     base = lm.rhn_language_model(corpus.vocab_size, 8, 1)
     model = NaNAfterThreeSteps(base.cell, base.vocab_size, base.embed_size)
-    cfg = train.LMConfig(
+    cfg = lm_configs.LMConfig(
         lr=1.0,
         batch_size=4,
         num_steps=10,
@@ -195,7 +197,7 @@ def test_bfloat16_training_tracks_float32_on_real_ptb(ptb):
     end within 2% of the float32 run's loss: bf16's 8-bit mantissa perturbs each
     step by ~0.4%, and SGD does not amplify that on this scale."""
     corpus = ptb_slice(ptb, 60_000, 1000)
-    cfg = train.LMConfig(lr=0.5, batch_size=10, num_steps=20, max_grad_norm=5.0, **NO_DROPOUT)
+    cfg = lm_configs.LMConfig(lr=0.5, batch_size=10, num_steps=20, max_grad_norm=5.0, **NO_DROPOUT)
     final = {}
     for dtype in ("float32", "bfloat16"):
         model = lm.rhn_language_model(corpus.vocab_size, 64, 2, scan_impl="fused", dtype=dtype)

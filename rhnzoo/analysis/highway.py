@@ -15,8 +15,8 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
   mean and variance of every layer's activations and the L2 norm of every
   layer's gradient, for plain nets with several activations and
   initialisations (the report's figures on why plain nets fail);
-* :func:`load_highway_run`, :func:`sweep_report`: rebuild a trained net from its
-  workdir; the depth sweep's table and figures.
+* :func:`load_highway_run`: rebuild a trained net from its workdir (the depth sweep's
+  table and figures, which draw on these: :mod:`rhnzoo.studies.highway`).
 
 Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.tasks.highway.split_data`
 gives them); the nets see pixel / 255. The gate statistics and lesions take the engine's
@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 import os
 import pathlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rhnzoo.analysis import flow, plots
+from rhnzoo.analysis import flow
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult, Track, lesion_snapshots
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.tasks import classify
-from rhnzoo.studies import tables
 from rhnzoo.tasks import highway as hw_training
+from rhnzoo.configs import highway as highway_configs
 from rhnzoo.engine import workdir as workdir_lib
 
 Array = jax.Array
@@ -63,8 +62,6 @@ __all__ = [
     "activation_statistics",
     "gradient_norms",
     "plain_diagnostics",
-    "sweep_table",
-    "sweep_report",
 ]
 
 # ----------------------------------------------------------------------------- runs
@@ -79,7 +76,7 @@ def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
       ValueError: (one line) if it is not a highway-net run's config or a value is invalid.
     """
     try:
-        return hw_training.HighwayConfig.from_dict(config, strict=False).net()
+        return highway_configs.HighwayConfig.from_dict(config, strict=False).net()
     except ValueError as e:
         raise ValueError(f"not a highway-net run's config ({e})") from None
 
@@ -430,194 +427,3 @@ def plain_diagnostics(
                 k: np.asarray(v) for k, v in stats.items()
             }
     return out
-
-
-# ---------------------------------------------------------------------------- sweep
-
-
-def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of a depth sweep: one row per depth, plain and highway side by side.
-
-    Each run: ``{'kind', 'depth', 'width', 'params', 'lr', 'history' (epoch records),
-    'results' (results.json or None), 'failed' (optional: why its child failed)}``.
-    Columns: epochs run, final training cross-entropy (mean over the last epoch, the
-    curves' last point), and the test accuracy of the best-validation parameters.
-    Several runs of one kind and depth (seeds): train CE and test accuracy as mean ± sd
-    over them (:func:`rhnzoo.studies.tables.mean_sd`), epochs the mean. Unfinished runs
-    show "—".
-    """
-    groups: dict[tuple[str, int], list] = {}
-    for r in runs:
-        groups.setdefault((r["kind"], r["depth"]), []).append(r)
-    head = ["depth"]
-    for kind in ("plain", "highway"):
-        head += [
-            f"{kind} params",
-            f"{kind} lr",
-            f"{kind} epochs",
-            f"{kind} train CE",
-            f"{kind} test acc",
-        ]
-    rows = []
-    for depth in sorted({r["depth"] for r in runs}):
-        row = [depth]
-        for kind in ("plain", "highway"):
-            group = groups.get((kind, depth))
-            row += [None] * 5 if group is None else _sweep_cells(group)
-        rows.append(row)
-    return tables.markdown(head, rows, align="r" * len(head))
-
-
-def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The five cells of one kind and depth (its runs: one per seed)."""
-    lasts = [(r.get("history") or [{}])[-1] for r in group]
-    results = [r.get("results") or {} for r in group]
-    xents = [
-        x for x in (last.get("train_xent") for last in lasts) if x is not None and math.isfinite(x)
-    ]
-    accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
-    diverged = sum(bool(res.get("diverged")) for res in results)
-    acc = tables.mean_sd(accs, unit="%") or (
-        "failed" if any(r.get("failed") for r in group) else "—"
-    )
-    if diverged:
-        acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
-    epochs = [last.get("epoch", 0) for last in lasts]
-    return [
-        f"{group[0]['params']:,}",
-        f"{group[0]['lr']:g}",
-        f"{sum(epochs) / len(epochs):.0f}",
-        tables.mean_sd(xents, ".4f") or "—",
-        acc,
-    ]
-
-
-def sweep_report(
-    root: PathLike,
-    runs: Sequence[Mapping[str, Any]],
-    train_split: tuple[np.ndarray, np.ndarray],
-    *,
-    header: str = "",
-    dataset: str = "MNIST",
-    heatmap_examples: int = 10000,
-    lesion_examples: int = 10000,
-    diagnostics_depth: int | None = 50,
-    diagnostics_examples: int = 1000,
-    num_classes: int = 10,
-    seed: int = 0,
-    track=None,
-    log=print,
-) -> list[pathlib.Path]:
-    """Writes the sweep's table and figures into ``root``; returns the paths.
-
-    * ``results.md``: ``header`` and :func:`sweep_table`;
-    * ``training_curves.png``: mean training cross-entropy vs epoch, one panel per
-      depth, plain vs highway (Srivastava et al. Fig. 1);
-    * the figures below show the first run of each kind and depth (with several
-      seeds: the first seed's);
-    * per finished highway run: ``gate_heatmaps_d<depth>.png`` (Fig. 2, on the first
-      ``heatmap_examples`` training images) and ``lesion_d<depth>.png`` (Fig. 4, on
-      the first ``lesion_examples``);
-    * ``plain_diagnostics.png``: activation mean / variance and gradient norms per
-      layer of plain nets of ``diagnostics_depth`` at initialisation (None: skip);
-    * ``analysis.json``: every number drawn.
-
-    Args:
-      runs: as for :func:`sweep_table`, plus ``'workdir'``.
-      train_split: ``(images uint8 [N, m], labels [N])``, the training split.
-    """
-    root = pathlib.Path(root)
-    written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
-    table = sweep_table(runs)
-    written.append(
-        tables.write_table(root / "results.md", (header + "\n\n" if header else "") + table)
-    )
-    log(table)
-
-    first: dict[tuple[str, int], Mapping[str, Any]] = {}
-    for r in runs:
-        first.setdefault((r["kind"], r["depth"]), r)
-    panels: dict[str, dict[str, list]] = {}
-    for r in sorted(first.values(), key=lambda r: (r["depth"], r["kind"])):
-        if r.get("history"):
-            panels.setdefault(f"depth {r['depth']}", {})[r["kind"]] = r["history"]
-    for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
-        numbers["runs"].append(
-            {k: r.get(k) for k in ("kind", "depth", "width", "params", "lr", "results")}
-        )
-    if panels:
-        written.append(
-            plots.plot_curve_panels(
-                panels,
-                root / "training_curves.png",
-                key="train_xent",
-                ylabel="mean training cross-entropy (nats)",
-                title=f"{dataset}: plain vs highway, mean training cross-entropy per epoch",
-            )
-        )
-
-    images, labels = train_split
-    for r in first.values():
-        if r["kind"] != "highway" or not r.get("results"):
-            continue
-        net, params, _ = load_highway_run(r["workdir"])
-        depth = net.depth
-        gates = gate_statistics(net, params, images[:heatmap_examples])
-        numbers["gates"][depth] = {
-            "mean_t_per_layer": gates.mean_t.mean(1).tolist(),
-            "t_bias_per_layer": gates.t_bias.mean(1).tolist(),
-        }
-        written.append(
-            plots.plot_highway_gates(
-                {f"depth {depth}": gates},
-                root / f"gate_heatmaps_d{depth}.png",
-                title=f"Highway net, depth {depth}: transform gates (mean over "
-                f"{gates.num_examples:,} training images; sample = image 0)",
-            )
-        )
-        split = (images[:lesion_examples], labels[:lesion_examples])
-        lesion = highway_lesions(net, params, split, track=track)
-        numbers["lesions"][depth] = {
-            "intact": lesion.base_nll,
-            "lesioned": lesion.nll.tolist(),
-            "num_images": lesion.num_tokens,
-        }
-        worst = int(np.argmax(lesion.nll))
-        log(
-            f"lesions, depth {depth} ({lesion.num_tokens:,} training images): intact "
-            f"{lesion.base_nll:.4f} nats; largest {lesion.nll[worst]:.4f} (layer {worst + 2}); "
-            f"median {np.median(lesion.nll):.4f}"
-        )
-        written.append(
-            plots.plot_lesion_curve(
-                {f"depth {depth}": lesion},
-                root / f"lesion_d{depth}.png",
-                title=f"Lesioning, highway net of depth {depth} "
-                f"({lesion.num_tokens:,} training images)",
-            )
-        )
-
-    if diagnostics_depth:
-        diag = plain_diagnostics(
-            images[:diagnostics_examples],
-            labels[:diagnostics_examples],
-            depth=diagnostics_depth,
-            num_classes=num_classes,
-            seed=seed,
-        )
-        numbers["plain_diagnostics"] = {
-            "depth": diagnostics_depth,
-            **{k: {s: v.tolist() for s, v in d.items()} for k, d in diag.items()},
-        }
-        written.append(
-            plots.plot_layer_statistics(
-                diag,
-                root / "plain_diagnostics.png",
-                title=f"Plain nets of depth {diagnostics_depth} at initialisation "
-                f"({diagnostics_examples:,} training images)",
-            )
-        )
-    path = root / "analysis.json"
-    workdir_lib.write_json(path, numbers)
-    written.append(path)
-    return written

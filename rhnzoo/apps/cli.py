@@ -38,8 +38,8 @@ from rhnzoo import config as config_lib
 from rhnzoo import precision
 from rhnzoo.config import RunSettings
 from rhnzoo.data.common import DataError
-from rhnzoo import engine
 from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine import signals
 
 FLAGS = flags.FLAGS
 
@@ -81,19 +81,18 @@ def define_config_flags(
     defaults: config_lib.Config,
     presets: Sequence[str] = (),
     *,
-    skip: Sequence[str] = (),
     module_name: str | None = None,
     flag_values: flags.FlagValues = FLAGS,
 ) -> tuple[str, ...]:
-    """Defines one flag per field of ``defaults`` (a task's config) declared a flag: its
-    name, its default from ``defaults``, its help and choices from the field's
+    """Defines one flag per field of ``defaults`` (a task's config) that its class offers
+    (:meth:`~rhnzoo.config.Config.flags`: all but its ``NOT_FLAGS``) and the script has not
+    defined itself: its name, its default from ``defaults``, its help and choices from the field's
     :func:`~rhnzoo.config.setting`; a tuple field is a comma-separated list of its items' type. With
     ``presets``, also ``--preset``. Call once, at import of the script.
 
     Args:
       defaults: the config whose values are the flags' defaults.
       presets: the names ``--preset`` takes (none: no ``--preset``).
-      skip: fields the script sets itself (e.g. a fixed data set).
       module_name: the module ``--help`` lists them under (default: this one).
       flag_values: where to define them (default: absl's global ``FLAGS``).
 
@@ -111,9 +110,10 @@ def define_config_flags(
         )
     hints = typing.get_type_hints(type(defaults))
     names = []
+    offered = set(type(defaults).flags())
     for f in dataclasses.fields(defaults):
         m = config_lib.meta(f)
-        if not m["flag"] or f.name in skip or f.name in flag_values:
+        if f.name not in offered or f.name in flag_values:
             continue
         kind, default, help_ = _flag_type(hints[f.name]), getattr(defaults, f.name), m["help"]
         if m["choices"] is not None and kind is str:
@@ -362,14 +362,14 @@ def run_app(main_fn: Callable[[list[str]], Any], positional: bool = False) -> No
 
 def main(fn: Callable[[], Any]) -> Any:
     """Runs an experiment's body with the shared error, signal and logging handling."""
-    engine.catch_signals()
+    signals.catch_signals()
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     try:
         return fn()
-    except (ValueError, DataError, engine.RunError) as e:
+    except (ValueError, DataError, workdir_lib.RunError) as e:
         if os.environ.get("RHNZOO_TRACEBACK"):
             raise
         sys.exit(f"error: {' '.join(str(e).split())}")
-    except engine.Interrupted as e:
+    except signals.Interrupted as e:
         sys.exit(128 + e.signum)

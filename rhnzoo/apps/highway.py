@@ -18,15 +18,13 @@ from absl import flags
 from rhnzoo import data, precision
 from rhnzoo.apps import cli, runner
 from rhnzoo.configs import highway as configs
-from rhnzoo.tasks import classify
-from rhnzoo import engine
+from rhnzoo.engine import signals
 from rhnzoo.studies import sweep
+from rhnzoo.tasks import classify
 from rhnzoo.tasks import highway as hw
-from rhnzoo.tasks.highway import HighwayConfig
+from rhnzoo.configs.highway import HighwayConfig
 
 FLAGS = flags.FLAGS
-# HighwayConfig's fields whose flags are the runner's (rhnzoo.apps.runner.define_flags).
-RUNNER_FIELDS = ("seeds", "jobs")
 _NAMES: list[str] = []  # the flags generated from HighwayConfig's fields
 
 
@@ -38,7 +36,6 @@ def define_flags() -> None:
         cli.define_config_flags(
             configs.get_config(None),
             list(configs.PRESETS),
-            skip=RUNNER_FIELDS,
             module_name=__name__,
         )
     )
@@ -123,7 +120,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
 
 def _tracker(cfg: HighwayConfig):
     """The engine's progress bar and signal check for the analyses."""
-    return lambda it, total=None, desc="": engine.track(
+    return lambda it, total=None, desc="": signals.track(
         it, total=total, desc=desc, progress=cfg.progress
     )
 
@@ -164,12 +161,12 @@ def _header(cfg: HighwayConfig, train_s: float) -> str:
 
 
 def _sweep(cfg: HighwayConfig, splits, jobs) -> None:
-    from rhnzoo.analysis import highway as analysis
+    from rhnzoo.studies import highway as highway_study
 
     start = time.time()
-    done = hw.sweep(cfg, splits, jobs=jobs)
+    done = highway_study.sweep(cfg, splits, jobs=jobs)
     train_s = sum((r["history"][-1]["elapsed_s"] if r["history"] else 0.0) for r in done)
-    for path in analysis.sweep_report(
+    for path in highway_study.sweep_report(
         cfg.output_dir(),
         done,
         splits["train"],

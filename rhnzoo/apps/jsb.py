@@ -1,10 +1,10 @@
 """``experiments/jsb.py``'s flags and body: the JSB Chorales optimisation study (Zilly et
-al. 2017, Fig. 4) on :func:`rhnzoo.tasks.polyphonic.study`, then its table
+al. 2017, Fig. 4) on :func:`rhnzoo.studies.jsb.study`, then its table
 (``results.md``) and swarm plot (``jsb_swarm.png``).
 
-The flags are :class:`~rhnzoo.tasks.polyphonic.JSBConfig`'s fields (defaults: the
+The flags are :class:`~rhnzoo.configs.jsb.JSBConfig`'s fields (defaults: the
 full study, :func:`rhnzoo.configs.jsb.get_config`), but for the engine's settings that
-do not apply to a trial trained in memory (:data:`NOT_FLAGS`), and the runner's
+do not apply to a trial trained in memory (its ``NOT_FLAGS``), and the runner's
 ``--jobs`` / ``--sweep_run`` (:func:`rhnzoo.apps.runner.define_flags`).
 """
 
@@ -18,26 +18,24 @@ from absl import flags
 from rhnzoo import cells
 from rhnzoo.apps import cli, runner
 from rhnzoo.configs import jsb as jsb_configs
-from rhnzoo.tasks import polyphonic
+from rhnzoo.engine import signals
+from rhnzoo.studies import jsb as jsb_study
 from rhnzoo.studies import tables
+from rhnzoo.tasks import polyphonic
 
 FLAGS = flags.FLAGS
 COLORS = {"RHN": "tab:red", "DT-RNN": "tab:blue", "DT(S)-RNN": "tab:green"}
-# The engine's settings a study does not offer: a trial trains in memory (no workdir: no
-# checkpoints, no TensorBoard files) and silently (one line when it is done).
-NOT_FLAGS = ("checkpoint_every_steps", "tensorboard", "log_every", "progress")
 _NAMES: list[str] = []  # the flags of JSBConfig's fields
 
 
 def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
-    :class:`~rhnzoo.tasks.polyphonic.JSBConfig` field but :data:`NOT_FLAGS`,
+    :class:`~rhnzoo.configs.jsb.JSBConfig` field it offers (but its ``NOT_FLAGS``),
     ``--preset``, ``--verify`` (an alias of ``--verify_data``) and the runner's."""
     _NAMES.extend(
         cli.define_config_flags(
             jsb_configs.get_config(None),
             list(jsb_configs.PRESETS),
-            skip=NOT_FLAGS,
             module_name=__name__,
         )
     )
@@ -45,21 +43,21 @@ def define_flags() -> None:
     runner.define_flags(seeds=False)  # a random search's trials differ already
 
 
-def config_from_flags() -> polyphonic.JSBConfig:
+def config_from_flags() -> jsb_configs.JSBConfig:
     """The study's settings: ``--preset``'s, with the flags given over them. Raises
     ValueError (one line) for a bad value."""
     return cli.config_from_flags(jsb_configs.get_config, _NAMES)
 
 
-def check_fits(config: polyphonic.JSBConfig) -> None:
+def check_fits(config: jsb_configs.JSBConfig) -> None:
     """Refuses (:func:`rhnzoo.apps.cli.check_fits`: one line) a study whose largest trial
-    model (:func:`rhnzoo.tasks.polyphonic.plan`) cannot hold its parameters and SGD
+    model (:func:`rhnzoo.studies.jsb.plan`) cannot hold its parameters and SGD
     state on a device, before the data are read."""
     import jax
 
-    sizes = polyphonic.plan(config.archs, config.depths, config.width)
+    sizes = jsb_study.plan(config.archs, config.depths, config.width)
     (arch, depth), size = max(sizes.items(), key=lambda item: item[1]["params"])
-    model = polyphonic.study_model(arch, size["hidden"], depth)
+    model = jsb_configs.study_model(arch, size["hidden"], depth)
 
     def state():
         params = model.init(jax.random.PRNGKey(0))
@@ -74,7 +72,6 @@ def check_fits(config: polyphonic.JSBConfig) -> None:
 def run_study() -> None:
     """The script's body: the study from the flags, then its table and figure."""
     from rhnzoo.data.music import load_jsb
-    from rhnzoo import engine
 
     jobs, _ = runner.from_flags()
     config = config_from_flags()
@@ -84,8 +81,8 @@ def run_study() -> None:
     workdir = pathlib.Path(config.workdir or f"runs/jsb_{config.preset or 'full'}").absolute()
     start = time.perf_counter()
     try:
-        rows = polyphonic.study(data, workdir, config, jobs=jobs)
-    except engine.Interrupted as e:
+        rows = jsb_study.study(data, workdir, config, jobs=jobs)
+    except signals.Interrupted as e:
         done = len(list((workdir / "trials").glob("*/results.json")))
         print(
             f"stopped by signal {e.signum}; {done} finished trials are in "
@@ -93,8 +90,8 @@ def run_study() -> None:
             flush=True,
         )
         raise
-    sizes = polyphonic.plan(config.archs, config.depths, config.width)
-    table = polyphonic.study_table(rows, config, sizes)
+    sizes = jsb_study.plan(config.archs, config.depths, config.width)
+    table = jsb_study.study_table(rows, config, sizes)
     write_outputs(workdir, config, rows, table)
     print(table)
     print(
@@ -104,7 +101,7 @@ def run_study() -> None:
 
 
 def write_outputs(
-    workdir: pathlib.Path, config: polyphonic.JSBConfig, rows: list[dict], table: str
+    workdir: pathlib.Path, config: jsb_configs.JSBConfig, rows: list[dict], table: str
 ) -> None:
     """``results.md`` (the table under its heading) and ``jsb_swarm.png`` (Fig. 4 style:
     every trial's test NLL per architecture and depth)."""

@@ -1,8 +1,8 @@
 """``experiments/rrl.py``'s flags and body (Wang & Tian, EMNLP 2016): the flags,
 generated from :class:`~rhnzoo.tasks.rrl.RRLConfig`, -> one base config (presets:
 :mod:`rhnzoo.configs.rrl`) -> one config per run (:func:`rhnzoo.configs.rrl.runs`) ->
-:func:`rhnzoo.tasks.rrl.run_experiment`, with the data set loaded once, only when a
-run trains.
+:func:`rhnzoo.studies.rrl_table3.run_experiment`, with the data set loaded once, only
+when a run trains.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from absl import flags
 from rhnzoo.apps import cli, runner
 from rhnzoo.cells import registry
 from rhnzoo.configs import rrl as presets
+from rhnzoo.studies import rrl_table3
 from rhnzoo.tasks import rrl
-from rhnzoo.tasks.rrl import RRLConfig
+from rhnzoo.configs.rrl import RRLConfig
 
 FLAGS = flags.FLAGS
 _NAMES: list[str] = []  # the flags of RRLConfig's fields
@@ -32,7 +33,10 @@ def define_flags() -> None:
         cli.define_config_flags(presets.get_config(), list(presets.PRESETS), module_name=__name__)
     )
     flags.DEFINE_list(
-        "models", list(rrl.MODELS), "With --table: the models of the table.", module_name=__name__
+        "models",
+        list(presets.MODELS),
+        "With --table: the models of the table.",
+        module_name=__name__,
     )
     flags.DEFINE_boolean(
         "table",
@@ -106,7 +110,7 @@ def check_fits(cfg: RRLConfig) -> None:
 
 def experiment() -> None:
     """The script's body: one model, the ``--table`` models or a ``--study``
-    (:func:`rhnzoo.tasks.rrl.run_experiment`), from the flags; then one model's
+    (:func:`rhnzoo.studies.rrl_table3.run_experiment`), from the flags; then one model's
     ``learning_curves.png`` (its first seed's; :func:`rhnzoo.apps.cli.write_learning_curves`)
     and the table (``--table``, ``--study``, or one model's ``--seeds`` > 1: mean ± sd)."""
     base = config()
@@ -124,7 +128,7 @@ def experiment() -> None:
     preset = base.preset or "custom"
     root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}")
     title = f"{base.dataset}, preset {preset}" + (f", {seeds} seeds" if seeds > 1 else "")
-    text = rrl.run_experiment(
+    text = rrl_table3.run_experiment(
         configs,
         root,
         study=FLAGS.study,

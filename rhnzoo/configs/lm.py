@@ -1,5 +1,6 @@
-"""The language models' presets: every named setting of ``experiments/ptb.py``,
-``experiments/char.py`` and the depth sweep, as :class:`rhnzoo.tasks.lm.LMConfig`.
+"""The language models' config and presets: :class:`LMConfig` (every setting of a run of
+``experiments/ptb.py``, ``experiments/char.py`` and the depth sweep; its ``config.json``)
+and every named setting.
 
 * word level (PTB): the reference code's ``ptb_sota`` (Zilly et al. 2017,
   jzilly/RecurrentHighwayNetworks ``rhn_train.py``) is :class:`LMConfig`'s defaults;
@@ -8,24 +9,270 @@
   ``text8_sota``, test BPC 1.27) and a ``small`` preset for PTB-char on a 2-core CPU.
 
 :func:`get_config` gives a data set's config with a preset and settings applied (with
-``hsg=True``, the HSG paper's RHN gate bias); :func:`defaults` and :func:`presets` are
-what the scripts' flags are defined from.
+``hsg=True``, the HSG paper's RHN gate bias: :func:`default_init_bias`, the one rule);
+:func:`defaults` and :func:`presets` are what the scripts' flags are defined from.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Mapping
 from typing import Any
 
-from rhnzoo import data
-from rhnzoo.config import preset_settings
-from rhnzoo.tasks.lm import HSG_RHN_INIT_BIAS, LMConfig
+import jax.numpy as jnp
+import optax
+
+from rhnzoo import cells, data, dropout
+from rhnzoo.config import (
+    DataSettings,
+    DistributedSettings,
+    RunSettings,
+    preset_settings,
+    scan_impl_setting,
+    setting,
+)
+from rhnzoo.models import lm as lm_models
+from rhnzoo.models.lm import LanguageModel
+
+# The LM settings that go to the cell (:func:`rhnzoo.cells.make`) where it has them.
+CELL_KEYS = ("depth", "coupled", "init_bias")
+# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
+HSG_RHN_INIT_BIAS = -2.5
+# The reference code's RHN T bias: ``ptb_sota`` (word level) and ``enwik8_sota``.
+WORD_INIT_BIAS, CHAR_INIT_BIAS = -2.0, -4.0
+
+
+def default_init_bias(dataset: str, hsg: bool) -> float:
+    """The RHN transform-gate bias of a run that does not set it: with ``hsg``, the HSG
+    paper's :data:`HSG_RHN_INIT_BIAS` (-2.5; Shoham & Permuter, PTB); else the reference
+    code's, :data:`CHAR_INIT_BIAS` (-4) on a character-level set, :data:`WORD_INIT_BIAS`
+    (-2) on a word-level one. Raises ValueError for an unknown data set."""
+    if hsg:
+        return HSG_RHN_INIT_BIAS
+    return CHAR_INIT_BIAS if char_level(dataset) else WORD_INIT_BIAS
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig(RunSettings, DataSettings, DistributedSettings):
+    """Every setting of a language-model run, one field each (the flags of
+    ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
+    run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
+    :mod:`rhnzoo.configs.lm`. The engine's settings come from
+    :class:`~rhnzoo.config.RunSettings`, the data and multi-process ones from
+    :class:`~rhnzoo.config.DataSettings` and :class:`~rhnzoo.config.DistributedSettings`.
+
+    ``init_bias`` left out (None) is :func:`default_init_bias` of ``dataset`` and
+    ``hsg``, resolved on construction and recorded; :meth:`replace` resolves it again
+    where it was at that default (``LMConfig().replace(hsg=True).init_bias`` is -2.5, as
+    ``LMConfig(hsg=True)``'s).
+
+    Raises:
+      ValueError: on construction, for a setting out of range (one line naming it): an
+        unknown data set, a bad rate, learning rate, size, run setting or model option; a
+        cell setting (``depth``, ``coupled``, ``init_bias``) away from its default for a
+        cell without it; ``hsg_init_bias`` away from its default without ``hsg``.
+    """
+
+    # The data set is the script's (ptb.py's own; char.py defines --dataset itself).
+    NOT_FLAGS = frozenset({"preset", "dataset"})
+
+    dataset: str = setting(
+        "ptb", "Language-model data set (its metric: perplexity or bits per character)."
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True)
+    cell: str = setting(
+        "rhn",
+        "Recurrent cell (rhnzoo.cells registry; --scan_impl picks its time scan).",
+        choices=cells.registry.NAMES,
+    )
+    depth: int = setting(
+        10,
+        "Recurrence depth L (micro-layers per time step; cells with a "
+        "depth: rhn, dtrnn, dtsrnn, rrn, hrl).",
+        low=1,
+    )
+    hidden_size: int = setting(830, "Units per micro-layer.", low=1)
+    hsg: bool = setting(
+        False,
+        "Add the Highway State Gate (Shoham & Permuter) around --cell; "
+        f"the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.",
+    )
+    hsg_init_bias: float = setting(-2.5, "Initial HSG gate bias b_G.")
+    coupled: bool = setting(True, "Coupled carry gate C = 1 - T (RHN).")
+    tied: bool = setting(True, "Tie the embedding and softmax weights.")
+    init_scale: float = setting(0.04, "Uniform initialisation half-width.", gt=0)
+    init_bias: float | None = setting(
+        None,
+        f"Initial RHN transform-gate bias (default: {WORD_INIT_BIAS}, {CHAR_INIT_BIAS} on a "
+        f"character-level set, {HSG_RHN_INIT_BIAS} with --hsg as in the HSG paper).",
+    )
+    lr: float = setting(0.2, "Initial SGD learning rate lr0 (loss summed over time / batch).", gt=0)
+    lr_decay: float = setting(1.02, "Learning-rate divisor per epoch after max_epoch.", low=1)
+    max_epoch: int = setting(20, "Epochs at constant learning rate.", low=0)
+    max_max_epoch: int = setting(500, "Total epochs of the schedule (alias --epochs).", low=1)
+    weight_decay: float = setting(1e-7, "L2 coefficient (on 0.5 ||theta||^2).", low=0)
+    max_grad_norm: float = setting(10.0, "Global-norm gradient clipping.", gt=0)
+    num_steps: int = setting(35, "Truncated-BPTT window length T.", low=1)
+    batch_size: int = setting(20, "Batch size B (rows of the token stream).", low=1)
+    drop_x: float = setting(0.25, "Word-dropout probability on the embedding.")
+    drop_i: float = setting(0.75, "Dropout probability on the cell input.")
+    drop_h: float = setting(0.25, "Dropout probability on the recurrent state.")
+    drop_o: float = setting(0.75, "Dropout probability on the cell output.")
+    unroll: int = setting(1, "Time steps per lax.scan iteration.", low=1, resumable=True)
+    scan_impl: str = scan_impl_setting()
+    remat: bool = setting(
+        False, "Recompute time steps in the backward pass (less memory).", resumable=True
+    )
+    dtype: str = setting(
+        "float32",
+        "Matmul input dtype, float32 accumulation: float32 (computed at "
+        "--matmul_precision, whose default on GPUs and TPUs rounds the inputs to TF32 / "
+        "bfloat16) or bfloat16 (needs the fused or pallas scan).",
+        choices=("float32", "bfloat16"),
+    )
+    eval_batch_size: int | None = setting(
+        None,
+        "Final evaluation batch size (default: 1, the reference protocol, for a full "
+        "run; the training batch for a run cut short).",
+        low=1,
+        resumable=True,
+    )
+    eval_num_steps: int = setting(
+        100,
+        "Window length of evaluation scans (any value gives "
+        "the same numbers up to float rounding).",
+        low=1,
+        resumable=True,
+    )
+    workdir: str | None = setting(
+        None,
+        "Run directory; rerunning with it resumes (default: runs/<dataset>_<settings>).",
+        resumable=True,
+    )
+
+    def __post_init__(self):
+        if self.init_bias is None and self.dataset in data.names("lm"):
+            object.__setattr__(self, "init_bias", default_init_bias(self.dataset, self.hsg))
+        super().__post_init__()
+
+    def check(self) -> None:
+        data.registry.get(self.dataset, task="lm")
+        super().check()
+        for site in "xiho":
+            dropout.check_rate(f"--drop_{site}", getattr(self, f"drop_{site}"))
+        stray = [
+            f"--{k}"
+            for k in CELL_KEYS
+            if k not in cells.options(self.cell) and getattr(self, k) != self._cell_default(k)
+        ]
+        if stray:
+            raise ValueError(
+                f"{', '.join(stray)} does not apply to --cell={self.cell} (its "
+                f"options: {', '.join(cells.options(self.cell))})"
+            )
+        if not self.hsg and self.hsg_init_bias != _FIELDS["hsg_init_bias"].default:
+            raise ValueError(
+                f"--hsg_init_bias={self.hsg_init_bias} sets the Highway State Gate's "
+                "bias: it needs --hsg"
+            )
+        self.model(2)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], *, strict: bool = True) -> LMConfig:
+        """The config of ``values`` (:meth:`Config.from_dict`), as a run's ``config.json``
+        is read: a cell setting its cell lacks is read as its default (runs before the
+        check recorded every cell's preset ``depth``, e.g. an LSTM's 3), so such a
+        workdir resumes and a stray value given to the constructor is still refused."""
+        cell = values.get("cell", _FIELDS["cell"].default)
+        if cell in cells.registry.NAMES:
+            own = cells.options(cell)
+            values = {k: v for k, v in values.items() if k not in CELL_KEYS or k in own}
+        return super().from_dict(values, strict=strict)
+
+    def _cell_default(self, key: str) -> Any:
+        """The value of cell setting ``key`` when not given."""
+        if key == "init_bias":
+            return default_init_bias(self.dataset, self.hsg)
+        return _FIELDS[key].default
+
+    def replace(self, **changes: Any) -> LMConfig:
+        """A copy with ``changes`` (checked); an ``init_bias`` at its default follows the
+        fields it is derived from (:func:`default_init_bias`). Raises ValueError (one
+        line) for a key that is no field or a value out of range."""
+        if "init_bias" not in changes and self.init_bias == self._cell_default("init_bias"):
+            changes["init_bias"] = None
+        return super().replace(**changes)
+
+    @property
+    def rates(self) -> dropout.Rates:
+        return dropout.Rates(self.drop_x, self.drop_i, self.drop_h, self.drop_o)
+
+    @property
+    def metric(self) -> str:
+        """``'ppl'`` (perplexity) or ``'bpc'`` (bits per character): the data set's."""
+        return data.registry.get(self.dataset, task="lm").metric
+
+    @property
+    def run_dir(self) -> str:
+        """``workdir``, else ``runs/<dataset>_<preset>[_<cell>][_d<depth>]_n<size>[_hsg]``."""
+        if self.workdir:
+            return self.workdir
+        depth = "depth" in cells.options(self.cell)
+        return (
+            f"runs/{self.dataset}_{self.preset or 'default'}"
+            f"{'' if self.cell == 'rhn' else '_' + self.cell}"
+            f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
+            f"{'_hsg' if self.hsg else ''}"
+        )
+
+    @property
+    def epochs(self) -> int:
+        """The schedule's epochs (the engine's run length): ``max_max_epoch``."""
+        return self.max_max_epoch
+
+    def model(self, vocab_size: int) -> LanguageModel:
+        """The language model of these settings over ``vocab_size`` symbols."""
+        return lm_models.language_model(
+            self.cell,
+            vocab_size,
+            self.hidden_size,
+            hsg=self.hsg,
+            tied=self.tied,
+            init_scale=self.init_scale,
+            hsg_init_bias=self.hsg_init_bias,
+            unroll=self.unroll,
+            scan_impl=self.scan_impl,
+            remat=self.remat,
+            dtype=self.dtype,
+            **cells.applicable(self.cell, {k: getattr(self, k) for k in CELL_KEYS}),
+        )
+
+    def schedule(self, steps_per_epoch: int) -> optax.Schedule:
+        """The reference learning-rate schedule as a function of the step count."""
+        return functools.partial(
+            learning_rate,
+            lr=self.lr,
+            lr_decay=self.lr_decay,
+            max_epoch=self.max_epoch,
+            steps_per_epoch=steps_per_epoch,
+        )
+
+
+def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_per_epoch: int):
+    """lr / lr_decay ** max(epoch - max_epoch + 1, 0) at step ``count`` (epochs from 0)."""
+    epoch = count // steps_per_epoch
+    return lr / lr_decay ** jnp.maximum(epoch - max_epoch + 1, 0)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(LMConfig)}
+
 
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(
     depth=10,
     hidden_size=1500,
     init_scale=0.04,
-    init_bias=-4.0,
     lr=0.2,
     lr_decay=1.03,
     max_epoch=5,
@@ -111,15 +358,18 @@ def presets(dataset: str = "ptb") -> dict[str, dict[str, Any]]:
 
 def get_config(preset: str | None = None, dataset: str = "ptb", **overrides: Any) -> LMConfig:
     """``defaults(dataset)`` with ``preset`` (None: none; named in the config) and then
-    ``overrides`` applied. An HSG model (``hsg=True``) takes Shoham & Permuter's RHN
-    transform-gate bias, ``init_bias=-2.5``, unless the preset or ``overrides`` set it.
+    ``overrides`` applied. A preset's cell settings (``depth``...) go to the cells that
+    have them (another cell keeps its defaults); an HSG model (``hsg=True``) takes Shoham &
+    Permuter's RHN transform-gate bias, ``init_bias=-2.5``, unless the preset or
+    ``overrides`` set it (:func:`default_init_bias`, the same rule as :class:`LMConfig`'s).
 
     Example: ``get_config(depth=40, hsg=True)`` is the HSG paper's depth-40 model.
 
     Raises:
       ValueError: an unknown data set or preset, an unknown or bad setting (one line).
     """
-    settings = {**preset_settings(presets(dataset), preset), **overrides}
-    if settings.get("hsg") and "init_bias" not in settings:
-        settings["init_bias"] = HSG_RHN_INIT_BIAS
-    return defaults(dataset).replace(preset=preset, **settings)
+    named = preset_settings(presets(dataset), preset)
+    cell = overrides.get("cell", "rhn")
+    if cell in cells.registry.NAMES:
+        named = {k: v for k, v in named.items() if k not in CELL_KEYS or k in cells.options(cell)}
+    return defaults(dataset).replace(preset=preset, **{**named, **overrides})

@@ -11,25 +11,11 @@
 * :mod:`rhnzoo.engine.sharding`: data parallelism over ``Mesh(("data",))``.
 * :mod:`rhnzoo.engine.signals`: SIGTERM / SIGINT as a clean stop.
 * :mod:`rhnzoo.engine.step`: the one train step (gradient, optimizer update).
+
+The package hands on the engine's own API (:func:`run`, :class:`Task`,
+:class:`RunResult`, :class:`TrainingDiverged`); a run's directory and the signals are
+used from their modules (``from rhnzoo.engine import workdir, signals``).
 """
 
-from rhnzoo.engine.loop import (  # noqa: F401
-    Checkpoints,
-    Interrupted,
-    RunError,
-    RunResult,
-    RunSettings,
-    Task,
-    TrainingDiverged,
-    WorkdirLock,
-    catch_signals,
-    prepare_workdir,
-    read_metrics,
-    release_signals,
-    restore_params,
-    run,
-    seed_name,
-    strict,
-    track,
-    write_json,
-)
+from rhnzoo.engine.loop import RunResult, Task, run  # noqa: F401
+from rhnzoo.engine.progress import TrainingDiverged  # noqa: F401

@@ -438,41 +438,11 @@ def run(
     work = stage / "work"
     if work.resolve().is_relative_to(out) or out.is_relative_to(work.resolve()):
         raise HarvestError(f"{out}: the work folder {work} may not be in it or hold it")
-    shutil.rmtree(work, ignore_errors=True)
     runs = work / "runs"
-    runs.mkdir(parents=True)
-    resumed = None
-    carried = stage / "resume" / f"{name}.tar.gz"
-    if carried.is_file():
-        with tarfile.open(carried) as tar:
-            tar.extractall(work, filter="data")
-        resumed = _read_json(work / "harvest.json")
-        if resumed is not None and resumed.get("smoke") != smoke:
-            shutil.rmtree(work)  # a smoke partial never resumes a paper window, nor back
-            runs.mkdir(parents=True)
-            resumed = None
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if (stage / "data").is_dir():
-        env["RHNZOO_DATA"] = str(stage / "data")
-    if (stage / "cache").is_dir():
-        env["XDG_CACHE_HOME"] = str(stage / "cache")
+    resumed = _work_folder(work, stage / "resume" / f"{name}.tar.gz", smoke)
     cmd = experiment_command(chunk, runs, smoke, stack, smoke_steps)
     start = time.time()
-    with open(work / "log.txt", "a") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            # The main process alone: it passes the signal on to its children once (a
-            # second SIGTERM would make them exit without saving).
-            proc.send_signal(signal.SIGTERM)
-            try:
-                rc = proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = proc.wait()
+    rc = _experiment(cmd, work / "log.txt", _environment(stage), deadline_s)
     finished = sorted(
         p.parent.relative_to(runs).as_posix()
         for p in runs.rglob("results.json")
@@ -497,7 +467,71 @@ def run(
         "host": os.uname().nodename,
         "partial": None,
     }
-    archives = []
+    summary = dict(info, archives=_archives(name, work, out, info, stage))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary))
+    return summary
+
+
+def _work_folder(work: pathlib.Path, carried: pathlib.Path, smoke: bool) -> dict | None:
+    """A fresh ``work`` folder with an empty ``runs/``, or the ``carried`` partial
+    archive unpacked in it (unless it was a smoke run and this is not, or back); returns
+    the resumed archive's ``harvest.json`` (None: nothing resumed)."""
+    shutil.rmtree(work, ignore_errors=True)
+    runs = work / "runs"
+    runs.mkdir(parents=True)
+    if not carried.is_file():
+        return None
+    with tarfile.open(carried) as tar:
+        tar.extractall(work, filter="data")
+    resumed = _read_json(work / "harvest.json")
+    if resumed is not None and resumed.get("smoke") != smoke:
+        shutil.rmtree(work)  # a smoke partial never resumes a paper window, nor back
+        runs.mkdir(parents=True)
+        return None
+    return resumed
+
+
+def _environment(stage: pathlib.Path) -> dict[str, str]:
+    """The experiment's environment: this checkout on ``PYTHONPATH``, the data and the
+    cache the stage carries (if it does)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if (stage / "data").is_dir():
+        env["RHNZOO_DATA"] = str(stage / "data")
+    if (stage / "cache").is_dir():
+        env["XDG_CACHE_HOME"] = str(stage / "cache")
+    return env
+
+
+def _experiment(cmd: list[str], log_path: pathlib.Path, env: dict, deadline_s: float) -> int:
+    """Runs ``cmd`` (its lines appended to ``log_path``) and returns its exit status; at
+    ``deadline_s`` seconds it gets SIGTERM, and SIGKILL (its process group) when it has
+    not ended :data:`GRACE_S` seconds later."""
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            # The main process alone: it passes the signal on to its children once (a
+            # second SIGTERM would make them exit without saving).
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait()
+
+
+def _archives(
+    name: str, work: pathlib.Path, out: pathlib.Path, info: dict, stage: pathlib.Path
+) -> list[str]:
+    """Writes ``<name>.tar.gz`` (the work folder's records, no checkpoints) into ``out``
+    and, for a window cut short, ``<name>.partial.tar.gz`` (its runs whole, to resume)
+    when it fits :data:`PARTIAL_LIMIT` (``info['partial']`` says which); ``harvest.json``
+    (``info``) in both. Returns the archives' names."""
+    runs, archives = work / "runs", []
     with tempfile.TemporaryDirectory(dir=stage) as tmp:
         partial = pathlib.Path(tmp) / f"{name}.partial.tar.gz"
         if not info["complete"]:
@@ -526,10 +560,7 @@ def run(
         if info["partial"] == partial.name:
             shutil.move(partial, out / partial.name)
             archives.append(partial.name)
-    summary = dict(info, archives=archives)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps(summary))
-    return summary
+    return archives
 
 
 def _read_json(path: pathlib.Path) -> dict | None:

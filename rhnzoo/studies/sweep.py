@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rhnzoo.config import Config
-from rhnzoo import engine
 from rhnzoo.engine import progress, signals, stacking
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.engine.workdir import seed_name  # noqa: F401  (sweep.seed_name)
@@ -219,7 +218,7 @@ def run_all(
             workdir = root / seed_name(r.name, k)
             if (workdir / "config.json").is_file():
                 config = stacking.seed_config(r.config, k, (root / r.name).absolute())
-                engine.prepare_workdir(workdir, config, check_only=True)
+                workdir_lib.prepare_workdir(workdir, config, check_only=True)
     say = log or (lambda line: None)
     if jobs.only is not None:
         (root / jobs.only / FAILED).unlink(missing_ok=True)
@@ -354,7 +353,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
         if installed_here:
             signals.release_signals()
     if stop is not None:
-        raise engine.Interrupted(
+        raise signals.Interrupted(
             stop, f"stopped by signal {stop}; rerun the same command to resume"
         )
     failed = [name for name, results in out.items() if results is None]
@@ -438,7 +437,7 @@ def _finished(
     lines = [l for l in child.log.read_text(errors="replace").splitlines() if l.strip()]
     error = lines[-1].strip() if lines else ""
     why = f"exit status {code}" if code else "no results.json"
-    engine.write_json(
+    workdir_lib.write_json(
         workdir / FAILED, {"exit_status": code, "error": error, "log": str(child.log)}
     )
     say(f"{count} {name} FAILED ({why}) in {minutes:.1f} min: {error} ({child.log})")
@@ -476,8 +475,8 @@ def in_memory(
         if path.is_file():
             return json.loads(path.read_text())
         results = compute(on_divergence)
-        engine.prepare_workdir(workdir, config)
-        engine.write_json(path, results)
+        workdir_lib.prepare_workdir(workdir, config)
+        workdir_lib.write_json(path, results)
         return results
 
     return train

@@ -17,13 +17,12 @@ step of :mod:`rhnzoo.engine.step`) slices its window, draws its dropout masks fr
 the engine's per-step key and returns the truncated-BPTT carry in its aux, kept in the
 training state, so the engine's checkpoints resume it exactly.
 
-:class:`LMConfig` holds every setting of a run (``config.json``); its presets are in
-:mod:`rhnzoo.configs.lm`; :func:`train_and_evaluate` trains one on a corpus.
+:class:`~rhnzoo.configs.lm.LMConfig` holds every setting of a run (``config.json``), beside
+its presets; :func:`train_and_evaluate` trains one on a corpus.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -35,179 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import cells, data, dropout
-from rhnzoo.cells import scan
-from rhnzoo.config import DataSettings, DistributedSettings, RunSettings, setting
-from rhnzoo.models import lm as lm_models
+from rhnzoo import data
+from rhnzoo.configs.lm import LMConfig
 from rhnzoo.models.lm import LanguageModel
 from rhnzoo import engine
 from rhnzoo.engine import sharding, step
 
 Array = jax.Array
 State = dict[str, Any]
-
-
-# The LM settings that go to the cell (:func:`rhnzoo.cells.make`) where it has them.
-CELL_KEYS = ("depth", "coupled", "init_bias")
-# Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates."
-HSG_RHN_INIT_BIAS = -2.5
-
-
-@dataclasses.dataclass(frozen=True)
-class LMConfig(RunSettings, DataSettings, DistributedSettings):
-    """Every setting of a language-model run, one field each (the flags of
-    ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
-    run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
-    :mod:`rhnzoo.configs.lm`. The engine's settings come from
-    :class:`~rhnzoo.engine.RunSettings`, the data and multi-process ones from
-    :class:`~rhnzoo.config.DataSettings` and :class:`~rhnzoo.config.DistributedSettings`.
-
-    Raises:
-      ValueError: on construction, for a setting out of range (one line naming it): an
-        unknown data set, a bad rate, learning rate, size, run setting or model option.
-    """
-
-    dataset: str = setting(
-        "ptb", "Language-model data set (its metric: perplexity or bits per character)."
-    )
-    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True, flag=False)
-    cell: str = setting(
-        "rhn",
-        "Recurrent cell (rhnzoo.cells registry; --scan_impl picks its time scan).",
-        choices=cells.registry.NAMES,
-    )
-    depth: int = setting(
-        10,
-        "Recurrence depth L (micro-layers per time step; cells with a "
-        "depth: rhn, dtrnn, dtsrnn, rrn, hrl).",
-        low=1,
-    )
-    hidden_size: int = setting(830, "Units per micro-layer.", low=1)
-    hsg: bool = setting(
-        False,
-        "Add the Highway State Gate (Shoham & Permuter) around --cell; "
-        f"the RHN T bias then defaults to {HSG_RHN_INIT_BIAS} as in the paper.",
-    )
-    hsg_init_bias: float = setting(-2.5, "Initial HSG gate bias b_G.")
-    coupled: bool = setting(True, "Coupled carry gate C = 1 - T (RHN).")
-    tied: bool = setting(True, "Tie the embedding and softmax weights.")
-    init_scale: float = setting(0.04, "Uniform initialisation half-width (> 0).")
-    init_bias: float = setting(
-        -2.0, f"Initial RHN transform-gate bias (with --hsg: {HSG_RHN_INIT_BIAS} unless given)."
-    )
-    lr: float = setting(0.2, "Initial SGD learning rate lr0 (loss summed over time / batch).")
-    lr_decay: float = setting(1.02, "Learning-rate divisor per epoch after max_epoch.", low=1)
-    max_epoch: int = setting(20, "Epochs at constant learning rate.", low=0)
-    max_max_epoch: int = setting(500, "Total epochs of the schedule (alias --epochs).", low=1)
-    weight_decay: float = setting(1e-7, "L2 coefficient (on 0.5 ||theta||^2).", low=0)
-    max_grad_norm: float = setting(10.0, "Global-norm gradient clipping (> 0).")
-    num_steps: int = setting(35, "Truncated-BPTT window length T.", low=1)
-    batch_size: int = setting(20, "Batch size B (rows of the token stream).", low=1)
-    drop_x: float = setting(0.25, "Word-dropout probability on the embedding.")
-    drop_i: float = setting(0.75, "Dropout probability on the cell input.")
-    drop_h: float = setting(0.25, "Dropout probability on the recurrent state.")
-    drop_o: float = setting(0.75, "Dropout probability on the cell output.")
-    unroll: int = setting(1, "Time steps per lax.scan iteration.", low=1, resumable=True)
-    scan_impl: str = scan.scan_impl_setting()
-    remat: bool = setting(
-        False, "Recompute time steps in the backward pass (less memory).", resumable=True
-    )
-    dtype: str = setting(
-        "float32",
-        "Matmul input dtype, float32 accumulation: float32 (computed at "
-        "--matmul_precision, whose default on GPUs and TPUs rounds the inputs to TF32 / "
-        "bfloat16) or bfloat16 (needs the fused or pallas scan).",
-        choices=("float32", "bfloat16"),
-    )
-    eval_batch_size: int | None = setting(
-        None,
-        "Final evaluation batch size (default: 1, the reference protocol, for a full "
-        "run; the training batch for a run cut short).",
-        low=1,
-        resumable=True,
-    )
-    eval_num_steps: int = setting(
-        100,
-        "Window length of evaluation scans (any value gives "
-        "the same numbers up to float rounding).",
-        low=1,
-        resumable=True,
-    )
-    workdir: str | None = setting(
-        None,
-        "Run directory; rerunning with it resumes (default: runs/<dataset>_<settings>).",
-        resumable=True,
-    )
-
-    def check(self) -> None:
-        data.registry.get(self.dataset, task="lm")
-        super().check()
-        for site in "xiho":
-            dropout.check_rate(f"--drop_{site}", getattr(self, f"drop_{site}"))
-        for name in ("lr", "init_scale", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
-        self.model(2)
-
-    @property
-    def rates(self) -> dropout.Rates:
-        return dropout.Rates(self.drop_x, self.drop_i, self.drop_h, self.drop_o)
-
-    @property
-    def metric(self) -> str:
-        """``'ppl'`` (perplexity) or ``'bpc'`` (bits per character): the data set's."""
-        return data.registry.get(self.dataset, task="lm").metric
-
-    @property
-    def run_dir(self) -> str:
-        """``workdir``, else ``runs/<dataset>_<preset>[_<cell>][_d<depth>]_n<size>[_hsg]``."""
-        if self.workdir:
-            return self.workdir
-        depth = "depth" in cells.options(self.cell)
-        return (
-            f"runs/{self.dataset}_{self.preset or 'default'}"
-            f"{'' if self.cell == 'rhn' else '_' + self.cell}"
-            f"{'_d' + str(self.depth) if depth else ''}_n{self.hidden_size}"
-            f"{'_hsg' if self.hsg else ''}"
-        )
-
-    @property
-    def epochs(self) -> int:
-        """The schedule's epochs (the engine's run length): ``max_max_epoch``."""
-        return self.max_max_epoch
-
-    def model(self, vocab_size: int) -> LanguageModel:
-        """The language model of these settings over ``vocab_size`` symbols."""
-        return lm_models.language_model(
-            self.cell,
-            vocab_size,
-            self.hidden_size,
-            hsg=self.hsg,
-            tied=self.tied,
-            init_scale=self.init_scale,
-            hsg_init_bias=self.hsg_init_bias,
-            unroll=self.unroll,
-            scan_impl=self.scan_impl,
-            remat=self.remat,
-            dtype=self.dtype,
-            **cells.applicable(self.cell, {k: getattr(self, k) for k in CELL_KEYS}),
-        )
-
-    def schedule(self, steps_per_epoch: int) -> optax.Schedule:
-        """The reference learning-rate schedule as a function of the step count."""
-        return functools.partial(
-            learning_rate,
-            lr=self.lr,
-            lr_decay=self.lr_decay,
-            max_epoch=self.max_epoch,
-            steps_per_epoch=steps_per_epoch,
-        )
-
-
-def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_per_epoch: int):
-    """lr / lr_decay ** max(epoch - max_epoch + 1, 0) at step ``count`` (epochs from 0)."""
-    epoch = count // steps_per_epoch
-    return lr / lr_decay ** jnp.maximum(epoch - max_epoch + 1, 0)
 
 
 def l2_penalty(params: Any) -> Array:
@@ -410,7 +244,7 @@ def train_and_evaluate(
         large, windows too long, batch not divisible by the devices), or an incompatible
         workdir (the corpus checks before anything is written).
       engine.TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
-      engine.Interrupted: a signal arrived (the state was saved).
+      rhnzoo.engine.signals.Interrupted: a signal arrived (the state was saved).
     """
     model, metric = model or config.model(corpus.vocab_size), config.metric
     to_metric = METRICS[metric]

@@ -1,0 +1,330 @@
+"""The depth sweep of Srivastava et al. (2015, Fig. 1, 2, 4; the ECBM4040 reproduction):
+plain and highway nets at several depths, each run one
+:func:`rhnzoo.tasks.highway.train_and_evaluate` on the multi-run runner
+(:mod:`rhnzoo.studies.sweep`); its table (:func:`sweep_table`) and its report
+(:func:`sweep_report`: the table, the training curves, the gate heatmaps and lesions of
+each highway net, the plain nets' diagnostics at initialisation), drawn from the
+analyses of :mod:`rhnzoo.analysis.highway`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import pathlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rhnzoo.analysis import plots
+from rhnzoo.analysis.highway import (
+    gate_statistics,
+    highway_lesions,
+    load_highway_run,
+    plain_diagnostics,
+)
+from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.studies import sweep as runner
+from rhnzoo.studies import tables
+from rhnzoo.tasks import highway as hw
+from rhnzoo.tasks.highway import Split
+from rhnzoo.configs.highway import HighwayConfig
+
+PathLike = str | os.PathLike
+
+
+def _train(
+    cfg: HighwayConfig,
+    splits: Mapping[str, Split],
+    log,
+    workdir: pathlib.Path,
+    on_divergence: str,
+    quiet: bool = False,
+    seeds: int | None = None,
+) -> dict[str, Any]:
+    """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (bound with
+    :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
+    ``cfg`` (:func:`rhnzoo.tasks.highway.train_and_evaluate`; one of
+    :meth:`HighwayConfig.runs`; ``seeds``: K seeds of it stacked) in
+    ``workdir``; returns its (first seed's) results. With ``quiet`` (and a ``log``) its
+    lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.studies.sweep.run_log`)."""
+    if quiet and log is not None:
+        log = runner.run_log(workdir)
+    out = hw.train_and_evaluate(
+        cfg, splits, workdir, log=log, on_divergence=on_divergence, seeds=seeds
+    )
+    return out.results if seeds is None else out[0].results
+
+
+def sweep(
+    cfg: HighwayConfig,
+    splits: Mapping[str, Split],
+    *,
+    log: Callable[[str], None] | None = print,
+    jobs: runner.Jobs | None = None,
+) -> list[dict[str, Any]]:
+    """Trains every run of ``cfg`` (:meth:`HighwayConfig.runs`), each in its own workdir
+    under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.studies.sweep`):
+    one after another in this process, or side by side in child processes (``jobs``).
+    Either way each run's lines go to its workdir's ``sweep.log`` and ``log`` gets the
+    runner's lines: one as each run starts and ends (its final line, the estimated time
+    of the runs left, each run's size its epochs x parameters).
+
+    A finished run says ``already finished`` (the engine), an interrupted one resumes
+    from its checkpoint. A run that diverges stops there and is reported
+    (``results['diverged']``), the sweep goes on (the runner's ``on_divergence='stop'``).
+    Every workdir is checked before the first run starts, so an incompatible one fails
+    the sweep before any training.
+
+    Returns:
+      Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'seed', 'workdir',
+      'results' (results.json), 'history' (epoch records), 'failed' (why its child
+      failed, or None)}``.
+
+    Raises:
+      ValueError: an incompatible workdir; Interrupted: SIGTERM/SIGINT (the current
+      run's state saved); RunError: a file could not be written.
+    """
+    root = pathlib.Path(cfg.output_dir())
+    runs, quiet = cfg.runs(), jobs is None or jobs.here
+    plan = runner.seed_runs(
+        runs,
+        cfg.seeds,
+        lambda r, k: functools.partial(_train, r, splits, log, quiet=quiet, seeds=k),
+        stack=jobs is not None and jobs.stack_seeds,
+        size=lambda r: r.epochs * r.net().num_params(),
+    )
+    runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
+    done = runner.collect(root, [name for name, _ in runs])
+    out = []
+    for name, r in runs:
+        net, found = r.net(), done[name] or {}
+        out.append(
+            {
+                "kind": net.kind,
+                "depth": net.depth,
+                "width": net.width,
+                "params": net.num_params(),
+                "lr": r.lr,
+                "seed": r.seed,
+                "workdir": root / name,
+                **{k: found.get(k) for k in ("results", "history", "failed")},
+            }
+        )
+    return out
+
+
+def sweep_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of a depth sweep: one row per depth, plain and highway side by side.
+
+    Each run: ``{'kind', 'depth', 'width', 'params', 'lr', 'history' (epoch records),
+    'results' (results.json or None), 'failed' (optional: why its child failed)}``.
+    Columns: epochs run, final training cross-entropy (mean over the last epoch, the
+    curves' last point), and the test accuracy of the best-validation parameters.
+    Several runs of one kind and depth (seeds): train CE and test accuracy as mean ± sd
+    over them (:func:`rhnzoo.studies.tables.mean_sd`), epochs the mean. Unfinished runs
+    show "—".
+    """
+    groups: dict[tuple[str, int], list] = {}
+    for r in runs:
+        groups.setdefault((r["kind"], r["depth"]), []).append(r)
+    head = ["depth"]
+    for kind in ("plain", "highway"):
+        head += [
+            f"{kind} params",
+            f"{kind} lr",
+            f"{kind} epochs",
+            f"{kind} train CE",
+            f"{kind} test acc",
+        ]
+    rows = []
+    for depth in sorted({r["depth"] for r in runs}):
+        row = [depth]
+        for kind in ("plain", "highway"):
+            group = groups.get((kind, depth))
+            row += [None] * 5 if group is None else _sweep_cells(group)
+        rows.append(row)
+    return tables.markdown(head, rows, align="r" * len(head))
+
+
+def _sweep_cells(group: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The five cells of one kind and depth (its runs: one per seed)."""
+    lasts = [(r.get("history") or [{}])[-1] for r in group]
+    results = [r.get("results") or {} for r in group]
+    xents = [
+        x for x in (last.get("train_xent") for last in lasts) if x is not None and math.isfinite(x)
+    ]
+    accs = [100 * res["test_acc"] for res in results if res.get("test_acc") is not None]
+    diverged = sum(bool(res.get("diverged")) for res in results)
+    acc = tables.mean_sd(accs, unit="%") or (
+        "failed" if any(r.get("failed") for r in group) else "—"
+    )
+    if diverged:
+        acc += " (diverged)" if len(group) == 1 else f" ({diverged} diverged)"
+    epochs = [last.get("epoch", 0) for last in lasts]
+    return [
+        f"{group[0]['params']:,}",
+        f"{group[0]['lr']:g}",
+        f"{sum(epochs) / len(epochs):.0f}",
+        tables.mean_sd(xents, ".4f") or "—",
+        acc,
+    ]
+
+
+def sweep_report(
+    root: PathLike,
+    runs: Sequence[Mapping[str, Any]],
+    train_split: tuple[np.ndarray, np.ndarray],
+    *,
+    header: str = "",
+    dataset: str = "MNIST",
+    heatmap_examples: int = 10000,
+    lesion_examples: int = 10000,
+    diagnostics_depth: int | None = 50,
+    diagnostics_examples: int = 1000,
+    num_classes: int = 10,
+    seed: int = 0,
+    track=None,
+    log=print,
+) -> list[pathlib.Path]:
+    """Writes the sweep's table and figures into ``root``; returns the paths.
+
+    * ``results.md``: ``header`` and :func:`sweep_table`;
+    * ``training_curves.png``: mean training cross-entropy vs epoch, one panel per
+      depth, plain vs highway (Srivastava et al. Fig. 1);
+    * the figures below show the first run of each kind and depth (with several
+      seeds: the first seed's);
+    * per finished highway run: ``gate_heatmaps_d<depth>.png`` (Fig. 2, on the first
+      ``heatmap_examples`` training images) and ``lesion_d<depth>.png`` (Fig. 4, on
+      the first ``lesion_examples``);
+    * ``plain_diagnostics.png``: activation mean / variance and gradient norms per
+      layer of plain nets of ``diagnostics_depth`` at initialisation (None: skip);
+    * ``analysis.json``: every number drawn.
+
+    Args:
+      runs: as for :func:`sweep_table`, plus ``'workdir'``.
+      train_split: ``(images uint8 [N, m], labels [N])``, the training split.
+      track: the engine's progress bar and signal check for the lesions
+        (:func:`rhnzoo.engine.signals.track`); log: where the table and lesion lines go.
+    """
+    root = pathlib.Path(root)
+    written, numbers = [], {"runs": [], "lesions": {}, "gates": {}}
+    table = sweep_table(runs)
+    written.append(
+        tables.write_table(root / "results.md", (header + "\n\n" if header else "") + table)
+    )
+    log(table)
+    first: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for r in runs:
+        first.setdefault((r["kind"], r["depth"]), r)
+    for r in sorted(runs, key=lambda r: (r["depth"], r["kind"])):
+        numbers["runs"].append(
+            {k: r.get(k) for k in ("kind", "depth", "width", "params", "lr", "results")}
+        )
+    written += _training_curves(first.values(), root, dataset)
+    images, labels = train_split
+    for r in first.values():
+        if r["kind"] == "highway" and r.get("results"):
+            split = (images[:lesion_examples], labels[:lesion_examples])
+            written += _highway_figures(
+                r["workdir"], images[:heatmap_examples], split, root, numbers, track, log
+            )
+    if diagnostics_depth:
+        split = (images[:diagnostics_examples], labels[:diagnostics_examples])
+        written.append(_plain_figure(split, diagnostics_depth, num_classes, seed, root, numbers))
+    path = root / "analysis.json"
+    workdir_lib.write_json(path, numbers)
+    return [*written, path]
+
+
+def _training_curves(
+    first: Iterable[Mapping[str, Any]], root: pathlib.Path, dataset: str
+) -> list[pathlib.Path]:
+    """``training_curves.png`` (Srivastava et al. Fig. 1) of the ``first`` run of each kind
+    and depth that has epoch records: one panel per depth, plain vs highway; none
+    without any."""
+    panels: dict[str, dict[str, list]] = {}
+    for r in sorted(first, key=lambda r: (r["depth"], r["kind"])):
+        if r.get("history"):
+            panels.setdefault(f"depth {r['depth']}", {})[r["kind"]] = r["history"]
+    if not panels:
+        return []
+    path = plots.plot_curve_panels(
+        panels,
+        root / "training_curves.png",
+        key="train_xent",
+        ylabel="mean training cross-entropy (nats)",
+        title=f"{dataset}: plain vs highway, mean training cross-entropy per epoch",
+    )
+    return [path]
+
+
+def _highway_figures(
+    workdir: PathLike,
+    heatmap_images: np.ndarray,
+    lesion_split: tuple[np.ndarray, np.ndarray],
+    root: pathlib.Path,
+    numbers: dict[str, Any],
+    track,
+    log,
+) -> list[pathlib.Path]:
+    """The gate heatmaps (Fig. 2) on ``heatmap_images`` and the lesion curve (Fig. 4) on
+    ``lesion_split`` of the trained highway net in ``workdir``; their numbers go into
+    ``numbers['gates']`` and ``numbers['lesions']`` under the net's depth."""
+    net, params, _ = load_highway_run(workdir)
+    depth = net.depth
+    gates = gate_statistics(net, params, heatmap_images)
+    numbers["gates"][depth] = {
+        "mean_t_per_layer": gates.mean_t.mean(1).tolist(),
+        "t_bias_per_layer": gates.t_bias.mean(1).tolist(),
+    }
+    heatmaps = plots.plot_highway_gates(
+        {f"depth {depth}": gates},
+        root / f"gate_heatmaps_d{depth}.png",
+        title=f"Highway net, depth {depth}: transform gates (mean over "
+        f"{gates.num_examples:,} training images; sample = image 0)",
+    )
+    lesion = highway_lesions(net, params, lesion_split, track=track)
+    numbers["lesions"][depth] = {
+        "intact": lesion.base_nll,
+        "lesioned": lesion.nll.tolist(),
+        "num_images": lesion.num_tokens,
+    }
+    worst = int(np.argmax(lesion.nll))
+    log(
+        f"lesions, depth {depth} ({lesion.num_tokens:,} training images): intact "
+        f"{lesion.base_nll:.4f} nats; largest {lesion.nll[worst]:.4f} (layer {worst + 2}); "
+        f"median {np.median(lesion.nll):.4f}"
+    )
+    curve = plots.plot_lesion_curve(
+        {f"depth {depth}": lesion},
+        root / f"lesion_d{depth}.png",
+        title=f"Lesioning, highway net of depth {depth} ({lesion.num_tokens:,} training images)",
+    )
+    return [heatmaps, curve]
+
+
+def _plain_figure(
+    split: tuple[np.ndarray, np.ndarray],
+    depth: int,
+    num_classes: int,
+    seed: int,
+    root: pathlib.Path,
+    numbers: dict[str, Any],
+) -> pathlib.Path:
+    """``plain_diagnostics.png``: the activation statistics and gradient norms of plain
+    nets of ``depth`` at initialisation (:func:`rhnzoo.analysis.highway.plain_diagnostics`
+    on ``split``, initialised from ``seed``); the numbers go into
+    ``numbers['plain_diagnostics']``."""
+    diag = plain_diagnostics(*split, depth=depth, num_classes=num_classes, seed=seed)
+    numbers["plain_diagnostics"] = {
+        "depth": depth,
+        **{k: {s: v.tolist() for s, v in d.items()} for k, d in diag.items()},
+    }
+    return plots.plot_layer_statistics(
+        diag,
+        root / "plain_diagnostics.png",
+        title=f"Plain nets of depth {depth} at initialisation ({len(split[1]):,} training images)",
+    )
