@@ -74,7 +74,6 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("gru", marks=pytest.mark.slow),
         pytest.param("gru_ra", marks=pytest.mark.slow),
         pytest.param("rrn3_tanh", marks=pytest.mark.slow),
         pytest.param("hrl", marks=pytest.mark.slow),
@@ -84,7 +83,7 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
     """The GRU's and RRN's fused scans run B rows as a multiple of 8 columns where that
     adds at most B / 16 (B = 4 elsewhere in this file: no padding): 62 gets 2 inert
     columns (the HRL's RRN half does, its LSTM half does not); float64, with lengths and
-    dropout and without."""
+    dropout and without. (The GRU: its reset-after variant, the same padding.)"""
     lengths = np.random.default_rng(batch).integers(0, T + 1, batch)
     tol = dict(rtol=1e-10, atol=1e-12)
     with jax.enable_x64(True):
@@ -110,12 +109,12 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
         )
 
 
-# The registry's cells (LSTM, GRU, RRN, SC-LSTM-I/P, HRL, LSTM+GRU) under this unroll,
-# padded and full, with dropout: tests/test_scan_dispatch.py's float64 grid (through
-# scan.unroll); here float32 once and the variants it lacks (reset_after, tanh at depth 3).
-@pytest.mark.parametrize(
-    "name", ["lstm", "gru_ra", pytest.param("rrn3_tanh", marks=pytest.mark.slow)]
-)
+# The registry's cells (LSTM, GRU, RRN, SC-LSTM-I/P, HRL, LSTM+GRU) under this unroll
+# (projecting per step), padded and full, with dropout: tests/test_scan_dispatch.py's
+# float64 grid (through scan.unroll; its "full" rows: without lengths every step is real);
+# here float32 with the projection before the scan, and the variants the grid lacks
+# (reset_after, tanh at depth 3; float32 at depth 3: the chunk test below).
+@pytest.mark.parametrize("name", ["lstm", "gru_ra"])
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(
         CELLS[name](),
@@ -128,17 +127,7 @@ def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropo
     )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("lstm", marks=pytest.mark.slow),
-        "gru",
-        "gru_ra",
-        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-        pytest.param("sclstm_p", marks=pytest.mark.slow),
-        pytest.param("hrl", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("name", ["gru_ra", pytest.param("rrn3_tanh", marks=pytest.mark.slow)])
 def test_float64_values_and_gradients_match_the_reference_projecting_per_step(name):
     with jax.enable_x64(True):
         compare(
@@ -152,15 +141,16 @@ def test_float64_values_and_gradients_match_the_reference_projecting_per_step(na
         )
 
 
-@pytest.mark.parametrize("chunk", [1, 3])  # per step, in chunks of 3 (T = 9: the default)
+# Each kernel once, per step (chunk 1) or in chunks of 3 (the default: one chunk of T = 9),
+# each chunk with the projection in the scan and before it.
 @pytest.mark.parametrize(
-    "name,m,per_step",
+    "name,m,per_step,chunk",
     [
-        pytest.param("lstm", 1, True, marks=pytest.mark.slow),
-        ("gru", 3, True),
-        ("gru_ra", 3, False),  # its extra dz rows
-        pytest.param("rrn3_tanh", 3, False, marks=pytest.mark.slow),
-        ("sclstm_p", 3, False),
+        pytest.param("lstm", 1, True, 3, marks=pytest.mark.slow),
+        ("gru", 3, True, 1),
+        ("gru_ra", 3, False, 3),  # its extra dz rows
+        pytest.param("rrn3_tanh", 3, False, 1, marks=pytest.mark.slow),
+        ("sclstm_p", 3, False, 1),
     ],
 )
 def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk):
@@ -176,7 +166,8 @@ def test_weight_gradients_in_chunks_match_the_reference(name, m, per_step, chunk
     )
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+# The registry's cells: tests/test_scan_dispatch.py (outputs=False, through scan.output_of).
+@pytest.mark.parametrize("name", ["gru_ra", "rrn3_tanh"])
 def test_output_of_the_final_carry_is_each_rows_last_output(name):
     cell = CELLS[name]()
     params, carry, xs, mask, _ = setup(cell, 2, jnp.float32)
@@ -188,18 +179,29 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     assert np.abs(np.asarray(last[real])).min() > 0  # ... and not vacuously
 
 
+# Padded, the registry's cells: tests/test_scan_dispatch.py; here every kernel without
+# lengths, and padded the variant the registry lacks.
 @pytest.mark.parametrize(
-    "name",
+    "name,lengths",
     [
-        pytest.param("lstm", marks=pytest.mark.slow),
-        "gru",
-        "gru_ra",
-        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-        "sclstm_p",
-        pytest.param("hrl", marks=pytest.mark.slow),
+        pytest.param("lstm", None, marks=pytest.mark.slow),
+        ("gru", None),
+        ("gru_ra", None),
+        ("gru_ra", LENGTHS),
+        pytest.param("rrn3_tanh", None, marks=pytest.mark.slow),
+        ("sclstm_p", None),
+        pytest.param("hrl", None, marks=pytest.mark.slow),
+    ],
+    ids=[
+        "lstm-full",
+        "gru-full",
+        "gru_ra-full",
+        "gru_ra-padded",
+        "rrn3_tanh-full",
+        "sclstm_p-full",
+        "hrl-full",
     ],
 )
-@pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(name, lengths):
     cell = CELLS[name]()
     params, carry, xs, mask, _ = setup(cell, 2, jnp.float32)
@@ -227,35 +229,10 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
         gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("lstm", marks=pytest.mark.slow),
-        pytest.param("sclstm_i", marks=pytest.mark.slow),
-    ],
-)
-def test_without_lengths_every_step_is_real(name):
-    compare(
-        CELLS[name](),
-        2,
-        jnp.float32,
-        lengths=None,
-        use_mask=False,
-        per_step=True,
-        tol=dict(rtol=2e-4, atol=2e-5),
-    )
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("lstm", marks=pytest.mark.slow),
-        "gru",
-        "gru_ra",
-        pytest.param("rrn3_tanh", marks=pytest.mark.slow),
-        pytest.param("sclstm_p", marks=pytest.mark.slow),
-    ],
-)
+# Two kernels: every fused gradient equals autodiff of the reference scan to float64
+# rounding (above and tests/test_scan_dispatch.py's grid); here the derivative itself, and
+# SC-LSTM-P's dL/dα, which no other test isolates.
+@pytest.mark.parametrize("name", ["gru_ra", pytest.param("sclstm_p", marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
@@ -324,15 +301,9 @@ def classifier_loss(model, params, tokens, lengths, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("lstm", marks=pytest.mark.slow),
-        pytest.param("sclstm_p", marks=pytest.mark.slow),
-        pytest.param("hrl", marks=pytest.mark.slow),
-        "lstm_gru",
-    ],
-)
+# One cell (a Parallel of two kernels): what the classifier reads of each cell's scan,
+# every registry cell, is tests/test_scan_dispatch.py's (outputs=False and output_of).
+@pytest.mark.parametrize("name", ["lstm_gru"])
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output
     at its last real step (0 for an empty row): same logits and gradients as the
