@@ -4,6 +4,10 @@ above the tasks (:mod:`rhnzoo.tasks`) and below the applications (:mod:`rhnzoo.a
 * :mod:`rhnzoo.studies.sweep`: the one multi-run runner (runs in turn or in child
   processes, ``--jobs`` / ``--seeds``).
 * :mod:`rhnzoo.studies.tables`: the tables of every study.
+* :mod:`rhnzoo.studies.rrl_table3`: Wang & Tian's Table 3 and the recipe studies.
+* :mod:`rhnzoo.studies.jsb`: the JSB Chorales random search (Zilly et al., Fig. 4).
+* :mod:`rhnzoo.studies.hsg_depth`: the HSG depth sweep (Shoham & Permuter, Table 1).
+* :mod:`rhnzoo.studies.highway`: the highway / plain depth sweep (Srivastava et al.).
 * :mod:`rhnzoo.studies.harvest`: the papers' tables at their own sizes, filled in GPU
   windows.
 """
