@@ -17,6 +17,7 @@ from rhnzoo import data, dropout
 from rhnzoo.bench import alternate, lm as bench_lm, ratios
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
+from rhnzoo.configs import lm as lm_configs
 
 V, N, B, T = 23, 8, 3, 5
 RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)
@@ -24,7 +25,7 @@ RATES = dropout.Rates(0.2, 0.3, 0.4, 0.5)
 
 def setup(hsg, tied, dtype="float32", depth=2):
     model = lm.rhn_language_model(V, N, depth, hsg=hsg, tied=tied, scan_impl="fused", dtype=dtype)
-    cfg = train.LMConfig(
+    cfg = lm_configs.LMConfig(
         batch_size=B, num_steps=T, drop_x=RATES.x, drop_i=RATES.i, drop_h=RATES.h, drop_o=RATES.o
     )
     params = helpers.random_params(model.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
