@@ -1,8 +1,9 @@
 """The base of every task's config: a frozen dataclass whose fields are the settings.
 
 A setting is one line: a field declared with :func:`setting`, which carries its default,
-its help text (the script's ``--help``), its simple checks (``low``, ``high``,
-``choices``) and whether it may change when a run resumes. The scripts' flags are
+its help text (the script's ``--help``), its simple checks (``low``, ``gt``, ``high``,
+``choices``; its annotated type is checked too) and whether it may change when a run
+resumes. The scripts' flags are
 generated from the fields (:func:`rhnzoo.apps.cli.define_config_flags`); a run's
 ``config.json`` is :meth:`Config.to_dict`; a workdir resumes unless a structural field differs
 (:meth:`Config.conflicts`), a field missing from an earlier ``config.json`` counting as
@@ -12,13 +13,18 @@ its default. Presets are ``get_config(preset)`` in ``rhnzoo/configs/<task>.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
+import types
+import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
 from rhnzoo import precision
+from rhnzoo.cells import scan
 
 C = TypeVar("C", bound="Config")
 # The greatest seed: JAX's PRNGKey(seed) keeps a seed's low 32 bits in its default
@@ -31,47 +37,123 @@ def setting(
     help: str,
     *,
     low: float | None = None,
+    gt: float | None = None,
     high: float | None = None,
     choices: Sequence[Any] | None = None,
     resumable: bool = False,
-    flag: bool = True,
 ) -> Any:
     """A config field: ``default``, its ``help`` text, its checks and its resume rule.
+
+    Besides these, the field's annotation is checked on construction (:class:`Config`):
+    an ``int`` field takes integers only (not 2.5, not True), a ``float`` field any real
+    number but a bool, a ``bool`` field True or False, a ``str`` field a non-empty string,
+    a ``tuple[int, ...]`` field a tuple (or list, made a tuple) of integers; ``X | None``
+    also takes None.
 
     Args:
       default: the value when not given (immutable: a tuple, not a list).
       help: one or two sentences for ``--help``.
-      low: the least value allowed (ints and floats; None passes when the default is
-        None); checked on construction.
+      low: the least value allowed (ints and floats; None passes where the annotation
+        takes None); checked on construction.
+      gt: a bound the value must exceed (strictly greater: a rate, a scale > 0).
       high: the greatest value allowed (likewise).
       choices: the values allowed; checked on construction and the flag's enum.
       resumable: True where a resumed run may take another value (length, reporting,
         an implementation of the same function); False: structural, a resumed run
-        with another value is refused.
-      flag: False for a field a script does not offer as a flag.
+        with another value is refused. A subclass may change a field's rule without
+        declaring it again (:attr:`Config.STRUCTURAL`, :attr:`Config.RESUMABLE`).
+
+    Every field is a flag of the scripts unless its class names it in
+    :attr:`Config.NOT_FLAGS` (the one way to keep a field off the command line).
     """
     meta = {
         "help": help,
         "low": low,
+        "gt": gt,
         "high": high,
         "choices": None if choices is None else tuple(choices),
         "resumable": resumable,
-        "flag": flag,
     }
     return dataclasses.field(default=default, metadata=meta)
 
 
 def meta(f: dataclasses.Field) -> Mapping[str, Any]:
-    """A field's :func:`setting` metadata (a plain field: structural, a flag, no help)."""
+    """A field's :func:`setting` metadata as declared (a plain field: structural, no help,
+    no bounds); its class may change the resume rule (:meth:`Config.resumable`)."""
     return {
         "help": "",
         "low": None,
+        "gt": None,
         "high": None,
         "choices": None,
         "resumable": False,
-        "flag": True,
         **f.metadata,
     }
+
+
+def scan_impl_setting() -> Any:
+    """The ``scan_impl`` field of every task's config: default ``'auto'``, the choices and
+    help of :mod:`rhnzoo.cells.scan` (:data:`~rhnzoo.cells.scan.CHOICES`,
+    :data:`~rhnzoo.cells.scan.HELP`), resumable (the implementations compute the same
+    function)."""
+    return setting(scan.DEFAULT, scan.HELP, choices=scan.CHOICES, resumable=True)
+
+
+def _class_names(cls: type, attr: str) -> frozenset[str]:
+    """The union of ``attr`` (a set of field names) over ``cls`` and its bases."""
+    return frozenset().union(*(vars(c).get(attr, ()) for c in cls.__mro__))
+
+
+@functools.cache
+def _kinds(cls: type) -> dict[str, tuple[type | None, bool, type | None]]:
+    """``{field: (type, takes None, item type)}`` of ``cls``'s annotations: the type
+    without ``None`` (None: not checked, e.g. ``Any``), and a tuple's item type."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        optional = union and type(None) in args
+        if union:
+            rest = [a for a in args if a is not type(None)]
+            hint = rest[0] if len(rest) == 1 else Any
+        kind = typing.get_origin(hint) or hint
+        item = None
+        if kind is tuple:
+            items = [a for a in typing.get_args(hint) if a is not Ellipsis]
+            item = items[0] if len(set(items)) == 1 and isinstance(items[0], type) else None
+        out[f.name] = (kind if kind in _TYPE_WORDS else None, optional, item)
+    return out
+
+
+# The types a field's annotation is checked for, and how an error names them.
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    tuple: "a list",
+}
+
+
+def _is(value: Any, kind: type) -> bool:
+    if kind is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+    if kind is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+    if kind is bool:
+        return isinstance(value, bool | np.bool_)
+    return isinstance(value, kind)
+
+
+def _type_error(name: str, value: Any, kind: type, item: type | None) -> str | None:
+    """The one-line error of ``value`` for a field of type ``kind`` (items ``item``)."""
+    if not _is(value, kind):
+        return f"--{name} must be {_TYPE_WORDS[kind]}, got {value!r}"
+    if kind is tuple and item in _TYPE_WORDS and not all(_is(v, item) for v in value):
+        plural = {int: "integers", float: "numbers", bool: "true or false", str: "strings"}
+        return f"--{name} must be {plural[item]}, got {list(value)}"
+    return None
 
 
 def strict(obj: Any) -> Any:
@@ -92,24 +174,49 @@ def strict(obj: Any) -> Any:
 class Config:
     """A frozen, checked settings record.
 
-    Subclasses declare fields with :func:`setting`; each field's ``low`` / ``high`` /
-    ``choices`` are checked on construction (and no string may be empty), then
-    :meth:`check` (override it for rules between fields), so a config that exists is a
-    valid one.
+    Subclasses declare fields with :func:`setting`; each field's annotated type and its
+    ``low`` / ``gt`` / ``high`` / ``choices`` are checked on construction (and no string
+    may be empty), then :meth:`check` (override it for rules between fields: every such
+    rule lives there), so a config that exists is a valid one.
+
+    Attributes:
+      NOT_FLAGS: class-level, the fields the scripts do not offer as flags (recorded,
+        set by the code: a preset's name, a runner's own flags); a subclass adds to its
+        bases' (the union over the classes).
+      STRUCTURAL: class-level, fields declared resumable that this class makes
+        structural (e.g. a study whose finished trials are never trained again).
+      RESUMABLE: class-level, fields declared structural that this class makes resumable.
 
     Raises (on construction):
-      ValueError: one line naming the flag, for a value out of range.
+      ValueError: one line naming the flag, for a value of another type or out of range.
     """
 
+    NOT_FLAGS: ClassVar[frozenset[str]] = frozenset()
+    STRUCTURAL: ClassVar[frozenset[str]] = frozenset()
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset()
+
     def __post_init__(self):
+        kinds = _kinds(type(self))
         for f in dataclasses.fields(self):
             m, value = meta(f), getattr(self, f.name)
+            kind, optional, item = kinds[f.name]
+            if value is None and (optional or kind is None):
+                continue
+            if kind is tuple and isinstance(value, list):  # JSON's lists
+                value = tuple(value)
+                object.__setattr__(self, f.name, value)
+            if kind is not None:
+                error = _type_error(f.name, value, kind, item)
+                if error:
+                    raise ValueError(error)
             if m["choices"] is not None and value not in m["choices"]:
                 shown = ", ".join(map(str, m["choices"]))
                 raise ValueError(f"--{f.name} must be one of {shown}, got {value!r}")
-            if m["low"] is not None and value is not None and not value >= m["low"]:
+            if m["low"] is not None and not value >= m["low"]:
                 raise ValueError(f"--{f.name} must be >= {m['low']}, got {value!r}")
-            if m["high"] is not None and value is not None and not value <= m["high"]:
+            if m["gt"] is not None and not value > m["gt"]:
+                raise ValueError(f"--{f.name} must be > {m['gt']}, got {value!r}")
+            if m["high"] is not None and not value <= m["high"]:
                 raise ValueError(f"--{f.name} must be <= {m['high']}, got {value!r}")
             if isinstance(value, str) and not value.strip():
                 raise ValueError(f"--{f.name} must not be empty (leave it out for the default)")
@@ -117,7 +224,24 @@ class Config:
 
     def check(self) -> None:
         """Raises ValueError (one line) for settings that do not go together; the base
-        checks nothing beyond the fields' own ``low``, ``high`` and ``choices``."""
+        checks nothing beyond the fields' own type, ``low``, ``gt``, ``high`` and
+        ``choices``."""
+
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """The fields the scripts offer as flags: all but :attr:`NOT_FLAGS`."""
+        hidden = _class_names(cls, "NOT_FLAGS")
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in hidden)
+
+    @classmethod
+    def resumable(cls, name: str) -> bool:
+        """Whether field ``name`` may change when a run resumes: its :func:`setting`'s
+        rule, unless the class says otherwise (:attr:`STRUCTURAL`, :attr:`RESUMABLE`)."""
+        if name in _class_names(cls, "STRUCTURAL"):
+            return False
+        if name in _class_names(cls, "RESUMABLE"):
+            return True
+        return meta({f.name: f for f in dataclasses.fields(cls)}[name])["resumable"]
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, strict: bool = True) -> Self:
@@ -156,7 +280,7 @@ class Config:
         out = []
         for f in dataclasses.fields(self):
             old, new = strict(getattr(there, f.name)), strict(getattr(self, f.name))
-            if not meta(f)["resumable"] and old != new:
+            if not self.resumable(f.name) and old != new:
                 out.append(f"{f.name}={old!r} there vs {new!r}")
         return out
 
@@ -313,26 +437,18 @@ class RunSettings(Config):
     )
 
     def __post_init__(self):
-        # Recorded as a level: None takes JAX's setting where the config is made.
-        try:
-            level = precision.resolve(self.matmul_precision)
-        except ValueError as e:
-            raise ValueError(f"--matmul_precision: {e}") from None
-        object.__setattr__(self, "matmul_precision", level)
+        # Recorded as a level: None takes JAX's setting where the config is made (a value
+        # that is no string is left to the type check).
+        if self.matmul_precision is None or isinstance(self.matmul_precision, str):
+            try:
+                level = precision.resolve(self.matmul_precision)
+            except ValueError as e:
+                raise ValueError(f"--matmul_precision: {e}") from None
+            object.__setattr__(self, "matmul_precision", level)
         super().__post_init__()
 
     def check(self) -> None:
-        for name in (
-            "seed",
-            "log_every",
-            "checkpoint_every_steps",
-            "max_steps",
-            "max_epochs",
-            "patience",
-        ):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, int):
-                raise ValueError(f"--{name} must be an integer, got {value!r}")
+        super().check()
         if not (self.divergence_factor == 0 or 1 <= self.divergence_factor < math.inf):
             raise ValueError(
                 "--divergence_factor must be 0 (off) or a finite number >= 1, "
@@ -360,7 +476,13 @@ class RunConfig(RunSettings):
       ValueError: for a value outside its range (one line naming the flag).
     """
 
-    epochs: int = dataclasses.field(kw_only=True, metadata={"low": 1})
+    epochs: int = dataclasses.field(kw_only=True, metadata={"low": 1, "help": "Epochs."})
+
+
+def seed_name(name: str, k: int) -> str:
+    """The name (and workdir name) of seed ``k`` (0, 1, ...) of run ``name``: ``name``
+    itself for k = 0, so a run of one seed keeps its workdir, else ``<name>_s<k>``."""
+    return name if k == 0 else f"{name}_s{k}"
 
 
 def preset_settings(presets: Mapping[str, Any], name: str | None) -> Any:

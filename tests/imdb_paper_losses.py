@@ -37,7 +37,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=250)
-    parser.add_argument("--models", default=",".join(rrl.MODELS))
+    parser.add_argument("--models", default=",".join(presets.MODELS))
     parser.add_argument(
         "--divergence_factor", type=float, default=RunConfig(epochs=1).divergence_factor
     )

@@ -24,6 +24,7 @@ import pytest
 from rhnzoo import analysis, data, dropout
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import signals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def run(tmp_path_factory):
     full = data.load_ptb(data_dir, download=False, verify=False)
     corpus = data.Corpus(full.train[:4000], full.valid[:400], full.test[:400], full.vocab)
     model = lm.rhn_language_model(corpus.vocab_size, HIDDEN, DEPTH, hsg=True)
-    cfg = train.LMConfig(
+    cfg = lm_configs.LMConfig(
         lr=0.5,
         batch_size=4,
         num_steps=10,

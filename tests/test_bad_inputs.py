@@ -516,7 +516,7 @@ def test_tfds_is_asked_to_download_only_as_the_flag_says(monkeypatch, tmp_path, 
     ``--nodownload`` asks for the prepared set or one line."""
     from rhnzoo import data
     from rhnzoo.data import common
-    from rhnzoo.tasks import highway as hw
+    from rhnzoo.configs import highway as highway_configs
 
     calls = []
 
@@ -532,12 +532,12 @@ def test_tfds_is_asked_to_download_only_as_the_flag_says(monkeypatch, tmp_path, 
         (tmp_path / name / "1.0.0" / "dataset_info.json").write_text("{}")
     readers = {
         "mnist": lambda: highway._load(
-            hw.HighwayConfig(
+            highway_configs.HighwayConfig(
                 dataset="mnist", data_source="tfds", data_dir=str(tmp_path), download=download
             )
         ),
         "cifar100": lambda: highway._load(
-            hw.HighwayConfig(
+            highway_configs.HighwayConfig(
                 dataset="cifar100", data_source="tfds", data_dir=str(tmp_path), download=download
             )
         ),

@@ -2,14 +2,19 @@
 fields a class has now or gets later, each is checked from its own :func:`~rhnzoo.config.setting`
 (``low`` / ``high`` / ``choices``, help, resume rule), with no per-field case to write.
 
-Per class: the defaults make a valid config; every value below ``low``, above ``high``
-or outside ``choices`` (and an empty string) is refused, on construction and through the
-flag the script defines from the field, with one line naming the flag; an unknown key is
+Per class: the defaults make a valid config; every value below ``low``, not above
+``gt``, above ``high`` or outside ``choices`` (and an empty string) is refused, on
+construction and through the flag the script defines from the field, with one line naming
+the flag; so is a value of another type than the field's annotation (an ``int`` field
+refuses 2.5 and True, a ``float`` field True, a ``bool`` field 1, a ``str`` field 3, a
+``tuple[int, ...]`` field a string item), on construction; an unknown key is
 refused; the config survives ``config.json`` (strict JSON) unchanged; a ``config.json``
 written before any one field existed resumes, the field at its default; another value
-of a structural field is a conflict naming it and of a resumable one is none; every flag
-has its help and the config's default, and a ``choices`` string is an enum of exactly
-those. Rules between fields (``check()``) are each task's own tests'.
+of a structural field is a conflict naming it and of a resumable one is none (the field's
+rule, or its class's ``STRUCTURAL`` / ``RESUMABLE``); the flags are the fields but the
+class's ``NOT_FLAGS``; every flag has its help and the config's default, and a
+``choices`` string is an enum of exactly those. Rules between fields (``check()``) are
+each task's own tests'.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import rhnzoo
 from rhnzoo import config as config_lib
 from rhnzoo.apps import cli
 
-for _module in ("rhnzoo.tasks", "rhnzoo.analysis"):  # where the configs live, all loaded
+for _module in ("rhnzoo.configs", "rhnzoo.tasks", "rhnzoo.analysis"):  # all loaded
     for _info in pkgutil.iter_modules(importlib.import_module(_module).__path__):
         importlib.import_module(f"{_module}.{_info.name}")
 
@@ -59,25 +64,55 @@ def _required(cls) -> dict:
     }
 
 
-def _kind(cls, f) -> type:
-    """A field's value type without ``None`` (``int | None`` -> ``int``)."""
+def _hint(cls, f):
+    """A field's annotation without ``None`` (``int | None`` -> ``int``)."""
     hint = typing.get_type_hints(cls)[f.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _kind(cls, f) -> type:
+    """A field's value type without ``None`` (``int | None`` -> ``int``)."""
+    hint = _hint(cls, f)
     return typing.get_origin(hint) or hint
 
 
-def _bad_values(cls, f) -> list[tuple[object, str]]:
-    """(value, the start of its one-line error) for each bound the field declares."""
+# Values of another type than the annotation's, each refused by a field of that type.
+WRONG_TYPE = {
+    int: (2.5, True, "3"),
+    float: (True, "0.5"),
+    bool: (1, "yes"),
+    str: (3,),
+    tuple: ("a,b",),
+}
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _bad_values(cls, f) -> list[tuple[object, str, bool]]:
+    """(value, the start of its one-line error, whether a flag can carry it) for each
+    bound the field declares and each type its annotation refuses."""
     m, kind, out = config_lib.meta(f), _kind(cls, f), []
     if m["choices"] is not None:
-        out.append(("no-such-choice" if kind is str else -12345, f"--{f.name} must be one of "))
+        bad = "no-such-choice" if kind is str else -12345
+        out.append((bad, f"--{f.name} must be one of ", True))
     if kind in (int, float) and m["low"] is not None:
-        out.append((kind(math.floor(m["low"]) - 1), f"--{f.name} must be >= {m['low']}, got "))
+        low = kind(math.floor(m["low"]) - 1)
+        out.append((low, f"--{f.name} must be >= {m['low']}, got ", True))
+    if kind in (int, float) and m["gt"] is not None:
+        out.append((kind(m["gt"]), f"--{f.name} must be > {m['gt']}, got ", True))
+        out.append((kind(m["gt"]) - 1, f"--{f.name} must be > {m['gt']}, got ", True))
     if kind in (int, float) and m["high"] is not None:
-        out.append((kind(math.ceil(m["high"]) + 1), f"--{f.name} must be <= {m['high']}, got "))
+        high = kind(math.ceil(m["high"]) + 1)
+        out.append((high, f"--{f.name} must be <= {m['high']}, got ", True))
     if kind is str and m["choices"] is None:
-        out.append((" ", f"--{f.name}"))  # "must not be empty", or the field's own word
+        out.append((" ", f"--{f.name}", True))  # "must not be empty", or the field's own word
+    for value in WRONG_TYPE.get(kind, ()):
+        word = TYPE_WORDS.get(kind, "a list")
+        out.append((value, f"--{f.name} must be {word}, got {value!r}", False))
+    items = typing.get_args(_hint(cls, f))
+    if kind is tuple and items and items[0] is int:
+        out.append((("a",), f"--{f.name} must be integers, got ['a']", False))
     return out
 
 
@@ -126,11 +161,12 @@ def test_out_of_range_values_are_one_line_errors_naming_the_flag(cls):
     names = cli.define_config_flags(base, flag_values=fv)
     checked = 0
     for f in dataclasses.fields(cls):
-        for value, message in _bad_values(cls, f):
+        for value, message, as_flag in _bad_values(cls, f):
             with pytest.raises(ValueError) as e:
                 cls(**{**_required(cls), f.name: value})
             assert str(e.value).startswith(message) and "\n" not in str(e.value), (f.name, e.value)
-            if f.name in names and not (_kind(cls, f) is str and config_lib.meta(f)["choices"]):
+            choices = _kind(cls, f) is str and config_lib.meta(f)["choices"]
+            if as_flag and f.name in names and not choices:
                 fv.unparse_flags()
                 fv(["prog", f"--{f.name}={value}"])
                 given = {n: fv[n].value for n in names if fv[n].present}
@@ -173,18 +209,24 @@ def test_a_structural_change_is_refused_and_a_resumable_one_is_not(cls):
                 changed = config.replace(**{f.name: other})
             except ValueError:
                 continue
-            resumable = config_lib.meta(f)["resumable"]
+            resumable = cls.resumable(f.name)
             conflicts = changed.conflicts(on_disk)
+            # a field whose default follows this one (the LM's init_bias follows hsg)
+            follow = [
+                g.name
+                for g in dataclasses.fields(cls)
+                if g.name != f.name
+                and not cls.resumable(g.name)
+                and getattr(changed, g.name) != getattr(config, g.name)
+            ]
             if resumable:
-                assert conflicts == [], f.name
+                assert conflicts == [] and not follow, f.name
             else:
-                assert len(conflicts) == 1 and conflicts[0].startswith(f"{f.name}="), (
-                    f.name,
-                    conflicts,
-                )
+                named = sorted(c.split("=")[0] for c in conflicts)
+                assert named == sorted([f.name, *follow]), (f.name, conflicts)
             tried[resumable] += 1
             break
-    fields = [config_lib.meta(f)["resumable"] for f in dataclasses.fields(cls)]
+    fields = [cls.resumable(f.name) for f in dataclasses.fields(cls)]
     for resumable in (True, False):  # not vacuous: each kind the class has, tried
         assert tried[resumable] or resumable not in fields, tried
 
@@ -194,7 +236,9 @@ def test_every_flag_has_its_help_default_and_choices(cls):
     fv = flags.FlagValues()
     names = cli.define_config_flags(config, flag_values=fv)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    assert set(names) == {n for n, f in fields.items() if config_lib.meta(f)["flag"]}
+    hidden = set().union(*(vars(c).get("NOT_FLAGS", ()) for c in cls.__mro__))
+    assert hidden <= set(fields), hidden - set(fields)  # a name that is no field: a typo
+    assert set(names) == set(fields) - hidden
     for name in set(names) - set(_required(cls)):  # a required field is no script's flag
         m = config_lib.meta(fields[name])
         assert m["help"] and fv[name].help.endswith(m["help"]), name  # an enum: "<a|b>: "

@@ -27,7 +27,8 @@ from rhnzoo import cells
 from rhnzoo.cells import gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import lm as lm_training
-from rhnzoo.tasks import rrl
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.configs import rrl as rrl_configs
 
 KINDS = {
     "lstm": cells.LSTM,
@@ -217,7 +218,7 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks(cell):
     rng = np.random.default_rng(0)
     rows = jnp.asarray(rng.integers(0, 13, (3, 40)), jnp.int32)
     depth = {"depth": 2} if cell == "rrn" else {}  # the LM's default depth is the RHN's 10
-    cfg = lm_training.LMConfig(
+    cfg = lm_configs.LMConfig(
         cell=cell,
         hidden_size=8,
         batch_size=3,
@@ -253,7 +254,7 @@ def test_the_classifier_task_runs_the_kernel(model, reset_after):
     an empty one) with --scan_impl=pallas --dtype=bfloat16, either GRU, the RRN and Cho's
     GRU by chained_pallas (the task's HRL, sized to the LSTM's parameter count, has n >
     128), against the fused scan in bfloat16."""
-    cfg = rrl.RRLConfig(
+    cfg = rrl_configs.RRLConfig(
         model=model,
         gru_reset_after=reset_after,
         hidden_size=6,

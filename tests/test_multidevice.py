@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent("""
     from rhnzoo import data
     from rhnzoo.models import lm
     from rhnzoo.tasks import lm as train
+    from rhnzoo.configs import lm as lm_configs
     from rhnzoo.engine import sharding, workdir
     assert jax.device_count() == 8, jax.devices()
     corpus = data.load_ptb(sys.argv[1])
@@ -32,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     for n_dev in (1, 8):
         print("devices", n_dev, flush=True)
         model = lm.rhn_language_model(corpus.vocab_size, 16, 2, hsg=True, scan_impl="fused")
-        cfg = train.LMConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
+        cfg = lm_configs.LMConfig(lr=0.5, batch_size=8, num_steps=10, eval_batch_size=4,
                              drop_x=0.2, drop_i=0.3, drop_h=0.2, drop_o=0.3, progress=False)
         devices = jax.devices()[:n_dev]
         # One train step (a run of one step), compared parameter by parameter.
@@ -118,6 +119,8 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
     from rhnzoo.data import sequences
     from rhnzoo.models.highway import FeedForwardNet
     from rhnzoo.tasks import highway as hw, rrl
+    from rhnzoo.configs import rrl as rrl_configs
+    from rhnzoo.configs import highway as highway_configs
     from rhnzoo.engine import sharding
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
@@ -135,12 +138,12 @@ CLASSIFIER_SCRIPT = textwrap.dedent("""
                                 vocab=tuple(map(str, range(20))), input_size=None)
     tasks = {  # embeddings="random": no word2vec training (nor its cache)
         "rrl": lambda devices, seeds=None, **run: rrl.train_and_evaluate(
-            rrl.RRLConfig(model="lstm", hidden_size=8, embed_size=6, drop=0.3, input_drop=0.2,
+            rrl_configs.RRLConfig(model="lstm", hidden_size=8, embed_size=6, drop=0.3, input_drop=0.2,
                           embeddings="random", batch_size=16, max_len=10, buckets=2, epochs=2,
                           progress=False, **run),
             dataset, devices=devices, log=None, seeds=seeds),
         "highway": lambda devices, seeds=None, **run: hw.train_and_evaluate(
-            hw.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1, epochs=2, progress=False,
+            highway_configs.HighwayConfig(batch_size=16, eval_batch_size=12, lr=0.1, epochs=2, progress=False,
                              **run),
             splits, net=FeedForwardNet(input_size=12, width=8, depth=4, num_classes=3),
             devices=devices, log=None, seeds=seeds),

@@ -13,7 +13,9 @@ from rhnzoo import cells, data
 from rhnzoo.data import sequences
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as lm_training
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.tasks import polyphonic, rrl
+from rhnzoo.configs import rrl as rrl_configs
 
 SETTINGS = dict(depth=2, init_scale=0.1, init_bias=-1.0)
 # Every base cell, and HSG around two of them (all HSG variants step in test_every_name...).
@@ -106,7 +108,7 @@ def test_every_cell_trains_in_the_language_model(name):
     )
     opts = cells.applicable(name, dict(depth=2, init_bias=-1.0))
     model = lm.language_model(name, corpus.vocab_size, 8, **opts)
-    cfg = lm_training.LMConfig(
+    cfg = lm_configs.LMConfig(
         lr=1.0, batch_size=2, num_steps=5, drop_x=0.1, drop_i=0.2, drop_h=0.2, drop_o=0.2
     )
     tx = lm_training.make_optimizer(cfg, 10)
@@ -128,7 +130,7 @@ def test_a_cell_trains_on_piano_rolls():
 def test_a_cell_trains_as_a_sequence_classifier():
     """The task's train step learns one padded batch; the task end to end (its whole
     first epoch, two steps, then its evaluation) gives finite losses."""
-    config = rrl.RRLConfig(
+    config = rrl_configs.RRLConfig(
         model="sc_lstm_p",
         hidden_size=4,
         init_scale=0.1,

@@ -14,7 +14,7 @@ import pytest
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, torch_interop
-from rhnzoo.tasks import rrl
+from rhnzoo.configs import rrl as rrl_configs
 
 B, M, N, T = 4, 3, 5, 7  # batch, input size, hidden size, steps
 TOL = {"rtol": 1e-10, "atol": 1e-12}
@@ -396,12 +396,14 @@ def test_reset_after_reaches_the_cell_by_name_and_config():
         "b_hn": (8,),
     }
     assert set(cells.GRU(8).init(jax.random.PRNGKey(0), 3)) == {"W", "U", "b"}
-    config = rrl.RRLConfig(model="gru", hidden_size=8, gru_reset_after=True)
+    config = rrl_configs.RRLConfig(model="gru", hidden_size=8, gru_reset_after=True)
     assert config.cell() == cells.GRU(8, init_scale=config.init_scale, reset_after=True)
-    assert rrl.RRLConfig(model="gru", hidden_size=8).cell().reset_after is False
-    hybrid = rrl.RRLConfig(model="lstm_gru", hybrid_hidden_size=6, gru_reset_after=True).cell()
+    assert rrl_configs.RRLConfig(model="gru", hidden_size=8).cell().reset_after is False
+    hybrid = rrl_configs.RRLConfig(
+        model="lstm_gru", hybrid_hidden_size=6, gru_reset_after=True
+    ).cell()
     assert hybrid.cells[1].reset_after and isinstance(hybrid.cells[0], cells.LSTM)
-    lstm = rrl.RRLConfig(model="lstm", hidden_size=8, gru_reset_after=True).cell()
+    lstm = rrl_configs.RRLConfig(model="lstm", hidden_size=8, gru_reset_after=True).cell()
     assert lstm == cells.LSTM(8, init_scale=config.init_scale)  # the option is the GRU's
     assert gated_fused.supports(cells.GRU(8, reset_after=True))
 

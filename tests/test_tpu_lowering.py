@@ -18,6 +18,10 @@ from rhnzoo import cells
 from rhnzoo.cells import gated_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import highway, lm, polyphonic, rrl
+from rhnzoo.configs import rrl as rrl_configs
+from rhnzoo.configs import jsb as jsb_configs
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.configs import highway as highway_configs
 
 KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)  # jax.random.PRNGKey's
 
@@ -83,7 +87,7 @@ def test_pallas_asked_for_on_a_tpu_is_one_line(cell):
     assert scan.resolve("pallas", cell, backend="gpu") is ScanImpl.PALLAS  # a GPU: as before
     assert scan.resolve("pallas", cell, backend="cpu") is ScanImpl.PALLAS  # interpret mode
     with scan.for_platform("tpu"), pytest.raises(ValueError, match="'tpu'"):  # a task's model
-        rrl.RRLConfig(
+        rrl_configs.RRLConfig(
             model="lstm", hidden_size=8, embed_size=4, scan_impl="pallas", dtype="bfloat16"
         ).classifier(3, vocab_size=11)
     with pytest.raises(ValueError, match="platform name"):
@@ -100,7 +104,9 @@ DTYPES = ["float32", "bfloat16"]
 @pytest.mark.parametrize("cell", ["rhn", "lstm"])
 def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
     B, T, V = 2, 3, 11
-    cfg = lm.LMConfig(cell=cell, hidden_size=8, depth=2, batch_size=B, num_steps=T, dtype=dtype)
+    cfg = lm_configs.LMConfig(
+        cell=cell, hidden_size=8, depth=2, batch_size=B, num_steps=T, dtype=dtype
+    )
     model = cfg.model(V)
     tx = lm.make_optimizer(cfg, steps_per_epoch=4)
     state = jax.eval_shape(lambda k: lm.init_state(model, cfg, tx, k), KEY)
@@ -124,7 +130,7 @@ def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
 @pytest.mark.parametrize("model_name", ["lstm", "gru", "hrl"])
 def test_the_rrl_classifier_steps_lower_for_a_tpu(model_name, dtype, kernel_fits_any_gpu):
     B, T = 4, 5
-    cfg = rrl.RRLConfig(
+    cfg = rrl_configs.RRLConfig(
         model=model_name, hidden_size=8, hybrid_hidden_size=8, embed_size=4, dtype=dtype
     )
     model = cfg.classifier(3, vocab_size=11)
@@ -147,7 +153,7 @@ def test_the_rrl_classifier_steps_lower_for_a_tpu(model_name, dtype, kernel_fits
 @pytest.mark.parametrize("kind", ["highway", "plain"])
 def test_the_highway_steps_lower_for_a_tpu(kind):
     """The feed-forward task (float32 only: it has no dtype setting; no time scan)."""
-    cfg = highway.HighwayConfig(kind=kind, depth=3, width=8, lr=0.1)
+    cfg = highway_configs.HighwayConfig(kind=kind, depth=3, width=8, lr=0.1)
     net = cfg.net()
     tx, _ = highway.make_optimizer(cfg, 0.1)
     state = jax.eval_shape(lambda k: highway.init_state(net, tx, k), KEY)
@@ -173,7 +179,7 @@ def test_the_jsb_steps_lower_for_a_tpu(arch, kernel_fits_any_gpu):
     """The piano-roll task (float32 only: it has no dtype setting), its study's scan
     setting ``auto``."""
     T, B = 5, 3
-    model = polyphonic.study_model(arch, 8, 2, scan_impl="auto")
+    model = jsb_configs.study_model(arch, 8, 2, scan_impl="auto")
     params = jax.eval_shape(model.init, KEY)
     state = {
         "params": params,

@@ -41,6 +41,7 @@ import numpy as np
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as lm_training
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.engine.signals import Track  # track(iterable, total=None, desc='') -> iterator
 
@@ -149,7 +150,7 @@ def load_run(workdir: PathLike) -> tuple[lm.LanguageModel, Params, dict[str, Any
         int(config["hidden_size"]),
         hsg=bool(config.get("hsg", False)),
         **{k: config[k] for k in _MODEL_KEYS if k in config},
-        **cells.applicable(cell, {k: config[k] for k in lm_training.CELL_KEYS if k in config}),
+        **cells.applicable(cell, {k: config[k] for k in lm_configs.CELL_KEYS if k in config}),
     )
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     shapes = lambda tree: jax.tree.map(lambda a: tuple(a.shape), tree)

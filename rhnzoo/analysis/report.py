@@ -66,6 +66,8 @@ class Options(Config):
         for a ``seed`` outside 0 to :data:`rhnzoo.config.SEED_HIGH`.
     """
 
+    NOT_FLAGS = frozenset({"track"})  # set by the code, not a setting
+
     split: str = setting("valid", "Split for gates and MC.", choices=("train", "valid", "test"))
     mc_samples: int = setting(0, "MC-dropout passes K (0: skip MC evaluation).", low=0)
     mc_batch_size: int = setting(1, "Rows of the MC evaluation (1: reference).", low=1)
@@ -99,7 +101,7 @@ class Options(Config):
     )
     # The engine's progress/signal tracker for long evaluations (not a setting); None:
     # rhnzoo.engine.signals.track with ``progress``.
-    track: Any = dataclasses.field(default=None, metadata={"flag": False})
+    track: Any = dataclasses.field(default=None)
 
 
 # The cell families compared at initialisation: label -> (registered cell, its settings),
@@ -406,12 +408,12 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
             embed(init),
         )
     if kind == "sequences":
-        from rhnzoo.tasks import rrl
+        from rhnzoo.configs import rrl as rrl_configs
 
         name = config.get("model")
         if name is None:
             raise ValueError(f"{workdir}/config.json names no model")
-        cell = rrl.RRLConfig.from_dict(config).cell()
+        cell = rrl_configs.RRLConfig.from_dict(config).cell()
         trained = workdir_lib.restore_params(workdir)
         if trained is None:
             raise ValueError(f"{workdir} has no checkpoint; train it first")

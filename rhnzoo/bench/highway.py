@@ -54,6 +54,7 @@ from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.tasks import classify
 from rhnzoo.tasks import highway as hw
+from rhnzoo.configs import highway as highway_configs
 
 FLAGS = flags.FLAGS
 
@@ -193,7 +194,7 @@ def batch_indices(splits, steps: int) -> list[np.ndarray]:
 def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
     """``{'rhnzoo': epoch, 'one': step}``: zero-argument callables running ``steps`` (one)
     train steps of the rhnzoo net, returning the last loss sums."""
-    cfg = hw.HighwayConfig(
+    cfg = highway_configs.HighwayConfig(
         depth=depth, width=WIDTH, transform_bias=T_BIAS, lr=LR, momentum=MOMENTUM, batch_size=BATCH
     )
     net, (tx, _) = cfg.net(), hw.make_optimizer(cfg, LR)

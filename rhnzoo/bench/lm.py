@@ -94,6 +94,7 @@ from rhnzoo.bench import (
 from rhnzoo.cells import rhn_fused
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import step
 
 Array = jax.Array
@@ -239,7 +240,7 @@ def peer_window_loss(
     key: Array,
     carry: Array,
     *,
-    cfg: train.LMConfig,
+    cfg: lm_configs.LMConfig,
     vocab_size: int,
     **options: Any,
 ):
@@ -266,7 +267,7 @@ def peer_window_loss(
 
 
 def make_peer_step(
-    cfg: train.LMConfig,
+    cfg: lm_configs.LMConfig,
     tx: optax.GradientTransformation,
     *,
     vocab_size: int,
@@ -355,7 +356,7 @@ def bench(
         unroll=unroll,
     )
     drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = train.LMConfig(
+    cfg = lm_configs.LMConfig(
         batch_size=c["batch"],
         num_steps=c["num_steps"],
         drop_x=drop_x,

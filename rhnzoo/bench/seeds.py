@@ -37,6 +37,7 @@ from rhnzoo.bench import LM_CONFIGS, alternate, host_info, memory_estimate, step
 from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as lm_training
+from rhnzoo.configs import lm as lm_configs
 from rhnzoo.tasks import rrl
 
 # name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
@@ -102,7 +103,7 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
     """``(step, make)``: rrl's train step of the LSTM classifier of ``c`` and
     ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own."""
     keys = ("embed_size", "hidden_size", "max_len", "batch_size")
-    config = rrl.RRLConfig(
+    config = rrl_presets.RRLConfig(
         model="lstm", dataset=c["dataset"], embeddings="random", **{k: c[k] for k in keys}
     )
     model = config.classifier(c["classes"], c["input"], c["vocab"])
@@ -133,7 +134,7 @@ def lm_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     (truncated BPTT: the state holds the carry; the batch is the seed's token rows)."""
     model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"], tied=c["tied"])
     drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = lm_training.LMConfig(
+    cfg = lm_configs.LMConfig(
         batch_size=c["batch"],
         num_steps=c["num_steps"],
         drop_x=drop_x,

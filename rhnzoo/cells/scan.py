@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from rhnzoo.cells import base, chained_pallas, gated_fused, gated_pallas, rhn_fused
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
-from rhnzoo.config import setting
 
 Array = jax.Array
 
@@ -48,8 +47,10 @@ class ScanImpl(enum.StrEnum):
     AUTO = "auto"
 
 
-# The values of ``--scan_impl`` / ``scan_impl=``, ``auto`` (every task's default) first.
+# The values of ``--scan_impl`` / ``scan_impl=``, ``auto`` (every task's default) first;
+# the configs declare the field (rhnzoo.config.scan_impl_setting).
 CHOICES: tuple[str, ...] = ("auto", "reference", "fused", "pallas")
+DEFAULT = "auto"
 
 HELP = (
     "Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + autodiff; "
@@ -99,13 +100,6 @@ def for_platform(name: str) -> Iterator[None]:
         yield
     finally:
         _PLATFORM.reset(token)
-
-
-def scan_impl_setting() -> Any:
-    """The ``scan_impl`` field of every task's config (:func:`rhnzoo.config.setting`):
-    default ``'auto'``, :data:`CHOICES`, :data:`HELP`, resumable (the implementations
-    compute the same function)."""
-    return setting("auto", HELP, choices=CHOICES, resumable=True)
 
 
 def rhn_fused_supports(cell: Any) -> bool:

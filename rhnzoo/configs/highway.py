@@ -1,5 +1,6 @@
-"""The highway / plain net experiments' settings (``experiments/highway.py``): the
-defaults and every preset, as :class:`rhnzoo.tasks.highway.HighwayConfig`.
+"""The highway / plain net experiments' settings (``experiments/highway.py``):
+:class:`HighwayConfig` (every setting of a run or sweep, ``config.json``), its defaults and
+every preset.
 
 The defaults are the Columbia ECBM4040 reproduction's (Yarali & Kostic, "Highway
 Networks", a reproduction of Srivastava, Greff & Schmidhuber 2015; text in
@@ -32,10 +33,248 @@ Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`
 
 from __future__ import annotations
 
+import dataclasses
+import pathlib
 from typing import Any
 
-from rhnzoo.config import preset_settings
-from rhnzoo.tasks.highway import HighwayConfig
+from rhnzoo import data
+from rhnzoo.config import DataSettings, RunSettings, preset_settings, seed_name, setting
+from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
+
+HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
+DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer either way
+
+
+@dataclasses.dataclass(frozen=True)
+class HighwayConfig(RunSettings, DataSettings):
+    """Every setting of a highway / plain net run or depth sweep, one field each
+    (``experiments/highway.py``'s flags are generated from them, ``--jobs`` and
+    ``--seeds`` are the runner's). The engine's settings come from
+    :class:`~rhnzoo.config.RunSettings` (the run's length: ``epochs``), the data flags
+    from :class:`~rhnzoo.config.DataSettings`; presets: :mod:`rhnzoo.configs.highway`.
+    The config itself is the engine's (:func:`train_and_evaluate`).
+
+    A sweep's config narrows to each of its runs (:meth:`runs`; one net:
+    :meth:`narrow`): the net's kind, depth, width and learning rate resolved, its own
+    seed, no sweep. A run's ``config.json`` is its narrowed config's ``to_dict()``; the
+    sweep-level fields (``sweep``, ``depths``, ``seeds``, ``jobs``, ``plain_lrs``) are
+    resumable, as the run's own net, rate and seed are the structural ``kind``,
+    ``depth``, ``width``, ``lr``, ``seed``.
+
+    Raises:
+      ValueError: on construction (one line naming the flag, as the script prints it):
+        a value out of range, a plain net without a learning rate, or ``--seeds`` /
+        ``--jobs`` without ``--sweep``.
+    """
+
+    # ``--seeds`` and ``--jobs`` are the runner's flags (rhnzoo.apps.runner.define_flags).
+    NOT_FLAGS = frozenset({"preset", "seeds", "jobs"})
+
+    # the net
+    kind: str = setting("highway", "Net.", choices=KINDS)
+    depth: int = setting(
+        10,
+        "Hidden layers in all (>= 2): the first plain layer and depth - 1 highway or plain layers.",
+        low=2,
+    )
+    width: int | None = setting(
+        None, "Units per layer (default 50 for highway, 71 for plain).", low=1
+    )
+    activation: str = setting("tanh", "H and plain-layer nonlinearity.", choices=tuple(ACTIVATIONS))
+    init: str = setting("glorot_uniform", "Weight initialisation.", choices=sorted(INITS))
+    transform_bias: float = setting(
+        -4.0,
+        "Initial transform-gate bias b_T (papers: -1 to "
+        "-10; -2 for the MNIST heatmaps, -4 for the depth "
+        "curves).",
+    )
+    # the data
+    dataset: str = setting("mnist", "Data set.", choices=data.names("images"))
+    data_source: str = setting(
+        "files",
+        "The original idx / python pickle files, or "
+        "TensorFlow Datasets (pip install 'rhnzoo[tfds]').",
+        choices=data.SOURCES,
+    )
+    valid_size: int = setting(10000, "Last training images held out for validation.", low=1)
+    # the optimisation
+    lr: float | None = setting(
+        None,
+        f"Initial learning rate (default: {HIGHWAY_LR} for "
+        "highway nets, --plain_lrs at the depth for plain nets).",
+    )
+    plain_lrs: tuple[str, ...] = setting(
+        ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"),
+        "depth:rate pairs, the plain nets' learning rates when --lr is not given.",
+        resumable=True,
+    )
+    momentum: float = setting(0.9, "SGD momentum, in [0, 1).", low=0)
+    lr_decay_rate: float = setting(0.96, "Learning-rate factor every --lr_decay_steps, in (0, 1].")
+    lr_decay_steps: int = setting(100_000, "Steps between learning-rate decays.", low=1)
+    batch_size: int = setting(
+        128, "Images per SGD step (an epoch's last partial batch is dropped).", low=1
+    )
+    eval_batch_size: int = setting(1000, "Images per evaluation call.", low=1, resumable=True)
+    epochs: int = setting(400, "Training epochs (the papers: 400).", low=1)
+    # the sweep (a run's own net and seed: kind, depth, seed) and the analyses
+    sweep: bool = setting(
+        False,
+        "Train every --depths x (plain, highway), then write the table and figures.",
+        resumable=True,
+    )
+    depths: tuple[str, ...] = setting(
+        ("10", "20", "50", "100"), "Depths of --sweep.", resumable=True
+    )
+    seeds: int = setting(
+        1,
+        "Runs per (kind, depth) of --sweep, seeds --seed ... --seed + seeds - 1.",
+        low=1,
+        resumable=True,
+    )
+    jobs: int = setting(
+        1, "Runs of --sweep at a time (child processes when > 1).", low=1, resumable=True
+    )
+    analyze: bool = setting(
+        True,
+        "After training a highway net, write its gate heatmaps and lesioning figure.",
+        resumable=True,
+    )
+    heatmap_examples: int = setting(
+        10000, "Training images averaged in the mean-T heatmap.", low=1, resumable=True
+    )
+    lesion_examples: int = setting(
+        10000, "Training images of the lesioning study.", low=1, resumable=True
+    )
+    diagnostics_depth: int = setting(
+        50,
+        "Depth of the plain nets of the sweep's activation / "
+        "gradient diagnostics (0: skip; else >= 2).",
+        low=0,
+        resumable=True,
+    )
+    workdir: str | None = setting(
+        None,
+        "Run directory (a sweep's root); rerunning with it resumes (default: "
+        "runs/highway_<dataset>_<kind>_d<depth>, a sweep's runs/highway_<dataset>_<preset "
+        "or full>).",
+        resumable=True,
+    )
+    preset: str | None = setting(None, "The preset's name, recorded.", resumable=True)
+
+    def check(self) -> None:
+        super().check()  # the run settings'
+        if not self.sweep and (self.seeds > 1 or self.jobs > 1):
+            raise ValueError("--jobs and --seeds are for --sweep")
+        for kind, depth in self.plan():  # each net and its learning rate
+            self.net(kind, depth)
+            lr = self.learning_rate(kind, depth)
+            if not lr > 0:
+                raise ValueError(f"--lr must be > 0, got {lr}")
+        if not self.momentum < 1:
+            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if not 0 < self.lr_decay_rate <= 1:
+            raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
+        if self.diagnostics_depth == 1:
+            raise ValueError("--diagnostics_depth must be 0 or >= 2, got 1")
+
+    def plan(self) -> list[tuple[str, int]]:
+        """``[(kind, depth)]``: every ``depths`` x (plain, highway) for a sweep, else
+        ``[(kind, depth)]``. Raises ValueError for a depth that is not an integer."""
+        if not self.sweep:
+            return [(self.kind, self.depth)]
+        try:
+            return [(k, int(d)) for d in self.depths for k in ("plain", "highway")]
+        except ValueError:
+            raise ValueError(f"--depths must be integers, got {','.join(self.depths)}") from None
+
+    def plain_rates(self) -> dict[int, float]:
+        """``plain_lrs`` as ``{depth: rate}``. Raises ValueError for a malformed pair."""
+        try:
+            pairs = [item.split(":") for item in self.plain_lrs]
+            return {int(d): float(lr) for d, lr in pairs}
+        except ValueError:
+            raise ValueError(
+                f"--plain_lrs must be depth:rate pairs, got {list(self.plain_lrs)}"
+            ) from None
+
+    def learning_rate(self, kind: str, depth: int) -> float:
+        """The initial learning rate of a ``kind`` net of ``depth``: ``lr`` if given, else
+        :data:`HIGHWAY_LR` or the plain rate at the depth. Raises ValueError for a plain
+        depth without a rate."""
+        if self.lr is not None:
+            return self.lr
+        if kind == "highway":
+            return HIGHWAY_LR
+        rates = self.plain_rates()
+        if depth not in rates:
+            raise ValueError(
+                f"no plain learning rate for depth {depth} in --plain_lrs "
+                f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate"
+            )
+        return rates[depth]
+
+    def net(self, kind: str | None = None, depth: int | None = None) -> FeedForwardNet:
+        """The :class:`FeedForwardNet` of ``kind`` and ``depth`` (default: the config's),
+        sized for ``dataset``. Raises ValueError (its one line) for a bad setting."""
+        kind = self.kind if kind is None else kind
+        depth = self.depth if depth is None else depth
+        spec = data.DATASETS[self.dataset]
+        width = DEFAULT_WIDTH[kind] if self.width is None else self.width
+        return FeedForwardNet(
+            kind,
+            depth,
+            width,
+            spec.input_size,
+            spec.num_classes,
+            self.activation,
+            self.init,
+            self.transform_bias,
+        )
+
+    def narrow(
+        self, kind: str | None = None, depth: int | None = None, k: int = 0, **changes: Any
+    ) -> HighwayConfig:
+        """The config of one run: the ``kind`` net of ``depth`` (default: the config's)
+        with its width and learning rate resolved, seed ``seed + k``, no sweep (``depths``
+        its depth, ``seeds`` and ``jobs`` 1); ``changes`` (e.g. ``workdir``) applied.
+        Its ``to_dict()`` is the run's ``config.json``."""
+        kind = self.kind if kind is None else kind
+        depth = self.depth if depth is None else depth
+        return self.replace(
+            kind=kind,
+            depth=depth,
+            width=self.net(kind, depth).width,
+            lr=self.learning_rate(kind, depth),
+            seed=self.seed + k,
+            sweep=False,
+            depths=(str(depth),),
+            seeds=1,
+            jobs=1,
+            **changes,
+        )
+
+    def runs(self) -> list[tuple[str, HighwayConfig]]:
+        """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
+        named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.config.seed_name`),
+        its config :meth:`narrow`-ed to it, ``workdir`` ``<output_dir()>/<name>`` for a
+        sweep (one net: the config's)."""
+        out = []
+        for kind, depth in self.plan():
+            for k in range(self.seeds):
+                name = seed_name(f"{kind}_d{depth}", k)
+                own = {"workdir": str(pathlib.Path(self.output_dir()) / name)}
+                out.append((name, self.narrow(kind, depth, k, **(own if self.sweep else {}))))
+        return out
+
+    def output_dir(self) -> str:
+        """``workdir``, else the default: ``runs/highway_<dataset>_<preset or full>`` for a
+        sweep (its root), ``runs/highway_<dataset>_<kind>_d<depth>`` for one net."""
+        if self.workdir:
+            return self.workdir
+        if self.sweep:
+            return f"runs/highway_{self.dataset}_{self.preset or 'full'}"
+        return f"runs/highway_{self.dataset}_{self.kind}_d{self.depth}"
+
 
 # Each preset: the settings it changes from the defaults (HighwayConfig's fields).
 PRESETS: dict[str, dict[str, Any]] = {

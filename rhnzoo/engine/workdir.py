@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from rhnzoo.config import Config, strict
+from rhnzoo.config import Config, seed_name, strict  # noqa: F401  (workdir.seed_name)
 
 Params = Any
 PathLike = str | os.PathLike
@@ -446,12 +446,6 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
-
-
-def seed_name(name: str, k: int) -> str:
-    """The workdir name of seed ``k`` (0, 1, ...) of run ``name``: ``name`` itself for
-    k = 0, so a run of one seed keeps its workdir, else ``<name>_s<k>``."""
-    return name if k == 0 else f"{name}_s{k}"
 
 
 def finished_results(workdir: PathLike, total: int) -> dict | None:
