@@ -280,26 +280,31 @@ def test_nnx_scan_highway_peer_computes_rhnzoo_function():
 
 
 @pytest.mark.slow
-def test_rnn_bench_candidates_compute_the_same_loss():
-    """bench.rnn times nothing until rhnzoo's fused step, its reference scan and (LSTM)
-    Flax's ``OptimizedLSTMCell`` with rhnzoo's weights agree on the loss (it raises
-    otherwise); run as its CLI (its flags would clash with bench.lm's in this process)."""
+def test_rnn_bench_candidates_compute_the_same_loss_and_skipped_ones_say_why():
+    """bench.rnn times nothing until rhnzoo's fused step, its reference scan, its bfloat16
+    and ``--unroll=2,3`` candidates (k time steps per scan iteration, forward and backward)
+    and (LSTM, GRU) Flax's cells with rhnzoo's weights agree on the loss (it raises
+    otherwise). ``--pallas --torch`` off a GPU: the record names each of those candidates
+    as skipped with its reason (not a GPU; torch absent, or no CUDA for it; no PyTorch
+    SC-LSTM or RRN), times the others, and names commit, versions and every timed
+    candidate's precision. One run as its CLI (its flags would clash with bench.lm's in
+    this process); a bad ``--unroll`` is one ``error:`` line."""
+    import importlib.util
+
+    base = [sys.executable, "-m", "rhnzoo.bench.rnn", "--configs=tiny", "--rounds=1"]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rhnzoo.bench.rnn",
-            "--configs=tiny",
-            "--cells=lstm,gru,sc_lstm,rrn",
-            "--rounds=1",
-            "--bfloat16",
-        ],
+        base
+        + ["--cells=lstm,gru,sc_lstm,rrn", "--bfloat16", "--unroll=2,3", "--pallas", "--torch"],
+        check=False,
         capture_output=True,
         text=True,
-        check=True,
+        timeout=300,
     )
+    assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["cell"] for r in records] == ["lstm", "gru", "sc_lstm", "rrn"]
+    torch_names = ["torch_fp32", "torch_tf32", "torch_bf16", "torch_fp16"]
+    no_torch = importlib.util.find_spec("torch") is None
     for r in records:
         losses = r["losses"]
         assert ("flax" in losses) == (r["cell"] in ("lstm", "gru"))
@@ -311,6 +316,32 @@ def test_rnn_bench_candidates_compute_the_same_loss():
         secs = r["seconds"]
         assert ratio["min"] == pytest.approx(secs[r["peer"]]["min"] / secs["rhnzoo"]["min"])
         assert ratio["paired_median"] == pytest.approx(ratio["min"])  # one round: one pair
+        for k in (2, 3):
+            np.testing.assert_allclose(losses[f"rhnzoo_u{k}"], losses["rhnzoo"], rtol=1e-6)
+            assert r[f"ratio_rhnzoo_u{k}_over_rhnzoo"]["min"] > 0
+        skipped = r["skipped"]
+        assert set(skipped) == {"pallas", *torch_names}
+        assert skipped["pallas"].startswith("not a GPU (backend cpu)")
+        for k in torch_names:
+            if r["cell"] in ("sc_lstm", "rrn"):
+                assert skipped[k] == (
+                    f"no PyTorch peer for {r['cell']} (PyTorch has LSTM and GRU only)"
+                )
+            elif no_torch:
+                assert skipped[k].startswith("torch is not importable here (ModuleNotFoundError")
+            else:
+                assert skipped[k].startswith("CUDA is not available to torch")
+        assert not set(skipped) & (set(r["seconds"]) | set(losses))
+        assert not [k for k in r if k.endswith("_over_pallas") or k.startswith("ratio_torch")]
+        assert r["loss_checks"] == {}
+        assert r["precisions"] == {  # the CPU computes float32
+            k: "bf16" if k == "rhnzoo_bf16" else "fp32" for k in r["seconds"]
+        }
+        assert r["commit"] is None or len(r["commit"]) == 40
+        assert r["versions"]["jax"] == jax.__version__ and "torch" not in r["versions"]
+    assert "pallas skipped: not a GPU" in out.stderr  # and said in the log
+    bad = subprocess.run(base + ["--unroll=0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")
 
 
 @pytest.mark.slow
@@ -339,14 +370,22 @@ def test_trace_cli_lists_the_steps_xla_ops():
 
 
 @pytest.mark.slow
-def test_cudnn_peer_weights_give_rhnzoos_lstm():
+def test_rnn_bench_peer_weights_compute_the_peers_functions():
     """bench.rnn's cuDNN peer (``jax.experimental.rnn.lstm``, GPU only) gets rhnzoo's LSTM
     weights packed by ``cudnn_weights``; checked here on any backend through JAX's own
-    unpacking and reference LSTM (``lstm_ref``): the same logits as rhnzoo's fused scan
-    (in a subprocess: bench.rnn's flags would clash with bench.lm's in this one)."""
+    unpacking and reference LSTM (``lstm_ref``): the same logits as rhnzoo's fused scan.
+    The torch peers' weights (``torch_weights``: rhnzoo's LSTM converted; the GRU's W,
+    U, b as the reset-after GRU with b_hn = 0) through PyTorch's documented equations
+    (``test_torch_interop``'s transcription, float64) give the loss the peers are checked
+    against (``torch_function_loss``, rhnzoo's reference scan at float32); no torch needed.
+    Also the precision labels of the JAX candidates. One subprocess: bench.rnn's flags
+    would clash with bench.lm's in this one."""
     code = """
-import jax, jax.numpy as jnp, numpy as np
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np, optax, pytest
 from jax.experimental import rnn as jax_rnn
+from test_torch_interop import torch_gru, torch_lstm
 from rhnzoo.bench import rnn
 c = rnn.CONFIGS["tiny"]
 cell, params, xs, _ = rnn.problem("lstm", c)
@@ -361,114 +400,6 @@ _, h, _ = jax_rnn.lstm_ref(jnp.swapaxes(xs, 0, 1), zeros, zeros, W_ih, W_hh, b_i
 peer = h[0] @ params["out"]["kernel"] + params["out"]["bias"]
 np.testing.assert_allclose(peer, rnn.rhnzoo_logits(cell, params, xs), rtol=1e-5, atol=1e-6)
 print("same logits")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0 and "same logits" in out.stdout, out.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_rnn_bench_unroll_candidates_agree_and_bad_unroll_is_one_line():
-    """``--unroll=2,3`` adds fused candidates with that many steps per scan iteration
-    (forward and backward): they compute the loss of unroll 1 and get a ratio; a bad
-    value is one ``error:`` line."""
-    base = [
-        sys.executable,
-        "-m",
-        "rhnzoo.bench.rnn",
-        "--configs=tiny",
-        "--cells=lstm,rrn",
-        "--rounds=1",
-    ]
-    out = subprocess.run(base + ["--unroll=2,3"], capture_output=True, text=True, check=True)
-    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["cell"] for r in records] == ["lstm", "rrn"]
-    for r in records:
-        for k in (2, 3):
-            np.testing.assert_allclose(
-                r["losses"][f"rhnzoo_u{k}"], r["losses"]["rhnzoo"], rtol=1e-6
-            )
-            assert r[f"ratio_rhnzoo_u{k}_over_rhnzoo"]["min"] > 0
-    bad = subprocess.run(base + ["--unroll=0"], capture_output=True, text=True)
-    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --unroll")
-
-
-def test_rnn_bench_imports_neither_torch_nor_pallas_mosaic_gpu():
-    """bench.rnn imports torch only where a torch peer is built (:func:`torch_step`,
-    :func:`torch_skip_reason`), and Pallas's Mosaic GPU module (MLIR bindings) only where
-    a kernel is built: importing the module loads neither."""
-    code = (
-        "import sys, rhnzoo.bench.rnn; print(sorted(m for m in ('torch', "
-        "'jax.experimental.pallas.mosaic_gpu') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.slow
-def test_rnn_bench_pallas_and_torch_candidates_say_why_they_were_skipped():
-    """``--pallas --torch`` off a GPU: the record names each new candidate as skipped with
-    its reason (not a GPU; torch absent, or no CUDA for it; no PyTorch SC-LSTM), times the
-    others as before, and names commit, versions and every timed candidate's precision."""
-    import importlib.util
-
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rhnzoo.bench.rnn",
-            "--configs=tiny",
-            "--cells=lstm,sc_lstm",
-            "--rounds=1",
-            "--pallas",
-            "--torch",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["cell"] for r in records] == ["lstm", "sc_lstm"]
-    torch_names = ["torch_fp32", "torch_tf32", "torch_bf16", "torch_fp16"]
-    no_torch = importlib.util.find_spec("torch") is None
-    for r in records:
-        skipped = r["skipped"]
-        assert set(skipped) == {"pallas", *torch_names}
-        assert skipped["pallas"].startswith("not a GPU (backend cpu)")
-        for k in torch_names:
-            if r["cell"] == "sc_lstm":
-                assert skipped[k] == "no PyTorch peer for sc_lstm (PyTorch has LSTM and GRU only)"
-            elif no_torch:
-                assert skipped[k].startswith("torch is not importable here (ModuleNotFoundError")
-            else:
-                assert skipped[k].startswith("CUDA is not available to torch")
-        assert not set(skipped) & (set(r["seconds"]) | set(r["losses"]))
-        assert not [k for k in r if k.endswith("_over_pallas") or k.startswith("ratio_torch")]
-        assert r["loss_checks"] == {}
-        assert set(r["precisions"]) == set(r["seconds"])
-        assert set(r["precisions"].values()) == {"fp32"}  # the CPU computes float32
-        assert r["commit"] is None or len(r["commit"]) == 40
-        assert r["versions"]["jax"] == jax.__version__ and "torch" not in r["versions"]
-    assert "pallas skipped: not a GPU" in out.stderr  # and said in the log
-
-
-@pytest.mark.slow
-def test_rnn_bench_torch_peer_weights_compute_pytorchs_equations():
-    """The torch peers' weights (``torch_weights``: rhnzoo's LSTM converted; the GRU's W,
-    U, b as the reset-after GRU with b_hn = 0) through PyTorch's documented equations
-    (``test_torch_interop``'s transcription, float64) give the loss the peers are checked
-    against (``torch_function_loss``, rhnzoo's reference scan at float32); no torch needed.
-    Also the precision labels of the JAX candidates (in a subprocess: bench.rnn's flags
-    would clash with bench.lm's in this one)."""
-    code = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import jax, numpy as np, optax, pytest
-from test_torch_interop import torch_gru, torch_lstm
-from rhnzoo.bench import rnn
-c = rnn.CONFIGS["tiny"]
 for name in ("lstm", "gru"):
     cell, params, xs, labels = rnn.problem(name, c)
     params["cell"]["b"] = 0.5 * jax.random.normal(jax.random.PRNGKey(3), params["cell"]["b"].shape)
@@ -501,7 +432,21 @@ print("same losses")
     out = subprocess.run(
         [sys.executable, "-c", code, here], check=False, capture_output=True, text=True
     )
-    assert out.returncode == 0 and "same losses" in out.stdout, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["same", "logits", "same", "losses"], out.stdout
+
+
+def test_rnn_bench_imports_neither_torch_nor_pallas_mosaic_gpu():
+    """bench.rnn imports torch only where a torch peer is built (:func:`torch_step`,
+    :func:`torch_skip_reason`), and Pallas's Mosaic GPU module (MLIR bindings) only where
+    a kernel is built: importing the module loads neither."""
+    code = (
+        "import sys, rhnzoo.bench.rnn; print(sorted(m for m in ('torch', "
+        "'jax.experimental.pallas.mosaic_gpu') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", ["tiny_classifier", "tiny_lm"])
