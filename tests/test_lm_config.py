@@ -1,4 +1,4 @@
-"""The language model's one config (rhnzoo.tasks.lm.LMConfig), its presets
+"""The language model's one config (rhnzoo.configs.lm.LMConfig), its presets
 (rhnzoo.configs.lm) and the depth sweep's runs on the one runner."""
 
 import dataclasses

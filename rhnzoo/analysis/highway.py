@@ -69,7 +69,7 @@ __all__ = [
 
 def net_from_config(config: Mapping[str, Any]) -> FeedForwardNet:
     """The :class:`FeedForwardNet` of a run's ``config.json`` (its
-    :class:`~rhnzoo.tasks.highway.HighwayConfig`; keys that are no field are ignored,
+    :class:`~rhnzoo.configs.highway.HighwayConfig`; keys that are no field are ignored,
     fields it lacks take their defaults).
 
     Raises:

@@ -1,7 +1,7 @@
 """``experiments/highway.py``'s flags and body: one highway or plain net, or the depth
 sweep on the multi-run runner, with its table and figures (Srivastava et al. 2015; the
 ECBM4040 reproduction). The flags, generated from
-:class:`~rhnzoo.tasks.highway.HighwayConfig`'s fields, become one config
+:class:`~rhnzoo.configs.highway.HighwayConfig`'s fields, become one config
 (:func:`config_from_flags`: ``--preset``'s, the flags given over it), which
 :func:`train_and_evaluate` reads.
 """

@@ -1,5 +1,5 @@
 """The language-model experiments (``experiments/ptb.py``, ``experiments/char.py``): the
-flags, generated from :class:`~rhnzoo.tasks.lm.LMConfig`, -> one config (presets:
+flags, generated from :class:`~rhnzoo.configs.lm.LMConfig`, -> one config (presets:
 :mod:`rhnzoo.configs.lm`) -> data -> :func:`rhnzoo.tasks.lm.train_and_evaluate` ->
 the run's ``learning_curves.png`` (:func:`rhnzoo.apps.cli.write_learning_curves`).
 """
@@ -16,7 +16,7 @@ from rhnzoo import cells, data
 from rhnzoo.apps import cli
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.tasks import lm as lm_training
-from rhnzoo.tasks.lm import LMConfig
+from rhnzoo.configs.lm import LMConfig
 
 FLAGS = flags.FLAGS
 _NAMES: list[str] = []  # the flags of LMConfig's fields
@@ -34,7 +34,6 @@ def define_flags(dataset: str, choices: list[str] | None = None) -> None:
         cli.define_config_flags(
             lm_configs.defaults(dataset),
             list(lm_configs.presets(dataset)),
-            skip=("dataset",),
             module_name=__name__,
         )
     )
@@ -45,33 +44,19 @@ def config(dataset: str | None = None, **overrides: Any) -> LMConfig:
     """The flags of data set ``dataset`` (None: ``--dataset``) as one :class:`LMConfig`
     (checked; ``to_dict()`` is ``config.json``): ``--preset``'s settings, then the flags
     given, then ``overrides`` (e.g. a sweep run's ``depth``, ``hsg``, ``workdir``). With
-    HSG the RHN's T bias defaults to -2.5 (Shoham & Permuter). A preset made for one data
-    set (:data:`rhnzoo.configs.lm.CHAR_PRESET_DATASETS`: ``small`` is PTB-char's)
-    implies it where ``--dataset`` is not given.
+    HSG the RHN's T bias defaults to -2.5 (Shoham & Permuter; the config's rule). A preset
+    made for one data set (:data:`rhnzoo.configs.lm.CHAR_PRESET_DATASETS`: ``small`` is
+    PTB-char's) implies it where ``--dataset`` is not given.
 
     Raises:
-      ValueError: (one line) a bad setting; a cell flag given to a cell without it; a
-        flag given that does nothing with the others (``--hsg_init_bias`` without
-        ``--hsg``, ``--max_epoch`` past the schedule's ``--max_max_epoch``); a preset
-        given with another data set than its own.
+      ValueError: (one line) a bad setting (:class:`LMConfig`'s checks: a cell flag
+        given to a cell without it, ``--hsg_init_bias`` without ``--hsg``...);
+        ``--max_epoch`` given past the schedule's ``--max_max_epoch`` (a flag that would
+        do nothing); a preset given with another data set than its own.
     """
     given = cli.given(_NAMES)
     settings = {**given, **overrides}
-    cell = settings.get("cell", "rhn")
-    stray = [
-        f"--{k}" for k in lm_training.CELL_KEYS if k in settings and k not in cells.options(cell)
-    ]
-    if stray:
-        raise ValueError(
-            f"{', '.join(stray)} does not apply to --cell={cell} (its "
-            f"options: {', '.join(cells.options(cell))})"
-        )
     cfg = lm_configs.get_config(FLAGS.preset, dataset or _dataset(FLAGS.preset), **settings)
-    if "hsg_init_bias" in given and not cfg.hsg:
-        raise ValueError(
-            f"--hsg_init_bias={cfg.hsg_init_bias} sets the Highway State Gate's "
-            "bias: it needs --hsg"
-        )
     if "max_epoch" in given and cfg.max_epoch > cfg.max_max_epoch:
         raise ValueError(
             f"--max_epoch={cfg.max_epoch} (epochs at the initial learning rate) "

@@ -1,5 +1,5 @@
 """``experiments/rrl.py``'s flags and body (Wang & Tian, EMNLP 2016): the flags,
-generated from :class:`~rhnzoo.tasks.rrl.RRLConfig`, -> one base config (presets:
+generated from :class:`~rhnzoo.configs.rrl.RRLConfig`, -> one base config (presets:
 :mod:`rhnzoo.configs.rrl`) -> one config per run (:func:`rhnzoo.configs.rrl.runs`) ->
 :func:`rhnzoo.studies.rrl_table3.run_experiment`, with the data set loaded once, only
 when a run trains.
@@ -68,7 +68,7 @@ def config() -> RRLConfig:
     Raises:
       ValueError: (one line) a bad setting; ``--table`` with ``--study`` (each is a run
         of its own); ``--buckets`` given past the distinct padded lengths ``--max_len``
-        has (:meth:`~rhnzoo.tasks.rrl.TrainConfig.bucket_lengths`: the rest would do
+        has (:meth:`~rhnzoo.configs.rrl.TrainConfig.bucket_lengths`: the rest would do
         nothing).
     """
     if FLAGS.table and FLAGS.study:

@@ -153,7 +153,7 @@ def train_all(
     jobs=None,
     seeds: int = 1,
 ) -> list[str]:
-    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.tasks.lm.LMConfig`) in
+    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.configs.lm.LMConfig`) in
     ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.studies.sweep.Jobs`), the
     corpus read once (``corpus_loader()``); ``configs`` rows of ``seeds`` seeds
     (:func:`rhnzoo.studies.sweep.seed_runs`; a row's seeds one program with
