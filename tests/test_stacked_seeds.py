@@ -587,6 +587,7 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     from test_polyphonic import fixture_data
 
     from rhnzoo import cells, data
+    from rhnzoo.configs import lm as lm_configs
     from rhnzoo.models.piano_roll import PianoRollModel
     from rhnzoo.tasks import lm as lm_training
     from rhnzoo.tasks import polyphonic
