@@ -240,6 +240,7 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     start and end lines (the run's final line in it), whatever --log_every."""
     import numpy as np
 
+    from rhnzoo.configs import highway as configs
     from rhnzoo.studies import highway as highway_study
     from rhnzoo.tasks import highway as hw
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rhnzoo import cells
+from rhnzoo.configs import jsb
 from rhnzoo.data.music import pad_batch
 from rhnzoo.models import num_params
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
@@ -168,13 +169,6 @@ def test_nan_parameters_are_reported_as_diverged():
     assert result.best_valid == math.inf and result.test_at_best == math.inf
 
 
-def test_invalid_hyperparameters():
-    model, data = small_model(), fixture_data()
-    for bad in ({"lr": 0.0}, {"lr": 0.1, "momentum": 1.0}, {"lr": 0.1, "max_grad_norm": 0}):
-        with pytest.raises(ValueError):
-            polyphonic.train_and_evaluate(jsb.PolyphonicConfig(**bad), data, model=model)
-
-
 # ------------------------------------------------------------------ configs and the study
 
 
@@ -213,13 +207,8 @@ def test_polyphonic_config_round_trip_and_one_line_errors():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"lr": 0.0}, "^--lr must be > 0, got 0.0$"),
+        # (a field's own type, bounds and choices: tests/test_config_contract.py's)
         ({"momentum": 1.0}, "^--momentum must be < 1, got 1.0$"),
-        ({"momentum": -0.1}, "^--momentum must be >= 0"),
-        ({"max_grad_norm": 0.0}, "^--max_grad_norm must be > 0"),
-        ({"epochs": 0}, "^--epochs must be >= 1, got 0$"),
-        ({"batch_size": 0}, "^--batch_size must be >= 1, got 0$"),
-        ({"max_steps": 0}, "^--max_steps must be >= 1, got 0$"),
         ({"divergence_factor": 0.5}, "^--divergence_factor must be 0"),
     ],
 )
@@ -237,13 +226,8 @@ def test_jsb_config_checks_and_drops_repeats():
     cases = [
         ({"archs": ["x", "x"]}, r"^--archs must be a non-empty subset of .*got \['x', 'x'\]$"),
         ({"archs": []}, r"^--archs .*got \[\]$"),
-        ({"depths": ("1", "x")}, r"^--depths must be integers, got \['1', 'x'\]$"),
         ({"depths": (1, -2)}, r"^--depths: every depth must be >= 1, got \[1, -2\]$"),
         ({"depths": ()}, r"^--depths: every depth must be >= 1"),
-        ({"width": 0}, "^--width must be >= 1, got 0$"),
-        ({"trials": 0}, "^--trials must be >= 1, got 0$"),
-        ({"patience": 0}, "^--patience must be >= 1, got 0$"),
-        ({"workdir": " "}, "^--workdir must not be empty"),
         ({"matmul_precision": "fast"}, "^--matmul_precision: unknown matmul precision"),
     ]
     for bad, message in cases:
