@@ -2,11 +2,11 @@
 search over SGD hyperparameters for RHN, DT-RNN and DT(S)-RNN at several recurrence
 depths, the architectures of a depth holding the same number of parameters.
 
-Each trial (:class:`~rhnzoo.tasks.polyphonic.TrialConfig`) is one run of the task
+Each trial (:class:`~rhnzoo.configs.jsb.TrialConfig`) is one run of the task
 (:func:`rhnzoo.tasks.polyphonic.train_and_evaluate`), in memory, on the multi-run
 runner (:mod:`rhnzoo.studies.sweep`): :func:`study` trains them and returns their rows,
 :func:`study_table` lays them out. The study's settings are
-:class:`~rhnzoo.tasks.polyphonic.JSBConfig` (presets: :mod:`rhnzoo.configs.jsb`).
+:class:`~rhnzoo.configs.jsb.JSBConfig` (its presets beside it, :mod:`rhnzoo.configs.jsb`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def plan_lines(sizes: dict, width: int) -> list[str]:
 def trial_configs(config: JSBConfig, sizes: dict) -> list[TrialConfig]:
     """Every trial of the study, trials outermost (a study cut short has every (arch,
     depth) with some trials); ``sizes``: :func:`plan`'s. Each trial takes the study's
-    :class:`StudySettings`, ``progress`` off (it trains silently)."""
+    :class:`~rhnzoo.configs.jsb.StudySettings`, ``progress`` off (it trains silently)."""
     shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(StudySettings)}
     shared["progress"] = False
     out = []
@@ -220,8 +220,8 @@ def study(
     ``root`` holds the study's ``config.json`` (``config.to_dict()``; a rerun in it is
     refused when a structural setting differs, a setting its config.json lacks counting
     as the default) and one workdir per trial, ``root/trials/<arch>_d<depth>_t<trial>``,
-    with its config.json (:class:`TrialConfig`) and results.json. Trials train in
-    memory (no checkpoints): a finished trial is not run again, an interrupted study
+    with its config.json (:class:`~rhnzoo.configs.jsb.TrialConfig`) and results.json.
+    Trials train in memory (no checkpoints): a finished trial is not run again, an interrupted study
     goes on from the finished ones, a rerun with more trials (archs, depths) trains
     the new ones only. A trial that diverges stops there (the runner's policy). ``jobs``
     (:class:`rhnzoo.studies.sweep.Jobs`): trials side by side in child processes (a
