@@ -32,7 +32,8 @@ def test_every_chunk_is_one_table_s_and_carries_at_most_64_mib_with_the_tree():
     tables = {c.table: c.metric for c in harvest.CHUNKS.values()}
     tree = harvest.travelling_bytes()
     for chunk in harvest.CHUNKS.values():
-        assert tables[chunk.table] == chunk.metric and chunk.minutes <= 9
+        assert tables[chunk.table] == chunk.metric
+        assert chunk.minutes * 60 <= harvest.limit_s(chunk), chunk.name
         paths = [DATA / d for d in chunk.data]
         if not all(p.is_dir() for p in paths):
             continue  # sized where the data are
@@ -59,38 +60,43 @@ def test_seeded_windows_run_their_seeds_as_one_stacked_program(tmp_path):
     cmd = lambda name, smoke=False: harvest.experiment_command(
         harvest.CHUNKS[name], tmp_path, smoke
     )
-    for name, jobs in (
-        ("rrl-imdb-lstm", "--jobs=1"),
-        ("rrl-pmnist-hrl", "--jobs=1"),
-        ("highway-mnist-d10", "--jobs=2"),
-    ):
-        assert cmd(name)[-3:] == ["--stack_seeds", jobs, f"--workdir={tmp_path}"]
+    for name in ("rrl-imdb-w1", "rrl-pmnist-hrl"):
+        assert cmd(name)[-3:] == ["--stack_seeds", "--jobs=1", f"--workdir={tmp_path}"]
         assert "--seeds=3" in cmd(name)
     assert "--stack_seeds" not in cmd("jsb-d1")  # trials, no seeds
-    assert "--stack_seeds" not in cmd("highway-mnist-d10", smoke=True)  # --seeds=1 there
+    # A CPU highway chunk is one run (kind, depth, seed) in its run's folder.
+    assert cmd("highway-mnist-plain-d10-s1")[-2:] == [
+        "--noprogress",
+        f"--workdir={tmp_path}/plain_d10_s1",
+    ]
     assert cmd("rrl-pmnist-lstm", smoke=True)[-3:-1] == ["--stack_seeds", "--jobs=1"]
-    no = harvest.experiment_command(harvest.CHUNKS["rrl-imdb-lstm"], tmp_path, False, False)
+    no = harvest.experiment_command(harvest.CHUNKS["rrl-imdb-w1"], tmp_path, False, False)
     assert "--stack_seeds" not in no
 
 
 @pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason="MNIST not in $RHNZOO_DATA")
 def test_prepare_stages_the_data_and_prints_the_device_call_that_runs(tmp_path, capsys):
-    call = harvest.prepare("highway-mnist-d10", root=tmp_path, records=tmp_path / "records")
+    call = harvest.prepare("rrl-pmnist-lstm", root=tmp_path, records=tmp_path / "records")
     stage = tmp_path / ".harvest"
     files = sorted(p.name for p in (stage / "data" / "mnist").iterdir())
     assert files == sorted(p.name for p in (DATA / "mnist").iterdir())
     window = json.loads((stage / "window.json").read_text())
-    assert window["window"] == "highway-mnist-d10" and window["commit"]
+    assert window["window"] == "rrl-pmnist-lstm" and window["commit"]
     assert not window["smoke"] and not window["resume"]
     lines = capsys.readouterr().out.splitlines()
     assert json.loads(lines[-1]) == call
     assert call == {
-        "command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run highway-mnist-d10",
+        "command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run rrl-pmnist-lstm",
         "carry": [".harvest"],
         "timeout_s": 600,
     }
     # Finding 8: the line names the command run returns to, stacked where it stacks.
-    assert "--stack_seeds --jobs=2" in lines[-2]
+    assert "--stack_seeds --jobs=1" in lines[-2]
+    # A CPU chunk stages beside it (a background job never shares a device window's stage).
+    call = harvest.prepare("jsb-d1", root=tmp_path, records=tmp_path / "records", log=print)
+    assert call["carry"] == [".harvest_cpu"] and call["timeout_s"] > harvest.CPU_LIMIT_S
+    assert (tmp_path / ".harvest_cpu" / "data" / "jsb_chorales").is_dir()
+    assert json.loads((stage / "window.json").read_text())["window"] == "rrl-pmnist-lstm"
 
 
 @pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason="MNIST not in $RHNZOO_DATA")

@@ -52,6 +52,7 @@ QUEUE = GPU_RECORDS / "queue.tsv"
 RECORDS = GPU_RECORDS / "harvest"  # <table>/<run>/{config.json, ...}; <table>/partial/
 SMOKE_RECORDS = ROOT / "runs" / "harvest_smoke"  # --smoke records: never a paper table
 STAGE_NAME = ".harvest"  # what a device call carries: data/, cache/, resume/, window.json
+CPU_STAGE_NAME = ".harvest_cpu"  # a CPU chunk's, beside it
 TRAVEL_LIMIT = 64 * 2**20  # tracked files + .git + carried paths
 OUT_FILES, OUT_FILE_LIMIT, OUT_LIMIT, OUT_DEPTH = 8, 16 * 2**20, 64 * 2**20, 2
 PARTIAL_LIMIT = 16 * 2**20  # a cut window's work folder, compressed, if it is to come back
@@ -60,7 +61,7 @@ TIMEOUT_S = 600  # one device command
 DEADLINE_S = 9 * 60 - 40  # the experiment's share of a window (archives after)
 GRACE_S = 30  # from SIGTERM (the runs save) to SIGKILL
 KEPT = ("config.json", "metrics.jsonl", "results.json", "sweep.log", "table.md", "log.txt")
-QUEUE_HEADER = ("chunk", "state", "date", "device", "commit", "minutes", "note")
+QUEUE_HEADER = ("chunk", "on", "estimate", "state", "date", "device", "commit", "minutes", "note")
 
 
 class HarvestError(Exception):
@@ -69,7 +70,8 @@ class HarvestError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """One window's work: ``script`` with ``flags`` into ``RECORDS/<table>``."""
+    """One window's work: ``script`` with ``flags`` into ``RECORDS/<table>``, on a GPU
+    (a device call) or on this CPU (a background job), sized before it is queued."""
 
     name: str
     table: str  # the records' folder, shared by the chunks of one table
@@ -77,20 +79,54 @@ class Chunk:
     flags: tuple[str, ...]
     data: tuple[str, ...]  # data sets (folders of $RHNZOO_DATA) it reads
     vectors: str | None = None  # the RRL data set whose Word2Vec vectors it reads
-    minutes: float = 8.0  # the estimate it was sized by
+    minutes: float = 8.0  # its size: the estimate (evidence: docs/runs/gpu/README.md)
     smoke: tuple[str, ...] = ()  # flags over ``flags`` for --smoke (a CPU's scale)
     metric: str = "test_acc"  # the table's column (results.json key)
     select: str | None = None  # a random search's selection key: the best is its best's metric
     stack: bool = False  # a row's --seeds=K as one vmapped program (--stack_seeds)
+    device: str = "gpu"  # "gpu": a device window; "cpu": a background job on one core
+    run_dir: str | None = None  # a one-run script's --workdir under runs/ (its run's name)
+
+
+# A window's experiment gets DEADLINE_S (the rest of the command archives); a CPU chunk
+# CPU_LIMIT_S on one core (issue 57: a session's background job, recorded before it ends).
+CPU_LIMIT_S = 45 * 60
+
+
+def stage_name(chunk: Chunk) -> str:
+    """The folder (in the checkout's root) ``chunk`` is staged in and trains in."""
+    return STAGE_NAME if chunk.device == "gpu" else CPU_STAGE_NAME
+
+
+def limit_s(chunk: Chunk) -> float:
+    """The seconds ``chunk``'s experiment may take: :data:`DEADLINE_S` on a GPU,
+    :data:`CPU_LIMIT_S` on the CPU."""
+    return DEADLINE_S if chunk.device == "gpu" else CPU_LIMIT_S
 
 
 # Table 3 at the paper's sizes (docs/rrl.md): IMDB with its 256-d word2vec vectors (made by
 # prepare and carried: the GPU image has no gensim) and skip L 50, --divergence_factor=0 as
 # in the one-seed table (the check stops six of seven models on a start-up transient at
-# this size); P-MNIST 10 epochs, skip L 10. One model, its 3 seeds as one stacked program
-# per window (side-by-side processes time-slice one GPU: seven IMDB processes took the sum
-# of their single times, af9c2e7).
+# this size); P-MNIST 10 epochs, skip L 10. Each model's 3 seeds are one stacked program,
+# the models of a window one after another (--jobs=3 unstacked is 1 stacked: side-by-side
+# processes time-slice one GPU, seven IMDB processes took the sum of their single times,
+# af9c2e7), so a window cut at its deadline keeps the models it finished. Sizes
+# (docs/runs/gpu/README.md, "Window sizes"): IMDB, a one-seed run's GPU time is 11 min / 7
+# = 94 s (the seven one-seed runs side by side, H100, af9c2e7), three seeds stacked
+# assumed 1.5x one seed's (unmeasured on a GPU: the first window measures it) = 141 s a
+# model; P-MNIST, 15,940 steps (10 epochs of 1,594 at batch 32) x the B 100 step (the
+# stacked B 3 x 32; H100 u8: LSTM 13.3, GRU 14.7, RRN 16.0, SC-LSTM-P 18.7 ms; the
+# unmeasured SC-LSTM-I, HRL, LSTM+GRU taken as SC-LSTM-P's) + 60 s compile and evaluation.
 RRL_MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
+IMDB_WINDOWS = {
+    "w1": ("lstm", "gru", "rrn"),
+    "w2": ("sc_lstm_i", "sc_lstm_p"),
+    "w3": ("hrl", "lstm_gru"),
+}
+IMDB_MODEL_S = 94 * 1.5
+PMNIST_STEPS = 15_940
+PMNIST_STEP_MS = {"lstm": 13.3, "gru": 14.7, "rrn": 16.0}  # others: SC-LSTM-P's 18.7
+PMNIST_OVERHEAD_S = 60
 # Smoke: 2 steps of 64 sequences, dev and test 160 each (the full 9,000 + 10,000 P-MNIST
 # or 3,750 + 25,000 IMDB sequences were most of a smoke window's CPU time), and a long
 # schedule (--epochs) so that --smoke_steps, not the epochs, ends a longer run.
@@ -108,16 +144,16 @@ RRL_SMOKE = (
 )
 
 
-def _rrl(dataset: str, model: str, extra: tuple[str, ...], **kw) -> Chunk:
+def _rrl(dataset: str, name: str, models: tuple[str, ...], extra: tuple[str, ...], **kw) -> Chunk:
     return Chunk(
-        name=f"rrl-{dataset}-{model}",
+        name=f"rrl-{dataset}-{name}",
         table=f"rrl_{dataset}_paper",
         script="experiments/rrl.py",
         flags=(
             f"--dataset={dataset}",
             "--preset=paper",
             "--table",
-            f"--models={model}",
+            f"--models={','.join(models)}",
             "--seeds=3",
             "--jobs=3",
             "--noprogress",
@@ -129,13 +165,26 @@ def _rrl(dataset: str, model: str, extra: tuple[str, ...], **kw) -> Chunk:
     )
 
 
-# The highway report's setting (docs/highway.md): MNIST, plain vs highway, 400 epochs, one
-# depth (both kinds) per chunk, 3 seeds: 6 runs of 156k steps.
-HIGHWAY_SMOKE = ("--max_steps=2", "--seeds=1", "--jobs=1", "--noanalyze")
+# The highway report's setting (docs/highway.md) on this CPU: MNIST, 400 epochs (156,000
+# steps), one net (kind, depth) and one seed per chunk, in the sweep's run folder
+# (<kind>_d<depth>, _s<k> for seed k > 0). Sizes: a step on this CPU is 1.65 ms at d10 and
+# 9 ms at d100 (issue 57), about 0.83 + 0.082 ms a layer: 156,000 steps of it, x 1.5 for
+# validation and a shared core.
+HIGHWAY_DEPTHS = (10, 20, 50, 100)
+HIGHWAY_SMOKE = ("--max_steps=2",)
 
-# Zilly et al. Fig. 4 (the JSB study): the full study's 20 trials x 40 epochs per
-# (architecture, depth), one depth per chunk.
+
+def highway_minutes(depth: int) -> float:
+    """The estimated minutes of one 400-epoch highway-report run of ``depth`` on one core
+    of this CPU (see above)."""
+    return round(156_000 * (0.83 + 0.082 * depth) / 1000 / 60 * 1.5, 1)
+
+
+# Zilly et al. Fig. 4 (the JSB study) on this CPU: the full study's 20 trials x 40 epochs
+# per (architecture, depth), one depth per chunk, trials one after another in one process.
+# Sizes: a whole depth took 4-12 min with 2 cores (issue 57), so up to 24 min on one.
 JSB_SMOKE = ("--trials=1", "--max_steps=2", "--width=8", "--jobs=1")
+JSB_MINUTES = {1: 8.0, 2: 12.0, 4: 18.0, 6: 24.0}
 
 CHUNKS: dict[str, Chunk] = {
     c.name: c
@@ -143,50 +192,66 @@ CHUNKS: dict[str, Chunk] = {
         *[
             _rrl(
                 "imdb",
-                m,
+                w,
+                models,
                 ("--skip=50", "--divergence_factor=0"),
                 data=("imdb",),
                 vectors="imdb",
-                minutes=7.0,
+                minutes=round(len(models) * IMDB_MODEL_S / 60, 1),
+            )
+            for w, models in IMDB_WINDOWS.items()
+        ],
+        *[
+            _rrl(
+                "pmnist",
+                m,
+                (m,),
+                ("--skip=10",),
+                data=("mnist",),
+                minutes=round(
+                    (PMNIST_STEPS * PMNIST_STEP_MS.get(m, 18.7) / 1000 + PMNIST_OVERHEAD_S) / 60, 1
+                ),
             )
             for m in RRL_MODELS
         ],
-        *[_rrl("pmnist", m, ("--skip=10",), data=("mnist",), minutes=5.0) for m in RRL_MODELS],
         *[
             Chunk(
-                name=f"highway-mnist-d{d}",
+                name=f"highway-mnist-{kind}-d{d}-s{k}",
                 table="highway_mnist_paper",
                 script="experiments/highway.py",
                 flags=(
                     "--dataset=mnist",
-                    "--sweep",
-                    f"--depths={d}",
+                    f"--kind={kind}",
+                    f"--depth={d}",
                     "--epochs=400",
-                    "--seeds=3",
-                    "--jobs=6",
+                    f"--seed={k}",
+                    "--noanalyze",
                     "--noprogress",
                 ),
                 data=("mnist",),
-                minutes=8.0,
+                minutes=highway_minutes(d),
                 smoke=HIGHWAY_SMOKE,
-                metric="test_acc",
-                stack=True,
+                device="cpu",
+                run_dir=f"{kind}_d{d}" + (f"_s{k}" if k else ""),
             )
-            for d in (10, 20, 50, 100)
+            for d in HIGHWAY_DEPTHS
+            for k in range(3)
+            for kind in ("plain", "highway")
         ],
         *[
             Chunk(
                 name=f"jsb-d{d}",
                 table="jsb_paper",
                 script="experiments/jsb.py",
-                flags=(f"--depths={d}", "--jobs=6"),
+                flags=(f"--depths={d}", "--jobs=1"),
                 data=("jsb_chorales",),
-                minutes=8.0,
+                minutes=JSB_MINUTES[d],
                 smoke=JSB_SMOKE,
                 metric="test_nll",
                 select="valid_nll",
+                device="cpu",
             )
-            for d in (1, 2, 4, 6)
+            for d in JSB_MINUTES
         ],
     ]
 }
@@ -203,18 +268,25 @@ def chunk_of(name: str) -> Chunk:
 
 
 def read_queue(queue: pathlib.Path | None = None) -> list[dict[str, str]]:
-    """The queue's rows (every chunk of :data:`CHUNKS`; one missing there is pending)."""
+    """The queue's rows, one per chunk of :data:`CHUNKS` in its order (one missing there
+    is pending): ``on`` (gpu / cpu, the chunk's), ``estimate`` (minutes: the chunk's
+    size, or what ``record`` re-sized it to), then what ran (state, date, device, commit,
+    minutes, note). Columns are read by the file's own header."""
     queue = QUEUE if queue is None else queue
     rows = {}
     if queue.is_file():
         lines = queue.read_text().splitlines()
+        header = lines[0].split("\t") if lines else []
         for line in lines[1:]:
             fields = line.split("\t")
-            rows[fields[0]] = dict(zip(QUEUE_HEADER, fields + [""] * len(QUEUE_HEADER)))
-    return [
-        rows.get(name) or dict.fromkeys(QUEUE_HEADER, "") | {"chunk": name, "state": "pending"}
-        for name in CHUNKS
-    ]
+            rows[fields[0]] = {k: v for k, v in zip(header, fields) if k in QUEUE_HEADER}
+    out = []
+    for name, chunk in CHUNKS.items():
+        row = dict.fromkeys(QUEUE_HEADER, "") | {"chunk": name, "state": "pending"}
+        row |= rows.get(name, {})
+        row["on"], row["estimate"] = chunk.device, row["estimate"] or f"{chunk.minutes:g}"
+        out.append(row)
+    return out
 
 
 def write_queue(rows: list[dict[str, str]], queue: pathlib.Path | None = None) -> None:
@@ -226,12 +298,29 @@ def write_queue(rows: list[dict[str, str]], queue: pathlib.Path | None = None) -
     os.replace(tmp, queue)
 
 
-def next_pending(queue: pathlib.Path | None = None) -> str:
-    """The first window whose row is ``pending`` or ``partial`` (a partial one resumes)."""
+def next_pending(queue: pathlib.Path | None = None, on: str = "gpu") -> str:
+    """The first chunk ``on`` ``"gpu"`` (a device window) or ``"cpu"`` whose row is
+    ``pending`` or ``partial`` (a partial one resumes)."""
     for row in read_queue(queue):
-        if row["state"] in ("pending", "partial"):
+        if row["on"] == on and row["state"] in ("pending", "partial"):
             return row["chunk"]
-    raise HarvestError("no window is pending")
+    raise HarvestError(f"no {on} window is pending")
+
+
+def check_size(name: str, queue: pathlib.Path | None = None) -> float:
+    """The estimated minutes of window ``name`` (its queue row's: the chunk's size or
+    ``record``'s re-size); HarvestError where it exceeds :func:`limit_s` (a GPU window's
+    deadline, a CPU chunk's 45 min): such a window would be cut every time, so it is
+    refused, to be split into smaller chunks."""
+    chunk = chunk_of(name)
+    row = next(r for r in read_queue(queue) if r["chunk"] == name)
+    minutes, limit = float(row["estimate"]), limit_s(chunk) / 60
+    if minutes > limit:
+        raise HarvestError(
+            f"{name}: estimated {minutes:g} min, more than the {limit:g} min a {chunk.device} "
+            "chunk may take; split it (fewer models, depths or seeds a chunk)"
+        )
+    return minutes
 
 
 # ------------------------------------------------------------------------- here: prepare
@@ -307,10 +396,15 @@ def prepare(
     records: pathlib.Path | None = None,
     tree: pathlib.Path = ROOT,
     queue: pathlib.Path | None = None,
+    on: str = "gpu",
     log=print,
 ) -> dict:
-    """Stages window ``name`` (None: the next pending) into ``root/.harvest/`` and returns
-    (and prints, last, as JSON) its device call ``{"command", "carry", "timeout_s"}``.
+    """Stages window ``name`` (None: the next pending ``on`` ``"gpu"`` or ``"cpu"``) into
+    ``root/.harvest/`` (a CPU chunk: ``root/.harvest_cpu/``, so that a background job and
+    a device window never share one) and returns (and prints, last, as JSON) its call
+    ``{"command", "carry", "timeout_s"}``: the device's, or a CPU chunk's (run here as
+    ``OUT=<folder> nice -n 19 <command>``). A window estimated past its limit
+    (:func:`check_size`) is refused.
 
     It carries the window's data sets (from ``$RHNZOO_DATA``, else ``../shared/data``),
     the Word2Vec vectors it reads (made here first, unless ``smoke``: random embeddings)
@@ -319,23 +413,10 @@ def prepare(
     checked before ``.harvest/`` is touched: a missing data set, vectors that cannot be
     made, or more than :data:`TRAVEL_LIMIT` bytes travelling (``tree``'s tracked files,
     ``.git`` and the carried folder) raise HarvestError and leave it as it was."""
-    name = name or next_pending(queue)
-    chunk = chunk_of(name)
+    name = name or next_pending(queue, on)
+    chunk, minutes = chunk_of(name), check_size(name, queue)
     records = (SMOKE_RECORDS if smoke else RECORDS) if records is None else records
-    data_root = pathlib.Path(os.environ.get("RHNZOO_DATA") or ROOT.parent / "shared" / "data")
-    carried: list[tuple[pathlib.Path, str]] = []  # (source, path in the stage)
-    for d in chunk.data:
-        if not (data_root / d).is_dir():
-            raise HarvestError(f"{name} reads {data_root / d}: not there (set RHNZOO_DATA)")
-        carried.append((data_root / d, f"data/{d}"))
-    if chunk.vectors and not smoke:
-        from rhnzoo.data.common import user_cache_dir
-
-        path = make_vectors(chunk.vectors, log=log)
-        carried.append((path, f"cache/{path.relative_to(user_cache_dir('').parent)}"))
-    partial = records / chunk.table / "partial" / f"{name}.tar.gz"
-    if partial.is_file():
-        carried.append((partial, f"resume/{name}.tar.gz"))
+    carried, partial = _carried(chunk, smoke, records, log)
     size = sum(_bytes(src) for src, _ in carried)
     travelling = travelling_bytes(tree) + size
     if travelling > TRAVEL_LIMIT:
@@ -346,8 +427,8 @@ def prepare(
     command = device_command(name, smoke)
     if len(command) >= COMMAND_LIMIT:
         raise HarvestError(f"{name}: the device command has {len(command)} characters")
-    stage = root / STAGE_NAME
-    new = root / (STAGE_NAME + ".new")
+    stage = root / stage_name(chunk)
+    new = root / (stage.name + ".new")
     shutil.rmtree(new, ignore_errors=True)
     try:
         for src, rel in carried:
@@ -368,15 +449,40 @@ def prepare(
         raise
     shutil.rmtree(stage, ignore_errors=True)
     os.replace(new, stage)
-    call = {"command": command, "carry": [STAGE_NAME], "timeout_s": TIMEOUT_S}
+    timeout = TIMEOUT_S if chunk.device == "gpu" else CPU_LIMIT_S + 5 * 60
+    call = {"command": command, "carry": [stage.name], "timeout_s": timeout}
     how = " (resumes a partial window)" if partial.is_file() else ""
     log(
-        f"{name}: carries {size / 2**20:.1f} MiB in {STAGE_NAME}/, {travelling / 2**20:.1f} "
-        f"MiB travel in all; about {chunk.minutes:g} min{how}; it runs: "
-        f"{' '.join(experiment_command(chunk, pathlib.Path('.harvest/work/runs'), smoke)[1:])}"
+        f"{name} ({chunk.device}): carries {size / 2**20:.1f} MiB in {stage.name}/, "
+        f"{travelling / 2**20:.1f} MiB travel in all; about {minutes:g} min{how}; it runs: "
+        f"{' '.join(experiment_command(chunk, pathlib.Path(stage.name, 'work/runs'), smoke)[1:])}"
     )
     log(json.dumps(call))
     return call
+
+
+def _carried(
+    chunk: Chunk, smoke: bool, records: pathlib.Path, log
+) -> tuple[list[tuple[pathlib.Path, str]], pathlib.Path]:
+    """What ``chunk``'s stage carries, ``[(source, path in the stage)]`` (its data sets,
+    its vectors made here unless ``smoke``, an earlier cut window's partial archive),
+    and that archive's path (there or not). HarvestError: a data set is missing, or the
+    vectors cannot be made."""
+    data_root = pathlib.Path(os.environ.get("RHNZOO_DATA") or ROOT.parent / "shared" / "data")
+    carried: list[tuple[pathlib.Path, str]] = []  # (source, path in the stage)
+    for d in chunk.data:
+        if not (data_root / d).is_dir():
+            raise HarvestError(f"{chunk.name} reads {data_root / d}: not there (set RHNZOO_DATA)")
+        carried.append((data_root / d, f"data/{d}"))
+    if chunk.vectors and not smoke:
+        from rhnzoo.data.common import user_cache_dir
+
+        path = make_vectors(chunk.vectors, log=log)
+        carried.append((path, f"cache/{path.relative_to(user_cache_dir('').parent)}"))
+    partial = records / chunk.table / "partial" / f"{chunk.name}.tar.gz"
+    if partial.is_file():
+        carried.append((partial, f"resume/{chunk.name}.tar.gz"))
+    return carried, partial
 
 
 # ---------------------------------------------------------------------------- the device
@@ -389,7 +495,8 @@ def experiment_command(
     stack: bool | None = None,
     smoke_steps: int | None = None,
 ) -> list[str]:
-    """The experiment's command line; ``stack`` (default the chunk's): each row's
+    """The experiment's command line, its runs in ``workdir`` (a one-run chunk's in
+    ``workdir/<run_dir>``); ``stack`` (default the chunk's): each row's
     ``--seeds=K`` as one program (``--stack_seeds``, ``--jobs`` divided by K);
     ``smoke_steps``: with ``smoke``, ``--max_steps`` instead of the smoke flags' 2."""
     stack = chunk.stack if stack is None else stack
@@ -399,6 +506,8 @@ def experiment_command(
     seeds = int(_flag(flags, "--seeds") or 1)
     if stack and seeds > 1:
         flags = [*flags, "--stack_seeds", f"--jobs={max(1, int(_flag(flags, '--jobs')) // seeds)}"]
+    if chunk.run_dir:  # a one-run script: its workdir is the run's folder
+        workdir = workdir / chunk.run_dir
     return [sys.executable, chunk.script, *flags, f"--workdir={workdir}"]
 
 
@@ -412,7 +521,7 @@ def run(
     name: str | None = None,
     out: pathlib.Path | None = None,
     smoke: bool = False,
-    deadline_s: float = DEADLINE_S,
+    deadline_s: float | None = None,
     *,
     root: pathlib.Path = ROOT,
     stack: bool | None = None,
@@ -421,11 +530,12 @@ def run(
     """Runs window ``name`` (None: the one prepared in ``root/.harvest/``) on the data
     and vectors the stage carries (else the environment's), resuming its carried
     partial archive; trains in ``root/.harvest/work/`` and stops the experiment at
-    ``deadline_s`` (SIGTERM to its main process, which passes it on: the runs save).
+    ``deadline_s`` (None: :func:`limit_s`; SIGTERM to its main process, which passes
+    it on: the runs save).
     Writes into ``out`` only ``<window>.tar.gz``, ``<window>.partial.tar.gz`` (cut, and
     its work folder compressed fits :data:`PARTIAL_LIMIT`) and ``summary.json``;
     returns the summary. ``smoke_steps``: :func:`experiment_command`'s."""
-    stage = root / STAGE_NAME
+    stage = root / (stage_name(chunk_of(name)) if name else STAGE_NAME)
     window = _read_json(stage / "window.json") or {}
     name = name or window.get("window")
     if not name:
@@ -442,6 +552,7 @@ def run(
     resumed = _work_folder(work, stage / "resume" / f"{name}.tar.gz", smoke)
     cmd = experiment_command(chunk, runs, smoke, stack, smoke_steps)
     start = time.time()
+    deadline_s = limit_s(chunk) if deadline_s is None else deadline_s
     rc = _experiment(cmd, work / "log.txt", _environment(stage), deadline_s)
     finished = sorted(
         p.parent.relative_to(runs).as_posix()
@@ -591,7 +702,14 @@ def _device() -> str:
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    return out.splitlines()[0] if out else "CPU"
+    if out:
+        return out.splitlines()[0]
+    try:  # this CPU, named as docs/runs/cpu names it
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+        model = next(x for x in info.splitlines() if x.startswith("model name"))
+        return f"CPU: {model.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except (OSError, StopIteration):
+        return "CPU"
 
 
 def check_out(out: pathlib.Path) -> list[str]:
@@ -739,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="here: the window's .harvest/ and its device call")
     p.add_argument("window", nargs="?", help="a queue row (default: the next pending)")
     p.add_argument("--smoke", action="store_true", help="at a CPU's scale")
+    p.add_argument("--cpu", action="store_true", help="the next pending CPU chunk")
     p = sub.add_parser("run", help="the device: the window, its archives into $OUT")
     p.add_argument("window", nargs="?", help="a queue row (default: the one prepared)")
     p.add_argument("--smoke", action="store_true", help="at a CPU's scale")
@@ -746,8 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--deadline_s",
         type=float,
-        default=DEADLINE_S,
-        help="SIGTERM to the experiment after this many seconds (the runs save)",
+        default=None,
+        help="SIGTERM to the experiment after this many seconds (the runs save; default "
+        f"{DEADLINE_S} on a GPU, {CPU_LIMIT_S} for a CPU chunk)",
     )
     p.add_argument(
         "--smoke_steps",
@@ -773,9 +893,9 @@ def main(argv: list[str] | None = None) -> int:
             for row in read_queue():
                 print("\t".join(row[k] for k in QUEUE_HEADER).rstrip())
         elif args.what == "prepare":
-            prepare(args.window, args.smoke)
+            prepare(args.window, args.smoke, on="cpu" if args.cpu else "gpu")
         elif args.what == "run":
-            if args.deadline_s <= 0:
+            if args.deadline_s is not None and args.deadline_s <= 0:
                 raise HarvestError(f"--deadline_s={args.deadline_s:g}: must be > 0")
             if args.smoke_steps is not None and not (args.smoke and args.smoke_steps > 0):
                 raise HarvestError("--smoke_steps: a positive number, with --smoke")
