@@ -236,3 +236,39 @@ def test_the_cli_gives_one_error_line_for_a_bad_window_and_a_missing_out(tmp_pat
         assert p.returncode == 1 and p.stderr.splitlines() == [f"error: {p.stderr[7:-1]}"]
         assert says in p.stderr, p.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_gpu_queue_holds_table_3_only_and_refuses_a_window_sized_past_its_deadline(
+    tmp_path,
+):
+    # Finding 3 (and 2): P-MNIST's 15,940 steps with three seeds as three processes, and
+    # highway at 400 epochs, could not finish a window, and the queue took them anyway.
+    # Highway and JSB are CPU chunks; every GPU window stacks its seeds and is sized from
+    # measured step times under the deadline; record re-sizes the rest of its table from
+    # a window's wall time, and prepare refuses one that would now pass the deadline.
+    gpu = [c for c in harvest.CHUNKS.values() if c.device == "gpu"]
+    assert {c.table for c in gpu} == {"rrl_imdb_paper", "rrl_pmnist_paper"}
+    assert all(c.stack and "--seeds=3" in c.flags for c in gpu)
+    for table in ("highway_mnist_paper", "jsb_paper"):
+        assert {c.device for c in harvest.CHUNKS.values() if c.table == table} == {"cpu"}
+    imdb = [m for c in gpu if c.table == "rrl_imdb_paper" for m in c.flags[3][9:].split(",")]
+    assert len(gpu) - 7 == 3 and sorted(imdb) == sorted(harvest.RRL_MODELS)
+    unstacked = 3 * harvest.PMNIST_STEPS * harvest.PMNIST_STEP_MS["lstm"] / 1000
+    assert unstacked > harvest.DEADLINE_S  # why the seeds are stacked
+    queue = tmp_path / "queue.tsv"
+    harvest.write_queue(harvest.read_queue(queue), queue)
+    for row in harvest.read_queue(queue):
+        assert harvest.check_size(row["chunk"], queue) == float(row["estimate"])
+    w1, w2 = harvest.CHUNKS["rrl-imdb-w1"], harvest.CHUNKS["rrl-imdb-w2"]
+    info = INFO | {"chunk": w1.name, "table": w1.table, "smoke": False}
+    harvest.record(
+        _archive(tmp_path / "out", info | {"minutes_total": 2 * w1.minutes}),
+        records=tmp_path / "records",
+        queue=queue,
+    )
+    rows = {r["chunk"]: r for r in harvest.read_queue(queue)}
+    assert float(rows["rrl-imdb-w2"]["estimate"]) == pytest.approx(2 * w2.minutes, abs=0.05)
+    assert rows["rrl-pmnist-lstm"]["estimate"] == f"{harvest.CHUNKS['rrl-pmnist-lstm'].minutes:g}"
+    with pytest.raises(harvest.HarvestError, match="rrl-imdb-w2: estimated .* split it"):
+        harvest.prepare("rrl-imdb-w2", root=tmp_path, records=tmp_path / "records", queue=queue)
+    assert not (tmp_path / ".harvest").exists() and not (tmp_path / ".harvest.new").exists()

@@ -790,28 +790,47 @@ def record(
                 shutil.copyfile(partial, kept)
             elif info["complete"]:
                 kept.unlink(missing_ok=True)
-            for row in rows:
-                if row["chunk"] == name:
-                    note = f"{len(info['finished'])} runs finished"
-                    if not info["complete"]:
-                        note += (
-                            "; resumable"
-                            if info["partial"] == partial.name
-                            else f"; partial {info['partial']}"
-                        )
-                    row.update(
-                        state="done" if info["complete"] else "partial",
-                        date=info["date"],
-                        device=info["device"],
-                        commit=info["commit"],
-                        minutes=str(info["minutes_total"]),
-                        note=note,
-                    )
+            _update_queue(rows, info, resumable=info["partial"] == partial.name)
             chunk = CHUNKS[name]
             texts[info["table"]] = table(dest, chunk.metric, chunk.select)
         if not smoke:
             write_queue(rows, queue)
     return texts
+
+
+def _update_queue(rows: list[dict[str, str]], info: dict, resumable: bool) -> None:
+    """Window ``info``'s queue row (done or partial: date, device, commit, minutes, a
+    note), and for a GPU window the re-size of its table's pending GPU windows: each
+    one's estimate is its chunk's size times this window's wall time over its chunk's
+    size (for a cut window a lower bound), so that :func:`check_size` refuses one that
+    would now pass the deadline."""
+    name = info["chunk"]
+    chunk = CHUNKS[name]
+    ratio = info["minutes_total"] / chunk.minutes
+    for row in rows:
+        other = CHUNKS[row["chunk"]]
+        if row["chunk"] == name:
+            note = f"{len(info['finished'])} runs finished"
+            if not info["complete"]:
+                note += "; resumable" if resumable else f"; partial {info['partial']}"
+            row.update(
+                state="done" if info["complete"] else "partial",
+                date=info["date"],
+                device=info["device"],
+                commit=info["commit"],
+                minutes=str(info["minutes_total"]),
+                note=note,
+            )
+        elif (chunk.device, other.device, other.table, row["state"]) == (
+            "gpu",
+            "gpu",
+            chunk.table,
+            "pending",
+        ):
+            row["estimate"] = f"{other.minutes * ratio:.1f}"
+            row["note"] = (
+                f"estimate x{ratio:.2f}{'' if info['complete'] else ' at least'}: {name}'s wall time"
+            )
 
 
 def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
