@@ -1,6 +1,8 @@
-"""The presets of each task, one module per task (as flax's ``configs/default.py``):
-``get_config(preset) -> <the task's Config>``, every named setting in one place.
+"""Each task's config class beside its presets, one module per task (as flax's
+``configs/default.py``): the class (a :class:`rhnzoo.config.Config`, a run's
+``config.json``) and ``get_config(preset) -> <the task's Config>``, every named setting in
+one place.
 
-Above :mod:`rhnzoo.training` (whose configs they fill) and below :mod:`rhnzoo.apps`
-(whose flags they set).
+Below the engine and the tasks (which they configure; reading a run's config imports no
+trainer) and the applications (whose flags they define); above the models they describe.
 """
