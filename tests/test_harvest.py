@@ -213,6 +213,8 @@ def test_record_reads_a_read_only_out_and_writes_nothing_there(tmp_path):
         out.chmod(0o755)
     assert sorted(p.name for p in out.iterdir()) == ["rrl-pmnist-lstm.tar.gz"]
     assert "| lstm | 50.00 |" in texts["rrl_pmnist_paper"]
+    # Each row says where its runs ran, with the commit (the CPU rows of a table).
+    assert texts["rrl_pmnist_paper"].splitlines()[2].endswith("| CPU (abc) |")
     row = next(r for r in harvest.read_queue(queue) if r["chunk"] == "rrl-pmnist-lstm")
     assert row["state"] == "done" and row["commit"] == "abc"
 

@@ -19,7 +19,11 @@ records in ``docs/runs/gpu/``, not in the package)::
   python -m rhnzoo.studies.harvest record [--smoke] OUT_DIR  # here: the records, the table
   python -m rhnzoo.studies.harvest table TABLE              # the table of what is recorded
 
-With no WINDOW, ``prepare`` takes the next pending row and ``run`` the prepared one.
+With no WINDOW, ``prepare`` takes the next pending GPU row (``--cpu``: CPU chunk) and
+``run`` the prepared one. The GPU windows hold Table 3 (RRL), each sized under the
+deadline (``check_size``; ``record`` re-sizes the rest from a window's wall time); the
+highway report and the JSB study are CPU chunks, one core, at most 45 min each, run here
+in the background from ``.harvest_cpu/`` (docs/runs/gpu/README.md: sizes, evidence).
 ``prepare`` makes what the window reads that can be made here (the IMDB 256-d Word2Vec
 vectors, gensim's fixed seed), carries back a ``partial`` archive of an earlier window
 (``run`` resumes it), checks everything before it touches ``.harvest/`` and prints the
@@ -836,11 +840,20 @@ def _update_queue(rows: list[dict[str, str]], info: dict, resumable: bool) -> No
 def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
     """The table of ``dest``'s finished runs, written to ``dest/harvest_table.md``: per
     run name, its seeds (``<run>_s<k>``) or random-search trials (``<run>_t<k>``)
-    together, the ``metric``'s mean ± sd (n) and best (accuracies in %); with ``select``
-    (lower is better), the best is the ``metric`` of the run with the best ``select``."""
+    together, the ``metric``'s mean ± sd (n) and best (accuracies in %), and where its
+    runs ran (the windows' records beside them, ``<window>.json``: ``CPU`` or the GPU,
+    with the commit); with ``select`` (lower is better), the best is the ``metric`` of
+    the run with the best ``select``."""
     from rhnzoo.studies import tables
 
+    ran = {}  # run -> "device (commit)", from the window records
+    for window in sorted(dest.glob("*.json")):
+        info = _read_json(window) or {}
+        device = str(info.get("device", "?"))
+        device = "CPU" if device.startswith("CPU") else device
+        ran |= dict.fromkeys(info.get("finished", []), f"{device} ({info.get('commit', '?')})")
     groups: dict[str, list[dict]] = {}
+    where: dict[str, set[str]] = {}
     for results in sorted(dest.rglob("results.json")):
         name = results.parent.relative_to(dest).as_posix()
         base, _, k = name.rpartition("_")
@@ -848,6 +861,7 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
         r = json.loads(results.read_text())
         if r.get(metric) is not None:
             groups.setdefault(base, []).append(r)
+            where.setdefault(base, set()).add(ran.get(name, "?"))
     acc = metric.endswith("_acc")
     scale = 100.0 if acc else 1.0
 
@@ -857,12 +871,18 @@ def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
         return (max if acc else min)(r[metric] for r in rs)
 
     rows = [
-        (base, tables.mean_sd([r[metric] * scale for r in rs]), f"{best(rs) * scale:.2f}")
+        (
+            base,
+            tables.mean_sd([r[metric] * scale for r in rs]),
+            f"{best(rs) * scale:.2f}",
+            ", ".join(sorted(where[base])),
+        )
         for base, rs in groups.items()
     ]
     unit = " %" if acc else ""
     how = f" (at the best {select})" if select else ""
-    text = tables.markdown(("run", f"{metric}{unit}, mean ± sd (n)", f"best{how}{unit}"), rows)
+    head = ("run", f"{metric}{unit}, mean ± sd (n)", f"best{how}{unit}", "ran on (commit)")
+    text = tables.markdown(head, rows)
     (dest / "harvest_table.md").write_text(text + "\n")
     return text
 
