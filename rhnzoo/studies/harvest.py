@@ -831,10 +831,9 @@ def _update_queue(rows: list[dict[str, str]], info: dict, resumable: bool) -> No
             chunk.table,
             "pending",
         ):
+            least = "" if info["complete"] else " at least"
             row["estimate"] = f"{other.minutes * ratio:.1f}"
-            row["note"] = (
-                f"estimate x{ratio:.2f}{'' if info['complete'] else ' at least'}: {name}'s wall time"
-            )
+            row["note"] = f"estimate x{ratio:.2f}{least}: {name}'s wall time"
 
 
 def table(dest: pathlib.Path, metric: str, select: str | None = None) -> str:
