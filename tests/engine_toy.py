@@ -33,6 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from rhnzoo.config import RunSettings, setting
 from rhnzoo.tasks import classify
 from rhnzoo import engine
+from rhnzoo.engine.evaluate import Batches, Report
 
 N_TRAIN, N_VALID, DIM, BATCH = 96, 32, 5, 8
 
@@ -81,36 +82,39 @@ def make_task(
         state = {"params": params, "opt_state": opt_state, "trace": trace}
         return state, {"loss": loss, "count": jnp.float32(len(y))}
 
-    def get_batch(seed, epoch, index):
+    def train_batch(seed, epoch, index):
         if on_batch is not None:
             on_batch(epoch, index)
         idx = classify.batch_indices(seed, epoch, index, N_TRAIN, BATCH)
         return xt[idx], yt[idx]
 
-    mse = jax.jit(lambda p, x, y: _sq_error(p, x, y) / len(y))
+    def eval_step(params, batch):
+        x, y = batch
+        return {"loss": _sq_error(params, x, y), "count": jnp.float32(len(y))}
 
-    def validate(params, track):
-        if announce:
+    splits = {"valid": (xv, yv), "test": (xs, ys)}
+
+    def eval_batches(split, final):
+        if announce and not final:
             print("validation started", flush=True)
-        chunks = range(10**7 if slow_eval else 4)
-        for _ in track(chunks, total=len(chunks), desc="valid"):
-            value = mse(params, xv, yv)
-        value = float(value)
-        return {"valid_mse": value, "valid_loss": value}
-
-    def final_evaluate(params, track):
-        return {"valid_mse": float(mse(params, xv, yv)), "test_mse": float(mse(params, xs, ys))}
+        if final or split != "valid":
+            return [splits[split]]
+        # The validation set whole, once (--slow_eval: 10**7 times, a practically endless one).
+        return Batches(10**7 if slow_eval else 1, lambda i: splits[split])
 
     return engine.Task(
         init_state=init_state,
         train_step=train_step,
-        get_batch=get_batch,
+        train_batch=train_batch,
         steps_per_epoch=spe,
-        validate=validate,
-        final_evaluate=final_evaluate,
-        select="valid_mse",
-        train_metrics=lambda s: {"train_mse": s["loss"] / max(s["count"], 1.0)},
-        unit="ex",
+        eval_step=eval_step,
+        eval_batches=eval_batches,
+        report=Report(
+            select="valid_mse",
+            metrics=lambda split, s: {f"{split}_mse": s["loss"] / s["count"]},
+            train_metrics=lambda s: {"train_mse": s["loss"] / max(s["count"], 1.0)},
+            unit="ex",
+        ),
     )
 
 
@@ -137,7 +141,7 @@ def scripted_task(
     model). Its validation reports ``valid_loss`` as ``'valid_loss'`` if given."""
     losses = np.asarray(losses, np.float32)
 
-    def get_batch(seed, epoch, index):
+    def train_batch(seed, epoch, index):
         if on_batch is not None:
             on_batch(epoch, index)
         return losses[epoch * steps_per_epoch + index]
@@ -147,18 +151,23 @@ def scripted_task(
         state = {"params": {"w": state["params"]["w"] + 1.0}}
         return state, {"loss": loss, "count": jnp.float32(1)}
 
-    def validate(params, track):
-        return {"epoch_mark": 1.0} | ({} if valid_loss is None else {"valid_loss": valid_loss})
+    def eval_step(params, batch):  # valid: the mark (and loss); final: w
+        sums = {"epoch_mark": jnp.float32(1), "w": params["w"]}
+        return sums if valid_loss is None else {**sums, "loss": valid_loss, "count": 1.0}
+
+    def metrics(split, sums):
+        return {"w": sums["w"]} if split == "test" else {"epoch_mark": sums["epoch_mark"]}
 
     return engine.Task(
         init_state=lambda key: {"params": {"w": jnp.zeros(())}},
         train_step=train_step,
-        get_batch=get_batch,
+        train_batch=train_batch,
         steps_per_epoch=steps_per_epoch,
-        validate=validate,
-        final_evaluate=lambda params, track: {"w": float(params["w"])},
-        select="epoch_mark",
-        chance_loss=chance_loss,
+        eval_step=eval_step,
+        eval_batches=lambda split, final: [None],
+        report=Report(
+            select="epoch_mark", metrics=metrics, chance_loss=chance_loss, final=("test",)
+        ),
     )
 
 

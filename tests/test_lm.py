@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhnzoo import cells, dropout
+from rhnzoo import cells, dropout, evaluation
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
 
@@ -114,10 +114,12 @@ def test_nll_in_time_chunks_is_the_same_sum_and_gradient():
 
 
 def test_eval_time_chunk_is_the_largest_divisor_under_the_budget():
-    assert train.eval_time_chunk(100, 20, 10_000) == 10  # 8 MB of float32 logits: 10 x 20 x 10^4
-    assert train.eval_time_chunk(100, 1, 10_000) == 100  # the batch-1 protocol: one chunk
-    assert train.eval_time_chunk(7, 64, 10**6) == 1  # nothing fits: one step at a time
-    assert train.eval_time_chunk(35, 20, 10_000, max_logits=20 * 10_000 * 6) == 5
+    assert (
+        evaluation.eval_time_chunk(100, 20, 10_000) == 10
+    )  # 8 MB of float32 logits: 10 x 20 x 10^4
+    assert evaluation.eval_time_chunk(100, 1, 10_000) == 100  # the batch-1 protocol: one chunk
+    assert evaluation.eval_time_chunk(7, 64, 10**6) == 1  # nothing fits: one step at a time
+    assert evaluation.eval_time_chunk(35, 20, 10_000, max_logits=20 * 10_000 * 6) == 5
 
 
 def test_untied_model_and_tying_error():

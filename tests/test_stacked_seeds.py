@@ -198,14 +198,14 @@ def fated_task(stop_at=None):
         step = epoch * SPE + index
         if stop_at is not None and seed == 0 and step == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)
-        x, y = base.get_batch(seed, epoch, index)
+        x, y = base.train_batch(seed, epoch, index)
         if seed == 1 and step >= DIVERGE_AT:
             y = y * np.float32(1e30)
         if seed == 2 and epoch >= 1:
             y = y + np.float32(3.0)
         return x, y
 
-    return dataclasses.replace(base, get_batch=get_batch)
+    return dataclasses.replace(base, train_batch=get_batch)
 
 
 def test_a_diverging_seed_and_a_patient_one_stop_as_their_separate_runs(tmp_path):
@@ -277,9 +277,9 @@ def signalled_task(step):
     def get_batch(seed, epoch, index):
         if seed == 0 and epoch * SPE + index == step:
             os.kill(os.getpid(), signal.SIGTERM)
-        return base.get_batch(seed, epoch, index)
+        return base.train_batch(seed, epoch, index)
 
-    return dataclasses.replace(base, get_batch=get_batch)
+    return dataclasses.replace(base, train_batch=get_batch)
 
 
 @pytest.mark.parametrize("stop_at", [3, 11, 17])  # mid-epoch, the epoch's last step, epoch 2
@@ -397,7 +397,7 @@ def assert_close_runs(stacked, separate, rtol=1e-5, atol=1e-7):
 
 def test_rrl_classifier_stacked_equals_separate_runs():
     """Ragged sequences (1-16 tokens) in buckets of 8 and 16: at some steps the seeds'
-    batches come from different buckets, so the task's ``get_batches`` pads the shorter to 16
+    batches come from different buckets, so the engine's stacking pads the shorter to 16
     (the lengths mask it). Measured on the CPU: dev_xent / valid_loss in the results and
     epoch records differ by up to 6e-8 (9e-8 relative), the other values not at all; the
     best parameters by up to 1.5e-8 absolute (9e-6 relative, on an entry near 0). The
@@ -476,6 +476,7 @@ def test_stacked_highway_validation_gives_each_seed_its_own_sums_bit_for_bit(kin
     exactly (a jax.vmap over the seeds rounded them differently at this shape: the
     8th digit, enough to flip a near-tie between checkpoints)."""
     from rhnzoo.models.highway import FeedForwardNet
+    from rhnzoo.engine import evaluate
     from rhnzoo.tasks import classify
     from rhnzoo.tasks import highway as hw
 
@@ -487,10 +488,13 @@ def test_stacked_highway_validation_gives_each_seed_its_own_sums_bit_for_bit(kin
         rng.integers(0, 10, 23).astype(np.int32),
     )
     stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
-    stacked = classify.evaluate(
-        hw.make_sums_fn(net, stacked=True), stack(params), split, 10, stacked=True
-    )
-    alone = [classify.evaluate(hw.make_sums_fn(net), p, split, 10) for p in params]
+    batches = classify.eval_batches({"valid": split}, 10)("valid", False)
+    totals = evaluate.evaluate(hw.eval_step(net), stack(params), batches, seeds=K)
+    stacked = evaluate.seed_rows(totals, K)  # the engine's validation of K stacked seeds
+    alone = [
+        evaluate.seed_rows(evaluate.evaluate(hw.eval_step(net), p, batches), None)[0]
+        for p in params
+    ]
     assert stacked == alone and len({r["loss"] for r in alone}) == K
 
 
@@ -589,6 +593,8 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     from rhnzoo import cells, data
     from rhnzoo.configs import lm as lm_configs
     from rhnzoo.models.piano_roll import PianoRollModel
+    from rhnzoo import evaluation
+    from rhnzoo.engine import evaluate as engine_evaluate
     from rhnzoo.tasks import lm as lm_training
     from rhnzoo.tasks import polyphonic
 
@@ -609,7 +615,7 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     )
     model = config.model(9)
     params = [model.init(jax.random.PRNGKey(k)) for k in range(K)]
-    evaluate = lm_training.Evaluator(model)
+    evaluate = evaluation.Evaluator(model)
     nlls, count = evaluate(stack(params), corpus.valid, 3, 7, stacked=True)
     alone = [evaluate(p, corpus.valid, 3, 7) for p in params]
     assert count == alone[0][1] == 3 * (80 // 3 - 1) and len(set(nlls)) == K
@@ -622,12 +628,12 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     assert len(set(got)) == K
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
-    calls, real = [], lm_training.Evaluator.__call__
+    calls, real = [], engine_evaluate.evaluate
 
-    def spy(self, *args, stacked=False, **kwargs):
-        calls.append(stacked)
-        return real(self, *args, stacked=stacked, **kwargs)
+    def spy(*args, seeds=None, **kwargs):  # the engine's evaluation of one split
+        calls.append(seeds is not None)
+        return real(*args, seeds=seeds, **kwargs)
 
-    with mock.patch.object(lm_training.Evaluator, "__call__", spy):
+    with mock.patch.object(engine_evaluate, "evaluate", spy):
         lm_training.train_and_evaluate(config, corpus, workdir=tmp_path / "run", log=None, seeds=K)
     assert calls[0] is True and calls.count(True) == 1  # one validation, then K finals

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rhnzoo import cells
+from rhnzoo import cells, evaluation
 from rhnzoo.cells import gated_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import highway, lm, polyphonic, rrl
@@ -116,7 +116,7 @@ def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
     )
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
     lower_for_tpu(
-        functools.partial(lm._eval_window, model),
+        functools.partial(evaluation._window, model),
         state["params"],
         state["carry"],
         jax.ShapeDtypeStruct((), jnp.float32),
@@ -166,7 +166,7 @@ def test_the_highway_steps_lower_for_a_tpu(kind):
         KEY,
     )
     lower_for_tpu(
-        highway.make_sums_fn(net),
+        evaluation.highway_sums_fn(net),
         state["params"],
         images,
         labels,

@@ -10,7 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import data
+from rhnzoo import data, evaluation
 from rhnzoo.models import lm
 from rhnzoo import engine
 from rhnzoo.tasks import lm as train
@@ -183,11 +183,11 @@ def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path, p
 
 def test_eval_windows_cover_every_prediction_once():
     tokens = np.arange(23)
-    x, y, w = train.eval_windows(tokens, 1, 5)
+    x, y, w = evaluation.eval_windows(tokens, 1, 5)
     assert x.shape == (5, 1, 5) and w.sum() == 22
     np.testing.assert_array_equal(y.reshape(-1)[:22], tokens[1:])
     np.testing.assert_array_equal(x.reshape(-1)[:22], tokens[:-1])
-    x, y, w = train.eval_windows(tokens, 2, 4)  # rows of 11: 10 predictions each
+    x, y, w = evaluation.eval_windows(tokens, 2, 4)  # rows of 11: 10 predictions each
     assert w.sum() == 20
 
 

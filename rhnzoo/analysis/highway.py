@@ -18,7 +18,7 @@ Pure functions over ``(net, params)`` pairs (figures: :mod:`rhnzoo.analysis.plot
 * :func:`load_highway_run`: rebuild a trained net from its workdir (the depth sweep's
   table and figures, which draw on these: :mod:`rhnzoo.studies.highway`).
 
-Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.tasks.highway.split_data`
+Images are ``uint8 [N, m]`` (flattened, as :func:`rhnzoo.evaluation.split_data`
 gives them); the nets see pixel / 255. The gate statistics and lesions take the engine's
 ``track`` (:func:`rhnzoo.engine.signals.track`): a progress bar over their batches and a
 signal check before each, which raises :class:`~rhnzoo.engine.signals.Interrupted`.
@@ -38,11 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rhnzoo import evaluation
 from rhnzoo.analysis import flow
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult, Track, lesion_snapshots
 from rhnzoo.models.highway import FeedForwardNet
-from rhnzoo.tasks import classify
-from rhnzoo.tasks import highway as hw_training
 from rhnzoo.configs import highway as highway_configs
 from rhnzoo.engine import workdir as workdir_lib
 
@@ -126,7 +125,7 @@ class GateStats(NamedTuple):
 @functools.lru_cache(maxsize=8)
 def _stats_fn(net: FeedForwardNet):
     def f(params, images):
-        return net.apply_with_stats(params, hw_training.inputs(images))[1]
+        return net.apply_with_stats(params, evaluation.inputs(images))[1]
 
     return jax.jit(f)
 
@@ -134,7 +133,7 @@ def _stats_fn(net: FeedForwardNet):
 @functools.lru_cache(maxsize=8)
 def _gate_sum_fn(net: FeedForwardNet):
     def f(params, images, weights):
-        gates = net.apply_with_stats(params, hw_training.inputs(images))[1]["gates"]
+        gates = net.apply_with_stats(params, evaluation.inputs(images))[1]["gates"]
         return jnp.einsum("lbn,b->ln", gates, weights)
 
     return jax.jit(f)
@@ -175,8 +174,8 @@ def gate_statistics(
     starts = range(0, len(images), batch_size)
     if track is not None:
         starts = track(starts, total=len(starts))
-    batches = classify.padded_slices((images,), batch_size, starts)
-    total = classify.add_up(sum_fn(params, *b) for b in batches)
+    batches = evaluation.padded_slices((images,), batch_size, starts)
+    total = evaluation.add_up(sum_fn(params, *b) for b in batches)
     one = _stats_fn(net)(params, images[sample : sample + 1])
     n = net.width
     return GateStats(
@@ -254,8 +253,8 @@ def lesioned_logits(net: FeedForwardNet, params: Params, layer: int | Array, x: 
 @functools.lru_cache(maxsize=8)
 def _lesioned_sums_fn(net: FeedForwardNet):
     def f(params, layer, images, labels, weights):
-        logits = lesioned_logits(net, params, layer, hw_training.inputs(images))
-        return classify.xent_sums(logits, labels, weights)
+        logits = lesioned_logits(net, params, layer, evaluation.inputs(images))
+        return evaluation.xent_sums(logits, labels, weights)
 
     return jax.jit(f)
 
@@ -281,10 +280,12 @@ def iter_highway_lesions(
 
     def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
         if layer is None:
-            result = hw_training.evaluate(net, params, split, batch_size, sub)
+            result = evaluation.evaluate(
+                evaluation.highway_sums_fn(net), params, split, batch_size, sub
+            )
         else:
             sums_fn = functools.partial(lambda l, p, x, y, w: fn(p, l, x, y, w), jnp.int32(layer))
-            result = classify.evaluate(sums_fn, params, split, batch_size, sub)
+            result = evaluation.evaluate(sums_fn, params, split, batch_size, sub)
         return result["loss"], result["count"]
 
     batches = -(-len(split[0]) // batch_size)
@@ -332,10 +333,10 @@ def highway_lesions(
 @functools.lru_cache(maxsize=16)
 def _layer_stats_fn(net: FeedForwardNet):
     def f(params, images, labels):
-        x = hw_training.inputs(images)
+        x = evaluation.inputs(images)
         hidden = net.apply_with_stats(params, x)[1]["hidden"]  # [depth, B, n]
         grads = jax.grad(
-            lambda p: classify.xent_sums(net.apply(p, x), labels)["loss"] / labels.shape[0]
+            lambda p: evaluation.xent_sums(net.apply(p, x), labels)["loss"] / labels.shape[0]
         )(params)
         # The input layer, then the depth - 1 stacked layers (rhnzoo.analysis.flow).
         norms = flow.per_layer_norms(

@@ -40,7 +40,7 @@ import numpy as np
 
 from rhnzoo import cells, dropout
 from rhnzoo.models import lm
-from rhnzoo.tasks import lm as lm_training
+from rhnzoo import evaluation
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.engine.signals import Track  # track(iterable, total=None, desc='') -> iterator
@@ -363,7 +363,7 @@ class LesionResult:
 
     @property
     def base_ppl(self) -> float:
-        return lm_training.METRICS["ppl"](self.base_nll)
+        return evaluation.METRICS["ppl"](self.base_nll)
 
     @property
     def ppl(self) -> np.ndarray:
@@ -434,8 +434,8 @@ def iter_lesions(
     """
     rhn, *_ = _rhn_parts(model, params)
     tokens = np.asarray(tokens)
-    windows = len(lm_training.eval_windows(tokens, batch_size, num_steps)[0])
-    evaluator = lm_training.Evaluator(model)
+    windows = len(evaluation.eval_windows(tokens, batch_size, num_steps)[0])
+    evaluator = evaluation.Evaluator(model)
 
     def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
         p = params if layer is None else lesion_params(model, params, layer, bias)
@@ -457,7 +457,7 @@ def lesion_layers(
 ) -> LesionResult:
     """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
 
-    Evaluation is :class:`rhnzoo.tasks.lm.Evaluator` (no dropout, ``batch_size``
+    Evaluation is :class:`rhnzoo.evaluation.Evaluator` (no dropout, ``batch_size``
     rows, carry across windows of ``num_steps``), compiled once and reused for
     the intact and the L lesioned parameter sets.
 
@@ -531,7 +531,7 @@ def _mc_window(model: lm.LanguageModel, params, carry, x, y, masks):
 class MCPass:
     """``mc_pass(params, x, y, key, track=None) -> log p [W, B, T]``: one Monte-Carlo
     dropout pass over the windows ``x, y [W, B, T]`` of
-    :func:`rhnzoo.tasks.lm.eval_windows`.
+    :func:`rhnzoo.evaluation.eval_windows`.
 
     One set of dropout masks (:func:`rhnzoo.dropout.lm_masks`, ``rates``) is drawn from
     ``key`` for the whole pass: the word mask per (row, word type), the input/state/output
@@ -630,12 +630,12 @@ def mc_dropout_perplexity(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    x, y, w = lm_training.eval_windows(np.asarray(tokens), batch_size, num_steps)
+    x, y, w = evaluation.eval_windows(np.asarray(tokens), batch_size, num_steps)
     w = jnp.asarray(w)
     key = jax.random.PRNGKey(seed)
     mc_pass = MCPass(model, rates)
     compile_s = mc_pass.compile(params, x, y, key)
-    count, ppl = float(w.sum()), lm_training.METRICS["ppl"]
+    count, ppl = float(w.sum()), evaluation.METRICS["ppl"]
     lse, sample_ppl, pass_s = None, [], []
     with shared_bar(track, num_samples * len(x), "mc_dropout") as sub:
         for k in range(num_samples):

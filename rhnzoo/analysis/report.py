@@ -47,11 +47,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from rhnzoo import cells, data, dropout
+from rhnzoo import cells, data, dropout, evaluation
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.config import SEED_HIGH, Config, setting
-from rhnzoo.tasks import lm as lm_training
 from rhnzoo.engine import signals
 from rhnzoo.engine import workdir as workdir_lib
 
@@ -632,7 +631,6 @@ def analyze_highway(
     ``phases``: the analysis' (None: new ones that write no file). Returns the numbers.
     """
     from rhnzoo.analysis import highway as hw_analysis
-    from rhnzoo.tasks import highway as hw
 
     phases = phases or Phases([], opts)
     net, params, config = hw_analysis.load_highway_run(workdir)
@@ -640,7 +638,7 @@ def analyze_highway(
         images = data.load(
             config["dataset"], _data_dir(config, opts), download=False, verify=opts.verify
         )
-        train_split = hw.split_data(
+        train_split = evaluation.split_data(
             images.train_images,
             images.train_labels,
             images.test_images,
@@ -845,9 +843,9 @@ def _deterministic(model, params, label, out, opts, phases, stream) -> None:
         unit="windows",
     ) as track:
         t0 = time.perf_counter()
-        nll, count = lm_training.Evaluator(model)(params, stream, batch, opts.eval_num_steps, track)
+        nll, count = evaluation.Evaluator(model)(params, stream, batch, opts.eval_num_steps, track)
         seconds = time.perf_counter() - t0
-        ppl = lm_training.METRICS["ppl"](nll / count)
+        ppl = evaluation.METRICS["ppl"](nll / count)
         phases.results["deterministic"] = {"ppl": ppl, "seconds": seconds}
         print(
             f"{opts.split} perplexity, batch {batch}, {int(count)} tokens: deterministic "

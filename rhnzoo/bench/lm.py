@@ -80,7 +80,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import data, dropout, precision
+from rhnzoo import data, dropout, evaluation, precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import (
     LM_CONFIGS,
@@ -450,7 +450,7 @@ def bench(
         )
 
     if eval_tokens:
-        evaluate = train.Evaluator(model)
+        evaluate = evaluation.Evaluator(model)
         params = boxes["rhnzoo"][0]["params"]
         for b in (1, c["batch"]):
             toks = tokens[: max(eval_tokens, 2 * b)]

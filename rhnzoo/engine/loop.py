@@ -24,7 +24,7 @@ loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped
 (:mod:`rhnzoo.engine.stacking`), each seed with its own records, verdicts and workdir.
 
 Exact resume: the step's PRNG key is ``fold_in(run_key, step)``, batch k of epoch e
-is ``task.get_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step, the
+is ``task.train_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step, the
 task state, the running loss sums, the divergence window and the validation
 bookkeeping; ``metrics.jsonl`` is cut back to the checkpoint, so a run killed at any
 moment and resumed writes the same outputs as an uninterrupted one (up to timings).
@@ -48,8 +48,8 @@ from tqdm import tqdm
 
 from rhnzoo import precision
 from rhnzoo.config import RunSettings
-from rhnzoo.models import num_params
-from rhnzoo.engine import progress, signals, stacking
+from rhnzoo.engine import evaluate, progress, signals, stacking
+from rhnzoo.engine.evaluate import Report
 from rhnzoo.engine.progress import TrainingDiverged
 from rhnzoo.engine.signals import (
     Interrupted,
@@ -85,8 +85,8 @@ PathLike = str | os.PathLike
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """What a task's ``train_and_evaluate`` hands the engine: its step, batches and
-    evaluation (closures over its model and data) and how its run is reported.
+    """What a task's ``train_and_evaluate`` hands the engine: its pure step, batches and
+    evaluation step (closures over its model and data) and how its run is reported.
 
     Attributes:
       init_state: ``key -> state``: the task's training state, a pytree with at
@@ -96,63 +96,39 @@ class Task:
         engine jit-compiles it with the state donated): one update; ``sums`` is a
         dict of scalar sums over the batch, with ``'loss'`` (summed loss, nats)
         and ``'count'`` (its number of units), and any others to report.
-      get_batch: ``(seed, epoch, index) -> batch``, batch ``index`` (0-based) of
+      train_batch: ``(seed, epoch, index) -> batch``, batch ``index`` (0-based) of
         ``epoch`` (0-based) in the data order of ``seed`` (the run's ``config.seed``), a
         pure function of the three: exact resume depends on it.
-      get_batches: ``(seeds, epoch, index) -> batch``: the K seeds' (:func:`run`'s
-        ``seeds``; ``seeds`` their ``config.seed`` s) batch ``index`` of ``epoch`` as one
-        batch, placed on the devices; e.g. a whole training set that every batch holds is
-        not stacked but kept once (then ``seed_axes`` maps it to None). None: every leaf
-        of the seeds' ``get_batch`` stacked on a new leading axis
-        (:func:`rhnzoo.engine.stacking.stack`).
-      seed_axes: the stacked batch's seed axes, ``jax.vmap``'s ``in_axes`` for it (a
-        prefix of its pytree; a tuple, not a dict, so the step compiles with it static).
       steps_per_epoch: batches per epoch.
-      validate: ``(params, track) -> dict`` of floats after every epoch; holds
-        ``select`` and, for the divergence check, ``'valid_loss'`` (nats per unit)
-        if it can. Long evaluations iterate with ``track`` (progress, signals).
-      validate_stacked: ``(stacked params, track) -> [dict] * K``: K stacked seeds'
-        validation at once (e.g. the evaluation step ``jax.vmap``-ped over the
-        parameters), each seed's dict ``validate``'s; None: seed by seed by ``validate``.
-      final_evaluate: ``(params, track) -> dict`` (floats, ints, strings) on the
-        best parameters: the run's results.
-      select: the key of ``validate``'s dict that picks the best epoch.
-      higher_is_better: direction of ``select``.
-      train_metrics: ``sums -> dict`` of reported training metrics (e.g.
-        ``{'train_ppl': ...}``) from sums over any span of steps.
-      chance_loss: loss per unit of a uniform guess (log V, log C, 88 log 2), nats:
-        a level of the divergence check (None: the check has only the run's best
-        window mean).
-      unit: name of one throughput unit in the log (``'tok'``, ``'img'``, ...).
-      throughput_key: the key of ``sums`` counted for the throughput (default
-        ``'count'``), e.g. ``'tokens'`` when the loss is per sequence.
-      learning_rate: ``step -> lr`` for the log, or None.
-      final_label: shown in the final line, e.g. ``'eval batch 1'``.
-      final_settings: the final evaluation's settings as its results record them (e.g.
-        ``{'eval_batch_size': 1}``): a finished run whose ``results.json`` holds other
-        values is not trained again but its best checkpoint is evaluated again.
+      eval_step: ``(params, batch) -> sums``, pure (the engine jit-compiles it): a dict
+        of scalar sums over an evaluation batch, e.g. ``{'loss': Σ nats, 'count':
+        units}``; with ``eval_carry``, ``(params, batch, carry) -> (sums, carry)``, the
+        carry passed on from batch to batch of a split (e.g. the LM's state).
+      eval_batches: ``(split, final) -> batches`` (a sequence, e.g.
+        :class:`rhnzoo.engine.evaluate.Batches`): the evaluation batches of ``split``
+        (a name in ``report.validation`` or ``report.final``), placed on the devices;
+        ``final``: the final evaluation's protocol (e.g. the LM's batch 1), else the
+        validation's. The same for every seed.
+      report: how the run is reported (:class:`rhnzoo.engine.evaluate.Report`: the
+        metrics of the sums, the selected metric, units, labels, learning rate...).
+      batch_axes: K stacked seeds' training batch: which leaves are stacked on a new
+        leading seed axis (0; ragged leaves zero-padded at their ends to the largest)
+        and which are shared by all seeds (None: the first seed's, e.g. a whole training
+        set kept once on the devices), a prefix of the batch's pytree in tuples, as
+        ``jax.vmap``'s ``in_axes`` (:func:`rhnzoo.engine.stacking.stack`).
+      eval_carry: ``(split, final) -> carry``, the carry at the start of a split's
+        evaluation (placed like its batches' rows); None: ``eval_step`` has no carry.
     """
 
     init_state: Callable[[Array], State]
     train_step: Callable[[State, Any, Array], tuple[State, dict[str, Array]]]
-    get_batch: Callable[[int, int, int], Any]
+    train_batch: Callable[[int, int, int], Any]
     steps_per_epoch: int
-    validate: Callable[[Params, Track], dict[str, float]]
-    final_evaluate: Callable[[Params, Track], dict[str, Any]]
-    select: str
-    higher_is_better: bool = False
-    train_metrics: Callable[[Mapping[str, float]], dict[str, float]] = lambda s: {
-        "train_loss": s["loss"] / max(s["count"], 1.0)
-    }
-    chance_loss: float | None = None
-    unit: str = "ex"
-    throughput_key: str | None = None
-    learning_rate: Callable[[int], float] | None = None
-    final_label: str = ""
-    final_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    validate_stacked: Callable[[Params, Track], Sequence[dict[str, float]]] | None = None
-    get_batches: Callable[[Sequence[int], int, int], Any] | None = None
-    seed_axes: Any = 0
+    eval_step: Callable[..., Any]
+    eval_batches: Callable[[str, bool], Sequence[Any]]
+    report: Report
+    batch_axes: Any = 0
+    eval_carry: Callable[[str, bool], Any] | None = None
 
 
 # ----------------------------------------------------------------------------- run
@@ -221,7 +197,7 @@ class _Seed:
         self.again = _evaluate_again(task, self.done, self.say)
 
     def already_finished(self, task: Task) -> RunResult:
-        final = self.done.get("final") or progress.final_line(self.done, task.final_label)
+        final = self.done.get("final") or progress.final_line(self.done, task.report.final_label)
         self.say(f"already finished: {final}")
         return RunResult(
             self.done,
@@ -250,8 +226,10 @@ class _Seed:
 
 def _evaluate_again(task: Task, done: dict | None, say) -> bool:
     """Whether the finished run's results (``done``) were evaluated with other final
-    settings than ``task.final_settings`` (then it says which, in one line)."""
-    stale = {k: v for k, v in task.final_settings.items() if done is not None and done.get(k) != v}
+    settings than ``task.report.final_settings`` (then it says which, in one line)."""
+    stale = {
+        k: v for k, v in task.report.final_settings.items() if done is not None and done.get(k) != v
+    }
     if stale:
         shown = ", ".join(f"{k} {done.get(k)} -> {v}" for k, v in stale.items())
         say(f"finished; evaluating its best checkpoint again ({shown})")
@@ -272,6 +250,7 @@ class _Run:
         on_divergence: str,
     ):
         self.task, self.seeds, self.latest, self.say = task, seeds, latest, say
+        self.report = task.report
         self.cfg, self.stacked = seeds[0].config, len(seeds) > 1
         self.primary, self.on_divergence, self.spe = primary, on_divergence, task.steps_per_epoch
         self.total = self.cfg.total_steps(self.spe)
@@ -309,14 +288,13 @@ class _Run:
             )
             # Lines past the checkpoint (at step 0: all of an earlier try's) are cut.
             seed.metrics.cut_back(step, int(seed.meta["validated"]))
-            seed.report = progress.Report(seed.metrics, seed.say, self.task, self.spe)
+            seed.report = progress.Report(seed.metrics, seed.say, self.report, self.spe)
         self.set_mask()
         if step:
             where = self.latest.workdir if self.stacked else self.seeds[0].workdir
             self.say(f"resumed {where} at step {step}")
-        self.params_count = num_params(
-            stacking.row(task_state["params"], 0) if self.stacked else task_state["params"]
-        )
+        self.params_count = sum(np.size(a) for a in jax.tree.leaves(task_state["params"]))
+        self.params_count //= len(self.seeds)
         self.say(
             f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
             f"{self.total:,} steps in this run"
@@ -331,14 +309,16 @@ class _Run:
         """Sets ``step_fn``, the jitted engine step; returns the shapes of its sums."""
         shardings = jax.tree.map(lambda a: a.sharding, state)
         if self.stacked:
-            fn = functools.partial(stacking.stacked_step, self.task.train_step, self.task.seed_axes)
+            fn = functools.partial(
+                stacking.stacked_step, self.task.train_step, self.task.batch_axes
+            )
             jitted = jax.jit(
                 stacking.stacked_step,
                 static_argnums=(0, 1),
                 donate_argnums=2,
                 out_shardings=(shardings, None),
             )
-            step_fn = functools.partial(jitted, self.task.train_step, self.task.seed_axes)
+            step_fn = functools.partial(jitted, self.task.train_step, self.task.batch_axes)
             self.step_fn = lambda state, batch, key: step_fn(state, batch, key, self.mask)
             mask = jnp.ones(len(self.seeds), bool)
             return jax.eval_shape(fn, state, self.batch(0, 0), self.run_key, mask)[1]
@@ -354,14 +334,12 @@ class _Run:
         )[1]
 
     def batch(self, epoch: int, index: int) -> Any:
-        """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.get_batches`)."""
-        get = self.task.get_batch
+        """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.batch_axes`)."""
+        get = self.task.train_batch
         if not self.stacked:
             return get(self.cfg.seed, epoch, index)
-        seeds = [s.config.seed for s in self.seeds]
-        if self.task.get_batches is not None:
-            return self.task.get_batches(seeds, epoch, index)
-        return stacking.stack([get(seed, epoch, index) for seed in seeds])
+        batches = [get(s.config.seed, epoch, index) for s in self.seeds]
+        return stacking.stack(batches, self.task.batch_axes)
 
     def set_mask(self) -> None:
         """The stacked step's ``active`` argument: which seeds still train."""
@@ -369,7 +347,7 @@ class _Run:
 
     def fresh_meta(self, seed: _Seed, sums_shape: Any) -> dict:
         """A new run's bookkeeping of ``seed`` (checkpointed with the state); sets its book."""
-        worst = -math.inf if self.task.higher_is_better else math.inf
+        worst = -math.inf if self.report.higher_is_better else math.inf
         meta = {
             "validated": np.array(-1),
             "best": np.array(worst),
@@ -381,7 +359,7 @@ class _Run:
             "best_mean": np.array(math.inf),
         }
         seed.book = progress.LossBook(
-            meta, sums_shape, self.task.chance_loss, self.cfg.divergence_factor
+            meta, sums_shape, self.report.chance_loss, self.cfg.divergence_factor
         )
         meta["epoch_sums"], meta["window_sums"] = seed.book.zeros(), seed.book.zeros()
         seed.meta = meta
@@ -484,7 +462,7 @@ class _Run:
         if self.step // self.spe - best_epoch < self.cfg.patience:
             return False
         seed.say(
-            f"early stopping: {self.task.select} has not improved for "
+            f"early stopping: {self.report.select} has not improved for "
             f"{self.cfg.patience} epochs (best at epoch {best_epoch})"
         )
         return True
@@ -515,7 +493,7 @@ class _Run:
             seed.report.train(at, seed.book.take("window"), rate, eta)
         if self.bar is not None and self.active:
             self.bar.set_postfix(
-                self.task.train_metrics(
+                self.report.train_metrics(
                     {k: float(v) for k, v in self.active[0].meta["epoch_sums"].items()}
                 )
             )
@@ -536,7 +514,7 @@ class _Run:
     def drain(self, keep: int = 0) -> None:
         """Reads the loss sums of all but ``keep`` dispatched steps (one host sync each);
         a seed whose loss diverged stops (:meth:`diverged`)."""
-        units_key = self.task.throughput_key or "count"
+        units_key = self.report.throughput_key or "count"
         while len(self.pending) > keep:
             at, sums = self.pending.popleft()
             sums = jax.device_get(sums) if self.stacked else sums
@@ -574,7 +552,7 @@ class _Run:
             valid = valids[seed.k]
             if not self.valid_loss_checked(seed, valid, at):
                 continue  # it diverged
-            self.keep_if_best(seed, valid[self.task.select], at)
+            self.keep_if_best(seed, valid[self.report.select], at)
             seed.report.epoch(
                 at, sums[seed.k], rate, valid, self.elapsed0 + progress.now() - self.t_start
             )
@@ -594,14 +572,18 @@ class _Run:
         return stacking.row(params, seed.k) if self.stacked else params
 
     def validate(self, at: int) -> dict[int, dict[str, float]]:
-        """The task's validation of each training seed (saved and stopped on a signal):
-        K stacked seeds at once by ``task.validate_stacked`` if it has one."""
-        track = self.tracker(f"valid (epoch {self.epoch_of(at)})")
+        """The validation of each training seed (saved and stopped on a signal): K stacked
+        seeds at once (:func:`rhnzoo.engine.evaluate.splits`)."""
+        track = self.tracker("valid")
         try:
-            if self.stacked and self.task.validate_stacked is not None:
-                rows = self.task.validate_stacked(self.state["task"]["params"], track)
-                return {seed.k: rows[seed.k] for seed in self.active}
-            return {seed.k: self.task.validate(self.params(seed), track) for seed in self.active}
+            rows = evaluate.splits(
+                self.task,
+                self.state["task"]["params"],
+                final=False,
+                seeds=len(self.seeds) if self.stacked else None,
+                track=track,
+            )
+            return {seed.k: rows[seed.k] for seed in self.active}
         except Interrupted as e:
             self.save(at)
             raise self.stopped(e.signum, "during validation", at) from None
@@ -621,7 +603,7 @@ class _Run:
     def keep_if_best(self, seed: _Seed, value: float, at: int) -> None:
         """The best checkpoint (a host copy in memory) if ``value`` is the best so far."""
         meta = seed.meta
-        if value > meta["best"] if self.task.higher_is_better else value < meta["best"]:
+        if value > meta["best"] if self.report.higher_is_better else value < meta["best"]:
             if seed.ckpt is not None:
                 seed.ckpt.save_best(at, self.params(seed))
             else:
@@ -662,7 +644,9 @@ class _Run:
         results = {
             "step": step,
             "best_step": best_step,
-            f"best_{task.select}": record.get(f"best_{task.select}", float(seed.meta["best"])),
+            f"best_{task.report.select}": record.get(
+                f"best_{task.report.select}", float(seed.meta["best"])
+            ),
             "parameters": self.params_count,
             "stopped": stopped,
         }
@@ -670,11 +654,13 @@ class _Run:
             results["diverged"] = diverged
         if best is not None:
             try:
-                results.update(task.final_evaluate(best, self.tracker("final evaluation")))
+                track = self.tracker("final")
+                results.update(task.report.final_settings)
+                results.update(evaluate.splits(task, best, final=True, track=track)[0])
             except Interrupted as e:
                 raise self.stopped(e.signum, "during the final evaluation") from None
         # Shown again by an "already finished" rerun.
-        results["final"] = progress.final_line(results, task.final_label)
+        results["final"] = progress.final_line(results, task.report.final_label)
         if seed.workdir is not None and self.primary:
             write_json(seed.workdir / "results.json", results)
         seed.say(results["final"])
@@ -698,13 +684,13 @@ def run(
     A run already over at this run length (``results.json`` at the total number of
     steps, or stopped by patience or divergence) is not trained again: one line
     ``already finished: <its final line>`` and its stored results (the workdir is only
-    read), unless they were evaluated with other ``task.final_settings`` (then its best
+    read), unless they were evaluated with other ``report.final_settings`` (then its best
     checkpoint is evaluated again). A longer ``max_steps`` / ``max_epochs`` extends it.
 
     With ``seeds`` = K, K runs of ``config`` with seeds ``config.seed``, ``+ 1``, ...
     train as one program: their states stacked along a leading seed axis, the task's
-    step ``jax.vmap``-ped over it and compiled once (:attr:`Task.get_batches` and
-    :attr:`Task.seed_axes` stack their batches). Each seed gets what a run of
+    step ``jax.vmap``-ped over it and compiled once (:attr:`Task.batch_axes` stacks their
+    batches). Each seed gets what a run of
     ``config.replace(seed=...)`` in its own workdir gives (to float32 rounding: the
     vmapped matmuls may sum in another order): its initialisation, dropout keys and data
     order; its lines (``[seed s] ...``); its validation, best checkpoint, early stopping
@@ -713,11 +699,10 @@ def run(
     ``best/`` and ``results.json``, in ``workdir`` for the first seed and in
     ``<workdir>_s<k>`` (:func:`seed_name`) for seed k, where single runs and the
     multi-run tables read them. The stacked state is checkpointed in
-    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the same
-    ``seeds``
-    resumes exactly; seeds already finished are carried along untrained. The validation
-    is :attr:`Task.validate_stacked` where the task has one, else seed by seed, as the
-    final evaluations are.
+    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the
+    same ``seeds`` resumes exactly; seeds already finished are carried along untrained.
+    The validation evaluates the K seeds at once (:mod:`rhnzoo.engine.evaluate`, equal to
+    a single run's), the final evaluations seed by seed.
 
     Args:
       task: the experiment's step, batches and evaluation.

@@ -339,16 +339,17 @@ class Estimate:
 class Report:
     """The run's records (``metrics``, a :class:`rhnzoo.engine.workdir.MetricsLog`) and
     printed lines (``say``): every ``log_every`` steps (:meth:`train`) and at each epoch's
-    end (:meth:`epoch`), in the words of ``task`` (an :class:`rhnzoo.engine.Task`:
-    its ``train_metrics``, ``unit`` and ``learning_rate``)."""
+    end (:meth:`epoch`), in the words of ``words`` (the task's
+    :class:`rhnzoo.engine.evaluate.Report`: its ``train_metrics``, ``unit`` and
+    ``learning_rate``)."""
 
-    def __init__(self, metrics, say: Callable[[str], None], task, steps_per_epoch: int):
-        self.metrics, self.say, self.task, self.spe = metrics, say, task, steps_per_epoch
+    def __init__(self, metrics, say: Callable[[str], None], words, steps_per_epoch: int):
+        self.metrics, self.say, self.words, self.spe = metrics, say, words, steps_per_epoch
 
     def head(self, kind: str, at: int, shown: Mapping[str, float]) -> dict:
         """A record's first fields: kind, 1-based epoch, step count ``at``, the learning
         rate of its last step, the training metrics ``shown``."""
-        lr = self.task.learning_rate
+        lr = self.words.learning_rate
         return {
             "kind": kind,
             "epoch": (at - 1) // self.spe + 1,
@@ -359,9 +360,9 @@ class Report:
 
     def train(self, at: int, sums: Mapping[str, float], rate: float, eta: str) -> None:
         """The training-log record and line of the steps up to step count ``at``."""
-        shown = self.task.train_metrics(sums)
-        self.metrics.write({**self.head("train", at, shown), f"{self.task.unit}_per_s": rate})
-        self.say(f"  step {at:7d} | {fields(shown)} | {rate:,.0f} {self.task.unit}/s{eta}")
+        shown = self.words.train_metrics(sums)
+        self.metrics.write({**self.head("train", at, shown), f"{self.words.unit}_per_s": rate})
+        self.say(f"  step {at:7d} | {fields(shown)} | {rate:,.0f} {self.words.unit}/s{eta}")
 
     def epoch(
         self,
@@ -372,20 +373,20 @@ class Report:
         elapsed: float,
     ) -> None:
         """The record and line of the epoch ending at step count ``at`` (maybe cut short)."""
-        record = {**self.head("epoch", at, self.task.train_metrics(sums)), **valid}
+        record = {**self.head("epoch", at, self.words.train_metrics(sums)), **valid}
         hidden = ("kind", "epoch", "step", "valid_loss")
         shown = {k: v for k, v in record.items() if k not in hidden}
         done = at - (record["epoch"] - 1) * self.spe
         self.metrics.write(
             {
                 **record,
-                f"{self.task.unit}_per_s": rate,
+                f"{self.words.unit}_per_s": rate,
                 "elapsed_s": elapsed,
                 "epoch_complete": done == self.spe,
             }
         )
         self.say(
             f"epoch {record['epoch']:3d} | step {at:7d} | {fields(shown)} | {rate:,.0f} "
-            f"{self.task.unit}/s | {elapsed:.1f} s"
+            f"{self.words.unit}/s | {elapsed:.1f} s"
             + ("" if done == self.spe else f" (partial epoch: {done}/{self.spe} steps)")
         )

@@ -29,12 +29,32 @@ def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
     return {"step": state["step"] + 1, "task": jax.tree.map(keep, new, state["task"])}, sums
 
 
-def stack(trees: Sequence[Any]) -> Any:
-    """The pytrees ``trees`` (of one structure and shapes) stacked along a new leading
-    axis: :attr:`rhnzoo.engine.Task.get_batches`' default (leaves that are all
-    host arrays are stacked on the host: one transfer each when used)."""
-    on_host = lambda xs: all(isinstance(x, np.ndarray) for x in xs)
-    return jax.tree.map(lambda *xs: np.stack(xs) if on_host(xs) else jnp.stack(xs), *trees)
+def stack(trees: Sequence[Any], axes: Any = 0) -> Any:
+    """The pytrees ``trees`` (K seeds' batches or states, of one structure) stacked along a
+    new leading axis: :attr:`rhnzoo.engine.Task.batch_axes`' stacking.
+
+    ``axes``: a prefix of the pytree in tuples (or lists): 0, the leaves below are stacked
+    (leaves of one rank but other shapes zero-padded at the end of each axis to the
+    largest, e.g. token buckets of other lengths); None, the first tree's leaves are kept,
+    shared by all seeds. Leaves that are all host arrays are stacked on the host (one
+    transfer each when used).
+    """
+    if axes is None:
+        return trees[0]
+    if isinstance(axes, (tuple, list)):
+        parts = [stack([t[i] for t in trees], a) for i, a in enumerate(axes)]
+        return type(trees[0])(parts)
+    return jax.tree.map(lambda *xs: _stacked(xs), *trees)
+
+
+def _stacked(xs: Sequence[Any]) -> Any:
+    """``xs`` stacked on a new leading axis, each zero-padded to their largest shape."""
+    shape = np.max([np.shape(x) for x in xs], axis=0) if np.ndim(xs[0]) else ()
+    on_host = all(isinstance(x, np.ndarray) for x in xs)
+    lib = np if on_host else jnp
+    pad = lambda x: [(0, int(n) - m) for n, m in zip(shape, np.shape(x), strict=True)]
+    xs = [x if np.shape(x) == tuple(shape) else lib.pad(x, pad(x)) for x in xs]
+    return np.stack(xs) if on_host else jnp.stack(xs)
 
 
 def row(tree: Any, k: int) -> Any:

@@ -161,7 +161,7 @@ class LanguageModel:
           time_chunk: None: the softmax over all ``[T, B, V]`` positions at once; c (a
             divisor of T): summed over time chunks of c steps in a ``lax.scan``, so
             that only ``[c, B, V]`` logits exist at a time (evaluation, see
-            :func:`rhnzoo.tasks.lm.eval_time_chunk`).
+            :func:`rhnzoo.evaluation.eval_time_chunk`).
 
         Returns:
           ``(nll_sum, carry)``: the scalar sum over all B x T positions, and the

@@ -1,21 +1,24 @@
 """Pieces shared by the classification tasks (feed-forward highway nets, sequence
-classifiers): shuffled minibatches as a pure function of (seed, epoch, index),
-softmax cross-entropy sums for the engine, and batched evaluation.
+classifiers): shuffled minibatches as a pure function of (seed, epoch, index), the
+mean cross-entropy loss of a step, and the engine's evaluation of a classifier (its
+report and batches; the sums are :mod:`rhnzoo.evaluation`'s).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from rhnzoo import evaluation
 from rhnzoo.engine import sharding
+from rhnzoo.engine.evaluate import Batches, Report
+from rhnzoo.evaluation import xent_sums
 
 Array = jax.Array
 
@@ -40,15 +43,6 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
             f"batch_size must be in [1, {n}] for {n} training examples, got {batch_size}"
         )
     return n // batch_size
-
-
-def xent_sums(logits: Array, labels: Array, weights: Array | None = None) -> dict[str, Array]:
-    """Softmax cross-entropy sums for the engine: ``{'loss': Σ CE (nats), 'count': Σ w,
-    'correct': Σ w 1[argmax = label]}`` over ``logits [B, C]``, ``labels [B]`` int."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    w = jnp.ones_like(ce) if weights is None else weights.astype(ce.dtype)
-    return {"loss": jnp.sum(ce * w), "count": jnp.sum(w), "correct": jnp.sum(hit * w)}
 
 
 def xent_loss(forward: Callable[[Any, Any, Array], tuple]):
@@ -76,77 +70,31 @@ def train_metrics(sums) -> dict[str, float]:
     return {"train_xent": sums["loss"] / count, "train_acc": sums.get("correct", math.nan) / count}
 
 
-def evaluate(
-    sums_fn: Callable[..., dict[str, Array]],
-    params: Any,
-    arrays: tuple[np.ndarray, ...],
-    batch_size: int,
-    track: Callable | None = None,
-    desc: str = "",
-    mesh: jax.sharding.Mesh | None = None,
-    stacked: bool = False,
-) -> dict[str, float] | list[dict[str, float]]:
-    """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
-
-    Args:
-      sums_fn: jit-compiled ``sums_fn(params, *batch_arrays, weights) -> xent_sums``.
-      arrays: the dataset, each ``[N, ...]`` (e.g. ``(images, labels)``); the last
-        batch is zero-padded with weight 0, so every call has one shape.
-      batch_size: rows per call.
-      track: the engine's progress/signal iterator, if any.
-      mesh: the params' ``Mesh(("data",))``: each batch's rows are split over it
-        (:func:`rhnzoo.engine.sharding.put_rows`, zero-weight rows appended when the
-        devices do not divide ``batch_size``); None: default placement.
-      stacked: ``params`` are K stacked seeds' and ``sums_fn`` is ``jax.vmap``-ped over
-        them (its sums ``[K]``): one dict per seed.
-
-    Returns:
-      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}`` (stacked: a
-      list of K).
-    """
-    n = len(arrays[0])
-    starts = range(0, n, batch_size)
-    if track is not None:
-        starts = track(starts, total=-(-n // batch_size), desc=desc)
-    place = (lambda b: b) if mesh is None else (lambda b: sharding.put_rows(b, mesh, pad=True))
-    batches = padded_slices(arrays, batch_size, starts)
-    totals = add_up(sums_fn(params, *place(b)) for b in batches)
-    return seed_means(totals) if stacked else means(totals)
-
-
-def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
-    """Yields ``(*parts, weights)`` for the rows ``start : start + batch_size`` of every
-    array (default starts: every batch), the last one zero-padded to ``batch_size``
-    rows with weight 0, so that a jit-compiled function sees one shape."""
-    for start in range(0, len(arrays[0]), batch_size) if starts is None else starts:
-        part = [a[start : start + batch_size] for a in arrays]
-        pad = batch_size - len(part[0])
-        weights = np.concatenate([np.ones(len(part[0]), np.float32), np.zeros(pad, np.float32)])
-        part = [
-            np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a for a in part
-        ]
-        yield (*part, weights)
-
-
-def add_up(sums: Iterable[Any]) -> Any:
-    """The element-wise sum of a stream of equal pytrees (of device arrays)."""
-    totals = None
-    for s in sums:
-        totals = s if totals is None else jax.tree.map(jnp.add, totals, s)
-    return totals
-
-
-def seed_means(totals: dict[str, Array]) -> list[dict[str, float]]:
-    """:func:`means` of each seed of K stacked seeds' totals (each ``[K]``)."""
-    totals = jax.device_get(totals)
-    return [means({k: v[i] for k, v in totals.items()}) for i in range(len(totals["count"]))]
-
-
-def means(totals: dict[str, Array]) -> dict[str, float]:
-    """``{'loss', 'accuracy', 'count'}`` from summed :func:`xent_sums`."""
-    totals = {k: float(v) for k, v in totals.items()}
-    return {
-        "loss": totals["loss"] / totals["count"],
-        "accuracy": totals["correct"] / totals["count"],
-        "count": int(totals["count"]),
+def report(select: str, higher_is_better: bool = False, **kwargs) -> Report:
+    """A classifier's :class:`rhnzoo.engine.evaluate.Report`: each split's mean
+    cross-entropy ``'<split>_xent'`` (nats) and accuracy ``'<split>_acc'`` from summed
+    :func:`rhnzoo.evaluation.xent_sums`, :func:`train_metrics`; ``kwargs``: the Report's
+    other fields (chance loss, unit, ...)."""
+    metrics = lambda split, s: {
+        f"{split}_xent": s["loss"] / s["count"],
+        f"{split}_acc": s["correct"] / s["count"],
     }
+    return Report(select, metrics, higher_is_better, train_metrics, **kwargs)
+
+
+def eval_batches(splits: Mapping[str, tuple[np.ndarray, ...]], batch_size: int, mesh=None):
+    """The engine's ``eval_batches(split, final)`` of a classifier evaluated on whole
+    arrays (``splits[split]``, e.g. ``(images, labels)``, each ``[N, ...]``): batches of
+    ``batch_size`` rows plus weights, the last zero-padded with weight 0
+    (:func:`rhnzoo.evaluation.padded_slices`), their rows split over ``mesh`` (zero-weight
+    rows appended when the devices do not divide them)."""
+    place = (
+        (lambda b: b) if mesh is None else functools.partial(sharding.put_rows, mesh=mesh, pad=True)
+    )
+
+    def batches(split: str, final: bool) -> Batches:
+        arrays = splits[split]
+        get = lambda i: place(next(evaluation.padded_slices(arrays, batch_size, [i * batch_size])))
+        return Batches(-(-len(arrays[0]) // batch_size), get)
+
+    return batches

@@ -28,10 +28,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rhnzoo import evaluation
+from rhnzoo.evaluation import inputs, split_data  # noqa: F401  (the task's data, as before)
 from rhnzoo.configs.highway import HighwayConfig
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.tasks import classify
@@ -40,7 +41,7 @@ from rhnzoo.engine import sharding, step
 
 Array = jax.Array
 Params = Any
-Split = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, m], labels int32 [N])
+Split = evaluation.Split
 
 __all__ = [
     "inputs",
@@ -48,43 +49,11 @@ __all__ = [
     "make_optimizer",
     "forward",
     "make_train_step",
-    "make_sums_fn",
+    "eval_step",
     "evaluate",
     "init_state",
     "train_and_evaluate",
 ]
-
-
-def inputs(images: Array) -> Array:
-    """``uint8 [B, ...] -> float32 [B, m]`` in [0, 1]: flattened, pixel / 255."""
-    return images.reshape(images.shape[0], -1).astype(jnp.float32) / 255.0
-
-
-def split_data(
-    train_images: np.ndarray,
-    train_labels: np.ndarray,
-    test_images: np.ndarray,
-    test_labels: np.ndarray,
-    valid_size: int,
-) -> dict[str, Split]:
-    """``{'train', 'valid', 'test'}`` -> (images uint8 ``[N, m]`` flattened, labels
-    int32 ``[N]``); valid is the last ``valid_size`` training images.
-
-    Raises:
-      ValueError: unless 1 <= valid_size < number of training images.
-    """
-    n = len(train_images)
-    if not isinstance(valid_size, int) or not 1 <= valid_size < n:
-        raise ValueError(
-            f"--valid_size must be in [1, {n - 1}] for {n} training images, got {valid_size!r}"
-        )
-    flat = lambda a: np.ascontiguousarray(np.asarray(a, np.uint8).reshape(len(a), -1))
-    x, y = flat(train_images), np.asarray(train_labels, np.int32)
-    return {
-        "train": (x[: n - valid_size], y[: n - valid_size]),
-        "valid": (x[n - valid_size :], y[n - valid_size :]),
-        "test": (flat(test_images), np.asarray(test_labels, np.int32)),
-    }
 
 
 def make_optimizer(
@@ -116,20 +85,10 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
 
 
 @functools.lru_cache(maxsize=16)
-def make_sums_fn(net: FeedForwardNet, stacked: bool = False) -> Callable[..., dict[str, Array]]:
-    """jit ``(params, images uint8 [B, m], labels [B], weights [B]) -> xent_sums``
-    (``stacked``: K stacked seeds' params, the sums ``[K]``).
-
-    The stacked sums are each seed's, one seed after another in the one program
-    (``jax.lax.map``), each formed as the unstacked function forms it: on the CPU equal
-    bit for bit to a separate run's, so a near-tie picks the same best checkpoint. (A
-    ``jax.vmap`` over the seeds rounded differently: validation losses off in the 8th
-    digit at some shapes.)
-    """
-    sums = lambda p, images, labels, w: classify.xent_sums(net.apply(p, inputs(images)), labels, w)
-    if not stacked:
-        return jax.jit(sums)
-    return jax.jit(lambda ps, *batch: jax.lax.map(lambda p: sums(p, *batch), ps))
+def eval_step(net: FeedForwardNet):
+    """The engine's ``eval_step(params, (images, labels, weights)) -> xent_sums`` of
+    ``net``: one function object per net, so the runs of a sweep share its compilation."""
+    return functools.partial(evaluation.highway_sums, net)
 
 
 def evaluate(
@@ -139,11 +98,11 @@ def evaluate(
     batch_size: int = 1000,
     track=None,
     desc: str = "",
-    mesh=None,
 ) -> dict[str, float]:
     """Mean cross-entropy (nats) and accuracy of ``params`` on ``split``:
-    ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.tasks.classify.evaluate`)."""
-    return classify.evaluate(make_sums_fn(net), params, split, batch_size, track, desc, mesh)
+    ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.evaluation.evaluate`)."""
+    sums_fn = evaluation.highway_sums_fn(net)
+    return evaluation.evaluate(sums_fn, params, split, batch_size, track, desc)
 
 
 def init_state(net: FeedForwardNet, tx: optax.GradientTransformation, key: Array) -> dict:
@@ -212,57 +171,23 @@ def train_and_evaluate(
     images, labels = sharding.put_tree((x_train, y_train), replicated)
     fresh = jax.jit(functools.partial(init_state, net, tx))  # one compilation per run
 
-    def indices(seed: int, epoch: int, index: int):
+    def train_batch(seed: int, epoch: int, index: int):  # indices into the training set
         idx = classify.batch_indices(seed, epoch, index, len(x_train), cfg.batch_size)
-        return idx.astype(np.int32)
-
-    def get_batch(seed: int, epoch: int, index: int):
-        return images, labels, sharding.put_rows(indices(seed, epoch, index), mesh)
-
-    def get_batches(seeds, epoch: int, index: int):  # K seeds' indices into one training set
-        idx = np.stack([indices(seed, epoch, index) for seed in seeds])
-        return images, labels, sharding.put_rows(idx, mesh, stacked=True)
-
-    def metrics(params, split: str, track) -> dict[str, float]:
-        r = evaluate(net, params, splits[split], cfg.eval_batch_size, track, split, mesh)
-        return {f"{split}_xent": r["loss"], f"{split}_acc": r["accuracy"]}
-
-    def validate(params, track) -> dict[str, float]:
-        out = metrics(params, "valid", track)
-        return {**out, "valid_loss": out["valid_xent"]}
-
-    seeds_sums = make_sums_fn(net, stacked=True)
-
-    def validate_stacked(params, track) -> list[dict[str, float]]:  # K seeds at once
-        rows = classify.evaluate(
-            seeds_sums,
-            params,
-            splits["valid"],
-            cfg.eval_batch_size,
-            track,
-            "valid",
-            mesh,
-            stacked=True,
-        )
-        return [
-            {"valid_xent": r["loss"], "valid_acc": r["accuracy"], "valid_loss": r["loss"]}
-            for r in rows
-        ]
+        return images, labels, sharding.put_rows(idx.astype(np.int32), mesh)
 
     task = engine.Task(
         init_state=lambda key: sharding.put_tree(fresh(key), replicated),
         train_step=make_train_step(net, tx),
-        get_batch=get_batch,
-        get_batches=get_batches,
-        seed_axes=(None, None, 0),
+        train_batch=train_batch,
         steps_per_epoch=steps_per_epoch,
-        validate=validate,
-        validate_stacked=validate_stacked,
-        final_evaluate=lambda p, track: {**metrics(p, "valid", track), **metrics(p, "test", track)},
-        select="valid_xent",
-        train_metrics=classify.train_metrics,
-        chance_loss=math.log(net.num_classes),
-        unit="img",
-        learning_rate=lambda step: float(schedule(step)),
+        eval_step=eval_step(net),
+        eval_batches=classify.eval_batches(splits, cfg.eval_batch_size, mesh),
+        report=classify.report(
+            "valid_xent",
+            chance_loss=math.log(net.num_classes),
+            unit="img",
+            learning_rate=lambda step: float(schedule(step)),
+        ),
+        batch_axes=(None, None, 0),  # the training set kept once, shared by the seeds
     )
     return engine.run(task, cfg, workdir, seeds=seeds, on_divergence=on_divergence, log=log)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import time
 from typing import Any
 
 import jax
@@ -34,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import data
+from rhnzoo import data, evaluation
 from rhnzoo.configs.lm import LMConfig
 from rhnzoo.models.lm import LanguageModel
 from rhnzoo import engine
 from rhnzoo.engine import sharding, step
+from rhnzoo.engine.evaluate import Batches, Report
 
 Array = jax.Array
 State = dict[str, Any]
@@ -114,95 +114,64 @@ def make_train_step(model: LanguageModel, cfg: LMConfig, tx: optax.GradientTrans
     return step.make_train_step(functools.partial(window_loss, model, cfg), tx)
 
 
-def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
-    """Cuts ``tokens [N]`` into evaluation windows covering every prediction.
+def final_batch_size(config: LMConfig, corpus: data.Corpus, steps_per_epoch: int) -> int:
+    """The final evaluation's rows: ``config.eval_batch_size``, else 1 (the reference
+    protocol) for a full run and the training batch for a run cut short.
 
-    Returns ``(x, y, w)``, each ``[W, B, num_steps]``: inputs, targets and 0/1
-    weights (the last window is zero-padded); B rows of the batchified stream,
-    so B = 1 evaluates all N - 1 predictions as one sequence.
+    Raises ValueError (before training) if a split has fewer than two tokens a row.
     """
-    rows = data.batchify(tokens, batch_size)
-    x, y = rows[:, :-1], rows[:, 1:]
-    pad = -x.shape[1] % num_steps
-    w = np.pad(np.ones_like(x, np.float32), ((0, 0), (0, pad)))
-    x, y = (np.pad(a, ((0, 0), (0, pad))) for a in (x, y))
-    split = lambda a: a.reshape(batch_size, -1, num_steps).transpose(1, 0, 2)
-    return split(x), split(y), split(w)
+    cut = config.cut_short(steps_per_epoch)
+    eval_batch = config.eval_batch_size or (config.batch_size if cut else 1)
+    for split in ("valid", "test"):
+        n = len(getattr(corpus, split))
+        if eval_batch > n // 2:
+            raise ValueError(
+                f"--eval_batch_size={eval_batch} is too large for the {split} "
+                f"split's {n:,} tokens (at most {n // 2:,}: two per row)"
+            )
+    return eval_batch
 
 
-def eval_time_chunk(
-    num_steps: int, batch_size: int, vocab_size: int, max_logits: int = 1 << 21
-) -> int:
-    """The largest divisor c of ``num_steps`` with ``c * batch_size * vocab_size <=
-    max_logits`` (at least 1): the ``time_chunk`` of :meth:`LanguageModel.nll` that keeps
-    an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
+def eval_protocol(model: LanguageModel, config: LMConfig, corpus, mesh, eval_batch: int):
+    """The engine's ``(eval_step, eval_batches, eval_carry)`` of the LM: windows of the
+    split's stream (:func:`rhnzoo.evaluation.eval_windows`), the state carried across
+    them from zero (:func:`rhnzoo.evaluation.window_sums`); the validation in
+    ``config.batch_size`` rows and ``num_steps`` windows, the final evaluation in
+    ``eval_batch`` rows and ``eval_num_steps`` windows; rows split over ``mesh``
+    (zero-weight rows appended when the devices do not divide them)."""
+    place = functools.partial(sharding.put_rows, mesh=mesh, pad=True)
+    final_shape = (eval_batch, config.eval_num_steps)
+    shape = lambda final: final_shape if final else (config.batch_size, config.num_steps)
 
-    Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
-    words) make the CPU page in fresh memory on every call (figures in docs/runs/engine/figures.md).
-    """
-    steps = max(1, max_logits // (batch_size * vocab_size))
-    return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
+    def eval_batches(split: str, final: bool):
+        x, y, w = evaluation.eval_windows(getattr(corpus, split), *shape(final))
+        return Batches(len(x), lambda i: place((x[i], y[i], w[i])))
 
+    def eval_carry(split: str, final: bool):
+        return place(model.initial_carry(shape(final)[0]))
 
-def _eval_window(model: LanguageModel, params, carry, total, x, y, w):
-    """One evaluation window: the carry after it and ``total`` plus its summed NLL."""
-    chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
-    nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
-    return carry, total + nll
-
-
-class Evaluator:
-    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``;
-    with ``stacked=True``, K seeds' parameters stacked on a leading axis evaluated at once
-    (the window ``jax.vmap``-ped over them): ``([nll_sum] * K, count)``.
-
-    One jit-compiled call per window of ``num_steps`` (the state carried across
-    windows, at most two in flight), so a long evaluation shows progress and stops
-    promptly on a signal when given the engine's ``track``; no dropout.
-    Nats per symbol are ``nll_sum / count``; :data:`METRICS` turns them into the metric.
-
-    With a ``mesh`` (the params' devices, possibly spread over processes) the
-    windows' rows are sharded over its ``"data"`` axis, zero-weight rows appended when
-    the devices do not divide ``batch_size`` (the batch-1 protocol on 8 devices runs
-    as 8 rows, one per device, 7 of them weighing nothing); every process passes the
-    same tokens.
-    """
-
-    def __init__(self, model: LanguageModel, mesh: jax.sharding.Mesh | None = None):
-        self.model, self.mesh = model, mesh
-        window = functools.partial(_eval_window, model)
-        self._window = jax.jit(window)
-        self._windows = jax.jit(jax.vmap(window, in_axes=(0, 0, 0, None, None, None)))
-
-    def _rows(self, a):
-        return a if self.mesh is None else sharding.put_rows(a, self.mesh, pad=True)
-
-    def __call__(self, params, tokens, batch_size, num_steps, track=None, stacked=False):
-        x, y, w = eval_windows(tokens, batch_size, num_steps)
-        carry, total = self._rows(self.model.initial_carry(batch_size)), np.zeros((), np.float32)
-        window = self._window
-        if stacked:  # one carry and total per seed, the rows still split over the devices
-            k = len(jax.tree.leaves(params)[0])
-            carry = jax.tree.map(lambda a: jnp.stack([a] * k), carry)
-            total, window = np.zeros(k, np.float32), self._windows
-        if self.mesh is not None:
-            total = sharding.put(total, sharding.replicated(self.mesh))
-        indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
-        for i in indices:
-            previous = total
-            carry, total = window(params, carry, total, *self._rows((x[i], y[i], w[i])))
-            jax.block_until_ready(previous)
-        count = float(w.sum())
-        return (
-            (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
-        )
+    return functools.partial(evaluation.window_sums, model), eval_batches, eval_carry
 
 
-# Metric name -> nats per symbol to the metric: perplexity (inf past e^700), bits per character.
-METRICS = {
-    "ppl": lambda nats: math.exp(nats) if nats < 700 else math.inf,
-    "bpc": lambda nats: nats / math.log(2),
-}
+def report(config: LMConfig, model, schedule, eval_batch: int, steps_per_epoch: int) -> Report:
+    """How an LM run is reported: ``config.metric`` (perplexity or BPC) of the splits and
+    of the training windows, tokens, the learning rate and the final protocol."""
+    metric, to_metric = config.metric, evaluation.METRICS[config.metric]
+    cut = config.cut_short(steps_per_epoch) and config.eval_batch_size is None
+    return Report(
+        select=f"valid_{metric}",
+        metrics=lambda split, s: {f"{split}_{metric}": to_metric(s["loss"] / s["count"])},
+        train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
+        chance_loss=math.log(model.vocab_size),
+        unit="tok",
+        learning_rate=lambda step: float(schedule(step)),
+        timed=True,
+        final_label=f"eval batch {eval_batch}" + (", batched because the run was cut short" * cut),
+        final_settings={
+            "eval_batch_size": eval_batch,
+            "eval_protocol": "reference batch-1" if eval_batch == 1 else "batched",
+        },
+    )
 
 
 def train_and_evaluate(
@@ -246,8 +215,7 @@ def train_and_evaluate(
       engine.TrainingDiverged: the loss became non-finite or exploded (``'raise'``).
       rhnzoo.engine.signals.Interrupted: a signal arrived (the state was saved).
     """
-    model, metric = model or config.model(corpus.vocab_size), config.metric
-    to_metric = METRICS[metric]
+    model = model or config.model(corpus.vocab_size)
     mesh = sharding.data_mesh(devices)
     sharding.check_divisible(config.batch_size, mesh)
     rows_np = data.batchify(corpus.train, config.batch_size)
@@ -255,71 +223,24 @@ def train_and_evaluate(
     steps_per_epoch = data.num_windows(rows_np.shape[1], config.num_steps)
     rows = sharding.put(rows_np, sharding.by_rows(mesh))
     tx, schedule = make_optimizer(config, steps_per_epoch), config.schedule(steps_per_epoch)
-    evaluate = Evaluator(model, mesh)
-    cut = config.cut_short(steps_per_epoch)
-    eval_batch = config.eval_batch_size or (config.batch_size if cut else 1)
-    for split in ("valid", "test"):  # before training: the final evaluation's batch fits
-        n = len(getattr(corpus, split))
-        if eval_batch > n // 2:
-            raise ValueError(
-                f"--eval_batch_size={eval_batch} is too large for the {split} "
-                f"split's {n:,} tokens (at most {n // 2:,}: two per row)"
-            )
+    eval_batch = final_batch_size(config, corpus, steps_per_epoch)
+    eval_step, eval_batches, eval_carry = eval_protocol(model, config, corpus, mesh, eval_batch)
 
     def init(key):
         state = sharding.put_tree(init_state(model, config, tx, key), sharding.replicated(mesh))
         state["carry"] = sharding.put_tree(state["carry"], sharding.by_rows(mesh))
         return state
 
-    def validated(nll, count):
-        return {f"valid_{metric}": to_metric(nll / count), "valid_loss": nll / count}
-
-    def validate(params, track):
-        return validated(
-            *evaluate(params, corpus.valid, config.batch_size, config.num_steps, track)
-        )
-
-    def validate_stacked(params, track):  # K seeds' parameters, one evaluation
-        nlls, count = evaluate(
-            params, corpus.valid, config.batch_size, config.num_steps, track, stacked=True
-        )
-        return [validated(nll, count) for nll in nlls]
-
-    def final_evaluate(params, track):
-        out = {
-            "eval_batch_size": eval_batch,
-            "eval_protocol": "reference batch-1" if eval_batch == 1 else "batched",
-        }
-        for split in ("valid", "test"):
-            t0 = time.perf_counter()
-            split_track = functools.partial(track, desc=f"final {split} (batch {eval_batch})")
-            nll, count = evaluate(
-                params, getattr(corpus, split), eval_batch, config.eval_num_steps, split_track
-            )
-            out[f"{split}_{metric}"] = to_metric(nll / count)
-            out[f"{split}_eval_s"] = time.perf_counter() - t0
-        return out
-
-    short = (
-        ", batched because the run was cut short" if cut and config.eval_batch_size is None else ""
-    )
     task = engine.Task(
         init_state=init,
         train_step=make_train_step(model, config, tx),
-        get_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
-        get_batches=lambda seeds, epoch, index: (rows, np.int32(index)),
-        seed_axes=None,
+        train_batch=lambda seed, epoch, index: (rows, np.int32(index)),  # one order for all
         steps_per_epoch=steps_per_epoch,
-        validate=validate,
-        validate_stacked=validate_stacked,
-        final_evaluate=final_evaluate,
-        select=f"valid_{metric}",
-        train_metrics=lambda s: {f"train_{metric}": to_metric(s["loss"] / max(s["count"], 1))},
-        chance_loss=math.log(model.vocab_size),
-        unit="tok",
-        learning_rate=lambda step: float(schedule(step)),
-        final_label=f"eval batch {eval_batch}{short}",
-        final_settings={"eval_batch_size": eval_batch},
+        eval_step=eval_step,
+        eval_batches=eval_batches,
+        report=report(config, model, schedule, eval_batch, steps_per_epoch),
+        batch_axes=None,  # the stream kept once, shared by the seeds
+        eval_carry=eval_carry,
     )
     out = engine.run(
         task, config, workdir or config.run_dir, seeds=seeds, on_divergence=on_divergence, log=log

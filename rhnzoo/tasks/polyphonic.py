@@ -34,6 +34,7 @@ from rhnzoo.configs.jsb import PolyphonicConfig
 from rhnzoo.data.music import NUM_NOTES, pad_batch
 from rhnzoo.models.piano_roll import PianoRollModel, nll_sums
 from rhnzoo import engine
+from rhnzoo.engine.evaluate import Report
 from rhnzoo.engine import step
 
 Array = jax.Array
@@ -74,6 +75,20 @@ def _engine_step(model: PianoRollModel):
     clipped SGD whose hyperparameters come from the optimizer state. One function object
     per model, so every trial of a random search reuses the compiled step."""
     return step.make_train_step(functools.partial(nll_loss, model), sgd(0.0, 0.0, 1.0))
+
+
+def eval_sums(model: PianoRollModel, params: Params, batch) -> dict[str, Array]:
+    """The engine's ``eval_step``: ``{'loss': Σ NLL (nats), 'count': predictions}`` of
+    ``batch = (x [T, B, 88], mask [T, B])`` (``pad_batch``)."""
+    total, count = nll_sums(model, params, *batch)
+    return {"loss": total, "count": count}
+
+
+@functools.cache
+def _eval_step(model: PianoRollModel):
+    """:func:`eval_sums` of ``model``: one function object per model, so every trial of a
+    random search reuses the compiled evaluation."""
+    return functools.partial(eval_sums, model)
 
 
 _nll_sums_jit = jax.jit(nll_sums, static_argnums=0)
@@ -146,6 +161,14 @@ class TrainResult:
     best_params: Params = dataclasses.field(default=None, repr=False, compare=False)
 
 
+def _eval_batches(data: dict[str, Sequence[np.ndarray]]):
+    """The engine's ``eval_batches(split, final)``: the split's sequences as one batch,
+    valid and test padded to one shape (the evaluation compiles once per model)."""
+    length = max(s.shape[0] for split in ("valid", "test") for s in data[split])
+    size = max(len(data["valid"]), len(data["test"]))
+    return lambda split, final: [tuple(map(jnp.asarray, pad_batch(data[split], length, size)))]
+
+
 def train_and_evaluate(
     config: PolyphonicConfig,
     data: dict[str, Sequence[np.ndarray]],
@@ -188,11 +211,6 @@ def train_and_evaluate(
     """
     train_seqs, size = list(data["train"]), config.batch_size
     length = max(s.shape[0] for s in train_seqs)
-    # Valid and test padded to one shape: the evaluation compiles once per model.
-    pad = {
-        "length": max(s.shape[0] for split in ("valid", "test") for s in data[split]),
-        "batch_size": max(len(data["valid"]), len(data["test"])),
-    }
 
     def init_state(key: Array):
         p = model.init(key) if params is None else params
@@ -201,37 +219,26 @@ def train_and_evaluate(
             "opt_state": sgd(config.lr, config.momentum, config.max_grad_norm).init(p),
         }
 
-    def get_batch(seed: int, epoch: int, index: int):
+    def train_batch(seed: int, epoch: int, index: int):
         order = epoch_order(seed, epoch, len(train_seqs))
         picked = order[index * size : (index + 1) * size]
         return pad_batch([train_seqs[j] for j in picked], length, size)
-
-    def nlls(p: Params, splits: tuple[str, ...]) -> dict[str, float]:
-        return {f"{split}_nll": evaluate(model, p, data[split], **pad) for split in splits}
-
-    def validate(p: Params, track) -> dict[str, float]:
-        nll = nlls(p, ("valid",))["valid_nll"]
-        return {"valid_nll": nll, "valid_loss": nll}
-
-    def validate_stacked(p: Params, track) -> list[dict[str, float]]:  # K seeds at once
-        return [
-            {"valid_nll": nll, "valid_loss": nll}
-            for nll in evaluate(model, p, data["valid"], **pad, stacked=True)
-        ]
 
     steps_per_epoch = -(-len(train_seqs) // size)
     task = engine.Task(
         init_state=init_state,
         train_step=_engine_step(model),
-        get_batch=get_batch,
+        train_batch=train_batch,
         steps_per_epoch=steps_per_epoch,
-        validate=validate,
-        validate_stacked=validate_stacked,
-        final_evaluate=lambda p, track: nlls(p, ("valid", "test")),
-        select="valid_nll",
-        chance_loss=NUM_NOTES * math.log(2),
-        unit="step",
-        train_metrics=_train_metrics,
+        eval_step=_eval_step(model),
+        eval_batches=_eval_batches(data),
+        report=Report(
+            select="valid_nll",
+            metrics=lambda split, sums: {f"{split}_nll": sums["loss"] / sums["count"]},
+            train_metrics=_train_metrics,
+            chance_loss=NUM_NOTES * math.log(2),
+            unit="step",
+        ),
     )
     start = time.perf_counter()
     out = engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)

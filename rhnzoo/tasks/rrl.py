@@ -35,13 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rhnzoo import cells, data
+from rhnzoo import cells, data, evaluation
 from rhnzoo.configs.rrl import RRLConfig, TrainConfig
 from rhnzoo.data.sequences import Dataset, Split
 from rhnzoo.models.classifier import SequenceClassifier
 from rhnzoo.tasks import classify
 from rhnzoo import engine
-from rhnzoo.engine import sharding, stacking, step
+from rhnzoo.engine import sharding, step
+from rhnzoo.engine.evaluate import Batches
 
 Array = jax.Array
 
@@ -132,9 +133,11 @@ def _forward(model: SequenceClassifier, params, batch, key):
     return logits, labels, weights, {"tokens": jnp.sum(lengths * weights)}
 
 
-def _eval_sums(model: SequenceClassifier, params, inputs, lengths, labels, weights):
-    """:func:`rhnzoo.tasks.classify.xent_sums` of an evaluation batch (no dropout)."""
-    return classify.xent_sums(model.logits(params, inputs, lengths), labels, weights)
+def _eval_sums(model: SequenceClassifier, params, batch):
+    """The engine's ``eval_step``: :func:`rhnzoo.evaluation.xent_sums` of an evaluation
+    batch ``(inputs, lengths [B], labels [B], weights [B])`` (no dropout)."""
+    inputs, lengths, labels, weights = batch
+    return evaluation.xent_sums(model.logits(params, inputs, lengths), labels, weights)
 
 
 def make_train_step(model: SequenceClassifier, tx: optax.GradientTransformation):
@@ -154,34 +157,33 @@ def _initial_params(model: SequenceClassifier, key: Array, embeddings) -> dict:
     return params
 
 
-def _evaluate(
-    sums_fn,
-    params,
-    name: str,
-    split: Split,
-    batches,
-    config: TrainConfig,
-    mesh,
-    track,
-    stacked: bool = False,
-) -> dict[str, float] | list[dict[str, float]]:
-    """``{'<name>_acc': accuracy, '<name>_xent': mean cross-entropy (nats)}`` of ``params``
-    on ``split`` in its evaluation ``batches`` (:func:`plan`), each padded and its rows
-    split over ``mesh``; ``sums_fn``: the jitted :func:`_eval_sums`, ``track``: the
-    engine's; ``stacked``: K stacked seeds' ``params``, ``sums_fn`` vmapped over them, a
-    dict per seed."""
-    totals = classify.add_up(
-        sums_fn(
-            params,
-            *sharding.put_rows(pad(split, rows, config.batch_size, length, config.keep), mesh),
-        )
-        for length, rows in track(batches, total=len(batches), desc=name)
+def train_batches(train: Split, config: TrainConfig, mesh):
+    """The engine's ``train_batch(seed, epoch, index)``: batch ``index`` of the epoch's
+    shuffled plan (:func:`plan` of ``(seed, epoch)``, a pure function of the three; the
+    plans of recent epochs kept), padded (:func:`pad`), its rows split over ``mesh``.
+    Stacked seeds' batches of buckets of other lengths are zero-padded to the longest
+    (:attr:`rhnzoo.engine.Task.batch_axes`)."""
+    epoch_plan = functools.lru_cache(maxsize=32)(
+        lambda seed, epoch: plan(train, config, (seed, epoch))
     )
-    named = lambda m: {f"{name}_acc": m["accuracy"], f"{name}_xent": m["loss"]}
-    return (
-        [named(m) for m in classify.seed_means(totals)]
-        if stacked
-        else named(classify.means(totals))
+
+    def train_batch(seed: int, epoch: int, index: int):
+        length, rows = epoch_plan(seed, epoch)[index]
+        return sharding.put_rows(pad(train, rows, config.batch_size, length, config.keep), mesh)
+
+    return train_batch
+
+
+def eval_batches(splits: dict[str, Split], config: TrainConfig, mesh):
+    """The engine's ``eval_batches(split, final)``: the split's buckets in data order
+    (:func:`plan`), each batch padded (:func:`pad`) and its rows split over ``mesh``."""
+    plans = {name: plan(splits[name], config, None) for name in ("dev", "test")}
+
+    def batch(split: Split, length: int, rows):
+        return sharding.put_rows(pad(split, rows, config.batch_size, length, config.keep), mesh)
+
+    return lambda name, final: Batches(
+        len(plans[name]), lambda i: batch(splits[name], *plans[name][i])
     )
 
 
@@ -292,70 +294,21 @@ def train_and_evaluate(
             {"params": params, "opt_state": tx.init(params)}, sharding.replicated(mesh)
         )
 
-    # Batch k of epoch e: a pure function of (seed, e, k); the plans of an epoch are kept.
-    epoch_plan = functools.lru_cache(maxsize=32)(
-        lambda seed, epoch: plan(kept.train, config, (seed, epoch))
-    )
-
-    def get_batch(seed, epoch, index):
-        length, rows = epoch_plan(seed, epoch)[index]
-        return sharding.put_rows(
-            pad(kept.train, rows, config.batch_size, length, config.keep), mesh
-        )
-
-    def get_batches(seeds, epoch, index):  # K seeds' buckets padded to the longest on the host
-        planned = [epoch_plan(seed, epoch)[index] for seed in seeds]
-        longest = max(length for length, _ in planned)
-        batches = [
-            pad(kept.train, rows, config.batch_size, length, config.keep, width=longest)
-            for length, rows in planned
-        ]
-        return sharding.put_rows(stacking.stack(batches), mesh, stacked=True)
-
-    eval_sums = jax.jit(functools.partial(_eval_sums, model))
-    seeds_sums = jax.jit(jax.vmap(functools.partial(_eval_sums, model), (0,) + (None,) * 4))
-    eval_plans = {name: plan(splits[name], config, None) for name in ("dev", "test")}
-
-    def evaluate(params, name, track, stacked=False):
-        return _evaluate(
-            seeds_sums if stacked else eval_sums,
-            params,
-            name,
-            splits[name],
-            eval_plans[name],
-            config,
-            mesh,
-            track,
-            stacked,
-        )
-
-    def validate(params, track):
-        dev = evaluate(params, "dev", track)
-        return {**dev, "valid_loss": dev["dev_xent"]}
-
-    def validate_stacked(params, track):  # K seeds' parameters, one evaluation
-        return [
-            {**dev, "valid_loss": dev["dev_xent"]}
-            for dev in evaluate(params, "dev", track, stacked=True)
-        ]
-
     task = engine.Task(
         init_state=init_state,
         train_step=make_train_step(model, tx),
-        get_batch=get_batch,
-        get_batches=get_batches,
+        train_batch=train_batches(kept.train, config, mesh),
         steps_per_epoch=len(plan(kept.train, config, None)),
-        validate=validate,
-        validate_stacked=validate_stacked,
-        select="dev_acc",
-        higher_is_better=True,
-        final_evaluate=lambda params, track: {
-            **evaluate(params, "dev", track),
-            **evaluate(params, "test", track),
-        },
-        train_metrics=classify.train_metrics,
-        chance_loss=math.log(kept.num_classes),
-        unit="tok",
-        throughput_key="tokens",
+        eval_step=functools.partial(_eval_sums, model),
+        eval_batches=eval_batches(splits, config, mesh),
+        report=classify.report(
+            "dev_acc",
+            higher_is_better=True,
+            chance_loss=math.log(kept.num_classes),
+            unit="tok",
+            throughput_key="tokens",
+            validation=("dev",),
+            final=("dev", "test"),
+        ),
     )
     return engine.run(task, config, workdir, seeds=seeds, on_divergence=on_divergence, log=log)

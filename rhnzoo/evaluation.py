@@ -1,0 +1,259 @@
+"""The evaluation shared by training and analysis, below both: what a batch contributes
+(scalar sums), how a split is cut into batches, and how sums become metrics.
+
+* Classification (highway nets, sequence classifiers): :func:`xent_sums` of a batch,
+  :func:`padded_slices` of a split, :func:`add_up`, :func:`means` / :func:`seed_means`,
+  :func:`evaluate` in batches; the highway nets' :func:`inputs` and
+  :func:`highway_sums`, and :func:`split_data` (their train / valid / test splits).
+* Language models (Zilly et al. 2017's protocol): :func:`eval_windows` of a token
+  stream, :func:`window_sums` (one window, the state carried across windows),
+  :data:`METRICS`, and :class:`Evaluator` (a whole stream, window by window).
+
+The engine's validation loop (:mod:`rhnzoo.engine.evaluate`) sums the same steps; these
+functions import nothing above the models, so analysis reuses them without a trainer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rhnzoo import data
+
+Array = jax.Array
+Split = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, m], labels int32 [N])
+
+
+# ------------------------------------------------------------------- classification
+
+
+def xent_sums(logits: Array, labels: Array, weights: Array | None = None) -> dict[str, Array]:
+    """Softmax cross-entropy sums for the engine: ``{'loss': Σ CE (nats), 'count': Σ w,
+    'correct': Σ w 1[argmax = label]}`` over ``logits [B, C]``, ``labels [B]`` int."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    w = jnp.ones_like(ce) if weights is None else weights.astype(ce.dtype)
+    return {"loss": jnp.sum(ce * w), "count": jnp.sum(w), "correct": jnp.sum(hit * w)}
+
+
+def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
+    """Yields ``(*parts, weights)`` for the rows ``start : start + batch_size`` of every
+    array (default starts: every batch), the last one zero-padded to ``batch_size``
+    rows with weight 0, so that a jit-compiled function sees one shape."""
+    for start in range(0, len(arrays[0]), batch_size) if starts is None else starts:
+        part = [a[start : start + batch_size] for a in arrays]
+        pad = batch_size - len(part[0])
+        weights = np.concatenate([np.ones(len(part[0]), np.float32), np.zeros(pad, np.float32)])
+        part = [
+            np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a for a in part
+        ]
+        yield (*part, weights)
+
+
+def add_up(sums: Iterable[Any]) -> Any:
+    """The element-wise sum of a stream of equal pytrees (of device arrays)."""
+    totals = None
+    for s in sums:
+        totals = s if totals is None else jax.tree.map(jnp.add, totals, s)
+    return totals
+
+
+def means(totals: dict[str, Any]) -> dict[str, float]:
+    """``{'loss', 'accuracy', 'count'}`` from summed :func:`xent_sums`."""
+    totals = {k: float(v) for k, v in totals.items()}
+    return {
+        "loss": totals["loss"] / totals["count"],
+        "accuracy": totals["correct"] / totals["count"],
+        "count": int(totals["count"]),
+    }
+
+
+def seed_means(totals: dict[str, Array]) -> list[dict[str, float]]:
+    """:func:`means` of each seed of K stacked seeds' totals (each ``[K]``)."""
+    totals = jax.device_get(totals)
+    return [means({k: v[i] for k, v in totals.items()}) for i in range(len(totals["count"]))]
+
+
+def evaluate(
+    sums_fn: Callable[..., dict[str, Array]],
+    params: Any,
+    arrays: tuple[np.ndarray, ...],
+    batch_size: int,
+    track: Callable | None = None,
+    desc: str = "",
+    place: Callable[[Any], Any] | None = None,
+    stacked: bool = False,
+) -> dict[str, float] | list[dict[str, float]]:
+    """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
+
+    Args:
+      sums_fn: jit-compiled ``sums_fn(params, *batch_arrays, weights) -> xent_sums``.
+      arrays: the dataset, each ``[N, ...]`` (e.g. ``(images, labels)``); the last
+        batch is zero-padded with weight 0, so every call has one shape.
+      batch_size: rows per call.
+      track: a progress/signal iterator (the engine's ``track``), if any.
+      place: puts a batch's arrays on the devices (e.g. rows split over a mesh); None:
+        default placement.
+      stacked: ``params`` are K stacked seeds' and ``sums_fn`` maps over them (its sums
+        ``[K]``): one dict per seed.
+
+    Returns:
+      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}`` (stacked: a
+      list of K).
+    """
+    n = len(arrays[0])
+    starts = range(0, n, batch_size)
+    if track is not None:
+        starts = track(starts, total=-(-n // batch_size), desc=desc)
+    place = place or (lambda b: b)
+    totals = add_up(sums_fn(params, *place(b)) for b in padded_slices(arrays, batch_size, starts))
+    return seed_means(totals) if stacked else means(totals)
+
+
+def inputs(images: Array) -> Array:
+    """A highway net's inputs: ``uint8 [B, ...] -> float32 [B, m]`` in [0, 1], flattened,
+    pixel / 255."""
+    return images.reshape(images.shape[0], -1).astype(jnp.float32) / 255.0
+
+
+def highway_sums(net, params, batch) -> dict[str, Array]:
+    """:func:`xent_sums` of a feed-forward net (``net.apply``, no dropout) on ``batch =
+    (images uint8 [B, m], labels [B], weights [B])``."""
+    images, labels, weights = batch
+    return xent_sums(net.apply(params, inputs(images)), labels, weights)
+
+
+@functools.lru_cache(maxsize=16)
+def highway_sums_fn(net) -> Callable[..., dict[str, Array]]:
+    """jit ``(params, images, labels, weights) -> xent_sums`` of ``net``
+    (:func:`highway_sums`; one compilation per net, shared by its runs)."""
+    return jax.jit(lambda params, *batch: highway_sums(net, params, batch))
+
+
+def split_data(
+    train_images: np.ndarray,
+    train_labels: np.ndarray,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    valid_size: int,
+) -> dict[str, Split]:
+    """``{'train', 'valid', 'test'}`` -> (images uint8 ``[N, m]`` flattened, labels
+    int32 ``[N]``); valid is the last ``valid_size`` training images.
+
+    Raises:
+      ValueError: unless 1 <= valid_size < number of training images.
+    """
+    n = len(train_images)
+    if not isinstance(valid_size, int) or not 1 <= valid_size < n:
+        raise ValueError(
+            f"--valid_size must be in [1, {n - 1}] for {n} training images, got {valid_size!r}"
+        )
+    flat = lambda a: np.ascontiguousarray(np.asarray(a, np.uint8).reshape(len(a), -1))
+    x, y = flat(train_images), np.asarray(train_labels, np.int32)
+    return {
+        "train": (x[: n - valid_size], y[: n - valid_size]),
+        "valid": (x[n - valid_size :], y[n - valid_size :]),
+        "test": (flat(test_images), np.asarray(test_labels, np.int32)),
+    }
+
+
+# ------------------------------------------------------------------- language models
+
+# Metric name -> nats per symbol to the metric: perplexity (inf past e^700), bits per character.
+METRICS = {
+    "ppl": lambda nats: math.exp(nats) if nats < 700 else math.inf,
+    "bpc": lambda nats: nats / math.log(2),
+}
+
+
+def eval_windows(tokens: np.ndarray, batch_size: int, num_steps: int):
+    """Cuts ``tokens [N]`` into evaluation windows covering every prediction.
+
+    Returns ``(x, y, w)``, each ``[W, B, num_steps]``: inputs, targets and 0/1
+    weights (the last window is zero-padded); B rows of the batchified stream,
+    so B = 1 evaluates all N - 1 predictions as one sequence.
+    """
+    rows = data.batchify(tokens, batch_size)
+    x, y = rows[:, :-1], rows[:, 1:]
+    pad = -x.shape[1] % num_steps
+    w = np.pad(np.ones_like(x, np.float32), ((0, 0), (0, pad)))
+    x, y = (np.pad(a, ((0, 0), (0, pad))) for a in (x, y))
+    split = lambda a: a.reshape(batch_size, -1, num_steps).transpose(1, 0, 2)
+    return split(x), split(y), split(w)
+
+
+def eval_time_chunk(
+    num_steps: int, batch_size: int, vocab_size: int, max_logits: int = 1 << 21
+) -> int:
+    """The largest divisor c of ``num_steps`` with ``c * batch_size * vocab_size <=
+    max_logits`` (at least 1): the ``time_chunk`` of :meth:`LanguageModel.nll` that keeps
+    an evaluation window's logits at most ``max_logits`` floats (8 MB by default).
+
+    Why: a window's whole ``[T, B, V]`` logits (80 MB at T 100, B 20 and PTB's 10,000
+    words) make the CPU page in fresh memory on every call (docs/runs/engine/figures.md).
+    """
+    steps = max(1, max_logits // (batch_size * vocab_size))
+    return max(c for c in range(1, min(steps, num_steps) + 1) if num_steps % c == 0)
+
+
+def window_sums(model, params, window, carry) -> tuple[dict[str, Array], Any]:
+    """One evaluation window of a language model (no dropout): ``window = (x, y, w)``, each
+    ``[B, T]`` (:func:`eval_windows`), ``carry`` the state after the previous window.
+    Returns ``({'loss': Σ w NLL (nats), 'count': Σ w}, carry after the window)``."""
+    x, y, w = window
+    chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
+    nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
+    return {"loss": nll, "count": jnp.sum(w)}, carry
+
+
+def _window(model, params, carry, total, x, y, w):
+    """:func:`window_sums` with the NLL added to ``total`` (device float32)."""
+    sums, carry = window_sums(model, params, (x, y, w), carry)
+    return carry, total + sums["loss"]
+
+
+class Evaluator:
+    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``;
+    with ``stacked=True``, K seeds' parameters stacked on a leading axis evaluated at once
+    (the window ``jax.vmap``-ped over them): ``([nll_sum] * K, count)``.
+
+    One jit-compiled call per window of ``num_steps`` (:func:`window_sums`, the state
+    carried across windows, at most two in flight), so a long evaluation shows progress
+    and stops promptly on a signal when given the engine's ``track``; no dropout. Nats
+    per symbol are ``nll_sum / count``; :data:`METRICS` turns them into the metric.
+
+    ``place``: puts a window's rows (and the carry) on the devices, e.g. split over a
+    mesh with zero-weight rows appended (:func:`rhnzoo.engine.sharding.put_rows`); None:
+    default placement.
+    """
+
+    def __init__(self, model, place: Callable[[Any], Any] | None = None):
+        self.model, self.place = model, place or (lambda a: a)
+        window = functools.partial(_window, model)
+        self._window = jax.jit(window)
+        self._windows = jax.jit(jax.vmap(window, in_axes=(0, 0, 0, None, None, None)))
+
+    def __call__(self, params, tokens, batch_size, num_steps, track=None, stacked=False):
+        x, y, w = eval_windows(tokens, batch_size, num_steps)
+        carry, total = self.place(self.model.initial_carry(batch_size)), np.zeros((), np.float32)
+        window = self._window
+        if stacked:  # one carry and total per seed
+            k = len(jax.tree.leaves(params)[0])
+            carry = jax.tree.map(lambda a: jnp.stack([a] * k), carry)
+            total, window = np.zeros(k, np.float32), self._windows
+        indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
+        for i in indices:
+            previous = total
+            carry, total = window(params, carry, total, *self.place((x[i], y[i], w[i])))
+            jax.block_until_ready(previous)
+        count = float(w.sum())
+        return (
+            (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
+        )
