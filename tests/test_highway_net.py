@@ -314,7 +314,6 @@ def test_split_and_config_errors():
     for kwargs, flag in (  # rules beyond a field's bounds (those: test_config_contract)
         (dict(lr=0.0), "--lr"),  # lr is None (derived) by default: checked per net
         (dict(momentum=1.0), "--momentum"),
-        (dict(lr_decay_rate=0.0), "--lr_decay_rate"),
     ):
         with pytest.raises(ValueError, match=flag):
             highway_configs.HighwayConfig(**kwargs)

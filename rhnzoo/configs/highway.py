@@ -109,7 +109,9 @@ class HighwayConfig(RunSettings, DataSettings):
         resumable=True,
     )
     momentum: float = setting(0.9, "SGD momentum, in [0, 1).", low=0)
-    lr_decay_rate: float = setting(0.96, "Learning-rate factor every --lr_decay_steps, in (0, 1].")
+    lr_decay_rate: float = setting(
+        0.96, "Learning-rate factor every --lr_decay_steps, in (0, 1].", gt=0, high=1
+    )
     lr_decay_steps: int = setting(100_000, "Steps between learning-rate decays.", low=1)
     batch_size: int = setting(
         128, "Images per SGD step (an epoch's last partial batch is dropped).", low=1
@@ -172,8 +174,6 @@ class HighwayConfig(RunSettings, DataSettings):
                 raise ValueError(f"--lr must be > 0, got {lr}")
         if not self.momentum < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 < self.lr_decay_rate <= 1:
-            raise ValueError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
         if self.diagnostics_depth == 1:
             raise ValueError("--diagnostics_depth must be 0 or >= 2, got 1")
 
