@@ -1,8 +1,14 @@
 """The run engine: one training loop for every task, below the tasks.
 
-* :mod:`rhnzoo.engine.loop`: :func:`run` and its contract, :class:`Task` (the loop,
-  checkpoints, exact resume, signals, divergence stop, metrics, validation, seed
-  stacking, the final evaluation).
+* :mod:`rhnzoo.engine.task`: the contract, :class:`Task` (a task's pure steps, batches
+  and report) and :class:`RunResult`.
+* :mod:`rhnzoo.engine.loop`: :func:`run` (the loop, checkpoints, exact resume, signals,
+  divergence stop, metrics, seed stacking); :mod:`rhnzoo.engine.ending` its epochs' and
+  run's ends (validation, best checkpoints, the final evaluation);
+  :mod:`rhnzoo.engine.seeds` each seed's records; :mod:`rhnzoo.engine.compiled` the
+  jit-compiled step.
+* :mod:`rhnzoo.engine.evaluate`: the evaluation loop over a task's ``eval_step`` (one seed
+  or K stacked) and the reporting record, :class:`~rhnzoo.engine.evaluate.Report`.
 * :mod:`rhnzoo.engine.progress`: what a run reports as it goes (loss book and
   divergence check, pace and estimates, printed lines).
 * :mod:`rhnzoo.engine.workdir`: a run's directory: config check, checkpoints, metrics
