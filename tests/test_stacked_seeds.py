@@ -194,7 +194,7 @@ def fated_task(stop_at=None):
     every epoch of 3; at 0.01 seed 0 did not in epoch 3.)"""
     base = engine_toy.make_task(lr=0.005)
 
-    def get_batch(seed, epoch, index):
+    def train_batch(seed, epoch, index):
         step = epoch * SPE + index
         if stop_at is not None and seed == 0 and step == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -205,7 +205,7 @@ def fated_task(stop_at=None):
             y = y + np.float32(3.0)
         return x, y
 
-    return dataclasses.replace(base, train_batch=get_batch)
+    return dataclasses.replace(base, train_batch=train_batch)
 
 
 def test_a_diverging_seed_and_a_patient_one_stop_as_their_separate_runs(tmp_path):
@@ -274,12 +274,12 @@ def signalled_task(step):
     ``on_batch`` runs for every seed's batch: K signals, and a second signal exits.)"""
     base = engine_toy.make_task()
 
-    def get_batch(seed, epoch, index):
+    def train_batch(seed, epoch, index):
         if seed == 0 and epoch * SPE + index == step:
             os.kill(os.getpid(), signal.SIGTERM)
         return base.train_batch(seed, epoch, index)
 
-    return dataclasses.replace(base, train_batch=get_batch)
+    return dataclasses.replace(base, train_batch=train_batch)
 
 
 @pytest.mark.parametrize("stop_at", [3, 11, 17])  # mid-epoch, the epoch's last step, epoch 2

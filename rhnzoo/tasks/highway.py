@@ -78,7 +78,7 @@ def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
 
     ``images uint8 [N, m]`` and ``labels [N]`` are the device-resident training
     split, ``idx int [B]`` the batch; the update is on the batch's mean
-    cross-entropy; ``sums`` are :func:`rhnzoo.tasks.classify.xent_sums` before
+    cross-entropy; ``sums`` are :func:`rhnzoo.evaluation.xent_sums` before
     the update.
     """
     return step.make_train_step(classify.xent_loss(functools.partial(forward, net)), tx)
