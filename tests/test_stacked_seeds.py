@@ -623,8 +623,13 @@ def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
 
     rolls, piano = fixture_data(), PianoRollModel(cells.DTSRNN(5, 3))
     params = [piano.init(jax.random.PRNGKey(k)) for k in range(K)]
-    got = polyphonic.evaluate(piano, stack(params), rolls["valid"], stacked=True, batch_size=3)
-    want = [polyphonic.evaluate(piano, p, rolls["valid"], batch_size=3) for p in params]
+    seqs, length = rolls["valid"], max(r.shape[0] for r in rolls["valid"])
+    batches = [polyphonic.pad_batch(seqs[i : i + 3], length, 3) for i in range(0, len(seqs), 3)]
+    totals = engine_evaluate.evaluate(
+        polyphonic._eval_step(piano), stack(params), batches, seeds=K
+    )  # the engine's validation of K stacked seeds
+    got = [s["loss"] / s["count"] for s in engine_evaluate.seed_rows(totals, K)]
+    want = [polyphonic.evaluate(piano, p, seqs, batch_size=3) for p in params]
     assert len(set(got)) == K
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
