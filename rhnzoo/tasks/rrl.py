@@ -77,14 +77,12 @@ def pad(
     batch_size: int,
     length: int,
     keep: str = "last",
-    width: int | None = None,
 ):
     """``(inputs, lengths, labels, weights)`` of the rows ``index`` (-1: an empty
     weight-0 row), each cut to its ``keep`` (``'first'`` / ``'last'``) ``length`` steps,
-    zero-padded at the end to ``[batch_size, width(, m)]`` (``width`` >= ``length``,
-    default ``length``)."""
+    zero-padded at the end to ``[batch_size, length(, m)]``."""
     first = split.inputs[0]
-    shape = (batch_size, length if width is None else width) + first.shape[1:]
+    shape = (batch_size, length) + first.shape[1:]
     inputs = np.zeros(shape, first.dtype)
     lengths = np.zeros(batch_size, np.int32)
     labels = np.zeros(batch_size, np.int32)
