@@ -1,7 +1,8 @@
 """The run engine: one training loop for every rhnzoo experiment.
 
-A task's ``train_and_evaluate`` builds its model, state, batches and evaluation and
-hands them to :func:`run` as a :class:`Task`; :func:`run` owns the rest, once for all:
+A task's ``train_and_evaluate`` builds its model, its pure train and evaluation steps and
+its batches and hands them to :func:`run` as a :class:`Task`
+(:mod:`rhnzoo.engine.task`); :func:`run` owns the rest, once for all:
 
 * the workdir: ``config.json`` (on resume only a structural setting may not differ),
   one trainer per workdir (process 0's advisory lock), orbax checkpoints of the whole
@@ -17,15 +18,17 @@ hands them to :func:`run` as a :class:`Task`; :func:`run` owns the rest, once fo
   (:class:`TrainingDiverged`);
 * one line per epoch and every ``log_every`` steps, tqdm bars, the run's estimated
   time (:mod:`rhnzoo.engine.progress`);
-* the final evaluation of the best parameters, written to ``results.json``.
+* the validation after every epoch and the final evaluation of the best parameters,
+  written to ``results.json``: the task's ``eval_step`` summed over its
+  ``eval_batches`` (:mod:`rhnzoo.engine.evaluate`, :mod:`rhnzoo.engine.ending`).
 
 :func:`run` with ``seeds=K`` trains K seeds of one config as one program by the same
 loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped
 (:mod:`rhnzoo.engine.stacking`), each seed with its own records, verdicts and workdir.
 
 Exact resume: the step's PRNG key is ``fold_in(run_key, step)``, batch k of epoch e
-is ``task.train_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step, the
-task state, the running loss sums, the divergence window and the validation
+is ``task.train_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step,
+the task state, the running loss sums, the divergence window and the validation
 bookkeeping; ``metrics.jsonl`` is cut back to the checkpoint, so a run killed at any
 moment and resumed writes the same outputs as an uninterrupted one (up to timings).
 """

@@ -16,15 +16,15 @@ from rhnzoo.config import RunSettings
 from rhnzoo.engine.workdir import Checkpoints, read_json, seed_name, write_json
 
 
-def stacked_step(train_step, seed_axes, state, batch, run_keys, active):
+def stacked_step(train_step, batch_axes, state, batch, run_keys, active):
     """:func:`rhnzoo.engine`'s step of K seeds at once: the task's step ``jax.vmap``-ped over the
-    leading seed axis of the task state, the run keys and (``seed_axes``) the batch; a
+    leading seed axis of the task state, the run keys and (``batch_axes``) the batch; a
     seed whose ``active`` entry is False keeps its state (it stopped)."""
 
     def one(task_state, seed_batch, run_key):
         return train_step(task_state, seed_batch, jax.random.fold_in(run_key, state["step"]))
 
-    new, sums = jax.vmap(one, in_axes=(0, seed_axes, 0))(state["task"], batch, run_keys)
+    new, sums = jax.vmap(one, in_axes=(0, batch_axes, 0))(state["task"], batch, run_keys)
     keep = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
     return {"step": state["step"] + 1, "task": jax.tree.map(keep, new, state["task"])}, sums
 
