@@ -126,7 +126,7 @@ def test_prepare_without_gensim_fails_on_the_vectors_before_touching_the_stage(
     monkeypatch.setitem(sys.modules, "gensim", None)
     monkeypatch.setitem(sys.modules, "gensim.models", None)
     with pytest.raises(harvest.HarvestError, match="imdb vectors: .*gensim"):
-        harvest.prepare("rrl-imdb-lstm", root=tmp_path, records=tmp_path / "records")
+        harvest.prepare("rrl-imdb-w1", root=tmp_path, records=tmp_path / "records")
     assert not (tmp_path / ".harvest").exists() and not (tmp_path / ".harvest.new").exists()
 
 
@@ -141,7 +141,7 @@ def test_prepare_makes_and_carries_the_vectors_the_imdb_window_reads(tmp_path):
     from rhnzoo.data import word2vec
     from rhnzoo.tasks import rrl
 
-    harvest.prepare("rrl-imdb-lstm", root=tmp_path, records=tmp_path / "records")
+    harvest.prepare("rrl-imdb-w1", root=tmp_path, records=tmp_path / "records")
     config = presets.get_config("paper", "imdb", model="lstm")
     data = rrl.load_data(config)
     os.environ["XDG_CACHE_HOME"], before = (
