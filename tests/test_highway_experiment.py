@@ -242,11 +242,11 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
 
     from rhnzoo.configs import highway as configs
     from rhnzoo.studies import highway as highway_study
-    from rhnzoo.tasks import highway as hw
+    from rhnzoo import evaluation
 
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (240, 784), np.uint8), rng.integers(0, 10, 240)
-    splits = hw.split_data(images[:200], labels[:200], images[200:], labels[200:], 40)
+    splits = evaluation.split_data(images[:200], labels[:200], images[200:], labels[200:], 40)
     cfg = configs.HighwayConfig(
         sweep=True,
         depths=("3",),

@@ -15,6 +15,7 @@ from helpers import np_tree, random_params
 from rhnzoo.analysis import highway as analysis
 from rhnzoo.models.highway import INITS, FeedForwardNet, Highway, Plain
 from rhnzoo.studies import highway as highway_study
+from rhnzoo import evaluation
 from rhnzoo.tasks import highway as hw
 from rhnzoo.configs import highway as highway_configs
 
@@ -226,7 +227,7 @@ def trained_tiny():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (300, 12), dtype=np.uint8)
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
-    splits = hw.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
+    splits = evaluation.split_data(images[:, :, None], labels, images[:50], labels[:50], 50)
     cfg = highway_configs.HighwayConfig(
         lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False
     )
@@ -276,7 +277,7 @@ def test_activation_statistics_and_gradient_norms(trained_tiny):
     np.testing.assert_allclose(mean, hidden.mean(axis=(1, 2)), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(var, hidden.var(axis=(1, 2)), rtol=1e-4, atol=1e-7)
     norms = analysis.gradient_norms(net, params, images, labels)
-    x = hw.inputs(jnp.asarray(images))
+    x = evaluation.inputs(jnp.asarray(images))
     grads = jax.grad(
         lambda p: jnp.mean(-jax.nn.log_softmax(net.apply(p, x))[jnp.arange(20), labels])
     )(params)
@@ -305,12 +306,12 @@ def test_plain_diagnostics_show_glorot_relu_vanishing():
 
 def test_split_and_config_errors():
     x, y = np.zeros((100, 4, 4), np.uint8), np.zeros(100, np.int32)
-    splits = hw.split_data(x, y, x[:10], y[:10], 30)
+    splits = evaluation.split_data(x, y, x[:10], y[:10], 30)
     assert [len(s[0]) for s in splits.values()] == [70, 30, 10]
     assert splits["train"][0].shape == (70, 16)
     for bad in (0, 100):
         with pytest.raises(ValueError, match="--valid_size must be in"):
-            hw.split_data(x, y, x, y, bad)
+            evaluation.split_data(x, y, x, y, bad)
     for kwargs, flag in (  # rules beyond a field's bounds (those: test_config_contract)
         (dict(lr=0.0), "--lr"),  # lr is None (derived) by default: checked per net
         (dict(momentum=1.0), "--momentum"),
@@ -335,7 +336,7 @@ def test_depth10_highway_learns_real_mnist():
     from rhnzoo.data import load_mnist
 
     data = load_mnist(MNIST_DIR, download=False)
-    splits = hw.split_data(
+    splits = evaluation.split_data(
         data.train_images[:7400],
         data.train_labels[:7400],
         data.test_images[:2000],

@@ -26,8 +26,6 @@ LAYERS = (
     ("apps",),
     ("bench",),
 )
-# Arrows up still being taken down (issue 61); the list only shrinks.
-KNOWN_UPWARD: set[str] = set()
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 
@@ -75,8 +73,7 @@ def test_no_import_runs_upward():
         for b in sorted(targets)
         if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)
     ]
-    assert not set(upward) - KNOWN_UPWARD, sorted(set(upward) - KNOWN_UPWARD)
-    assert not KNOWN_UPWARD - set(upward), "taken down: drop from KNOWN_UPWARD"
+    assert not upward, upward
 
 
 def test_no_module_imports_itself_through_others():

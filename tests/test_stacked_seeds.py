@@ -450,6 +450,7 @@ def test_highway_net_stacked_equals_separate_runs():
     (the batch indices are stacked, the one training set shared); the validation losses,
     which pick the best checkpoint, are held to that."""
     from rhnzoo.models.highway import FeedForwardNet
+    from rhnzoo import evaluation
     from rhnzoo.tasks import highway as hw
     from rhnzoo.configs import highway as highway_configs
 
@@ -457,7 +458,7 @@ def test_highway_net_stacked_equals_separate_runs():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (120, 12), dtype=np.uint8)
     labels = (images[:, 0] > images[:, 1]).astype(np.int32) + (images[:, 2] > 200)
-    splits = hw.split_data(images[:, :, None], labels, images[:30], labels[:30], 30)
+    splits = evaluation.split_data(images[:, :, None], labels, images[:30], labels[:30], 30)
     config = highway_configs.HighwayConfig(
         lr=0.05, batch_size=10, epochs=2, log_every=10**6, progress=False
     )

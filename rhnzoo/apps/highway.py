@@ -21,6 +21,7 @@ from rhnzoo.configs import highway as configs
 from rhnzoo.engine import signals
 from rhnzoo.studies import sweep
 from rhnzoo.tasks import classify
+from rhnzoo import evaluation
 from rhnzoo.tasks import highway as hw
 from rhnzoo.configs.highway import HighwayConfig
 
@@ -98,7 +99,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.studies.sweep.Jobs`). Every
     setting was checked when ``cfg`` was made, before the data are read."""
     images = _load(cfg)
-    splits = hw.split_data(
+    splits = evaluation.split_data(
         images.train_images,
         images.train_labels,
         images.test_images,

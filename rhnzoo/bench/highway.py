@@ -53,6 +53,7 @@ from rhnzoo import precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.tasks import classify
+from rhnzoo import evaluation
 from rhnzoo.tasks import highway as hw
 from rhnzoo.configs import highway as highway_configs
 
@@ -175,13 +176,13 @@ def data() -> tuple[dict, str]:
         from rhnzoo.data import load_mnist
 
         d = load_mnist(download=False)
-        return hw.split_data(
+        return evaluation.split_data(
             d.train_images, d.train_labels, d.test_images, d.test_labels, 10000
         ), "MNIST"
     except Exception as e:  # noqa: BLE001 - any reason: fall back to random images
         rng = np.random.default_rng(0)
         x, y = rng.integers(0, 256, (60000, 28, 28), np.uint8), rng.integers(0, 10, 60000)
-        return hw.split_data(x, y, x[:10000], y[:10000], 10000), f"random ({e})"
+        return evaluation.split_data(x, y, x[:10000], y[:10000], 10000), f"random ({e})"
 
 
 def batch_indices(splits, steps: int) -> list[np.ndarray]:
@@ -227,7 +228,7 @@ def nnx_epoch(depth: int, splits, steps: int, scan: bool = False) -> dict:
 
     @nnx.jit
     def train_step(model, optimizer, images, labels, idx):
-        x, y = hw.inputs(images[idx]), labels[idx]
+        x, y = evaluation.inputs(images[idx]), labels[idx]
 
         def loss_fn(model):
             return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()

@@ -23,5 +23,6 @@ The package hands on the engine's own API (:func:`run`, :class:`Task`,
 used from their modules (``from rhnzoo.engine import workdir, signals``).
 """
 
-from rhnzoo.engine.loop import RunResult, Task, run  # noqa: F401
+from rhnzoo.engine.loop import run  # noqa: F401
+from rhnzoo.engine.task import RunResult, Task  # noqa: F401
 from rhnzoo.engine.progress import TrainingDiverged  # noqa: F401

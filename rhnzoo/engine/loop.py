@@ -51,7 +51,7 @@ from rhnzoo.config import RunSettings
 from rhnzoo.engine import compiled, progress, signals, stacking
 from rhnzoo.engine.ending import Ending
 from rhnzoo.engine.seeds import Seed
-from rhnzoo.engine.task import RunResult, Task  # noqa: F401  (engine.RunResult, engine.Task)
+from rhnzoo.engine.task import RunResult, Task
 from rhnzoo.engine.progress import TrainingDiverged
 from rhnzoo.engine.signals import (
     catch_signals,

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from rhnzoo import evaluation
-from rhnzoo.evaluation import inputs, split_data  # noqa: F401  (the task's data, as before)
+from rhnzoo.evaluation import inputs
 from rhnzoo.configs.highway import HighwayConfig
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.tasks import classify
@@ -44,8 +44,6 @@ Params = Any
 Split = evaluation.Split
 
 __all__ = [
-    "inputs",
-    "split_data",
     "make_optimizer",
     "forward",
     "make_train_step",
@@ -143,7 +141,8 @@ def train_and_evaluate(
     own config: :meth:`HighwayConfig.narrow`).
 
     Args:
-      cfg: the run's settings; splits: :func:`split_data`'s (images uint8 ``[N, m]``).
+      cfg: the run's settings; splits: :func:`rhnzoo.evaluation.split_data`'s (images
+        uint8 ``[N, m]``).
       net: the model; default ``cfg.net()`` (the dataset's sizes): pass one only for
         images of other sizes (synthetic data). ``config.json`` records ``cfg``.
       devices: data parallelism over these (default: all): the training split and the
