@@ -96,9 +96,15 @@ def _seeds(eval_step, carried, params, batch, carry):
     return jax.lax.map(one, (params, carry))
 
 
+def _added(step, eval_step, carried, params, batch, carry, totals):
+    """``step``'s sums added to ``totals`` in the same program (no eager op per batch)."""
+    sums, carry = step(eval_step, carried, params, batch, carry)
+    return jax.tree.map(jnp.add, totals, sums), carry
+
+
 # Module-level, the task's step static: runs of one task's step share one compilation.
-_one_jit = jax.jit(_one, static_argnums=(0, 1))
-_seeds_jit = jax.jit(_seeds, static_argnums=(0, 1))
+_one_jit = jax.jit(functools.partial(_added, _one), static_argnums=(0, 1))
+_seeds_jit = jax.jit(functools.partial(_added, _seeds), static_argnums=(0, 1))
 
 
 def evaluate(
@@ -118,19 +124,21 @@ def evaluate(
     ``carried``: ``eval_step(params, batch, carry) -> (sums, carry)``, the carry passed
     from batch to batch; else ``eval_step(params, batch) -> sums``. ``track``: the engine's
     progress/signal iterator (raises :class:`rhnzoo.engine.signals.Interrupted`).
+    Raises ValueError if ``batches`` is empty.
     """
+    if len(batches) == 0:
+        raise ValueError("an evaluation split without batches")
     if seeds is not None and carried:
         carry = jax.tree.map(lambda a: jnp.stack([a] * seeds), carry)
+    step = functools.partial(_one if seeds is None else _seeds, eval_step, carried)
+    shapes = jax.eval_shape(lambda p, b, c: step(p, b, c)[0], params, batches[0], carry)
+    totals = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     fn = functools.partial(_one_jit if seeds is None else _seeds_jit, eval_step, carried)
     items = batches if track is None else track(batches, total=len(batches))
-    totals = None
     for batch in items:
         previous = totals
-        sums, carry = fn(params, batch, carry)
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        totals, carry = fn(params, batch, carry, totals)
         jax.block_until_ready(previous)  # at most two batches in flight
-    if totals is None:
-        raise ValueError("an evaluation split without batches")
     return totals
 
 
