@@ -104,8 +104,9 @@ DTYPES = ["float32", "bfloat16"]
 @pytest.mark.parametrize("cell", ["rhn", "lstm"])
 def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
     B, T, V = 2, 3, 11
+    depth = {"depth": 2} if cell == "rhn" else {}  # an LSTM has no recurrence depth
     cfg = lm_configs.LMConfig(
-        cell=cell, hidden_size=8, depth=2, batch_size=B, num_steps=T, dtype=dtype
+        cell=cell, hidden_size=8, batch_size=B, num_steps=T, dtype=dtype, **depth
     )
     model = cfg.model(V)
     tx = lm.make_optimizer(cfg, steps_per_epoch=4)
@@ -147,7 +148,7 @@ def test_the_rrl_classifier_steps_lower_for_a_tpu(model_name, dtype, kernel_fits
         ]
     )
     lower_for_tpu(rrl.make_train_step(model, tx), state, batch, KEY)
-    lower_for_tpu(functools.partial(rrl._eval_sums, model), params, *batch)
+    lower_for_tpu(functools.partial(rrl._eval_sums, model), params, batch)
 
 
 @pytest.mark.parametrize("kind", ["highway", "plain"])
