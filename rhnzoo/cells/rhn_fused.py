@@ -215,6 +215,21 @@ def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
 _unroll.defvjp(_unroll_fwd, _unroll_bwd)
 
 
+def unroll_backward(R, b, hsg, x_proj, mask, saved, cotangents, *, dtype, loop, unroll=1):
+    """This scan's hand-written backward pass (without remat) for a forward pass run
+    elsewhere that saved what :func:`unroll`'s saves: the micro-layer kernels of
+    :mod:`rhnzoo.cells.rhn_pallas`.
+
+    Feature-major, as inside the scans: ``R [L, n, 2n]``, ``b [L, 2n]``, ``hsg`` = ``(W_R
+    [n, n], W_F [n, n], b_G [n])`` or None, ``x_proj [T, 2n, B]``, ``mask [n, B]``;
+    ``saved`` = ``(S, H, T, s_L, g)``: every micro-layer's input state, h and T gate (with
+    ``loop`` lists of L ``[T, n, B]``, else ``[T, L, n, B]``), the RHN's output s_L and the
+    HSG gate g, each ``[T, n, B]`` (without HSG, g is s_L again); ``cotangents`` =
+    ``(ds_T [n, B], dys [T, n, B])``. ``dtype``: the matmul input dtype. Returns the
+    cotangents of ``(R, b, hsg, s0 [n, B], x_proj, mask)`` (the mask's zero)."""
+    return _unroll_bwd(False, unroll, dtype, loop, (R, b, hsg, x_proj, mask, saved), cotangents)
+
+
 def unroll(
     cell: Any,
     params: Any,

@@ -1,0 +1,405 @@
+"""A fused micro-layer kernel for the coupled RHN and HSG(RHN) (Pallas, Mosaic GPU).
+
+Each micro-layer of the Recurrent Highway Network (Zilly et al., ICML 2017, eqs. 6-8,
+coupled carry gate C = 1 - T) is one GEMM followed by elementwise work. The fused scan
+(:mod:`rhnzoo.cells.rhn_fused`) runs them as XLA ops: on a GPU a GEMM launch and the
+elementwise launches after it, per micro-layer and time step, a launch-bound recurrence
+(issue 60). Here one kernel per micro-layer does both, feature-major as the fused scan
+(the state transposed, ``s^T [n, B]``):
+
+* **the GEMM, swap-AB**: ``z^T = R_l^T (s m)^T`` with the gates as the GEMM's M and the
+  batch as N. Each CTA owns 64 hidden units (one warpgroup's wgmma M) and a tile of
+  :data:`BATCH_TILE` batch columns, and holds two float32 accumulators ``[64, Bt]``, one
+  for the H rows and one for the T rows of its units, so that the highway update of its
+  units needs nothing from another CTA. The grid is ``(N / 64, Bp / Bt)``: at hidden 830
+  (``ptb_sota``) 14 CTAs per 64 batch columns. The contraction over the n state units
+  is a TMA pipeline (:func:`jax.experimental.pallas.mosaic_gpu.emit_pipeline`) of 64-wide
+  K blocks of R_l^T and of the bfloat16 operand (s m)^T, two stages in flight, into
+  ``plgpu.wgmma`` (bfloat16 inputs, float32 accumulation): shared memory does not grow
+  with n.
+* **the highway epilogue, fused**: h = tanh(z_H + b_H (+ [W x_t]_H at l = 1)), T =
+  σ(z_T + b_T (+ [W x_t]_T)), s_l = s_{l-1} + T (h - s_{l-1}) (eq. 6 with C = 1 - T),
+  in float32 registers; the kernel writes s_l, h and T (float32, what the backward pass
+  needs) and the next micro-layer's GEMM operand (s_l m)^T in bfloat16, m the recurrent
+  dropout mask (an input, as in the fused scan; ones without dropout). The input
+  projection W x_t of all T steps is one GEMM before the time loop, as in the fused
+  scan, added in the first micro-layer's epilogue.
+* **the HSG gate** (Shoham & Permuter, eqs. 5-6) where the cell is HSG(RHN): the same
+  kernel with one accumulator and two operands, ``z^T = W_R^T ŝ_{t-1}^T + W_F^T s_L^T``,
+  and the epilogue g = σ(z + b_G), ŝ_t = s_L + g (ŝ_{t-1} - s_L).
+
+**Gradients**: a ``jax.custom_vjp``; the forward runs the kernels and saves every
+micro-layer's input state, h and T (and HSG's gate) in exactly the layout of the fused
+scan's forward, and the backward pass is the fused scan's hand-written backward in XLA
+(:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs): no backward
+kernel yet. Values and every gradient agree with :func:`rhnzoo.cells.unroll` to
+bfloat16 rounding (tests/test_rhn_pallas.py, GPU interpret mode on the CPU; lowered for
+``cuda``).
+
+Precision: the project's bfloat16 policy (``dtype=jnp.bfloat16`` only): bfloat16 GEMM
+inputs, float32 accumulation, state, gates and parameters.
+
+Shapes: n is padded to a multiple of 64, the batch to a multiple of :data:`BATCH_TILE`;
+padded units have zero weights and stay zero, padded batch columns are discarded.
+
+Dispatch: ``scan_impl='pallas'`` runs the coupled RHN and HSG(RHN) here
+(:mod:`rhnzoo.cells.scan`); :func:`fits` is False everywhere, so ``auto`` keeps picking
+the fused scan for the RHN: no GPU timing of this kernel exists yet.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from rhnzoo.cells import fastmath, rhn_fused
+from rhnzoo.cells.rhn import HSG, RHN
+
+Array = jax.Array
+
+ROWS = 64  # hidden units per CTA: one warpgroup's wgmma M
+BLOCK_K = 64  # state units per K block of the GEMM pipeline (one 128-byte bf16 swizzle)
+BATCH_TILE = 64  # batch columns per CTA: the wgmma N
+SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
+_STAGES = 2  # K blocks in flight in the GEMM pipeline
+_bf16, _f32 = jnp.bfloat16, jnp.float32
+
+
+def supports(cell: Any) -> bool:
+    """Whether :func:`unroll` runs ``cell``: a coupled :class:`~rhnzoo.cells.RHN`, or
+    :class:`~rhnzoo.cells.HSG` around one (any hidden size and depth)."""
+    inner = cell.cell if isinstance(cell, HSG) else cell
+    return isinstance(inner, RHN) and inner.coupled
+
+
+def fits(
+    cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
+) -> bool:
+    """Whether ``auto`` may pick the kernel: never, until it is timed on a GPU (``auto``
+    keeps the fused scan for the RHN). The arguments are the dispatcher's signature."""
+    del cell, batch, dtype, backend, input_size
+    return False
+
+
+def smem_bytes(bt: int = BATCH_TILE) -> int:
+    """Shared memory (bytes) of the largest micro-layer kernel (the first micro-layer: two
+    weight blocks, four epilogue tiles, four outputs) for batch tile ``bt``, barriers
+    aside: the pipeline's stages, the epilogue's float32 input tiles, the output tiles and
+    the biases. Independent of n (the GEMM is pipelined over K)."""
+    stage = 2 * ROWS * BLOCK_K * 2 + BLOCK_K * bt * 2
+    return _STAGES * stage + 4 * ROWS * bt * 4 + 3 * ROWS * bt * 4 + ROWS * bt * 2 + 2 * ROWS * 4
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+
+def _plgpu():
+    """Pallas's Mosaic GPU module, imported on first use (it loads MLIR bindings)."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return pl, plgpu
+
+
+def _swizzled(plgpu, dtype, minor: int):
+    """Tiling and swizzle transforms for a shared-memory tile whose minor dimension holds
+    ``minor`` elements (up to 128 bytes per swizzle)."""
+    size = jnp.dtype(dtype).itemsize
+    swizzle = min(128, minor * size)
+    return plgpu.TilingTransform((8, swizzle // size)), plgpu.SwizzleTransform(swizzle)
+
+
+def _sigmoid(x):
+    return 0.5 * jnp.tanh(0.5 * x) + 0.5
+
+
+def _rhn_epilogue(zs, tiles):
+    """Eqs. 6-8 with C = 1 - T on one CTA's tile: ``zs`` the H and T pre-activations
+    (biases added), ``tiles`` = (s_{l-1}, m) or, in the first micro-layer, (s_{l-1}, m,
+    [W x_t]_H, [W x_t]_T). Returns ((s_l, h, T), s_l m)."""
+    s, m = tiles[:2]
+    z_h, z_t = zs
+    if len(tiles) == 4:
+        z_h, z_t = z_h + tiles[2], z_t + tiles[3]
+    h, t = jnp.tanh(z_h), _sigmoid(z_t)
+    s_next = s + t * (h - s)
+    return (s_next, h, t), s_next * m
+
+
+def _hsg_epilogue(zs, tiles):
+    """HSG, eqs. 5-6: ``zs`` = (W_R ŝ_{t-1} + W_F s_L + b_G,), ``tiles`` = (ŝ_{t-1}, s_L,
+    m). Returns ((ŝ_t, g), ŝ_t m)."""
+    s_hat, s_l, m = tiles
+    g = _sigmoid(zs[0])
+    s_new = s_l + g * (s_hat - s_l)
+    return (s_new, g), s_new * m
+
+
+# (accumulator -> its (weight block, operand) products, epilogue, float32 outputs)
+_RHN = (((0, 0),), ((1, 0),)), _rhn_epilogue, 3
+_HSG = (((0, 0), (1, 1)),), _hsg_epilogue, 2
+
+
+def _interpret_params(interpret: bool):
+    _, plgpu = _plgpu()
+    return plgpu.InterpretGPUParams() if interpret else None
+
+
+def _layer_call(w, ops, b, tiles, *, kind, bt: int, interpret: bool):
+    """One micro-layer (``kind`` :data:`_RHN`) or HSG gate (:data:`_HSG`) kernel.
+
+    Args: ``w [G, N, K]`` bf16, the weight blocks transposed (R_l^T's H and T rows;
+    W_R^T and W_F^T); ``ops [P, K, Bp]`` bf16, the GEMM operands (the masked state; ŝ
+    and s_L); ``b [A, N]`` f32, one bias row per accumulator; ``tiles``: the epilogue's
+    float32 inputs, each ``[N, Bp]``. N and K multiples of 64, Bp of ``bt``. Returns the
+    epilogue's float32 outputs (each ``[N, Bp]``) and the next GEMM operand ``[N, Bp]``
+    bf16."""
+    pl, plgpu = _plgpu()
+    pairs, epilogue, n_out = kind
+    G, N, K = w.shape
+    P, _, Bp = ops.shape
+    A, E = len(pairs), len(tiles)
+    lay = plgpu.Layout.WGMMA
+    sw = functools.partial(_swizzled, plgpu)
+
+    def body(w_ref, op_ref, b_ref, *refs):
+        tile_refs, out_refs = refs[:E], refs[E : E + n_out + 1]
+        tile_s, out_s, next_s, b_s, bar = refs[E + n_out + 1 :]
+        rows = pl.ds(pl.multiple_of(lax.axis_index("m") * ROWS, ROWS), ROWS)
+        j = lax.axis_index("b")
+        cols = pl.ds(pl.multiple_of(j * bt, bt), bt)
+        # The epilogue's inputs arrive while the GEMM runs.
+        for e in range(E):
+            plgpu.copy_gmem_to_smem(tile_refs[e].at[rows, cols], tile_s.at[e], bar.at[e])
+        plgpu.copy_gmem_to_smem(b_ref.at[:, rows], b_s, bar.at[E])
+        i = lax.axis_index("m")
+
+        def gemm(*accs):
+            def k_block(_, *smem):
+                w_s, o_s = smem[:G], smem[G:]
+                for acc, products in zip(accs, pairs):
+                    for g, p in products:
+                        plgpu.wgmma(acc, w_s[g], o_s[p])
+                plgpu.wgmma_wait(0)  # this stage's buffers are read: the pipeline refills them
+
+            w_spec = plgpu.BlockSpec((ROWS, BLOCK_K), lambda k: (i, k), transforms=sw(_bf16, bt))
+            o_spec = plgpu.BlockSpec((BLOCK_K, bt), lambda k: (k, j), transforms=sw(_bf16, bt))
+            plgpu.emit_pipeline(
+                k_block,
+                grid=(K // BLOCK_K,),
+                in_specs=[w_spec] * G + [o_spec] * P,
+                max_concurrent_steps=_STAGES,
+            )(*[w_ref.at[g] for g in range(G)], *[op_ref.at[p] for p in range(P)])
+            return tuple(a[...] for a in accs)
+
+        zs = pl.run_scoped(gemm, *[plgpu.ACC((ROWS, bt), _f32)] * A)
+        for e in range(E + 1):
+            plgpu.barrier_wait(bar.at[e])
+        zs = [
+            z + lax.broadcast_in_dim(plgpu.load(b_s.at[a], layout=lay.reduce(1)), (ROWS, bt), [0])
+            for a, z in enumerate(zs)
+        ]
+        outs, nxt = epilogue(zs, [plgpu.load(tile_s.at[e], layout=lay) for e in range(E)])
+        for k, v in enumerate(outs):
+            out_s[k] = v
+        next_s[...] = nxt.astype(_bf16)
+        plgpu.commit_smem()
+        for k in range(n_out):
+            plgpu.copy_smem_to_gmem(out_s.at[k], out_refs[k].at[rows, cols])
+        plgpu.copy_smem_to_gmem(next_s, out_refs[n_out].at[rows, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct((N, Bp), _f32),) * n_out
+        + (jax.ShapeDtypeStruct((N, Bp), _bf16),),
+        scratch_types=(
+            plgpu.SMEM((E, ROWS, bt), _f32, transforms=sw(_f32, min(bt, 32))),
+            plgpu.SMEM((n_out, ROWS, bt), _f32, transforms=sw(_f32, min(bt, 32))),
+            plgpu.SMEM((ROWS, bt), _bf16, transforms=sw(_bf16, bt)),
+            plgpu.SMEM((A, ROWS), _f32),
+            plgpu.Barrier(num_barriers=E + 1),
+        ),
+        grid=(N // ROWS, Bp // bt),
+        grid_names=("m", "b"),
+        interpret=_interpret_params(interpret),
+    )
+    return kernel(w, ops, b, *tiles)
+
+
+# ------------------------------------------------------------------------------ the unroll
+
+
+def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
+    return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
+
+
+def _kernel_weights(R, b, hsg, Np):
+    """The kernels' weights, once per call: ``R [L, n, 2n]`` -> R_l^T's H and T row blocks
+    ``[L, 2, Np, Np]`` bf16, ``b [L, 2n]`` -> ``[L, 2, Np]`` f32; HSG's ``(W_R^T | W_F^T
+    [2, Np, Np] bf16, b_G [1, Np] f32)`` or None."""
+    L, n, _ = R.shape
+    RT = jnp.moveaxis(R.reshape(L, n, 2, n), 1, 3)  # [L, 2, n (out), n (in)]
+    RT = _pad_to(RT, (L, 2, Np, Np)).astype(_bf16)
+    bk = _pad_to(b.reshape(L, 2, n), (L, 2, Np)).astype(_f32)
+    if hsg is None:
+        return RT, bk, None
+    W_R, W_F, b_G = hsg
+    w = _pad_to(jnp.stack([W_R.T, W_F.T]), (2, Np, Np)).astype(_bf16)
+    return RT, bk, (w, _pad_to(b_G[None], (1, Np)).astype(_f32))
+
+
+def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
+    """The forward recurrence by the kernels, feature-major and unpadded in and out (as
+    :mod:`rhnzoo.cells.rhn_fused`'s): ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n,
+    B]``. Returns ``((s_T, ys [T, n, B]), saved)``, ``saved`` in the fused scan's layout
+    (:func:`rhnzoo.cells.rhn_fused.unroll_backward`): with ``loop`` each micro-layer's
+    arrays separate (lists of L ``[T, n, B]``), else stacked ``[T, L, n, B]`` (a
+    ``lax.scan`` over micro-layers 2..L, compile time independent of L)."""
+    n, B = s0.shape
+    T, L = x_proj.shape[0], R.shape[0]
+    Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
+    RT, bk, hsg_k = _kernel_weights(R, b, hsg, Np)
+    if loop:
+        RT = list(RT)  # sliced once, outside the time scan
+    m = _pad_to(mask.astype(_f32), (Np, Bp))
+    xp = _pad_to(x_proj.reshape(T, 2, n, B).astype(_f32), (T, 2, Np, Bp))
+    s0 = _pad_to(s0.astype(_f32), (Np, Bp))
+    call = functools.partial(_layer_call, bt=bt, interpret=interpret)
+
+    def micro_layer(s, op, RT_l, b_l, x=()):  # eqs. 6-8, the input at micro-layer 1 only
+        s_next, h, t, op = call(RT_l, op[None], b_l, (s, m, *x), kind=_RHN)
+        return s_next, op, (s, h, t)
+
+    def step(carry, xp_t):
+        s_hat, op = carry
+        s, op, first = micro_layer(s_hat, op, RT[0], bk[0], (xp_t[0], xp_t[1]))
+        if loop:
+            saved = [first]
+            for l in range(1, L):
+                s, op, out = micro_layer(s, op, RT[l], bk[l])
+                saved.append(out)
+            S, H, Tg = map(list, zip(*saved))
+        else:
+
+            def layer(carry, weights):
+                s, op, out = micro_layer(*carry, *weights)
+                return (s, op), out
+
+            (s, op), rest = lax.scan(layer, (s, op), (RT[1:], bk[1:]))
+            S, H, Tg = (jnp.concatenate([a[None], r]) for a, r in zip(first, rest))
+        s_l = g = s
+        if hsg_k is not None:  # HSG, eqs. 5-6: ŝ_t and the next step's operand ŝ_t m
+            ops = jnp.stack([s_hat, s_l]).astype(_bf16)
+            s, g, op = call(hsg_k[0], ops, hsg_k[1], (s_hat, s_l, m), kind=_HSG)
+        return (s, op), (s, (S, H, Tg, s_l, g))
+
+    op0 = (s0 * m).astype(_bf16)
+    (s_T, _), (ys, saved) = lax.scan(step, (s0, op0), xp)
+    cut = lambda a: a[..., :n, :B]  # noqa: E731
+    return (cut(s_T), cut(ys)), jax.tree.map(cut, saved)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _unroll(R, b, hsg, s0, x_proj, mask, loop, bt, interpret):
+    return _run(R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret)[0]
+
+
+def _unroll_fwd(R, b, hsg, s0, x_proj, mask, loop, bt, interpret):
+    out, saved = _run(R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret)
+    return out, (R, b, hsg, x_proj, mask, saved)
+
+
+def _unroll_bwd(loop, bt, interpret, res, cotangents):
+    del bt, interpret
+    R, b, hsg, x_proj, mask, saved = res
+    return rhn_fused.unroll_backward(
+        R, b, hsg, x_proj, mask, saved, cotangents, dtype=_bf16, loop=loop
+    )
+
+
+_unroll.defvjp(_unroll_fwd, _unroll_bwd)
+
+
+def unroll(
+    cell: Any,
+    params: Any,
+    carry: Array,
+    xs: Array,
+    mask: Array | None = None,
+    *,
+    dtype: Any = _bf16,
+    interpret: bool | None = None,
+    batch_tile: int = BATCH_TILE,
+) -> tuple[Array, Array]:
+    """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
+    of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
+
+    Args:
+      cell: a coupled :class:`~rhnzoo.cells.RHN`, or :class:`~rhnzoo.cells.HSG` around
+        one.
+      params: the cell's parameters (``cell.init``), float32.
+      carry: ``[B, n]`` float32 initial state.
+      xs: ``[T, B, m]`` float32 inputs, time-major.
+      mask: ``[B, n]`` recurrent dropout mask or None; it multiplies the state entering
+        every micro-layer's GEMM (not the highway update), as in the fused scan, and is a
+        constant (zero gradient).
+      dtype: ``jnp.bfloat16``, the only precision the kernel has (module docstring).
+      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
+        backend only (compiled on a GPU).
+      batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
+        an H100; which is fastest is not measured).
+
+    Returns:
+      ``(carry [B, n], ys [T, B, n])`` float32: the final state and every step's output.
+
+    Raises:
+      ValueError: for a cell other than a coupled RHN or HSG(RHN); a ``dtype`` other than
+        bfloat16; ``xs`` not ``[T, B, m]``, a ``carry`` or ``mask`` not ``[B, n]``, or
+        parameters whose shapes are not the cell's for input width m; a ``batch_tile``
+        other than 16, 32 or 64.
+    """
+    if not supports(cell):
+        raise ValueError(f"the RHN micro-layer kernel runs a coupled RHN or HSG(RHN), got {cell!r}")
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        raise ValueError(
+            f"the RHN micro-layer kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}"
+        )
+    if batch_tile not in (16, 32, 64):
+        raise ValueError(f"batch_tile must be 16, 32 or 64, got {batch_tile!r}")
+    hsg = None
+    if isinstance(cell, HSG):
+        hsg = (params["W_R"], params["W_F"], params["b_G"])
+        cell, params = cell.cell, params["cell"]
+    n, L = cell.hidden_size, cell.depth
+    if xs.ndim != 3:
+        raise ValueError(f"xs must be [T, B, m], got shape {xs.shape}")
+    T, B, m = xs.shape
+    want = {"W": (m, 2 * n), "R": (L, n, 2 * n), "b": (L, 2 * n), "carry": (B, n)}
+    got = {"W": params["W"].shape, "R": params["R"].shape, "b": params["b"].shape}
+    got["carry"] = jnp.shape(carry)
+    if mask is not None:
+        want["mask"], got["mask"] = (B, n), jnp.shape(mask)
+    if hsg is not None:
+        want |= {"W_R": (n, n), "W_F": (n, n), "b_G": (n,)}
+        got |= {k: v.shape for k, v in zip(("W_R", "W_F", "b_G"), hsg)}
+    wrong = [f"{k} {tuple(got[k])} (want {want[k]})" for k in want if tuple(got[k]) != want[k]]
+    if wrong:
+        raise ValueError(
+            f"shapes do not match RHN(n={n}, depth={L}) over xs [T, B, m] = {xs.shape}: "
+            + ", ".join(wrong)
+        )
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    loop = L <= rhn_fused.LOOP_LAYERS_UP_TO
+    # The projection of all T steps in one GEMM, its backward under the same rule.
+    x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], _bf16), 1, 2)  # [T, 2n, B]
+    mask = jnp.ones_like(carry) if mask is None else mask
+    s_T, ys = _unroll(
+        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, loop, batch_tile, bool(interpret)
+    )
+    return s_T.T, jnp.swapaxes(ys, 1, 2)
