@@ -73,10 +73,10 @@ CASES = {
 }
 
 
-# The fast tier: one small case of each kernel (the LSTM's, the GRU's, the SC-LSTM's),
-# padded rows and a dropout mask; the rest (two warpgroups, two CTAs of 64 rows: slow to
-# interpret) run in CI.
-FAST = {"lstm_masked", "gru_padded_rows_masked", "sc_lstm_p_padded_rows_masked"}
+# The fast tier: one small case of the family (the LSTM's kernel), padded rows and a
+# dropout mask; the rest (the GRU's and SC-LSTM's kernels, two warpgroups, two CTAs of 64
+# rows: slow to interpret) run in CI.
+FAST = {"lstm_masked"}
 # Shapes only (for the tests below): the LSTM's lengths with an empty row are
 # lstm_masked's, its path without a mask lstm_pmnist_like's. (Two CTAs under the SC-LSTM's
 # skips: lstm_pmnist_like's CTAs and sc_lstm_p_two_warpgroups' skips.)
@@ -320,8 +320,8 @@ def backward_args(T, n, with_dy, B=64, blocks=4, coefficients=5):
     )
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-@pytest.mark.parametrize("n", [64, 128])
+@pytest.mark.parametrize("kind", ["lstm", pytest.param("gru", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [64, pytest.param(128, marks=pytest.mark.slow)])  # fast: LSTM, 64
 def test_kernels_lower_for_an_h100(n, kind):
     """Every kernel configuration (N = 64 or 128, a 1-wide input, a dropout mask or none;
     backward with and without output cotangents) lowers for ``cuda``: its shared memory,
@@ -349,6 +349,7 @@ def test_kernels_lower_for_an_h100(n, kind):
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
 
 
+@pytest.mark.slow  # the LSTM kernels' configurations: the fast tier lowers the LSTM's
 @pytest.mark.parametrize("n", [64, 128])
 def test_sc_lstm_kernels_lower_for_an_h100(n):
     """The LSTM kernels with SC-LSTM's skips (step counts, anchor, α; its anchor's
