@@ -253,9 +253,9 @@ def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
         ),
         (
             "pallas",
-            cells.HSG(cells.RHN(N, 2)),
+            cells.HSG(cells.RHN(N, 2, coupled=False)),
             {},
-            "scan_impl='pallas' cannot run HSG(RHN); its scans: reference, fused",
+            "scan_impl='pallas' cannot run HSG(RHN(coupled=False)); its scans: reference",
         ),
         (
             "pallas",

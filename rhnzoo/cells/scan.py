@@ -14,7 +14,8 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
 * ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.gated_pallas`
   (LSTM, SC-LSTM, reset-after GRU) and :mod:`rhnzoo.cells.chained_pallas` (RRN, Cho et al.'s GRU),
   and ``Parallel`` of these (HRL, LSTM+GRU), each part by its own kernels; hidden size
-  <= 128; bfloat16 only; no ``remat``.
+  <= 128; bfloat16 only; no ``remat``; and :mod:`rhnzoo.cells.rhn_pallas` (one fused
+  GEMM-and-highway kernel per micro-layer) for the coupled RHN and HSG(RHN), any size.
 
 The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
 writes, and the ``reference`` implementation here.
@@ -25,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import base, chained_pallas, gated_fused, gated_pallas, rhn_fused
+from rhnzoo.cells import base, chained_pallas, gated_fused, gated_pallas, rhn_fused, rhn_pallas
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -109,11 +111,12 @@ def rhn_fused_supports(cell: Any) -> bool:
 
 
 def pallas_supports(cell: Any) -> bool:
-    """Whether a persistent Pallas kernel runs ``cell``: ``gated_pallas.supports`` or
-    ``chained_pallas.supports``, or a ``Parallel`` of such cells."""
+    """Whether a Pallas kernel runs ``cell``: ``gated_pallas.supports`` or
+    ``chained_pallas.supports``, or a ``Parallel`` of such cells; or
+    ``rhn_pallas.supports`` (the coupled RHN, HSG(RHN))."""
     if isinstance(cell, Parallel):
         return all(pallas_supports(c) for c in cell.cells)
-    return gated_pallas.supports(cell) or chained_pallas.supports(cell)
+    return any(k.supports(cell) for k in (gated_pallas, chained_pallas, rhn_pallas))
 
 
 def _fused_has_remat(cell: Any) -> bool:
@@ -164,10 +167,12 @@ def resolve(
     1. ``pallas`` where the cell's kernels ``fits(cell, batch, dtype, backend)``, a known
        ``batch`` and no ``remat``: ``gated_pallas.fits`` is a GPU of compute capability
        9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
-       bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) is False until
-       those kernels are timed. The kernels target launch-bound shapes (issue 45); at
-       n = 100 the LSTM's backward kernel made the train step slower than the fused
-       scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a CPU or a TPU.
+       bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) and
+       ``rhn_pallas.fits`` (the RHN's micro-layer kernel: ``auto`` keeps the fused scan for
+       the RHN) are False until those kernels are timed. The kernels target launch-bound
+       shapes (issue 45); at n = 100 the LSTM's backward kernel made the train step slower
+       than the fused scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a
+       CPU or a TPU.
     2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
        has remat: the RHN's; the gated cells then take ``reference``). Faster than the
        reference scan and the peers wherever it was timed in quiet runs, on the CPU and
@@ -228,7 +233,8 @@ def resolve(
             if impl is not ScanImpl.PALLAS
             else " (the persistent kernels: LSTM, SC-LSTM, "
             "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
-            "one CTA's shared memory: the RRN up to depth 3 at n = 128)"
+            "one CTA's shared memory: the RRN up to depth 3 at n = 128; the micro-layer "
+            "kernel: coupled RHN, HSG(RHN))"
         )
         raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
     if impl is ScanImpl.PALLAS and where() not in PALLAS_PLATFORMS:
@@ -324,6 +330,9 @@ def unroll(
     if which is ScanImpl.PALLAS:
         if interpret is None:
             interpret = platform() == "cpu"
+        if rhn_pallas.supports(cell):
+            run = functools.partial(rhn_pallas.unroll, dtype=dtype, interpret=interpret)
+            return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
         return _pallas(
             cell,
             params,
@@ -351,18 +360,8 @@ def unroll(
             dtype=dtype,
             outputs=outputs,
         )
-    return _rhn_fused(
-        cell,
-        params,
-        carry,
-        xs,
-        mask,
-        lengths=lengths,
-        dtype=dtype,
-        unroll=unroll or 1,
-        remat=remat,
-        outputs=outputs,
-    )
+    run = functools.partial(rhn_fused.unroll, unroll=unroll or 1, remat=remat, dtype=dtype)
+    return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
 
 
 def _pallas(cell, params, carry, xs, mask, **kwargs):
@@ -379,19 +378,20 @@ def _pallas(cell, params, carry, xs, mask, **kwargs):
 
 
 def _pallas_module(cell: Any):
-    """The module of ``cell``'s persistent kernels (a ``Parallel``: ``gated_pallas``,
-    whose ``fits`` refuses it: ``auto`` picks kernels cell by cell only)."""
+    """The module of ``cell``'s kernels (a ``Parallel``: ``gated_pallas``, whose ``fits``
+    refuses it: ``auto`` picks kernels cell by cell only)."""
+    if rhn_pallas.supports(cell):
+        return rhn_pallas
     return chained_pallas if chained_pallas.supports(cell) else gated_pallas
 
 
-def _rhn_fused(cell, params, carry, xs, mask, *, lengths, dtype, unroll, remat, outputs):
-    """:func:`rhnzoo.cells.rhn_fused.unroll` with ``lengths``: its carry is its output, so
-    a row's final carry is its output at its last real step (the initial carry for an
-    empty row) and padded outputs are zeroed; the padded steps run and get zero
-    cotangents."""
-    carry_T, ys = rhn_fused.unroll(
-        cell, params, carry, xs, mask, unroll=unroll, remat=remat, dtype=dtype
-    )
+def _rhn_scan(run, cell, params, carry, xs, mask, *, lengths, outputs):
+    """An RHN scan ``run(cell, params, carry, xs, mask)``
+    (:func:`~rhnzoo.cells.rhn_fused.unroll`, :func:`~rhnzoo.cells.rhn_pallas.unroll`) with
+    ``lengths``: its carry is its output, so a row's final carry is its output at its last
+    real step (the initial carry for an empty row) and padded outputs are zeroed; the
+    padded steps run and get zero cotangents."""
+    carry_T, ys = run(cell, params, carry, xs, mask)
     if lengths is None:
         return carry_T, ys if outputs else None
     T, B = xs.shape[:2]
