@@ -282,7 +282,10 @@ def signalled_task(step):
     return dataclasses.replace(base, train_batch=train_batch)
 
 
-@pytest.mark.parametrize("stop_at", [3, 11, 17])  # mid-epoch, the epoch's last step, epoch 2
+@pytest.mark.parametrize(  # mid-epoch, the epoch's last step, epoch 2 (CI)
+    "stop_at",
+    [3, pytest.param(11, marks=pytest.mark.slow), pytest.param(17, marks=pytest.mark.slow)],
+)
 def test_a_stacked_run_resumes_after_a_signal_exactly(tmp_path, toy_runs, stop_at):
     reference = toy_runs[0] / "run"
     lines = []
@@ -395,6 +398,9 @@ def assert_close_runs(stacked, separate, rtol=1e-5, atol=1e-7):
     assert_close_trees(stacked.best_params, separate.best_params, rtol, atol)
 
 
+# The other tasks' stacked runs (CI): the fast tier keeps the toy's (the engine's, bit for
+# bit) and the LM's.
+@pytest.mark.slow
 def test_rrl_classifier_stacked_equals_separate_runs():
     """Ragged sequences (1-16 tokens) in buckets of 8 and 16: at some steps the seeds'
     batches come from different buckets, so the engine's stacking pads the shorter to 16
@@ -445,6 +451,7 @@ def test_rrl_classifier_stacked_equals_separate_runs():
     assert stacked[0].results["dev_xent"] != stacked[1].results["dev_xent"]
 
 
+@pytest.mark.slow
 def test_highway_net_stacked_equals_separate_runs():
     """Synthetic images, a depth-3 highway net. Measured: equal bit for bit on the CPU
     (the batch indices are stacked, the one training set shared); the validation losses,
@@ -471,7 +478,7 @@ def test_highway_net_stacked_equals_separate_runs():
     assert stacked[0].results["valid_xent"] != stacked[1].results["valid_xent"]
 
 
-@pytest.mark.parametrize("kind", ["highway", "plain"])
+@pytest.mark.parametrize("kind", ["highway", pytest.param("plain", marks=pytest.mark.slow)])
 def test_stacked_highway_validation_gives_each_seed_its_own_sums_bit_for_bit(kind):
     """Issue 62 item 8: K stacked seeds' validation sums equal each seed's own evaluation
     exactly (a jax.vmap over the seeds rounded them differently at this shape: the
@@ -547,6 +554,7 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
     assert stacked[0]["valid_ppl"] != stacked[1]["valid_ppl"]
 
 
+@pytest.mark.slow
 def test_polyphonic_training_stacked_equals_separate_runs():
     """polyphonic.train_and_evaluate on synthetic piano rolls (a shifting chord, 6-13 frames), a DT(S)RNN,
     2 epochs of 3 steps. Measured: equal bit for bit on the CPU."""
@@ -585,6 +593,7 @@ def test_polyphonic_training_stacked_equals_separate_runs():
     assert stacked[0].best_valid != stacked[1].best_valid
 
 
+@pytest.mark.slow  # the fast tier: the highway's stacked validation and the LM's stacked run
 def test_stacked_evaluations_of_the_lm_and_jsb_give_each_seed_s_own(tmp_path):
     """The LM's and JSB's validation of K stacked seeds at once (the evaluation step
     ``jax.vmap``-ped over the parameters) gives each seed's own NLL: measured equal bit for
