@@ -46,9 +46,10 @@ def impls(name):
     ]
 
 
-# The fast selection: each kind of fused scan at least once (gated, Parallel of gated,
-# the RHN and HSG(RHN)); the rest are variants of these.
-FAST = {"lstm", "gru", "sc_lstm_p", "hrl", "rhn", "hsg_rhn"}
+# The fast selection: each kind of fused scan once (gated, Parallel of gated, the RHN and
+# HSG(RHN)), padded; one cell without lengths; the rest are variants of these (CI).
+FAST = {"lstm", "hrl", "rhn", "hsg_rhn"}
+FAST_FULL = {"rhn"}
 FUSED = [n for n in cells.ALL_NAMES if ScanImpl.FUSED in scan.implementations(build(n))]
 
 
@@ -75,11 +76,17 @@ def assert_trees_close(got, want, **tol):
 
 
 @pytest.mark.x64_grid  # CI: in the second session (.ci/run), beside the Pallas tests
-@pytest.mark.parametrize("lengths", [LENGTHS, None], ids=["padded", "full"])
 @pytest.mark.parametrize(
-    "name,impl",
+    "name,impl,lengths",
     [
-        pytest.param(n, i, marks=() if n in FAST else pytest.mark.slow)
+        pytest.param(
+            n,
+            i,
+            lengths,
+            marks=() if n in (FAST if padded else FAST_FULL) else pytest.mark.slow,
+            id=f"{n}-{i}-{'padded' if padded else 'full'}",
+        )
+        for padded, lengths in ((True, LENGTHS), (False, None))
         for name in cells.ALL_NAMES
         for n, i in impls(name)
     ],
