@@ -114,7 +114,7 @@ def test_a_batch_with_inert_padding_columns_matches_the_reference(name, batch=62
 # float64 grid (through scan.unroll; its "full" rows: without lengths every step is real);
 # here float32 with the projection before the scan, and the variants the grid lacks
 # (reset_after, tanh at depth 3; float32 at depth 3: the chunk test below).
-@pytest.mark.parametrize("name", ["lstm", "gru_ra"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), "gru_ra"])
 def test_float32_values_and_gradients_match_the_reference_with_padding_and_dropout(name):
     compare(
         CELLS[name](),
@@ -185,8 +185,8 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
     "name,lengths",
     [
         pytest.param("lstm", None, marks=pytest.mark.slow),
-        ("gru", None),
-        ("gru_ra", None),
+        pytest.param("gru", None, marks=pytest.mark.slow),  # fast: the dispatcher's lstm row
+        pytest.param("gru_ra", None, marks=pytest.mark.slow),
         ("gru_ra", LENGTHS),
         pytest.param("rrn3_tanh", None, marks=pytest.mark.slow),
         ("sclstm_p", None),
@@ -266,7 +266,14 @@ def test_unsupported_cells_raise():
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "gru_ra", "rrn1", "sclstm_p"]
+    "name",
+    [
+        pytest.param("lstm", marks=pytest.mark.slow),
+        "gru",  # fast: a gated cell and a chained one
+        pytest.param("gru_ra", marks=pytest.mark.slow),
+        "rrn1",
+        pytest.param("sclstm_p", marks=pytest.mark.slow),
+    ],
 )
 def test_step_is_plain_and_unroll_opts_into_saving_matmuls(name):
     """No jax.checkpoint inside ``step``; ``unroll(save_matmuls=True)`` adds it and
@@ -303,6 +310,7 @@ def classifier_loss(model, params, tokens, lengths, labels):
 
 # One cell (a Parallel of two kernels): what the classifier reads of each cell's scan,
 # every registry cell, is tests/test_scan_dispatch.py's (outputs=False and output_of).
+@pytest.mark.slow  # fast: tests/test_scan_dispatch.py's RHN classifier and hrl final output
 @pytest.mark.parametrize("name", ["lstm_gru"])
 def test_classifier_fused_equals_reference_on_padded_batches(name):
     """The fused classifier scans without the padding mask and reads each row's output
@@ -326,7 +334,7 @@ def test_classifier_fused_equals_reference_on_padded_batches(name):
 @pytest.mark.parametrize(
     "name,m",
     [
-        ("lstm", 8),
+        pytest.param("lstm", 8, marks=pytest.mark.slow),
         ("gru", 1),
         pytest.param("gru_ra", 8, marks=pytest.mark.slow),
         pytest.param("rrn1", 8, marks=pytest.mark.slow),
