@@ -92,7 +92,10 @@ def sigterm_at(step):
     return hook
 
 
-@pytest.mark.parametrize("stop_at", [3, 12, 17])  # mid-epoch, the epoch's last step, mid-epoch 2
+@pytest.mark.parametrize(  # mid-epoch, the epoch's last step, mid-epoch 2 (CI)
+    "stop_at",
+    [3, pytest.param(12, marks=pytest.mark.slow), pytest.param(17, marks=pytest.mark.slow)],
+)
 def test_resume_after_a_signal_reproduces_the_uninterrupted_run(tmp_path, uninterrupted, stop_at):
     """Shuffled batches, the per-step key, the epoch's loss sums and the validation record
     all resume exactly: every output equals the uninterrupted run's."""
@@ -442,8 +445,13 @@ def test_the_divergence_window_is_checkpointed_so_a_resumed_run_stops_where_it_w
         assert int(saved_state(workdir)["state"]["step"]) == step
 
 
-@pytest.mark.parametrize(
-    "damage", ["truncate a data file", "delete _METADATA", "delete ocdbt.process_0"]
+@pytest.mark.parametrize(  # the fast tier: a truncated data file; the other damages in CI
+    "damage",
+    [
+        "truncate a data file",
+        pytest.param("delete _METADATA", marks=pytest.mark.slow),
+        pytest.param("delete ocdbt.process_0", marks=pytest.mark.slow),
+    ],
 )
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, uninterrupted, damage):
     workdir = tmp_path / "w"

@@ -89,15 +89,13 @@ def loss_falls(step, state, batch, steps=8):
     assert losses[-1] < 0.97 * losses[0], losses
 
 
-# Every cell of IN_TASKS in the language model (the fast tier: the RHN, HSG, the gated
-# cells, a Parallel); one cell in each other task, whose wiring is cell-independent
+# Every cell of IN_TASKS in the language model (the fast tier: the RHN, HSG, a gated
+# cell, a Parallel); one cell in each other task, whose wiring is cell-independent
 # (every cell's scan with lengths and its final output: tests/test_scan_dispatch.py).
 @pytest.mark.parametrize(
     "name",
     [
-        n
-        if n in ("rhn", "hsg_rhn", "lstm", "gru", "hrl")
-        else pytest.param(n, marks=pytest.mark.slow)
+        n if n in ("rhn", "hsg_rhn", "lstm", "hrl") else pytest.param(n, marks=pytest.mark.slow)
         for n in IN_TASKS
     ],
 )

@@ -146,7 +146,9 @@ def test_one_step_matches_torch_equations(kind):
         np.testing.assert_allclose(y, ys[0], **TOL)
 
 
-@pytest.mark.parametrize("impl", list(UNROLLS))
+@pytest.mark.parametrize(  # the fast tier: the fused scan (the others equal it: the dispatcher)
+    "impl", [pytest.param(u, marks=() if u == "fused" else pytest.mark.slow) for u in UNROLLS]
+)
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_unroll_values_and_gradients_match_torch_equations(kind, impl):
     """Every scan over T steps from a random state, float64: outputs, final carry, and the
