@@ -1,0 +1,231 @@
+"""The RHN micro-layer kernel (rhnzoo.cells.rhn_pallas) against the reference scan
+(lax.scan + autodiff, float32) and the fused scan in bfloat16, values and every gradient
+(parameters, initial state, inputs), coupled RHN and HSG(RHN) at depths 1, 3 and 12
+(12: the micro-layers as a ``lax.scan``); through the dispatcher with ``lengths``; the
+kernels lowered for ``cuda`` (an H100's shared memory, TMA boxes and wgmma layouts) at
+every batch tile; bad input refused.
+
+On the CPU the kernels run in Pallas's GPU interpret mode; every kernel run is under a
+timeout (the interpreter hangs, rather than fails, on a barrier never completed)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import normal, random_params
+from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
+
+from rhnzoo import cells
+from rhnzoo.cells import rhn_fused, rhn_pallas, scan
+from rhnzoo.cells.scan import ScanImpl
+
+pytestmark = pytest.mark.pallas
+bf16 = jnp.bfloat16
+
+
+def setup(n, B, m, T, depth, hsg, seed=0):
+    """The cell, random (not initial) parameters and state, inputs and a target. The
+    weights' scale shrinks as 1 / sqrt(n) above n = 8, so that pre-activations (and the
+    bfloat16 rounding of what multiplies them) stay the same size at any width."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    cell = cells.RHN(n, depth)
+    cell = cells.HSG(cell) if hsg else cell
+    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3 * min(1.0, (8 / n) ** 0.5))
+    carry = 0.5 * normal(keys[2], (B, n))
+    return cell, params, carry, normal(keys[3], (T, B, m)), normal(keys[4], (T, B, n))
+
+
+def dropout_mask(B, n):  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
+    return jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
+
+
+CASES = {
+    # name: (n, B, m, T, depth, HSG, dropout mask, batch tile)
+    "rhn_depth1": (5, 4, 3, 4, 1, False, False, 16),
+    "rhn_depth3_masked": (5, 4, 3, 4, 3, False, True, 16),
+    "hsg_depth3_masked": (5, 4, 3, 4, 3, True, True, 16),
+    "hsg_depth1": (5, 4, 3, 3, 1, True, False, 32),
+    "rhn_depth12_masked": (5, 4, 3, 3, 12, False, True, 16),  # the micro-layers as a scan
+    "hsg_depth12": (5, 4, 3, 3, 12, True, False, 64),
+    # two CTAs of 64 units, two 16-column batch tiles, K over two 64-unit blocks
+    "hsg_two_by_two_ctas_masked": (70, 20, 3, 3, 2, True, True, 16),
+}
+
+
+# The fast tier: the coupled RHN with a dropout mask at depth 3 (micro-layers a Python
+# loop) and HSG(RHN) at depth 12 (a lax.scan over micro-layers 2..12); the rest in CI.
+FAST = {"rhn_depth3_masked", "hsg_depth12"}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in CASES]
+)
+def test_values_and_gradients_match_the_reference(case):
+    n, B, m, T, depth, hsg, masked, bt = CASES[case]
+    cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
+    mask = dropout_mask(B, n) if masked else None
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, mask, batch_tile=bt),
+            params,
+            carry,
+            xs,
+            target,
+        )
+    ref = value_and_grads(
+        lambda p, c, x: cells.unroll(cell, p, c, x, mask), params, carry, xs, target
+    )
+    fused = value_and_grads(
+        lambda p, c, x: rhn_fused.unroll(cell, p, c, x, mask, dtype=bf16),
+        params,
+        carry,
+        xs,
+        target,
+    )
+    # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
+    # bfloat16 mode is (the same precision policy and the same backward pass).
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+    assert_close(got[1], fused[1], rtol=5e-3)
+
+
+def test_the_dispatcher_runs_it_with_lengths_and_auto_keeps_the_fused_scan():
+    """``scan_impl='pallas'`` runs HSG(RHN) here with ``lengths`` (an empty row: its
+    carry is the initial one, padded outputs zero), values and gradients as the
+    reference scan's; ``auto`` still picks the fused scan for the RHN, on a GPU too (no
+    GPU timing of the kernel yet)."""
+    cell, params, carry, xs, target = setup(5, 4, 3, 4, 2, True, seed=1)
+    lens, mask = jnp.asarray([4, 0, 2, 3]), dropout_mask(4, 5)
+    assert scan.resolve("pallas", cell, batch=4, dtype=bf16, backend="cpu") is ScanImpl.PALLAS
+    for backend in ("gpu", "cpu"):
+        assert scan.resolve("auto", cell, batch=20, dtype=bf16, backend=backend) is ScanImpl.FUSED
+    assert not rhn_pallas.fits(cell, 20, bf16, "gpu")
+    with deadline(300):
+        got = value_and_grads(
+            lambda p, c, x: scan.unroll(
+                cell, p, c, x, mask, impl="pallas", lengths=lens, dtype=bf16
+            ),
+            params,
+            carry,
+            xs,
+            target,
+        )
+    ref = value_and_grads(
+        lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
+        params,
+        carry,
+        xs,
+        target,
+    )
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+    final, ys = scan.unroll(cell, params, carry, xs, mask, impl="pallas", lengths=lens, dtype=bf16)
+    np.testing.assert_array_equal(final[1], carry[1])  # the empty row
+    np.testing.assert_array_equal(ys[2:, 2], 0.0)
+
+
+def test_refuses_what_it_does_not_compute():
+    cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
+    unroll = rhn_pallas.unroll
+    with pytest.raises(ValueError, match="bfloat16"):
+        unroll(cell, params, carry, xs, dtype=jnp.float32)
+    uncoupled = cells.RHN(5, 2, coupled=False)
+    with pytest.raises(ValueError, match="coupled RHN or HSG"):
+        unroll(uncoupled, uncoupled.init(jax.random.PRNGKey(0), 3), carry, xs)
+    with pytest.raises(ValueError, match="coupled RHN or HSG"):
+        unroll(cells.LSTM(5), params, carry, xs)
+    with pytest.raises(ValueError, match=r"carry \(3, 5\) \(want \(4, 5\)\)"):
+        unroll(cell, params, carry[:3], xs)
+    with pytest.raises(ValueError, match=r"mask \(4, 6\)"):
+        unroll(cell, params, carry, xs, jnp.ones((4, 6)))
+    with pytest.raises(ValueError, match=r"W \(3, 10\) \(want \(2, 10\)\)"):
+        unroll(cell, params, carry, xs[..., :2])
+    with pytest.raises(ValueError, match=r"xs must be \[T, B, m\]"):
+        unroll(cell, params, carry, xs[0])
+    with pytest.raises(ValueError, match="batch_tile must be 16, 32 or 64"):
+        unroll(cell, params, carry, xs, batch_tile=48)
+    assert rhn_pallas.supports(cell) and rhn_pallas.supports(cells.HSG(cell))
+    assert not rhn_pallas.supports(uncoupled) and not rhn_pallas.supports(cells.HSG(uncoupled))
+    assert not rhn_pallas.supports(cells.LSTM(5))
+
+
+# ------------------------------------------------------------------ lowering for cuda
+
+
+@pytest.mark.parametrize("bt", [16, 32, 64])
+def test_kernels_lower_for_an_h100(bt):
+    """Each kernel (the first micro-layer's, with the input projection; a later one's;
+    HSG's gate) lowers for ``cuda`` at batch tile ``bt`` and hidden size 830 (K over
+    14 blocks, 14 CTAs of 64 units): its shared memory, TMA boxes and wgmma layouts are
+    what an sm_90 device accepts. (Tiles 16 and 32 lower because R_l^T's blocks are
+    swizzled as the state operand's are: with a 128-byte swizzle beside a 32- or 64-byte
+    one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
+    assert rhn_pallas.smem_bytes(bt) + 1024 <= rhn_pallas.SMEM_LIMIT
+    Np, Bp = 896, 2 * bt
+    z = jax.ShapeDtypeStruct
+    tile = z((Np, Bp), jnp.float32)
+    w, b = z((2, Np, Np), bf16), z((2, Np), jnp.float32)
+
+    def call(kind):
+        return lambda w, ops, b, *tiles: rhn_pallas._layer_call(
+            w, ops, b, tiles, kind=kind, bt=bt, interpret=False
+        )
+
+    lower_for_cuda(call(rhn_pallas._RHN), w, z((1, Np, Bp), bf16), b, *[tile] * 4)
+    lower_for_cuda(call(rhn_pallas._RHN), w, z((1, Np, Bp), bf16), b, tile, tile)
+    hsg_b = z((1, Np), jnp.float32)
+    lower_for_cuda(call(rhn_pallas._HSG), w, z((2, Np, Bp), bf16), hsg_b, *[tile] * 3)
+
+
+@pytest.mark.parametrize("depth, hsg", [(3, True), (12, False)])
+def test_the_train_step_lowers_for_an_h100(depth, hsg):
+    """The value and every gradient of the compiled (not interpreted) unroll, at the
+    ``ptb_sota`` shape (hidden 830, batch 20) and depth 3 (micro-layers a Python loop)
+    or 12 (a ``lax.scan``), lower for ``cuda``."""
+    cell = cells.RHN(830, depth)
+    cell = cells.HSG(cell) if hsg else cell
+    z = jax.ShapeDtypeStruct
+    params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830))
+    T, B = 4, 20
+    mask = z((B, 830), jnp.float32)
+
+    def loss(params, carry, xs, mask):
+        final, ys = rhn_pallas.unroll(cell, params, carry, xs, mask, interpret=False)
+        return jnp.sum(final) + jnp.sum(ys)
+
+    lower_for_cuda(
+        jax.value_and_grad(loss, argnums=(0, 1, 2)),
+        params,
+        z((B, 830), jnp.float32),
+        z((T, B, 830), jnp.float32),
+        mask,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
+def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
+    """The interpreter's race detector watches every shared-memory access of the
+    kernels (the pipeline's TMA copies and wgmma operands, the epilogue's loads, stores
+    and TMA stores): none may race."""
+    _, plgpu = rhn_pallas._plgpu()
+    monkeypatch.setattr(
+        rhn_pallas,
+        "_interpret_params",
+        lambda interpret: plgpu.InterpretGPUParams(detect_races=True),
+    )
+    n, B, m, T, depth, hsg, _, bt = CASES["hsg_two_by_two_ctas_masked"]
+    cell, params, carry, xs, target = setup(n, B, m, 2, depth, hsg)
+    with deadline(300):
+        jax.block_until_ready(
+            value_and_grads(
+                lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, dropout_mask(B, n)),
+                params,
+                carry,
+                xs,
+                target,
+            )
+        )
+    out, err = capfd.readouterr()
+    assert "RACE DETECTED" not in out + err
