@@ -98,7 +98,7 @@ def test_minus_inf_t_bias_is_identity(coupled):
     np.testing.assert_array_equal(Highway(n, depth=4).apply(p, x), x)
 
 
-@pytest.mark.parametrize("coupled", [True, False])
+@pytest.mark.parametrize("coupled", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_gradient_matches_finite_differences(coupled):
     n, depth, eps = 4, 3, 1e-6
     hw = Highway(n, depth=depth, activation=jnp.tanh, coupled=coupled)  # smooth, for FD

@@ -41,7 +41,9 @@ def png_shape(path):
         # flag values alone and a missing data directory: tests/test_bad_inputs.py's table
         # (one subprocess a script), test_config_round_trip_and_one_line_errors and
         # tests/test_config_contract.py; here what only the real data refute
-        (["--valid_size=60000"], "--valid_size must be in [1, 59999]"),  # the data's
+        pytest.param(  # the data's (the fast tier: the bad-input table's data rows)
+            ["--valid_size=60000"], "--valid_size must be in [1, 59999]", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_bad_flags_fail_with_one_line_before_writing(tmp_path, flags, message):
@@ -472,6 +474,7 @@ def test_presets_hold_the_reproductions_settings():
         configs.get_config("gpu")
 
 
+@pytest.mark.slow  # the fast tier: tests/test_scripts.py's ptb.py --help
 def test_help_lists_one_flag_per_setting_with_its_help():
     """Every HighwayConfig field is a flag of the script (--seeds and --jobs the runner's),
     its help the field's; --preset too."""

@@ -235,6 +235,7 @@ def test_fused_scans_at_the_default_precision_match_float64(case):
 # ------------------------------------------------------------------ the scripts
 
 
+@pytest.mark.slow  # the fast tier: tests/test_bad_inputs.py's --matmul_precision row
 def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
     result = ptb("--matmul_precision=fast", f"--workdir={tmp_path / 'w'}")
     lines = result.stderr.strip().splitlines()

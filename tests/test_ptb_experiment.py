@@ -28,6 +28,7 @@ ptb = functools.partial(run_script, "ptb.py")
 
 
 @needs_ptb
+@pytest.mark.slow  # the fast tier: tests/test_bad_inputs.py's --eval_batch_size row
 def test_a_batch_larger_than_the_data_fails_fast_with_one_line(tmp_path):
     """Refuted by the data only (flag values alone: tests/test_bad_inputs.py's table and
     tests/test_config_contract.py)."""
@@ -39,6 +40,7 @@ def test_a_batch_larger_than_the_data_fails_fast_with_one_line(tmp_path):
     assert not (tmp_path / "w").exists(), "nothing may be written for invalid flags"
 
 
+@pytest.mark.slow  # the fast tier: tests/test_bad_inputs.py's missing-data row
 def test_missing_data_names_the_files(tmp_path):
     result = ptb(
         *TINY, f"--data_dir={tmp_path / 'nothing'}", "--nodownload", f"--workdir={tmp_path / 'w'}"

@@ -201,6 +201,7 @@ def test_table_mode_trains_the_missing_models_and_prints_table_3(tmp_path, tiny_
 # and tests/test_config_contract.py (every field's low / high / choices).
 
 
+@pytest.mark.slow  # the fast tier: tests/test_bad_inputs.py's missing-data row
 def test_missing_data_is_one_line_naming_the_files(tmp_path):
     result = rrl_script(
         "--dataset=pmnist",

@@ -45,7 +45,13 @@ OWN_FLAGS = {
 }
 
 
-@pytest.mark.parametrize("script", sorted(set(SCRIPTS) - HELP_ELSEWHERE))
+@pytest.mark.parametrize(  # the fast tier: ptb.py's (one generator makes every script's flags)
+    "script",
+    [
+        pytest.param(s, marks=() if s == "ptb.py" else pytest.mark.slow)
+        for s in sorted(set(SCRIPTS) - HELP_ELSEWHERE)
+    ],
+)
 def test_help_lists_the_scripts_own_flags_with_defaults(script):
     result = subprocess.run(
         [sys.executable, str(ROOT / "experiments" / script), "--help"],
