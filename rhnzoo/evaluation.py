@@ -2,7 +2,7 @@
 (scalar sums), how a split is cut into batches, and how sums become metrics.
 
 * Classification (highway nets, sequence classifiers): :func:`xent_sums` of a batch,
-  :func:`padded_slices` of a split, :func:`add_up`, :func:`means` / :func:`seed_means`,
+  :func:`padded_slices` of a split, :func:`add_up`, :func:`means`,
   :func:`evaluate` in batches; the highway nets' :func:`inputs` and
   :func:`highway_sums`, and :func:`split_data` (their train / valid / test splits).
 * Language models (Zilly et al. 2017's protocol): :func:`eval_windows` of a token
@@ -75,12 +75,6 @@ def means(totals: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def seed_means(totals: dict[str, Array]) -> list[dict[str, float]]:
-    """:func:`means` of each seed of K stacked seeds' totals (each ``[K]``)."""
-    totals = jax.device_get(totals)
-    return [means({k: v[i] for k, v in totals.items()}) for i in range(len(totals["count"]))]
-
-
 def evaluate(
     sums_fn: Callable[..., dict[str, Array]],
     params: Any,
@@ -89,8 +83,7 @@ def evaluate(
     track: Callable | None = None,
     desc: str = "",
     place: Callable[[Any], Any] | None = None,
-    stacked: bool = False,
-) -> dict[str, float] | list[dict[str, float]]:
+) -> dict[str, float]:
     """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
 
     Args:
@@ -101,12 +94,9 @@ def evaluate(
       track: a progress/signal iterator (the engine's ``track``), if any.
       place: puts a batch's arrays on the devices (e.g. rows split over a mesh); None:
         default placement.
-      stacked: ``params`` are K stacked seeds' and ``sums_fn`` maps over them (its sums
-        ``[K]``): one dict per seed.
 
     Returns:
-      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}`` (stacked: a
-      list of K).
+      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}``.
     """
     n = len(arrays[0])
     starts = range(0, n, batch_size)
@@ -114,7 +104,7 @@ def evaluate(
         starts = track(starts, total=-(-n // batch_size), desc=desc)
     place = place or (lambda b: b)
     totals = add_up(sums_fn(params, *place(b)) for b in padded_slices(arrays, batch_size, starts))
-    return seed_means(totals) if stacked else means(totals)
+    return means(totals)
 
 
 def inputs(images: Array) -> Array:
@@ -220,9 +210,7 @@ def _window(model, params, carry, total, x, y, w):
 
 
 class Evaluator:
-    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``;
-    with ``stacked=True``, K seeds' parameters stacked on a leading axis evaluated at once
-    (the window ``jax.vmap``-ped over them): ``([nll_sum] * K, count)``.
+    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
 
     One jit-compiled call per window of ``num_steps`` (:func:`window_sums`, the state
     carried across windows, at most two in flight), so a long evaluation shows progress
@@ -238,22 +226,14 @@ class Evaluator:
         self.model, self.place = model, place or (lambda a: a)
         window = functools.partial(_window, model)
         self._window = jax.jit(window)
-        self._windows = jax.jit(jax.vmap(window, in_axes=(0, 0, 0, None, None, None)))
 
-    def __call__(self, params, tokens, batch_size, num_steps, track=None, stacked=False):
+    def __call__(self, params, tokens, batch_size, num_steps, track=None):
         x, y, w = eval_windows(tokens, batch_size, num_steps)
         carry, total = self.place(self.model.initial_carry(batch_size)), np.zeros((), np.float32)
-        window = self._window
-        if stacked:  # one carry and total per seed
-            k = len(jax.tree.leaves(params)[0])
-            carry = jax.tree.map(lambda a: jnp.stack([a] * k), carry)
-            total, window = np.zeros(k, np.float32), self._windows
         indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
         for i in indices:
             previous = total
-            carry, total = window(params, carry, total, *self.place((x[i], y[i], w[i])))
+            carry, total = self._window(params, carry, total, *self.place((x[i], y[i], w[i])))
             jax.block_until_ready(previous)
         count = float(w.sum())
-        return (
-            (np.asarray(total).astype(float).tolist(), count) if stacked else (float(total), count)
-        )
+        return float(total), count

@@ -50,7 +50,7 @@ from tqdm import tqdm
 from rhnzoo import cells, data, dropout, evaluation
 from rhnzoo.analysis import flow, plots
 from rhnzoo.analysis import lm as lm_analysis
-from rhnzoo.config import SEED_HIGH, Config, setting
+from rhnzoo.config import SEED_HIGH, Config, setting, strict
 from rhnzoo.engine import signals
 from rhnzoo.engine import workdir as workdir_lib
 
@@ -229,7 +229,7 @@ class Phases:
         settings, its figures still beside the file, and no ``redo``. Then it prints
         ``'<name>: kept from the earlier analysis of this checkpoint ...'`` and the
         phase must not run; else the next ``phases(name, ...)`` records ``settings``."""
-        settings = json.loads(json.dumps(workdir_lib.strict(settings)))
+        settings = json.loads(json.dumps(strict(settings)))
         self._settings[name] = settings
         record = self.results["phases"].get(name)
         if (

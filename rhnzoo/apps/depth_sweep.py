@@ -16,7 +16,8 @@ from absl import flags
 
 from rhnzoo.apps import cli, lm, runner
 from rhnzoo.engine import workdir as workdir_lib
-from rhnzoo.studies import hsg_depth, sweep, tables
+from rhnzoo.config import seed_name
+from rhnzoo.studies import hsg_depth, tables
 
 if TYPE_CHECKING:
     from rhnzoo.configs.lm import LMConfig
@@ -102,7 +103,7 @@ def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple
     """``(name, config)`` of every run of the sweep from the flags (each checked: one
     line for a bad setting), depth-major, without HSG before with HSG, seed-minor."""
     runs = [
-        (d, hsg, k, sweep.seed_name(hsg_depth.workdir_name(d, hsg), k))
+        (d, hsg, k, seed_name(hsg_depth.workdir_name(d, hsg), k))
         for d in depths
         for hsg in (False, True)
         for k in range(seeds)
@@ -152,7 +153,7 @@ def commands(
     for depth in depths:
         for hsg in (False, True):
             for k in range(seeds):
-                workdir = root / sweep.seed_name(hsg_depth.workdir_name(depth, hsg), k)
+                workdir = root / seed_name(hsg_depth.workdir_name(depth, hsg), k)
                 argv = [
                     sys.executable,
                     str(PTB_SCRIPT),

@@ -58,7 +58,8 @@ from rhnzoo.engine.signals import (
     release_signals,
     stop_requested,
 )
-from rhnzoo.engine.workdir import Checkpoints, MetricsLog, seed_name
+from rhnzoo.config import seed_name
+from rhnzoo.engine.workdir import Checkpoints, MetricsLog
 
 Array = jax.Array
 State = Any

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rhnzoo.config import RunSettings
-from rhnzoo.engine.workdir import Checkpoints, read_json, seed_name, write_json
+from rhnzoo.config import seed_name
+from rhnzoo.engine.workdir import Checkpoints, read_json, write_json
 
 
 def stacked_step(train_step, batch_axes, state, batch, run_keys, active):

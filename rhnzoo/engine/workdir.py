@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from rhnzoo.config import Config, seed_name, strict  # noqa: F401  (workdir.seed_name)
+from rhnzoo.config import Config, strict
 
 Params = Any
 PathLike = str | os.PathLike

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from rhnzoo import cells
+from rhnzoo.config import strict
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.models import num_params
 from rhnzoo.studies import sweep, tables
@@ -253,7 +254,7 @@ def study(
     done = sweep.collect(root / "trials", progress.names)
     rows = [_finite({**d["config"], **d["results"]}) for d in done.values() if d and d["results"]]
     with open(root / "results.jsonl", "w") as f:
-        f.writelines(json.dumps(workdir_lib.strict(row)) + "\n" for row in rows)
+        f.writelines(json.dumps(strict(row)) + "\n" for row in rows)
     return rows
 
 

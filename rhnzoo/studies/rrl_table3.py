@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rhnzoo import cells
 from rhnzoo.data.sequences import Dataset
+from rhnzoo.config import seed_name
 from rhnzoo.studies import sweep, tables
 from rhnzoo.tasks import rrl
 from rhnzoo.configs.rrl import RRLConfig
@@ -130,7 +131,7 @@ def table_text(root, models: Sequence[str], dataset: str, title: str, seeds: int
       ValueError: a workdir's JSON file is unreadable (one line naming it)."""
     rows = []
     for name in models:
-        runs = list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
+        runs = list(sweep.collect(root, [seed_name(name, k) for k in range(seeds)]).values())
         paper = PAPER_TABLE3.get((name, dataset))
         r = next((run["results"] for run in runs if run and run["results"]), None) or {}
         params = f"{r['parameters']:,}" if "parameters" in r else None
@@ -166,7 +167,7 @@ def study_table(root, names: Sequence[str], title: str, seeds: int = 1) -> str:
         [
             name,
             *_measured(
-                list(sweep.collect(root, [sweep.seed_name(name, k) for k in range(seeds)]).values())
+                list(sweep.collect(root, [seed_name(name, k) for k in range(seeds)]).values())
             ),
         ]
         for name in names
@@ -216,7 +217,7 @@ def run_experiment(
     several = bool(table or study)
     tabled = several or seeds > 1  # a table to show
     seeded = {
-        sweep.seed_name(name, k): c.replace(seed=c.seed + k)
+        seed_name(name, k): c.replace(seed=c.seed + k)
         for name, c in configs.items()
         for k in range(seeds)
     }
