@@ -508,6 +508,7 @@ def test_the_nnx_module_takes_the_scan_too():
         Recurrent(cells.DTRNN(N, 2), M, rngs=nnx.Rngs(0))(xs, scan_impl="fused")
 
 
+@pytest.mark.slow  # the fast tier: the gated LM above (drop_h 0.2, fused == reference)
 def test_the_lm_dropout_mask_reaches_the_fused_gated_scan():
     """An LSTM LM's recurrent dropout (``masks['h']``) changes the fused scan's output as
     it changes the reference scan's (the mask is passed, not dropped)."""
