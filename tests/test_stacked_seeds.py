@@ -28,7 +28,7 @@ import pytest
 from rhnzoo import config as config_lib
 from rhnzoo import engine
 from rhnzoo.engine import workdir as workdir_lib
-from rhnzoo.engine import signals
+from rhnzoo.engine import signals, stacking
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPE = engine_toy.N_TRAIN // engine_toy.BATCH  # 12 steps per epoch
@@ -343,6 +343,23 @@ def test_kill_9_in_a_stacked_run_then_resume_gives_identical_outputs(tmp_path, t
 # ------------------------------------------------------------------------ 5. bad input
 
 
+def test_stacking_zero_pads_batches_of_other_lengths():
+    """``stacking.stack``: K seeds' batches whose token buckets differ (the RRL's case,
+    ``test_rrl_classifier_stacked_equals_separate_runs``, in CI) stack on a new leading
+    axis, each leaf zero-padded at the end of each axis to the largest, on the host for
+    host arrays; ``axes=None`` keeps the first seed's leaves, shared by all seeds."""
+    a = (np.ones((2, 3), np.int32), np.array([3, 1], np.int32))
+    b = (np.full((2, 5), 2, np.int32), np.array([5, 4], np.int32))
+    tokens, lengths = stacking.stack([a, b])
+    assert isinstance(tokens, np.ndarray) and tokens.shape == (2, 2, 5)
+    np.testing.assert_array_equal(tokens[0], [[1, 1, 1, 0, 0]] * 2)
+    np.testing.assert_array_equal(tokens[1], b[0])
+    np.testing.assert_array_equal(lengths, [[3, 1], [5, 4]])
+    assert stacking.stack([a, b], (0, None))[1] is a[1]
+    on_device = stacking.stack([jnp.ones(3), jnp.ones(5)])
+    np.testing.assert_array_equal(on_device, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+
+
 def test_bad_seed_counts_are_refused_and_leave_nothing_behind(tmp_path):
     with pytest.raises(ValueError, match="^seeds must be >= 1, got 0$"):
         engine.run(engine_toy.make_task(), cfg(), tmp_path / "zero", seeds=0, log=None)
@@ -557,8 +574,8 @@ def test_language_model_stacked_equals_separate_runs(tmp_path):
 
 @pytest.mark.slow
 def test_polyphonic_training_stacked_equals_separate_runs():
-    """polyphonic.train_and_evaluate on synthetic piano rolls (a shifting chord, 6-13 frames), a DT(S)RNN,
-    2 epochs of 3 steps. Measured: equal bit for bit on the CPU."""
+    """polyphonic.train_and_evaluate on synthetic piano rolls (a shifting chord, 6-13
+    frames), a DT(S)RNN, 2 epochs of 3 steps. Measured: equal bit for bit on the CPU."""
     from rhnzoo import cells
     from rhnzoo.models.piano_roll import PianoRollModel
     from rhnzoo.tasks import polyphonic
