@@ -10,9 +10,11 @@ timeout (the interpreter hangs, rather than fails, on a barrier never completed)
 
 import jax
 import jax.numpy as jnp
+import kernel_registers as kr
 import numpy as np
 import pytest
 from helpers import normal, random_params
+from jax._src.lib.mlir import ir
 from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
 
 from rhnzoo import cells
@@ -153,6 +155,50 @@ def test_refuses_what_it_does_not_compute():
 # ------------------------------------------------------------------ lowering for cuda
 
 
+def lower_kernels(bt, Np=896):
+    """The three kernels (the first micro-layer's, with the input projection; a later
+    one's; HSG's gate) at batch tile ``bt`` and Np / 64 CTAs of units, lowered for
+    ``cuda``: ``{name: Lowered}``."""
+    z = jax.ShapeDtypeStruct
+    tile = z((Np, 2 * bt), jnp.float32)
+    w, b = z((2, Np, Np), bf16), z((2, Np), jnp.float32)
+
+    def call(kind):
+        return lambda w, ops, b, *tiles: rhn_pallas._layer_call(
+            w, ops, b, tiles, kind=kind, bt=bt, interpret=False
+        )
+
+    op, ops, hsg_b = z((1, Np, 2 * bt), bf16), z((2, Np, 2 * bt), bf16), z((1, Np), jnp.float32)
+    return {
+        "first": lower_for_cuda(call(rhn_pallas._RHN), w, op, b, *[tile] * 4),
+        "later": lower_for_cuda(call(rhn_pallas._RHN), w, op, b, tile, tile),
+        "hsg": lower_for_cuda(call(rhn_pallas._HSG), w, ops, hsg_b, *[tile] * 3),
+    }
+
+
+def mosaic_module(lowered) -> bytes:
+    """The serialised Mosaic GPU module of a lowered kernel (its one ``mosaic_gpu_v2``
+    custom call), for tests/kernel_registers.py's ptxas pipeline."""
+    found = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    attrs = inner.operation.attributes
+                    if (
+                        inner.operation.name == "stablehlo.custom_call"
+                        and ir.StringAttr(attrs["call_target_name"]).value == "mosaic_gpu_v2"
+                    ):
+                        config = ir.DictAttr(attrs["mhlo.backend_config"])
+                        found.append(ir.StringAttr(config["module"]).value_bytes)
+                    walk(inner.operation)
+
+    walk(lowered.compiler_ir("stablehlo").operation)
+    (module,) = found
+    return module
+
+
 @pytest.mark.parametrize("bt", [16, 32, 64])
 def test_kernels_lower_for_an_h100(bt):
     """Each kernel (the first micro-layer's, with the input projection; a later one's;
@@ -162,20 +208,23 @@ def test_kernels_lower_for_an_h100(bt):
     swizzled as the state operand's are: with a 128-byte swizzle beside a 32- or 64-byte
     one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
     assert rhn_pallas.smem_bytes(bt) + 1024 <= rhn_pallas.SMEM_LIMIT
-    Np, Bp = 896, 2 * bt
-    z = jax.ShapeDtypeStruct
-    tile = z((Np, Bp), jnp.float32)
-    w, b = z((2, Np, Np), bf16), z((2, Np), jnp.float32)
+    assert sorted(lower_kernels(bt)) == ["first", "hsg", "later"]
 
-    def call(kind):
-        return lambda w, ops, b, *tiles: rhn_pallas._layer_call(
-            w, ops, b, tiles, kind=kind, bt=bt, interpret=False
-        )
 
-    lower_for_cuda(call(rhn_pallas._RHN), w, z((1, Np, Bp), bf16), b, *[tile] * 4)
-    lower_for_cuda(call(rhn_pallas._RHN), w, z((1, Np, Bp), bf16), b, tile, tile)
-    hsg_b = z((1, Np), jnp.float32)
-    lower_for_cuda(call(rhn_pallas._HSG), w, z((2, Np, Bp), bf16), hsg_b, *[tile] * 3)
+@pytest.mark.parametrize("bt", [16, pytest.param(32, marks=pytest.mark.slow), 64])
+def test_kernels_compile_for_an_h100_without_spills(bt, record_property):
+    """Each kernel compiled for sm_90a by the CUDA plugin's pipeline and ptxas on this
+    host (tests/kernel_registers.py): zero spill bytes, at most 255 registers a thread
+    (the counts: docs/runs/kernels/rhn_micro_layer.md)."""
+    why = kr.missing_tools()
+    if why:
+        pytest.skip(why)
+    modules = {k: mosaic_module(v) for k, v in lower_kernels(bt).items()}
+    for name, (counts, log) in kr.ptxas_counts(modules).items():
+        record_property(f"{name}_registers", counts.registers)
+        print(f"bt {bt} {name} ({kr.ARCH}, {kr.ptxas_version()}): {counts}")
+        assert counts.registers <= 255
+        assert (counts.spill_stores, counts.spill_loads) == (0, 0), log
 
 
 @pytest.mark.parametrize("depth, hsg", [(3, True), (12, False)])
