@@ -470,6 +470,7 @@ def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
     assert not np.allclose(np.asarray(sums["loss"])[0], np.asarray(sums["loss"])[1])
 
 
+@pytest.mark.slow  # the benchmark CLIs' smokes run in CI; the fast tier: the stacked step above
 def test_the_seeds_benchmark_writes_one_record_per_configuration():
     out = subprocess.run(
         [

@@ -31,7 +31,13 @@ def ragged(rng, n, vocab, max_len):
     ]
 
 
-@pytest.mark.parametrize("cell", [cells.LSTM(6), cells.Parallel((cells.LSTM(6), cells.RRN(6)))])
+@pytest.mark.parametrize(  # the fast tier: the Parallel (an LSTM inside)
+    "cell",
+    [
+        pytest.param(cells.LSTM(6), marks=pytest.mark.slow),
+        cells.Parallel((cells.LSTM(6), cells.RRN(6))),
+    ],
+)
 def test_features_are_each_rows_output_at_its_last_real_step(cell):
     """Each row alone, unpadded, through the cell in a plain scan: its last output is the
     classifier's representation of that row in a padded batch (empty rows: zeros)."""
