@@ -20,10 +20,12 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
   step function written against the kernel's ``product`` and ``restage`` (the RRN's and
   Cho's GRU's, whose second product waits on the first, in
   :mod:`~rhnzoo.cells.chained_pallas`).
-* **backward**, one warpgroup: the reverse recurrence of the state cotangents (dh, dc)
-  with U's gate blocks in shared memory; per step and per quarter of 32 hidden units
-  the step's gate coefficients arrive by TMA (double-buffered at N = 64), dz is formed in
-  registers and multiplied into ``dh_{t-1} = dz U^T`` on the tensor cores; the kernel
+* **backward**, one warpgroup per 64 hidden units as forward: the reverse recurrence of
+  the state cotangents (dh, dc) with U's gate blocks in shared memory; each warpgroup
+  carries its units' dh and dc and its own [64, 64] float32 accumulator, reads the
+  step's gate coefficients for its units straight from global memory, stages its dz
+  (bfloat16) in shared memory and, after one CTA barrier, multiplies the whole dz into
+  its units of ``dh_{t-1} = dz U^T`` on the tensor cores (one wait per step); the kernel
   writes dh_t and dc_t.
 * **outside the kernels** (large, parallel XLA ops, as in :mod:`~rhnzoo.cells.gated_fused`):
   the gates and c_t are recomputed from the forward's outputs (one ``[T B, n] x [n, 4n]``
@@ -110,8 +112,9 @@ def _padded(n: int, m: int) -> tuple[int, int]:
 
 
 def _slots(N: int) -> int:
-    """The backward kernels' input buffers: two (the next phase's or step's TMA in flight
-    during this one) at N = 64, one at N = 128: double-buffering measured faster at 64 and
+    """The chained backward kernels' input buffers (:mod:`~rhnzoo.cells.chained_pallas`):
+    two (the next phase's or step's TMA in flight during this one) at N = 64, one at
+    N = 128: double-buffering measured faster at 64 and
     slower at 128 on an H100 (docs/speed.md; docs/runs/gpu/2026-11-27, calls 2 and 3)."""
     return 2 if N <= 64 else 1
 
@@ -124,15 +127,13 @@ def _forward_smem_bytes(K: int, N: int, MP: int, restages: int) -> int:
     return fwd + min(restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
 
 
-def smem_bytes(n: int, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+def smem_bytes(n: int, m: int) -> tuple[int, int]:
     """Shared memory (bytes) of the LSTM's forward and backward kernels for hidden size
     ``n`` and input width ``m``: the scratch buffers listed in the kernels (barriers
-    aside)."""
+    aside). The backward holds U's gate blocks and one step's dz; its inputs and outputs
+    go straight between registers and global memory."""
     N, MP = _padded(n, m)
-    q = ROWS * _QUARTER
-    tiles = 5 * q * 2 + q * 4 + (q * 4 if with_dy else 0)  # one phase's input tiles
-    bwd = 4 * N * N * 2 + _slots(N) * tiles + 4 * q * 2 + 2 * q * 4 + ROWS * 4
-    return _forward_smem_bytes(4, N, MP, 0), bwd
+    return _forward_smem_bytes(4, N, MP, 0), 4 * N * N * 2 + 4 * ROWS * N * 2
 
 
 def fits(
@@ -441,6 +442,16 @@ def _backward_call(
     three dz blocks, ``F`` = z_t, ``u [3, N, N]``; the kernel then returns ``(DH,)``, and
     dh_{t-1} = mask (dz U^T) + dh_t z_t).
 
+    One warpgroup per 64 hidden units (H = N / 64 per CTA), each carrying its units' dh
+    and dc (two quarters of 32 units, float32 in registers) and its own [64, 64] float32
+    accumulator. Per step each warpgroup reads its units' coefficients straight from
+    global memory (no shared-memory staging, so nothing waits on a TMA refill), forms
+    dz (bfloat16) into shared memory and writes dh_t, dc_t to global memory; after one
+    CTA barrier (every warpgroup's dz is there) it multiplies the whole dz into its own
+    units' ``dh_{t-1} = dz U^T`` on the tensor cores (one wait for all products); with
+    two warpgroups a second barrier keeps the next step's dz from overwriting what the
+    other warpgroup's products still read.
+
     Args: ``coef [T, 5, Bp, N]`` bf16, the per-step coefficients A = o(1 - tanh² c_t),
     P = c̃ i(1 - i), Q = c_{t-1} f(1 - f), R = i(1 - c̃²), S = tanh(c_t) o(1 - o);
     ``F [T, Bp, N]`` f32 (f_t); ``dy [T, Bp, N]`` f32 or None (the outputs' cotangents,
@@ -453,176 +464,132 @@ def _backward_call(
     step t, dh_t = dh_{t+1 -> t} + dy_t (+ da) and dc_t = (carried dc) + dh_t A_t on real
     steps, the carried cotangents on padded ones."""
     pl, plgpu = _plgpu()
-    T, _, Bp, N = coef.shape
-    quarters = N // _QUARTER
-    has_dy = dy is not None
+    T, n_co, Bp, N = coef.shape
+    k_dz = u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
+    H, quarters = N // _HALF, N // _QUARTER
+    has_dy, masked, lstm = dy is not None, mask is not None, dcT is not None
     L = plgpu.Layout.WGMMA
-    n_in = 7 if has_dy else 6
-    slots = _slots(N)
-    masked = mask is not None
-    lstm = dcT is not None
-    n_co, k_dz = coef.shape[1], u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
+    tile = (ROWS, _QUARTER)
     assert (skips is not None) == (skip > 0) and (lstm or not skip)
 
     def body(*refs):
-        coef_ref, F_ref = refs[:2]
-        dy_ref = refs[2] if has_dy else None
-        refs = list(refs[2 + has_dy :])
-        u_ref, len_ref, dhT_ref = refs[:3]
-        dcT_ref = refs[3] if lstm else None
-        refs = refs[3 + lstm :]
+        refs = list(refs)
+        coef_ref, F_ref = refs.pop(0), refs.pop(0)
+        dy_ref = refs.pop(0) if has_dy else None
+        u_ref, len_ref, dhT_ref = refs.pop(0), refs.pop(0), refs.pop(0)
+        dcT_ref = refs.pop(0) if lstm else None
         m_ref = refs.pop(0) if masked else None
         t0_ref, alpha_ref, daT_ref = (refs.pop(0) for _ in range(3)) if skip else (None,) * 3
         DH_ref = refs.pop(0)
         DC_ref = refs.pop(0) if lstm else None
-        u_s, co_s, F_s, dy_s, dz_s, out_s, len_s, sk_s, bar_w, bar_in = refs
+        u_s, dz_s, bar_u, bar_step = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
-        for g in range(k_dz):
-            plgpu.copy_gmem_to_smem(u_ref.at[g], u_s.at[g], bar_w.at[g])
-        plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[4])
+        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
+
+        @pl.when(wg == 0)
+        def _load_u():
+            for g in range(k_dz):
+                for j in range(H):  # (a TMA copy strides at most five dimensions)
+                    plgpu.copy_gmem_to_smem(u_ref.at[g, j], u_s.at[g, j], bar_u.at[g * H + j])
+
+        cols = [pl.ds(wg * _HALF + q * _QUARTER, _QUARTER) for q in range(2)]  # its quarters
+
+        def tiles(ref, *idx):  # the warpgroup's two [ROWS, 32] quarters of ref[*idx, rows]
+            return [plgpu.load(ref.at[(*idx, rows, c)], layout=L, optimized=False) for c in cols]
+
+        dhc, dcc = tiles(dhT_ref), tiles(dcT_ref) if lstm else []
+        dac = tiles(daT_ref) if skip else []
+        lens_v = plgpu.load(len_ref.at[rows], layout=L.reduce(1), optimized=False)
         if skip:
-            plgpu.copy_gmem_to_smem(t0_ref.at[rows], sk_s[0], bar_w.at[7])
-            plgpu.copy_gmem_to_smem(alpha_ref, sk_s[1], bar_w.at[8])
-        qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
-        dhc, dcc = [], []
-        for q, cs in enumerate(qcols):  # the initial carries, a quarter at a time through out_s
-            if q:
-                plgpu.commit_smem()  # every thread has read out_s before TMA refills it
-            plgpu.copy_gmem_to_smem(dhT_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
-            plgpu.barrier_wait(bar_w.at[5])
-            dhc.append(plgpu.load(out_s.at[0], layout=L))
-            if lstm:
-                plgpu.copy_gmem_to_smem(dcT_ref.at[rows, cs], out_s.at[1], bar_w.at[6])
-                plgpu.barrier_wait(bar_w.at[6])
-                dcc.append(plgpu.load(out_s.at[1], layout=L))
-        ms = []
-        for q, cs in enumerate(qcols if masked else ()):  # the mask, a quarter at a time
-            plgpu.commit_smem()
-            plgpu.copy_gmem_to_smem(m_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
-            plgpu.barrier_wait(bar_w.at[5])
-            ms.append(plgpu.load(out_s.at[0], layout=L))
-        dac = []
-        for cs in qcols if skip else ():  # the anchor's cotangent, a quarter at a time
-            plgpu.commit_smem()
-            plgpu.copy_gmem_to_smem(daT_ref.at[rows, cs], out_s.at[0], bar_w.at[5])
-            plgpu.barrier_wait(bar_w.at[5])
-            dac.append(plgpu.load(out_s.at[0], layout=L))
-        for k in (*range(k_dz), 4, *((7, 8) if skip else ())):
-            plgpu.barrier_wait(bar_w.at[k])
-        lens_v = plgpu.load(len_s, layout=L.reduce(1))
-        if skip:
-            t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
+            t0_v = plgpu.load(t0_ref.at[rows], layout=L.reduce(1), optimized=False)
+        for g in range(k_dz * H):
+            plgpu.barrier_wait(bar_u.at[g])
 
-        def fetch(t, q):  # phase (t, q)'s tiles into slot q % slots (quarters is even)
-            j, cs = q % slots, qcols[q]
-            for k in range(n_co):
-                plgpu.copy_gmem_to_smem(
-                    coef_ref.at[t, k, rows, cs], co_s.at[j, k], bar_in.at[7 * j + k]
-                )
-            plgpu.copy_gmem_to_smem(F_ref.at[t, rows, cs], F_s.at[j], bar_in.at[7 * j + 5])
-            if has_dy:
-                plgpu.copy_gmem_to_smem(dy_ref.at[t, rows, cs], dy_s.at[j], bar_in.at[7 * j + 6])
-
-        def fetch_next(t, q):
-            if q + 1 < quarters:
-                fetch(t, q + 1)
-            else:
-                pl.when(t > 0)(lambda: fetch(t - 1, 0))
-
-        fetch(T - 1, 0)
+        def barrier():  # every warpgroup of the CTA has arrived
+            plgpu.barrier_arrive(bar_step)
+            plgpu.barrier_wait(bar_step)
 
         def step(s, carry):
             t = T - 1 - s
             dhc, dcc, dac = carry
-            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
+            valid = lax.broadcast_in_dim(t < lens_v, tile, [0])
             if skip:  # τ - 1 = t0 + t on a real step
                 on, skipped = (
-                    lax.broadcast_in_dim(a, (ROWS, _QUARTER), [0])
-                    for a in _skip_grid(t0_v + t, skip)
+                    lax.broadcast_in_dim(a, tile, [0]) for a in _skip_grid(t0_v + t, skip)
                 )
+            new_dc, new_da = [], []
+            for q in range(2):
+                co = [
+                    plgpu.load(coef_ref.at[t, k, rows, cols[q]], layout=L, optimized=False)
+                    for k in range(n_co)
+                ]
+                co = [c.astype(_f32) for c in co]
+                f = plgpu.load(F_ref.at[t, rows, cols[q]], layout=L, optimized=False)
+                dh = dhc[q]
+                if has_dy:
+                    dh = dh + plgpu.load(dy_ref.at[t, rows, cols[q]], layout=L, optimized=False)
+                if skip:  # h_t was the anchor: its cotangent joins dh_t's
+                    dh = jnp.where(valid & on, dh + dac[q], dh)
+                    alpha = plgpu.load(alpha_ref.at[cols[q]], layout=L.reduce(0), optimized=False)
+                    alpha = lax.broadcast_in_dim(alpha, tile, [1])
+                    none = jnp.zeros_like(dh)  # (a Python 0.0 here is an array constant)
+                    da = jnp.where(on, none, dac[q]) + jnp.where(skipped, alpha * dh, none)
+                    new_da.append(jnp.where(valid, da, dac[q]))
+                zero = jnp.zeros_like(dh)
+                if lstm:  # LSTM: A, P, Q, R, S; F = f
+                    A, P, Q, R, S = co
+                    dc = dcc[q] + dh * A
+                    dz = (dc * P, dc * Q, dh * S, dc * R)
+                    new_dc.append(jnp.where(valid, dc * f, dcc[q]))
+                    DC_ref[t, rows, cols[q]] = jnp.where(valid, dc, dcc[q])
+                else:  # reset-after GRU: dz = dh (A_r, A_z, A_n); F = z, the direct path
+                    dz = tuple(dh * a for a in co)
+                    new_dc.append(jnp.where(valid, dh * f, zero))
+                DH_ref[t, rows, cols[q]] = dh
+                for g in range(k_dz):
+                    dz_s[g, 2 * wg + q] = jnp.where(valid, dz[g], zero).astype(_bf16)
+            plgpu.commit_smem()
+            barrier()  # every warpgroup's dz is in dz_s
 
-            def phases(acc):
-                new_dc, new_da = [], []
-                for q in range(quarters):
-                    j = q % slots
-                    for k in (*range(n_co), *range(5, n_in)):
-                        plgpu.barrier_wait(bar_in.at[7 * j + k])
-                    if slots == 2:  # the other slot was read in the last phase (and committed)
-                        fetch_next(t, q)
-                    co = [plgpu.load(co_s.at[j, k], layout=L).astype(_f32) for k in range(n_co)]
-                    f = plgpu.load(F_s.at[j], layout=L)
-                    dh = (dhc[q] + plgpu.load(dy_s.at[j], layout=L)) if has_dy else dhc[q]
-                    if skip:  # h_t was the anchor: its cotangent joins dh_t's
-                        dh = jnp.where(valid & on, dh + dac[q], dh)
-                        alpha = lax.broadcast_in_dim(
-                            plgpu.load(sk_s[1].at[qcols[q]], layout=L.reduce(0)),
-                            (ROWS, _QUARTER),
-                            [1],
-                        )
-                        none = jnp.zeros_like(dh)  # (a Python 0.0 here is an array constant)
-                        da = jnp.where(on, none, dac[q]) + jnp.where(skipped, alpha * dh, none)
-                        new_da.append(jnp.where(valid, da, dac[q]))
-                    plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
-                    if slots == 1:
-                        fetch_next(t, q)
-                    zero = jnp.zeros_like(dh)
-                    if lstm:  # LSTM: A, P, Q, R, S; F = f
-                        A, P, Q, R, S = co
-                        dc = dcc[q] + dh * A
-                        dz = (dc * P, dc * Q, dh * S, dc * R)
-                        new_dc.append(jnp.where(valid, dc * f, dcc[q]))
-                    else:  # reset-after GRU: dz = dh (A_r, A_z, A_n); F = z, the direct path
-                        dz = tuple(dh * a for a in co)
-                        new_dc.append(jnp.where(valid, dh * f, zero))
-                    dz = [jnp.where(valid, v, zero) for v in dz]
-                    if q:
-                        plgpu.wgmma_wait(0)  # the last quarter's products have read dz_s
-                    for g in range(k_dz):
-                        dz_s[g] = dz[g].astype(_bf16)
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    out_s[0] = dh
-                    if lstm:
-                        out_s[1] = jnp.where(valid, dc, dcc[q])
-                    plgpu.commit_smem()
-                    for g in range(k_dz):
-                        plgpu.wgmma(acc, dz_s.at[g], u_s.at[g, :, qcols[q]].transpose((1, 0)))
-                    plgpu.copy_smem_to_gmem(out_s.at[0], DH_ref.at[t, rows, qcols[q]])
-                    if lstm:
-                        plgpu.copy_smem_to_gmem(out_s.at[1], DC_ref.at[t, rows, qcols[q]])
-                return tuple(new_dc), tuple(new_da), acc[...]
+            def products(acc):  # this warpgroup's units of dz U^T, all issued, one wait
+                for g in range(k_dz):
+                    for p in range(quarters):
+                        ks = pl.ds(p * _QUARTER, _QUARTER)
+                        plgpu.wgmma(acc, dz_s.at[g, p], u_s.at[g, wg, :, ks].transpose((1, 0)))
+                return acc[...]
 
-            new_dc, new_da, dh_prev = pl.run_scoped(phases, plgpu.ACC((ROWS, N), _f32))
+            dh_prev = pl.run_scoped(products, plgpu.ACC((ROWS, _HALF), _f32))
+            if H > 1:
+                barrier()  # every warpgroup's products are done: dz_s may be rewritten
             new_dh = []
-            for q in range(quarters):
+            for q in range(2):
                 d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
-                d = d * ms[q] if masked else d
+                if masked:
+                    d = d * plgpu.load(m_ref.at[rows, cols[q]], layout=L, optimized=False)
                 if not lstm:  # the GRU's direct path dh_t z_t (new_dc holds it)
                     d = d + new_dc[q]
-                new_dh.append(jnp.where(valid, d, dhc[q]))
-            return tuple(new_dh), (new_dc if lstm else ()), new_da
+                # a padded step keeps dh: this thread's own dh_t, just written (not
+                # kept in registers across the products)
+                kept = plgpu.load(DH_ref.at[t, rows, cols[q]], layout=L, optimized=False)
+                new_dh.append(jnp.where(valid, d, kept))
+            return tuple(new_dh), (tuple(new_dc) if lstm else ()), tuple(new_da)
 
         lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc), tuple(dac)))
-        plgpu.wait_smem_to_gmem(0)
 
     sw = functools.partial(_swizzled, plgpu)
-    tile = (ROWS, _QUARTER)
     kernel = plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),) * (2 if lstm else 1),
         scratch_types=(
-            plgpu.SMEM((k_dz, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots, n_co) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
-            plgpu.SMEM((slots,) + tile, _f32, transforms=sw(_f32, _QUARTER)) if has_dy else None,
-            plgpu.SMEM((k_dz,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((2,) + tile, _f32, transforms=sw(_f32, _QUARTER)),
-            plgpu.SMEM((ROWS,), jnp.int32),
-            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((N,), _f32)) if skip else None,
-            plgpu.Barrier(num_barriers=9),
-            plgpu.Barrier(num_barriers=7 * slots),
+            plgpu.SMEM((k_dz, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((k_dz, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.Barrier(num_barriers=k_dz * H),
+            plgpu.Barrier(num_arrivals=H),
         ),
         grid=(Bp // ROWS,),
         grid_names=("b",),
+        num_threads=H,
+        thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
@@ -630,7 +597,7 @@ def _backward_call(
         *(
             (coef, F)
             + ((dy,) if has_dy else ())
-            + (u, lens, dhT)
+            + (u.reshape(k_dz, H, _HALF, N), lens, dhT)
             + ((dcT,) if lstm else ())
             + ((mask,) if masked else ())
             + (skips or ())
