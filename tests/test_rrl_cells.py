@@ -29,6 +29,14 @@ CELLS = {
     "hrl": lambda: cells.Parallel((cells.LSTM(N), cells.RRN(N))),
     "lstm_gru": lambda: cells.Parallel([cells.LSTM(N), cells.GRU(N)]),
 }
+# The carry-handling tests' fast tier: each kind of carry once (the LSTM's pair, the
+# GRU's and RRN's array, SC-LSTM's step counter, a Parallel's tuple); the rest in CI.
+CARRIES = [
+    n
+    if n in ("lstm", "gru", "rrn3", "sclstm_p", "hrl")
+    else pytest.param(n, marks=pytest.mark.slow)
+    for n in CELLS
+]
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -245,7 +253,7 @@ def test_sclstm_carry_resumes_with_the_right_phase():
     assert_tree_close(end, np_tree(full), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", CARRIES)
 def test_cell_in_user_written_scan_under_jit(name):
     """A user's own lax.scan with nothing from rhnzoo but the cell equals ``unroll``."""
     cell = CELLS[name]()
@@ -265,7 +273,7 @@ def test_cell_in_user_written_scan_under_jit(name):
     assert float(jnp.abs(ys).sum()) > 0
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", CARRIES)
 def test_padding_leaves_final_carry_unchanged(name):
     """Row b padded with garbage after lengths[b] steps ends in the carry it has after
     lengths[b] real steps (for SC-LSTM: its step counter too), and outputs zeros there."""
@@ -287,7 +295,9 @@ def test_padding_leaves_final_carry_unchanged(name):
         np.testing.assert_array_equal(carry.t, lengths)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rrn3", "sclstm_p", "hrl"])
+@pytest.mark.parametrize(  # the LSTM's also inside hrl (LSTM + RRN)
+    "name", [pytest.param("lstm", marks=pytest.mark.slow), "gru", "rrn3", "sclstm_p", "hrl"]
+)
 def test_gradient_matches_finite_differences(name):
     with jax.enable_x64(True):
         cell = CELLS[name]()
