@@ -15,11 +15,19 @@ import numpy as np
 import pytest
 from helpers import normal, random_params
 from jax._src.lib.mlir import ir
-from pallas_checks import assert_close, deadline, lower_for_cuda, value_and_grads
+from pallas_checks import (
+    assert_close,
+    deadline,
+    lower_for_cuda,
+    lower_stacked_for_cuda,
+    value_and_grads,
+)
 
 from rhnzoo import cells
 from rhnzoo.cells import rhn_fused, rhn_pallas, scan
 from rhnzoo.cells.scan import ScanImpl
+from rhnzoo.configs import lm as lm_configs
+from rhnzoo.tasks import lm as lm_training
 
 pytestmark = pytest.mark.pallas
 bf16 = jnp.bfloat16
@@ -125,6 +133,75 @@ def test_the_dispatcher_runs_it_with_lengths_and_auto_keeps_the_fused_scan():
     final, ys = scan.unroll(cell, params, carry, xs, mask, impl="pallas", lengths=lens, dtype=bf16)
     np.testing.assert_array_equal(final[1], carry[1])  # the empty row
     np.testing.assert_array_equal(ys[2:, 2], 0.0)
+
+
+@pytest.mark.slow
+def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100():
+    """K stacked seeds (``jax.vmap`` over parameters, carries and masks, issue 47) get
+    each seed's own values and gradients (to float32 rounding: XLA sums the batched
+    backward's reductions in another order); the vmapped value and gradient at the
+    ``ptb_sota`` shape lower for ``cuda`` (the kernels' TMA copies gain a dimension)."""
+    cell, params, carry, xs, target = setup(5, 4, 3, 3, 2, True, seed=2)
+    masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, 4, 5)) / 0.75
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
+
+    def one(p, c, mask):
+        return value_and_grads(
+            lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, mask), p, c, xs, target
+        )
+
+    with deadline(300):
+        got = jax.vmap(one)(*stacked, masks)
+    for k in range(2):
+        want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
+        assert_close(jax.tree.map(lambda a, k=k: a[k], got), want, rtol=1e-6)
+    cell = cells.HSG(cells.RHN(830, 12))
+    z = jax.ShapeDtypeStruct
+    lower_stacked_for_cuda(
+        lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, interpret=False),
+        jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830)),
+        z((20, 830), jnp.float32),
+        jnp.zeros((4, 20, 830)),
+        jnp.zeros((4, 20, 830)),
+    )
+
+
+@pytest.mark.slow
+def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
+    """--cell=rhn --hsg --depth=3 --dtype=bfloat16 --scan_impl=pallas in the LM task
+    (``window_loss``, all four dropout sites: the recurrent mask reaches the kernel),
+    loss and gradients as the fused scan's in bfloat16."""
+    rows = jnp.asarray(np.random.default_rng(0).integers(0, 13, (3, 40)), jnp.int32)
+    cfg = lm_configs.LMConfig(
+        cell="rhn",
+        hsg=True,
+        depth=3,
+        hidden_size=8,
+        batch_size=3,
+        num_steps=5,
+        dtype="bfloat16",
+        drop_x=0.1,
+        drop_i=0.2,
+        drop_h=0.2,
+        drop_o=0.2,
+    )
+    models = [cfg.replace(scan_impl=impl).model(13) for impl in ("pallas", "fused")]
+    assert models[0].resolved_scan(3) is ScanImpl.PALLAS
+    assert cfg.model(13).resolved_scan(3) is ScanImpl.FUSED  # auto
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(3))
+
+    def loss_of(model, params):
+        loss, (_, carry_out) = lm_training.window_loss(
+            model, cfg, params, (rows, jnp.int32(1)), jax.random.PRNGKey(2), carry
+        )
+        return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
+
+    with deadline(300):
+        got = jax.value_and_grad(lambda p: loss_of(models[0], p))(params)
+    want = jax.value_and_grad(lambda p: loss_of(models[1], p))(params)
+    assert abs(float(got[0]) - float(want[0])) <= 2e-3 * abs(float(want[0]))
+    assert_close(got[1], want[1], rtol=2e-2)
 
 
 def test_refuses_what_it_does_not_compute():
