@@ -44,7 +44,7 @@ from pathlib import Path
 # The configurations the kernels ship in: (name, family, hidden size n, input width m,
 # outputs, dropout mask). n = 100 pads to the N = 128 kernels (P-MNIST's shape); the
 # classifiers (P-MNIST) run with outputs False, so the backward gets no output
-# cotangents. Cho's GRU at n > 64 has kernels only without outputs (shared memory).
+# cotangents.
 CONFIGS = {
     "lstm_n64": ("lstm", 64, 1, False, False),
     "lstm_n64_outputs": ("lstm", 64, 1, True, False),

@@ -20,11 +20,12 @@ against the kernels' primitives (:func:`_spec`):
   b_k`` on the tensor cores, src the step's h_{t-1} m or a value ``restage(v)`` put in
   shared memory in bfloat16 for every warpgroup to read after a barrier (two buffers,
   alternating). The state h is float32 in registers.
-* **backward**, one warpgroup: the reverse recurrence of dh. The cell's per-step
-  coefficients (float32 where they scale dh's direct path, bfloat16 where they only
-  form a matmul input) arrive by TMA; ``stage(terms)`` forms each term's dz a quarter
-  of 32 units at a time, stages it in shared memory in bfloat16 and accumulates
-  ``dz U_k^T`` on the tensor cores. The kernel writes dh_t.
+* **backward**, one warpgroup per 64 hidden units as forward: the reverse recurrence of
+  dh. The cell's per-step coefficients (float32 where they scale dh's direct path,
+  bfloat16 where they only form a matmul input) are read straight from global memory;
+  ``stage(terms)`` forms the warpgroup's dz of each term, stages it in shared memory in
+  bfloat16 and, after one CTA barrier, accumulates its units of ``dz U_k^T`` on the
+  tensor cores in its own [64, 64] float32 accumulator. The kernel writes dh_t.
 * **outside the kernels**: the blocks' values are recomputed from the forward's h in
   parallel over T, the dz of every block is re-formed in float32 from the kernel's dh_t
   (the RRN's chain and the GRU's ``(dz_h U_h^T)`` by large matmuls), and dU, dW, db and
@@ -62,7 +63,6 @@ from rhnzoo.cells.gated_pallas import (
     _padded,
     _plgpu,
     _sigmoid,
-    _slots,
     _Step,
     _swizzled,
 )
@@ -71,6 +71,7 @@ from rhnzoo.cells.residual import RRN
 
 Array = jax.Array
 _bf16, _f32 = jnp.bfloat16, jnp.float32
+_HALF = 2 * _QUARTER  # hidden units per backward warpgroup
 
 # σ and σ' as functions of σ's output y.
 _ACT = {"sigmoid": (_sigmoid, lambda y: y * (1 - y)), "tanh": (jnp.tanh, lambda y: 1 - y * y)}
@@ -152,30 +153,29 @@ def _spec(cell: Any) -> _Cell:
     return _Cell(_Step(3, 1, _gru_forward), 1, 4, 2, _gru_backward)
 
 
-def smem_bytes(cell: Any, m: int, *, with_dy: bool = True) -> tuple[int, int]:
+def smem_bytes(cell: Any, m: int) -> tuple[int, int]:
     """Shared memory (bytes) of the forward and backward kernels for ``cell`` (an RRN or
     Cho's GRU) and input width ``m``: the scratch buffers listed in the kernels
     (barriers aside)."""
     s = _spec(cell)
     N, MP = _padded(cell.hidden_size, m)
     K = s.step.blocks
-    step = ROWS * N * (4 * s.co32 + 2 * s.co16 + (4 if with_dy else 0))
-    bwd = K * N * N * 2 + _slots(N) * step + ROWS * _QUARTER * (2 * s.terms + 4) + ROWS * 4
+    bwd = K * N * N * 2 + s.terms * ROWS * N * 2  # U and one stage's dz; inputs from HBM
     return _forward_smem_bytes(K, N, MP, s.step.restages), bwd
 
 
-def _fits(cell: Any, m: int, with_dy: bool) -> bool:
-    return max(smem_bytes(cell, m, with_dy=with_dy)) + 1024 <= SMEM_LIMIT
+def _fits(cell: Any, m: int) -> bool:
+    return max(smem_bytes(cell, m)) + 1024 <= SMEM_LIMIT
 
 
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a kernel for ``cell``: an :class:`~rhnzoo.cells.RRN` or
     Cho et al.'s :class:`~rhnzoo.cells.GRU` (``reset_after=False``) with hidden size at
-    most 128 whose kernels fit one CTA's shared memory with a 1-wide input and no
-    output cotangents (the RRN: K <= 3 at n = 128)."""
+    most 128 whose kernels fit one CTA's shared memory with a 1-wide input (the RRN:
+    K <= 3 at n = 128)."""
     if type(cell) is GRU and cell.reset_after or type(cell) not in (RRN, GRU):
         return False
-    return cell.hidden_size <= 128 and _fits(cell, 1, with_dy=False)
+    return cell.hidden_size <= 128 and _fits(cell, 1)
 
 
 def fits(
@@ -193,7 +193,15 @@ def fits(
 
 
 def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, interpret: bool):
-    """The backward kernel: the reverse recurrence of dh.
+    """The backward kernel: the reverse recurrence of dh, one warpgroup per 64 hidden
+    units (H = N / 64 per CTA), as :mod:`~rhnzoo.cells.gated_pallas`'s: each warpgroup
+    carries its units' dh (two quarters of 32, float32), reads its units' coefficients
+    straight from global memory and writes dh_t there; each stage of the cell's chain
+    stages the warpgroup's dz terms (bfloat16) in shared memory and, after one CTA
+    barrier, multiplies the whole dz into the warpgroup's units of ``sum_k dz_k U_k^T``
+    in its own [64, 64] float32 accumulator (one wait per stage); with two warpgroups a
+    second barrier keeps the next stage's dz from overwriting what the other's products
+    still read.
 
     Args: ``co32 [T, I, Bp, N]`` f32 and ``co16 [T, J, Bp, N]`` bf16, the cell's per-step
     coefficients (``spec``); ``dy [T, Bp, N]`` f32 or None (the outputs' cotangents, zero
@@ -201,15 +209,12 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
     final carry's cotangent; ``mask [Bp, N]`` f32 or None. Returns ``DH [T, Bp, N]`` f32:
     dh_t = dh_{t+1 -> t} + dy_t on real steps, the carried cotangent on padded ones."""
     pl, plgpu = _plgpu()
-    T, I, Bp, N = co32.shape
-    J, K = co16.shape[1], u.shape[0]
-    quarters = N // _QUARTER
-    has_dy = dy is not None
-    masked = mask is not None
+    T, _, Bp, N = co32.shape
+    K = u.shape[0]
+    H, quarters = N // _HALF, N // _QUARTER
+    has_dy, masked = dy is not None, mask is not None
     L = plgpu.Layout.WGMMA
-    slots = _slots(N)
-    per_q = I + J + has_dy  # TMA copies (and barriers) per quarter of a step's inputs
-    per_slot = quarters * per_q
+    tile = (ROWS, _QUARTER)
 
     def body(*refs):
         refs = list(refs)
@@ -217,112 +222,88 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
         dy_ref = refs.pop(0) if has_dy else None
         u_ref, len_ref, dhT_ref = refs.pop(0), refs.pop(0), refs.pop(0)
         m_ref = refs.pop(0) if masked else None
-        DH_ref, u_s, c32_s, c16_s, dy_s, dz_s, out_s, len_s, bar_w, bar_in = refs
+        DH_ref, u_s, dz_s, bar_u, bar_step = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
-        qcols = [pl.ds(q * _QUARTER, _QUARTER) for q in range(quarters)]
-        for k in range(K):
-            plgpu.copy_gmem_to_smem(u_ref.at[k], u_s.at[k], bar_w.at[k])
-        plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_w.at[K])
+        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
 
-        def quarter_of(src, cs):  # one quarter of a [Bp, N] input, through out_s
-            plgpu.commit_smem()  # every thread has read out_s before TMA refills it
-            plgpu.copy_gmem_to_smem(src.at[rows, cs], out_s, bar_w.at[K + 1])
-            plgpu.barrier_wait(bar_w.at[K + 1])
-            return plgpu.load(out_s, layout=L)
+        @pl.when(wg == 0)
+        def _load_u():
+            for k in range(K):
+                for j in range(H):  # (a TMA copy strides at most five dimensions)
+                    plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_u.at[k * H + j])
 
-        dhc = tuple(quarter_of(dhT_ref, cs) for cs in qcols)
-        ms = [quarter_of(m_ref, cs) for cs in qcols] if masked else None
-        for k in range(K + 1):
-            plgpu.barrier_wait(bar_w.at[k])
-        lens_v = plgpu.load(len_s, layout=L.reduce(1))
+        cols = [pl.ds(wg * _HALF + q * _QUARTER, _QUARTER) for q in range(2)]  # its quarters
 
-        def fetch(t, j):  # step t's inputs into slot j
-            for q, cs in enumerate(qcols):
-                bar = per_slot * j + per_q * q
-                for i in range(I):
-                    plgpu.copy_gmem_to_smem(
-                        c32_ref.at[t, i, rows, cs], c32_s.at[j, i, q], bar_in.at[bar + i]
-                    )
-                for i in range(J):
-                    plgpu.copy_gmem_to_smem(
-                        c16_ref.at[t, i, rows, cs], c16_s.at[j, i, q], bar_in.at[bar + I + i]
-                    )
-                if has_dy:
-                    plgpu.copy_gmem_to_smem(
-                        dy_ref.at[t, rows, cs], dy_s.at[j, q], bar_in.at[bar + I + J]
-                    )
+        def load(ref, *idx, q):  # the warpgroup's quarter q of ref[*idx, rows], from HBM
+            return plgpu.load(ref.at[(*idx, rows, cols[q])], layout=L, optimized=False)
 
-        fetch(T - 1, 0)
+        dhc = tuple(load(dhT_ref, q=q) for q in range(2))
+        lens_v = plgpu.load(len_ref.at[rows], layout=L.reduce(1), optimized=False)
+        for k in range(K * H):
+            plgpu.barrier_wait(bar_u.at[k])
+
+        def barrier():  # every warpgroup of the CTA has arrived
+            plgpu.barrier_arrive(bar_step)
+            plgpu.barrier_wait(bar_step)
 
         def step(s, dhc):
             t = T - 1 - s
-            j = lax.rem(s, slots) if slots == 2 else 0
-            for i in range(per_slot):
-                plgpu.barrier_wait(bar_in.at[per_slot * j + i])
-            if slots == 2:  # slot 1 - j was read in the last step (and committed)
-                pl.when(t > 0)(lambda: fetch(t - 1, 1 - j))
-            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _QUARTER), [0])
-            zero = jnp.zeros((ROWS, _QUARTER), _f32)
+            valid = lax.broadcast_in_dim(t < lens_v, tile, [0])
+            zero = jnp.zeros(tile, _f32)
             dh = []
-            for q, cs in enumerate(qcols):  # dh_t, written out a quarter at a time
-                dh.append(dhc[q] + plgpu.load(dy_s.at[j, q], layout=L) if has_dy else dhc[q])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # out_s is free again
-                out_s[...] = dh[q]
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_s, DH_ref.at[t, rows, cs])
-            co32 = lambda i, q: plgpu.load(c32_s.at[j, i, q], layout=L)
-            co16 = lambda i, q: plgpu.load(c16_s.at[j, i, q], layout=L).astype(_f32)
+            for q in range(2):  # dh_t, written out
+                dh.append(dhc[q] + load(dy_ref, t, q=q) if has_dy else dhc[q])
+                DH_ref[t, rows, cols[q]] = dh[q]
+            co32 = lambda i, q: load(c32_ref, t, i, q=q)
+            co16 = lambda i, q: load(c16_ref, t, i, q=q).astype(_f32)
+            ms = [load(m_ref, q=q) for q in range(2)] if masked else None
 
             def stage(terms):
-                """``sum_k dz_k U_k^T`` [ROWS, N] for ``terms`` ``[(k, dz_k(q))]``, each dz
-                a quarter at a time (zero on padded steps) through dz_s."""
+                """``sum_k dz_k U_k^T`` [ROWS, 64] for the warpgroup's units, for
+                ``terms`` ``[(k, dz_k(q))]`` (each warpgroup's quarters q of dz_k, zero on
+                padded steps) through dz_s."""
+                for q in range(2):
+                    for i, (_, dz) in enumerate(terms):
+                        dz_s[i, 2 * wg + q] = jnp.where(valid, dz(q), zero).astype(_bf16)
+                plgpu.commit_smem()
+                barrier()  # every warpgroup's dz is in dz_s
 
-                def run(acc):
-                    for q, cs in enumerate(qcols):
-                        dzs = [jnp.where(valid, dz(q), zero) for _, dz in terms]
-                        if q:
-                            plgpu.wgmma_wait(0)  # the last quarter's products have read dz_s
-                        for i, dz in enumerate(dzs):
-                            dz_s[i] = dz.astype(_bf16)
-                        plgpu.commit_smem()
-                        for i, (k, _) in enumerate(terms):
-                            plgpu.wgmma(acc, dz_s.at[i], u_s.at[k, :, cs].transpose((1, 0)))
+                def run(acc):  # all products issued, one wait
+                    for i, (k, _) in enumerate(terms):
+                        for p in range(quarters):
+                            ks = pl.ds(p * _QUARTER, _QUARTER)
+                            plgpu.wgmma(acc, dz_s.at[i, p], u_s.at[k, wg, :, ks].transpose((1, 0)))
                     return acc[...]
 
-                return pl.run_scoped(run, plgpu.ACC((ROWS, N), _f32))
+                g = pl.run_scoped(run, plgpu.ACC((ROWS, _HALF), _f32))
+                if H > 1:
+                    barrier()  # every warpgroup's products are done: dz_s may be rewritten
+                return g
 
             new = spec.backward(co32, co16, dh, stage, ms)
-            plgpu.commit_smem()  # every thread has read slot j: TMA may refill it
-            if slots == 1:
-                pl.when(t > 0)(lambda: fetch(t - 1, 0))
-            return tuple(jnp.where(valid, a, d) for a, d in zip(new, dhc))
+            # a padded step keeps dh: this thread's own dh_t, just written
+            return tuple(jnp.where(valid, a, load(DH_ref, t, q=q)) for q, a in enumerate(new))
 
         lax.fori_loop(0, T, step, dhc)
-        plgpu.wait_smem_to_gmem(0)
 
     sw = functools.partial(_swizzled, plgpu)
-    tile = (ROWS, _QUARTER)
     kernel = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((T, Bp, N), _f32),
         scratch_types=(
-            plgpu.SMEM((K, N, N), _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots, I, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER)),
-            plgpu.SMEM((slots, J, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((slots, quarters) + tile, _f32, transforms=sw(_f32, _QUARTER))
-            if has_dy
-            else None,
-            plgpu.SMEM((spec.terms,) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM(tile, _f32, transforms=sw(_f32, _QUARTER)),
-            plgpu.SMEM((ROWS,), jnp.int32),
-            plgpu.Barrier(num_barriers=K + 2),
-            plgpu.Barrier(num_barriers=slots * per_slot),
+            plgpu.SMEM((K, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((spec.terms, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.Barrier(num_barriers=K * H),
+            plgpu.Barrier(num_arrivals=H),
         ),
         grid=(Bp // ROWS,),
         grid_names=("b",),
+        num_threads=H,
+        thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
         interpret=_interpret_params(interpret),
     )
+    u = u.reshape(K, H, _HALF, N)  # U_k's rows (dh_{t-1}'s units) split by warpgroup
     return kernel(
         *((co32, co16) + ((dy,) if has_dy else ()) + (u, lens, dhT) + ((mask,) if masked else ()))
     )
@@ -513,9 +494,8 @@ def unroll(
 
     Raises:
       ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
-        exceed one CTA's shared memory (a wide input; the GRU at n > 64 with
-        ``outputs``), a ``dtype`` other than bfloat16, or the GRU's parameters not
-        the cell's (:func:`rhnzoo.cells.lstm.check_params`).
+        exceed one CTA's shared memory (a wide input), a ``dtype`` other than
+        bfloat16, or the GRU's parameters not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     if not supports(cell):
         raise ValueError(
@@ -526,11 +506,11 @@ def unroll(
         check_params(cell, params, xs.shape[-1])
     interpret, lens = _call_settings(xs, lengths, dtype, interpret)
     m = xs.shape[2]
-    if not _fits(cell, m, with_dy=outputs):
-        need = max(smem_bytes(cell, m, with_dy=outputs))
+    if not _fits(cell, m):
+        need = max(smem_bytes(cell, m))
         raise ValueError(
             f"the {type(cell).__name__} kernels need {need} B of shared memory at "
-            f"input width {m}{' with outputs' if outputs else ''} (one CTA has "
+            f"input width {m} (one CTA has "
             f"{SMEM_LIMIT}): use scan_impl='fused'"
         )
     W, U, b = _blocks_of(cell, params)

@@ -111,14 +111,6 @@ def _padded(n: int, m: int) -> tuple[int, int]:
     return (64 if n <= 64 else 128), -(-m // 16) * 16
 
 
-def _slots(N: int) -> int:
-    """The chained backward kernels' input buffers (:mod:`~rhnzoo.cells.chained_pallas`):
-    two (the next phase's or step's TMA in flight during this one) at N = 64, one at
-    N = 128: double-buffering measured faster at 64 and
-    slower at 128 on an H100 (docs/speed.md; docs/runs/gpu/2026-11-27, calls 2 and 3)."""
-    return 2 if N <= 64 else 1
-
-
 def _forward_smem_bytes(K: int, N: int, MP: int, restages: int) -> int:
     """Shared memory (bytes) of :func:`_forward_call` with K blocks and ``restages``
     restaged values per step: the scratch buffers listed there (barriers aside; SC-LSTM's
