@@ -13,7 +13,7 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
 
 
 def _case(block: str):
-    if "data.load(" in block:  # trains on the real PTB files: 200 steps
+    if "data.load(" in block:  # trains on the real PTB files: 50 steps
         marks = [pytest.mark.slow, needs_data("ptb", "ptb.train.txt", what="PTB")]
         return pytest.param(block, marks=marks, id="train_and_evaluate")
     return pytest.param(block, id="nnx" if "nnx" in block else "lax_scan")
