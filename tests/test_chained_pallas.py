@@ -59,6 +59,20 @@ CASES = {
     "pmnist_like": ("rrn", 100, 70, 1, 4, 2, "sigmoid", None, False, False),  # two CTAs
     "gru_padded_rows_masked": ("gru", 5, 4, 3, 6, 3, None, np.array([6, 0, 3, 5]), True, True),
     "gru_two_warpgroups": ("gru", 100, 4, 3, 4, 3, None, np.array([4, 1, 0, 3]), True, False),
+    # unpadded hidden sizes (every unit real), an odd batch, a long sequence
+    "exact_n128_odd_batch": ("rrn", 128, 3, 2, 3, 2, "sigmoid", None, False, True),
+    "gru_exact_n64_long_sequence": (
+        "gru",
+        64,
+        3,
+        2,
+        64,
+        3,
+        None,
+        np.array([64, 37, 2]),
+        True,
+        True,
+    ),
 }
 # The fast tier: one small case of the family (the RRN's chain), padded rows and a dropout
 # mask; the rest (the GRU's chain, one layer, three, two warpgroups, two CTAs of 64 rows:

@@ -70,6 +70,11 @@ CASES = {
     "sc_lstm_p_padded_rows_masked": ("sc_lstm_p", 5, 4, 3, 9, np.array([9, 0, 4, 7]), True),
     "sc_lstm_i_every_step": ("sc_lstm_i", 5, 4, 3, 6, None, False),
     "sc_lstm_p_two_warpgroups": ("sc_lstm_p", 100, 4, 3, 5, np.array([5, 2, 0, 4]), True),
+    # unpadded hidden sizes (every unit real), an odd batch, a long sequence
+    "lstm_exact_n64_odd_batch": ("lstm", 64, 5, 3, 4, None, False),
+    "lstm_exact_n128_masked": ("lstm", 128, 3, 3, 3, np.array([3, 1, 2]), True),
+    "gru_exact_n128": ("gru", 128, 3, 2, 3, None, False),
+    "gru_long_sequence": ("gru", 5, 3, 2, 64, np.array([64, 41, 1]), True),
 }
 
 

@@ -20,9 +20,6 @@ SPILLS = {
     ("lstm_n100_outputs_masked", "forward"): (88, 88),
     ("sc_lstm_p_n100", "forward"): (164, 164),
     ("sc_lstm_p_n100", "backward"): (184, 184),
-    ("rrn2_n100", "backward"): (676, 724),
-    ("rrn3_n100", "backward"): (544, 596),
-    ("cho_gru_n100", "backward"): (200, 256),
 }
 
 FAST = {"lstm_n64"}  # the configuration `auto` picks; the rest are slow
