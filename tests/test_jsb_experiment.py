@@ -106,7 +106,7 @@ def test_ctrl_c_prints_one_line_and_keeps_the_finished_trials(tmp_path):
             "--archs=rhn",
             "--depths=1",
             "--trials=50",
-            "--epochs=200",
+            "--epochs=20",  # a trial of a few seconds: the signal lands in a later one
             "--width=6",
             f"--workdir={workdir}",
         ],
