@@ -8,6 +8,8 @@ every batch tile; bad input refused.
 On the CPU the kernels run in Pallas's GPU interpret mode; every kernel run is under a
 timeout (the interpreter hangs, rather than fails, on a barrier never completed)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import kernel_registers as kr
@@ -204,6 +206,24 @@ def test_the_lm_task_runs_the_kernel_with_its_dropout_masks():
     assert_close(got[1], want[1], rtol=2e-2)
 
 
+def test_no_weights_are_copied_out_of_the_stack():
+    """Above depth LOOP_LAYERS_UP_TO the micro-layers are a ``lax.scan``; each kernel
+    reads its micro-layer's R_l^T from the stacked weights by index, so the lowered
+    forward holds no slice of the stack (a slice in a scan body is a copy of R_l per
+    micro-layer and time step: issue 60)."""
+    assert 12 > rhn_fused.LOOP_LAYERS_UP_TO
+    cell = cells.RHN(830, 12)
+    z = jax.ShapeDtypeStruct
+    params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830))
+    forward = lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, interpret=False)  # noqa: E731
+    text = lower_for_cuda(
+        forward, params, z((20, 830), jnp.float32), z((4, 20, 830), jnp.float32)
+    ).as_text()
+    assert "tensor<12x2x832x832xbf16>" in text  # the stack the kernels index
+    slices = [line for line in text.splitlines() if re.search(r"stablehlo\.(dynamic_)?slice", line)]
+    assert slices and not [line for line in slices if "832x832" in line or "830x1660" in line]
+
+
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
     unroll = rhn_pallas.unroll
@@ -227,29 +247,31 @@ def test_refuses_what_it_does_not_compute():
     assert rhn_pallas.supports(cell) and rhn_pallas.supports(cells.HSG(cell))
     assert not rhn_pallas.supports(uncoupled) and not rhn_pallas.supports(cells.HSG(uncoupled))
     assert not rhn_pallas.supports(cells.LSTM(5))
+    tiles = [rhn_pallas.default_batch_tile(b) for b in (1, 16, 17, 20, 32, 33, 64, 65, 200)]
+    assert tiles == [16, 16, 32, 32, 32, 64, 64, 64, 64]
 
 
 # ------------------------------------------------------------------ lowering for cuda
 
 
-def lower_kernels(bt, Np=896):
+def lower_kernels(bt, Np=832, L=3):
     """The three kernels (the first micro-layer's, with the input projection; a later
-    one's; HSG's gate) at batch tile ``bt`` and Np / 64 CTAs of units, lowered for
-    ``cuda``: ``{name: Lowered}``."""
+    one's; HSG's gate) at batch tile ``bt``, Np / 64 CTAs of units and L stacked
+    micro-layers (the layer an argument), lowered for ``cuda``: ``{name: Lowered}``."""
     z = jax.ShapeDtypeStruct
-    tile = z((Np, 2 * bt), jnp.float32)
-    w, b = z((2, Np, Np), bf16), z((2, Np), jnp.float32)
+    tile, layer = z((Np, 2 * bt), jnp.float32), z((1,), jnp.int32)
+    w, b, w_hsg = z((L, 2, Np, Np), bf16), z((L, 2, Np), jnp.float32), z((1, 2, Np, Np), bf16)
+    op, ops, hsg_b = z((1, Np, 2 * bt), bf16), z((2, Np, 2 * bt), bf16), z((1, 1, Np), jnp.float32)
 
     def call(kind):
-        return lambda w, ops, b, *tiles: rhn_pallas._layer_call(
-            w, ops, b, tiles, kind=kind, bt=bt, interpret=False
+        return lambda layer, w, ops, b, *tiles: rhn_pallas._layer_call(
+            layer, w, ops, b, tiles, kind=kind, bt=bt, interpret=False
         )
 
-    op, ops, hsg_b = z((1, Np, 2 * bt), bf16), z((2, Np, 2 * bt), bf16), z((1, Np), jnp.float32)
     return {
-        "first": lower_for_cuda(call(rhn_pallas._RHN), w, op, b, *[tile] * 4),
-        "later": lower_for_cuda(call(rhn_pallas._RHN), w, op, b, tile, tile),
-        "hsg": lower_for_cuda(call(rhn_pallas._HSG), w, ops, hsg_b, *[tile] * 3),
+        "first": lower_for_cuda(call(rhn_pallas._RHN), layer, w, op, b, *[tile] * 4),
+        "later": lower_for_cuda(call(rhn_pallas._RHN), layer, w, op, b, tile, tile),
+        "hsg": lower_for_cuda(call(rhn_pallas._HSG), layer, w_hsg, ops, hsg_b, *[tile] * 3),
     }
 
 
@@ -279,11 +301,11 @@ def mosaic_module(lowered) -> bytes:
 @pytest.mark.parametrize("bt", [16, 32, 64])
 def test_kernels_lower_for_an_h100(bt):
     """Each kernel (the first micro-layer's, with the input projection; a later one's;
-    HSG's gate) lowers for ``cuda`` at batch tile ``bt`` and hidden size 830 (K over
-    14 blocks, 14 CTAs of 64 units): its shared memory, TMA boxes and wgmma layouts are
-    what an sm_90 device accepts. (Tiles 16 and 32 lower because R_l^T's blocks are
-    swizzled as the state operand's are: with a 128-byte swizzle beside a 32- or 64-byte
-    one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
+    HSG's gate) lowers for ``cuda`` at batch tile ``bt`` and hidden size 830 (padded to
+    832: K over 13 blocks, 13 CTAs of 64 units): its shared memory, TMA boxes and wgmma
+    layouts are what an sm_90 device accepts. (Tiles 16 and 32 lower because R_l^T's
+    blocks are swizzled as the state operand's are: with a 128-byte swizzle beside a 32-
+    or 64-byte one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
     assert rhn_pallas.smem_bytes(bt) + 1024 <= rhn_pallas.SMEM_LIMIT
     assert sorted(lower_kernels(bt)) == ["first", "hsg", "later"]
 

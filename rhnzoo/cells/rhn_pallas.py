@@ -8,15 +8,21 @@ elementwise launches after it, per micro-layer and time step, a launch-bound rec
 (the state transposed, ``s^T [n, B]``):
 
 * **the GEMM, swap-AB**: ``z^T = R_l^T (s m)^T`` with the gates as the GEMM's M and the
-  batch as N. Each CTA owns 64 hidden units (one warpgroup's wgmma M) and a tile of
-  :data:`BATCH_TILE` batch columns, and holds two float32 accumulators ``[64, Bt]``, one
-  for the H rows and one for the T rows of its units, so that the highway update of its
-  units needs nothing from another CTA. The grid is ``(N / 64, Bp / Bt)``: at hidden 830
-  (``ptb_sota``) 14 CTAs per 64 batch columns. The contraction over the n state units
-  is a TMA pipeline (:func:`jax.experimental.pallas.mosaic_gpu.emit_pipeline`) of 64-wide
-  K blocks of R_l^T and of the bfloat16 operand (s m)^T, two stages in flight, into
-  ``plgpu.wgmma`` (bfloat16 inputs, float32 accumulation): shared memory does not grow
-  with n.
+  batch as N. Each CTA owns 64 hidden units (one warpgroup's wgmma M) and a tile of Bt
+  batch columns (16, 32 or 64: :func:`default_batch_tile`), and holds two float32 accumulators
+  ``[64, Bt]``, one for the H rows and one for the T rows of its units, so that the
+  highway update of its units needs nothing from another CTA. The grid is ``(N / 64,
+  Bp / Bt)``: at hidden 830 and batch 20 (``ptb_sota``) 13 CTAs. The contraction over
+  the n state units is a TMA pipeline
+  (:func:`jax.experimental.pallas.mosaic_gpu.emit_pipeline`) of 64-wide K blocks of
+  R_l^T and of the bfloat16 operand (s m)^T, two stages in flight, into ``plgpu.wgmma``
+  (bfloat16 inputs, float32 accumulation): shared memory does not grow with n. R_l^T's
+  blocks take the operand's swizzle (32, 64 or 128 bytes): a 128-byte swizzle beside a
+  narrower one fails JAX 0.11.2's layout inference (an ``AssertionError``) at Bt < 64.
+  The kernel reads micro-layer l's weights from the stacked ``[L, 2, N, N]`` array by
+  index (a scalar input), so no micro-layer's weights are copied out of the stack, in
+  the Python loop over micro-layers or in the ``lax.scan`` over them (above depth
+  :data:`~rhnzoo.cells.rhn_fused.LOOP_LAYERS_UP_TO`, as in the fused scan).
 * **the highway epilogue, fused**: h = tanh(z_H + b_H (+ [W x_t]_H at l = 1)), T =
   σ(z_T + b_T (+ [W x_t]_T)), s_l = s_{l-1} + T (h - s_{l-1}) (eq. 6 with C = 1 - T),
   in float32 registers; the kernel writes s_l, h and T (float32, what the backward pass
@@ -42,6 +48,11 @@ inputs, float32 accumulation, state, gates and parameters.
 Shapes: n is padded to a multiple of 64, the batch to a multiple of :data:`BATCH_TILE`;
 padded units have zero weights and stay zero, padded batch columns are discarded.
 
+Per time step: L micro-layer kernel launches (and, with HSG, one cast of ŝ_{t-1} and s_L
+to bfloat16 and the gate's kernel); nothing else. Registers (ptxas, sm_90a, counted on
+the CPU): 47-48 a thread at Bt = 16, up to 166 at Bt = 64, no spills
+(docs/runs/kernels/rhn_micro_layer.md).
+
 Dispatch: ``scan_impl='pallas'`` runs the coupled RHN and HSG(RHN) here
 (:mod:`rhnzoo.cells.scan`); :func:`fits` is False everywhere, so ``auto`` keeps picking
 the fused scan for the RHN: no GPU timing of this kernel exists yet.
@@ -63,7 +74,6 @@ Array = jax.Array
 
 ROWS = 64  # hidden units per CTA: one warpgroup's wgmma M
 BLOCK_K = 64  # state units per K block of the GEMM pipeline (one 128-byte bf16 swizzle)
-BATCH_TILE = 64  # batch columns per CTA: the wgmma N
 SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
 _STAGES = 2  # K blocks in flight in the GEMM pipeline
 _bf16, _f32 = jnp.bfloat16, jnp.float32
@@ -85,7 +95,14 @@ def fits(
     return False
 
 
-def smem_bytes(bt: int = BATCH_TILE) -> int:
+def default_batch_tile(batch: int) -> int:
+    """Bt, the batch columns per CTA (the wgmma N) for ``batch`` rows: the smallest of 16,
+    32 and 64 that holds them, else 64. Up to 64 rows one batch tile: each CTA streams
+    its units' rows of R_l^T once per micro-layer, the least padding. Not timed."""
+    return next((bt for bt in (16, 32) if batch <= bt), 64)
+
+
+def smem_bytes(bt: int = 64) -> int:
     """Shared memory (bytes) of the largest micro-layer kernel (the first micro-layer: two
     weight blocks, four epilogue tiles, four outputs) for batch tile ``bt``, barriers
     aside: the pipeline's stages, the epilogue's float32 input tiles, the output tiles and
@@ -149,24 +166,26 @@ def _interpret_params(interpret: bool):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-def _layer_call(w, ops, b, tiles, *, kind, bt: int, interpret: bool):
+def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
     """One micro-layer (``kind`` :data:`_RHN`) or HSG gate (:data:`_HSG`) kernel.
 
-    Args: ``w [G, N, K]`` bf16, the weight blocks transposed (R_l^T's H and T rows;
-    W_R^T and W_F^T); ``ops [P, K, Bp]`` bf16, the GEMM operands (the masked state; ŝ
-    and s_L); ``b [A, N]`` f32, one bias row per accumulator; ``tiles``: the epilogue's
-    float32 inputs, each ``[N, Bp]``. N and K multiples of 64, Bp of ``bt``. Returns the
-    epilogue's float32 outputs (each ``[N, Bp]``) and the next GEMM operand ``[N, Bp]``
-    bf16."""
+    Args: ``layer [1]`` int32, which of the stacked weights to use (the kernel's TMA
+    copies index the stack: no copy of a layer's weights out of it, in a ``lax.scan``
+    over micro-layers either); ``w [Lw, G, N, K]`` bf16, the stacked weight blocks
+    transposed (R_l^T's H and T rows; W_R^T and W_F^T); ``ops [P, K, Bp]`` bf16, the
+    GEMM operands (the masked state; ŝ and s_L); ``b [Lw, A, N]`` f32, one bias row per
+    accumulator; ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``. N and K
+    multiples of 64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N,
+    Bp]``) and the next GEMM operand ``[N, Bp]`` bf16."""
     pl, plgpu = _plgpu()
     pairs, epilogue, n_out = kind
-    G, N, K = w.shape
+    _, G, N, K = w.shape
     P, _, Bp = ops.shape
     A, E = len(pairs), len(tiles)
     lay = plgpu.Layout.WGMMA
     sw = functools.partial(_swizzled, plgpu)
 
-    def body(w_ref, op_ref, b_ref, *refs):
+    def body(layer_ref, w_ref, op_ref, b_ref, *refs):
         tile_refs, out_refs = refs[:E], refs[E : E + n_out + 1]
         tile_s, out_s, next_s, b_s, bar = refs[E + n_out + 1 :]
         rows = pl.ds(pl.multiple_of(lax.axis_index("m") * ROWS, ROWS), ROWS)
@@ -175,7 +194,8 @@ def _layer_call(w, ops, b, tiles, *, kind, bt: int, interpret: bool):
         # The epilogue's inputs arrive while the GEMM runs.
         for e in range(E):
             plgpu.copy_gmem_to_smem(tile_refs[e].at[rows, cols], tile_s.at[e], bar.at[e])
-        plgpu.copy_gmem_to_smem(b_ref.at[:, rows], b_s, bar.at[E])
+        layer = layer_ref[0]
+        plgpu.copy_gmem_to_smem(b_ref.at[layer, :, rows], b_s, bar.at[E])
         i = lax.axis_index("m")
 
         def gemm(*accs):
@@ -193,7 +213,7 @@ def _layer_call(w, ops, b, tiles, *, kind, bt: int, interpret: bool):
                 grid=(K // BLOCK_K,),
                 in_specs=[w_spec] * G + [o_spec] * P,
                 max_concurrent_steps=_STAGES,
-            )(*[w_ref.at[g] for g in range(G)], *[op_ref.at[p] for p in range(P)])
+            )(*[w_ref.at[layer, g] for g in range(G)], *[op_ref.at[p] for p in range(P)])
             return tuple(a[...] for a in accs)
 
         zs = pl.run_scoped(gemm, *[plgpu.ACC((ROWS, bt), _f32)] * A)
@@ -228,7 +248,7 @@ def _layer_call(w, ops, b, tiles, *, kind, bt: int, interpret: bool):
         grid_names=("m", "b"),
         interpret=_interpret_params(interpret),
     )
-    return kernel(w, ops, b, *tiles)
+    return kernel(layer, w, ops, b, *tiles)
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -241,7 +261,7 @@ def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
 def _kernel_weights(R, b, hsg, Np):
     """The kernels' weights, once per call: ``R [L, n, 2n]`` -> R_l^T's H and T row blocks
     ``[L, 2, Np, Np]`` bf16, ``b [L, 2n]`` -> ``[L, 2, Np]`` f32; HSG's ``(W_R^T | W_F^T
-    [2, Np, Np] bf16, b_G [1, Np] f32)`` or None."""
+    [1, 2, Np, Np] bf16, b_G [1, 1, Np] f32)`` or None."""
     L, n, _ = R.shape
     RT = jnp.moveaxis(R.reshape(L, n, 2, n), 1, 3)  # [L, 2, n (out), n (in)]
     RT = _pad_to(RT, (L, 2, Np, Np)).astype(_bf16)
@@ -249,8 +269,8 @@ def _kernel_weights(R, b, hsg, Np):
     if hsg is None:
         return RT, bk, None
     W_R, W_F, b_G = hsg
-    w = _pad_to(jnp.stack([W_R.T, W_F.T]), (2, Np, Np)).astype(_bf16)
-    return RT, bk, (w, _pad_to(b_G[None], (1, Np)).astype(_f32))
+    w = _pad_to(jnp.stack([W_R.T, W_F.T])[None], (1, 2, Np, Np)).astype(_bf16)
+    return RT, bk, (w, _pad_to(b_G[None, None], (1, 1, Np)).astype(_f32))
 
 
 def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
@@ -259,43 +279,43 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
     B]``. Returns ``((s_T, ys [T, n, B]), saved)``, ``saved`` in the fused scan's layout
     (:func:`rhnzoo.cells.rhn_fused.unroll_backward`): with ``loop`` each micro-layer's
     arrays separate (lists of L ``[T, n, B]``), else stacked ``[T, L, n, B]`` (a
-    ``lax.scan`` over micro-layers 2..L, compile time independent of L)."""
+    ``lax.scan`` over micro-layers 2..L, compile time independent of L). Either way each
+    kernel reads its micro-layer's weights from the one stack by index."""
     n, B = s0.shape
     T, L = x_proj.shape[0], R.shape[0]
     Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
     RT, bk, hsg_k = _kernel_weights(R, b, hsg, Np)
-    if loop:
-        RT = list(RT)  # sliced once, outside the time scan
     m = _pad_to(mask.astype(_f32), (Np, Bp))
     xp = _pad_to(x_proj.reshape(T, 2, n, B).astype(_f32), (T, 2, Np, Bp))
     s0 = _pad_to(s0.astype(_f32), (Np, Bp))
     call = functools.partial(_layer_call, bt=bt, interpret=interpret)
+    index = lambda l: jnp.full((1,), l, jnp.int32)  # noqa: E731
 
-    def micro_layer(s, op, RT_l, b_l, x=()):  # eqs. 6-8, the input at micro-layer 1 only
-        s_next, h, t, op = call(RT_l, op[None], b_l, (s, m, *x), kind=_RHN)
+    def micro_layer(s, op, l, x=()):  # eqs. 6-8, the input at micro-layer 1 only
+        s_next, h, t, op = call(l, RT, op[None], bk, (s, m, *x), kind=_RHN)
         return s_next, op, (s, h, t)
 
     def step(carry, xp_t):
         s_hat, op = carry
-        s, op, first = micro_layer(s_hat, op, RT[0], bk[0], (xp_t[0], xp_t[1]))
+        s, op, first = micro_layer(s_hat, op, index(0), (xp_t[0], xp_t[1]))
         if loop:
             saved = [first]
             for l in range(1, L):
-                s, op, out = micro_layer(s, op, RT[l], bk[l])
+                s, op, out = micro_layer(s, op, index(l))
                 saved.append(out)
             S, H, Tg = map(list, zip(*saved))
         else:
 
-            def layer(carry, weights):
-                s, op, out = micro_layer(*carry, *weights)
+            def layer(carry, l):
+                s, op, out = micro_layer(*carry, l[None])
                 return (s, op), out
 
-            (s, op), rest = lax.scan(layer, (s, op), (RT[1:], bk[1:]))
+            (s, op), rest = lax.scan(layer, (s, op), jnp.arange(1, L, dtype=jnp.int32))
             S, H, Tg = (jnp.concatenate([a[None], r]) for a, r in zip(first, rest))
         s_l = g = s
         if hsg_k is not None:  # HSG, eqs. 5-6: ŝ_t and the next step's operand ŝ_t m
             ops = jnp.stack([s_hat, s_l]).astype(_bf16)
-            s, g, op = call(hsg_k[0], ops, hsg_k[1], (s_hat, s_l, m), kind=_HSG)
+            s, g, op = call(index(0), hsg_k[0], ops, hsg_k[1], (s_hat, s_l, m), kind=_HSG)
         return (s, op), (s, (S, H, Tg, s_l, g))
 
     op0 = (s0 * m).astype(_bf16)
@@ -334,7 +354,7 @@ def unroll(
     *,
     dtype: Any = _bf16,
     interpret: bool | None = None,
-    batch_tile: int = BATCH_TILE,
+    batch_tile: int | None = None,
 ) -> tuple[Array, Array]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
@@ -352,7 +372,7 @@ def unroll(
       interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
         backend only (compiled on a GPU).
       batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
-        an H100; which is fastest is not measured).
+        an H100; which is fastest is not measured); None: :func:`default_batch_tile` of B.
 
     Returns:
       ``(carry [B, n], ys [T, B, n])`` float32: the final state and every step's output.
@@ -369,7 +389,7 @@ def unroll(
         raise ValueError(
             f"the RHN micro-layer kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}"
         )
-    if batch_tile not in (16, 32, 64):
+    if batch_tile not in (None, 16, 32, 64):
         raise ValueError(f"batch_tile must be 16, 32 or 64, got {batch_tile!r}")
     hsg = None
     if isinstance(cell, HSG):
@@ -399,7 +419,8 @@ def unroll(
     # The projection of all T steps in one GEMM, its backward under the same rule.
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], _bf16), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
+    bt = batch_tile or default_batch_tile(B)
     s_T, ys = _unroll(
-        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, loop, batch_tile, bool(interpret)
+        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, loop, bt, bool(interpret)
     )
     return s_T.T, jnp.swapaxes(ys, 1, 2)
