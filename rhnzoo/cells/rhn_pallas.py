@@ -9,9 +9,9 @@ elementwise launches after it, per micro-layer and time step, a launch-bound rec
 
 * **the GEMM, swap-AB**: ``z^T = R_l^T (s m)^T`` with the gates as the GEMM's M and the
   batch as N. Each CTA owns 64 hidden units (one warpgroup's wgmma M) and a tile of Bt
-  batch columns (16, 32 or 64: :func:`default_batch_tile`), and holds two float32 accumulators
-  ``[64, Bt]``, one for the H rows and one for the T rows of its units, so that the
-  highway update of its units needs nothing from another CTA. The grid is ``(N / 64,
+  batch columns (16, 32 or 64: :func:`default_batch_tile`), and holds two float32
+  accumulators ``[64, Bt]``, one for the H rows and one for the T rows of its units, so
+  that the highway update of its units needs nothing from another CTA. The grid is ``(N / 64,
   Bp / Bt)``: at hidden 830 and batch 20 (``ptb_sota``) 13 CTAs. The contraction over
   the n state units is a TMA pipeline
   (:func:`jax.experimental.pallas.mosaic_gpu.emit_pipeline`) of 64-wide K blocks of
@@ -45,8 +45,8 @@ bfloat16 rounding (tests/test_rhn_pallas.py, GPU interpret mode on the CPU; lowe
 Precision: the project's bfloat16 policy (``dtype=jnp.bfloat16`` only): bfloat16 GEMM
 inputs, float32 accumulation, state, gates and parameters.
 
-Shapes: n is padded to a multiple of 64, the batch to a multiple of :data:`BATCH_TILE`;
-padded units have zero weights and stay zero, padded batch columns are discarded.
+Shapes: n is padded to a multiple of 64, the batch to a multiple of Bt; padded units
+have zero weights and stay zero, padded batch columns are discarded.
 
 Per time step: L micro-layer kernel launches (and, with HSG, one cast of ŝ_{t-1} and s_L
 to bfloat16 and the gate's kernel); nothing else. Registers (ptxas, sm_90a, counted on
