@@ -324,15 +324,11 @@ def _forward_call(
             plgpu.barrier_wait(bar)
             return plgpu.load(y_s.at[wg], layout=L)
 
-        m = through_y_s(m_ref.at[:, rows], bar_init.at[4]) if masked else None
         carry += [through_y_s(c_refs[k].at[:, rows], bar_init.at[6 + k]) for k in range(1, C)]
         if skipping:  # the step counts and α stay in SMEM
             for k in (5, 6):
                 plgpu.barrier_wait(bar_init.at[k])
             t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
-            alpha = lax.broadcast_in_dim(
-                plgpu.load(sk_s[1].at[wg], layout=L.reduce(0)), (ROWS, _HALF), [1]
-            )
 
         def step_t(t, carry):
             slot = lax.rem(t, 2)
@@ -377,9 +373,16 @@ def _forward_call(
                 return buf
 
             valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
-            h_new, new = step.forward(
-                product, restage, tuple(carry), m, (t0_v + t, alpha) if skipping else None
-            )
+            # The mask and α are read where they are used, each step (from global memory,
+            # shared memory), not held in registers across the loop.
+            m = None
+            if masked:
+                m = plgpu.load(m_ref.at[wg, rows], layout=L, optimized=False)
+            skips = None
+            if skipping:
+                alpha = plgpu.load(sk_s[1].at[wg], layout=L.reduce(0))
+                skips = (t0_v + t, lax.broadcast_in_dim(alpha, (ROWS, _HALF), [1]))
+            h_new, new = step.forward(product, restage, tuple(carry), m, skips)
             kept = plgpu.load(h_s.at[slot, wg], layout=L)
             h_in = h_new if m is None else h_new * m  # what enters U next step
             h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
