@@ -224,6 +224,29 @@ def test_no_weights_are_copied_out_of_the_stack():
     assert slices and not [line for line in slices if "832x832" in line or "830x1660" in line]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", [2, 12])
+def test_under_x64_matches_the_reference(depth):
+    """With ``jax_enable_x64`` on (issue 62: an int64 index or a float64 output), the
+    micro-layer loop (depth 2) and scan (depth 12): float32 outputs and gradients, values
+    and gradients as the reference scan's."""
+    with jax.enable_x64(True):
+        assert jnp.arange(1).dtype == jnp.int64  # x64 really on
+        cell, params, carry, xs, target = setup(5, 4, 3, 3, depth, True)
+        final, ys = rhn_pallas.unroll(cell, params, carry, xs)
+        assert final.dtype == ys.dtype == jnp.float32
+        with deadline(300):
+            got = value_and_grads(
+                lambda p, c, x: rhn_pallas.unroll(cell, p, c, x), params, carry, xs, target
+            )
+        ref = value_and_grads(
+            lambda p, c, x: cells.unroll(cell, p, c, x), params, carry, xs, target
+        )
+    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(got[1]))
+    assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
+    assert_close(got[1], ref[1], rtol=1.5e-2)
+
+
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
     unroll = rhn_pallas.unroll
