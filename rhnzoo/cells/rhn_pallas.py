@@ -289,7 +289,9 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
     xp = _pad_to(x_proj.reshape(T, 2, n, B).astype(_f32), (T, 2, Np, Bp))
     s0 = _pad_to(s0.astype(_f32), (Np, Bp))
     call = functools.partial(_layer_call, bt=bt, interpret=interpret)
-    index = lambda l: jnp.full((1,), l, jnp.int32)  # noqa: E731
+
+    def index(l):  # the kernels' layer argument
+        return jnp.full((1,), l, jnp.int32)
 
     def micro_layer(s, op, l, x=()):  # eqs. 6-8, the input at micro-layer 1 only
         s_next, h, t, op = call(l, RT, op[None], bk, (s, m, *x), kind=_RHN)
@@ -320,7 +322,10 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
 
     op0 = (s0 * m).astype(_bf16)
     (s_T, _), (ys, saved) = lax.scan(step, (s0, op0), xp)
-    cut = lambda a: a[..., :n, :B]  # noqa: E731
+
+    def cut(a):  # the padding off
+        return a[..., :n, :B]
+
     return (cut(s_T), cut(ys)), jax.tree.map(cut, saved)
 
 
