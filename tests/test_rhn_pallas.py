@@ -66,7 +66,7 @@ CASES = {
 
 # The fast tier: the coupled RHN with a dropout mask at depth 3 (micro-layers a Python
 # loop) and HSG(RHN) at depth 12 (a lax.scan over micro-layers 2..12); the rest in CI.
-FAST = {"rhn_depth3_masked", "hsg_depth12"}
+FAST = {"rhn_depth3_masked"}  # the fast tier: one case; the rest in CI
 
 
 @pytest.mark.parametrize(
@@ -321,7 +321,7 @@ def mosaic_module(lowered) -> bytes:
     return module
 
 
-@pytest.mark.parametrize("bt", [16, 32, 64])
+@pytest.mark.parametrize("bt", [16, *(pytest.param(b, marks=pytest.mark.slow) for b in (32, 64))])
 def test_kernels_lower_for_an_h100(bt):
     """Each kernel (the first micro-layer's, with the input projection; a later one's;
     HSG's gate) lowers for ``cuda`` at batch tile ``bt`` and hidden size 830 (padded to
@@ -333,7 +333,7 @@ def test_kernels_lower_for_an_h100(bt):
     assert sorted(lower_kernels(bt)) == ["first", "hsg", "later"]
 
 
-@pytest.mark.parametrize("bt", [16, pytest.param(32, marks=pytest.mark.slow), 64])
+@pytest.mark.parametrize("bt", [16, *(pytest.param(b, marks=pytest.mark.slow) for b in (32, 64))])
 def test_kernels_compile_for_an_h100_without_spills(bt, record_property):
     """Each kernel compiled for sm_90a by the CUDA plugin's pipeline and ptxas on this
     host (tests/kernel_registers.py): zero spill bytes, at most 255 registers a thread
@@ -349,7 +349,7 @@ def test_kernels_compile_for_an_h100_without_spills(bt, record_property):
         assert (counts.spill_stores, counts.spill_loads) == (0, 0), log
 
 
-@pytest.mark.parametrize("depth, hsg", [(3, True), (12, False)])
+@pytest.mark.parametrize("depth, hsg", [(3, True), pytest.param(12, False, marks=pytest.mark.slow)])
 def test_the_train_step_lowers_for_an_h100(depth, hsg):
     """The value and every gradient of the compiled (not interpreted) unroll, at the
     ``ptb_sota`` shape (hidden 830, batch 20) and depth 3 (micro-layers a Python loop)
