@@ -103,7 +103,12 @@ CONFIGS = LM_CONFIGS  # the shapes, shared with rhnzoo.bench.seeds
 RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
 flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
-flags.DEFINE_enum("scan_impl", "fused", ["fused", "reference"], "rhnzoo's time scan.")
+flags.DEFINE_enum(
+    "scan_impl",
+    "fused",
+    ["fused", "reference", "pallas"],
+    "rhnzoo's time scan (pallas: the RHN micro-layer kernel, with --dtype=bfloat16).",
+)
 flags.DEFINE_enum(
     "dtype",
     "float32",
@@ -314,9 +319,9 @@ def _compile(step, state, batch, key):
 
 
 def _layer_loop(layer_loop: str, c: dict, scan_impl: str) -> str | None:
-    """The micro-layer layout the fused RHN step runs with ``--layer_loop``; None for the
-    reference scan."""
-    if scan_impl != "fused":
+    """The micro-layer layout the fused RHN step (or the pallas kernels') runs with
+    ``--layer_loop``; None for the reference scan."""
+    if scan_impl == "reference":
         return None
     if layer_loop == "auto":
         return "python" if c["depth"] <= rhn_fused.LOOP_LAYERS_UP_TO else "scan"

@@ -7,7 +7,8 @@
 #   rnn           bench.rnn: fused / reference / Flax / cuDNN, unroll k
 #   flags         bench.rnn P-MNIST under XLA loop command buffers
 #   lm            bench.lm ptb_sota / ptb_d40_hsg per candidate (f32, TF32, bf16 matmul
-#                 inputs, unroll 5) against the plain-JAX peer in the same process; then
+#                 inputs, unroll 5, the RHN micro-layer kernel: --scan_impl=pallas, issue
+#                 60) against the plain-JAX peer in the same process; then
 #                 the depth-40 step's XLA op table (lm_ops.py: weight-slice copies?)
 #   pallas        issue 45: bench.rnn with the persistent kernels and PyTorch's cuDNN peers
 #                 (fp32, TF32, bf16, fp16) at P-MNIST and IMDB, every gated cell, and torch's
@@ -124,13 +125,15 @@ case "$part" in
     done
     rnn_summary "$OUT/rnn_flags.jsonl" ;;
   lm)
-    # f32 (highest), TF32 (the backend's default), bf16 matmul inputs, unroll 5; the
-    # plain-JAX peer alternates with rhnzoo's step in each process (dry: the first alone).
-    cands=("--matmul_precision=highest" "--matmul_precision=default" "--dtype=bfloat16" "--unroll=5")
-    if [ -n "$dry" ]; then cfg=tiny b=(--budget_s=1 --steps=1 --eval_tokens=0) cands=("${cands[0]}")
+    # f32 (highest), TF32 (the backend's default), bf16 matmul inputs, unroll 5, the fused
+    # micro-layer kernel (bf16); the plain-JAX peer alternates with rhnzoo's step in each
+    # process (dry: the first and the kernel, interpreted).
+    kern="--dtype=bfloat16 --scan_impl=pallas"
+    cands=("--matmul_precision=highest" "--matmul_precision=default" "--dtype=bfloat16" "--unroll=5" "$kern")
+    if [ -n "$dry" ]; then cfg=tiny b=(--budget_s=1 --steps=1 --eval_tokens=0) cands=("${cands[0]}" "$kern")
     else cfg=ptb_sota,ptb_d40_hsg b=(--budget_s=15 --eval_tokens=0); fi
     for c in "${cands[@]}"; do
-      step "bench $c" 110 python -m rhnzoo.bench.lm --configs=$cfg --peer $c "${b[@]}" \
+      step "bench $c" 90 python -m rhnzoo.bench.lm --configs=$cfg --peer $c "${b[@]}" \
         >> "$OUT/lm.jsonl" 2>> "$OUT/lm.log"
     done
     [ -n "$dry" ] && ops=tiny || ops=ptb_d40_hsg
@@ -142,7 +145,7 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
     except ValueError:
         continue
-    print(r.get("config"), r.get("dtype"), r.get("matmul_precision"), "unroll", r.get("unroll"),
+    print(r.get("config"), r.get("scan_impl"), r.get("dtype"), r.get("matmul_precision"), "unroll", r.get("unroll"),
           {k: v for k, v in r.items() if k.endswith("_ms") or k.startswith("ratio")})
 PY
     head -30 "$OUT/lm-ops.txt" ;;
