@@ -57,8 +57,9 @@ DEFAULT = "auto"
 HELP = (
     "Time-scan implementation (rhnzoo.cells.scan): 'reference' (lax.scan + autodiff; "
     "any cell), 'fused' (hand-written backward scans: LSTM, GRU, SC-LSTM, RRN, HRL, "
-    "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (persistent GPU kernel for the gated "
-    "cells) or 'auto' (pallas where it fits, else fused where the cell has it and "
+    "LSTM+GRU, coupled RHN, HSG(RHN)), 'pallas' (Mosaic GPU kernels: persistent ones for "
+    "the gated cells, one per micro-layer for the coupled RHN and HSG(RHN); bfloat16) "
+    "or 'auto' (pallas where it fits, else fused where the cell has it and "
     "--remat allows, else reference)."
 )
 
