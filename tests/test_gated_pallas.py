@@ -369,7 +369,7 @@ def test_sc_lstm_kernels_lower_for_an_h100(n):
     lower_for_cuda(fwd, *fargs, None, *skips)
     lower_for_cuda(fwd, *fargs, z(fargs[4].shape, jnp.float32), *skips)  # a mask
     args = backward_args(12, n, with_dy=True)
-    skips = (z((B,), jnp.int32), z((N,), jnp.float32), z((B, N), jnp.float32))
+    skips = (z((B,), jnp.int32), z((1,), jnp.float32), z((B, N), jnp.float32))
     bwd = lambda *a: gated_pallas._backward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
     lower_for_cuda(bwd, *args, None, *skips)
     lower_for_cuda(bwd, *args, args[5], *skips)  # a mask

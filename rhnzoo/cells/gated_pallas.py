@@ -453,8 +453,8 @@ def _backward_call(
     zero on padded steps); ``u [4, N, N]`` bf16 (U's gate blocks); ``lens [Bp]``;
     ``dhT, dcT [Bp, N]`` f32, the final carry's cotangents; ``mask [Bp, N]`` f32 or None
     (dh_{t-1} = mask (dz U^T)). With ``skip`` = L > 0 (SC-LSTM), ``skips`` = ``(t0 [Bp]
-    int32, alpha [N] f32, daT [Bp, N] f32)``: the step counts, α broadcast and the final
-    anchor's cotangent, carried as da: at a step on the skip grid dh_t += da and da = 0,
+    int32, alpha [1] f32, daT [Bp, N] f32)``: the step counts, α and the final anchor's
+    cotangent, carried as da (in shared memory): at a step on the skip grid dh_t += da and da = 0,
     and where it skipped da += α dh_t. Returns ``(DH, DC)``, each ``[T, Bp, N]`` f32: at
     step t, dh_t = dh_{t+1 -> t} + dy_t (+ da) and dc_t = (carried dc) + dh_t A_t on real
     steps, the carried cotangents on padded ones."""
@@ -477,7 +477,7 @@ def _backward_call(
         t0_ref, alpha_ref, daT_ref = (refs.pop(0) for _ in range(3)) if skip else (None,) * 3
         DH_ref = refs.pop(0)
         DC_ref = refs.pop(0) if lstm else None
-        u_s, dz_s, bar_u, bar_step = refs
+        u_s, dz_s, da_s, bar_u, bar_step = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
 
@@ -493,7 +493,9 @@ def _backward_call(
             return [plgpu.load(ref.at[(*idx, rows, c)], layout=L, optimized=False) for c in cols]
 
         dhc, dcc = tiles(dhT_ref), tiles(dcT_ref) if lstm else []
-        dac = tiles(daT_ref) if skip else []
+        if skip:  # SC-LSTM's da lives in shared memory (each thread its own elements)
+            for q, da in enumerate(tiles(daT_ref)):
+                da_s[2 * wg + q] = da
         lens_v = plgpu.load(len_ref.at[rows], layout=L.reduce(1), optimized=False)
         if skip:
             t0_v = plgpu.load(t0_ref.at[rows], layout=L.reduce(1), optimized=False)
@@ -506,13 +508,13 @@ def _backward_call(
 
         def step(s, carry):
             t = T - 1 - s
-            dhc, dcc, dac = carry
+            dhc, dcc = carry
             valid = lax.broadcast_in_dim(t < lens_v, tile, [0])
             if skip:  # τ - 1 = t0 + t on a real step
                 on, skipped = (
                     lax.broadcast_in_dim(a, tile, [0]) for a in _skip_grid(t0_v + t, skip)
                 )
-            new_dc, new_da = [], []
+            new_dc, direct = [], []  # the LSTM's dc_{t-1}; the GRU's dh_t z_t
             for q in range(2):
                 co = [
                     plgpu.load(coef_ref.at[t, k, rows, cols[q]], layout=L, optimized=False)
@@ -524,22 +526,22 @@ def _backward_call(
                 if has_dy:
                     dh = dh + plgpu.load(dy_ref.at[t, rows, cols[q]], layout=L, optimized=False)
                 if skip:  # h_t was the anchor: its cotangent joins dh_t's
-                    dh = jnp.where(valid & on, dh + dac[q], dh)
-                    alpha = plgpu.load(alpha_ref.at[cols[q]], layout=L.reduce(0), optimized=False)
-                    alpha = lax.broadcast_in_dim(alpha, tile, [1])
+                    da = plgpu.load(da_s.at[2 * wg + q], layout=L)
+                    dh = jnp.where(valid & on, dh + da, dh)
+                    alpha = alpha_ref[0]  # α is one scalar (broadcast over the units)
                     none = jnp.zeros_like(dh)  # (a Python 0.0 here is an array constant)
-                    da = jnp.where(on, none, dac[q]) + jnp.where(skipped, alpha * dh, none)
-                    new_da.append(jnp.where(valid, da, dac[q]))
+                    new = jnp.where(on, none, da) + jnp.where(skipped, alpha * dh, none)
+                    da_s[2 * wg + q] = jnp.where(valid, new, da)
                 zero = jnp.zeros_like(dh)
                 if lstm:  # LSTM: A, P, Q, R, S; F = f
                     A, P, Q, R, S = co
                     dc = dcc[q] + dh * A
                     dz = (dc * P, dc * Q, dh * S, dc * R)
-                    new_dc.append(jnp.where(valid, dc * f, dcc[q]))
                     DC_ref[t, rows, cols[q]] = jnp.where(valid, dc, dcc[q])
+                    new_dc.append(jnp.where(valid, dc * f, dcc[q]))
                 else:  # reset-after GRU: dz = dh (A_r, A_z, A_n); F = z, the direct path
                     dz = tuple(dh * a for a in co)
-                    new_dc.append(jnp.where(valid, dh * f, zero))
+                    direct.append(jnp.where(valid, dh * f, zero))
                 DH_ref[t, rows, cols[q]] = dh
                 for g in range(k_dz):
                     dz_s[g, 2 * wg + q] = jnp.where(valid, dz[g], zero).astype(_bf16)
@@ -561,15 +563,15 @@ def _backward_call(
                 d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
                 if masked:
                     d = d * plgpu.load(m_ref.at[rows, cols[q]], layout=L, optimized=False)
-                if not lstm:  # the GRU's direct path dh_t z_t (new_dc holds it)
-                    d = d + new_dc[q]
+                if not lstm:  # the GRU's direct path
+                    d = d + direct[q]
                 # a padded step keeps dh: this thread's own dh_t, just written (not
                 # kept in registers across the products)
                 kept = plgpu.load(DH_ref.at[t, rows, cols[q]], layout=L, optimized=False)
                 new_dh.append(jnp.where(valid, d, kept))
-            return tuple(new_dh), (tuple(new_dc) if lstm else ()), tuple(new_da)
+            return tuple(new_dh), tuple(new_dc)
 
-        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc), tuple(dac)))
+        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
 
     sw = functools.partial(_swizzled, plgpu)
     kernel = plgpu.kernel(
@@ -578,6 +580,7 @@ def _backward_call(
         scratch_types=(
             plgpu.SMEM((k_dz, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((k_dz, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            plgpu.SMEM((quarters,) + tile, _f32, transforms=sw(_f32, _QUARTER)) if skip else None,
             plgpu.Barrier(num_barriers=k_dz * H),
             plgpu.Barrier(num_arrivals=H),
         ),
@@ -791,7 +794,7 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
         t0, _, alpha = skips
         kernel_skips = (
             _pad_to(t0, (Bp,)),
-            jnp.broadcast_to(alpha.astype(_f32), (N,)),
+            alpha.astype(_f32).reshape(1),
             _pad_to(daT.astype(_f32), (Bp, N)),
         )
     call = functools.partial(_backward_call, skip=skip, interpret=interpret)
