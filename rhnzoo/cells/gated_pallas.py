@@ -59,9 +59,10 @@ LSTM's kernels with its skip state in registers: its carry keeps only the anchor
 the row's last skip point), not L past states, so the forward carries (c, anchor) per
 warpgroup and reads each row's step count and α from shared memory; at a step on the
 skip grid (count ≡ 0 mod L) h_t += α anchor (count > 0) and h_t becomes the anchor. The
-backward carries the anchor's cotangent da beside (dh, dc): on the grid dh_t += da and da
-is reset, and where the step skipped da += α dh_t. dα and the initial anchor's
-cotangent are formed outside from the kernel's dh_t.
+backward carries the anchor's cotangent da beside (dh, dc), in shared memory (registers
+are full at N = 128): on the grid dh_t += da and da is reset, and where the step skipped
+da += α dh_t. dα and the initial anchor's cotangent are formed outside from the kernel's
+dh_t.
 
 Supported: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.SCLSTM` and the
 reset-after :class:`~rhnzoo.cells.GRU`, with ``lengths`` (:func:`rhnzoo.cells.unroll`'s
