@@ -17,9 +17,9 @@ pytestmark = pytest.mark.pallas
 # (config, kernel): (spill stores, spill loads) in bytes, as ptxas 13.0 (V13.0.88) reported
 # them with JAX 0.11.2 (`python tests/kernel_registers.py table`; docs/runs/kernels/registers.md).
 SPILLS = {
-    ("lstm_n100_outputs_masked", "forward"): (68, 68),
+    ("lstm_n100_outputs_masked", "forward"): (76, 76),
     ("sc_lstm_p_n100", "forward"): (152, 152),
-    ("sc_lstm_p_n100", "backward"): (28, 28),
+    ("sc_lstm_p_n100", "backward"): (36, 36),
 }
 
 FAST = {"lstm_n64"}  # the configuration `auto` picks; the rest are slow

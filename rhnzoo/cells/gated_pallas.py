@@ -26,20 +26,21 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
   step's gate coefficients for its units straight from global memory, stages its dz
   (bfloat16) in shared memory and, after one CTA barrier, multiplies the whole dz into
   its units of ``dh_{t-1} = dz U^T`` on the tensor cores (one wait per step); the kernel
-  writes dh_t and dc_t.
+  writes dh_t and (the LSTM's) dz_t in bfloat16 as it formed them.
 * **outside the kernels** (large, parallel XLA ops, as in :mod:`~rhnzoo.cells.gated_fused`):
   the gates and c_t are recomputed from the forward's outputs (one ``[T B, n] x [n, 4n]``
-  matmul and an associative scan for c), dz_t is formed in float32 from the kernel's
-  dh_t and dc_t, and the weight gradients dU, dW, db and the input gradient are single
-  large matmuls over all T x B positions.
+  matmul and an associative scan for c), the coefficients the backward kernel reads
+  are formed from them, and the weight gradients dU, dW, db and the input gradient are
+  single large matmuls over all T x B positions of the kernel's dz (the reset-after
+  GRU's dz re-formed from its dh_t: its candidate's W and U parts differ).
 
 Precision (the project's bfloat16 policy, ``dtype=jnp.bfloat16``): every matmul takes
 bfloat16 inputs (x, W, h, U, dz) with float32 accumulation; gates, states, their
 cotangents and the forget-gate product along the cell-state path are float32. The
 backward kernel reads the LSTM's other five per-step coefficients (o(1 - tanh² c),
 c̃ i(1 - i), c_{t-1} f(1 - f), i(1 - c̃²), tanh(c) o(1 - o)) in bfloat16: they only enter
-the bfloat16 matmul input dz and an additive term of dc. dz for the weight gradients is
-re-formed in float32 outside the kernel. Values and gradients agree with
+the bfloat16 matmul input dz and an additive term of dc. The weight gradients take the
+kernel's bfloat16 dz (b's summed in float32). Values and gradients agree with
 :func:`rhnzoo.cells.unroll` to bfloat16 rounding (tested in GPU interpret mode on CPU).
 
 Shapes: hidden n is padded to N = 64 or 128 (n <= 128), the batch to a multiple of 64
@@ -456,9 +457,11 @@ def _backward_call(
     (dh_{t-1} = mask (dz U^T)). With ``skip`` = L > 0 (SC-LSTM), ``skips`` = ``(t0 [Bp]
     int32, alpha [1] f32, daT [Bp, N] f32)``: the step counts, α and the final anchor's
     cotangent, carried as da (in shared memory): at a step on the skip grid dh_t += da and da = 0,
-    and where it skipped da += α dh_t. Returns ``(DH, DC)``, each ``[T, Bp, N]`` f32: at
-    step t, dh_t = dh_{t+1 -> t} + dy_t (+ da) and dc_t = (carried dc) + dh_t A_t on real
-    steps, the carried cotangents on padded ones."""
+    and where it skipped da += α dh_t. Returns ``(DH, dZ, dc0)``: ``DH [T, Bp, N]`` f32,
+    at step t dh_t = dh_{t+1 -> t} + dy_t (+ da) on real steps, the carried cotangent on
+    padded ones; ``dZ [T, 4, Bp, N]`` bf16, the gate blocks' dz_t as the kernel formed
+    them (zero on padded steps; dc_t = carried dc + dh_t A_t); ``dc0 [Bp, N]`` f32, the
+    initial cell state's cotangent dc_{-1}."""
     pl, plgpu = _plgpu()
     T, n_co, Bp, N = coef.shape
     k_dz = u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
@@ -477,7 +480,7 @@ def _backward_call(
         m_ref = refs.pop(0) if masked else None
         t0_ref, alpha_ref, daT_ref = (refs.pop(0) for _ in range(3)) if skip else (None,) * 3
         DH_ref = refs.pop(0)
-        DC_ref = refs.pop(0) if lstm else None
+        dZ_ref, dc0_ref = (refs.pop(0), refs.pop(0)) if lstm else (None, None)
         u_s, dz_s, da_s, bar_u, bar_step = refs
         rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
@@ -538,14 +541,16 @@ def _backward_call(
                     A, P, Q, R, S = co
                     dc = dcc[q] + dh * A
                     dz = (dc * P, dc * Q, dh * S, dc * R)
-                    DC_ref[t, rows, cols[q]] = jnp.where(valid, dc, dcc[q])
                     new_dc.append(jnp.where(valid, dc * f, dcc[q]))
                 else:  # reset-after GRU: dz = dh (A_r, A_z, A_n); F = z, the direct path
                     dz = tuple(dh * a for a in co)
                     direct.append(jnp.where(valid, dh * f, zero))
                 DH_ref[t, rows, cols[q]] = dh
                 for g in range(k_dz):
-                    dz_s[g, 2 * wg + q] = jnp.where(valid, dz[g], zero).astype(_bf16)
+                    dz16 = jnp.where(valid, dz[g], zero).astype(_bf16)
+                    dz_s[g, 2 * wg + q] = dz16
+                    if lstm:  # the LSTM's dz_t out, as it is (bfloat16)
+                        dZ_ref[t, g, rows, cols[q]] = dz16
             plgpu.commit_smem()
             barrier()  # every warpgroup's dz is in dz_s
 
@@ -572,12 +577,19 @@ def _backward_call(
                 new_dh.append(jnp.where(valid, d, kept))
             return tuple(new_dh), tuple(new_dc)
 
-        lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
+        _, dc0 = lax.fori_loop(0, T, step, (tuple(dhc), tuple(dcc)))
+        for q, dc in enumerate(dc0):  # the LSTM's dc_{-1}
+            dc0_ref[rows, cols[q]] = dc
 
     sw = functools.partial(_swizzled, plgpu)
     kernel = plgpu.kernel(
         body,
-        out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),) * (2 if lstm else 1),
+        out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),)
+        + (
+            (jax.ShapeDtypeStruct((T, k_dz, Bp, N), _bf16), jax.ShapeDtypeStruct((Bp, N), _f32))
+            if lstm
+            else ()
+        ),
         scratch_types=(
             plgpu.SMEM((k_dz, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
             plgpu.SMEM((k_dz, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
@@ -799,7 +811,7 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
             _pad_to(daT.astype(_f32), (Bp, N)),
         )
     call = functools.partial(_backward_call, skip=skip, interpret=interpret)
-    DH, DC = _one_at_a_time(call)(
+    DH, dZ16, dc0 = _one_at_a_time(call)(
         coef,
         pad(f.astype(_f32)),
         dy,
@@ -810,19 +822,18 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
         None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
         kernel_skips,
     )
-    DH, DC = DH[:, :B, :n], DC[:, :B, :n]
-    dZ = jnp.where(valid, jnp.concatenate([DC * P, DC * Q, DH * S, DC * R], axis=-1), 0.0)
-    dZ16 = dZ.astype(_bf16)
+    DH = DH[:, :B, :n]
+    dZ16 = jnp.moveaxis(dZ16[:, :, :B, :n], 1, 2).reshape(T, B, 4 * n)  # blocks i | f | o | c̃
     dU = jnp.einsum("tbn,tbk->nk", H_prev.astype(_bf16), dZ16, preferred_element_type=_f32)
     dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZ16, preferred_element_type=_f32)
-    db = dZ.sum(axis=(0, 1))
+    db = dZ16.astype(_f32).sum(axis=(0, 1))
     dxs = jnp.einsum("tbk,mk->tbm", dZ16, W.astype(_bf16), preferred_element_type=_f32)
     dh0 = jnp.einsum("bk,nk->bn", dZ16[0], U.astype(_bf16), preferred_element_type=_f32)
     if mask is not None:
         dh0 = dh0 * mask
     v0 = valid[0]
     dh0 = jnp.where(v0, dh0, DH[0])
-    dc0 = jnp.where(v0, DC[0] * f[0], DC[0])
+    dc0 = dc0[:B, :n]
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
     dskips = None
     if (
