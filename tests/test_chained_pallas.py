@@ -59,6 +59,7 @@ CASES = {
     "pmnist_like": ("rrn", 100, 70, 1, 4, 2, "sigmoid", None, False, False),  # two CTAs
     "gru_padded_rows_masked": ("gru", 5, 4, 3, 6, 3, None, np.array([6, 0, 3, 5]), True, True),
     "gru_two_warpgroups": ("gru", 100, 4, 3, 4, 3, None, np.array([4, 1, 0, 3]), True, False),
+    "ten_layers": ("rrn", 5, 2, 3, 3, 10, "sigmoid", None, False, True),  # fits at N = 64
     # unpadded hidden sizes (every unit real), an odd batch, a long sequence
     "exact_n128_odd_batch": ("rrn", 128, 3, 2, 3, 2, "sigmoid", None, False, True),
     "gru_exact_n64_long_sequence": (

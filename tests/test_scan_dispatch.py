@@ -267,8 +267,8 @@ def test_auto_picks_pallas_exactly_where_the_kernel_says_it_fits(monkeypatch):
         ),
         (
             "pallas",
-            cells.RRN(N, depth=10),
-            {},  # ten matrices and their step inputs: too many
+            cells.RRN(128, depth=4),
+            {},  # four 128 x 128 matrices and the forward's step buffers: too many
             "cannot run RRN; its scans: reference, fused (the persistent kernels: LSTM, SC-LSTM",
         ),
         (
