@@ -220,7 +220,8 @@ def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
     from jax._src.lib.mlir import ir
 
     from rhnzoo import cells
-    from rhnzoo.cells import chained_pallas, gated_pallas
+    from rhnzoo.cells.kernels import chained as chained_pallas
+    from rhnzoo.cells.kernels import gated as gated_pallas
 
     family, n, m, outputs, masked = CONFIGS[name]
     cell = _cell(family, n)

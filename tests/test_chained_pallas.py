@@ -23,7 +23,10 @@ from pallas_checks import (
 )
 
 from rhnzoo import cells
-from rhnzoo.cells import chained_pallas, gated_pallas, scan
+from rhnzoo.cells import scan
+from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import chained as chained_pallas
+from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 
 
@@ -291,12 +294,9 @@ def test_shared_memory_estimate_matches_the_lowering():
     lowering says so; the GRU's at n = 128 fit (the backward reads its inputs and output cotangents
     from global memory)."""
     deep, gru = cells.RRN(128, depth=4), cells.GRU(128)
-    assert chained_pallas.smem_bytes(deep, 1)[0] > chained_pallas.SMEM_LIMIT  # the forward
-    assert (
-        max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024
-        <= chained_pallas.SMEM_LIMIT
-    )
-    assert max(chained_pallas.smem_bytes(gru, 1)) + 1024 <= chained_pallas.SMEM_LIMIT
+    assert chained_pallas.smem_bytes(deep, 1)[0] > common.SMEM_LIMIT  # the forward
+    assert max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024 <= common.SMEM_LIMIT
+    assert max(chained_pallas.smem_bytes(gru, 1)) + 1024 <= common.SMEM_LIMIT
     spec = chained_pallas._spec(deep)
     fwd = lambda *a: gated_pallas._forward_call(*a, step=spec.step, interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
@@ -313,7 +313,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, kind,
     """The interpreter's race detector watches every shared-memory access of the kernels
     (threads' loads and stores, TMA copies, wgmma operands): none may race. Two
     warpgroups (n = 100) and one (the backward's two CTA barriers per stage, or one)."""
-    _, plgpu = gated_pallas._plgpu()
+    _, plgpu = common.plgpu()
     monkeypatch.setattr(
         chained_pallas,
         "_interpret_params",

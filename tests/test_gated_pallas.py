@@ -1,4 +1,4 @@
-"""The persistent Pallas LSTM kernels (rhnzoo.cells.gated_pallas) against the reference
+"""The persistent Pallas LSTM kernels (rhnzoo.cells.kernels.gated) against the reference
 scan (lax.scan + autodiff, float32) and the fused scan in bfloat16, values and every
 gradient; and the kernels lowered for ``cuda`` (an H100's shared memory and layouts)
 on any host.
@@ -24,7 +24,8 @@ from pallas_checks import (
 )
 
 from rhnzoo import cells
-from rhnzoo.cells import gated_pallas
+from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import lm as lm_training
 from rhnzoo.configs import lm as lm_configs
@@ -380,8 +381,8 @@ def test_shared_memory_estimate_matches_the_lowering():
     """``smem_bytes`` (what ``fits`` reads) predicts the lowering's verdict: a 64-wide
     input at n = 128 needs more than an H100 CTA has, and the lowering says so."""
     fwd_bytes, _ = gated_pallas.smem_bytes(128, 64)
-    assert fwd_bytes > gated_pallas.SMEM_LIMIT
-    assert max(gated_pallas.smem_bytes(128, 16)) + 1024 <= gated_pallas.SMEM_LIMIT
+    assert fwd_bytes > common.SMEM_LIMIT
+    assert max(gated_pallas.smem_bytes(128, 16)) + 1024 <= common.SMEM_LIMIT
     fwd = lambda *a: gated_pallas._forward_call(*a, step=gated_pallas._lstm_step(), interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
         lower_for_cuda(fwd, *forward_args(4, 128, 64))
@@ -397,7 +398,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(
     """The interpreter's race detector watches every shared-memory access of the
     kernels (threads' loads and stores, TMA copies, wgmma operands): none may race. It
     reports a removed ``commit_smem`` before a TMA refill (checked by hand)."""
-    _, plgpu = gated_pallas._plgpu()
+    _, plgpu = common.plgpu()
     monkeypatch.setattr(
         gated_pallas,
         "_interpret_params",

@@ -1,5 +1,5 @@
-"""Every persistent Pallas kernel (rhnzoo.cells.gated_pallas: LSTM, SC-LSTM I and P, the
-reset-after GRU; rhnzoo.cells.chained_pallas: the RRN, Cho et al.'s GRU) with
+"""Every persistent Pallas kernel (rhnzoo.cells.kernels.gated: LSTM, SC-LSTM I and P, the
+reset-after GRU; rhnzoo.cells.kernels.chained: the RRN, Cho et al.'s GRU) with
 ``jax_enable_x64`` on: values and gradients as the reference scan's, float32 outputs
 (issue 62: SC-LSTM's skip grid mixed its int32 step count with a Python int, int64
 under x64, and ``lax.rem`` refused the pair).
@@ -13,7 +13,8 @@ import test_chained_pallas
 import test_gated_pallas
 from pallas_checks import assert_close, kernel_reference_fused
 
-from rhnzoo.cells import chained_pallas, gated_pallas
+from rhnzoo.cells.kernels import chained as chained_pallas
+from rhnzoo.cells.kernels import gated as gated_pallas
 
 pytestmark = pytest.mark.pallas
 

@@ -1,4 +1,4 @@
-"""The RHN micro-layer kernel (rhnzoo.cells.rhn_pallas) against the reference scan
+"""The RHN micro-layer kernel (rhnzoo.cells.kernels.rhn) against the reference scan
 (lax.scan + autodiff, float32) and the fused scan in bfloat16, values and every gradient
 (parameters, initial state, inputs), coupled RHN and HSG(RHN) at depths 1, 3 and 12
 (12: the micro-layers as a ``lax.scan``); through the dispatcher with ``lengths``; the
@@ -26,7 +26,9 @@ from pallas_checks import (
 )
 
 from rhnzoo import cells
-from rhnzoo.cells import rhn_fused, rhn_pallas, scan
+from rhnzoo.cells import rhn_fused, scan
+from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import rhn as rhn_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.tasks import lm as lm_training
@@ -329,7 +331,7 @@ def test_kernels_lower_for_an_h100(bt):
     layouts are what an sm_90 device accepts. (Tiles 16 and 32 lower because R_l^T's
     blocks are swizzled as the state operand's are: with a 128-byte swizzle beside a 32-
     or 64-byte one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
-    assert rhn_pallas.smem_bytes(bt) + 1024 <= rhn_pallas.SMEM_LIMIT
+    assert rhn_pallas.smem_bytes(bt) + 1024 <= common.SMEM_LIMIT
     assert sorted(lower_kernels(bt)) == ["first", "hsg", "later"]
 
 
@@ -380,7 +382,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
     """The interpreter's race detector watches every shared-memory access of the
     kernels (the pipeline's TMA copies and wgmma operands, the epilogue's loads, stores
     and TMA stores): none may race."""
-    _, plgpu = rhn_pallas._plgpu()
+    _, plgpu = common.plgpu()
     monkeypatch.setattr(
         rhn_pallas,
         "_interpret_params",

@@ -15,7 +15,8 @@ import pytest
 from helpers import normal, random_params, random_problem
 
 from rhnzoo import cells, dropout
-from rhnzoo.cells import gated_pallas, scan
+from rhnzoo.cells import scan
+from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.models import lm
 from rhnzoo.models.classifier import SequenceClassifier

@@ -445,7 +445,9 @@ def test_bias_false_gets_no_bias_keys_back(kind):
 def _gru_runs(cell, params, h0, xs):
     """Every way a GRU's parameters reach its computation (the Pallas entries refuse
     before any kernel is built)."""
-    from rhnzoo.cells import chained_pallas, gated_pallas, scan
+    from rhnzoo.cells import scan
+    from rhnzoo.cells.kernels import chained as chained_pallas
+    from rhnzoo.cells.kernels import gated as gated_pallas
 
     yield "step", lambda: cell.step(params, h0, xs[0] @ jnp.asarray(params["W"]))
     yield "project_inputs", lambda: cell.project_inputs(params, xs)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 from rhnzoo import cells, evaluation
-from rhnzoo.cells import gated_pallas, scan
+from rhnzoo.cells import scan
+from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import highway, lm, polyphonic, rrl
 from rhnzoo.configs import rrl as rrl_configs

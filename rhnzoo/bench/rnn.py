@@ -31,8 +31,8 @@ linear softmax layer, mean cross-entropy, its value and the gradients of every p
   per scan iteration, forward and backward (the default is chosen per backend and cell:
   :func:`rhnzoo.cells.gated_fused.default_unroll`);
 * **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernels
-  (``scan.unroll(..., impl='pallas')``: :mod:`rhnzoo.cells.gated_pallas` for the LSTM and
-  reset-after GRU, :mod:`rhnzoo.cells.chained_pallas` for the RRN and Cho's GRU),
+  (``scan.unroll(..., impl='pallas')``: :mod:`rhnzoo.cells.kernels.gated` for the LSTM and
+  reset-after GRU, :mod:`rhnzoo.cells.kernels.chained` for the RRN and Cho's GRU),
   called as the fused scan is (``lengths``, ``outputs=False``, the output from the final
   carry) with ``dtype=bfloat16`` (bfloat16 U and matmul inputs, float32 accumulation and
   gates). Timed only on a GPU
@@ -156,7 +156,7 @@ flags.DEFINE_boolean(
     "pallas",
     False,
     "Also time rhnzoo's persistent Pallas kernel "
-    "(rhnzoo.cells.gated_pallas, bfloat16) where it supports the cell, on a GPU.",
+    "(rhnzoo.cells.kernels.gated, bfloat16) where it supports the cell, on a GPU.",
 )
 flags.DEFINE_boolean(
     "torch",
@@ -405,7 +405,7 @@ def _pallas_fits(cell, c: dict) -> bool | None:
     """``gated_pallas.fits`` for shape ``c`` in bfloat16 (whether ``auto`` would pick the
     kernel), None where it cannot say."""
     try:
-        from rhnzoo.cells import gated_pallas
+        from rhnzoo.cells.kernels import gated as gated_pallas
 
         try:
             return bool(gated_pallas.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))

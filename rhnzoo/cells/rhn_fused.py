@@ -218,7 +218,7 @@ _unroll.defvjp(_unroll_fwd, _unroll_bwd)
 def unroll_backward(R, b, hsg, x_proj, mask, saved, cotangents, *, dtype, loop, unroll=1):
     """This scan's hand-written backward pass (without remat) for a forward pass run
     elsewhere that saved what :func:`unroll`'s saves: the micro-layer kernels of
-    :mod:`rhnzoo.cells.rhn_pallas`.
+    :mod:`rhnzoo.cells.kernels.rhn`.
 
     Feature-major, as inside the scans: ``R [L, n, 2n]``, ``b [L, 2n]``, ``hsg`` = ``(W_R
     [n, n], W_F [n, n], b_G [n])`` or None, ``x_proj [T, 2n, B]``, ``mask [n, B]``;

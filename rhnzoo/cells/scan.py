@@ -11,10 +11,10 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
   :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
   ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
   cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
-* ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.gated_pallas`
-  (LSTM, SC-LSTM, reset-after GRU) and :mod:`rhnzoo.cells.chained_pallas` (RRN, Cho et al.'s GRU),
+* ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.kernels.gated`
+  (LSTM, SC-LSTM, reset-after GRU) and :mod:`rhnzoo.cells.kernels.chained` (RRN, Cho et al.'s GRU),
   and ``Parallel`` of these (HRL, LSTM+GRU), each part by its own kernels; hidden size
-  <= 128; bfloat16 only; no ``remat``; and :mod:`rhnzoo.cells.rhn_pallas` (one fused
+  <= 128; bfloat16 only; no ``remat``; and :mod:`rhnzoo.cells.kernels.rhn` (one fused
   GEMM-and-highway kernel per micro-layer) for the coupled RHN and HSG(RHN), any size.
 
 The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
@@ -33,7 +33,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import base, chained_pallas, gated_fused, gated_pallas, rhn_fused, rhn_pallas
+from rhnzoo.cells import base, gated_fused, rhn_fused
+from rhnzoo.cells.kernels import chained as chained_pallas
+from rhnzoo.cells.kernels import gated as gated_pallas
+from rhnzoo.cells.kernels import rhn as rhn_pallas
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -388,7 +391,7 @@ def _pallas_module(cell: Any):
 
 def _rhn_scan(run, cell, params, carry, xs, mask, *, lengths, outputs):
     """An RHN scan ``run(cell, params, carry, xs, mask)``
-    (:func:`~rhnzoo.cells.rhn_fused.unroll`, :func:`~rhnzoo.cells.rhn_pallas.unroll`) with
+    (:func:`~rhnzoo.cells.rhn_fused.unroll`, :func:`~rhnzoo.cells.kernels.rhn.unroll`) with
     ``lengths``: its carry is its output, so a row's final carry is its output at its last
     real step (the initial carry for an empty row) and padded outputs are zeroed; the
     padded steps run and get zero cotangents."""

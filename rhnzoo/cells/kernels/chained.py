@@ -1,7 +1,7 @@
 """Persistent recurrent kernels for cells whose step is a chain of dependent products
 (Pallas, Mosaic GPU): the recurrent residual network (Wang & Tian 2016, eqs. 3-4,
 :class:`~rhnzoo.cells.RRN`) and Cho et al.'s GRU (2014, eqs. 5-8, the reset gate before
-the matmul, :class:`~rhnzoo.cells.GRU`). As in :mod:`rhnzoo.cells.gated_pallas` (read
+the matmul, :class:`~rhnzoo.cells.GRU`). As in :mod:`rhnzoo.cells.kernels.gated` (read
 that module first: the tiling, TMA, barriers and precision policy are the same), the
 time loop runs inside one kernel and the recurrent matrices stay in shared memory for
 all T steps; unlike there, a step's second product waits on its first::
@@ -14,7 +14,7 @@ all T steps; unlike there, a step's second product waits on its first::
 A cell is K blocks ``(W_k [m, n], U_k [n, n], b_k [n])`` and two step functions written
 against the kernels' primitives (:func:`_spec`):
 
-* **forward**: the forward kernel of :mod:`~rhnzoo.cells.gated_pallas`, shared by every
+* **forward**: the forward kernel of :mod:`~rhnzoo.cells.kernels.gated`, shared by every
   persistent cell (one warpgroup per 64 hidden units, W and U in shared memory): the
   step asks for ``product([(k, src)])``, block k's pre-activation ``x_t W_k + src U_k +
   b_k`` on the tensor cores, src the step's h_{t-1} m or a value ``restage(v)`` put in
@@ -33,7 +33,7 @@ against the kernels' primitives (:func:`_spec`):
 
 Precision: bfloat16 matmul inputs with float32 accumulation; states, gates, their
 cotangents and dh's direct paths (the RRN's residual 1 - h_t², the GRU's z) float32.
-Shapes as :mod:`~rhnzoo.cells.gated_pallas`: n padded to 64 or 128, the batch to 64-row
+Shapes as :mod:`~rhnzoo.cells.kernels.gated`: n padded to 64 or 128, the batch to 64-row
 tiles, m to a multiple of 16; padded units are inert (zero rows of every U_k).
 """
 
@@ -48,23 +48,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.gated_pallas import (
+from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels.gated import (
     _APPROX_MATH,
     _QUARTER,
     ROWS,
-    SMEM_LIMIT,
     _call_settings,
     _carries,
     _forward,
     _forward_smem_bytes,
-    _interpret_params,
     _one_at_a_time,
-    _pad_to,
     _padded,
-    _plgpu,
-    _sigmoid,
     _Step,
-    _swizzled,
 )
 from rhnzoo.cells.lstm import GRU, check_params
 from rhnzoo.cells.residual import RRN
@@ -74,7 +69,7 @@ _bf16, _f32 = jnp.bfloat16, jnp.float32
 _HALF = 2 * _QUARTER  # hidden units per backward warpgroup
 
 # σ and σ' as functions of σ's output y.
-_ACT = {"sigmoid": (_sigmoid, lambda y: y * (1 - y)), "tanh": (jnp.tanh, lambda y: 1 - y * y)}
+_ACT = {"sigmoid": (common.sigmoid, lambda y: y * (1 - y)), "tanh": (jnp.tanh, lambda y: 1 - y * y)}
 
 
 def _quarter(a, q):
@@ -110,7 +105,7 @@ def _rrn_backward(K, co32, co16, dh, stage, ms):
 
 def _gru_forward(product, restage, carry, m, skips):
     (h,) = carry
-    r, z = (_sigmoid(a) for a in product([(0, None), (1, None)]))
+    r, z = (common.sigmoid(a) for a in product([(0, None), (1, None)]))
     hm = h if m is None else h * m
     h_tilde = jnp.tanh(product([(2, restage(r * hm))])[0])
     h = h_tilde + z * (h - h_tilde)
@@ -165,7 +160,7 @@ def smem_bytes(cell: Any, m: int) -> tuple[int, int]:
 
 
 def _fits(cell: Any, m: int) -> bool:
-    return max(smem_bytes(cell, m)) + 1024 <= SMEM_LIMIT
+    return max(smem_bytes(cell, m)) + 1024 <= common.SMEM_LIMIT
 
 
 def supports(cell: Any) -> bool:
@@ -184,7 +179,7 @@ def fits(
     """Whether ``auto`` may pick these kernels: never yet. They have not been timed on a
     GPU (``docs/runs/gpu/measure.sh pallas`` times them); until they are measured faster
     than the fused scan, ``auto`` leaves these cells to it. The signature is
-    :func:`rhnzoo.cells.gated_pallas.fits`'s."""
+    :func:`rhnzoo.cells.kernels.gated.fits`'s."""
     del cell, batch, dtype, backend, input_size
     return False
 
@@ -194,7 +189,7 @@ def fits(
 
 def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, interpret: bool):
     """The backward kernel: the reverse recurrence of dh, one warpgroup per 64 hidden
-    units (H = N / 64 per CTA), as :mod:`~rhnzoo.cells.gated_pallas`'s: each warpgroup
+    units (H = N / 64 per CTA), as :mod:`~rhnzoo.cells.kernels.gated`'s: each warpgroup
     carries its units' dh (two quarters of 32, float32), reads its units' coefficients
     straight from global memory and writes dh_t there; each stage of the cell's chain
     stages the warpgroup's dz terms (bfloat16) in shared memory and, after one CTA
@@ -208,7 +203,7 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
     on padded steps); ``u [K, N, N]`` bf16 (U_k); ``lens [Bp]``; ``dhT [Bp, N]`` f32, the
     final carry's cotangent; ``mask [Bp, N]`` f32 or None. Returns ``DH [T, Bp, N]`` f32:
     dh_t = dh_{t+1 -> t} + dy_t on real steps, the carried cotangent on padded ones."""
-    pl, plgpu = _plgpu()
+    pl, plgpu = common.plgpu()
     T, _, Bp, N = co32.shape
     K = u.shape[0]
     H, quarters = N // _HALF, N // _QUARTER
@@ -286,7 +281,7 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
 
         lax.fori_loop(0, T, step, dhc)
 
-    sw = functools.partial(_swizzled, plgpu)
+    sw = functools.partial(common.swizzled, plgpu)
     kernel = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((T, Bp, N), _f32),
@@ -301,7 +296,7 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
         num_threads=H,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=_interpret_params(interpret),
+        interpret=common.interpret_params(interpret),
     )
     u = u.reshape(K, H, _HALF, N)  # U_k's rows (dh_{t-1}'s units) split by warpgroup
     return kernel(
@@ -328,7 +323,7 @@ def _recompute(cell, W, U, b, xs, Hm):
             ys.append(act(zx[k] + _mm(src, U[k], "tbi,ij->tbj")))
             src = ys[-1]
         return ys
-    r, z = (_sigmoid(zx[k] + _mm(Hm, U[k], "tbi,ij->tbj")) for k in (0, 1))
+    r, z = (common.sigmoid(zx[k] + _mm(Hm, U[k], "tbi,ij->tbj")) for k in (0, 1))
     return [r, z, jnp.tanh(zx[2] + _mm(r * Hm, U[2], "tbi,ij->tbj"))]
 
 
@@ -383,8 +378,8 @@ def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
     N, _ = _padded(U.shape[1], xs.shape[2])
     y = _forward(
         xs,
-        _pad_to(U, U.shape[:2] + (N,)),
-        _pad_to(W, W.shape[:2] + (N,)),
+        common.pad_to(U, U.shape[:2] + (N,)),
+        common.pad_to(W, W.shape[:2] + (N,)),
         b,
         h0,
         (h0,),
@@ -410,7 +405,7 @@ def _chain_bwd(cell, outputs, interpret, res, cotangents):
     Bp = -(-B // ROWS) * ROWS
     valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
     co32, co16 = _coefficients(cell, vals, H_all, H_prev, Hm)
-    pad = lambda a: _pad_to(a, (T, Bp, N))
+    pad = lambda a: common.pad_to(a, (T, Bp, N))
     dy = None
     if outputs and dys is not None:
         dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
@@ -419,10 +414,10 @@ def _chain_bwd(cell, outputs, interpret, res, cotangents):
         jnp.stack([pad(a) for a in co32], axis=1).astype(_f32),
         jnp.stack([pad(a) for a in co16], axis=1).astype(_bf16),
         dy,
-        _pad_to(U, (K, N, N)).astype(_bf16),
-        _pad_to(lens, (Bp,)),
-        _pad_to(dhT.astype(_f32), (Bp, N)),
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+        common.pad_to(U, (K, N, N)).astype(_bf16),
+        common.pad_to(lens, (Bp,)),
+        common.pad_to(dhT.astype(_f32), (Bp, N)),
+        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
     )[:, :B, :n]
     dz, srcs = _block_grads(cell, U, DH, valid, vals, Hm, co32, co16)
     dZ = jnp.stack(dz)  # [K, T, B, n]
@@ -511,7 +506,7 @@ def unroll(
         raise ValueError(
             f"the {type(cell).__name__} kernels need {need} B of shared memory at "
             f"input width {m} (one CTA has "
-            f"{SMEM_LIMIT}): use scan_impl='fused'"
+            f"{common.SMEM_LIMIT}): use scan_impl='fused'"
         )
     W, U, b = _blocks_of(cell, params)
     return _chain(cell, bool(outputs), bool(interpret), W, U, b, carry, xs, lens, mask)

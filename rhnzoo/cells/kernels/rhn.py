@@ -68,13 +68,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from rhnzoo.cells import fastmath, rhn_fused
+from rhnzoo.cells.kernels import common
 from rhnzoo.cells.rhn import HSG, RHN
 
 Array = jax.Array
 
 ROWS = 64  # hidden units per CTA: one warpgroup's wgmma M
 BLOCK_K = 64  # state units per K block of the GEMM pipeline (one 128-byte bf16 swizzle)
-SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
 _STAGES = 2  # K blocks in flight in the GEMM pipeline
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 
@@ -114,26 +114,6 @@ def smem_bytes(bt: int = 64) -> int:
 # ------------------------------------------------------------------------------ the kernel
 
 
-def _plgpu():
-    """Pallas's Mosaic GPU module, imported on first use (it loads MLIR bindings)."""
-    import jax.experimental.pallas as pl
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    return pl, plgpu
-
-
-def _swizzled(plgpu, dtype, minor: int):
-    """Tiling and swizzle transforms for a shared-memory tile whose minor dimension holds
-    ``minor`` elements (up to 128 bytes per swizzle)."""
-    size = jnp.dtype(dtype).itemsize
-    swizzle = min(128, minor * size)
-    return plgpu.TilingTransform((8, swizzle // size)), plgpu.SwizzleTransform(swizzle)
-
-
-def _sigmoid(x):
-    return 0.5 * jnp.tanh(0.5 * x) + 0.5
-
-
 def _rhn_epilogue(zs, tiles):
     """Eqs. 6-8 with C = 1 - T on one CTA's tile: ``zs`` the H and T pre-activations
     (biases added), ``tiles`` = (s_{l-1}, m) or, in the first micro-layer, (s_{l-1}, m,
@@ -142,7 +122,7 @@ def _rhn_epilogue(zs, tiles):
     z_h, z_t = zs
     if len(tiles) == 4:
         z_h, z_t = z_h + tiles[2], z_t + tiles[3]
-    h, t = jnp.tanh(z_h), _sigmoid(z_t)
+    h, t = jnp.tanh(z_h), common.sigmoid(z_t)
     s_next = s + t * (h - s)
     return (s_next, h, t), s_next * m
 
@@ -151,7 +131,7 @@ def _hsg_epilogue(zs, tiles):
     """HSG, eqs. 5-6: ``zs`` = (W_R ŝ_{t-1} + W_F s_L + b_G,), ``tiles`` = (ŝ_{t-1}, s_L,
     m). Returns ((ŝ_t, g), ŝ_t m)."""
     s_hat, s_l, m = tiles
-    g = _sigmoid(zs[0])
+    g = common.sigmoid(zs[0])
     s_new = s_l + g * (s_hat - s_l)
     return (s_new, g), s_new * m
 
@@ -159,11 +139,6 @@ def _hsg_epilogue(zs, tiles):
 # (accumulator -> its (weight block, operand) products, epilogue, float32 outputs)
 _RHN = (((0, 0),), ((1, 0),)), _rhn_epilogue, 3
 _HSG = (((0, 0), (1, 1)),), _hsg_epilogue, 2
-
-
-def _interpret_params(interpret: bool):
-    _, plgpu = _plgpu()
-    return plgpu.InterpretGPUParams() if interpret else None
 
 
 def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
@@ -177,13 +152,13 @@ def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
     accumulator; ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``. N and K
     multiples of 64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N,
     Bp]``) and the next GEMM operand ``[N, Bp]`` bf16."""
-    pl, plgpu = _plgpu()
+    pl, plgpu = common.plgpu()
     pairs, epilogue, n_out = kind
     _, G, N, K = w.shape
     P, _, Bp = ops.shape
     A, E = len(pairs), len(tiles)
     lay = plgpu.Layout.WGMMA
-    sw = functools.partial(_swizzled, plgpu)
+    sw = functools.partial(common.swizzled, plgpu)
 
     def body(layer_ref, w_ref, op_ref, b_ref, *refs):
         tile_refs, out_refs = refs[:E], refs[E : E + n_out + 1]
@@ -246,16 +221,12 @@ def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
         ),
         grid=(N // ROWS, Bp // bt),
         grid_names=("m", "b"),
-        interpret=_interpret_params(interpret),
+        interpret=common.interpret_params(interpret),
     )
     return kernel(layer, w, ops, b, *tiles)
 
 
 # ------------------------------------------------------------------------------ the unroll
-
-
-def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
-    return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
 
 
 def _kernel_weights(R, b, hsg, Np):
@@ -264,13 +235,13 @@ def _kernel_weights(R, b, hsg, Np):
     [1, 2, Np, Np] bf16, b_G [1, 1, Np] f32)`` or None."""
     L, n, _ = R.shape
     RT = jnp.moveaxis(R.reshape(L, n, 2, n), 1, 3)  # [L, 2, n (out), n (in)]
-    RT = _pad_to(RT, (L, 2, Np, Np)).astype(_bf16)
-    bk = _pad_to(b.reshape(L, 2, n), (L, 2, Np)).astype(_f32)
+    RT = common.pad_to(RT, (L, 2, Np, Np)).astype(_bf16)
+    bk = common.pad_to(b.reshape(L, 2, n), (L, 2, Np)).astype(_f32)
     if hsg is None:
         return RT, bk, None
     W_R, W_F, b_G = hsg
-    w = _pad_to(jnp.stack([W_R.T, W_F.T])[None], (1, 2, Np, Np)).astype(_bf16)
-    return RT, bk, (w, _pad_to(b_G[None, None], (1, 1, Np)).astype(_f32))
+    w = common.pad_to(jnp.stack([W_R.T, W_F.T])[None], (1, 2, Np, Np)).astype(_bf16)
+    return RT, bk, (w, common.pad_to(b_G[None, None], (1, 1, Np)).astype(_f32))
 
 
 def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
@@ -285,9 +256,9 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
     T, L = x_proj.shape[0], R.shape[0]
     Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
     RT, bk, hsg_k = _kernel_weights(R, b, hsg, Np)
-    m = _pad_to(mask.astype(_f32), (Np, Bp))
-    xp = _pad_to(x_proj.reshape(T, 2, n, B).astype(_f32), (T, 2, Np, Bp))
-    s0 = _pad_to(s0.astype(_f32), (Np, Bp))
+    m = common.pad_to(mask.astype(_f32), (Np, Bp))
+    xp = common.pad_to(x_proj.reshape(T, 2, n, B).astype(_f32), (T, 2, Np, Bp))
+    s0 = common.pad_to(s0.astype(_f32), (Np, Bp))
     call = functools.partial(_layer_call, bt=bt, interpret=interpret)
 
     def index(l):  # the kernels' layer argument

@@ -19,7 +19,7 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
   serves every persistent cell: a cell is a :class:`_Step`, its blocks, carries and a
   step function written against the kernel's ``product`` and ``restage`` (the RRN's and
   Cho's GRU's, whose second product waits on the first, in
-  :mod:`~rhnzoo.cells.chained_pallas`).
+  :mod:`~rhnzoo.cells.kernels.chained`).
 * **backward**, one warpgroup per 64 hidden units as forward: the reverse recurrence of
   the state cotangents (dh, dc) with U's gate blocks in shared memory; each warpgroup
   carries its units' dh and dc and its own [64, 64] float32 accumulator, reads the
@@ -70,7 +70,7 @@ reset-after :class:`~rhnzoo.cells.GRU`, with ``lengths`` (:func:`rhnzoo.cells.un
 semantics: padded steps keep the carry and output zeros) and the recurrent dropout mask
 (a constant multiplying h_{t-1} where it enters U). Cho et al.'s GRU (its candidate's
 matmul waits on r) and the RRN (a chain of K products) have theirs in
-:mod:`~rhnzoo.cells.chained_pallas`.
+:mod:`~rhnzoo.cells.kernels.chained`.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from rhnzoo.cells.kernels import common
 from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState, check_params
 
 Array = jax.Array
 
 ROWS = 64  # batch rows per CTA: one warpgroup's wgmma M
-SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
 _HALF = 64  # hidden units per forward half (one 128-byte swizzle of bfloat16)
 _QUARTER = 32  # hidden units per backward phase
 _bf16, _f32 = jnp.bfloat16, jnp.float32
@@ -154,35 +154,10 @@ def fits(
         return False
     if cc != "9.0":
         return False
-    return max(smem_bytes(cell.hidden_size, input_size)) + 1024 <= SMEM_LIMIT
+    return max(smem_bytes(cell.hidden_size, input_size)) + 1024 <= common.SMEM_LIMIT
 
 
 # ------------------------------------------------------------------------------ kernels
-
-
-def _plgpu():
-    """Pallas's Mosaic GPU module, imported on first use (it loads MLIR bindings)."""
-    import jax.experimental.pallas as pl
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    return pl, plgpu
-
-
-def _swizzled(plgpu, dtype, minor: int):
-    """Tiling and swizzle transforms for a shared-memory tile whose minor dimension
-    holds ``minor`` elements (up to 128 bytes per swizzle)."""
-    size = jnp.dtype(dtype).itemsize
-    swizzle = min(128, minor * size)
-    return plgpu.TilingTransform((8, swizzle // size)), plgpu.SwizzleTransform(swizzle)
-
-
-def _sigmoid(x):
-    return 0.5 * jnp.tanh(0.5 * x) + 0.5  # one tanh: the form the kernel and recompute share
-
-
-def _interpret_params(interpret: bool):
-    _, plgpu = _plgpu()
-    return plgpu.InterpretGPUParams() if interpret else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +197,7 @@ def _lstm_forward(skip, product, restage, carry, m, skips):
     h_t += α anchor where τ > 1, and h_t becomes the anchor."""
     del restage, m
     z = product([(k, None) for k in range(4)])
-    i, f, o, g = _sigmoid(z[0]), _sigmoid(z[1]), _sigmoid(z[2]), jnp.tanh(z[3])
+    i, f, o, g = common.sigmoid(z[0]), common.sigmoid(z[1]), common.sigmoid(z[2]), jnp.tanh(z[3])
     c = f * carry[0] + i * g
     h = o * jnp.tanh(c)
     if not skip:
@@ -239,7 +214,7 @@ def _gru_ra_forward(product, restage, carry, m, skips):
     z h_{t-1} + (1 - z) n, the carry h float32."""
     del restage, m, skips
     z = product([(k, None) for k in range(4)])
-    r, u = _sigmoid(z[0]), _sigmoid(z[1])
+    r, u = common.sigmoid(z[0]), common.sigmoid(z[1])
     h = u * carry[0] + (1 - u) * jnp.tanh(z[2] + r * z[3])
     return h, (h,)
 
@@ -269,7 +244,7 @@ def _forward_call(
     None, the recurrent dropout mask; ``skips`` SC-LSTM's ``(t0 [Bp] int32, alpha [H, 64]
     f32)`` (each row's step count, α broadcast) or None. Returns ``y [T, H, Bp, 64]``
     f32: h_t on real steps, zeros on padded ones."""
-    pl, plgpu = _plgpu()
+    pl, plgpu = common.plgpu()
     T, Bp, MP = x.shape
     K, H, N = u.shape[0], u.shape[1], u.shape[2]
     C = len(carry0)
@@ -399,7 +374,7 @@ def _forward_call(
         lax.fori_loop(0, T, step_t, carry)
         plgpu.wait_smem_to_gmem(0)
 
-    sw = functools.partial(_swizzled, plgpu)
+    sw = functools.partial(common.swizzled, plgpu)
     buffers = min(step.restages, 2)
     kernel = plgpu.kernel(
         body,
@@ -426,7 +401,7 @@ def _forward_call(
         num_threads=H,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=_interpret_params(interpret),
+        interpret=common.interpret_params(interpret),
     )
     return kernel(*((x, u, w, b, h0, lens, *carry0) + ((mask,) if masked else ()) + (skips or ())))
 
@@ -462,7 +437,7 @@ def _backward_call(
     padded ones; ``dZ [T, 4, Bp, N]`` bf16, the gate blocks' dz_t as the kernel formed
     them (zero on padded steps; dc_t = carried dc + dh_t A_t); ``dc0 [Bp, N]`` f32, the
     initial cell state's cotangent dc_{-1}."""
-    pl, plgpu = _plgpu()
+    pl, plgpu = common.plgpu()
     T, n_co, Bp, N = coef.shape
     k_dz = u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
     H, quarters = N // _HALF, N // _QUARTER
@@ -581,7 +556,7 @@ def _backward_call(
         for q, dc in enumerate(dc0):  # the LSTM's dc_{-1}
             dc0_ref[rows, cols[q]] = dc
 
-    sw = functools.partial(_swizzled, plgpu)
+    sw = functools.partial(common.swizzled, plgpu)
     kernel = plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),)
@@ -602,7 +577,7 @@ def _backward_call(
         num_threads=H,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=_interpret_params(interpret),
+        interpret=common.interpret_params(interpret),
     )
     return kernel(
         *(
@@ -631,13 +606,9 @@ def _call_settings(xs: Array, lengths, dtype, interpret) -> tuple[bool, Array]:
     return jax.default_backend() == "cpu" if interpret is None else interpret, lens
 
 
-def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
-    return jnp.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
-
-
 def _blocks(M: Array, n: int, N: int, k: int = 4) -> Array:
     """``[r, k n] -> [k, r, N]``: the gate blocks of a fused weight matrix, padded."""
-    return _pad_to(jnp.moveaxis(M.reshape(M.shape[0], k, n), 1, 0), (k, M.shape[0], N))
+    return common.pad_to(jnp.moveaxis(M.reshape(M.shape[0], k, n), 1, 0), (k, M.shape[0], N))
 
 
 def _carries(y: Array, h0: Array, lens: Array) -> Array:
@@ -666,7 +637,7 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
         )
         + b
     )
-    i, f, o = (_sigmoid(z[..., k * n : (k + 1) * n]) for k in range(3))
+    i, f, o = (common.sigmoid(z[..., k * n : (k + 1) * n]) for k in range(3))
     g = jnp.tanh(z[..., 3 * n :])
     v = valid[:, :, None]
     a, d = jnp.where(v, f, 1.0), jnp.where(v, i * g, 0.0)
@@ -719,16 +690,16 @@ def _forward(xs, Ub, Wb, bk, h0, carry0, lens, mask, skips=None, *, step, interp
     halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
     if skips is not None:
         t0, alpha = skips
-        skips = (_pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))
+        skips = (common.pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))
     y = _one_at_a_time(functools.partial(_forward_call, step=step, interpret=interpret))(
-        _pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(_pad_to(Ub, (K, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(_pad_to(Wb, (K, MP, N))), -1, -2).astype(_bf16),
-        _pad_to(bk, (K, N)).reshape(K, H, _HALF).astype(_f32),
-        halves(_pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
-        tuple(halves(_pad_to(c.astype(_f32), (Bp, N))) for c in carry0),
-        _pad_to(lens, (Bp,)),
-        None if mask is None else halves(_pad_to(mask.astype(_f32), (Bp, N))),
+        common.pad_to(xs.astype(_bf16), (T, Bp, MP)),
+        halves(common.pad_to(Ub, (K, N, N))).astype(_bf16),
+        jnp.swapaxes(halves(common.pad_to(Wb, (K, MP, N))), -1, -2).astype(_bf16),
+        common.pad_to(bk, (K, N)).reshape(K, H, _HALF).astype(_f32),
+        halves(common.pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
+        tuple(halves(common.pad_to(c.astype(_f32), (Bp, N))) for c in carry0),
+        common.pad_to(lens, (Bp,)),
+        None if mask is None else halves(common.pad_to(mask.astype(_f32), (Bp, N))),
         skips,
     )
     return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
@@ -797,7 +768,7 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     tc = jnp.tanh(C)
     A, P, Q = o * (1 - tc * tc), g * i * (1 - i), C_prev * f * (1 - f)
     R, S = i * (1 - g * g), tc * o * (1 - o)
-    pad = lambda a: _pad_to(a, (T, Bp, N))
+    pad = lambda a: common.pad_to(a, (T, Bp, N))
     coef = jnp.stack([pad(a) for a in (A, P, Q, R, S)], axis=1).astype(_bf16)
     dy = None
     if outputs and dys is not None:
@@ -806,20 +777,20 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     if skip:
         t0, _, alpha = skips
         kernel_skips = (
-            _pad_to(t0, (Bp,)),
+            common.pad_to(t0, (Bp,)),
             alpha.astype(_f32).reshape(1),
-            _pad_to(daT.astype(_f32), (Bp, N)),
+            common.pad_to(daT.astype(_f32), (Bp, N)),
         )
     call = functools.partial(_backward_call, skip=skip, interpret=interpret)
     DH, dZ16, dc0 = _one_at_a_time(call)(
         coef,
         pad(f.astype(_f32)),
         dy,
-        _pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
-        _pad_to(lens, (Bp,)),
-        _pad_to(dhT.astype(_f32), (Bp, N)),
-        _pad_to(dcT.astype(_f32), (Bp, N)),
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+        common.pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
+        common.pad_to(lens, (Bp,)),
+        common.pad_to(dhT.astype(_f32), (Bp, N)),
+        common.pad_to(dcT.astype(_f32), (Bp, N)),
+        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
         kernel_skips,
     )
     DH = DH[:, :B, :n]
@@ -888,7 +859,10 @@ def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
         + b
     )
     zh = jnp.einsum("tbn,nk->tbk", Hm.astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
-    r, z = _sigmoid(zx[..., :n] + zh[..., :n]), _sigmoid(zx[..., n : 2 * n] + zh[..., n : 2 * n])
+    r, z = (
+        common.sigmoid(zx[..., :n] + zh[..., :n]),
+        common.sigmoid(zx[..., n : 2 * n] + zh[..., n : 2 * n]),
+    )
     g = zh[..., 2 * n :] + b_hn
     cand = jnp.tanh(zx[..., 2 * n :] + r * g)
     out = (H_all[-1], y if outputs else None)
@@ -905,7 +879,7 @@ def _gru_bwd(outputs, interpret, res, cotangents):
     valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
     dn = (1 - z) * (1 - cand * cand)  # dh_t -> the candidate's pre-activation
     Ar, Az, An = dn * g * r * (1 - r), (H_prev - cand) * z * (1 - z), dn * r
-    pad = lambda a: _pad_to(a, (T, Bp, N))
+    pad = lambda a: common.pad_to(a, (T, Bp, N))
     coef = jnp.stack([pad(a) for a in (Ar, Az, An)], axis=1).astype(_bf16)
     dy = None
     if outputs and dys is not None:
@@ -914,11 +888,11 @@ def _gru_bwd(outputs, interpret, res, cotangents):
         coef,
         pad(z.astype(_f32)),
         dy,
-        _pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
-        _pad_to(lens, (Bp,)),
-        _pad_to(dhT.astype(_f32), (Bp, N)),
+        common.pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
+        common.pad_to(lens, (Bp,)),
+        common.pad_to(dhT.astype(_f32), (Bp, N)),
         None,
-        None if mask is None else _pad_to(mask.astype(_f32), (Bp, N)),
+        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
         interpret=interpret,
     )
     DH = DH[:, :B, :n]
