@@ -10,6 +10,14 @@ import pytest
 from helpers import check_gradient_by_finite_differences, np_tree, unroll_loss
 
 from rhnzoo import cells
+from rhnzoo.cells.lstm import (
+    gru_coefficients,
+    gru_reset_after_coefficients,
+    gru_reset_after_gates,
+    lstm_coefficients,
+    lstm_gates,
+)
+from rhnzoo.cells.residual import rrn_coefficients
 
 sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
 
@@ -375,3 +383,135 @@ def test_parallel_names_are_the_registrys_two_cell_hybrids():
         built = cells.make(name, 4)
         assert isinstance(built, cells.Parallel) == (name in cells.registry.PARALLEL_NAMES), name
     assert cells.registry.PARALLEL_NAMES == ("hrl", "lstm_gru")
+
+
+# ---------------------------------------------------------------------------------------
+# The gate math and derivative coefficients every implementation shares (rhnzoo.cells.lstm,
+# rhnzoo.cells.residual), against NumPy transcriptions of the equations and of their
+# derivatives written from the pre-activations: σ'(a) = e^{-a} / (1 + e^{-a})², tanh'(a) =
+# 1 / cosh²(a) (not the σ (1 - σ) and 1 - tanh² forms the functions use).
+
+d_sigmoid = lambda a: np.exp(-a) / (1.0 + np.exp(-a)) ** 2
+d_tanh = lambda a: 1.0 / np.cosh(a) ** 2
+
+
+def np_normal(rng, *shape):
+    return rng.standard_normal(shape) * 1.5
+
+
+def assert_fields(actual, expected):
+    """Each named field of ``actual`` (a NamedTuple of arrays) against ``expected``."""
+    assert actual._fields == tuple(expected), (actual._fields, tuple(expected))
+    for name, want in expected.items():
+        np.testing.assert_allclose(
+            np.asarray(getattr(actual, name)), want, rtol=1e-12, atol=1e-14, err_msg=name
+        )
+
+
+def test_lstm_gates_split_the_blocks_i_f_o_c_in_either_layout():
+    rng = np.random.default_rng(0)
+    z = np_normal(rng, B, 4 * N)
+    zi, zf, zo, zc = blocks(z, 4)
+    want = {"i": sigmoid(zi), "f": sigmoid(zf), "o": sigmoid(zo), "c_tilde": np.tanh(zc)}
+    with jax.enable_x64(True):
+        assert_fields(lstm_gates(jnp.asarray(z)), want)
+        feature_major = lstm_gates(jnp.asarray(z.T), axis=0)  # [4n, B]
+        assert_fields(feature_major, {k: v.T for k, v in want.items()})
+        # each implementation's own σ and tanh are the ones applied
+        doubled = lstm_gates(jnp.asarray(z), sigmoid=lambda a: 2 * a, tanh=jnp.sin)
+        assert_fields(doubled, {"i": 2 * zi, "f": 2 * zf, "o": 2 * zo, "c_tilde": np.sin(zc)})
+    with pytest.raises(ValueError, match="4 gate blocks"):
+        lstm_gates(jnp.zeros((B, 4 * N + 1)))
+
+
+def test_lstm_coefficients_are_eq_1s_derivatives():
+    """h_t = o tanh(c_t), c_t = f c_{t-1} + i c̃ (Wang & Tian eq. 1) differentiated by
+    c_t and by the pre-activations z_i, z_f, z_c̃, z_o."""
+    rng = np.random.default_rng(1)
+    zi, zf, zo, zc, c_prev = (np_normal(rng, B, N) for _ in range(5))
+    i, f, o, c_tilde = sigmoid(zi), sigmoid(zf), sigmoid(zo), np.tanh(zc)
+    c = f * c_prev + i * c_tilde
+    want = {
+        "dh_dc": o * d_tanh(c),
+        "dc_dzi": c_tilde * d_sigmoid(zi),
+        "dc_dzf": c_prev * d_sigmoid(zf),
+        "dc_dzc": i * d_tanh(zc),
+        "dh_dzo": np.tanh(c) * d_sigmoid(zo),
+    }
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in (i, f, o, c_tilde, c_prev, np.tanh(c))]
+        assert_fields(lstm_coefficients(*args), want)
+
+
+def test_gru_reset_after_gates_apply_r_after_the_recurrent_matmul():
+    """r | z = σ(x + h), g = h_h + b_hn, h̃ = tanh(x_h + r g) (PyTorch's nn.GRU)."""
+    rng = np.random.default_rng(2)
+    x, hU, b_hn = np_normal(rng, B, 3 * N), np_normal(rng, B, 3 * N), np_normal(rng, N)
+    (xr, xz, xh), (hr, hz, hh) = blocks(x, 3), blocks(hU, 3)
+    r, z, g = sigmoid(xr + hr), sigmoid(xz + hz), hh + b_hn
+    want = {"r": r, "z": z, "g": g, "h_tilde": np.tanh(xh + r * g)}
+    with jax.enable_x64(True):
+        gates = gru_reset_after_gates(jnp.asarray(x), jnp.asarray(hU), jnp.asarray(b_hn))
+        assert_fields(gates, want)
+        feature_major = gru_reset_after_gates(
+            jnp.asarray(x.T), jnp.asarray(hU.T), jnp.asarray(b_hn[:, None]), axis=0
+        )
+        assert_fields(feature_major, {k: v.T for k, v in want.items()})
+    with pytest.raises(ValueError, match="3 gate blocks"):
+        gru_reset_after_gates(jnp.zeros((B, 4)), jnp.zeros((B, 4)), jnp.zeros(1))
+
+
+def test_gru_reset_after_coefficients_are_its_derivatives():
+    """h_t = (1 - z) h̃ + z h_{t-1}, h̃ = tanh(a), a = x_h + r g, differentiated by the
+    pre-activations of r, z and h̃ (a) and by g."""
+    rng = np.random.default_rng(3)
+    zr, zz, a_x, g, h_prev = (np_normal(rng, B, N) for _ in range(5))
+    r, z = sigmoid(zr), sigmoid(zz)
+    a = a_x + r * g
+    h_tilde = np.tanh(a)
+    want = {
+        "dh_dzr": (1 - z) * d_tanh(a) * g * d_sigmoid(zr),
+        "dh_dzz": (h_prev - h_tilde) * d_sigmoid(zz),
+        "dh_dg": (1 - z) * d_tanh(a) * r,
+        "dh_dzh": (1 - z) * d_tanh(a),
+    }
+    with jax.enable_x64(True):
+        args = [jnp.asarray(v) for v in (r, z, g, h_tilde, h_prev)]
+        assert_fields(gru_reset_after_coefficients(*args), want)
+
+
+def test_gru_coefficients_are_cho_et_al_eqs_5_to_8s_derivatives():
+    """h_t = z h_{t-1} + (1 - z) h̃ (eq. 7), h̃ = tanh(z_h) (eq. 8), and the reset path
+    a = r ⊙ h_{t-1} m into U_h (eq. 5's r), differentiated."""
+    rng = np.random.default_rng(4)
+    zr, zz, zh, h_prev = (np_normal(rng, B, N) for _ in range(4))
+    mask = (rng.random((B, N)) < 0.7) / 0.7
+    r, z, h_tilde = sigmoid(zr), sigmoid(zz), np.tanh(zh)
+    want = {
+        "dh_dzh": (1 - z) * d_tanh(zh),
+        "dh_dzz": (h_prev - h_tilde) * d_sigmoid(zz),
+        "da_dzr": h_prev * mask * d_sigmoid(zr),
+    }
+    with jax.enable_x64(True):
+        args = [jnp.asarray(v) for v in (r, z, h_tilde, h_prev, h_prev * mask)]
+        assert_fields(gru_coefficients(*args), want)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh"])
+def test_rrn_coefficients_are_eqs_3_and_4s_derivatives(activation):
+    """h_t = tanh(h_{t-1} + y_K) (eq. 3), y_k = σ(z_k) (eq. 4), differentiated by eq. 3's
+    pre-activation and by each layer's."""
+    rng = np.random.default_rng(5)
+    K = 3
+    zs, h_prev = [np_normal(rng, B, N) for _ in range(K)], np_normal(rng, B, N)
+    act, d_act = (sigmoid, d_sigmoid) if activation == "sigmoid" else (np.tanh, d_tanh)
+    ys = [act(zk) for zk in zs]
+    s = h_prev + ys[-1]
+    with jax.enable_x64(True):
+        co = rrn_coefficients(jnp.asarray(np.tanh(s)), [jnp.asarray(y) for y in ys], activation)
+    assert co._fields == ("dh_ds", "dy_dz") and len(co.dy_dz) == K
+    np.testing.assert_allclose(np.asarray(co.dh_ds), d_tanh(s), rtol=1e-12, atol=1e-14)
+    for k in range(K):
+        np.testing.assert_allclose(np.asarray(co.dy_dz[k]), d_act(zs[k]), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="activation"):
+        rrn_coefficients(jnp.zeros(2), [jnp.zeros(2)], "relu")

@@ -20,8 +20,9 @@ where a chunk is C consecutive steps: a divisor of T up to 16 when the input is
 projected in the scan (the default: the chunk's dz stays in cache and no ``[T, B, k n]``
 cotangent is written), C = T (one matmul after the reverse scan) for a projection done
 before the scan. (Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8, and
-the reset-after GRU of PyTorch / cuDNN, ``GRU(reset_after=True)``, differentiated; the
-derivatives are written out in each kernel below.)
+the reset-after GRU of PyTorch / cuDNN, ``GRU(reset_after=True)``, differentiated: each
+cell's gate math and derivative coefficients are functions of its module,
+:func:`rhnzoo.cells.lstm.lstm_coefficients` and the like, shared with the Pallas kernels.)
 
 Inside the scans every per-step array is feature-major, ``[features, B]`` (see the
 kernels' comment: the weight matrix on the left of each per-step matmul measured
@@ -54,8 +55,19 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import fastmath
-from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState, check_params
-from rhnzoo.cells.residual import RRN, Parallel
+from rhnzoo.cells.lstm import (
+    GRU,
+    LSTM,
+    SCLSTM,
+    SCLSTMState,
+    check_params,
+    gru_coefficients,
+    gru_reset_after_coefficients,
+    gru_reset_after_gates,
+    lstm_coefficients,
+    lstm_gates,
+)
+from rhnzoo.cells.residual import RRN, Parallel, rrn_coefficients
 
 Array = jax.Array
 
@@ -175,12 +187,9 @@ class _LSTMKernel:
         return p
 
     def forward(self, p, carry, xp, aux, mask):
-        n = self.n
         h, c = carry[0], carry[1]
         z = xp + _dot(p["UT"], _masked(h, mask), self.dtype) + p["b"]
-        sig = fastmath.sigmoid(z[: 3 * n])
-        g = fastmath.tanh(z[3 * n :])
-        i, f, o = sig[:n], sig[n : 2 * n], sig[2 * n :]
+        i, f, o, g = lstm_gates(z, axis=0, sigmoid=fastmath.sigmoid, tanh=fastmath.tanh)
         c_new = f * c + i * g
         h_new = o * fastmath.tanh(c_new)
         saved = {"h": h, "c": c, "i": i, "f": f, "o": o, "g": g}
@@ -207,16 +216,9 @@ class _LSTMKernel:
             if self.learn_alpha:
                 extra = jnp.where(skipped, dh * saved["anchor"], 0.0).sum(axis=0)  # [B]
         c, i, f, o, g = (saved[k] for k in "c i f o g".split())
-        tc = fastmath.tanh(f * c + i * g)
-        dc = dc + dh * o * (1 - tc * tc)
-        dz = _rows(
-            [
-                dc * g * i * (1 - i),
-                dc * c * f * (1 - f),
-                dh * tc * o * (1 - o),
-                dc * i * (1 - g * g),
-            ]
-        )
+        co = lstm_coefficients(i, f, o, g, c, fastmath.tanh(f * c + i * g))
+        dc = dc + dh * co.dh_dc
+        dz = _rows([dc * co.dc_dzi, dc * co.dc_dzf, dh * co.dh_dzo, dc * co.dc_dzc])
         dh_prev = _masked(_dot(p["U"], dz, self.dtype).astype(dh.dtype), mask)
         dcarry_prev = (dh_prev, dc * f) + ((danchor_prev,) if self.skip else ())
         return dcarry_prev, dz, extra
@@ -258,9 +260,10 @@ class _GRUKernel:
         r, z = rz[:n], rz[n:]
         hm = _masked(h, mask)
         dh = _plus(dh, dy)
-        dp_h = dh * (1 - z) * (1 - ht * ht)  # eq. 8's pre-activation
+        co = gru_coefficients(r, z, ht, h, hm)
+        dp_h = dh * co.dh_dzh  # eq. 8's pre-activation
         da = _dot(p["U_h"], dp_h, self.dtype).astype(dh.dtype)  # a = r ⊙ h m
-        dp_rz = _rows([da * hm * r * (1 - r), dh * (h - ht) * z * (1 - z)])
+        dp_rz = _rows([da * co.da_dzr, dh * co.dh_dzz])
         dhm = da * r + _dot(p["U_rz"], dp_rz, self.dtype).astype(dh.dtype)
         dh_prev = dh * z + _masked(dhm, mask)
         return dh_prev, _rows([dp_rz, dp_h]), None
@@ -281,14 +284,16 @@ class _GRUResetAfterKernel:
       r | z = σ(xp_rz + a_rz),  g = a_h + b_hn,  h̃ = tanh(xp_h + r ⊙ g)
       h' = h̃ + z ⊙ (h - h̃)
 
-    Backward, with dh the cotangent of h' (dp: of a pre-activation)::
+    (:func:`~rhnzoo.cells.lstm.gru_reset_after_gates`). Backward, with dh the cotangent
+    of h' and the coefficients of :func:`~rhnzoo.cells.lstm.gru_reset_after_coefficients`
+    (dp: the cotangent of a pre-activation)::
 
-      dp_h = dh (1 - z)(1 - h̃²),  dg = r dp_h,  dp_r = g dp_h r (1 - r)
-      dp_z = dh (h - h̃) z (1 - z),  dh_prev = z dh + m ⊙ U [dp_r; dp_z; dg]
+      dp_r, dp_z, dp_h, dg = dh ⊙ (dh_dzr, dh_dzz, dh_dzh, dh_dg)
+      dh_prev = z dh + m ⊙ U [dp_r; dp_z; dg]
 
     xp's cotangent (and b's) is [dp_r; dp_z; dp_h], U's and b_hn's [dp_r; dp_z; dg]:
     they differ in the last block, so dz carries both, ``[dp_r; dp_z; dp_h; dg]``
-    (``extra_dz_rows`` = n). Saved per step: h_{t-1}, r | z, h̃ and g.
+    (``extra_dz_rows`` = n). Saved per step: h_{t-1}, r, z, h̃ and g.
     """
 
     n: int
@@ -310,26 +315,21 @@ class _GRUResetAfterKernel:
         }
 
     def forward(self, p, h, xp, aux, mask):
-        n = self.n
         xp = xp + p["b"]
         a = _dot(p["UT"], _masked(h, mask), self.dtype).astype(h.dtype)
-        rz = fastmath.sigmoid(xp[: 2 * n] + a[: 2 * n])
-        r, z = rz[:n], rz[n:]
-        g = a[2 * n :] + p["b_hn"]
-        ht = fastmath.tanh(xp[2 * n :] + r * g)
+        r, z, g, ht = gru_reset_after_gates(
+            xp, a, p["b_hn"], axis=0, sigmoid=fastmath.sigmoid, tanh=fastmath.tanh
+        )
         h_new = ht + z * (h - ht)
-        return h_new, h_new, {"h": h, "rz": rz, "ht": ht, "g": g}
+        return h_new, h_new, {"h": h, "r": r, "z": z, "ht": ht, "g": g}
 
     def backward(self, p, dh, dy, saved, aux, mask):
         n = self.n
-        h, rz, ht, g = saved["h"], saved["rz"], saved["ht"], saved["g"]
-        r, z = rz[:n], rz[n:]
+        h, r, z, ht, g = saved["h"], saved["r"], saved["z"], saved["ht"], saved["g"]
         dh = _plus(dh, dy)
-        dp_h = dh * (1 - z) * (1 - ht * ht)  # h̃'s pre-activation
-        dg = dp_h * r
-        dp_r = dp_h * g * r * (1 - r)
-        dp_z = dh * (h - ht) * z * (1 - z)
-        dz = _rows([dp_r, dp_z, dp_h, dg])
+        co = gru_reset_after_coefficients(r, z, g, ht, h)
+        dg = dh * co.dh_dg
+        dz = _rows([dh * co.dh_dzr, dh * co.dh_dzz, dh * co.dh_dzh, dg])
         dhm = _dot(p["U_rz"], dz[: 2 * n], self.dtype) + _dot(p["U_h"], dg, self.dtype)
         return dh * z + _masked(dhm.astype(dh.dtype), mask), dz, None
 
@@ -360,9 +360,6 @@ class _RRNKernel:
     def _act(self, x):
         return fastmath.sigmoid(x) if self.activation == "sigmoid" else fastmath.tanh(x)
 
-    def _dact(self, y):  # the activation's derivative from its output
-        return y * (1 - y) if self.activation == "sigmoid" else 1 - y * y
-
     def prepare(self, w):
         U = _cast(w["U"], self.dtype)
         return {"UT": jnp.swapaxes(U, 1, 2), "U": U, "b": _bias(w["b"])}
@@ -380,11 +377,12 @@ class _RRNKernel:
 
     def backward(self, p, dh, dy, saved, aux, mask):
         n, U, Y = self.n, p["U"], saved["y"]
-        h_new = fastmath.tanh(saved["h"] + Y[(self.depth - 1) * n :])
-        dpre = _plus(dh, dy) * (1 - h_new * h_new)  # eq. 3's pre-activation
+        ys = [Y[k * n : (k + 1) * n] for k in range(self.depth)]
+        co = rrn_coefficients(fastmath.tanh(saved["h"] + ys[-1]), ys, self.activation)
+        dpre = _plus(dh, dy) * co.dh_ds  # eq. 3's pre-activation
         dys, dzs = dpre, []
         for k in range(self.depth - 1, -1, -1):
-            dz = dys * self._dact(Y[k * n : (k + 1) * n])
+            dz = dys * co.dy_dz[k]
             dzs.append(dz)
             dys = _dot(U[k], dz, self.dtype).astype(dpre.dtype)
         return dpre + _masked(dys, mask), _rows(dzs[::-1]), None

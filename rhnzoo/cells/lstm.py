@@ -16,15 +16,23 @@ LSTM forget-gate bias (``forget_bias``). ``step`` is the plain function: a scan 
 wants the backward pass to keep only the matmul outputs opts in with
 ``cells.unroll(..., save_matmuls=True)``; :mod:`rhnzoo.cells.gated_fused` is the fast
 unroll with a hand-written backward pass.
+
+Each cell's gate math and derivative coefficients live here once, as pure elementwise
+functions that every implementation calls (the cells' ``step``, the fused scans and the
+Pallas kernels' wrappers, each with its own σ, tanh and layout): :func:`lstm_gates` and
+:func:`lstm_coefficients` (LSTM, SC-LSTM), :func:`gru_reset_after_gates` and
+:func:`gru_reset_after_coefficients`, :func:`gru_coefficients` (Cho et al.'s GRU).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from rhnzoo.cells.base import Array, Params, check_positive, uniform
 
@@ -198,14 +206,101 @@ class LSTM:
 
     def _step(self, params, carry, x_proj, mask):
         h, c = carry
-        n, dt = self.hidden_size, h.dtype
+        dt = h.dtype
         h_in = h if mask is None else h * mask
         z = x_proj.astype(dt) + h_in @ params["U"].astype(dt) + params["b"].astype(dt)
-        gates = jax.nn.sigmoid(z[..., : 3 * n])
-        i, f, o = gates[..., :n], gates[..., n : 2 * n], gates[..., 2 * n :]
-        c = f * c + i * jnp.tanh(z[..., 3 * n :])
+        i, f, o, c_tilde = lstm_gates(z)
+        c = f * c + i * c_tilde
         h = o * jnp.tanh(c)
         return LSTMState(h, c), h
+
+
+# The LSTM's gate math, shared by every implementation (the cell's ``step``, the fused
+# scan of :mod:`rhnzoo.cells.gated_fused`, the Pallas kernels' wrappers in
+# :mod:`rhnzoo.cells.kernels.gated`): each passes its own σ and tanh (exact here, a rational
+# polynomial in the fused scan, the one-tanh σ beside the kernels) and its own layout, the
+# gate blocks along ``axis`` ([B, 4n] batch-major, [4n, B] feature-major, [T, B, 4n]).
+
+
+class LSTMGates(NamedTuple):
+    """The gates of one LSTM step (Wang & Tian 2016, eq. 1): i, f, o and c̃, each
+    ``[..., n]`` (the layout of the pre-activations, one gate block less)."""
+
+    i: Array
+    f: Array
+    o: Array
+    c_tilde: Array
+
+
+def lstm_gates(
+    z: Array, axis: int = -1, sigmoid: Callable = jax.nn.sigmoid, tanh: Callable = jnp.tanh
+) -> LSTMGates:
+    """The gates from the pre-activations (Wang & Tian 2016, eq. 1):
+    ``i, f, o = σ(z_i), σ(z_f), σ(z_o)`` and ``c̃ = tanh(z_c̃)``.
+
+    Args:
+      z: ``W x_t + U (h_{t-1} m) + b`` with the four gate blocks i | f | o | c̃ (each n
+        wide) along ``axis``: ``[..., 4n]`` or, feature-major, ``[4n, B]``; any float
+        dtype (the gates keep it).
+      axis: the axis of the gate blocks.
+      sigmoid, tanh: the elementwise σ and tanh to use (σ runs once over the three
+        sigmoid blocks).
+
+    Returns:
+      :class:`LSTMGates`, each ``z``'s shape with n along ``axis``.
+
+    Raises:
+      ValueError: if ``z``'s extent along ``axis`` is not a multiple of 4.
+    """
+    size = z.shape[axis]
+    if size % 4:
+        raise ValueError(f"the LSTM's pre-activations hold 4 gate blocks, got {size} along {axis}")
+    n = size // 4
+    block = lambda a, k, count=1: lax.slice_in_dim(a, k * n, (k + count) * n, axis=axis)
+    sig = sigmoid(block(z, 0, 3))
+    return LSTMGates(block(sig, 0), block(sig, 1), block(sig, 2), tanh(block(z, 3)))
+
+
+class LSTMCoefficients(NamedTuple):
+    """The local derivatives of one LSTM step (Wang & Tian 2016, eq. 1, differentiated),
+    each ``[..., n]``: ∂h_t/∂c_t and the derivatives of c_t and h_t by the gates'
+    pre-activations z_i, z_f, z_c̃, z_o. With dh and dc the cotangents of h_t and c_t::
+
+      dc' = dc + dh ⊙ dh_dc                   (the cotangent reaching c_t)
+      dz_i = dc' ⊙ dc_dzi,  dz_f = dc' ⊙ dc_dzf,  dz_c̃ = dc' ⊙ dc_dzc,  dz_o = dh ⊙ dh_dzo
+      dc_{t-1} = dc' ⊙ f,   dh_{t-1} = m ⊙ (U dz)
+
+    The field order is the one :mod:`rhnzoo.cells.kernels.gated`'s backward kernel
+    stacks."""
+
+    dh_dc: Array  # o (1 - tanh² c_t)
+    dc_dzi: Array  # c̃ i (1 - i)
+    dc_dzf: Array  # c_{t-1} f (1 - f)
+    dc_dzc: Array  # i (1 - c̃²)
+    dh_dzo: Array  # tanh(c_t) o (1 - o)
+
+
+def lstm_coefficients(
+    i: Array, f: Array, o: Array, c_tilde: Array, c_prev: Array, tanh_c: Array
+) -> LSTMCoefficients:
+    """The LSTM step's derivative coefficients (:class:`LSTMCoefficients`) from its gate
+    values (Wang & Tian 2016, eq. 1; σ' = σ (1 - σ), tanh' = 1 - tanh²).
+
+    Args:
+      i, f, o, c_tilde: the step's gates (:func:`lstm_gates`).
+      c_prev: the memory cell entering the step, c_{t-1}.
+      tanh_c: tanh(c_t) of the cell it leaves (the caller's tanh).
+
+    All of one shape (``[..., n]`` or feature-major ``[n, B]``: pure elementwise math,
+    broadcasting as ``jnp`` does) and float dtype; returns that shape and dtype.
+    """
+    return LSTMCoefficients(
+        o * (1 - tanh_c * tanh_c),
+        c_tilde * i * (1 - i),
+        c_prev * f * (1 - f),
+        i * (1 - c_tilde * c_tilde),
+        tanh_c * o * (1 - o),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,16 +400,138 @@ class GRU:
         h_in = carry if mask is None else carry * mask
         if self.reset_after:
             hU = h_in @ U  # [B, 3n]: r's and z's recurrent terms and U_h h_{t-1}
-            rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + hU[..., : 2 * n])
-            r, z = rz[..., :n], rz[..., n:]
-            g = hU[..., 2 * n :] + params["b_hn"].astype(dt)
-            h_tilde = jnp.tanh(x_proj[..., 2 * n :] + r * g)
+            _, z, _, h_tilde = gru_reset_after_gates(x_proj, hU, params["b_hn"].astype(dt))
         else:
             rz = jax.nn.sigmoid(x_proj[..., : 2 * n] + h_in @ U[:, : 2 * n])
             r, z = rz[..., :n], rz[..., n:]
             h_tilde = jnp.tanh(x_proj[..., 2 * n :] + (r * h_in) @ U[:, 2 * n :])
         h = h_tilde + z * (carry - h_tilde)
         return h, h
+
+
+# The GRUs' gate math and derivative coefficients, shared as the LSTM's are (above): Cho
+# et al.'s cell by the fused scan and :mod:`rhnzoo.cells.kernels.chained`, the reset-after
+# cell by the cell's ``step``, the fused scan and :mod:`rhnzoo.cells.kernels.gated`.
+
+
+class GRUResetAfterGates(NamedTuple):
+    """The gates of one reset-after GRU step (:class:`GRU`, ``reset_after=True``), each
+    ``[..., n]``: r, z, the candidate's recurrent term g = U_h h_{t-1} m + b_hn and the
+    candidate h̃."""
+
+    r: Array
+    z: Array
+    g: Array
+    h_tilde: Array
+
+
+def gru_reset_after_gates(
+    x_part: Array,
+    h_part: Array,
+    b_hn: Array,
+    axis: int = -1,
+    sigmoid: Callable = jax.nn.sigmoid,
+    tanh: Callable = jnp.tanh,
+) -> GRUResetAfterGates:
+    """The reset-after GRU's gates (PyTorch's ``nn.GRU``, cuDNN; Cho et al. 2014, eqs.
+    5-6, with the reset gate after the recurrent matmul)::
+
+      r | z = σ(x_rz + h_rz),  g = h_h + b_hn,  h̃ = tanh(x_h + r ⊙ g)
+
+    Args:
+      x_part: ``W x_t + b``, the blocks r | z | h̃ (each n wide) along ``axis``:
+        ``[..., 3n]`` or, feature-major, ``[3n, B]``; a float dtype.
+      h_part: ``U (h_{t-1} m)``, same shape and blocks.
+      b_hn: the candidate's recurrent bias, broadcastable against one block (``[n]``
+        batch-major, ``[n, 1]`` feature-major).
+      axis: the axis of the gate blocks.
+      sigmoid, tanh: the elementwise σ and tanh to use (σ runs once over r | z).
+
+    Returns:
+      :class:`GRUResetAfterGates`, each ``x_part``'s shape with n along ``axis``.
+
+    Raises:
+      ValueError: if the extent along ``axis`` is not a multiple of 3.
+    """
+    size = x_part.shape[axis]
+    if size % 3:
+        raise ValueError(f"the GRU's pre-activations hold 3 gate blocks, got {size} along {axis}")
+    n = size // 3
+    block = lambda a, k, count=1: lax.slice_in_dim(a, k * n, (k + count) * n, axis=axis)
+    rz = sigmoid(block(x_part, 0, 2) + block(h_part, 0, 2))
+    r, z = block(rz, 0), block(rz, 1)
+    g = block(h_part, 2) + b_hn
+    return GRUResetAfterGates(r, z, g, tanh(block(x_part, 2) + r * g))
+
+
+class GRUResetAfterCoefficients(NamedTuple):
+    """The local derivatives of one reset-after GRU step, each ``[..., n]``: h_t's by
+    the pre-activations of r, z and h̃ (z_r, z_z, z_h̃ = x_h + r ⊙ g) and by g. With dh the
+    cotangent of h_t::
+
+      dz_r = dh ⊙ dh_dzr,  dz_z = dh ⊙ dh_dzz,  dz_h̃ = dh ⊙ dh_dzh,  dg = dh ⊙ dh_dg
+      dh_{t-1} = dh ⊙ z + m ⊙ (U [dz_r; dz_z; dg])
+
+    (W's and b's cotangent is ``[dz_r; dz_z; dz_h̃]``, U's and b_hn's
+    ``[dz_r; dz_z; dg]``)."""
+
+    dh_dzr: Array  # (1 - z)(1 - h̃²) g r (1 - r)
+    dh_dzz: Array  # (h_{t-1} - h̃) z (1 - z)
+    dh_dg: Array  # (1 - z)(1 - h̃²) r
+    dh_dzh: Array  # (1 - z)(1 - h̃²)
+
+
+def gru_reset_after_coefficients(
+    r: Array, z: Array, g: Array, h_tilde: Array, h_prev: Array
+) -> GRUResetAfterCoefficients:
+    """The reset-after GRU step's derivative coefficients
+    (:class:`GRUResetAfterCoefficients`) from its gate values (eq. 7, h_t = h̃ + z ⊙
+    (h_{t-1} - h̃), differentiated; σ' = σ (1 - σ), tanh' = 1 - tanh²).
+
+    Args:
+      r, z, g, h_tilde: the step's gates (:func:`gru_reset_after_gates`).
+      h_prev: the state entering the step, h_{t-1} (undropped: eq. 7's).
+
+    All of one shape (``[..., n]`` or feature-major ``[n, B]``, elementwise) and float
+    dtype; returns that shape and dtype.
+    """
+    dh_dzh = (1 - z) * (1 - h_tilde * h_tilde)
+    return GRUResetAfterCoefficients(
+        dh_dzh * g * r * (1 - r), (h_prev - h_tilde) * z * (1 - z), dh_dzh * r, dh_dzh
+    )
+
+
+class GRUCoefficients(NamedTuple):
+    """The local derivatives of one step of Cho et al.'s GRU (2014, eqs. 5-8), each
+    ``[..., n]``: h_t's by the pre-activations of h̃ and z, and the reset path's
+    ∂a/∂z_r, a = r ⊙ h_{t-1} m being what enters U_h. With dh the cotangent of h_t::
+
+      dz_h̃ = dh ⊙ dh_dzh,  da = U_h dz_h̃,  dz_r = da ⊙ da_dzr,  dz_z = dh ⊙ dh_dzz
+      dh_{t-1} = dh ⊙ z + m ⊙ (da ⊙ r + U_rz [dz_r; dz_z])
+    """
+
+    dh_dzh: Array  # (1 - z)(1 - h̃²)
+    dh_dzz: Array  # (h_{t-1} - h̃) z (1 - z)
+    da_dzr: Array  # h_{t-1} m r (1 - r)
+
+
+def gru_coefficients(
+    r: Array, z: Array, h_tilde: Array, h_prev: Array, h_masked: Array
+) -> GRUCoefficients:
+    """Cho et al.'s GRU step's derivative coefficients (:class:`GRUCoefficients`) from
+    its gate values (eqs. 5-8 differentiated; σ' = σ (1 - σ), tanh' = 1 - tanh²).
+
+    Args:
+      r, z, h_tilde: the step's reset and update gates (eqs. 5-6) and candidate (eq. 8).
+      h_prev: the state entering the step, h_{t-1} (eq. 7's, undropped).
+      h_masked: h_{t-1} m, the state as it entered U (m the recurrent dropout mask).
+
+    All of one shape (``[..., n]`` or feature-major ``[n, B]``, elementwise) and float
+    dtype; returns that shape and dtype.
+    """
+    return GRUCoefficients(
+        (1 - z) * (1 - h_tilde * h_tilde), (h_prev - h_tilde) * z * (1 - z), h_masked * r * (1 - r)
+    )
 
 
 @dataclasses.dataclass(frozen=True)

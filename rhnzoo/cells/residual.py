@@ -2,12 +2,16 @@
 Sequence Classification", EMNLP 2016) as cells of the :mod:`rhnzoo.cells` protocol:
 the recurrent residual network RRN (eqs. 3-4) and :class:`Parallel`, the combinator
 behind the hybrid residual LSTM, HRL (eqs. 6-7).
+
+:func:`rrn_coefficients` is the RRN's derivative, once, for every implementation that
+writes its backward pass by hand (the fused scan, the Pallas kernel's wrapper).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -136,6 +140,47 @@ class RRN:
         y, _ = jax.lax.scan(layer, y, (U[1:], x_layers[1:]))
         h = jnp.tanh(carry + y)
         return h, h
+
+
+# The RRN's derivative coefficients, shared by the fused scan (:mod:`rhnzoo.cells.
+# gated_fused`) and the Pallas kernel's wrapper (:mod:`rhnzoo.cells.kernels.chained`).
+
+# σ' as a function of σ's output y, for each inner activation.
+_DERIVATIVES = {"sigmoid": lambda y: y * (1 - y), "tanh": lambda y: 1 - y * y}
+
+
+class RRNCoefficients(NamedTuple):
+    """The local derivatives of one RRN step (Wang & Tian 2016, eqs. 3-4,
+    differentiated): ∂h_t/∂s for eq. 3's pre-activation s = h_{t-1} + y_K, and each
+    layer's ∂y_k/∂z_k, z_k its pre-activation. With dh the cotangent of h_t::
+
+      ds = dh ⊙ dh_ds,  dz_K = ds ⊙ dy_dz[K-1],  dz_k = (U_{k+1} dz_{k+1}) ⊙ dy_dz[k-1]
+      dh_{t-1} = ds + m ⊙ (U_1 dz_1)
+    """
+
+    dh_ds: Array  # 1 - h_t²
+    dy_dz: tuple  # σ'(z_k) = y_k (1 - y_k) (sigmoid) or 1 - y_k² (tanh), k = 1..K
+
+
+def rrn_coefficients(h: Array, ys: Sequence[Array], activation: str) -> RRNCoefficients:
+    """The RRN step's derivative coefficients (:class:`RRNCoefficients`) from its values
+    (eqs. 3-4; tanh' = 1 - tanh², σ' = σ (1 - σ)).
+
+    Args:
+      h: the step's new state h_t = tanh(h_{t-1} + y_K).
+      ys: the layers' outputs y_1, ..., y_K (eq. 4).
+      activation: the inner σ, ``'sigmoid'`` or ``'tanh'`` (:class:`RRN`).
+
+    Every array of one shape (``[..., n]`` or feature-major ``[n, B]``, elementwise) and
+    float dtype; returns that shape and dtype, ``dy_dz`` a tuple of K arrays.
+
+    Raises:
+      ValueError: for an unknown ``activation``.
+    """
+    if activation not in _DERIVATIVES:
+        raise ValueError(f"activation must be one of {sorted(_DERIVATIVES)}, got {activation!r}")
+    dact = _DERIVATIVES[activation]
+    return RRNCoefficients(1 - h * h, tuple(dact(y) for y in ys))
 
 
 @dataclasses.dataclass(frozen=True)

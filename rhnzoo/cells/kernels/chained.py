@@ -61,15 +61,15 @@ from rhnzoo.cells.kernels.gated import (
     _padded,
     _Step,
 )
-from rhnzoo.cells.lstm import GRU, check_params
-from rhnzoo.cells.residual import RRN
+from rhnzoo.cells.lstm import GRU, check_params, gru_coefficients
+from rhnzoo.cells.residual import RRN, rrn_coefficients
 
 Array = jax.Array
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 _HALF = 2 * _QUARTER  # hidden units per backward warpgroup
 
-# σ and σ' as functions of σ's output y.
-_ACT = {"sigmoid": (common.sigmoid, lambda y: y * (1 - y)), "tanh": (jnp.tanh, lambda y: 1 - y * y)}
+# The RRN's inner σ (its derivative: rhnzoo.cells.residual.rrn_coefficients).
+_ACT = {"sigmoid": common.sigmoid, "tanh": jnp.tanh}
 
 
 def _quarter(a, q):
@@ -84,7 +84,7 @@ def _masked(a, ms, q):
 
 
 def _rrn_forward(K, activation, product, restage, carry, m, skips):
-    act = _ACT[activation][0]
+    act = _ACT[activation]
     y = act(product([(0, None)])[0])
     for k in range(1, K):
         y = act(product([(k, restage(y))])[0])
@@ -317,7 +317,7 @@ def _recompute(cell, W, U, b, xs, Hm):
     ``[y_1, ..., y_K]``, the GRU's ``[r, z, h̃]`` (each ``[T, B, n]`` float32)."""
     zx = _mm(xs, W, "tbm,kmn->ktbn") + b[:, None, None, :]
     if type(cell) is RRN:
-        act = _ACT[cell.activation][0]
+        act = _ACT[cell.activation]
         ys, src = [], Hm
         for k in range(cell.depth):
             ys.append(act(zx[k] + _mm(src, U[k], "tbi,ij->tbj")))
@@ -331,10 +331,11 @@ def _coefficients(cell, vals, H_all, H_prev, Hm):
     """The backward kernel's ``(co32, co16)`` lists (see :func:`_rrn_backward`,
     :func:`_gru_backward`)."""
     if type(cell) is RRN:
-        dact = _ACT[cell.activation][1]
-        return [1 - H_all * H_all], [dact(y) for y in vals]
+        co = rrn_coefficients(H_all, vals, cell.activation)
+        return [co.dh_ds], list(co.dy_dz)
     r, z, ht = vals
-    return [z], [r, (1 - z) * (1 - ht * ht), (H_prev - ht) * z * (1 - z), Hm * r * (1 - r)]
+    co = gru_coefficients(r, z, ht, H_prev, Hm)
+    return [z], [r, co.dh_dzh, co.dh_dzz, co.da_dzr]
 
 
 def _block_grads(cell, U, DH, valid, vals, Hm, co32, co16):

@@ -85,7 +85,17 @@ import jax.numpy as jnp
 from jax import lax
 
 from rhnzoo.cells.kernels import common
-from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, SCLSTMState, check_params
+from rhnzoo.cells.lstm import (
+    GRU,
+    LSTM,
+    SCLSTM,
+    SCLSTMState,
+    check_params,
+    gru_reset_after_coefficients,
+    gru_reset_after_gates,
+    lstm_coefficients,
+    lstm_gates,
+)
 
 Array = jax.Array
 
@@ -625,7 +635,6 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     + b`` (bfloat16 inputs, float32 accumulation, as in the kernel) and c by an
     associative scan of c_t = f c_{t-1} + i c̃ (carried unchanged on padded steps).
     Returns the masked h_{t-1} (what entered U), the gates and c."""
-    n = U.shape[0]
     H_prev = jnp.concatenate([h0[None], H[:-1]])
     if mask is not None:
         H_prev = H_prev * mask
@@ -637,8 +646,7 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
         )
         + b
     )
-    i, f, o = (common.sigmoid(z[..., k * n : (k + 1) * n]) for k in range(3))
-    g = jnp.tanh(z[..., 3 * n :])
+    i, f, o, g = lstm_gates(z, sigmoid=common.sigmoid)
     v = valid[:, :, None]
     a, d = jnp.where(v, f, 1.0), jnp.where(v, i * g, 0.0)
     d = d.at[0].add(a[0] * c0)
@@ -765,11 +773,9 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     Bp = -(-B // ROWS) * ROWS
     valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
     C_prev = jnp.concatenate([c0[None], C[:-1]])
-    tc = jnp.tanh(C)
-    A, P, Q = o * (1 - tc * tc), g * i * (1 - i), C_prev * f * (1 - f)
-    R, S = i * (1 - g * g), tc * o * (1 - o)
+    co = lstm_coefficients(i, f, o, g, C_prev, jnp.tanh(C))  # A, P, Q, R, S in this order
     pad = lambda a: common.pad_to(a, (T, Bp, N))
-    coef = jnp.stack([pad(a) for a in (A, P, Q, R, S)], axis=1).astype(_bf16)
+    coef = jnp.stack([pad(a) for a in co], axis=1).astype(_bf16)
     dy = None
     if outputs and dys is not None:
         dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
@@ -859,12 +865,7 @@ def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
         + b
     )
     zh = jnp.einsum("tbn,nk->tbk", Hm.astype(_bf16), U.astype(_bf16), preferred_element_type=_f32)
-    r, z = (
-        common.sigmoid(zx[..., :n] + zh[..., :n]),
-        common.sigmoid(zx[..., n : 2 * n] + zh[..., n : 2 * n]),
-    )
-    g = zh[..., 2 * n :] + b_hn
-    cand = jnp.tanh(zx[..., 2 * n :] + r * g)
+    r, z, g, cand = gru_reset_after_gates(zx, zh, b_hn, sigmoid=common.sigmoid)
     out = (H_all[-1], y if outputs else None)
     return out, (W, U, b, b_hn, xs, h0, lens, mask, H_prev, Hm, r, z, g, cand)
 
@@ -877,8 +878,8 @@ def _gru_bwd(outputs, interpret, res, cotangents):
     N, _ = _padded(n, m)
     Bp = -(-B // ROWS) * ROWS
     valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
-    dn = (1 - z) * (1 - cand * cand)  # dh_t -> the candidate's pre-activation
-    Ar, Az, An = dn * g * r * (1 - r), (H_prev - cand) * z * (1 - z), dn * r
+    co = gru_reset_after_coefficients(r, z, g, cand, H_prev)
+    Ar, Az, An, dn = co.dh_dzr, co.dh_dzz, co.dh_dg, co.dh_dzh
     pad = lambda a: common.pad_to(a, (T, Bp, N))
     coef = jnp.stack([pad(a) for a in (Ar, Az, An)], axis=1).astype(_bf16)
     dy = None
