@@ -1,0 +1,297 @@
+"""A swap-AB persistent LSTM forward kernel (Pallas, Mosaic GPU): the gates on wgmma's M,
+a batch tile on its N, so that a small batch spreads over more SMs (issue 59, "more SMs
+per step").
+
+The persistent forward of :mod:`rhnzoo.cells.kernels.gated` puts 64 batch rows on
+wgmma's M: P-MNIST's batch of 100 (n = 128) runs on 2 CTAs of an H100's 132 SMs. Here
+the recurrence is feature-major, as the RHN's micro-layer kernel
+(:mod:`rhnzoo.cells.kernels.rhn`), and each step of the LSTM (Wang & Tian 2016, eq. 1)
+is the swapped product
+
+    z_t^T [4N, Bt] = U^T [4N, N] (h_{t-1} m)^T [N, Bt] + W^T [4N, MP] x_t^T [MP, Bt] + b
+
+with a batch tile of Bt = 16, 32 or 64 columns per CTA (wgmma's N): B = 100 runs on 7
+CTAs at Bt = 16. Each CTA loops over all T steps:
+
+* **weights**: all of U^T and W^T (bfloat16) are copied once into shared memory by TMA,
+  as gate blocks: ``u [4, H, H, 64, 64]`` (gate k, 64 output units i, 64 input units j)
+  and ``w [4, H, 64, MP]``, H = N / 64. The gate rows are arranged so that each 64-row
+  M tile holds ONE gate of 64 units (i | f | o | c̃ of units 0-63, then of 64-127): the
+  four accumulators of a unit block have identical register layouts (``WGMMA``), so the
+  LSTM epilogue c = f c + i c̃, h = o tanh c is elementwise across them in one thread.
+* **one warpgroup per 64 hidden units** (H warpgroups): per step each forms its four
+  gate accumulators ``[64, Bt]`` float32 from ``wgmma`` products (bfloat16 inputs,
+  float32 accumulation) of its units' U^T and W^T rows with the tile's ``(h_{t-1}
+  m)^T`` (shared memory, bfloat16, ``[H, 64, Bt]``) and ``x_t^T`` (shared memory,
+  double-buffered by TMA: the next step's copy in flight), adds b (shared memory),
+  applies the gates with c float32 in registers, and writes h_t twice: transposed,
+  bfloat16 and times the recurrent dropout mask m (read from global memory where it is
+  used), into the other ``h`` buffer as the next step's B operand; float32 into an
+  output tile stored to HBM by TMA. The warpgroups meet at one barrier per step.
+* **swizzles**: every shared-memory tile a ``wgmma`` reads takes the swizzle of the
+  ``[64, Bt]`` bfloat16 operand (32, 64 or 128 bytes at Bt = 16, 32, 64), U^T's and W^T's
+  blocks included: a 128-byte swizzled tile beside a 32- or 64-byte swizzled one fails
+  JAX 0.11.2's layout inference (an ``AssertionError``), as in the RHN's kernel. So the
+  input width m is padded to MP, a multiple of max(16, Bt).
+
+Lengths (:func:`rhnzoo.cells.unroll`'s semantics): padded steps keep the carry (h m in
+shared memory, c in registers) and output zeros; padded batch columns have length 0,
+padded units zero weights (they stay zero). Precision: the project's bfloat16 policy
+(bfloat16 matmul inputs, float32 accumulation, gates, state and output).
+
+Only the forward: the LSTM's custom VJP in :mod:`~rhnzoo.cells.kernels.gated` recomputes
+the gates from y, so gradients follow from a correct y (the lead wires this kernel in as
+an option). Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's limit.
+Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding
+(tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each Bt;
+ptxas's registers and spills counted on the CPU: docs/runs/kernels/swap_ab_forward.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from rhnzoo.cells.kernels import common
+
+Array = jax.Array
+
+UNITS = 64  # hidden units per warpgroup: one wgmma M tile (one gate of 64 units)
+GATES = 4  # i | f | o | c̃, the order of rhnzoo.cells.LSTM's parameters
+BATCH_TILES = (16, 32, 64)  # Bt, the batch columns per CTA (wgmma's N)
+_bf16, _f32 = jnp.bfloat16, jnp.float32
+
+
+def padded(n: int, m: int, bt: int) -> tuple[int, int]:
+    """(N, MP): hidden size n padded to 64 or 128, input width m to a multiple of
+    max(16, Bt) (W^T's blocks take the ``[64, Bt]`` operand's swizzle: module docstring)."""
+    step = max(16, bt)
+    return (64 if n <= 64 else 128), -(-m // step) * step
+
+
+def smem_bytes(n: int, m: int, bt: int) -> int:
+    """Shared memory (bytes) of one CTA of :func:`lstm_forward`'s kernel for hidden size
+    ``n``, input width ``m`` and batch tile ``bt``, barriers aside: U^T and W^T
+    (bfloat16), two x_t^T and two h^T buffers (bfloat16), the float32 output tile, b and
+    the tile's lengths."""
+    N, MP = padded(n, m, bt)
+    weights = GATES * N * N * 2 + GATES * N * MP * 2
+    return weights + 2 * MP * bt * 2 + 2 * N * bt * 2 + N * bt * 4 + GATES * N * 4 + bt * 4
+
+
+def fits(n: int, m: int, bt: int) -> bool:
+    """Whether the kernel exists for these sizes: n <= 128, Bt in :data:`BATCH_TILES`,
+    and :func:`smem_bytes` (plus 1 KB for barriers) within one H100 CTA's shared memory
+    (:data:`~rhnzoo.cells.kernels.common.SMEM_LIMIT`). At n = 128 and m <= 32, Bt = 64
+    does not fit (W^T padded to MP = 64 columns)."""
+    if not 0 < n <= 128 or m < 1 or bt not in BATCH_TILES:
+        return False
+    return smem_bytes(n, m, bt) + 1024 <= common.SMEM_LIMIT
+
+
+def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
+    """The kernel on padded, feature-major arrays.
+
+    Args: ``x [T, MP, Bp]`` bf16 (x_t^T); ``u [4, H, H, 64, 64]`` bf16, ``u[k, i, j] =
+    U_k^T[64 i:64 i + 64, 64 j:64 j + 64]`` (output units i, input units j); ``w [4, H, 64,
+    MP]`` bf16, ``w[k, i] = W_k^T[64 i:64 i + 64]``; ``b [4, H, 64]`` f32; ``h0 [H, 64,
+    Bp]`` bf16, (h0 m)^T; ``c0 [H, 64, Bp]`` f32; ``lens [Bp]`` int32; ``mask [H, 64, Bp]``
+    f32 or None. Bp a multiple of ``bt``. Returns ``y^T [T, H, 64, Bp]`` f32: h_t on real
+    steps, zeros on padded ones."""
+    pl, plgpu = common.plgpu()
+    T, MP, Bp = x.shape
+    H = u.shape[1]
+    lay = plgpu.Layout.WGMMA
+    masked = mask is not None
+    op_sw = common.swizzled(plgpu, _bf16, bt)  # every wgmma operand's (module docstring)
+
+    def u_bar(k, i, j):  # the barriers of U^T's blocks, then of W^T's
+        return (k * H + i) * H + j
+
+    def w_bar(k, i):
+        return GATES * H * H + k * H + i
+
+    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
+        m_ref = refs[0] if masked else None
+        y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs[masked:]
+        cols = pl.ds(pl.multiple_of(lax.axis_index("b") * bt, bt), bt)
+        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
+
+        @pl.when(wg == 0)
+        def _load_once():
+            # One [64, 64] block a copy: a narrow swizzle tiles a block in more pieces,
+            # and a TMA copy strides at most five dimensions.
+            for k, i, j in itertools.product(range(GATES), range(H), range(H)):
+                plgpu.copy_gmem_to_smem(
+                    u_ref.at[k, i, j], u_s.at[k, i, j], bar_w.at[u_bar(k, i, j)]
+                )
+            for k, i in itertools.product(range(GATES), range(H)):
+                plgpu.copy_gmem_to_smem(w_ref.at[k, i], w_s.at[k, i], bar_w.at[w_bar(k, i)])
+            plgpu.copy_gmem_to_smem(h0_ref.at[:, :, cols], h_s.at[0], bar_init.at[0])
+            plgpu.copy_gmem_to_smem(c0_ref.at[:, :, cols], y_s, bar_init.at[1])
+            plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
+            plgpu.copy_gmem_to_smem(len_ref.at[cols], len_s, bar_init.at[3])
+            plgpu.copy_gmem_to_smem(x_ref.at[0, :, cols], x_s.at[0], bar_x.at[0])
+
+        for k in range(GATES * H * (H + 1)):
+            plgpu.barrier_wait(bar_w.at[k])
+        for k in range(4):
+            plgpu.barrier_wait(bar_init.at[k])
+        c = plgpu.load(y_s.at[wg], layout=lay)  # c0^T of this warpgroup's units
+        lens_v = plgpu.load(len_s, layout=lay.reduce(0))  # one length per batch column
+
+        def step_t(t, c):
+            slot = lax.rem(t, 2)
+            plgpu.barrier_wait(bar_x.at[slot])
+
+            # Every warpgroup's products of step t - 1 are done (they passed bar_step).
+            @pl.when((t + 1 < T) & (wg == 0))
+            def _prefetch():
+                plgpu.copy_gmem_to_smem(
+                    x_ref.at[t + 1, :, cols], x_s.at[1 - slot], bar_x.at[1 - slot]
+                )
+
+            def gemm(*accs):  # z_k^T = W_k^T x_t^T + U_k^T (h_{t-1} m)^T, this wg's units
+                for k, acc in enumerate(accs):
+                    plgpu.wgmma(acc, w_s.at[k, wg], x_s.at[slot])
+                    for j in range(H):
+                        plgpu.wgmma(acc, u_s.at[k, wg, j], h_s.at[slot, j])
+                return tuple(a[...] for a in accs)
+
+            zs = pl.run_scoped(gemm, *[plgpu.ACC((UNITS, bt), _f32)] * GATES)
+            zs = [
+                z
+                + lax.broadcast_in_dim(
+                    plgpu.load(b_s.at[k, wg], layout=lay.reduce(1)), (UNITS, bt), [0]
+                )
+                for k, z in enumerate(zs)
+            ]
+            i, f, o = (common.sigmoid(z) for z in zs[:3])
+            c_new = f * c + i * jnp.tanh(zs[3])
+            h_new = o * jnp.tanh(c_new)
+            valid = lax.broadcast_in_dim(t < lens_v, (UNITS, bt), [1])
+            kept = plgpu.load(h_s.at[slot, wg], layout=lay)
+            h_in = h_new  # what enters U next step: h_t m
+            if masked:
+                h_in = h_new * plgpu.load(m_ref.at[wg, :, cols], layout=lay, optimized=False)
+            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
+            y_s[wg] = jnp.where(valid, h_new, 0.0)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, :, cols])
+            plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
+            plgpu.barrier_wait(bar_step)
+            return jnp.where(valid, c_new, c)
+
+        lax.fori_loop(0, T, step_t, c)
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((T, H, UNITS, Bp), _f32),
+        scratch_types=(
+            plgpu.SMEM((GATES, H, H, UNITS, UNITS), _bf16, transforms=op_sw),
+            plgpu.SMEM((GATES, H, UNITS, MP), _bf16, transforms=op_sw),
+            plgpu.SMEM((2, MP, bt), _bf16, transforms=op_sw),
+            plgpu.SMEM((2, H, UNITS, bt), _bf16, transforms=op_sw),
+            plgpu.SMEM((H, UNITS, bt), _f32, transforms=common.swizzled(plgpu, _f32, min(bt, 32))),
+            plgpu.SMEM((GATES, H, UNITS), _f32),
+            plgpu.SMEM((bt,), jnp.int32),
+            plgpu.Barrier(num_barriers=GATES * H * (H + 1)),
+            plgpu.Barrier(num_barriers=2),
+            plgpu.Barrier(num_barriers=4),
+            plgpu.Barrier(num_arrivals=H),
+        ),
+        grid=(Bp // bt,),
+        grid_names=("b",),
+        num_threads=H,
+        thread_name="wg",
+        interpret=common.interpret_params(interpret),
+    )
+    return kernel(x, u, w, b, h0, c0, lens, *((mask,) if masked else ()))
+
+
+def lstm_forward(
+    xs: Array,
+    W: Array,
+    U: Array,
+    b: Array,
+    h0: Array,
+    c0: Array,
+    lens: Array | None,
+    mask: Array | None,
+    *,
+    bt: int,
+    interpret: bool,
+) -> Array:
+    """The LSTM's outputs over ``xs`` by the swap-AB persistent kernel (module docstring).
+
+    Args:
+      xs: ``[T, B, m]`` float32 inputs, time-major.
+      W: ``[m, 4n]``, U: ``[n, 4n]``, b: ``[4n]`` float32, the blocks i | f | o | c̃ as in
+        :class:`rhnzoo.cells.LSTM`'s parameters.
+      h0, c0: ``[B, n]`` float32, the initial carry.
+      lens: ``[B]`` int real steps per row (padded steps keep the carry and output
+        zeros), or None: every row T steps.
+      mask: ``[B, n]`` float32 recurrent dropout mask or None; it multiplies h_{t-1} where
+        it enters U.
+      bt: Bt, batch columns per CTA (wgmma's N): 16, 32 or 64.
+      interpret: run in Pallas's GPU interpret mode (the CPU); False: compiled.
+
+    Returns:
+      ``y [T, B, n]`` float32: h_t on real steps, zeros on padded ones.
+
+    Raises:
+      ValueError: ``xs`` not ``[T, B, m]``; W, U, b, h0, c0, lens or mask of other
+        shapes; or no kernel for these sizes (:func:`fits`: n > 128, Bt not 16, 32 or
+        64, or shared memory exceeded).
+    """
+    if xs.ndim != 3:
+        raise ValueError(f"xs must be [T, B, m], got shape {xs.shape}")
+    T, B, m = xs.shape
+    n = U.shape[0]
+    want = {"W": (m, 4 * n), "U": (n, 4 * n), "b": (4 * n,), "h0": (B, n), "c0": (B, n)}
+    got = {"W": W.shape, "U": U.shape, "b": b.shape, "h0": h0.shape, "c0": c0.shape}
+    if lens is not None:
+        want["lens"], got["lens"] = (B,), jnp.shape(lens)
+    if mask is not None:
+        want["mask"], got["mask"] = (B, n), jnp.shape(mask)
+    wrong = [f"{k} {tuple(got[k])} (want {want[k]})" for k in want if tuple(got[k]) != want[k]]
+    if wrong:
+        raise ValueError(
+            f"shapes do not match an LSTM(n={n}) over xs {xs.shape}: " + ", ".join(wrong)
+        )
+    if not fits(n, m, bt):
+        raise ValueError(
+            f"no swap-AB LSTM kernel for n={n}, m={m}, bt={bt}: n <= 128, bt in {BATCH_TILES} "
+            f"and {smem_bytes(n, m, bt) if 0 < n <= 128 else '?'} bytes of shared memory "
+            f"within {common.SMEM_LIMIT - 1024}"
+        )
+    N, MP = padded(n, m, bt)
+    H, Bp = N // UNITS, -(-B // bt) * bt
+    lens = jnp.full((B,), T, jnp.int32) if lens is None else jnp.asarray(lens, jnp.int32)
+
+    def gate_rows(M):  # [r, 4n] -> [4, H, 64, r]: W_k^T / U_k^T, output units padded to N
+        blocks = jnp.moveaxis(M.reshape(M.shape[0], GATES, n), 0, 2)  # [4, n, r]
+        return common.pad_to(blocks, (GATES, N, M.shape[0])).reshape(GATES, H, UNITS, -1)
+
+    def units_major(a, dtype):  # [B, n] -> [H, 64, Bp]
+        return common.pad_to(a.astype(dtype), (Bp, N)).T.reshape(H, UNITS, Bp)
+
+    u = common.pad_to(gate_rows(U), (GATES, H, UNITS, N)).reshape(GATES, H, UNITS, H, UNITS)
+    y = _forward_call(
+        jnp.swapaxes(common.pad_to(xs.astype(_bf16), (T, Bp, MP)), 1, 2),
+        jnp.swapaxes(u, 2, 3).astype(_bf16),
+        common.pad_to(gate_rows(W), (GATES, H, UNITS, MP)).astype(_bf16),
+        common.pad_to(b.reshape(GATES, n).astype(_f32), (GATES, N)).reshape(GATES, H, UNITS),
+        units_major(h0 if mask is None else h0 * mask, _bf16),
+        units_major(c0, _f32),
+        common.pad_to(lens, (Bp,)),
+        None if mask is None else units_major(mask, _f32),
+        bt=bt,
+        interpret=interpret,
+    )
+    return jnp.swapaxes(y.reshape(T, N, Bp), 1, 2)[:, :B, :n]
