@@ -32,6 +32,7 @@ counts of every configuration in :data:`CONFIGS`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -40,26 +41,54 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
-# The configurations the kernels ship in: (name, family, hidden size n, input width m,
-# outputs, dropout mask). n = 100 pads to the N = 128 kernels (P-MNIST's shape); the
-# classifiers (P-MNIST) run with outputs False, so the backward gets no output
-# cotangents.
+
+class Config(NamedTuple):
+    """A configuration the kernels ship in: the cell ``family`` (:func:`_cell`), hidden
+    size ``n``, input width ``m``, ``outputs`` (False: a classifier's, whose backward gets
+    no output cotangents), a recurrent dropout mask (``masked``), the RHN's batch tile Bt
+    (``batch_tile``; None for the gated and chained kernels, which tile the batch by 64
+    rows), and ``kernels``: the labels of the distinct Mosaic GPU kernels its training
+    step launches, in the order the lowered step calls them (``backward*`` for those
+    under the VJP's transpose, the others forward)."""
+
+    family: str
+    n: int
+    m: int
+    outputs: bool
+    masked: bool
+    batch_tile: int | None = None
+    kernels: tuple[str, ...] = ("forward", "backward")
+
+
+# The RHN micro-layer kernels (rhnzoo.cells.kernels.rhn) of HSG(RHN) at depth 2: the first
+# micro-layer's (its epilogue adds the input projection), a later one's, HSG's gate.
+_RHN_KERNELS = ("first", "later", "hsg")
+
+# n = 100 pads to the N = 128 kernels (P-MNIST's shape); the classifiers (P-MNIST) run
+# with outputs False. The RHN at ptb_sota's hidden 830 (padded to 832: 13 CTAs of 64
+# units, K over 13 blocks) at each batch tile: registers depend on Bt (the wgmma N), not
+# on n, the depth or the number of CTAs; its backward is XLA's (no kernel).
 CONFIGS = {
-    "lstm_n64": ("lstm", 64, 1, False, False),
-    "lstm_n64_outputs": ("lstm", 64, 1, True, False),
-    "lstm_n100": ("lstm", 100, 1, False, False),
-    "lstm_n100_outputs": ("lstm", 100, 1, True, False),
-    "lstm_n100_outputs_masked": ("lstm", 100, 1, True, True),
-    "gru_ra_n64": ("gru_ra", 64, 1, True, False),
-    "gru_ra_n100": ("gru_ra", 100, 1, True, False),
-    "sc_lstm_p_n64": ("sc_lstm_p", 64, 1, True, False),
-    "sc_lstm_p_n100": ("sc_lstm_p", 100, 1, True, False),
-    "rrn2_n64": ("rrn2", 64, 1, True, False),
-    "rrn2_n100": ("rrn2", 100, 1, True, False),
-    "rrn3_n100": ("rrn3", 100, 1, False, False),
-    "cho_gru_n64": ("cho_gru", 64, 1, True, False),
-    "cho_gru_n100": ("cho_gru", 100, 1, False, False),
+    "lstm_n64": Config("lstm", 64, 1, False, False),
+    "lstm_n64_outputs": Config("lstm", 64, 1, True, False),
+    "lstm_n100": Config("lstm", 100, 1, False, False),
+    "lstm_n100_outputs": Config("lstm", 100, 1, True, False),
+    "lstm_n100_outputs_masked": Config("lstm", 100, 1, True, True),
+    "gru_ra_n64": Config("gru_ra", 64, 1, True, False),
+    "gru_ra_n100": Config("gru_ra", 100, 1, True, False),
+    "sc_lstm_p_n64": Config("sc_lstm_p", 64, 1, True, False),
+    "sc_lstm_p_n100": Config("sc_lstm_p", 100, 1, True, False),
+    "rrn2_n64": Config("rrn2", 64, 1, True, False),
+    "rrn2_n100": Config("rrn2", 100, 1, True, False),
+    "rrn3_n100": Config("rrn3", 100, 1, False, False),
+    "cho_gru_n64": Config("cho_gru", 64, 1, True, False),
+    "cho_gru_n100": Config("cho_gru", 100, 1, False, False),
+    **{
+        f"rhn_hsg_bt{bt}": Config("rhn_hsg", 830, 830, True, True, bt, _RHN_KERNELS)
+        for bt in (16, 32, 64)
+    },
 }
 
 ARCH = "sm_90a"  # an H100: what the stand-in driver reports (compute capability 9.0)
@@ -206,49 +235,18 @@ def _cell(family: str, n: int):
         "rrn2": lambda: cells.RRN(n, depth=2),
         "rrn3": lambda: cells.RRN(n, depth=3),
         "cho_gru": lambda: cells.GRU(n),
+        "rhn_hsg": lambda: cells.HSG(cells.RHN(n, 2)),
     }[family]()
 
 
-def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
-    """``{'forward': module, 'backward': module}``: the serialised Mosaic GPU modules of
-    the two kernels a training step of configuration ``name`` (:data:`CONFIGS`)
-    launches, from the gradient of a loss through the public ``unroll`` (the kernels
-    compiled, not interpreted) lowered for ``cuda``. Shapes: T steps, B rows (one 64-row
-    tile: registers do not depend on T or on the number of tiles)."""
-    import jax
-    import jax.numpy as jnp
+def mosaic_modules(lowered) -> list[tuple[bool, bytes]]:
+    """The Mosaic GPU kernels of a computation lowered for ``cuda`` (``jax.jit(f).trace(
+    ...).lower(lowering_platforms=("cuda",))``), in the order it calls them: for each
+    ``mosaic_gpu_v2`` custom call, whether it is under a VJP's transpose (a backward
+    kernel) and its serialised Mosaic GPU module, the input of :func:`ptxas_counts`."""
     from jax._src.lib.mlir import ir
 
-    from rhnzoo import cells
-    from rhnzoo.cells.kernels import chained as chained_pallas
-    from rhnzoo.cells.kernels import gated as gated_pallas
-
-    family, n, m, outputs, masked = CONFIGS[name]
-    cell = _cell(family, n)
-    z = jax.ShapeDtypeStruct
-    params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), m))
-    h = z((B, n), jnp.float32)
-    carry = h
-    if family == "lstm":
-        carry = cells.LSTMState(h, h)
-    elif family == "sc_lstm_p":  # mid-sequence step counts: int32
-        carry = cells.SCLSTMState(h, h, h, z((B,), jnp.int32))
-    mask = z((B, n), jnp.float32) if masked else None
-    chained = family in ("rrn2", "rrn3", "cho_gru")
-    unroll = chained_pallas.unroll if chained else gated_pallas.unroll
-
-    def loss(params, carry, xs, mask):
-        final, ys = unroll(cell, params, carry, xs, mask, outputs=outputs, interpret=False)
-        total = sum(jnp.sum(leaf) for leaf in jax.tree.leaves(final) if leaf.dtype == jnp.float32)
-        return total + (jnp.sum(ys) if outputs else 0.0)
-
-    grad = jax.grad(loss, argnums=(0, 1, 2), allow_int=True)  # SC-LSTM: int32 step counts
-    lowered = (
-        jax.jit(grad)
-        .trace(params, carry, z((T, B, m), jnp.float32), mask)
-        .lower(lowering_platforms=("cuda",))
-    )
-    found: dict[str, bytes] = {}
+    found = []
 
     def walk(op):
         for region in op.regions:
@@ -262,18 +260,73 @@ def kernel_modules(name: str, T: int = 12, B: int = 64) -> dict[str, bytes]:
                         config = ir.DictAttr(attrs["mhlo.backend_config"])
                         module = ir.StringAttr(config["module"]).value_bytes
                         # The VJP's backward is traced under transpose(jvp(...)).
-                        which = "backward" if "transpose(" in str(inner.location) else "forward"
-                        if which in found:
-                            raise AssertionError(f"{name}: two {which} kernels")
-                        found[which] = module
+                        found.append(("transpose(" in str(inner.location), module))
                     walk(inner.operation)
 
     walk(lowered.compiler_ir("stablehlo").operation)
-    if sorted(found) != ["backward", "forward"]:
-        raise AssertionError(
-            f"{name}: expected a forward and a backward kernel, got {sorted(found)}"
-        )
     return found
+
+
+def kernel_modules(name: str, T: int = 12, B: int | None = None) -> dict[str, bytes]:
+    """``{label: module}`` for each label of ``CONFIGS[name].kernels``: the serialised
+    Mosaic GPU modules of the distinct kernels a training step of configuration ``name``
+    launches, from the gradient of a loss through the public ``unroll`` (the kernels
+    compiled, not interpreted) lowered for ``cuda``. Shapes: T steps, B rows (None: one
+    64-row tile, or the RHN's two batch tiles; registers depend neither on T nor on the
+    number of tiles).
+
+    Raises:
+      AssertionError: the step launches other kernels than ``kernels`` names (a count,
+        or a forward one where a ``backward*`` is named, or the reverse)."""
+    import jax
+    import jax.numpy as jnp
+
+    from rhnzoo import cells
+
+    config = CONFIGS[name]
+    family, n, m, outputs, masked, bt = config[:6]
+    cell = _cell(family, n)
+    B = B or (2 * bt if bt else 64)
+    z = jax.ShapeDtypeStruct
+    params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), m))
+    h = z((B, n), jnp.float32)
+    carry = h
+    if family == "lstm":
+        carry = cells.LSTMState(h, h)
+    elif family == "sc_lstm_p":  # mid-sequence step counts: int32
+        carry = cells.SCLSTMState(h, h, h, z((B,), jnp.int32))
+    mask = z((B, n), jnp.float32) if masked else None
+    if family == "rhn_hsg":
+        from rhnzoo.cells.kernels import rhn
+
+        unroll = functools.partial(rhn.unroll, batch_tile=bt)
+    elif family in ("rrn2", "rrn3", "cho_gru"):
+        from rhnzoo.cells.kernels import chained
+
+        unroll = functools.partial(chained.unroll, outputs=outputs)
+    else:
+        from rhnzoo.cells.kernels import gated
+
+        unroll = functools.partial(gated.unroll, outputs=outputs)
+
+    def loss(params, carry, xs, mask):
+        final, ys = unroll(cell, params, carry, xs, mask, interpret=False)
+        total = sum(jnp.sum(leaf) for leaf in jax.tree.leaves(final) if leaf.dtype == jnp.float32)
+        return total + (jnp.sum(ys) if outputs else 0.0)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2), allow_int=True)  # SC-LSTM: int32 step counts
+    lowered = (
+        jax.jit(grad)
+        .trace(params, carry, z((T, B, m), jnp.float32), mask)
+        .lower(lowering_platforms=("cuda",))
+    )
+    found = list(dict((module, backward) for backward, module in mosaic_modules(lowered)).items())
+    kinds = ["backward" if backward else "forward" for _, backward in found]
+    if kinds != ["backward" if k.startswith("backward") else "forward" for k in config.kernels]:
+        raise AssertionError(
+            f"{name}: expected the kernels {config.kernels}, the step launches {kinds}"
+        )
+    return {label: module for label, (module, _) in zip(config.kernels, found, strict=True)}
 
 
 def ptxas_counts(modules: dict[str, bytes], timeout: float = 600) -> dict[str, tuple[Counts, str]]:
@@ -353,7 +406,7 @@ def table(names=None) -> list[dict]:
     rows = []
     for name in names or CONFIGS:
         counts = ptxas_counts(kernel_modules(name))
-        for which in ("forward", "backward"):
+        for which in CONFIGS[name].kernels:
             c = counts[which][0]
             rows.append({"config": name, "kernel": which, **dataclasses.asdict(c)})
             print(

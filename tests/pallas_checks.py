@@ -1,5 +1,5 @@
-"""Checks shared by the tests of the persistent Pallas kernels (test_gated_pallas.py,
-test_chained_pallas.py)."""
+"""Checks shared by the tests of the Pallas kernels (test_gated_pallas.py,
+test_chained_pallas.py, test_rhn_pallas.py, test_kernels_x64.py)."""
 
 import contextlib
 import signal
@@ -69,10 +69,11 @@ def lower_for_cuda(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 
 
-def assert_stacked_seeds_equal_each_seed(unroll, params, carry, xs, target, masks):
+def assert_stacked_seeds_equal_each_seed(unroll, params, carry, xs, target, masks, rtol=None):
     """Two seeds' parameters and carries (``a``, ``0.8 a``) and masks ``[2, B, n]``
     stacked: ``jax.vmap`` over them gives each seed's own value and gradients, bit for
-    bit (``unroll(params, carry, xs, mask) -> (carry, ys)``)."""
+    bit, or with ``rtol`` to :func:`assert_close`'s tolerance (``unroll(params, carry, xs,
+    mask) -> (carry, ys)``)."""
     stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
     one = lambda p, c, mask: value_and_grads(
         lambda p, c, x: unroll(p, c, x, mask), p, c, xs, target
@@ -80,6 +81,9 @@ def assert_stacked_seeds_equal_each_seed(unroll, params, carry, xs, target, mask
     got = jax.vmap(one)(*stacked, masks)
     for k in range(2):
         want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
+        if rtol is not None:
+            assert_close(jax.tree.map(lambda a, k=k: a[k], got), want, rtol)
+            continue
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
 
@@ -93,11 +97,22 @@ def lower_stacked_for_cuda(unroll, params, carry, xs, target, outputs=True):
 
 
 def kernel_reference_fused(
-    kernel, cell, params, carry, xs, target, mask=None, lengths=None, outputs=True, fused=True
+    kernel,
+    cell,
+    params,
+    carry,
+    xs,
+    target,
+    mask=None,
+    lengths=None,
+    outputs=True,
+    fused=gated_fused.unroll,
 ):
     """:func:`value_and_grads` of ``kernel(params, carry, xs)`` (under a deadline), of the
-    reference scan and (``fused``) of the fused scan in bfloat16, with the same ``mask``
-    and ``lengths``; ``(kernel's, reference's, fused's or None)``."""
+    reference scan and of the fused scan in bfloat16 (``fused``: its ``unroll``, e.g.
+    :func:`rhnzoo.cells.rhn_fused.unroll` for the RHN, or False for none), with the same
+    ``mask`` and ``lengths`` (given to the fused scan only when not None); ``(kernel's,
+    reference's, fused's or None)``."""
     with deadline(300):
         got = value_and_grads(kernel, params, carry, xs, target, outputs)
     ref = value_and_grads(
@@ -110,13 +125,12 @@ def kernel_reference_fused(
     )
     if not fused:
         return got, ref, None
+    kwargs = {} if lengths is None else {"lengths": lengths}
     return (
         got,
         ref,
         value_and_grads(
-            lambda p, c, x: gated_fused.unroll(
-                cell, p, c, x, mask, lengths=lengths, dtype=jnp.bfloat16
-            ),
+            lambda p, c, x: fused(cell, p, c, x, mask, dtype=jnp.bfloat16, **kwargs),
             params,
             carry,
             xs,

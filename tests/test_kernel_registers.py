@@ -1,7 +1,10 @@
 """Registers per thread and spills of the persistent Mosaic GPU kernels, compiled for an
 H100 (sm_90a) by the CUDA plugin's own pipeline and ptxas on this host, no GPU needed
-(tests/kernel_registers.py says how). Every shipped configuration's forward and
-backward kernel: zero spill bytes; the registers are recorded (``-s`` prints them).
+(tests/kernel_registers.py says how). Every kernel of every shipped configuration
+(kernel_registers.CONFIGS: the gated and chained kernels' forward and backward, the RHN
+micro-layer kernels at each batch tile): zero spill bytes, at most 255 registers a
+thread; the registers are recorded (``-s`` prints them; docs/runs/kernels/registers.md,
+docs/runs/kernels/rhn_micro_layer.md).
 
 A kernel that spills today is an expected failure with its measured spill bytes in the
 reason, strict: when a change removes its spills the test reports XPASS and fails, and
@@ -22,17 +25,18 @@ SPILLS = {
     ("sc_lstm_p_n100", "backward"): (36, 36),
 }
 
-FAST = {"lstm_n64"}  # the configuration `auto` picks; the rest are slow
+# The configuration `auto` picks and the RHN kernels' smallest batch tile; the rest are slow.
+FAST = {"lstm_n64", "rhn_hsg_bt16"}
 
 
 @functools.cache
-def _modules(name):  # the lowering gives both kernels; each test compiles its own
+def _modules(name):  # the lowering gives every kernel; each test compiles its own
     return kr.kernel_modules(name)
 
 
 def _params():
-    for name in kr.CONFIGS:
-        for which in ("forward", "backward"):
+    for name, config in kr.CONFIGS.items():
+        for which in config.kernels:
             marks = [] if name in FAST else [pytest.mark.slow]
             if (name, which) in SPILLS:
                 stores, loads = SPILLS[name, which]

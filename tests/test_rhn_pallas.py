@@ -16,10 +16,11 @@ import kernel_registers as kr
 import numpy as np
 import pytest
 from helpers import normal, random_params
-from jax._src.lib.mlir import ir
 from pallas_checks import (
     assert_close,
+    assert_stacked_seeds_equal_each_seed,
     deadline,
+    kernel_reference_fused,
     lower_for_cuda,
     lower_stacked_for_cuda,
     value_and_grads,
@@ -28,7 +29,7 @@ from pallas_checks import (
 from rhnzoo import cells
 from rhnzoo.cells import rhn_fused, scan
 from rhnzoo.cells.kernels import common
-from rhnzoo.cells.kernels import rhn as rhn_pallas
+from rhnzoo.cells.kernels import rhn
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.tasks import lm as lm_training
@@ -78,23 +79,15 @@ def test_values_and_gradients_match_the_reference(case):
     n, B, m, T, depth, hsg, masked, bt = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
     mask = dropout_mask(B, n) if masked else None
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, mask, batch_tile=bt),
-            params,
-            carry,
-            xs,
-            target,
-        )
-    ref = value_and_grads(
-        lambda p, c, x: cells.unroll(cell, p, c, x, mask), params, carry, xs, target
-    )
-    fused = value_and_grads(
-        lambda p, c, x: rhn_fused.unroll(cell, p, c, x, mask, dtype=bf16),
+    got, ref, fused = kernel_reference_fused(
+        lambda p, c, x: rhn.unroll(cell, p, c, x, mask, batch_tile=bt),
+        cell,
         params,
         carry,
         xs,
         target,
+        mask,
+        fused=rhn_fused.unroll,
     )
     # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
     # bfloat16 mode is (the same precision policy and the same backward pass).
@@ -114,23 +107,17 @@ def test_the_dispatcher_runs_it_with_lengths_and_auto_keeps_the_fused_scan():
     assert scan.resolve("pallas", cell, batch=4, dtype=bf16, backend="cpu") is ScanImpl.PALLAS
     for backend in ("gpu", "cpu"):
         assert scan.resolve("auto", cell, batch=20, dtype=bf16, backend=backend) is ScanImpl.FUSED
-    assert not rhn_pallas.fits(cell, 20, bf16, "gpu")
-    with deadline(300):
-        got = value_and_grads(
-            lambda p, c, x: scan.unroll(
-                cell, p, c, x, mask, impl="pallas", lengths=lens, dtype=bf16
-            ),
-            params,
-            carry,
-            xs,
-            target,
-        )
-    ref = value_and_grads(
-        lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lens),
+    assert not rhn.fits(cell, 20, bf16, "gpu")
+    got, ref, _ = kernel_reference_fused(
+        lambda p, c, x: scan.unroll(cell, p, c, x, mask, impl="pallas", lengths=lens, dtype=bf16),
+        cell,
         params,
         carry,
         xs,
         target,
+        mask,
+        lens,
+        fused=False,
     )
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)
@@ -147,22 +134,20 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100():
     ``ptb_sota`` shape lower for ``cuda`` (the kernels' TMA copies gain a dimension)."""
     cell, params, carry, xs, target = setup(5, 4, 3, 3, 2, True, seed=2)
     masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, 4, 5)) / 0.75
-    stacked = jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, carry))
-
-    def one(p, c, mask):
-        return value_and_grads(
-            lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, mask), p, c, xs, target
-        )
-
     with deadline(300):
-        got = jax.vmap(one)(*stacked, masks)
-    for k in range(2):
-        want = one(*jax.tree.map(lambda a, k=k: a[k], stacked), masks[k])
-        assert_close(jax.tree.map(lambda a, k=k: a[k], got), want, rtol=1e-6)
+        assert_stacked_seeds_equal_each_seed(
+            lambda p, c, x, mask: rhn.unroll(cell, p, c, x, mask),
+            params,
+            carry,
+            xs,
+            target,
+            masks,
+            rtol=1e-6,
+        )
     cell = cells.HSG(cells.RHN(830, 12))
     z = jax.ShapeDtypeStruct
     lower_stacked_for_cuda(
-        lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, interpret=False),
+        lambda p, c, x: rhn.unroll(cell, p, c, x, interpret=False),
         jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830)),
         z((20, 830), jnp.float32),
         jnp.zeros((4, 20, 830)),
@@ -217,7 +202,7 @@ def test_no_weights_are_copied_out_of_the_stack():
     cell = cells.RHN(830, 12)
     z = jax.ShapeDtypeStruct
     params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830))
-    forward = lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, interpret=False)  # noqa: E731
+    forward = lambda p, c, x: rhn.unroll(cell, p, c, x, interpret=False)  # noqa: E731
     text = lower_for_cuda(
         forward, params, z((20, 830), jnp.float32), z((4, 20, 830), jnp.float32)
     ).as_text()
@@ -235,14 +220,16 @@ def test_under_x64_matches_the_reference(depth):
     with jax.enable_x64(True):
         assert jnp.arange(1).dtype == jnp.int64  # x64 really on
         cell, params, carry, xs, target = setup(5, 4, 3, 3, depth, True)
-        final, ys = rhn_pallas.unroll(cell, params, carry, xs)
+        final, ys = rhn.unroll(cell, params, carry, xs)
         assert final.dtype == ys.dtype == jnp.float32
-        with deadline(300):
-            got = value_and_grads(
-                lambda p, c, x: rhn_pallas.unroll(cell, p, c, x), params, carry, xs, target
-            )
-        ref = value_and_grads(
-            lambda p, c, x: cells.unroll(cell, p, c, x), params, carry, xs, target
+        got, ref, _ = kernel_reference_fused(
+            lambda p, c, x: rhn.unroll(cell, p, c, x),
+            cell,
+            params,
+            carry,
+            xs,
+            target,
+            fused=False,
         )
     assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(got[1]))
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
@@ -251,7 +238,7 @@ def test_under_x64_matches_the_reference(depth):
 
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
-    unroll = rhn_pallas.unroll
+    unroll = rhn.unroll
     with pytest.raises(ValueError, match="bfloat16"):
         unroll(cell, params, carry, xs, dtype=jnp.float32)
     uncoupled = cells.RHN(5, 2, coupled=False)
@@ -269,86 +256,29 @@ def test_refuses_what_it_does_not_compute():
         unroll(cell, params, carry, xs[0])
     with pytest.raises(ValueError, match="batch_tile must be 16, 32 or 64"):
         unroll(cell, params, carry, xs, batch_tile=48)
-    assert rhn_pallas.supports(cell) and rhn_pallas.supports(cells.HSG(cell))
-    assert not rhn_pallas.supports(uncoupled) and not rhn_pallas.supports(cells.HSG(uncoupled))
-    assert not rhn_pallas.supports(cells.LSTM(5))
-    tiles = [rhn_pallas.default_batch_tile(b) for b in (1, 16, 17, 20, 32, 33, 64, 65, 200)]
+    assert rhn.supports(cell) and rhn.supports(cells.HSG(cell))
+    assert not rhn.supports(uncoupled) and not rhn.supports(cells.HSG(uncoupled))
+    assert not rhn.supports(cells.LSTM(5))
+    tiles = [rhn.default_batch_tile(b) for b in (1, 16, 17, 20, 32, 33, 64, 65, 200)]
     assert tiles == [16, 16, 32, 32, 32, 64, 64, 64, 64]
 
 
 # ------------------------------------------------------------------ lowering for cuda
 
 
-def lower_kernels(bt, Np=832, L=3):
-    """The three kernels (the first micro-layer's, with the input projection; a later
-    one's; HSG's gate) at batch tile ``bt``, Np / 64 CTAs of units and L stacked
-    micro-layers (the layer an argument), lowered for ``cuda``: ``{name: Lowered}``."""
-    z = jax.ShapeDtypeStruct
-    tile, layer = z((Np, 2 * bt), jnp.float32), z((1,), jnp.int32)
-    w, b, w_hsg = z((L, 2, Np, Np), bf16), z((L, 2, Np), jnp.float32), z((1, 2, Np, Np), bf16)
-    op, ops, hsg_b = z((1, Np, 2 * bt), bf16), z((2, Np, 2 * bt), bf16), z((1, 1, Np), jnp.float32)
-
-    def call(kind):
-        return lambda layer, w, ops, b, *tiles: rhn_pallas._layer_call(
-            layer, w, ops, b, tiles, kind=kind, bt=bt, interpret=False
-        )
-
-    return {
-        "first": lower_for_cuda(call(rhn_pallas._RHN), layer, w, op, b, *[tile] * 4),
-        "later": lower_for_cuda(call(rhn_pallas._RHN), layer, w, op, b, tile, tile),
-        "hsg": lower_for_cuda(call(rhn_pallas._HSG), layer, w_hsg, ops, hsg_b, *[tile] * 3),
-    }
-
-
-def mosaic_module(lowered) -> bytes:
-    """The serialised Mosaic GPU module of a lowered kernel (its one ``mosaic_gpu_v2``
-    custom call), for tests/kernel_registers.py's ptxas pipeline."""
-    found = []
-
-    def walk(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    attrs = inner.operation.attributes
-                    if (
-                        inner.operation.name == "stablehlo.custom_call"
-                        and ir.StringAttr(attrs["call_target_name"]).value == "mosaic_gpu_v2"
-                    ):
-                        config = ir.DictAttr(attrs["mhlo.backend_config"])
-                        found.append(ir.StringAttr(config["module"]).value_bytes)
-                    walk(inner.operation)
-
-    walk(lowered.compiler_ir("stablehlo").operation)
-    (module,) = found
-    return module
-
-
 @pytest.mark.parametrize("bt", [16, *(pytest.param(b, marks=pytest.mark.slow) for b in (32, 64))])
 def test_kernels_lower_for_an_h100(bt):
     """Each kernel (the first micro-layer's, with the input projection; a later one's;
     HSG's gate) lowers for ``cuda`` at batch tile ``bt`` and hidden size 830 (padded to
-    832: K over 13 blocks, 13 CTAs of 64 units): its shared memory, TMA boxes and wgmma
-    layouts are what an sm_90 device accepts. (Tiles 16 and 32 lower because R_l^T's
-    blocks are swizzled as the state operand's are: with a 128-byte swizzle beside a 32-
-    or 64-byte one, JAX 0.11.2's layout inference fails with an AssertionError.)"""
-    assert rhn_pallas.smem_bytes(bt) + 1024 <= common.SMEM_LIMIT
-    assert sorted(lower_kernels(bt)) == ["first", "hsg", "later"]
-
-
-@pytest.mark.parametrize("bt", [16, *(pytest.param(b, marks=pytest.mark.slow) for b in (32, 64))])
-def test_kernels_compile_for_an_h100_without_spills(bt, record_property):
-    """Each kernel compiled for sm_90a by the CUDA plugin's pipeline and ptxas on this
-    host (tests/kernel_registers.py): zero spill bytes, at most 255 registers a thread
-    (the counts: docs/runs/kernels/rhn_micro_layer.md)."""
-    why = kr.missing_tools()
-    if why:
-        pytest.skip(why)
-    modules = {k: mosaic_module(v) for k, v in lower_kernels(bt).items()}
-    for name, (counts, log) in kr.ptxas_counts(modules).items():
-        record_property(f"{name}_registers", counts.registers)
-        print(f"bt {bt} {name} ({kr.ARCH}, {kr.ptxas_version()}): {counts}")
-        assert counts.registers <= 255
-        assert (counts.spill_stores, counts.spill_loads) == (0, 0), log
+    832: K over 13 blocks, 13 CTAs of 64 units), from HSG(RHN)'s training step
+    (kernel_registers.CONFIGS, whose rows test_kernel_registers.py compiles with ptxas:
+    zero spills): its shared memory, TMA boxes and wgmma layouts are what an sm_90 device
+    accepts. (Tiles 16 and 32 lower because R_l^T's blocks are swizzled as the state
+    operand's are: with a 128-byte swizzle beside a 32- or 64-byte one, JAX 0.11.2's
+    layout inference fails with an AssertionError.)"""
+    assert rhn.smem_bytes(bt) + 1024 <= common.SMEM_LIMIT
+    assert kr.CONFIGS[f"rhn_hsg_bt{bt}"].batch_tile == bt
+    assert {"first", "later", "hsg"} <= set(kr.kernel_modules(f"rhn_hsg_bt{bt}"))
 
 
 @pytest.mark.parametrize("depth, hsg", [(3, True), pytest.param(12, False, marks=pytest.mark.slow)])
@@ -364,7 +294,7 @@ def test_the_train_step_lowers_for_an_h100(depth, hsg):
     mask = z((B, 830), jnp.float32)
 
     def loss(params, carry, xs, mask):
-        final, ys = rhn_pallas.unroll(cell, params, carry, xs, mask, interpret=False)
+        final, ys = rhn.unroll(cell, params, carry, xs, mask, interpret=False)
         return jnp.sum(final) + jnp.sum(ys)
 
     lower_for_cuda(
@@ -384,7 +314,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
     and TMA stores): none may race."""
     _, plgpu = common.plgpu()
     monkeypatch.setattr(
-        rhn_pallas,
+        rhn,
         "_interpret_params",
         lambda interpret: plgpu.InterpretGPUParams(detect_races=True),
     )
@@ -393,7 +323,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
     with deadline(300):
         jax.block_until_ready(
             value_and_grads(
-                lambda p, c, x: rhn_pallas.unroll(cell, p, c, x, dropout_mask(B, n)),
+                lambda p, c, x: rhn.unroll(cell, p, c, x, dropout_mask(B, n)),
                 params,
                 carry,
                 xs,
