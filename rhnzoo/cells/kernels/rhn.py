@@ -61,7 +61,7 @@ the fused scan for the RHN: no GPU timing of this kernel exists yet.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,52 +117,90 @@ def smem_bytes(bt: int = 64) -> int:
 def _rhn_epilogue(zs, tiles):
     """Eqs. 6-8 with C = 1 - T on one CTA's tile: ``zs`` the H and T pre-activations
     (biases added), ``tiles`` = (s_{l-1}, m) or, in the first micro-layer, (s_{l-1}, m,
-    [W x_t]_H, [W x_t]_T). Returns ((s_l, h, T), s_l m)."""
+    [W x_t]_H, [W x_t]_T). Returns ((s_l, h, T), (s_l m,))."""
     s, m = tiles[:2]
     z_h, z_t = zs
     if len(tiles) == 4:
         z_h, z_t = z_h + tiles[2], z_t + tiles[3]
     h, t = jnp.tanh(z_h), common.sigmoid(z_t)
     s_next = s + t * (h - s)
-    return (s_next, h, t), s_next * m
+    return (s_next, h, t), (s_next * m,)
 
 
 def _hsg_epilogue(zs, tiles):
     """HSG, eqs. 5-6: ``zs`` = (W_R ŝ_{t-1} + W_F s_L + b_G,), ``tiles`` = (ŝ_{t-1}, s_L,
-    m). Returns ((ŝ_t, g), ŝ_t m)."""
+    m). Returns ((ŝ_t, g), (ŝ_t m,))."""
     s_hat, s_l, m = tiles
     g = common.sigmoid(zs[0])
     s_new = s_l + g * (s_hat - s_l)
-    return (s_new, g), s_new * m
+    return (s_new, g), (s_new * m,)
 
 
-# (accumulator -> its (weight block, operand) products, epilogue, float32 outputs)
-_RHN = (((0, 0),), ((1, 0),)), _rhn_epilogue, 3
-_HSG = (((0, 0), (1, 1)),), _hsg_epilogue, 2
+def _rhn_backward_epilogue(zs, tiles):
+    """Eqs. 6-8 (C = 1 - T) differentiated, micro-layer l's backward on one CTA's tile:
+    ``zs`` = (R_l dz_l,), the GEMM over micro-layer l's 2N gate rows; ``tiles`` = (ds_l,
+    T_l, m) and, for l > 1, micro-layer l-1's (h_{l-1}, T_{l-1}, s_{l-2}). The cotangent
+    of micro-layer l's input is ds_{l-1} = ds_l (1 - T_l) + m (R_l dz_l) (the carry path
+    and the GEMM's, the mask m on the GEMM's input); from it micro-layer l-1's
+    pre-activation cotangents dz_H = ds_{l-1} T (1 - h²) and dz_T = ds_{l-1} (h - s) T (1
+    - T) (its H and T rows: the next kernel's GEMM operand). Returns ((ds_{l-1},), (dz_H,
+    dz_T)) or, at l = 1, ((ds_0,), ())."""
+    ds, t, m = tiles[:3]
+    ds = ds * (1 - t) + m * zs[0]
+    if len(tiles) == 3:
+        return (ds,), ()
+    h, t, s = tiles[3:]
+    dz_t = ds * t
+    return (ds,), (dz_t * (1 - h * h), dz_t * (h - s) * (1 - t))
 
 
-def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
-    """One micro-layer (``kind`` :data:`_RHN`) or HSG gate (:data:`_HSG`) kernel.
+class _Kind(NamedTuple):
+    """What one kernel computes: per accumulator its (weight block, operand) products;
+    the epilogue (accumulators, float32 tiles) -> (float32 outputs, next operand's row
+    blocks); how many of each; whether each accumulator gets a bias row."""
+
+    pairs: tuple
+    epilogue: Any
+    n_out: int
+    n_next: int
+    bias: bool = True
+
+
+_RHN = _Kind((((0, 0),), ((1, 0),)), _rhn_epilogue, 3, 1)
+_HSG = _Kind((((0, 0), (1, 1)),), _hsg_epilogue, 2, 1)
+# R_l dz_l over micro-layer l's H and T rows: two weight blocks, two operand blocks, one
+# accumulator; micro-layer 1's backward forms no dz.
+_RHN_BACKWARD = _Kind((((0, 0), (1, 1)),), _rhn_backward_epilogue, 1, 2, bias=False)
+_RHN_BACKWARD_FIRST = _RHN_BACKWARD._replace(n_next=0)
+
+
+def _layer_call(layer, w, ops, b, tiles, *, kind: _Kind, bt: int, interpret: bool):
+    """One micro-layer (``kind`` :data:`_RHN`), HSG gate (:data:`_HSG`) or micro-layer
+    backward (:data:`_RHN_BACKWARD`, :data:`_RHN_BACKWARD_FIRST`) kernel.
 
     Args: ``layer [1]`` int32, which of the stacked weights to use (the kernel's TMA
     copies index the stack: no copy of a layer's weights out of it, in a ``lax.scan``
     over micro-layers either); ``w [Lw, G, N, K]`` bf16, the stacked weight blocks
-    transposed (R_l^T's H and T rows; W_R^T and W_F^T); ``ops [P, K, Bp]`` bf16, the
-    GEMM operands (the masked state; ŝ and s_L); ``b [Lw, A, N]`` f32, one bias row per
-    accumulator; ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``. N and K
-    multiples of 64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N,
-    Bp]``) and the next GEMM operand ``[N, Bp]`` bf16."""
+    (R_l^T's H and T rows; W_R^T and W_F^T; R_l's H and T columns, each [N, N]); ``ops
+    [P, K, Bp]`` bf16, the GEMM operands (the masked state; ŝ and s_L; dz_l's H and T
+    rows); ``b [Lw, A, N]`` f32, one bias row per accumulator, or None (``kind.bias``
+    False); ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``. N and K multiples
+    of 64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N, Bp]``) and,
+    where ``kind.n_next``, the next GEMM operand ``[n_next N, Bp]`` bf16 (its row blocks
+    stacked)."""
     pl, plgpu = common.plgpu()
-    pairs, epilogue, n_out = kind
+    pairs, epilogue, n_out, n_next, bias = kind
     _, G, N, K = w.shape
     P, _, Bp = ops.shape
     A, E = len(pairs), len(tiles)
+    n_bar = E + bias
     lay = plgpu.Layout.WGMMA
     sw = functools.partial(common.swizzled, plgpu)
 
-    def body(layer_ref, w_ref, op_ref, b_ref, *refs):
-        tile_refs, out_refs = refs[:E], refs[E : E + n_out + 1]
-        tile_s, out_s, next_s, b_s, bar = refs[E + n_out + 1 :]
+    def body(layer_ref, w_ref, op_ref, *refs):
+        b_ref, refs = (refs[0], refs[1:]) if bias else (None, refs)
+        tile_refs, out_refs = refs[:E], refs[E : E + n_out + (n_next > 0)]
+        tile_s, out_s, next_s, b_s, bar = refs[E + n_out + (n_next > 0) :]
         rows = pl.ds(pl.multiple_of(lax.axis_index("m") * ROWS, ROWS), ROWS)
         j = lax.axis_index("b")
         cols = pl.ds(pl.multiple_of(j * bt, bt), bt)
@@ -170,7 +208,8 @@ def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
         for e in range(E):
             plgpu.copy_gmem_to_smem(tile_refs[e].at[rows, cols], tile_s.at[e], bar.at[e])
         layer = layer_ref[0]
-        plgpu.copy_gmem_to_smem(b_ref.at[layer, :, rows], b_s, bar.at[E])
+        if bias:
+            plgpu.copy_gmem_to_smem(b_ref.at[layer, :, rows], b_s, bar.at[E])
         i = lax.axis_index("m")
 
         def gemm(*accs):
@@ -192,38 +231,43 @@ def _layer_call(layer, w, ops, b, tiles, *, kind, bt: int, interpret: bool):
             return tuple(a[...] for a in accs)
 
         zs = pl.run_scoped(gemm, *[plgpu.ACC((ROWS, bt), _f32)] * A)
-        for e in range(E + 1):
+        for e in range(n_bar):
             plgpu.barrier_wait(bar.at[e])
-        zs = [
-            z + lax.broadcast_in_dim(plgpu.load(b_s.at[a], layout=lay.reduce(1)), (ROWS, bt), [0])
-            for a, z in enumerate(zs)
-        ]
-        outs, nxt = epilogue(zs, [plgpu.load(tile_s.at[e], layout=lay) for e in range(E)])
+        if bias:
+            zs = [
+                z
+                + lax.broadcast_in_dim(plgpu.load(b_s.at[a], layout=lay.reduce(1)), (ROWS, bt), [0])
+                for a, z in enumerate(zs)
+            ]
+        outs, nexts = epilogue(zs, [plgpu.load(tile_s.at[e], layout=lay) for e in range(E)])
         for k, v in enumerate(outs):
             out_s[k] = v
-        next_s[...] = nxt.astype(_bf16)
+        for q, v in enumerate(nexts):
+            next_s[q] = v.astype(_bf16)
         plgpu.commit_smem()
         for k in range(n_out):
             plgpu.copy_smem_to_gmem(out_s.at[k], out_refs[k].at[rows, cols])
-        plgpu.copy_smem_to_gmem(next_s, out_refs[n_out].at[rows, cols])
+        for q in range(n_next):  # row block q of the next operand: rows q N + (this CTA's)
+            q_rows = pl.ds(pl.multiple_of(q * N + lax.axis_index("m") * ROWS, ROWS), ROWS)
+            plgpu.copy_smem_to_gmem(next_s.at[q], out_refs[n_out].at[q_rows, cols])
         plgpu.wait_smem_to_gmem(0)
 
     kernel = plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((N, Bp), _f32),) * n_out
-        + (jax.ShapeDtypeStruct((N, Bp), _bf16),),
+        + (jax.ShapeDtypeStruct((n_next * N, Bp), _bf16),) * (n_next > 0),
         scratch_types=(
             plgpu.SMEM((E, ROWS, bt), _f32, transforms=sw(_f32, min(bt, 32))),
             plgpu.SMEM((n_out, ROWS, bt), _f32, transforms=sw(_f32, min(bt, 32))),
-            plgpu.SMEM((ROWS, bt), _bf16, transforms=sw(_bf16, bt)),
-            plgpu.SMEM((A, ROWS), _f32),
-            plgpu.Barrier(num_barriers=E + 1),
+            plgpu.SMEM((max(n_next, 1), ROWS, bt), _bf16, transforms=sw(_bf16, bt)),
+            plgpu.SMEM((A if bias else 1, ROWS), _f32),
+            plgpu.Barrier(num_barriers=n_bar),
         ),
         grid=(N // ROWS, Bp // bt),
         grid_names=("m", "b"),
         interpret=common.interpret_params(interpret),
     )
-    return kernel(layer, w, ops, b, *tiles)
+    return kernel(layer, w, ops, *((b,) if bias else ()), *tiles)
 
 
 # ------------------------------------------------------------------------------ the unroll
@@ -300,22 +344,143 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
     return (cut(s_T), cut(ys)), jax.tree.map(cut, saved)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _unroll(R, b, hsg, s0, x_proj, mask, loop, bt, interpret):
+def _backward_weights(R, Np):
+    """The backward kernels' weights, once per call: ``R [L, n, 2n]`` -> R_l's H and T
+    column blocks ``[L, 2, Np (input unit), Np (gate row)]`` bf16 (the forward's R_l^T
+    blocks transposed), for ``ds_{l-1} = ... + m (R_l dz_l)``."""
+    L, n, _ = R.shape
+    Rk = jnp.moveaxis(R.reshape(L, n, 2, n), 2, 1)
+    return common.pad_to(Rk, (L, 2, Np, Np)).astype(_bf16)
+
+
+def _pre_activation_cotangents(ds, h, t, s):
+    """dz of one micro-layer (H rows, then T rows; ``[2N, Bp]`` bf16) from the cotangent of
+    its output ``ds``, its h and T and its input s: eqs. 6-8 differentiated, as the
+    backward kernel's epilogue forms them (:func:`_rhn_backward_epilogue`)."""
+    dz_t = ds * t
+    return jnp.concatenate([dz_t * (1 - h * h), dz_t * (h - s) * (1 - t)]).astype(_bf16)
+
+
+def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret: bool):
+    """The backward recurrence by the kernels: :func:`rhnzoo.cells.rhn_fused.unroll_backward`'s
+    time and micro-layer loops, each micro-layer l > 1's ``ds_{l-1}`` and ``dz_{l-1}`` one
+    :data:`_RHN_BACKWARD` kernel, micro-layer 1's ``ds_0`` one :data:`_RHN_BACKWARD_FIRST`
+    kernel; micro-layer L's dz, HSG's gate backward (eqs. 5-6) and the time-step boundary
+    in XLA. Feature-major and unpadded in and out, as :func:`_run`'s ``saved``: ``mask [n,
+    B]``, ``cotangents`` = ``(ds_T [n, B], dys [T, n, B])``. Returns ``(ds_0 [n, B], dZ,
+    dz_G)``: every micro-layer's dz (bf16; with ``loop`` a list of L ``[T, 2n, B]``, else
+    ``[T, L, 2n, B]``) and HSG's gate pre-activation cotangent ``[T, n, B]`` f32 (None
+    without HSG)."""
+    n, B = mask.shape
+    L = R.shape[0]
+    Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
+
+    def pad(a):
+        return common.pad_to(a, (*a.shape[:-2], Np, Bp))
+
+    Rk, m = _backward_weights(R, Np), pad(mask.astype(_f32))
+    S, H, Tg, s_l, g = saved
+    S, H, Tg = (list(map(pad, a)) if loop else pad(a) for a in (S, H, Tg))
+    s_l, g = pad(s_l), None if hsg is None else pad(g)
+    if hsg is not None:
+        W_R, W_F = (common.pad_to(w, (Np, Np)).astype(_bf16) for w in hsg[:2])
+    call = functools.partial(_layer_call, b=None, bt=bt, interpret=interpret)
+
+    def layer_backward(l, ds, dz, tiles):  # micro-layer l's ds_{l-1} (and dz_{l-1}, l > 1)
+        kind = _RHN_BACKWARD if len(tiles) > 2 else _RHN_BACKWARD_FIRST
+        return call(l, Rk, dz.reshape(2, Np, Bp), tiles=(ds, *tiles), kind=kind)
+
+    def step(ds_hat, inputs):
+        dy, S_t, H_t, T_t, s_l_t, g_t = inputs
+        ds = ds_hat = ds_hat + dy
+        dz_g, ds_direct = None, 0.0
+        if hsg is not None:  # eqs. 5-6: ŝ_t = s_L + g (ŝ_{t-1} - s_L)
+            dz_g = ds_hat * (S_t[0] - s_l_t) * g_t * (1 - g_t)
+            ds = ds_hat * (1 - g_t) + fastmath.dot(W_F, dz_g, _bf16)
+            ds_direct = ds_hat * g_t + fastmath.dot(W_R, dz_g, _bf16)
+        dz = _pre_activation_cotangents(ds, H_t[L - 1], T_t[L - 1], S_t[L - 1])
+        if loop:
+            dZ = [dz] * L
+            for l in range(L - 1, 0, -1):
+                ds, dz = layer_backward(
+                    jnp.full((1,), l, jnp.int32),
+                    ds,
+                    dz,
+                    (T_t[l], m, H_t[l - 1], T_t[l - 1], S_t[l - 1]),
+                )
+                dZ[l - 1] = dz
+        else:
+
+            def layer(carry, xs):
+                l, *tiles = xs
+                ds, dz = layer_backward(l[None], *carry, (tiles[0], m, *tiles[1:]))
+                return (ds, dz), dz
+
+            xs = (jnp.arange(1, L, dtype=jnp.int32), T_t[1:], H_t[:-1], T_t[:-1], S_t[:-1])
+            dz_top = dz
+            (ds, dz), dZ = lax.scan(layer, (ds, dz), xs, reverse=True)  # dZ[l] = dz_l, l < L - 1
+            dZ = jnp.concatenate([dZ, dz_top[None]])
+        (ds,) = layer_backward(jnp.zeros((1,), jnp.int32), ds, dz, (T_t[0], m))
+        return ds + ds_direct, (dZ, dz_g)
+
+    ds_T, dys = map(pad, cotangents)
+    ds_0, (dZ, dz_g) = lax.scan(step, ds_T, (dys, S, H, Tg, s_l, g), reverse=True)
+
+    def cut(a):  # [..., N rows of a kind, Bp] -> unpadded
+        return a[..., :n, :B]
+
+    def cut_dz(a):  # [..., 2 Np, Bp] -> [..., 2n, B]
+        a = cut(a.reshape(*a.shape[:-2], 2, Np, Bp))
+        return a.reshape(*a.shape[:-3], 2 * n, B)
+
+    dZ = list(map(cut_dz, dZ)) if loop else cut_dz(dZ)
+    return cut(ds_0), dZ, None if dz_g is None else cut(dz_g)
+
+
+def _weight_gradients(S, dZ, dz_g, saved, mask, loop):
+    """The cotangents of ``(R, b, hsg)`` and of ``x_proj`` from the backward kernels'
+    dz: one GEMM per micro-layer over all T x B positions (bf16 inputs, f32
+    accumulation), as :func:`rhnzoo.cells.rhn_fused.unroll_backward` forms them."""
+
+    def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
+        return fastmath.einsum("t...ib,t...jb->...ij", a, dz, _bf16)
+
+    if loop:  # per-layer lists of [T, n, B] / [T, 2n, B]
+        dR = jnp.stack([sum_outer(s * mask, dz) for s, dz in zip(S, dZ)])
+        db = jnp.stack([dz.astype(_f32).sum(axis=(0, 2)) for dz in dZ])
+        dz_first, s_prev = dZ[0], S[0]
+    else:  # [T, L, n, B] / [T, L, 2n, B]
+        dR, db = sum_outer(S * mask, dZ), dZ.astype(_f32).sum(axis=(0, 3))
+        dz_first, s_prev = dZ[:, 0], S[:, 0]
+    d_hsg = None
+    if dz_g is not None:
+        d_hsg = (sum_outer(s_prev, dz_g), sum_outer(saved[3], dz_g), dz_g.sum(axis=(0, 2)))
+    return dR, db, d_hsg, dz_first.astype(_f32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _unroll(R, b, hsg, s0, x_proj, mask, loop, bt, interpret, kernel_backward):
+    del kernel_backward
     return _run(R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret)[0]
 
 
-def _unroll_fwd(R, b, hsg, s0, x_proj, mask, loop, bt, interpret):
+def _unroll_fwd(R, b, hsg, s0, x_proj, mask, loop, bt, interpret, kernel_backward):
+    del kernel_backward
     out, saved = _run(R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret)
     return out, (R, b, hsg, x_proj, mask, saved)
 
 
-def _unroll_bwd(loop, bt, interpret, res, cotangents):
-    del bt, interpret
+def _unroll_bwd(loop, bt, interpret, kernel_backward, res, cotangents):
     R, b, hsg, x_proj, mask, saved = res
-    return rhn_fused.unroll_backward(
-        R, b, hsg, x_proj, mask, saved, cotangents, dtype=_bf16, loop=loop
+    if not kernel_backward:
+        return rhn_fused.unroll_backward(
+            R, b, hsg, x_proj, mask, saved, cotangents, dtype=_bf16, loop=loop
+        )
+    ds_0, dZ, dz_g = _backward(
+        R, hsg, mask, saved, cotangents, loop=loop, bt=bt, interpret=interpret
     )
+    dR, db, d_hsg, dx_proj = _weight_gradients(saved[0], dZ, dz_g, saved, mask, loop)
+    return dR, db, d_hsg, ds_0, dx_proj, jnp.zeros_like(mask)
 
 
 _unroll.defvjp(_unroll_fwd, _unroll_bwd)
@@ -331,6 +496,7 @@ def unroll(
     dtype: Any = _bf16,
     interpret: bool | None = None,
     batch_tile: int | None = None,
+    kernel_backward: bool = False,
 ) -> tuple[Array, Array]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
@@ -349,6 +515,9 @@ def unroll(
         backend only (compiled on a GPU).
       batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
         an H100; which is fastest is not measured); None: :func:`default_batch_tile` of B.
+      kernel_backward: run the backward pass's micro-layers by the backward kernels
+        (:func:`_backward`: one kernel per micro-layer and time step, as the forward);
+        False: the fused scan's backward in XLA.
 
     Returns:
       ``(carry [B, n], ys [T, B, n])`` float32: the final state and every step's output.
@@ -397,6 +566,15 @@ def unroll(
     mask = jnp.ones_like(carry) if mask is None else mask
     bt = batch_tile or default_batch_tile(B)
     s_T, ys = _unroll(
-        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, loop, bt, bool(interpret)
+        params["R"],
+        params["b"],
+        hsg,
+        carry.T,
+        x_proj,
+        mask.T,
+        loop,
+        bt,
+        bool(interpret),
+        bool(kernel_backward),
     )
     return s_T.T, jnp.swapaxes(ys, 1, 2)
