@@ -7,9 +7,12 @@ import signal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from helpers import random_params
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
+from rhnzoo.cells.scan import ScanImpl
+from rhnzoo.tasks import lm as lm_training
 
 
 @contextlib.contextmanager
@@ -138,3 +141,37 @@ def kernel_reference_fused(
             outputs,
         ),
     )
+
+
+def assert_tasks_agree(loss_of, models, params):
+    """The same loss (to 2e-3 of it) and gradients (:func:`assert_close`, ``rtol`` 2e-2:
+    bfloat16 rounding) of ``loss_of(model, params)`` from ``models[0]`` (under
+    ``scan_impl='pallas'``, run under a deadline) and ``models[1]`` (under 'fused'), both
+    in bfloat16."""
+    with deadline(300):
+        got = jax.value_and_grad(lambda p: loss_of(models[0], p))(params)
+    want = jax.value_and_grad(lambda p: loss_of(models[1], p))(params)
+    assert abs(float(got[0]) - float(want[0])) <= 2e-3 * abs(float(want[0]))
+    assert_close(got[1], want[1], rtol=2e-2)
+
+
+def assert_lm_task_agrees(cfg, vocab=13):
+    """The LM task (:func:`rhnzoo.tasks.lm.window_loss`, every dropout site ``cfg`` sets)
+    of an ``LMConfig`` in bfloat16 under ``scan_impl='pallas'`` (which it must resolve
+    to) and 'fused': :func:`assert_tasks_agree` on the window's loss plus the sum of the
+    final carry, from the same random parameters, a carry of 0.1 and random tokens
+    ``[cfg.batch_size, 40]``."""
+    B = cfg.batch_size
+    rows = jnp.asarray(np.random.default_rng(0).integers(0, vocab, (B, 40)), jnp.int32)
+    models = [cfg.replace(scan_impl=impl).model(vocab) for impl in ("pallas", "fused")]
+    assert models[0].resolved_scan(B) is ScanImpl.PALLAS
+    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    carry = jax.tree.map(lambda a: a + 0.1, models[1].initial_carry(B))
+
+    def loss_of(model, params):
+        loss, (_, carry_out) = lm_training.window_loss(
+            model, cfg, params, (rows, jnp.int32(1)), jax.random.PRNGKey(2), carry
+        )
+        return loss + sum(jnp.sum(c) for c in jax.tree.leaves(carry_out))
+
+    assert_tasks_agree(loss_of, models, params)
