@@ -1,0 +1,188 @@
+"""The swap-AB persistent LSTM forward kernel (rhnzoo.cells.kernels.swap_ab) against the
+reference scan (lax.scan, float32) and the fused scan in bfloat16: outputs y at hidden
+sizes 64 and 128 (and padded ones), batch tiles 16 and 32 (and 64), with lengths, a
+recurrent dropout mask and odd batches; the kernel lowered for ``cuda`` at each batch
+tile; its registers and spills counted by ptxas on the CPU (tests/kernel_registers.py);
+its size checks and bad input refused.
+
+On the CPU the kernel runs in Pallas's GPU interpret mode, every run under a timeout
+(the interpreter hangs, rather than fails, on a barrier never completed)."""
+
+import jax
+import jax.numpy as jnp
+import kernel_registers as kr
+import numpy as np
+import pytest
+from helpers import normal, random_params
+from jax._src.lib.mlir import ir
+from pallas_checks import assert_close, deadline, lower_for_cuda
+
+from rhnzoo import cells
+from rhnzoo.cells import gated_fused
+from rhnzoo.cells.kernels import common, swap_ab
+
+pytestmark = pytest.mark.pallas
+
+
+def setup(n, B, m, T, masked, seed=0):
+    """The LSTM's random (not initial) parameters, carry and inputs, and a dropout mask
+    (keep 0.75, scaled by 1 / 0.75) or None."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    cell = cells.LSTM(n)
+    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
+    h0, c0 = 0.5 * normal(keys[2], (B, n)), 0.5 * normal(keys[3], (B, n))
+    mask = jax.random.bernoulli(keys[5], 0.75, (B, n)) / 0.75 if masked else None
+    return cell, params, h0, c0, normal(keys[4], (T, B, m)), mask
+
+
+CASES = {
+    # name: (n, B, m, T, batch tile, lengths, dropout mask)
+    "n64_bt16_odd_batch_lengths_masked": (64, 5, 3, 5, 16, [5, 0, 2, 4, 1], True),
+    "n128_bt32_two_ctas_lengths_masked": (128, 37, 3, 4, 32, [4, 1, 0] * 12 + [3], True),
+    "n128_bt16_three_ctas": (128, 35, 2, 3, 16, None, False),
+    "n64_bt32_odd_batch": (64, 7, 5, 4, 32, None, False),
+    "n100_bt16_pmnist_like_lengths": (100, 19, 1, 4, 16, [4, 3] * 9 + [2], False),
+    "n5_bt32_padded_units_masked": (5, 3, 3, 4, 32, [4, 0, 2], True),
+    "n64_bt64_masked": (64, 9, 3, 3, 64, [3, 1, 2] * 3, True),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_outputs_match_the_reference(case):
+    """y of every step agrees with the reference scan to bfloat16 rounding, and with the
+    fused scan in bfloat16 (the same rounding points: x, W, h m and U rounded to
+    bfloat16, float32 accumulation) more tightly; padded steps output zeros."""
+    n, B, m, T, bt, lengths, masked = CASES[case]
+    cell, params, h0, c0, xs, mask = setup(n, B, m, T, masked)
+    lens = None if lengths is None else jnp.asarray(lengths, jnp.int32)
+    with deadline(300):
+        y = swap_ab.lstm_forward(
+            xs, params["W"], params["U"], params["b"], h0, c0, lens, mask, bt=bt, interpret=True
+        )
+        y = jax.block_until_ready(y)
+    assert y.shape == (T, B, n) and y.dtype == jnp.float32
+    carry = cells.LSTMState(h0, c0)
+    _, ref = cells.unroll(cell, params, carry, xs, mask, lengths=lens)
+    # The projection before the scan: x W with bfloat16 inputs at m = 1 too, as the kernel's
+    # (per step, the fused scan takes a 1-wide input's outer product in float32).
+    _, fused = gated_fused.unroll(
+        cell, params, carry, xs, mask, lengths=lens, dtype=jnp.bfloat16, project_per_step=False
+    )
+    assert_close(y, ref, rtol=1.5e-2)
+    assert_close(y, fused, rtol=2e-3)
+    if lens is not None:
+        padded = np.arange(T)[:, None] >= np.asarray(lens)[None, :]
+        assert padded.any()
+        np.testing.assert_array_equal(np.asarray(y)[padded], 0.0)
+
+
+def lowered(n, bt, masked, B=100, m=1, T=8):
+    """The compiled (not interpreted) kernel at P-MNIST's batch and input width, lowered
+    for ``cuda``."""
+    z = jax.ShapeDtypeStruct
+    f32 = jnp.float32
+    args = (z((T, B, m), f32), z((m, 4 * n), f32), z((n, 4 * n), f32), z((4 * n,), f32))
+    args += (z((B, n), f32), z((B, n), f32), z((B,), jnp.int32), z((B, n), f32) if masked else None)
+
+    def forward(xs, W, U, b, h0, c0, lens, mask):
+        return swap_ab.lstm_forward(xs, W, U, b, h0, c0, lens, mask, bt=bt, interpret=False)
+
+    return lower_for_cuda(forward, *args)
+
+
+# (hidden size, batch tile): P-MNIST's n = 100 (padded to 128) at Bt 16 and 32; Bt 64 fits
+# one CTA's shared memory at n <= 64 only (W^T padded to 64 columns).
+LOWERED = [(100, 16), (100, 32), (64, 64)]
+
+
+@pytest.mark.parametrize("n, bt", LOWERED)
+def test_lowers_for_an_h100(n, bt):
+    """The kernel, with and without a mask, lowers for ``cuda`` (an sm_90 device's shared
+    memory, TMA boxes and wgmma layouts) at each batch tile: Bt < 64 because U^T's and
+    W^T's blocks take the operand's 32- or 64-byte swizzle (with a 128-byte one, JAX
+    0.11.2's layout inference fails)."""
+    assert swap_ab.fits(n, 1, bt)
+    for masked in (False, True):
+        assert "mosaic_gpu" in lowered(n, bt, masked).as_text()
+
+
+def mosaic_module(lowering) -> bytes:
+    """The serialised Mosaic GPU module of the lowered kernel (its one ``mosaic_gpu_v2``
+    custom call), for :func:`kernel_registers.ptxas_counts`."""
+    found = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    attrs = inner.operation.attributes
+                    if (
+                        inner.operation.name == "stablehlo.custom_call"
+                        and ir.StringAttr(attrs["call_target_name"]).value == "mosaic_gpu_v2"
+                    ):
+                        config = ir.DictAttr(attrs["mhlo.backend_config"])
+                        found.append(ir.StringAttr(config["module"]).value_bytes)
+                    walk(inner.operation)
+
+    walk(lowering.compiler_ir("stablehlo").operation)
+    (module,) = found
+    return module
+
+
+def test_compiles_for_an_h100_without_spills(record_property):
+    """At P-MNIST's shape (n = 100, padded to 128: two warpgroups), with the mask, the
+    kernel compiled for sm_90a by the CUDA plugin's pipeline and ptxas on this host
+    (tests/kernel_registers.py) at Bt 16 and 32: zero spill bytes, at most 255 registers
+    a thread (the counts: docs/runs/kernels/swap_ab_forward.md; Bt 64 spills)."""
+    why = kr.missing_tools()
+    if why:
+        pytest.skip(why)
+    modules = {f"bt{bt}": mosaic_module(lowered(100, bt, True)) for bt in (16, 32)}
+    for name, (counts, log) in kr.ptxas_counts(modules).items():
+        record_property(f"{name}_registers", counts.registers)
+        print(f"{name} ({kr.ARCH}, {kr.ptxas_version()}): {counts}")
+        assert counts.registers <= 255
+        assert (counts.spill_stores, counts.spill_loads) == (0, 0), log
+
+
+def test_fits_one_ctas_shared_memory():
+    """:func:`fits` takes n <= 128 and Bt 16, 32, 64 where the buffers fit an H100 CTA;
+    at n = 128 with Bt = 64, or with m > 32 at Bt = 32, they do not (U^T alone is 128
+    KiB)."""
+    for bt in (16, 32):
+        assert swap_ab.fits(128, 1, bt) and swap_ab.fits(100, 16, bt)
+        assert swap_ab.smem_bytes(128, 1, bt) + 1024 <= common.SMEM_LIMIT
+    assert swap_ab.fits(64, 1, 64)
+    assert not swap_ab.fits(128, 1, 64)
+    assert not swap_ab.fits(128, 40, 32)  # W^T [4 x 128, 64] beside U^T
+    assert swap_ab.smem_bytes(128, 1, 64) > common.SMEM_LIMIT
+    assert not swap_ab.fits(129, 1, 16)
+    assert not swap_ab.fits(64, 1, 8)
+    assert not swap_ab.fits(64, 1, 48)
+    # U^T's bfloat16 blocks alone: 4 gates x 128 x 128 units
+    assert swap_ab.smem_bytes(128, 1, 16) > 4 * 128 * 128 * 2
+    assert swap_ab.padded(100, 1, 16) == (128, 16)
+    assert swap_ab.padded(64, 33, 32) == (64, 64)
+
+
+def test_bad_input_is_refused():
+    """Shapes that are not an LSTM's, a batch tile other than 16, 32 or 64 and a hidden
+    size over 128 raise ValueError naming the problem."""
+    _, params, h0, c0, xs, _ = setup(8, 3, 2, 2, False)
+    W, U, b = params["W"], params["U"], params["b"]
+    call = lambda *a, bt=16: swap_ab.lstm_forward(*a, bt=bt, interpret=True)
+    with pytest.raises(ValueError, match="xs must be"):
+        call(xs[0], W, U, b, h0, c0, None, None)
+    with pytest.raises(ValueError, match=r"W \(3, 32\)"):
+        call(xs, jnp.zeros((3, 32)), U, b, h0, c0, None, None)
+    with pytest.raises(ValueError, match="h0"):
+        call(xs, W, U, b, h0[:2], c0, None, None)
+    with pytest.raises(ValueError, match="lens"):
+        call(xs, W, U, b, h0, c0, jnp.ones((4,), jnp.int32), None)
+    with pytest.raises(ValueError, match="mask"):
+        call(xs, W, U, b, h0, c0, None, jnp.ones((3, 9)))
+    with pytest.raises(ValueError, match="bt=8"):
+        call(xs, W, U, b, h0, c0, None, None, bt=8)
+    _, big, h, c, x, _ = setup(130, 3, 2, 2, False)
+    with pytest.raises(ValueError, match="n=130"):
+        call(x, big["W"], big["U"], big["b"], h, c, None, None)
