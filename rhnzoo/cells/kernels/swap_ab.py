@@ -8,7 +8,7 @@ the recurrence is feature-major, as the RHN's micro-layer kernel
 (:mod:`rhnzoo.cells.kernels.rhn`), and each step of the LSTM (Wang & Tian 2016, eq. 1)
 is the swapped product
 
-    z_t^T [4N, Bt] = U^T [4N, N] (h_{t-1} m)^T [N, Bt] + W^T [4N, MP] x_t^T [MP, Bt] + b
+    z_t^T [4N, Bt] = U^T [4N, N] (h_{t-1} m)^T [N, Bt] + W^T [4N, MP] (x_t [Bt, MP])^T + b
 
 with a batch tile of Bt = 16, 32 or 64 columns per CTA (wgmma's N): B = 100 runs on 7
 CTAs at Bt = 16. Each CTA loops over all T steps:
@@ -22,17 +22,20 @@ CTAs at Bt = 16. Each CTA loops over all T steps:
 * **one warpgroup per 64 hidden units** (H warpgroups): per step each forms its four
   gate accumulators ``[64, Bt]`` float32 from ``wgmma`` products (bfloat16 inputs,
   float32 accumulation) of its units' U^T and W^T rows with the tile's ``(h_{t-1}
-  m)^T`` (shared memory, bfloat16, ``[H, 64, Bt]``) and ``x_t^T`` (shared memory,
-  double-buffered by TMA: the next step's copy in flight), adds b (shared memory),
+  m)^T`` (shared memory, bfloat16, ``[H, 64, Bt]``) and ``x_t`` (shared memory, ``[Bt,
+  MP]`` as in HBM, the transposed B operand; double-buffered by TMA: the next step's
+  copy in flight), adds b (shared memory),
   applies the gates with c float32 in registers, and writes h_t twice: transposed,
   bfloat16 and times the recurrent dropout mask m (read from global memory where it is
   used), into the other ``h`` buffer as the next step's B operand; float32 into an
   output tile stored to HBM by TMA. The warpgroups meet at one barrier per step.
-* **swizzles**: every shared-memory tile a ``wgmma`` reads takes the swizzle of the
-  ``[64, Bt]`` bfloat16 operand (32, 64 or 128 bytes at Bt = 16, 32, 64), U^T's and W^T's
-  blocks included: a 128-byte swizzled tile beside a 32- or 64-byte swizzled one fails
-  JAX 0.11.2's layout inference (an ``AssertionError``), as in the RHN's kernel. So the
-  input width m is padded to MP, a multiple of max(16, Bt).
+* **swizzles**: U^T's blocks take the swizzle of the ``[64, Bt]`` bfloat16 operand h^T
+  (32, 64 or 128 bytes at Bt = 16, 32, 64): a 128-byte swizzled tile beside a 32- or
+  64-byte swizzled one in a ``wgmma`` fails JAX 0.11.2's layout inference (an
+  ``AssertionError``), as in the RHN's kernel. W^T's blocks and x_t, whose common minor
+  dimension is the input width, both take MP's swizzle (m padded to MP = 16, 32 or a
+  multiple of 64): one accumulator takes products of both swizzles (lowered for
+  ``cuda`` at every Bt).
 
 Lengths (:func:`rhnzoo.cells.unroll`'s semantics): padded steps keep the carry (h m in
 shared memory, c in registers) and output zeros; padded batch columns have length 0,
@@ -43,8 +46,11 @@ Only the forward: the LSTM's custom VJP in :mod:`~rhnzoo.cells.kernels.gated` re
 the gates from y, so gradients follow from a correct y (the lead wires this kernel in as
 an option). Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's limit.
 Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding
-(tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each Bt;
-ptxas's registers and spills counted on the CPU: docs/runs/kernels/swap_ab_forward.md).
+(tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each Bt).
+Registers (ptxas, sm_90a, counted on the CPU; docs/runs/kernels/swap_ab_forward.md): at
+N = 128 with the mask 138 a thread at Bt = 16, 189 at Bt = 32, no spills; at Bt = 64 all
+255 and 64 bytes spilled (four ``[64, 64]`` float32 accumulators, c and the mask). Not
+timed on a GPU.
 """
 
 from __future__ import annotations
@@ -65,19 +71,19 @@ BATCH_TILES = (16, 32, 64)  # Bt, the batch columns per CTA (wgmma's N)
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 
 
-def padded(n: int, m: int, bt: int) -> tuple[int, int]:
-    """(N, MP): hidden size n padded to 64 or 128, input width m to a multiple of
-    max(16, Bt) (W^T's blocks take the ``[64, Bt]`` operand's swizzle: module docstring)."""
-    step = max(16, bt)
-    return (64 if n <= 64 else 128), -(-m // step) * step
+def padded(n: int, m: int) -> tuple[int, int]:
+    """(N, MP): hidden size n padded to 64 or 128, input width m to 16, 32 or a multiple
+    of 64 (a row of MP bfloat16 is one 32-, 64- or 128-byte swizzle: W^T's and x_t's)."""
+    MP = 16 if m <= 16 else 32 if m <= 32 else -(-m // 64) * 64
+    return (64 if n <= 64 else 128), MP
 
 
 def smem_bytes(n: int, m: int, bt: int) -> int:
     """Shared memory (bytes) of one CTA of :func:`lstm_forward`'s kernel for hidden size
     ``n``, input width ``m`` and batch tile ``bt``, barriers aside: U^T and W^T
-    (bfloat16), two x_t^T and two h^T buffers (bfloat16), the float32 output tile, b and
+    (bfloat16), two x_t and two h^T buffers (bfloat16), the float32 output tile, b and
     the tile's lengths."""
-    N, MP = padded(n, m, bt)
+    N, MP = padded(n, m)
     weights = GATES * N * N * 2 + GATES * N * MP * 2
     return weights + 2 * MP * bt * 2 + 2 * N * bt * 2 + N * bt * 4 + GATES * N * 4 + bt * 4
 
@@ -85,8 +91,8 @@ def smem_bytes(n: int, m: int, bt: int) -> int:
 def fits(n: int, m: int, bt: int) -> bool:
     """Whether the kernel exists for these sizes: n <= 128, Bt in :data:`BATCH_TILES`,
     and :func:`smem_bytes` (plus 1 KB for barriers) within one H100 CTA's shared memory
-    (:data:`~rhnzoo.cells.kernels.common.SMEM_LIMIT`). At n = 128 and m <= 32, Bt = 64
-    does not fit (W^T padded to MP = 64 columns)."""
+    (:data:`~rhnzoo.cells.kernels.common.SMEM_LIMIT`). At n > 64, Bt = 64 fits for m <=
+    16 only, Bt = 32 for m <= 32."""
     if not 0 < n <= 128 or m < 1 or bt not in BATCH_TILES:
         return False
     return smem_bytes(n, m, bt) + 1024 <= common.SMEM_LIMIT
@@ -95,18 +101,19 @@ def fits(n: int, m: int, bt: int) -> bool:
 def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
     """The kernel on padded, feature-major arrays.
 
-    Args: ``x [T, MP, Bp]`` bf16 (x_t^T); ``u [4, H, H, 64, 64]`` bf16, ``u[k, i, j] =
+    Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, H, 64, 64]`` bf16, ``u[k, i, j] =
     U_k^T[64 i:64 i + 64, 64 j:64 j + 64]`` (output units i, input units j); ``w [4, H, 64,
     MP]`` bf16, ``w[k, i] = W_k^T[64 i:64 i + 64]``; ``b [4, H, 64]`` f32; ``h0 [H, 64,
     Bp]`` bf16, (h0 m)^T; ``c0 [H, 64, Bp]`` f32; ``lens [Bp]`` int32; ``mask [H, 64, Bp]``
     f32 or None. Bp a multiple of ``bt``. Returns ``y^T [T, H, 64, Bp]`` f32: h_t on real
     steps, zeros on padded ones."""
     pl, plgpu = common.plgpu()
-    T, MP, Bp = x.shape
+    T, Bp, MP = x.shape
     H = u.shape[1]
     lay = plgpu.Layout.WGMMA
     masked = mask is not None
-    op_sw = common.swizzled(plgpu, _bf16, bt)  # every wgmma operand's (module docstring)
+    op_sw = common.swizzled(plgpu, _bf16, bt)  # U^T's and h^T's (module docstring)
+    x_sw = common.swizzled(plgpu, _bf16, MP)  # W^T's and x_t's
 
     def u_bar(k, i, j):  # the barriers of U^T's blocks, then of W^T's
         return (k * H + i) * H + j
@@ -134,7 +141,7 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
             plgpu.copy_gmem_to_smem(c0_ref.at[:, :, cols], y_s, bar_init.at[1])
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
             plgpu.copy_gmem_to_smem(len_ref.at[cols], len_s, bar_init.at[3])
-            plgpu.copy_gmem_to_smem(x_ref.at[0, :, cols], x_s.at[0], bar_x.at[0])
+            plgpu.copy_gmem_to_smem(x_ref.at[0, cols], x_s.at[0], bar_x.at[0])
 
         for k in range(GATES * H * (H + 1)):
             plgpu.barrier_wait(bar_w.at[k])
@@ -150,13 +157,11 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
             # Every warpgroup's products of step t - 1 are done (they passed bar_step).
             @pl.when((t + 1 < T) & (wg == 0))
             def _prefetch():
-                plgpu.copy_gmem_to_smem(
-                    x_ref.at[t + 1, :, cols], x_s.at[1 - slot], bar_x.at[1 - slot]
-                )
+                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, cols], x_s.at[1 - slot], bar_x.at[1 - slot])
 
             def gemm(*accs):  # z_k^T = W_k^T x_t^T + U_k^T (h_{t-1} m)^T, this wg's units
                 for k, acc in enumerate(accs):
-                    plgpu.wgmma(acc, w_s.at[k, wg], x_s.at[slot])
+                    plgpu.wgmma(acc, w_s.at[k, wg], x_s.at[slot].transpose((1, 0)))
                     for j in range(H):
                         plgpu.wgmma(acc, u_s.at[k, wg, j], h_s.at[slot, j])
                 return tuple(a[...] for a in accs)
@@ -194,8 +199,8 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
         out_type=jax.ShapeDtypeStruct((T, H, UNITS, Bp), _f32),
         scratch_types=(
             plgpu.SMEM((GATES, H, H, UNITS, UNITS), _bf16, transforms=op_sw),
-            plgpu.SMEM((GATES, H, UNITS, MP), _bf16, transforms=op_sw),
-            plgpu.SMEM((2, MP, bt), _bf16, transforms=op_sw),
+            plgpu.SMEM((GATES, H, UNITS, MP), _bf16, transforms=x_sw),
+            plgpu.SMEM((2, bt, MP), _bf16, transforms=x_sw),
             plgpu.SMEM((2, H, UNITS, bt), _bf16, transforms=op_sw),
             plgpu.SMEM((H, UNITS, bt), _f32, transforms=common.swizzled(plgpu, _f32, min(bt, 32))),
             plgpu.SMEM((GATES, H, UNITS), _f32),
@@ -270,7 +275,7 @@ def lstm_forward(
             f"and {smem_bytes(n, m, bt) if 0 < n <= 128 else '?'} bytes of shared memory "
             f"within {common.SMEM_LIMIT - 1024}"
         )
-    N, MP = padded(n, m, bt)
+    N, MP = padded(n, m)
     H, Bp = N // UNITS, -(-B // bt) * bt
     lens = jnp.full((B,), T, jnp.int32) if lens is None else jnp.asarray(lens, jnp.int32)
 
@@ -283,7 +288,7 @@ def lstm_forward(
 
     u = common.pad_to(gate_rows(U), (GATES, H, UNITS, N)).reshape(GATES, H, UNITS, H, UNITS)
     y = _forward_call(
-        jnp.swapaxes(common.pad_to(xs.astype(_bf16), (T, Bp, MP)), 1, 2),
+        common.pad_to(xs.astype(_bf16), (T, Bp, MP)),
         jnp.swapaxes(u, 2, 3).astype(_bf16),
         common.pad_to(gate_rows(W), (GATES, H, UNITS, MP)).astype(_bf16),
         common.pad_to(b.reshape(GATES, n).astype(_f32), (GATES, N)).reshape(GATES, H, UNITS),
