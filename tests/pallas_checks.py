@@ -11,6 +11,7 @@ from helpers import random_params
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
+from rhnzoo.cells.kernels import common
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import lm as lm_training
 
@@ -66,6 +67,37 @@ def assert_close(got, want, rtol):
         assert err <= rtol * scale, (
             f"{jax.tree_util.keystr(path)}: {err:.3g} > {rtol} x {scale:.3g}"
         )
+
+
+def assert_matches_reference(got, ref, fused=None, rtol=1.5e-2, fused_rtol=None, loss_atol=0.0):
+    """:func:`value_and_grads` results ``(loss, gradients)`` of a kernel (``got``), of the
+    reference scan (``ref``) and, optionally, of the fused scan in bfloat16 (``fused``):
+    the kernel's loss within 2e-3 of the reference's, relative (bfloat16 rounding), plus
+    ``loss_atol``, and with ``fused`` within 4 times the fused scan's own error plus 1e-3
+    (the same precision policy); every gradient within ``rtol`` of the reference's and
+    within ``fused_rtol`` (None: ``rtol``) of the fused scan's (:func:`assert_close`)."""
+    err = abs(float(got[0]) - float(ref[0]))
+    assert err <= 2e-3 * abs(float(ref[0])) + loss_atol
+    if fused is not None:
+        assert err <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
+    assert_close(got[1], ref[1], rtol=rtol)
+    if fused is not None:
+        assert_close(got[1], fused[1], rtol=rtol if fused_rtol is None else fused_rtol)
+
+
+def assert_no_races(monkeypatch, capfd, run):
+    """``run()`` (kernels in Pallas's GPU interpret mode) under a deadline, with the
+    interpreter's race detector watching every shared-memory access (threads' loads and
+    stores, TMA copies, wgmma operands; :func:`rhnzoo.cells.kernels.common.interpret_params`
+    patched): it may report no race."""
+    _, plgpu = common.plgpu()
+    monkeypatch.setattr(
+        common, "interpret_params", lambda interpret: plgpu.InterpretGPUParams(detect_races=True)
+    )
+    with deadline(300):
+        jax.block_until_ready(run())
+    out, err = capfd.readouterr()
+    assert "RACE DETECTED" not in out + err
 
 
 def lower_for_cuda(fn, *args):
