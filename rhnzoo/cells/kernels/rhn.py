@@ -36,11 +36,30 @@ elementwise launches after it, per micro-layer and time step, a launch-bound rec
 
 **Gradients**: a ``jax.custom_vjp``; the forward runs the kernels and saves every
 micro-layer's input state, h and T (and HSG's gate) in exactly the layout of the fused
-scan's forward, and the backward pass is the fused scan's hand-written backward in XLA
-(:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs): no backward
-kernel yet. Values and every gradient agree with :func:`rhnzoo.cells.unroll` to
-bfloat16 rounding (tests/test_rhn_pallas.py, GPU interpret mode on the CPU; lowered for
-``cuda``).
+scan's forward. The backward pass (eqs. 6-8 differentiated, :func:`_backward`) runs the
+micro-layers in reverse, one kernel each, as the forward does:
+
+* **micro-layer l's backward kernel** takes dz_l (bf16, ``[2N, Bp]``: the H and T rows'
+  pre-activation cotangents, written by kernel l+1) as its GEMM operand against R_l's H
+  and T column blocks (``[L, 2, N, N]``, the forward's stack transposed once per call,
+  indexed by layer as there): one accumulator ``R_l dz_l`` for the CTA's 64 units, two
+  weight and two operand blocks a pipeline stage. Its epilogue forms the cotangent of
+  the micro-layer's input, ds_{l-1} = ds_l (1 - T_l) + m (R_l dz_l) (the carry path,
+  C = 1 - T, and the GEMM's, m the dropout mask), written in float32, and from it
+  micro-layer l-1's dz_H = ds_{l-1} T (1 - h²) and dz_T = ds_{l-1} (h - s) T (1 - T)
+  (its h, T and input s are epilogue tiles), written in bf16 for kernel l-1. Micro-layer
+  1's kernel writes ds_0 only. Registers (ptxas, sm_90a): 44-47 at Bt = 16, 130 at Bt
+  = 64 (six float32 tiles and the accumulator), no spills
+  (docs/runs/kernels/rhn_backward.md).
+* **in XLA**: micro-layer L's dz (from ds_L), HSG's gate backward (eqs. 5-6: dz_G and
+  the two bf16 products with W_R and W_F), the time-step boundary; after the time loop
+  the weight gradients, one GEMM per micro-layer over all T x B positions from the
+  kernels' bf16 dz (db sums them in float32), as the fused scan forms them.
+
+``kernel_backward=False`` runs the fused scan's hand-written backward in XLA instead
+(:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs). Values and
+every gradient agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding either way
+(tests/test_rhn_pallas.py, GPU interpret mode on the CPU; lowered for ``cuda``).
 
 Precision: the project's bfloat16 policy (``dtype=jnp.bfloat16`` only): bfloat16 GEMM
 inputs, float32 accumulation, state, gates and parameters.
@@ -49,7 +68,8 @@ Shapes: n is padded to a multiple of 64, the batch to a multiple of Bt; padded u
 have zero weights and stay zero, padded batch columns are discarded.
 
 Per time step: L micro-layer kernel launches (and, with HSG, one cast of ŝ_{t-1} and s_L
-to bfloat16 and the gate's kernel); nothing else. Registers (ptxas, sm_90a, counted on
+to bfloat16 and the gate's kernel); nothing else; in the backward pass L kernel launches
+and micro-layer L's dz (and HSG's gate) in XLA. Registers (ptxas, sm_90a, counted on
 the CPU): 47-48 a thread at Bt = 16, up to 166 at Bt = 64, no spills
 (docs/runs/kernels/rhn_micro_layer.md).
 
@@ -103,12 +123,21 @@ def default_batch_tile(batch: int) -> int:
 
 
 def smem_bytes(bt: int = 64) -> int:
-    """Shared memory (bytes) of the largest micro-layer kernel (the first micro-layer: two
-    weight blocks, four epilogue tiles, four outputs) for batch tile ``bt``, barriers
-    aside: the pipeline's stages, the epilogue's float32 input tiles, the output tiles and
-    the biases. Independent of n (the GEMM is pipelined over K)."""
-    stage = 2 * ROWS * BLOCK_K * 2 + BLOCK_K * bt * 2
-    return _STAGES * stage + 4 * ROWS * bt * 4 + 3 * ROWS * bt * 4 + ROWS * bt * 2 + 2 * ROWS * 4
+    """Shared memory (bytes) of the largest kernel for batch tile ``bt``, barriers aside:
+    the backward kernel of micro-layers l > 1 (two weight and two dz blocks a pipeline
+    stage, six epilogue tiles: 192.25 KiB at Bt = 64), larger than the first micro-layer's
+    forward (two weight blocks, four epilogue tiles, four outputs) at every Bt.
+    Independent of n (the GEMM is pipelined over K)."""
+    return max(_smem_bytes(_RHN, 2, 1, 4, bt), _smem_bytes(_RHN_BACKWARD, 2, 2, 6, bt))
+
+
+def _smem_bytes(kind, G, P, E, bt):
+    """A ``kind`` of kernel's shared memory with ``G`` weight and ``P`` operand blocks a
+    stage and ``E`` epilogue tiles (:func:`_layer_call`'s scratch): the pipeline's stages,
+    the float32 input and output tiles, the next operand's bf16 tiles, the biases."""
+    stage = (G * ROWS + P * bt) * BLOCK_K * 2
+    tiles = (E + kind.n_out) * ROWS * bt * 4 + max(kind.n_next, 1) * ROWS * bt * 2
+    return _STAGES * stage + tiles + (len(kind.pairs) if kind.bias else 1) * ROWS * 4
 
 
 # ------------------------------------------------------------------------------ the kernel
