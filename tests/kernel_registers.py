@@ -282,6 +282,7 @@ def kernel_modules(name: str, T: int = 12, B: int | None = None) -> dict[str, by
     import jax.numpy as jnp
 
     from rhnzoo import cells
+    from rhnzoo.cells.kernels import Options
 
     config = CONFIGS[name]
     family, n, m, outputs, masked, bt = config[:6]
@@ -303,14 +304,15 @@ def kernel_modules(name: str, T: int = 12, B: int | None = None) -> dict[str, by
     elif family in ("rrn2", "rrn3", "cho_gru"):
         from rhnzoo.cells.kernels import chained
 
-        unroll = functools.partial(chained.unroll, outputs=outputs)
+        unroll = chained.unroll
     else:
         from rhnzoo.cells.kernels import gated
 
-        unroll = functools.partial(gated.unroll, outputs=outputs)
+        unroll = gated.unroll
 
     def loss(params, carry, xs, mask):
-        final, ys = unroll(cell, params, carry, xs, mask, interpret=False)
+        opts = Options(outputs=outputs, interpret=False)
+        final, ys = unroll(cell, params, carry, xs, mask, opts)
         total = sum(jnp.sum(leaf) for leaf in jax.tree.leaves(final) if leaf.dtype == jnp.float32)
         return total + (jnp.sum(ys) if outputs else 0.0)
 

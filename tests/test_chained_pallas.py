@@ -24,9 +24,8 @@ from pallas_checks import (
 
 from rhnzoo import cells
 from rhnzoo.cells import scan
-from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import Options, common, persistent
 from rhnzoo.cells.kernels import chained as chained_pallas
-from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 
 
@@ -96,7 +95,9 @@ def test_values_and_gradients_match_the_reference(case):
     lens = None if lengths is None else jnp.asarray(lengths)
     mask = dropout_mask(B, n) if masked else None
     got, ref, fused = kernel_reference_fused(
-        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens, outputs=outputs),
+        lambda p, c, x: chained_pallas.unroll(
+            cell, p, c, x, mask, Options(outputs=outputs), lengths=lens
+        ),
         cell,
         params,
         carry,
@@ -118,7 +119,9 @@ def test_outputs_false_reads_the_final_carry():
     cell, params, carry, xs, target = setup(5, 4, 3, 6, seed=1)
     lens = jnp.asarray([6, 0, 3, 5])
     got, ref, _ = kernel_reference_fused(
-        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+        lambda p, c, x: chained_pallas.unroll(
+            cell, p, c, x, None, Options(outputs=False), lengths=lens
+        ),
         cell,
         params,
         carry,
@@ -128,7 +131,7 @@ def test_outputs_false_reads_the_final_carry():
         outputs=False,
         fused=False,
     )
-    assert chained_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
+    assert chained_pallas.unroll(cell, params, carry, xs, None, Options(outputs=False))[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
@@ -180,7 +183,9 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
         )
     cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
     lower_stacked_for_cuda(
-        lambda p, c, x: chained_pallas.unroll(cell, p, c, x, outputs=False, interpret=False),
+        lambda p, c, x: chained_pallas.unroll(
+            cell, p, c, x, None, Options(outputs=False, interpret=False)
+        ),
         params,
         carry,
         xs,
@@ -192,7 +197,7 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2)
     with pytest.raises(ValueError, match="bfloat16"):
-        chained_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
+        chained_pallas.unroll(cell, params, carry, xs, None, Options(dtype=jnp.float32))
     supports = chained_pallas.supports
     assert supports(cells.RRN(128, depth=3)) and not supports(cells.RRN(129))
     assert supports(cells.GRU(128)) and not supports(cells.GRU(128, reset_after=True))
@@ -210,7 +215,8 @@ def test_refuses_what_it_does_not_compute():
             wide.init(jax.random.PRNGKey(0), 64),
             jnp.zeros((4, 128)),
             jnp.zeros((2, 4, 64)),
-            outputs=False,
+            None,
+            Options(outputs=False),
         )
     # auto does not pick these kernels: not measured on a GPU yet
     for c in (cells.RRN(64), cells.GRU(64)):
@@ -223,7 +229,7 @@ def test_refuses_what_it_does_not_compute():
 
 
 def forward_args(T, n, m, K, B=64):
-    N, MP = gated_pallas._padded(n, m)
+    N, MP = persistent.padded(n, m)
     z, H = jax.ShapeDtypeStruct, N // 64
     return (
         z((T, B, MP), jnp.bfloat16),
@@ -237,7 +243,7 @@ def forward_args(T, n, m, K, B=64):
 
 
 def backward_args(T, n, spec, B=64):
-    N, _ = gated_pallas._padded(n, 1)
+    N, _ = persistent.padded(n, 1)
     z = jax.ShapeDtypeStruct
     return (
         z((T, spec.co32, B, N), jnp.float32),
@@ -252,14 +258,14 @@ def backward_args(T, n, spec, B=64):
 def lower_kernels(cell, T=12, *, with_dy=True):
     """Both kernels of ``cell`` lowered for ``cuda``: forward with and without a mask,
     backward with and without a mask (and output cotangents where ``with_dy``)."""
-    spec = chained_pallas._spec(cell)
+    spec = chained_pallas.chain_of(cell)
     fargs = forward_args(T, cell.hidden_size, 1, spec.step.blocks)
-    fwd = lambda *a: gated_pallas._forward_call(*a, step=spec.step, interpret=False)
+    fwd = lambda *a: persistent.forward_call(*a, step=spec.step, interpret=False)
     lower_for_cuda(fwd, *fargs)
     lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
     args = backward_args(T, cell.hidden_size, spec)
-    bwd = lambda *a: chained_pallas._backward_call(*a, spec=spec, interpret=False)
-    without_dy = lambda c32, c16, *a: chained_pallas._backward_call(
+    bwd = lambda *a: chained_pallas.backward_call(*a, spec=spec, interpret=False)
+    without_dy = lambda c32, c16, *a: chained_pallas.backward_call(
         c32, c16, None, *a, spec=spec, interpret=False
     )
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
@@ -297,8 +303,8 @@ def test_shared_memory_estimate_matches_the_lowering():
     assert chained_pallas.smem_bytes(deep, 1)[0] > common.SMEM_LIMIT  # the forward
     assert max(chained_pallas.smem_bytes(cells.RRN(128, depth=3), 1)) + 1024 <= common.SMEM_LIMIT
     assert max(chained_pallas.smem_bytes(gru, 1)) + 1024 <= common.SMEM_LIMIT
-    spec = chained_pallas._spec(deep)
-    fwd = lambda *a: gated_pallas._forward_call(*a, step=spec.step, interpret=False)
+    spec = chained_pallas.chain_of(deep)
+    fwd = lambda *a: persistent.forward_call(*a, step=spec.step, interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
         lower_for_cuda(fwd, *forward_args(4, 128, 1, 4))
 
@@ -324,7 +330,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, kind,
         jax.block_until_ready(
             value_and_grads(
                 lambda p, c, x: chained_pallas.unroll(
-                    cell, p, c, x, dropout_mask(4, n), outputs=outputs
+                    cell, p, c, x, dropout_mask(4, n), Options(outputs=outputs)
                 ),
                 params,
                 carry,

@@ -26,7 +26,7 @@ from pallas_checks import (
 )
 
 from rhnzoo import cells
-from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import Options, common, persistent
 from rhnzoo.cells.kernels import gated as gated_pallas
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.configs import lm as lm_configs
@@ -136,13 +136,17 @@ def test_outputs_false_reads_the_final_carry(kind):
     _, n, B, m, T, lengths, _ = CASES["lstm_padded_rows"]
     cell, params, carry, xs, target = setup(n, B, m, T, seed=1, kind=kind)
     lens = jnp.asarray(lengths)
-    final = gated_pallas.unroll(cell, params, carry, xs, lengths=lens, outputs=False)[0]
+    final = gated_pallas.unroll(
+        cell, params, carry, xs, None, Options(outputs=False), lengths=lens
+    )[0]
     want = cells.unroll(cell, params, carry, xs, lengths=lens)[0]
     assert type(final) is type(want)
     if kind != "lstm":
         np.testing.assert_array_equal(final.t, want.t)
     got, ref, _ = kernel_reference_fused(
-        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, lengths=lens, outputs=False),
+        lambda p, c, x: gated_pallas.unroll(
+            cell, p, c, x, None, Options(outputs=False), lengths=lens
+        ),
         cell,
         params,
         carry,
@@ -152,7 +156,7 @@ def test_outputs_false_reads_the_final_carry(kind):
         outputs=False,
         fused=False,
     )
-    assert gated_pallas.unroll(cell, params, carry, xs, outputs=False)[1] is None
+    assert gated_pallas.unroll(cell, params, carry, xs, None, Options(outputs=False))[1] is None
     assert abs(float(got[0]) - float(ref[0])) <= 2e-3 * abs(float(ref[0]))
     assert_close(got[1], ref[1], rtol=1.5e-2)
 
@@ -179,7 +183,7 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
         )
     cell, params, carry, xs, target = setup(128, 64, 1, 12, kind=kind)
     lower_stacked_for_cuda(
-        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, interpret=False),
+        lambda p, c, x: gated_pallas.unroll(cell, p, c, x, None, Options(interpret=False)),
         params,
         carry,
         xs,
@@ -190,7 +194,7 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2)
     with pytest.raises(ValueError, match="bfloat16"):
-        gated_pallas.unroll(cell, params, carry, xs, dtype=jnp.float32)
+        gated_pallas.unroll(cell, params, carry, xs, None, Options(dtype=jnp.float32))
     gru = cells.GRU(5)  # Cho et al.'s: chained_pallas's kernels, not these
     with pytest.raises(ValueError, match="no Pallas kernel"):
         gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
@@ -275,7 +279,7 @@ def test_the_classifier_task_runs_the_kernel(model, reset_after):
 
 
 def forward_args(T, n, m, B=64):
-    N, MP = gated_pallas._padded(n, m)
+    N, MP = persistent.padded(n, m)
     z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
     H = N // 64
     return (
@@ -290,7 +294,7 @@ def forward_args(T, n, m, B=64):
 
 
 def backward_args(T, n, with_dy, B=64, blocks=4, coefficients=5):
-    N, _ = gated_pallas._padded(n, 1)
+    N, _ = persistent.padded(n, 1)
     z = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
     dy = z((T, B, N), jnp.float32) if with_dy else None
     return (
@@ -312,24 +316,24 @@ def test_kernels_lower_for_an_h100(n, kind):
     TMA boxes and wgmma layouts are what an sm_90 device accepts."""
     gru = kind == "gru"
     fargs = forward_args(12, n, 1)
-    step = gated_pallas._GRU_RA if gru else gated_pallas._lstm_step()
-    fwd = lambda *a: gated_pallas._forward_call(*a, step=step, interpret=False)
+    step = gated_pallas.GRU_RA_STEP if gru else gated_pallas.lstm_step()
+    fwd = lambda *a: persistent.forward_call(*a, step=step, interpret=False)
     lower_for_cuda(fwd, *fargs)
     lower_for_cuda(fwd, *fargs, jax.ShapeDtypeStruct(fargs[4].shape, jnp.float32))  # a mask
     args = backward_args(12, n, with_dy=True, blocks=3 if gru else 4, coefficients=3 if gru else 5)
     if gru:  # no dc carry
-        bwd = lambda c, f, dy, u, lens, dh, m: gated_pallas._backward_call(
+        bwd = lambda c, f, dy, u, lens, dh, m: gated_pallas.backward_call(
             c, f, dy, u, lens, dh, None, m, interpret=False
         )
         lower_for_cuda(bwd, *args[:6], args[5])  # with a mask
-        without_dy = lambda c, f, u, lens, dh: gated_pallas._backward_call(
+        without_dy = lambda c, f, u, lens, dh: gated_pallas.backward_call(
             c, f, None, u, lens, dh, None, interpret=False
         )
         lower_for_cuda(without_dy, *(args[:2] + args[3:6]))
         return
-    lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args)
-    lower_for_cuda(lambda *a: gated_pallas._backward_call(*a, interpret=False), *args, args[5])
-    without_dy = lambda c, f, *a: gated_pallas._backward_call(c, f, None, *a, interpret=False)
+    lower_for_cuda(lambda *a: gated_pallas.backward_call(*a, interpret=False), *args)
+    lower_for_cuda(lambda *a: gated_pallas.backward_call(*a, interpret=False), *args, args[5])
+    without_dy = lambda c, f, *a: gated_pallas.backward_call(c, f, None, *a, interpret=False)
     lower_for_cuda(without_dy, *(args[:2] + args[3:]))
 
 
@@ -343,13 +347,13 @@ def test_sc_lstm_kernels_lower_for_an_h100(n):
     fargs = list(forward_args(12, n, 1))
     fargs[5] = (z((H, B, 64), jnp.float32),) * 2  # c and the anchor
     skips = (z((B,), jnp.int32), z((H, 64), jnp.float32))
-    step = gated_pallas._lstm_step(20)
-    fwd = lambda *a: gated_pallas._forward_call(*a[:8], skips=a[8:], step=step, interpret=False)
+    step = gated_pallas.lstm_step(20)
+    fwd = lambda *a: persistent.forward_call(*a[:8], skips=a[8:], step=step, interpret=False)
     lower_for_cuda(fwd, *fargs, None, *skips)
     lower_for_cuda(fwd, *fargs, z(fargs[4].shape, jnp.float32), *skips)  # a mask
     args = backward_args(12, n, with_dy=True)
     skips = (z((B,), jnp.int32), z((1,), jnp.float32), z((B, N), jnp.float32))
-    bwd = lambda *a: gated_pallas._backward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
+    bwd = lambda *a: gated_pallas.backward_call(*a[:8], skips=a[8:], skip=20, interpret=False)
     lower_for_cuda(bwd, *args, None, *skips)
     lower_for_cuda(bwd, *args, args[5], *skips)  # a mask
     lower_for_cuda(bwd, *args[:2], None, *args[3:], None, *skips)  # no output cotangents
@@ -361,7 +365,7 @@ def test_shared_memory_estimate_matches_the_lowering():
     fwd_bytes, _ = gated_pallas.smem_bytes(128, 64)
     assert fwd_bytes > common.SMEM_LIMIT
     assert max(gated_pallas.smem_bytes(128, 16)) + 1024 <= common.SMEM_LIMIT
-    fwd = lambda *a: gated_pallas._forward_call(*a, step=gated_pallas._lstm_step(), interpret=False)
+    fwd = lambda *a: persistent.forward_call(*a, step=gated_pallas.lstm_step(), interpret=False)
     with pytest.raises(Exception, match="exceeds available shared memory"):
         lower_for_cuda(fwd, *forward_args(4, 128, 64))
 
@@ -387,7 +391,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(
     with deadline(300):
         jax.block_until_ready(
             value_and_grads(
-                lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, outputs=outputs),
+                lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, Options(outputs=outputs)),
                 params,
                 carry,
                 xs,

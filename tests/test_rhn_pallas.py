@@ -30,7 +30,7 @@ from pallas_checks import (
 
 from rhnzoo import cells
 from rhnzoo.cells import rhn_fused, scan
-from rhnzoo.cells.kernels import common, rhn
+from rhnzoo.cells.kernels import Options, common, rhn
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.configs import lm as lm_configs
 
@@ -143,7 +143,7 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100():
     cell = cells.HSG(cells.RHN(830, 12))
     z = jax.ShapeDtypeStruct
     lower_stacked_for_cuda(
-        lambda p, c, x: rhn.unroll(cell, p, c, x, interpret=False),
+        lambda p, c, x: rhn.unroll(cell, p, c, x, None, Options(interpret=False)),
         jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830)),
         z((20, 830), jnp.float32),
         jnp.zeros((4, 20, 830)),
@@ -182,7 +182,7 @@ def test_no_weights_are_copied_out_of_the_stack():
     cell = cells.RHN(830, 12)
     z = jax.ShapeDtypeStruct
     params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830))
-    forward = lambda p, c, x: rhn.unroll(cell, p, c, x, interpret=False)  # noqa: E731
+    forward = lambda p, c, x: rhn.unroll(cell, p, c, x, None, Options(interpret=False))  # noqa: E731
     text = lower_for_cuda(
         forward, params, z((20, 830), jnp.float32), z((4, 20, 830), jnp.float32)
     ).as_text()
@@ -219,7 +219,7 @@ def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
     unroll = rhn.unroll
     with pytest.raises(ValueError, match="bfloat16"):
-        unroll(cell, params, carry, xs, dtype=jnp.float32)
+        unroll(cell, params, carry, xs, None, Options(dtype=jnp.float32))
     uncoupled = cells.RHN(5, 2, coupled=False)
     with pytest.raises(ValueError, match="coupled RHN or HSG"):
         unroll(uncoupled, uncoupled.init(jax.random.PRNGKey(0), 3), carry, xs)
@@ -273,7 +273,7 @@ def test_the_train_step_lowers_for_an_h100(depth, hsg):
     mask = z((B, 830), jnp.float32)
 
     def loss(params, carry, xs, mask):
-        final, ys = rhn.unroll(cell, params, carry, xs, mask, interpret=False)
+        final, ys = rhn.unroll(cell, params, carry, xs, mask, Options(interpret=False))
         return jnp.sum(final) + jnp.sum(ys)
 
     lower_for_cuda(

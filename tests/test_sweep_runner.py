@@ -137,7 +137,7 @@ def test_children_s_estimate_is_divided_by_the_jobs(tmp_path, monkeypatch):
     never less than the longest run left."""
     clock = Clock(monkeypatch)
     runs = [clock.run(name, 0.0) for name in ("a", "b", "c", "d", "e")]
-    estimate = sweep._Estimate(runs, tmp_path, at_a_time=2)
+    estimate = sweep.Estimate(runs, tmp_path, at_a_time=2)
     assert estimate.done("a", 120.0, running={"b": 120.0}) == (
         "; about 3 min for the 4 runs left, 2 at a time"
     )  # (0 + 3 x 2 min) / 2

@@ -402,15 +402,19 @@ def pallas_skip_reason(cell, backend: str | None = None) -> str | None:
 
 
 def _pallas_fits(cell, c: dict) -> bool | None:
-    """``gated_pallas.fits`` for shape ``c`` in bfloat16 (whether ``auto`` would pick the
-    kernel), None where it cannot say."""
+    """The ``fits`` of ``cell``'s kernels (:func:`rhnzoo.cells.kernels.backend_of`) for
+    shape ``c`` in bfloat16 (whether ``auto`` would pick them; False for a cell without a
+    backend), None where it cannot say."""
     try:
-        from rhnzoo.cells.kernels import gated as gated_pallas
+        from rhnzoo.cells import kernels
 
+        backend = kernels.backend_of(cell)
+        if backend is None:
+            return False
         try:
-            return bool(gated_pallas.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))
+            return bool(backend.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))
         except TypeError:  # a fits() without input_size
-            return bool(gated_pallas.fits(cell, c["batch"], jnp.bfloat16))
+            return bool(backend.fits(cell, c["batch"], jnp.bfloat16))
     except Exception:  # noqa: BLE001 - informative only
         return None
 

@@ -284,3 +284,24 @@ def unroll(
         params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype, loop
     )
     return s_T.T, jnp.swapaxes(ys, 1, 2)
+
+
+def with_lengths(
+    carry0: Array, carry_T: Array, ys: Array, lengths: Array | None, outputs: bool = True
+) -> tuple[Array, Array | None]:
+    """An RHN scan's result ``(carry_T [B, n], ys [T, B, n])`` (this module's
+    :func:`unroll`, :func:`rhnzoo.cells.kernels.rhn.unroll`: every step run) with
+    ``lengths [B]`` int real steps per row (None: all T): the RHN's carry is its output,
+    so a row's final carry is its output at its last real step (``carry0 [B, n]``, the
+    initial carry, for an empty row) and padded outputs are zeros; the padded steps get
+    zero cotangents. With ``outputs`` False ``ys`` is None."""
+    if lengths is None:
+        return carry_T, ys if outputs else None
+    T, B = ys.shape[:2]
+    lengths = jnp.asarray(lengths)
+    last = ys[jnp.clip(lengths - 1, 0, T - 1), jnp.arange(B)]
+    carry_T = jnp.where((lengths > 0)[:, None], last, carry0).astype(carry_T.dtype)
+    if not outputs:
+        return carry_T, None
+    valid = jnp.arange(T)[:, None] < lengths[None, :]
+    return carry_T, jnp.where(valid[..., None], ys, jnp.zeros((), ys.dtype))

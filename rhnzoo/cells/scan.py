@@ -11,11 +11,14 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
   :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
   ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
   cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
-* ``pallas``: the persistent Mosaic GPU kernels of :mod:`rhnzoo.cells.kernels.gated`
-  (LSTM, SC-LSTM, reset-after GRU) and :mod:`rhnzoo.cells.kernels.chained` (RRN, Cho et al.'s GRU),
-  and ``Parallel`` of these (HRL, LSTM+GRU), each part by its own kernels; hidden size
-  <= 128; bfloat16 only; no ``remat``; and :mod:`rhnzoo.cells.kernels.rhn` (one fused
-  GEMM-and-highway kernel per micro-layer) for the coupled RHN and HSG(RHN), any size.
+* ``pallas``: the Mosaic GPU kernels of :mod:`rhnzoo.cells.kernels`, each family a
+  :class:`~rhnzoo.cells.kernels.Backend` of :data:`~rhnzoo.cells.kernels.BACKENDS`
+  (:func:`~rhnzoo.cells.kernels.backend_of` finds a cell's): the persistent kernels of
+  :mod:`~rhnzoo.cells.kernels.gated` (LSTM, SC-LSTM, reset-after GRU) and
+  :mod:`~rhnzoo.cells.kernels.chained` (RRN, Cho et al.'s GRU), and ``Parallel`` of these
+  (HRL, LSTM+GRU), each part by its own kernels; hidden size <= 128; bfloat16 only; no
+  ``remat``; and :mod:`~rhnzoo.cells.kernels.rhn` (one fused GEMM-and-highway kernel per
+  micro-layer) for the coupled RHN and HSG(RHN), any size.
 
 The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
 writes, and the ``reference`` implementation here.
@@ -33,10 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import base, gated_fused, rhn_fused
-from rhnzoo.cells.kernels import chained as chained_pallas
-from rhnzoo.cells.kernels import gated as gated_pallas
-from rhnzoo.cells.kernels import rhn as rhn_pallas
+from rhnzoo.cells import base, gated_fused, kernels, rhn_fused
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -115,12 +115,12 @@ def rhn_fused_supports(cell: Any) -> bool:
 
 
 def pallas_supports(cell: Any) -> bool:
-    """Whether a Pallas kernel runs ``cell``: ``gated_pallas.supports`` or
-    ``chained_pallas.supports``, or a ``Parallel`` of such cells; or
-    ``rhn_pallas.supports`` (the coupled RHN, HSG(RHN))."""
+    """Whether a Pallas kernel runs ``cell``: a backend of
+    :data:`~rhnzoo.cells.kernels.BACKENDS` supports it (:func:`~rhnzoo.cells.kernels.
+    backend_of`), or it is a ``Parallel`` of such cells."""
     if isinstance(cell, Parallel):
         return all(pallas_supports(c) for c in cell.cells)
-    return any(k.supports(cell) for k in (gated_pallas, chained_pallas, rhn_pallas))
+    return kernels.backend_of(cell) is not None
 
 
 def _fused_has_remat(cell: Any) -> bool:
@@ -166,24 +166,17 @@ def resolve(
     """The implementation that runs ``cell``: ``impl`` itself when the cell has it, and
     for ``auto`` the one rule below (never returns ``AUTO``).
 
-    ``auto``, in this order:
+    ``auto``, in this order (the measurements behind it: docs/speed.md, "The rule of
+    ``auto`` and the figures behind it"):
 
-    1. ``pallas`` where the cell's kernels ``fits(cell, batch, dtype, backend)``, a known
-       ``batch`` and no ``remat``: ``gated_pallas.fits`` is a GPU of compute capability
-       9.0, an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
-       bfloat16 matmul inputs; ``chained_pallas.fits`` (RRN, Cho's GRU) and
-       ``rhn_pallas.fits`` (the RHN's micro-layer kernel: ``auto`` keeps the fused scan for
-       the RHN) are False until those kernels are timed. The kernels target launch-bound
-       shapes (issue 45); at n = 100 the LSTM's backward kernel made the train step slower
-       than the fused scan's on an H100, hence n <= 64 (docs/speed.md). Never chosen on a
-       CPU or a TPU.
+    1. ``pallas`` where the cell's backend (:func:`~rhnzoo.cells.kernels.backend_of`)
+       ``fits(cell, batch, dtype, backend)``, a known ``batch`` and no ``remat``: the
+       gated backend's ``fits`` is a GPU of compute capability 9.0, an LSTM with hidden
+       size <= 64 whose shapes fit one CTA's shared memory, and bfloat16 matmul inputs;
+       the chained (RRN, Cho's GRU) and RHN backends' are False until those kernels are
+       timed; a ``Parallel`` has no backend of its own. Never chosen on a CPU or a TPU.
     2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
-       has remat: the RHN's; the gated cells then take ``reference``). Faster than the
-       reference scan and the peers wherever it was timed in quiet runs, on the CPU and
-       on an H100 at its default unroll (docs/speed.md; records in docs/runs/cpu/bench.md
-       and docs/runs/h100/figures.md). Not timed: the gated scans in a language model
-       (B 20, m = n) and the RHN scan in a classifier (it runs the padded steps, as the
-       reference scan does, and reads each row's output at its last real one).
+       has remat: the RHN's; the gated cells then take ``reference``).
     3. ``reference`` otherwise (every other cell: DT-RNN, DT(S)-RNN, an uncoupled RHN,
        HSG around a gated cell); bfloat16 then has no implementation (a ValueError).
 
@@ -215,11 +208,13 @@ def resolve(
     where = lambda: backend or platform()  # noqa: E731
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
+        family = kernels.backend_of(cell)  # None for a Parallel: auto picks cell by cell
         if (
             ScanImpl.PALLAS in have
             and not remat
             and batch is not None
-            and _pallas_module(cell).fits(cell, batch, dtype, where(), **size)
+            and family is not None
+            and family.fits(cell, batch, dtype, where(), **size)
         ):
             return ScanImpl.PALLAS
         if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
@@ -312,7 +307,8 @@ def unroll(
       ``(carry, ys [T, B, n])``, or ``(carry, None)`` with ``outputs=False``.
 
     Raises:
-      ValueError: what :func:`resolve` raises.
+      ValueError: what :func:`resolve` raises; with ``pallas`` a ``dtype`` other than
+        bfloat16 (:class:`~rhnzoo.cells.kernels.Options`).
     """
     which = resolve(
         impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat, input_size=xs.shape[-1]
@@ -334,20 +330,8 @@ def unroll(
     if which is ScanImpl.PALLAS:
         if interpret is None:
             interpret = platform() == "cpu"
-        if rhn_pallas.supports(cell):
-            run = functools.partial(rhn_pallas.unroll, dtype=dtype, interpret=interpret)
-            return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
-        return _pallas(
-            cell,
-            params,
-            carry,
-            xs,
-            mask,
-            lengths=lengths,
-            dtype=dtype,
-            outputs=outputs,
-            interpret=interpret,
-        )
+        opts = kernels.Options(dtype=dtype, outputs=outputs, interpret=interpret)
+        return _pallas(cell, params, carry, xs, mask, opts, lengths=lengths)
     if gated_fused.supports(cell):
         per_step = True if project_per_step is None else project_per_step
         if unroll is None and not isinstance(cell, Parallel):  # a Parallel's parts: their own
@@ -368,44 +352,26 @@ def unroll(
     return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
 
 
-def _pallas(cell, params, carry, xs, mask, **kwargs):
-    """The persistent kernels: a ``Parallel`` cell part by part (each part's own kernels,
-    the output the mean of theirs, as :class:`~rhnzoo.cells.Parallel` defines it)."""
+def _pallas(cell, params, carry, xs, mask, opts, *, lengths):
+    """The kernels of ``cell``'s backend (:func:`~rhnzoo.cells.kernels.backend_of`); a
+    ``Parallel`` cell part by part (each part's own kernels, the output the mean of
+    theirs, as :class:`~rhnzoo.cells.Parallel` defines it)."""
     if isinstance(cell, Parallel):
         parts = [
-            _pallas(c, p, h, xs, mask, **kwargs)
+            _pallas(c, p, h, xs, mask, opts, lengths=lengths)
             for c, p, h in zip(cell.cells, params, carry, strict=True)
         ]
         ys = [y for _, y in parts]
         return tuple(h for h, _ in parts), None if ys[0] is None else sum(ys) / len(ys)
-    return _pallas_module(cell).unroll(cell, params, carry, xs, mask, **kwargs)
-
-
-def _pallas_module(cell: Any):
-    """The module of ``cell``'s kernels (a ``Parallel``: ``gated_pallas``, whose ``fits``
-    refuses it: ``auto`` picks kernels cell by cell only)."""
-    if rhn_pallas.supports(cell):
-        return rhn_pallas
-    return chained_pallas if chained_pallas.supports(cell) else gated_pallas
+    return kernels.backend_of(cell).unroll(cell, params, carry, xs, mask, opts, lengths=lengths)
 
 
 def _rhn_scan(run, cell, params, carry, xs, mask, *, lengths, outputs):
-    """An RHN scan ``run(cell, params, carry, xs, mask)``
-    (:func:`~rhnzoo.cells.rhn_fused.unroll`, :func:`~rhnzoo.cells.kernels.rhn.unroll`) with
-    ``lengths``: its carry is its output, so a row's final carry is its output at its last
-    real step (the initial carry for an empty row) and padded outputs are zeroed; the
-    padded steps run and get zero cotangents."""
+    """The RHN's fused scan ``run(cell, params, carry, xs, mask)``
+    (:func:`~rhnzoo.cells.rhn_fused.unroll`) with ``lengths``
+    (:func:`~rhnzoo.cells.rhn_fused.with_lengths`)."""
     carry_T, ys = run(cell, params, carry, xs, mask)
-    if lengths is None:
-        return carry_T, ys if outputs else None
-    T, B = xs.shape[:2]
-    lengths = jnp.asarray(lengths)
-    last = ys[jnp.clip(lengths - 1, 0, T - 1), jnp.arange(B)]
-    carry_T = jnp.where((lengths > 0)[:, None], last, carry).astype(carry_T.dtype)
-    if not outputs:
-        return carry_T, None
-    valid = jnp.arange(T)[:, None] < lengths[None, :]
-    return carry_T, jnp.where(valid[..., None], ys, jnp.zeros((), ys.dtype))
+    return rhn_fused.with_lengths(carry, carry_T, ys, lengths, outputs)
 
 
 def output_of(cell: Any, carry: Any) -> Array:

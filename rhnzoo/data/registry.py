@@ -111,7 +111,7 @@ DATASETS: dict[str, DataSet] = {
             "accuracy",
             None,
             2,
-            text._imdb_source,
+            text.imdb_source,
         ),  # the archive, another tarball or an aclImdb/ folder
         DataSet(
             "agnews",

@@ -215,7 +215,7 @@ def _imdb_reviews(source: pathlib.Path) -> dict[str, list[tuple[str, str, bytes]
     return found
 
 
-def _imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathlib.Path:
+def imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathlib.Path:
     """The original archive, else an extracted aclImdb/ folder, else the one other
     tarball in `directory` (already resolved, as `load_imdb` and the registry pass it);
     else download the original (IMDB_ORIGIN, into `directory` as is)."""
@@ -272,7 +272,7 @@ def load_imdb(
         unreadable archive, no reviews for a split, several candidate archives, or a
         review that is empty or not UTF-8 (the message names it).
     """
-    source = _imdb_source(resolve_data_dir("imdb", data_dir), download, verify)
+    source = imdb_source(resolve_data_dir("imdb", data_dir), download, verify)
     reviews = _imdb_reviews(source)
     tokens, labels = {}, {}
     for split, items in reviews.items():

@@ -160,7 +160,7 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
 class _Progress:
     """The study's trial lines: ``[done/total]`` counted from the trials' workdirs; with
     ``estimate`` (a study in this process), the time the trials left take, as the other
-    multi-run scripts say it (:class:`rhnzoo.studies.sweep._Estimate`)."""
+    multi-run scripts say it (:class:`rhnzoo.studies.sweep.Estimate`)."""
 
     trials_dir: pathlib.Path
     names: tuple[str, ...]
@@ -249,7 +249,7 @@ def study(
         log(f"{finished} of {len(runs)} trials already finished")
     parallel = jobs is not None and jobs.n > 1
     if not parallel and (jobs is None or jobs.only is None):  # the runner's lines say it
-        progress.estimate = sweep._Estimate(runs, root / "trials")
+        progress.estimate = sweep.Estimate(runs, root / "trials")
     sweep.run_all(runs, root / "trials", log=log if parallel else None, jobs=jobs)
     done = sweep.collect(root / "trials", progress.names)
     rows = [_finite({**d["config"], **d["results"]}) for d in done.values() if d and d["results"]]

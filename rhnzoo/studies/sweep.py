@@ -18,7 +18,7 @@ prints one line per run finished, records a run that fails in ``<workdir>/failed
 checkpoints, then waits for them. In this process, a sweep whose runs log to their
 ``sweep.log`` (:func:`run_log`, ``run_all(quiet=True)``) prints the same lines.
 
-Each run-finished line estimates the time the runs left take (:class:`_Estimate`): the
+Each run-finished line estimates the time the runs left take (:class:`Estimate`): the
 seconds per unit of :attr:`Run.size` of the runs trained from the start so far, times
 the sizes of the runs left, divided by the runs at a time.
 
@@ -233,7 +233,7 @@ def _run_here(
     runs: Sequence[Run], root: pathlib.Path, on_divergence: str, say, quiet: bool
 ) -> dict:
     """:func:`run_all` in this process, one run after another."""
-    out, estimate = {}, _Estimate(runs, root)
+    out, estimate = {}, Estimate(runs, root)
     for i, r in enumerate(runs, 1):
         count = f"[{i}/{len(runs)}]"
         say(f"{count} {r.name} -> {root / r.name}" + (f" (its lines: {LOG})" if quiet else ""))
@@ -249,12 +249,12 @@ def _run_here(
 
 def _done_line(count: str, name: str, seconds: float, results: Mapping | None, left: str) -> str:
     """``[i/n] <name> done in X min``, then ``: <its final line>`` (from ``results``) and
-    ``left`` (:meth:`_Estimate.done`)."""
+    ``left`` (:meth:`Estimate.done`)."""
     final = f": {results['final']}" if results and "final" in results else ""
     return f"{count} {name} done in {seconds / 60:.1f} min{final}{left}"
 
 
-class _Estimate:
+class Estimate:
     """The time the runs left take: the seconds per unit of :attr:`Run.size` of the runs
     trained from the start in this sweep (no ``config.json`` when it began) x the sizes of
     the runs left, less what the running ones have done, divided by the runs at a time
@@ -317,7 +317,7 @@ def _run_children(runs: Sequence[Run], root: pathlib.Path, jobs: Jobs, say) -> d
     env.update(PYTHONUNBUFFERED="1", RHNZOO_SWEEP_PARENT=str(os.getpid()))
     say(f"{len(runs)} runs, {jobs.n} at a time in child processes (output: {root}/<run>/{LOG})")
     pending, running, out, done = list(runs), {}, {}, 0
-    estimate = _Estimate(runs, root, jobs.n)
+    estimate = Estimate(runs, root, jobs.n)
     installed_here = not signals.installed()
     signals.catch_signals()
     stop = None
@@ -415,7 +415,7 @@ def _finished(
     stop,
     say,
     count: str,
-    estimate: _Estimate,
+    estimate: Estimate,
     running: Mapping[str, _Child],
 ):
     """The results of a child that ended (None if it failed or was stopped) and its line

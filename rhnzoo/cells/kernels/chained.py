@@ -12,10 +12,10 @@ all T steps; unlike there, a step's second product waits on its first::
         h̃ = tanh(x_t W_h + (r ⊙ h_{t-1} m) U_h + b_h),  h_t = h̃ + z (h_{t-1} - h̃)
 
 A cell is K blocks ``(W_k [m, n], U_k [n, n], b_k [n])`` and two step functions written
-against the kernels' primitives (:func:`_spec`):
+against the kernels' primitives (its :class:`Chain`, :func:`chain_of`):
 
-* **forward**: the forward kernel of :mod:`~rhnzoo.cells.kernels.gated`, shared by every
-  persistent cell (one warpgroup per 64 hidden units, W and U in shared memory): the
+* **forward**: :func:`rhnzoo.cells.kernels.persistent.forward_call`, the forward kernel
+  of every persistent cell (one warpgroup per 64 hidden units, W and U in shared memory): the
   step asks for ``product([(k, src)])``, block k's pre-activation ``x_t W_k + src U_k +
   b_k`` on the tensor cores, src the step's h_{t-1} m or a value ``restage(v)`` put in
   shared memory in bfloat16 for every warpgroup to read after a barrier (two buffers,
@@ -25,11 +25,14 @@ against the kernels' primitives (:func:`_spec`):
   bfloat16 where they only form a matmul input) are read straight from global memory;
   ``stage(terms)`` forms the warpgroup's dz of each term, stages it in shared memory in
   bfloat16 and, after one CTA barrier, accumulates its units of ``dz U_k^T`` on the
-  tensor cores in its own [64, 64] float32 accumulator. The kernel writes dh_t.
+  tensor cores in its own [64, 64] float32 accumulator
+  (:func:`~rhnzoo.cells.kernels.persistent.staged_products`, the gated cells' as well).
+  The kernel writes dh_t (:func:`backward_call`).
 * **outside the kernels**: the blocks' values are recomputed from the forward's h in
   parallel over T, the dz of every block is re-formed in float32 from the kernel's dh_t
   (the RRN's chain and the GRU's ``(dz_h U_h^T)`` by large matmuls), and dU, dW, db and
-  the input gradient are single large matmuls over all T x B positions.
+  the input gradient are single large matmuls over all T x B positions
+  (:func:`~rhnzoo.cells.kernels.persistent.weight_gradients`).
 
 Precision: bfloat16 matmul inputs with float32 accumulation; states, gates, their
 cotangents and dh's direct paths (the RRN's residual 1 - h_t², the GRU's z) float32.
@@ -48,32 +51,22 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common
-from rhnzoo.cells.kernels.gated import (
-    _APPROX_MATH,
-    _QUARTER,
-    ROWS,
-    _call_settings,
-    _carries,
-    _forward,
-    _forward_smem_bytes,
-    _one_at_a_time,
-    _padded,
-    _Step,
-)
+from rhnzoo.cells.kernels import common, persistent
+from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
+from rhnzoo.cells.kernels.persistent import HALF, QUARTER, ROWS, Padding, Step
 from rhnzoo.cells.lstm import GRU, check_params, gru_coefficients
 from rhnzoo.cells.residual import RRN, rrn_coefficients
 
 Array = jax.Array
 _bf16, _f32 = jnp.bfloat16, jnp.float32
-_HALF = 2 * _QUARTER  # hidden units per backward warpgroup
+_mm = persistent.matmul
 
 # The RRN's inner σ (its derivative: rhnzoo.cells.residual.rrn_coefficients).
 _ACT = {"sigmoid": common.sigmoid, "tanh": jnp.tanh}
 
 
 def _quarter(a, q):
-    return a[:, q * _QUARTER : (q + 1) * _QUARTER]
+    return a[:, q * QUARTER : (q + 1) * QUARTER]
 
 
 def _masked(a, ms, q):
@@ -126,37 +119,41 @@ def _gru_backward(co32, co16, dh, stage, ms):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cell:
-    """What the kernels need of a cell: its forward step (:class:`~rhnzoo.cells.
-    gated_pallas._Step`: K blocks, one float32 carry h, the values it restages), its
-    backward coefficients (float32 and bfloat16), the most dz terms of one stage, and
-    its backward step ``(co32, co16, dh quarters, stage, mask quarters) -> dh_{t-1}
-    quarters``."""
+class Chain:
+    """What the kernels need of a chained cell: its forward step
+    (:class:`~rhnzoo.cells.kernels.persistent.Step`: K blocks, one float32 carry h, the
+    values it restages), the number of its backward coefficients (``co32`` float32,
+    ``co16`` bfloat16), the most dz terms of one stage (``terms``), and its backward step
+    ``backward(co32, co16, dh quarters, stage, mask quarters) -> dh_{t-1} quarters``
+    (each quarter [ROWS, 32] float32)."""
 
-    step: _Step
+    step: Step
     co32: int
     co16: int
     terms: int
     backward: Callable
 
 
-def _spec(cell: Any) -> _Cell:
+def chain_of(cell: Any) -> Chain:
+    """The :class:`Chain` of an :class:`~rhnzoo.cells.RRN` (K = depth blocks, K - 1
+    restaged values) or Cho et al.'s :class:`~rhnzoo.cells.GRU` (r | z | h̃, r ⊙ h
+    restaged)."""
     if type(cell) is RRN:
         K = cell.depth
         forward = functools.partial(_rrn_forward, K, cell.activation)
-        return _Cell(_Step(K, K - 1, forward), 1, K, 1, functools.partial(_rrn_backward, K))
-    return _Cell(_Step(3, 1, _gru_forward), 1, 4, 2, _gru_backward)
+        return Chain(Step(K, K - 1, forward), 1, K, 1, functools.partial(_rrn_backward, K))
+    return Chain(Step(3, 1, _gru_forward), 1, 4, 2, _gru_backward)
 
 
 def smem_bytes(cell: Any, m: int) -> tuple[int, int]:
     """Shared memory (bytes) of the forward and backward kernels for ``cell`` (an RRN or
     Cho's GRU) and input width ``m``: the scratch buffers listed in the kernels
     (barriers aside)."""
-    s = _spec(cell)
-    N, MP = _padded(cell.hidden_size, m)
+    s = chain_of(cell)
+    N, MP = persistent.padded(cell.hidden_size, m)
     K = s.step.blocks
     bwd = K * N * N * 2 + s.terms * ROWS * N * 2  # U and one stage's dz; inputs from HBM
-    return _forward_smem_bytes(K, N, MP, s.step.restages), bwd
+    return persistent.forward_smem_bytes(K, N, MP, s.step.restages), bwd
 
 
 def _fits(cell: Any, m: int) -> bool:
@@ -187,7 +184,7 @@ def fits(
 # ------------------------------------------------------------------------------ kernels
 
 
-def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, interpret: bool):
+def backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: Chain, interpret: bool):
     """The backward kernel: the reverse recurrence of dh, one warpgroup per 64 hidden
     units (H = N / 64 per CTA), as :mod:`~rhnzoo.cells.kernels.gated`'s: each warpgroup
     carries its units' dh (two quarters of 32, float32), reads its units' coefficients
@@ -206,10 +203,10 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
     pl, plgpu = common.plgpu()
     T, _, Bp, N = co32.shape
     K = u.shape[0]
-    H, quarters = N // _HALF, N // _QUARTER
+    H = N // HALF
     has_dy, masked = dy is not None, mask is not None
     L = plgpu.Layout.WGMMA
-    tile = (ROWS, _QUARTER)
+    tile = (ROWS, QUARTER)
 
     def body(*refs):
         refs = list(refs)
@@ -223,11 +220,9 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
 
         @pl.when(wg == 0)
         def _load_u():
-            for k in range(K):
-                for j in range(H):  # (a TMA copy strides at most five dimensions)
-                    plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_u.at[k * H + j])
+            persistent.load_u(plgpu, u_ref, u_s, bar_u, K, H)
 
-        cols = [pl.ds(wg * _HALF + q * _QUARTER, _QUARTER) for q in range(2)]  # its quarters
+        cols = [pl.ds(wg * HALF + q * QUARTER, QUARTER) for q in range(2)]  # its quarters
 
         def load(ref, *idx, q):  # the warpgroup's quarter q of ref[*idx, rows], from HBM
             return plgpu.load(ref.at[(*idx, rows, cols[q])], layout=L, optimized=False)
@@ -236,10 +231,6 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
         lens_v = plgpu.load(len_ref.at[rows], layout=L.reduce(1), optimized=False)
         for k in range(K * H):
             plgpu.barrier_wait(bar_u.at[k])
-
-        def barrier():  # every warpgroup of the CTA has arrived
-            plgpu.barrier_arrive(bar_step)
-            plgpu.barrier_wait(bar_step)
 
         def step(s, dhc):
             t = T - 1 - s
@@ -260,20 +251,10 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
                 for q in range(2):
                     for i, (_, dz) in enumerate(terms):
                         dz_s[i, 2 * wg + q] = jnp.where(valid, dz(q), zero).astype(_bf16)
-                plgpu.commit_smem()
-                barrier()  # every warpgroup's dz is in dz_s
-
-                def run(acc):  # all products issued, one wait
-                    for i, (k, _) in enumerate(terms):
-                        for p in range(quarters):
-                            ks = pl.ds(p * _QUARTER, _QUARTER)
-                            plgpu.wgmma(acc, dz_s.at[i, p], u_s.at[k, wg, :, ks].transpose((1, 0)))
-                    return acc[...]
-
-                g = pl.run_scoped(run, plgpu.ACC((ROWS, _HALF), _f32))
-                if H > 1:
-                    barrier()  # every warpgroup's products are done: dz_s may be rewritten
-                return g
+                pairs = [(i, k) for i, (k, _) in enumerate(terms)]  # dz slot i times U_k^T
+                return persistent.staged_products(
+                    pl, plgpu, dz_s, u_s, pairs, wg=wg, H=H, bar_step=bar_step
+                )
 
             new = spec.backward(co32, co16, dh, stage, ms)
             # a padded step keeps dh: this thread's own dh_t, just written
@@ -281,24 +262,19 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
 
         lax.fori_loop(0, T, step, dhc)
 
-    sw = functools.partial(common.swizzled, plgpu)
-    kernel = plgpu.kernel(
+    kernel = persistent.persistent_kernel(
         body,
         out_type=jax.ShapeDtypeStruct((T, Bp, N), _f32),
         scratch_types=(
-            plgpu.SMEM((K, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((spec.terms, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
+            *persistent.backward_smem(plgpu, K, spec.terms, N),  # U's blocks, dz
             plgpu.Barrier(num_barriers=K * H),
             plgpu.Barrier(num_arrivals=H),
         ),
-        grid=(Bp // ROWS,),
-        grid_names=("b",),
-        num_threads=H,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=common.interpret_params(interpret),
+        Bp=Bp,
+        H=H,
+        interpret=interpret,
     )
-    u = u.reshape(K, H, _HALF, N)  # U_k's rows (dh_{t-1}'s units) split by warpgroup
+    u = u.reshape(K, H, HALF, N)  # U_k's rows (dh_{t-1}'s units) split by warpgroup
     return kernel(
         *((co32, co16) + ((dy,) if has_dy else ()) + (u, lens, dhT) + ((mask,) if masked else ()))
     )
@@ -307,24 +283,19 @@ def _backward_call(co32, co16, dy, u, lens, dhT, mask=None, *, spec: _Cell, inte
 # ------------------------------------------------------------------------------ the unroll
 
 
-def _mm(a, b, spec):
-    """A matmul with bfloat16 inputs and float32 accumulation."""
-    return jnp.einsum(spec, a.astype(_bf16), b.astype(_bf16), preferred_element_type=_f32)
-
-
 def _recompute(cell, W, U, b, xs, Hm):
     """The values of every step in parallel over T, as the kernel forms them: the RRN's
     ``[y_1, ..., y_K]``, the GRU's ``[r, z, h̃]`` (each ``[T, B, n]`` float32)."""
-    zx = _mm(xs, W, "tbm,kmn->ktbn") + b[:, None, None, :]
+    zx = _mm("tbm,kmn->ktbn", xs, W) + b[:, None, None, :]
     if type(cell) is RRN:
         act = _ACT[cell.activation]
         ys, src = [], Hm
         for k in range(cell.depth):
-            ys.append(act(zx[k] + _mm(src, U[k], "tbi,ij->tbj")))
+            ys.append(act(zx[k] + _mm("tbi,ij->tbj", src, U[k])))
             src = ys[-1]
         return ys
-    r, z = (common.sigmoid(zx[k] + _mm(Hm, U[k], "tbi,ij->tbj")) for k in (0, 1))
-    return [r, z, jnp.tanh(zx[2] + _mm(r * Hm, U[2], "tbi,ij->tbj"))]
+    r, z = (common.sigmoid(zx[k] + _mm("tbi,ij->tbj", Hm, U[k])) for k in (0, 1))
+    return [r, z, jnp.tanh(zx[2] + _mm("tbi,ij->tbj", r * Hm, U[2]))]
 
 
 def _coefficients(cell, vals, H_all, H_prev, Hm):
@@ -347,26 +318,24 @@ def _block_grads(cell, U, DH, valid, vals, Hm, co32, co16):
         dz = [None] * K
         dz[K - 1] = ds * co16[K - 1]
         for k in range(K - 1, 0, -1):
-            dz[k - 1] = _mm(dz[k], U[k], "tbj,ij->tbi") * co16[k - 1]
+            dz[k - 1] = _mm("tbj,ij->tbi", dz[k], U[k]) * co16[k - 1]
         return dz, [Hm] + vals[:-1]
     dz_h = jnp.where(valid, DH * co16[1], 0.0)
-    g = _mm(dz_h, U[2], "tbj,ij->tbi")
+    g = _mm("tbj,ij->tbi", dz_h, U[2])
     return [g * co16[3], jnp.where(valid, DH * co16[2], 0.0), dz_h], [Hm, Hm, vals[0] * Hm]
 
 
 def _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask):
     """dh_{-1}: the kernel's step at t = 0 (the carried cotangent on an empty row)."""
     if type(cell) is RRN:
-        direct, into_U = DH[0] * co32[0][0], _mm(dz[0][0], U[0], "bj,ij->bi")
+        direct, into_U = DH[0] * co32[0][0], _mm("bj,ij->bi", dz[0][0], U[0])
     else:
-        g = _mm(dz[2][0], U[2], "bj,ij->bi")
+        g = _mm("bj,ij->bi", dz[2][0], U[2])
         direct = DH[0] * co32[0][0]
         into_U = (
-            co16[0][0] * g + _mm(dz[0][0], U[0], "bj,ij->bi") + _mm(dz[1][0], U[1], "bj,ij->bi")
+            co16[0][0] * g + _mm("bj,ij->bi", dz[0][0], U[0]) + _mm("bj,ij->bi", dz[1][0], U[1])
         )
-    if mask is not None:
-        into_U = into_U * mask
-    return jnp.where(valid[0], direct + into_U, DH[0])
+    return persistent.initial_cotangent(into_U, mask, DH, valid, direct)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -376,8 +345,8 @@ def _chain(cell, outputs: bool, interpret: bool, W, U, b, h0, xs, lens, mask):
 
 def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
     """``W [K, m, n]``, ``U [K, n, n]``, ``b [K, n]``: the cell's blocks."""
-    N, _ = _padded(U.shape[1], xs.shape[2])
-    y = _forward(
+    N = Padding.of(xs, U.shape[1]).N
+    y = persistent.forward(
         xs,
         common.pad_to(U, U.shape[:2] + (N,)),
         common.pad_to(W, W.shape[:2] + (N,)),
@@ -386,10 +355,10 @@ def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
         (h0,),
         lens,
         mask,
-        step=_spec(cell).step,
+        step=chain_of(cell).step,
         interpret=interpret,
     )
-    H_all = _carries(y, h0, lens)
+    H_all = persistent.carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask
     vals = _recompute(cell, W, U, b, xs, Hm)
@@ -400,37 +369,35 @@ def _chain_fwd(cell, outputs, interpret, W, U, b, h0, xs, lens, mask):
 def _chain_bwd(cell, outputs, interpret, res, cotangents):
     W, U, xs, h0, lens, mask, H_all, H_prev, Hm, vals = res
     dhT, dys = cotangents
-    T, B, m = xs.shape
     K, n = U.shape[0], U.shape[1]
-    N, _ = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    sizes = Padding.of(xs, n)
+    T, B, m, N = sizes.T, sizes.B, sizes.m, sizes.N
+    valid = persistent.valid_steps(T, lens)
     co32, co16 = _coefficients(cell, vals, H_all, H_prev, Hm)
-    pad = lambda a: common.pad_to(a, (T, Bp, N))
-    dy = None
-    if outputs and dys is not None:
-        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
-    call = functools.partial(_backward_call, spec=_spec(cell), interpret=interpret)
-    DH = _one_at_a_time(call)(
+    pad = sizes.steps
+    call = functools.partial(backward_call, spec=chain_of(cell), interpret=interpret)
+    DH = persistent.one_at_a_time(call)(
         jnp.stack([pad(a) for a in co32], axis=1).astype(_f32),
         jnp.stack([pad(a) for a in co16], axis=1).astype(_bf16),
-        dy,
+        sizes.cotangent(dys, valid, outputs),
         common.pad_to(U, (K, N, N)).astype(_bf16),
-        common.pad_to(lens, (Bp,)),
-        common.pad_to(dhT.astype(_f32), (Bp, N)),
-        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
+        sizes.lens(lens),
+        sizes.rows(dhT),
+        sizes.rows(mask),
     )[:, :B, :n]
     dz, srcs = _block_grads(cell, U, DH, valid, vals, Hm, co32, co16)
-    dZ = jnp.stack(dz)  # [K, T, B, n]
-    dU = jnp.stack([_mm(s, d, "tbi,tbj->ij") for s, d in zip(srcs, dz)])
-    dW = _mm(xs, dZ, "tbm,ktbn->kmn")
-    dxs = _mm(dZ, W, "ktbn,kmn->tbm")
+    # the blocks side by side ([m, K n], [T, B, K n]) for the epilogue, and back
+    W_cols = jnp.moveaxis(W, 0, 1).reshape(m, K * n)
+    dW, dU, db, dxs = persistent.weight_gradients(
+        xs, W_cols, jnp.concatenate(dz, axis=-1), srcs, dz
+    )
+    dW, dU = (jnp.moveaxis(a.reshape(a.shape[0], K, n), 1, 0) for a in (dW, dU))
     dh0 = _initial_cotangent(cell, U, DH, valid, co32, co16, dz, mask)
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
     return (
         dW.astype(W.dtype),
         dU.astype(U.dtype),
-        dZ.sum(axis=(1, 2)).astype(W.dtype),
+        db.reshape(K, n).astype(W.dtype),
         dh0.astype(h0.dtype),
         dxs.astype(xs.dtype),
         None,
@@ -459,11 +426,9 @@ def unroll(
     carry: Array,
     xs: Array,
     mask: Array | None = None,
+    opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
-    dtype: Any = _bf16,
-    outputs: bool = True,
-    interpret: bool | None = None,
 ) -> tuple[Array, Array | None]:
     """An RRN or Cho et al.'s GRU over ``xs`` by the persistent kernels; the contract of
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
@@ -478,20 +443,18 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U (the RRN's U_1, the GRU's U; the residual and the GRU's interpolation
         use h_{t-1} itself) and is a constant (zero gradient), as in the fused scans.
+      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16; ``outputs``
+        False: ``ys`` None; ``interpret``).
       lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
         output zeros).
-      dtype: ``jnp.bfloat16``, the only precision the kernels have (module docstring).
-      outputs: False: return ``ys`` None.
-      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
-        backend only.
 
     Returns:
       ``(h_T [B, n] float32, ys [T, B, n] float32 or None)``.
 
     Raises:
       ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
-        exceed one CTA's shared memory (a wide input), a ``dtype`` other than
-        bfloat16, or the GRU's parameters not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
+        exceed one CTA's shared memory (a wide input), or the GRU's parameters not the
+        cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     if not supports(cell):
         raise ValueError(
@@ -500,7 +463,7 @@ def unroll(
         )
     if isinstance(cell, GRU):
         check_params(cell, params, xs.shape[-1])
-    interpret, lens = _call_settings(xs, lengths, dtype, interpret)
+    lens = persistent.step_lengths(xs, lengths)
     m = xs.shape[2]
     if not _fits(cell, m):
         need = max(smem_bytes(cell, m))
@@ -510,4 +473,4 @@ def unroll(
             f"{common.SMEM_LIMIT}): use scan_impl='fused'"
         )
     W, U, b = _blocks_of(cell, params)
-    return _chain(cell, bool(outputs), bool(interpret), W, U, b, carry, xs, lens, mask)
+    return _chain(cell, opts.outputs, opts.interpreted(), W, U, b, carry, xs, lens, mask)

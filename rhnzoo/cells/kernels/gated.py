@@ -15,24 +15,28 @@ for small hidden sizes. Each CTA owns a tile of 64 batch rows and loops over tim
   (``plgpu.wgmma``, float32 accumulation; b read from shared memory), the gates and the
   cell state c are float32 in registers, and h_t goes to shared memory twice: as the
   next step's bfloat16 matmul operand and as the float32 output, stored to HBM by TMA;
-  the warpgroups meet at a barrier once per step. The kernel (:func:`_forward_call`)
-  serves every persistent cell: a cell is a :class:`_Step`, its blocks, carries and a
-  step function written against the kernel's ``product`` and ``restage`` (the RRN's and
-  Cho's GRU's, whose second product waits on the first, in
-  :mod:`~rhnzoo.cells.kernels.chained`).
+  the warpgroups meet at a barrier once per step. The kernel
+  (:func:`~rhnzoo.cells.kernels.persistent.forward_call`) serves every persistent cell:
+  a cell is a :class:`~rhnzoo.cells.kernels.persistent.Step`, its blocks, carries and a
+  step function written against the kernel's ``product`` and ``restage`` (here
+  :func:`lstm_step` and :data:`GRU_RA_STEP`; the RRN's and Cho's GRU's, whose second
+  product waits on the first, in :mod:`~rhnzoo.cells.kernels.chained`).
 * **backward**, one warpgroup per 64 hidden units as forward: the reverse recurrence of
   the state cotangents (dh, dc) with U's gate blocks in shared memory; each warpgroup
   carries its units' dh and dc and its own [64, 64] float32 accumulator, reads the
   step's gate coefficients for its units straight from global memory, stages its dz
   (bfloat16) in shared memory and, after one CTA barrier, multiplies the whole dz into
   its units of ``dh_{t-1} = dz U^T`` on the tensor cores (one wait per step); the kernel
-  writes dh_t and (the LSTM's) dz_t in bfloat16 as it formed them.
+  writes dh_t and (the LSTM's) dz_t in bfloat16 as it formed them (:func:`backward_call`,
+  built from :mod:`~rhnzoo.cells.kernels.persistent`'s backward harness, which the
+  chained cells' backward shares).
 * **outside the kernels** (large, parallel XLA ops, as in :mod:`~rhnzoo.cells.gated_fused`):
   the gates and c_t are recomputed from the forward's outputs (one ``[T B, n] x [n, 4n]``
   matmul and an associative scan for c), the coefficients the backward kernel reads
   are formed from them, and the weight gradients dU, dW, db and the input gradient are
   single large matmuls over all T x B positions of the kernel's dz (the reset-after
-  GRU's dz re-formed from its dh_t: its candidate's W and U parts differ).
+  GRU's dz re-formed from its dh_t: its candidate's W and U parts differ;
+  :func:`~rhnzoo.cells.kernels.persistent.weight_gradients`).
 
 Precision (the project's bfloat16 policy, ``dtype=jnp.bfloat16``): every matmul takes
 bfloat16 inputs (x, W, h, U, dz) with float32 accumulation; gates, states, their
@@ -75,16 +79,16 @@ matmul waits on r) and the RRN (a chain of K products) have theirs in
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import common, persistent
+from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
+from rhnzoo.cells.kernels.persistent import HALF, QUARTER, ROWS, Padding, Step
 from rhnzoo.cells.lstm import (
     GRU,
     LSTM,
@@ -99,13 +103,7 @@ from rhnzoo.cells.lstm import (
 
 Array = jax.Array
 
-ROWS = 64  # batch rows per CTA: one warpgroup's wgmma M
-_HALF = 64  # hidden units per forward half (one 128-byte swizzle of bfloat16)
-_QUARTER = 32  # hidden units per backward phase
 _bf16, _f32 = jnp.bfloat16, jnp.float32
-# tanh.approx.f32 in the kernels (about 2^-11 relative error, under bfloat16 rounding):
-# measured faster (docs/speed.md), off until the compiled kernels are checked with it.
-_APPROX_MATH = False
 
 
 def supports(cell: Any) -> bool:
@@ -118,26 +116,13 @@ def supports(cell: Any) -> bool:
     return type(cell) in (LSTM, SCLSTM) and cell.hidden_size <= 128
 
 
-def _padded(n: int, m: int) -> tuple[int, int]:
-    """(N, MP): hidden size padded to 64 or 128, input width to a multiple of 16."""
-    return (64 if n <= 64 else 128), -(-m // 16) * 16
-
-
-def _forward_smem_bytes(K: int, N: int, MP: int, restages: int) -> int:
-    """Shared memory (bytes) of :func:`_forward_call` with K blocks and ``restages``
-    restaged values per step: the scratch buffers listed there (barriers aside; SC-LSTM's
-    step counts and α, under 1 KB, aside)."""
-    fwd = K * N * N * 2 + K * N * MP * 2 + 2 * ROWS * MP * 2 + 2 * ROWS * N * 2
-    return fwd + min(restages, 2) * ROWS * N * 2 + ROWS * N * 4 + K * N * 4 + ROWS * 4
-
-
 def smem_bytes(n: int, m: int) -> tuple[int, int]:
     """Shared memory (bytes) of the LSTM's forward and backward kernels for hidden size
     ``n`` and input width ``m``: the scratch buffers listed in the kernels (barriers
     aside). The backward holds U's gate blocks and one step's dz; its inputs and outputs
     go straight between registers and global memory."""
-    N, MP = _padded(n, m)
-    return _forward_smem_bytes(4, N, MP, 0), 4 * N * N * 2 + 4 * ROWS * N * 2
+    N, MP = persistent.padded(n, m)
+    return persistent.forward_smem_bytes(4, N, MP, 0), 4 * N * N * 2 + 4 * ROWS * N * 2
 
 
 def fits(
@@ -168,27 +153,6 @@ def fits(
 
 
 # ------------------------------------------------------------------------------ kernels
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """A cell's step for the forward kernel (:func:`_forward_call`): K blocks ``(W_k, U_k,
-    b_k)`` (``no_w`` / ``no_u``: blocks without an input / a recurrent part),
-    ``restages`` values put in shared memory per step, and ``forward(product, restage,
-    carry, m, skips) -> (h_t, carry_t)``:
-    ``product([(k, src), ...])`` forms blocks' pre-activations ``x_t W_k + src U_k + b_k``
-    [ROWS, 64] for the warpgroup's units (src None: h_{t-1} m), their tensor-core
-    products issued together; ``restage(v)`` puts ``v`` of every warpgroup in shared
-    memory (bfloat16) as a later product's src; ``carry`` the tuple of the cell's float32
-    carries [ROWS, 64] (besides h's bfloat16 copy); ``m`` the mask or None; ``skips`` SC-LSTM's
-    ``(count [ROWS] int32, α
-    [ROWS, 64])`` or None."""
-
-    blocks: int
-    restages: int
-    forward: Callable
-    no_w: tuple = ()
-    no_u: tuple = ()
 
 
 def _skip_grid(count, skip: int):
@@ -229,194 +193,19 @@ def _gru_ra_forward(product, restage, carry, m, skips):
     return h, (h,)
 
 
-def _lstm_step(skip: int = 0) -> _Step:
-    """The LSTM's :class:`_Step` (SC-LSTM's, its anchor a second carry, for ``skip`` = L >
+def lstm_step(skip: int = 0) -> Step:
+    """The LSTM's step for :func:`~rhnzoo.cells.kernels.persistent.forward_call` (blocks
+    i | f | o | c̃, the carry c; SC-LSTM's, its anchor a second carry, for ``skip`` = L >
     0)."""
-    return _Step(4, 0, functools.partial(_lstm_forward, skip))
+    return Step(4, 0, functools.partial(_lstm_forward, skip))
 
 
-_GRU_RA = _Step(4, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
+# The reset-after GRU's step for the forward kernel: blocks r | z | n's input part (no U) |
+# n's recurrent part (no W), the carry h.
+GRU_RA_STEP = Step(4, 0, _gru_ra_forward, no_w=(3,), no_u=(2,))
 
 
-def _forward_call(
-    x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: _Step, interpret: bool
-):
-    """The forward kernel of every persistent cell: one warpgroup per 64 hidden units
-    (H = N / 64 of them per CTA), the cell's step (``step``) written against the kernel's
-    primitives.
-
-    Args: ``x [T, Bp, MP]`` bf16; ``u [K, H, N, 64]`` bf16, U's blocks split by output
-    columns (``u[k, j, :, c] = U_k[:, 64 j + c]``); ``w [K, H, 64, MP]`` bf16, W's
-    likewise, transposed; ``b [K, H, 64]`` f32; ``h0 [H, Bp, 64]`` bf16 (times the mask);
-    ``carry0``: C arrays ``[H, Bp, 64]`` f32, the float32 carries (the LSTM's c, SC-LSTM's
-    c and anchor, the GRUs' and RRN's h; separate arrays: a TMA copy strides at most five
-    dimensions); ``lens [Bp]`` int32; ``mask [H, Bp, 64]`` f32 or
-    None, the recurrent dropout mask; ``skips`` SC-LSTM's ``(t0 [Bp] int32, alpha [H, 64]
-    f32)`` (each row's step count, α broadcast) or None. Returns ``y [T, H, Bp, 64]``
-    f32: h_t on real steps, zeros on padded ones."""
-    pl, plgpu = common.plgpu()
-    T, Bp, MP = x.shape
-    K, H, N = u.shape[0], u.shape[1], u.shape[2]
-    C = len(carry0)
-    L = plgpu.Layout.WGMMA
-    masked, skipping = mask is not None, skips is not None
-    uses_w = [k not in step.no_w for k in range(K)]
-    uses_u = [k not in step.no_u for k in range(K)]
-
-    def body(x_ref, u_ref, w_ref, b_ref, h0_ref, len_ref, *refs):
-        c_refs, refs = refs[:C], refs[C:]
-        m_ref = refs[0] if masked else None
-        t0_ref, alpha_ref = refs[masked : masked + 2] if skipping else (None, None)
-        y_ref, u_s, w_s, x_s, h_s, a_s, y_s, b_s, len_s, sk_s, bar_w, bar_x, bar_init, bar_step = (
-            refs[masked + 2 * skipping :]
-        )
-        rows = pl.ds(lax.axis_index("b") * ROWS, ROWS)
-        wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
-
-        @pl.when(wg == 0)
-        def _load_once():
-            for k in range(K):
-                for j in range(H):
-                    if uses_u[k]:
-                        plgpu.copy_gmem_to_smem(u_ref.at[k, j], u_s.at[k, j], bar_w.at[k * H + j])
-                    if uses_w[k]:
-                        plgpu.copy_gmem_to_smem(
-                            w_ref.at[k, j], w_s.at[k, j], bar_w.at[(K + k) * H + j]
-                        )
-            plgpu.copy_gmem_to_smem(h0_ref.at[:, rows], h_s.at[0], bar_init.at[0])
-            plgpu.copy_gmem_to_smem(c_refs[0].at[:, rows], y_s, bar_init.at[1])
-            plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
-            plgpu.copy_gmem_to_smem(len_ref.at[rows], len_s, bar_init.at[3])
-            plgpu.copy_gmem_to_smem(x_ref.at[0, rows], x_s.at[0], bar_x.at[0])
-            if skipping:
-                plgpu.copy_gmem_to_smem(t0_ref.at[rows], sk_s[0], bar_init.at[5])
-                plgpu.copy_gmem_to_smem(alpha_ref, sk_s[1], bar_init.at[6])
-
-        for k in range(K):
-            for j in range(H):
-                if uses_u[k]:
-                    plgpu.barrier_wait(bar_w.at[k * H + j])
-                if uses_w[k]:
-                    plgpu.barrier_wait(bar_w.at[(K + k) * H + j])
-        for k in range(4):
-            plgpu.barrier_wait(bar_init.at[k])
-        carry = [plgpu.load(y_s.at[wg], layout=L)]
-        lens_v = plgpu.load(len_s, layout=L.reduce(1))
-
-        def through_y_s(src, bar):  # once every warpgroup has read y_s
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(bar_step)
-            plgpu.barrier_wait(bar_step)
-            pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(src, y_s, bar))
-            plgpu.barrier_wait(bar)
-            return plgpu.load(y_s.at[wg], layout=L)
-
-        carry += [through_y_s(c_refs[k].at[:, rows], bar_init.at[6 + k]) for k in range(1, C)]
-        if skipping:  # the step counts and α stay in SMEM
-            for k in (5, 6):
-                plgpu.barrier_wait(bar_init.at[k])
-            t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
-
-        def step_t(t, carry):
-            slot = lax.rem(t, 2)
-            plgpu.barrier_wait(bar_x.at[slot])
-
-            # Every warpgroup's products of step t - 1 are done (they passed bar_step).
-            @pl.when((t + 1 < T) & (wg == 0))
-            def _prefetch():
-                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
-
-            def product(blocks):
-                def run(*accs):
-                    for acc, (k, src) in zip(accs, blocks):
-                        if uses_w[k]:
-                            plgpu.wgmma(acc, x_s.at[slot], w_s.at[k, wg].transpose((1, 0)))
-                        src = h_s.at[slot] if src is None else src
-                        for j in range(H if uses_u[k] else 0):
-                            plgpu.wgmma(acc, src.at[j], u_s.at[k, wg, pl.ds(j * _HALF, _HALF)])
-                    return tuple(a[...] for a in accs)
-
-                zs = pl.run_scoped(run, *[plgpu.ACC((ROWS, _HALF), _f32)] * len(blocks))
-                return [
-                    z
-                    + lax.broadcast_in_dim(
-                        plgpu.load(b_s.at[k, wg], layout=L.reduce(0)), (ROWS, _HALF), [1]
-                    )
-                    for z, (k, _) in zip(zs, blocks)
-                ]
-
-            restaged = []
-
-            def restage(v):
-                """Two buffers, alternating: the products that read the other one are
-                done (their warpgroups passed the last barrier after reading their
-                results)."""
-                buf = a_s.at[len(restaged) % 2]
-                restaged.append(buf)
-                buf[wg] = v.astype(_bf16)
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(bar_step)
-                plgpu.barrier_wait(bar_step)
-                return buf
-
-            valid = lax.broadcast_in_dim(t < lens_v, (ROWS, _HALF), [0])
-            # The mask and α are read where they are used, each step (from global memory,
-            # shared memory), not held in registers across the loop.
-            m = None
-            if masked:
-                m = plgpu.load(m_ref.at[wg, rows], layout=L, optimized=False)
-            skips = None
-            if skipping:
-                alpha = plgpu.load(sk_s[1].at[wg], layout=L.reduce(0))
-                skips = (t0_v + t, lax.broadcast_in_dim(alpha, (ROWS, _HALF), [1]))
-            h_new, new = step.forward(product, restage, tuple(carry), m, skips)
-            kept = plgpu.load(h_s.at[slot, wg], layout=L)
-            h_in = h_new if m is None else h_new * m  # what enters U next step
-            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
-            y_s[wg] = jnp.where(valid, h_new, 0.0)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(y_s.at[wg], y_ref.at[t, wg, rows])
-            plgpu.barrier_arrive(bar_step)  # h_t of every warpgroup is in h_s
-            plgpu.barrier_wait(bar_step)
-            return [jnp.where(valid, a, c) for a, c in zip(new, carry)]
-
-        lax.fori_loop(0, T, step_t, carry)
-        plgpu.wait_smem_to_gmem(0)
-
-    sw = functools.partial(common.swizzled, plgpu)
-    buffers = min(step.restages, 2)
-    kernel = plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((T, H, Bp, _HALF), _f32),
-        scratch_types=(
-            plgpu.SMEM((K, H, N, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((K, H, _HALF, MP), _bf16, transforms=sw(_bf16, MP)),
-            plgpu.SMEM((2, ROWS, MP), _bf16, transforms=sw(_bf16, MP)),
-            plgpu.SMEM((2, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF)),
-            plgpu.SMEM((buffers, H, ROWS, _HALF), _bf16, transforms=sw(_bf16, _HALF))
-            if buffers
-            else None,
-            plgpu.SMEM((H, ROWS, _HALF), _f32, transforms=sw(_f32, 32)),
-            plgpu.SMEM((K, H, _HALF), _f32),
-            plgpu.SMEM((ROWS,), jnp.int32),
-            (plgpu.SMEM((ROWS,), jnp.int32), plgpu.SMEM((H, _HALF), _f32)) if skipping else None,
-            plgpu.Barrier(num_barriers=2 * K * H),
-            plgpu.Barrier(num_barriers=2),
-            plgpu.Barrier(num_barriers=6 + C),
-            plgpu.Barrier(num_arrivals=H),
-        ),
-        grid=(Bp // ROWS,),
-        grid_names=("b",),
-        num_threads=H,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=common.interpret_params(interpret),
-    )
-    return kernel(*((x, u, w, b, h0, lens, *carry0) + ((mask,) if masked else ()) + (skips or ())))
-
-
-def _backward_call(
+def backward_call(
     coef, F, dy, u, lens, dhT, dcT, mask=None, skips=None, *, skip: int = 0, interpret: bool
 ):
     """The backward kernel: the reverse recurrence of (dh, dc) (the LSTM), or of dh alone
@@ -450,10 +239,10 @@ def _backward_call(
     pl, plgpu = common.plgpu()
     T, n_co, Bp, N = coef.shape
     k_dz = u.shape[0]  # LSTM: 5 coefficients, 4 blocks; GRU: 3, 3
-    H, quarters = N // _HALF, N // _QUARTER
+    H, quarters = N // HALF, N // QUARTER
     has_dy, masked, lstm = dy is not None, mask is not None, dcT is not None
     L = plgpu.Layout.WGMMA
-    tile = (ROWS, _QUARTER)
+    tile = (ROWS, QUARTER)
     assert (skips is not None) == (skip > 0) and (lstm or not skip)
 
     def body(*refs):
@@ -472,11 +261,9 @@ def _backward_call(
 
         @pl.when(wg == 0)
         def _load_u():
-            for g in range(k_dz):
-                for j in range(H):  # (a TMA copy strides at most five dimensions)
-                    plgpu.copy_gmem_to_smem(u_ref.at[g, j], u_s.at[g, j], bar_u.at[g * H + j])
+            persistent.load_u(plgpu, u_ref, u_s, bar_u, k_dz, H)
 
-        cols = [pl.ds(wg * _HALF + q * _QUARTER, _QUARTER) for q in range(2)]  # its quarters
+        cols = [pl.ds(wg * HALF + q * QUARTER, QUARTER) for q in range(2)]  # its quarters
 
         def tiles(ref, *idx):  # the warpgroup's two [ROWS, 32] quarters of ref[*idx, rows]
             return [plgpu.load(ref.at[(*idx, rows, c)], layout=L, optimized=False) for c in cols]
@@ -490,10 +277,6 @@ def _backward_call(
             t0_v = plgpu.load(t0_ref.at[rows], layout=L.reduce(1), optimized=False)
         for g in range(k_dz * H):
             plgpu.barrier_wait(bar_u.at[g])
-
-        def barrier():  # every warpgroup of the CTA has arrived
-            plgpu.barrier_arrive(bar_step)
-            plgpu.barrier_wait(bar_step)
 
         def step(s, carry):
             t = T - 1 - s
@@ -536,22 +319,13 @@ def _backward_call(
                     dz_s[g, 2 * wg + q] = dz16
                     if lstm:  # the LSTM's dz_t out, as it is (bfloat16)
                         dZ_ref[t, g, rows, cols[q]] = dz16
-            plgpu.commit_smem()
-            barrier()  # every warpgroup's dz is in dz_s
-
-            def products(acc):  # this warpgroup's units of dz U^T, all issued, one wait
-                for g in range(k_dz):
-                    for p in range(quarters):
-                        ks = pl.ds(p * _QUARTER, _QUARTER)
-                        plgpu.wgmma(acc, dz_s.at[g, p], u_s.at[g, wg, :, ks].transpose((1, 0)))
-                return acc[...]
-
-            dh_prev = pl.run_scoped(products, plgpu.ACC((ROWS, _HALF), _f32))
-            if H > 1:
-                barrier()  # every warpgroup's products are done: dz_s may be rewritten
+            # this warpgroup's units of dh_{t-1} = dz U^T, once every dz is in dz_s
+            dh_prev = persistent.staged_products(
+                pl, plgpu, dz_s, u_s, [(g, g) for g in range(k_dz)], wg=wg, H=H, bar_step=bar_step
+            )
             new_dh = []
             for q in range(2):
-                d = dh_prev[:, q * _QUARTER : (q + 1) * _QUARTER]
+                d = dh_prev[:, q * QUARTER : (q + 1) * QUARTER]
                 if masked:
                     d = d * plgpu.load(m_ref.at[rows, cols[q]], layout=L, optimized=False)
                 if not lstm:  # the GRU's direct path
@@ -567,7 +341,7 @@ def _backward_call(
             dc0_ref[rows, cols[q]] = dc
 
     sw = functools.partial(common.swizzled, plgpu)
-    kernel = plgpu.kernel(
+    kernel = persistent.persistent_kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((T, Bp, N), _f32),)
         + (
@@ -576,24 +350,20 @@ def _backward_call(
             else ()
         ),
         scratch_types=(
-            plgpu.SMEM((k_dz, H, _HALF, N), _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((k_dz, quarters) + tile, _bf16, transforms=sw(_bf16, _QUARTER)),
-            plgpu.SMEM((quarters,) + tile, _f32, transforms=sw(_f32, _QUARTER)) if skip else None,
+            *persistent.backward_smem(plgpu, k_dz, k_dz, N),  # U's blocks, dz
+            plgpu.SMEM((quarters,) + tile, _f32, transforms=sw(_f32, QUARTER)) if skip else None,
             plgpu.Barrier(num_barriers=k_dz * H),
             plgpu.Barrier(num_arrivals=H),
         ),
-        grid=(Bp // ROWS,),
-        grid_names=("b",),
-        num_threads=H,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=_APPROX_MATH),
-        interpret=common.interpret_params(interpret),
+        Bp=Bp,
+        H=H,
+        interpret=interpret,
     )
     return kernel(
         *(
             (coef, F)
             + ((dy,) if has_dy else ())
-            + (u.reshape(k_dz, H, _HALF, N), lens, dhT)
+            + (u.reshape(k_dz, H, HALF, N), lens, dhT)
             + ((dcT,) if lstm else ())
             + ((mask,) if masked else ())
             + (skips or ())
@@ -604,30 +374,9 @@ def _backward_call(
 # ------------------------------------------------------------------------------ the unroll
 
 
-def _call_settings(xs: Array, lengths, dtype, interpret) -> tuple[bool, Array]:
-    """``unroll``'s checks and defaults shared by the kernel modules: ``(interpret, lens
-    [B] int32)``; raises ValueError for a ``dtype`` other than bfloat16."""
-    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
-        raise ValueError(
-            f"the Pallas kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}"
-        )
-    T, B, _ = xs.shape
-    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
-    return jax.default_backend() == "cpu" if interpret is None else interpret, lens
-
-
 def _blocks(M: Array, n: int, N: int, k: int = 4) -> Array:
     """``[r, k n] -> [k, r, N]``: the gate blocks of a fused weight matrix, padded."""
     return common.pad_to(jnp.moveaxis(M.reshape(M.shape[0], k, n), 1, 0), (k, M.shape[0], N))
-
-
-def _carries(y: Array, h0: Array, lens: Array) -> Array:
-    """H_t, the carry h after each step ``[T, B, n]``: y_t on real steps, the row's last
-    real output (or h0) on the padded steps after it."""
-    T = y.shape[0]
-    last = jnp.clip(jnp.minimum(jnp.arange(T)[:, None], lens[None, :] - 1), 0)  # [T, B]
-    H = jnp.take_along_axis(y, last[:, :, None], axis=0)
-    return jnp.where((lens > 0)[None, :, None], H, h0[None])
 
 
 def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
@@ -658,61 +407,6 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     return H_prev, i, f, o, g, C
 
 
-def _one_at_a_time(call):
-    """``call`` (a kernel launch) that, under ``jax.vmap`` (K stacked seeds: each its own
-    U), launches once per mapped index (``lax.map``) instead of by ``pallas_call``'s
-    batching rule: that rule adds a dimension to the forward kernel's TMA copies, past
-    the five an H100 takes (a lowering error)."""
-    mapped_call = jax.custom_batching.custom_vmap(call)
-
-    @mapped_call.def_vmap
-    def rule(axis_size, in_batched, *args):
-        del axis_size
-        flat, tree = jax.tree.flatten(args)
-        batched = jax.tree.leaves(in_batched)
-
-        def one(rows):
-            rows = iter(rows)
-            return call(
-                *jax.tree.unflatten(tree, [next(rows) if b else a for a, b in zip(flat, batched)])
-            )
-
-        out = lax.map(one, [a for a, b in zip(flat, batched) if b])
-        return out, jax.tree.map(lambda _: True, out)
-
-    return mapped_call
-
-
-def _forward(xs, Ub, Wb, bk, h0, carry0, lens, mask, skips=None, *, step, interpret):
-    """The forward kernel on unpadded arrays: ``Ub [K, n, N]``, ``Wb [K, m, N]`` (the
-    blocks, :func:`_blocks`), ``bk [K, n]``, ``h0 [B, n]``, ``carry0``: the float32
-    carries (each ``[B, n]``), ``lens [B]``, ``mask [B, n]`` or None; SC-LSTM's ``skips``
-    = ``(t0 [B], alpha [])``. Pads and splits them into the kernel's layout
-    (:func:`_forward_call`); returns ``y [T, B, n]``."""
-    T, B, m = xs.shape
-    n = h0.shape[-1]
-    K = Ub.shape[0]
-    N, MP = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    H = N // _HALF
-    halves = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (H, _HALF)), -2, -3)
-    if skips is not None:
-        t0, alpha = skips
-        skips = (common.pad_to(t0, (Bp,)), jnp.broadcast_to(alpha.astype(_f32), (H, _HALF)))
-    y = _one_at_a_time(functools.partial(_forward_call, step=step, interpret=interpret))(
-        common.pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        halves(common.pad_to(Ub, (K, N, N))).astype(_bf16),
-        jnp.swapaxes(halves(common.pad_to(Wb, (K, MP, N))), -1, -2).astype(_bf16),
-        common.pad_to(bk, (K, N)).reshape(K, H, _HALF).astype(_f32),
-        halves(common.pad_to((h0 if mask is None else h0 * mask).astype(_bf16), (Bp, N))),
-        tuple(halves(common.pad_to(c.astype(_f32), (Bp, N))) for c in carry0),
-        common.pad_to(lens, (Bp,)),
-        None if mask is None else halves(common.pad_to(mask.astype(_f32), (Bp, N))),
-        skips,
-    )
-    return jnp.moveaxis(y, 1, 2).reshape(T, Bp, N)[:, :B, :n]
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _lstm(outputs: bool, interpret: bool, skip: int, W, U, b, h0, c0, xs, lens, mask, skips):
     return _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips)[0]
@@ -737,9 +431,9 @@ def _grid(skip, t0, T, valid):
 def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
     T = xs.shape[0]
     n = U.shape[0]
-    N, _ = _padded(n, xs.shape[2])
+    N = Padding.of(xs, n).N
     carry0, kernel_skips = ((c0, skips[1]), (skips[0], skips[2])) if skip else ((c0,), None)
-    y = _forward(
+    y = persistent.forward(
         xs,
         _blocks(U, n, N),
         _blocks(W, n, N),
@@ -749,11 +443,11 @@ def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
         lens,
         mask,
         kernel_skips,
-        step=_lstm_step(skip),
+        step=lstm_step(skip),
         interpret=interpret,
     )
-    H = _carries(y, h0, lens)
-    valid = jnp.arange(T)[:, None] < lens[None, :]
+    H = persistent.carries(y, h0, lens)
+    valid = persistent.valid_steps(T, lens)[..., 0]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
     A_prev, A_T = None, None
     if skip:
@@ -767,49 +461,40 @@ def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
 def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     W, U, b, xs, h0, c0, lens, mask, skips, H_prev, i, f, o, g, C, A_prev = res
     (dhT, dcT, daT), dys = cotangents
-    T, B, m = xs.shape
     n = U.shape[0]
-    N, _ = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    sizes = Padding.of(xs, n)
+    T, B, N = sizes.T, sizes.B, sizes.N
+    valid = persistent.valid_steps(T, lens)
     C_prev = jnp.concatenate([c0[None], C[:-1]])
     co = lstm_coefficients(i, f, o, g, C_prev, jnp.tanh(C))  # A, P, Q, R, S in this order
-    pad = lambda a: common.pad_to(a, (T, Bp, N))
+    pad = sizes.steps
     coef = jnp.stack([pad(a) for a in co], axis=1).astype(_bf16)
-    dy = None
-    if outputs and dys is not None:
-        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
+    dy = sizes.cotangent(dys, valid, outputs)
     kernel_skips = None
     if skip:
         t0, _, alpha = skips
         kernel_skips = (
-            common.pad_to(t0, (Bp,)),
+            sizes.lens(t0),
             alpha.astype(_f32).reshape(1),
-            common.pad_to(daT.astype(_f32), (Bp, N)),
+            sizes.rows(daT),
         )
-    call = functools.partial(_backward_call, skip=skip, interpret=interpret)
-    DH, dZ16, dc0 = _one_at_a_time(call)(
+    call = functools.partial(backward_call, skip=skip, interpret=interpret)
+    DH, dZ16, dc0 = persistent.one_at_a_time(call)(
         coef,
         pad(f.astype(_f32)),
         dy,
         common.pad_to(_blocks(U, n, N), (4, N, N)).astype(_bf16),
-        common.pad_to(lens, (Bp,)),
-        common.pad_to(dhT.astype(_f32), (Bp, N)),
-        common.pad_to(dcT.astype(_f32), (Bp, N)),
-        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
+        sizes.lens(lens),
+        sizes.rows(dhT),
+        sizes.rows(dcT),
+        sizes.rows(mask),
         kernel_skips,
     )
     DH = DH[:, :B, :n]
     dZ16 = jnp.moveaxis(dZ16[:, :, :B, :n], 1, 2).reshape(T, B, 4 * n)  # blocks i | f | o | c̃
-    dU = jnp.einsum("tbn,tbk->nk", H_prev.astype(_bf16), dZ16, preferred_element_type=_f32)
-    dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZ16, preferred_element_type=_f32)
-    db = dZ16.astype(_f32).sum(axis=(0, 1))
-    dxs = jnp.einsum("tbk,mk->tbm", dZ16, W.astype(_bf16), preferred_element_type=_f32)
-    dh0 = jnp.einsum("bk,nk->bn", dZ16[0], U.astype(_bf16), preferred_element_type=_f32)
-    if mask is not None:
-        dh0 = dh0 * mask
-    v0 = valid[0]
-    dh0 = jnp.where(v0, dh0, DH[0])
+    dW, dU, db, dxs = persistent.weight_gradients(xs, W, dZ16, H_prev)
+    into_u = persistent.matmul("bk,nk->bn", dZ16[0], U)
+    dh0 = persistent.initial_cotangent(into_u, mask, DH, valid)
     dc0 = dc0[:B, :n]
     dmask = None if mask is None else jnp.zeros_like(mask)  # a constant, as in the fused scans
     dskips = None
@@ -851,13 +536,15 @@ def _gru(outputs: bool, interpret: bool, W, U, b, b_hn, h0, xs, lens, mask):
 
 def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
     n = U.shape[0]
-    N, _ = _padded(n, xs.shape[2])
+    N = Padding.of(xs, n).N
     Wb, Ub = _blocks(W, n, N, 3), _blocks(U, n, N, 3)
     W4 = jnp.concatenate([Wb, jnp.zeros_like(Wb[:1])])  # no W block for n's recurrent part
     U4 = jnp.concatenate([Ub[:2], jnp.zeros_like(Ub[:1]), Ub[2:]])  # nor U for its input part
     b4 = jnp.concatenate([b.reshape(3, n), b_hn.reshape(1, n)])
-    y = _forward(xs, U4, W4, b4, h0, (h0,), lens, mask, step=_GRU_RA, interpret=interpret)
-    H_all = _carries(y, h0, lens)
+    y = persistent.forward(
+        xs, U4, W4, b4, h0, (h0,), lens, mask, step=GRU_RA_STEP, interpret=interpret
+    )
+    H_all = persistent.carries(y, h0, lens)
     H_prev = jnp.concatenate([h0[None], H_all[:-1]])
     Hm = H_prev if mask is None else H_prev * mask
     zx = (
@@ -873,47 +560,37 @@ def _gru_fwd(outputs, interpret, W, U, b, b_hn, h0, xs, lens, mask):
 def _gru_bwd(outputs, interpret, res, cotangents):
     W, U, b, b_hn, xs, h0, lens, mask, H_prev, Hm, r, z, g, cand = res
     dhT, dys = cotangents
-    T, B, m = xs.shape
     n = U.shape[0]
-    N, _ = _padded(n, m)
-    Bp = -(-B // ROWS) * ROWS
-    valid = (jnp.arange(T)[:, None] < lens[None, :])[:, :, None]
+    sizes = Padding.of(xs, n)
+    T, B, N = sizes.T, sizes.B, sizes.N
+    valid = persistent.valid_steps(T, lens)
     co = gru_reset_after_coefficients(r, z, g, cand, H_prev)
     Ar, Az, An, dn = co.dh_dzr, co.dh_dzz, co.dh_dg, co.dh_dzh
-    pad = lambda a: common.pad_to(a, (T, Bp, N))
+    pad = sizes.steps
     coef = jnp.stack([pad(a) for a in (Ar, Az, An)], axis=1).astype(_bf16)
-    dy = None
-    if outputs and dys is not None:
-        dy = pad(jnp.where(valid, dys, 0.0).astype(_f32))
-    (DH,) = _backward_call(
+    (DH,) = backward_call(
         coef,
         pad(z.astype(_f32)),
-        dy,
+        sizes.cotangent(dys, valid, outputs),
         common.pad_to(_blocks(U, n, N, 3), (3, N, N)).astype(_bf16),
-        common.pad_to(lens, (Bp,)),
-        common.pad_to(dhT.astype(_f32), (Bp, N)),
+        sizes.lens(lens),
+        sizes.rows(dhT),
         None,
-        None if mask is None else common.pad_to(mask.astype(_f32), (Bp, N)),
+        sizes.rows(mask),
         interpret=interpret,
     )
     DH = DH[:, :B, :n]
     dr, dz, dn_h, dn_x = (jnp.where(valid, DH * a, 0.0) for a in (Ar, Az, An, dn))
     dZh = jnp.concatenate([dr, dz, dn_h], axis=-1)  # what multiplies U
     dZx = jnp.concatenate([dr, dz, dn_x], axis=-1)  # what multiplies W, and b's gradient
-    dU = jnp.einsum("tbn,tbk->nk", Hm.astype(_bf16), dZh.astype(_bf16), preferred_element_type=_f32)
-    dW = jnp.einsum("tbm,tbk->mk", xs.astype(_bf16), dZx.astype(_bf16), preferred_element_type=_f32)
-    dxs = jnp.einsum("tbk,mk->tbm", dZx.astype(_bf16), W.astype(_bf16), preferred_element_type=_f32)
-    dh0 = jnp.einsum(
-        "bk,nk->bn", dZh[0].astype(_bf16), U.astype(_bf16), preferred_element_type=_f32
-    )
-    if mask is not None:
-        dh0 = dh0 * mask
-    dh0 = jnp.where(valid[0], dh0 + DH[0] * z[0], DH[0])
+    dW, dU, db, dxs = persistent.weight_gradients(xs, W, dZx, Hm, dZh)
+    into_u = persistent.matmul("bk,nk->bn", dZh[0], U)
+    dh0 = persistent.initial_cotangent(into_u, mask, DH, valid, DH[0] * z[0])
     dmask = None if mask is None else jnp.zeros_like(mask)
     return (
         dW.astype(W.dtype),
         dU.astype(U.dtype),
-        dZx.sum(axis=(0, 1)).astype(b.dtype),
+        db.astype(b.dtype),
         dn_h.sum(axis=(0, 1)).astype(b_hn.dtype),
         dh0.astype(h0.dtype),
         dxs.astype(xs.dtype),
@@ -931,11 +608,9 @@ def unroll(
     carry: Any,
     xs: Array,
     mask: Array | None = None,
+    opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
-    dtype: Any = _bf16,
-    outputs: bool = True,
-    interpret: bool | None = None,
 ) -> tuple[Any, Array | None]:
     """The cell over ``xs`` by the persistent kernels; the contract of
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
@@ -951,20 +626,17 @@ def unroll(
       xs: ``[T, B, m]`` float32, time-major.
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U, and is treated as a constant (zero gradient), as in the fused scans.
+      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16; ``outputs``
+        False: ``ys`` None, the classifier reads the final carry; ``interpret``).
       lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
         output zeros).
-      dtype: ``jnp.bfloat16``, the only precision the kernels have (module docstring).
-      outputs: False: return ``ys`` None (the classifier reads the final carry).
-      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
-        backend only (compiled on a GPU).
 
     Returns:
       ``(carry_T, ys [T, B, n] float32 or None)``.
 
     Raises:
-      ValueError: for a cell without a kernel (see :func:`supports`), parameters that
-        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), or a ``dtype``
-        other than bfloat16.
+      ValueError: for a cell without a kernel (see :func:`supports`) or parameters that
+        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
     """
     if not supports(cell):
         raise ValueError(
@@ -972,11 +644,12 @@ def unroll(
             "GRU with hidden size <= 128 only"
         )
     check_params(cell, params, xs.shape[-1])
-    interpret, lens = _call_settings(xs, lengths, dtype, interpret)
+    outputs, interpret = opts.outputs, opts.interpreted()
+    lens = persistent.step_lengths(xs, lengths)
     if type(cell) is GRU:
         return _gru(
-            bool(outputs),
-            bool(interpret),
+            outputs,
+            interpret,
             params["W"],
             params["U"],
             params["b"],
@@ -991,8 +664,8 @@ def unroll(
         alpha = params["alpha"] if cell.learn_alpha else jnp.ones((), _f32)
         skips, skip = (carry.t.astype(jnp.int32), carry.h_anchor, alpha), cell.skip
     (h, c, anchor), ys = _lstm(
-        bool(outputs),
-        bool(interpret),
+        outputs,
+        interpret,
         skip,
         params["W"],
         params["U"],

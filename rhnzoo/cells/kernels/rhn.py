@@ -89,6 +89,7 @@ from jax import lax
 
 from rhnzoo.cells import fastmath, rhn_fused
 from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
 from rhnzoo.cells.rhn import HSG, RHN
 
 Array = jax.Array
@@ -521,12 +522,12 @@ def unroll(
     carry: Array,
     xs: Array,
     mask: Array | None = None,
+    opts: Options = DEFAULT_OPTIONS,
     *,
-    dtype: Any = _bf16,
-    interpret: bool | None = None,
+    lengths: Array | None = None,
     batch_tile: int | None = None,
     kernel_backward: bool = False,
-) -> tuple[Array, Array]:
+) -> tuple[Array, Array | None]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
 
@@ -539,9 +540,11 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies the state entering
         every micro-layer's GEMM (not the highway update), as in the fused scan, and is a
         constant (zero gradient).
-      dtype: ``jnp.bfloat16``, the only precision the kernel has (module docstring).
-      interpret: run the kernels in Pallas's GPU interpret mode; None: on the CPU
-        backend only (compiled on a GPU).
+      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16, the only
+        precision the kernel has; ``outputs`` False: ``ys`` None; ``interpret``).
+      lengths: optional ``[B]`` int real steps per row: every step runs, a row's final
+        carry is its output at its last real step and padded outputs are zeros
+        (:func:`rhnzoo.cells.rhn_fused.with_lengths`).
       batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
         an H100; which is fastest is not measured); None: :func:`default_batch_tile` of B.
       kernel_backward: run the backward pass's micro-layers by the backward kernels
@@ -549,20 +552,16 @@ def unroll(
         False: the fused scan's backward in XLA.
 
     Returns:
-      ``(carry [B, n], ys [T, B, n])`` float32: the final state and every step's output.
+      ``(carry [B, n], ys [T, B, n] or None)`` float32: the final state and every step's
+      output.
 
     Raises:
-      ValueError: for a cell other than a coupled RHN or HSG(RHN); a ``dtype`` other than
-        bfloat16; ``xs`` not ``[T, B, m]``, a ``carry`` or ``mask`` not ``[B, n]``, or
-        parameters whose shapes are not the cell's for input width m; a ``batch_tile``
-        other than 16, 32 or 64.
+      ValueError: for a cell other than a coupled RHN or HSG(RHN); ``xs`` not ``[T, B,
+        m]``, a ``carry`` or ``mask`` not ``[B, n]``, or parameters whose shapes are not
+        the cell's for input width m; a ``batch_tile`` other than 16, 32 or 64.
     """
     if not supports(cell):
         raise ValueError(f"the RHN micro-layer kernel runs a coupled RHN or HSG(RHN), got {cell!r}")
-    if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
-        raise ValueError(
-            f"the RHN micro-layer kernel computes in bfloat16 (dtype=jnp.bfloat16), got {dtype!r}"
-        )
     if batch_tile not in (None, 16, 32, 64):
         raise ValueError(f"batch_tile must be 16, 32 or 64, got {batch_tile!r}")
     hsg = None
@@ -587,8 +586,6 @@ def unroll(
             f"shapes do not match RHN(n={n}, depth={L}) over xs [T, B, m] = {xs.shape}: "
             + ", ".join(wrong)
         )
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
     loop = L <= rhn_fused.LOOP_LAYERS_UP_TO
     # The projection of all T steps in one GEMM, its backward under the same rule.
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], _bf16), 1, 2)  # [T, 2n, B]
@@ -603,7 +600,7 @@ def unroll(
         mask.T,
         loop,
         bt,
-        bool(interpret),
+        opts.interpreted(),
         bool(kernel_backward),
     )
-    return s_T.T, jnp.swapaxes(ys, 1, 2)
+    return rhn_fused.with_lengths(carry, s_T.T, jnp.swapaxes(ys, 1, 2), lengths, opts.outputs)
