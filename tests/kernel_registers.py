@@ -63,13 +63,14 @@ class Config(NamedTuple):
 
 
 # The RHN micro-layer kernels (rhnzoo.cells.kernels.rhn) of HSG(RHN) at depth 2: the first
-# micro-layer's (its epilogue adds the input projection), a later one's, HSG's gate.
-_RHN_KERNELS = ("first", "later", "hsg")
+# micro-layer's (its epilogue adds the input projection), a later one's, HSG's gate; the
+# backward kernels of micro-layer 2 (ds_1 and dz_1) and of micro-layer 1 (ds_0).
+_RHN_KERNELS = ("first", "later", "hsg", "backward_later", "backward_first")
 
 # n = 100 pads to the N = 128 kernels (P-MNIST's shape); the classifiers (P-MNIST) run
 # with outputs False. The RHN at ptb_sota's hidden 830 (padded to 832: 13 CTAs of 64
 # units, K over 13 blocks) at each batch tile: registers depend on Bt (the wgmma N), not
-# on n, the depth or the number of CTAs; its backward is XLA's (no kernel).
+# on n, the depth or the number of CTAs.
 CONFIGS = {
     "lstm_n64": Config("lstm", 64, 1, False, False),
     "lstm_n64_outputs": Config("lstm", 64, 1, True, False),

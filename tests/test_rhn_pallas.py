@@ -300,3 +300,76 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
             lambda p, c, x: rhn.unroll(cell, p, c, x, dropout_mask(B, n)), params, carry, xs, target
         ),
     )
+
+
+# ------------------------------------------------------ the backward micro-layer kernels
+# The backward kernels are the default (kernel_backward=True): the value and gradient cases
+# above (depths 1, 3 and 12, with and without HSG and a dropout mask, two CTAs by two batch
+# tiles), the race test and kernel_registers' rhn_hsg rows (ptxas at Bt 16/32/64, run by
+# test_kernel_registers) run them. Here: that they are the default, the XLA backward the
+# option keeps, and the train step's backward kernels at the ptb_sota shape.
+
+
+def kernel_launches(fn, *args) -> int:
+    """How many Pallas kernel calls ``fn``'s jaxpr holds (a scan body's once): a Mosaic GPU
+    ``plgpu.kernel`` is an ``mpmd_map`` in JAX 0.11.2's jaxprs, other kernels ``pallas_call``."""
+    return len(re.findall(r"\b(?:pallas_call|mpmd_map)\[", str(jax.make_jaxpr(fn)(*args))))
+
+
+@pytest.mark.parametrize(
+    "case", ["rhn_depth3_masked", pytest.param("hsg_depth12", marks=pytest.mark.slow)]
+)
+def test_backward_kernels_are_the_default_and_the_xla_backward_matches_the_reference(case):
+    """The default gradient calls the backward kernels (L more kernel calls than the
+    forward's in the micro-layer loop; 2 with the layer scan: its body's and micro-layer
+    1's), as ``kernel_backward=True`` does; with ``kernel_backward=False`` none, and the
+    fused scan's XLA backward gives the loss and every gradient of the reference to
+    bfloat16 rounding."""
+    n, B, m, T, depth, hsg, masked, bt = CASES[case]
+    cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
+    mask = dropout_mask(B, n) if masked else None
+
+    def kernel(**backward):
+        return lambda p, c, x: rhn.unroll(cell, p, c, x, mask, batch_tile=bt, **backward)
+
+    def launches(**backward):
+        unroll = kernel(**backward)
+        return kernel_launches(lambda *a: value_and_grads(unroll, *a), params, carry, xs, target)
+
+    default, on, off = launches(), launches(kernel_backward=True), launches(kernel_backward=False)
+    assert default == on == off + (depth if depth <= rhn_fused.LOOP_LAYERS_UP_TO else 2)
+    got, ref, fused = kernel_reference_fused(
+        kernel(kernel_backward=False), cell, params, carry, xs, target, mask, fused=rhn_fused.unroll
+    )
+    assert_matches_reference(got, ref, fused, fused_rtol=5e-3)
+
+
+@pytest.mark.parametrize("depth, hsg", [(3, True), pytest.param(12, False, marks=pytest.mark.slow)])
+def test_the_train_step_calls_a_backward_kernel_per_micro_layer(depth, hsg):
+    """At the ``ptb_sota`` shape (hidden 830, batch 20) the compiled train step's
+    backward, lowered for ``cuda``, calls a kernel per micro-layer (depth 3: three call
+    sites; depth 12: the layer scan's and micro-layer 1's) and copies no micro-layer's
+    weights out of either stack (R_l^T's, R_l's: each kernel indexes it)."""
+    cell = cells.RHN(830, depth)
+    cell = cells.HSG(cell) if hsg else cell
+    z, f32 = jax.ShapeDtypeStruct, jnp.float32
+    params = jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830))
+    opts = common.Options(interpret=False)
+
+    def loss(params, carry, xs, mask):
+        final, ys = rhn.unroll(cell, params, carry, xs, mask, opts)
+        return jnp.sum(final) + jnp.sum(ys)
+
+    B = 20
+    lowered = lower_for_cuda(
+        jax.value_and_grad(loss, argnums=(0, 1, 2)),
+        params,
+        z((B, 830), f32),
+        z((4, B, 830), f32),
+        z((B, 830), f32),
+    )
+    backward = [module for is_backward, module in kr.mosaic_modules(lowered) if is_backward]
+    assert len(backward) == (3 if depth == 3 else 2)
+    text = lowered.as_text()
+    slices = [line for line in text.splitlines() if re.search(r"stablehlo\.(dynamic_)?slice", line)]
+    assert not [line for line in slices if "832x832" in line or "830x1660" in line]

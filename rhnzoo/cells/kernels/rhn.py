@@ -526,7 +526,7 @@ def unroll(
     *,
     lengths: Array | None = None,
     batch_tile: int | None = None,
-    kernel_backward: bool = False,
+    kernel_backward: bool = True,
 ) -> tuple[Array, Array | None]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
@@ -548,8 +548,8 @@ def unroll(
       batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
         an H100; which is fastest is not measured); None: :func:`default_batch_tile` of B.
       kernel_backward: run the backward pass's micro-layers by the backward kernels
-        (:func:`_backward`: one kernel per micro-layer and time step, as the forward);
-        False: the fused scan's backward in XLA.
+        (default; :func:`_backward`: one kernel per micro-layer and time step, as the
+        forward); False: the fused scan's backward in XLA.
 
     Returns:
       ``(carry [B, n], ys [T, B, n] or None)`` float32: the final state and every step's
