@@ -14,18 +14,19 @@ with a batch tile of Bt = 16, 32 or 64 columns per CTA (wgmma's N): B = 100 runs
 CTAs at Bt = 16. Each CTA loops over all T steps:
 
 * **weights**: all of U^T and W^T (bfloat16) are copied once into shared memory by TMA,
-  as gate blocks: ``u [4, H, H, 64, 64]`` (gate k, 64 output units i, 64 input units j)
-  and ``w [4, H, 64, MP]``, H = N / 64. The gate rows are arranged so that each 64-row
-  M tile holds ONE gate of 64 units (i | f | o | c̃ of units 0-63, then of 64-127): the
+  as gate row blocks ``u [4, H, 64, N]`` and ``w [4, H, 64, MP]`` (gate k, output units
+  64 i ... 64 i + 63), H = N / 64. The gate rows are arranged so that each 64-row M
+  tile holds ONE gate of 64 units (i | f | o | c̃ of units 0-63, then of 64-127): the
   four accumulators of a unit block have identical register layouts (``WGMMA``), so the
   LSTM epilogue c = f c + i c̃, h = o tanh c is elementwise across them in one thread.
 * **one warpgroup per 64 hidden units** (H warpgroups): per step each forms its four
-  gate accumulators ``[64, Bt]`` float32 from ``wgmma`` products (bfloat16 inputs,
-  float32 accumulation) of its units' U^T and W^T rows with the tile's ``(h_{t-1}
-  m)^T`` (shared memory, bfloat16, ``[H, 64, Bt]``) and ``x_t`` (shared memory, ``[Bt,
-  MP]`` as in HBM, the transposed B operand; double-buffered by TMA: the next step's
-  copy in flight), adds b (shared memory),
-  applies the gates with c float32 in registers, and writes h_t twice: transposed,
+  gate accumulators ``[64, Bt]`` float32 from two ``wgmma`` products each (bfloat16
+  inputs, float32 accumulation, all eight issued before one wait): its units' rows of
+  U_k^T with the tile's ``(h_{t-1} m)^T`` (shared memory, ``[N, Bt]`` bfloat16: K = N in
+  one product) and of W_k^T with ``x_t`` (shared memory, ``[Bt, MP]`` as in HBM, the
+  transposed B operand; double-buffered by TMA: the next step's copy in flight); adds
+  b (shared memory), applies the gates with c float32 in registers (the tile's lengths
+  read from shared memory each step, not held), and writes h_t twice: transposed,
   bfloat16 and times the recurrent dropout mask m (read from global memory where it is
   used), into the other ``h`` buffer as the next step's B operand; float32 into an
   output tile stored to HBM by TMA. The warpgroups meet at one barrier per step.
@@ -48,9 +49,9 @@ an option). Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's lim
 Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding
 (tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each Bt).
 Registers (ptxas, sm_90a, counted on the CPU; docs/runs/kernels/swap_ab_forward.md): at
-N = 128 with the mask 138 a thread at Bt = 16, 189 at Bt = 32, no spills; at Bt = 64 all
-255 and 64 bytes spilled (four ``[64, 64]`` float32 accumulators, c and the mask). Not
-timed on a GPU.
+N = 128 with the mask 126 a thread at Bt = 16, 194 at Bt = 32, no spills; at Bt = 64 all
+255 and 36-40 bytes spilled (four ``[64, 64]`` float32 accumulators, c and the mask: 32
+registers each). Not timed on a GPU.
 """
 
 from __future__ import annotations
@@ -101,12 +102,11 @@ def fits(n: int, m: int, bt: int) -> bool:
 def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
     """The kernel on padded, feature-major arrays.
 
-    Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, H, 64, 64]`` bf16, ``u[k, i, j] =
-    U_k^T[64 i:64 i + 64, 64 j:64 j + 64]`` (output units i, input units j); ``w [4, H, 64,
-    MP]`` bf16, ``w[k, i] = W_k^T[64 i:64 i + 64]``; ``b [4, H, 64]`` f32; ``h0 [H, 64,
-    Bp]`` bf16, (h0 m)^T; ``c0 [H, 64, Bp]`` f32; ``lens [Bp]`` int32; ``mask [H, 64, Bp]``
-    f32 or None. Bp a multiple of ``bt``. Returns ``y^T [T, H, 64, Bp]`` f32: h_t on real
-    steps, zeros on padded ones."""
+    Args: ``x [T, Bp, MP]`` bf16; ``u [4, H, 64, N]`` bf16, ``u[k, i] = U_k^T[64 i:64 i +
+    64]``; ``w [4, H, 64, MP]`` bf16, ``w[k, i] = W_k^T[64 i:64 i + 64]``; ``b [4, H, 64]``
+    f32; ``h0 [N, Bp]`` bf16, (h0 m)^T; ``c0 [H, 64, Bp]`` f32; ``lens [Bp]`` int32;
+    ``mask [H, 64, Bp]`` f32 or None. Bp a multiple of ``bt``. Returns ``y^T [T, H, 64,
+    Bp]`` f32: h_t on real steps, zeros on padded ones."""
     pl, plgpu = common.plgpu()
     T, Bp, MP = x.shape
     H = u.shape[1]
@@ -115,40 +115,31 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
     op_sw = common.swizzled(plgpu, _bf16, bt)  # U^T's and h^T's (module docstring)
     x_sw = common.swizzled(plgpu, _bf16, MP)  # W^T's and x_t's
 
-    def u_bar(k, i, j):  # the barriers of U^T's blocks, then of W^T's
-        return (k * H + i) * H + j
-
-    def w_bar(k, i):
-        return GATES * H * H + k * H + i
-
     def body(x_ref, u_ref, w_ref, b_ref, h0_ref, c0_ref, len_ref, *refs):
         m_ref = refs[0] if masked else None
         y_ref, u_s, w_s, x_s, h_s, y_s, b_s, len_s, bar_w, bar_x, bar_init, bar_step = refs[masked:]
         cols = pl.ds(pl.multiple_of(lax.axis_index("b") * bt, bt), bt)
         wg = lax.axis_index("wg")  # this warpgroup's hidden units: 64 wg ... 64 wg + 63
+        units = pl.ds(pl.multiple_of(wg * UNITS, UNITS), UNITS)
 
         @pl.when(wg == 0)
         def _load_once():
-            # One [64, 64] block a copy: a narrow swizzle tiles a block in more pieces,
-            # and a TMA copy strides at most five dimensions.
-            for k, i, j in itertools.product(range(GATES), range(H), range(H)):
-                plgpu.copy_gmem_to_smem(
-                    u_ref.at[k, i, j], u_s.at[k, i, j], bar_w.at[u_bar(k, i, j)]
-                )
+            # One [64, N] block a copy: a narrow swizzle tiles a block in many pieces, a
+            # TMA copy strides at most five dimensions and takes contiguous SMEM only.
             for k, i in itertools.product(range(GATES), range(H)):
-                plgpu.copy_gmem_to_smem(w_ref.at[k, i], w_s.at[k, i], bar_w.at[w_bar(k, i)])
-            plgpu.copy_gmem_to_smem(h0_ref.at[:, :, cols], h_s.at[0], bar_init.at[0])
+                plgpu.copy_gmem_to_smem(u_ref.at[k, i], u_s.at[k, i], bar_w.at[k * H + i])
+                plgpu.copy_gmem_to_smem(w_ref.at[k, i], w_s.at[k, i], bar_w.at[(GATES + k) * H + i])
+            plgpu.copy_gmem_to_smem(h0_ref.at[:, cols], h_s.at[0], bar_init.at[0])
             plgpu.copy_gmem_to_smem(c0_ref.at[:, :, cols], y_s, bar_init.at[1])
             plgpu.copy_gmem_to_smem(b_ref, b_s, bar_init.at[2])
             plgpu.copy_gmem_to_smem(len_ref.at[cols], len_s, bar_init.at[3])
             plgpu.copy_gmem_to_smem(x_ref.at[0, cols], x_s.at[0], bar_x.at[0])
 
-        for k in range(GATES * H * (H + 1)):
+        for k in range(2 * GATES * H):
             plgpu.barrier_wait(bar_w.at[k])
         for k in range(4):
             plgpu.barrier_wait(bar_init.at[k])
         c = plgpu.load(y_s.at[wg], layout=lay)  # c0^T of this warpgroup's units
-        lens_v = plgpu.load(len_s, layout=lay.reduce(0))  # one length per batch column
 
         def step_t(t, c):
             slot = lax.rem(t, 2)
@@ -159,11 +150,10 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
             def _prefetch():
                 plgpu.copy_gmem_to_smem(x_ref.at[t + 1, cols], x_s.at[1 - slot], bar_x.at[1 - slot])
 
-            def gemm(*accs):  # z_k^T = W_k^T x_t^T + U_k^T (h_{t-1} m)^T, this wg's units
+            def gemm(*accs):  # z_k^T = W_k^T x_t^T + U_k^T (h_{t-1} m)^T, the wg's units
                 for k, acc in enumerate(accs):
                     plgpu.wgmma(acc, w_s.at[k, wg], x_s.at[slot].transpose((1, 0)))
-                    for j in range(H):
-                        plgpu.wgmma(acc, u_s.at[k, wg, j], h_s.at[slot, j])
+                    plgpu.wgmma(acc, u_s.at[k, wg], h_s.at[slot])
                 return tuple(a[...] for a in accs)
 
             zs = pl.run_scoped(gemm, *[plgpu.ACC((UNITS, bt), _f32)] * GATES)
@@ -177,12 +167,13 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
             i, f, o = (common.sigmoid(z) for z in zs[:3])
             c_new = f * c + i * jnp.tanh(zs[3])
             h_new = o * jnp.tanh(c_new)
-            valid = lax.broadcast_in_dim(t < lens_v, (UNITS, bt), [1])
-            kept = plgpu.load(h_s.at[slot, wg], layout=lay)
+            lens = plgpu.load(len_s, layout=lay.reduce(0))  # read each step, not held
+            valid = lax.broadcast_in_dim(t < lens, (UNITS, bt), [1])
+            kept = plgpu.load(h_s.at[slot, units], layout=lay)
             h_in = h_new  # what enters U next step: h_t m
             if masked:
                 h_in = h_new * plgpu.load(m_ref.at[wg, :, cols], layout=lay, optimized=False)
-            h_s[1 - slot, wg] = jnp.where(valid, h_in.astype(_bf16), kept)
+            h_s[1 - slot, units] = jnp.where(valid, h_in.astype(_bf16), kept)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y_s[wg] is free again
             y_s[wg] = jnp.where(valid, h_new, 0.0)
             plgpu.commit_smem()
@@ -198,14 +189,14 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
         body,
         out_type=jax.ShapeDtypeStruct((T, H, UNITS, Bp), _f32),
         scratch_types=(
-            plgpu.SMEM((GATES, H, H, UNITS, UNITS), _bf16, transforms=op_sw),
+            plgpu.SMEM((GATES, H, UNITS, H * UNITS), _bf16, transforms=op_sw),
             plgpu.SMEM((GATES, H, UNITS, MP), _bf16, transforms=x_sw),
             plgpu.SMEM((2, bt, MP), _bf16, transforms=x_sw),
-            plgpu.SMEM((2, H, UNITS, bt), _bf16, transforms=op_sw),
+            plgpu.SMEM((2, H * UNITS, bt), _bf16, transforms=op_sw),
             plgpu.SMEM((H, UNITS, bt), _f32, transforms=common.swizzled(plgpu, _f32, min(bt, 32))),
             plgpu.SMEM((GATES, H, UNITS), _f32),
             plgpu.SMEM((bt,), jnp.int32),
-            plgpu.Barrier(num_barriers=GATES * H * (H + 1)),
+            plgpu.Barrier(num_barriers=2 * GATES * H),
             plgpu.Barrier(num_barriers=2),
             plgpu.Barrier(num_barriers=4),
             plgpu.Barrier(num_arrivals=H),
@@ -286,13 +277,13 @@ def lstm_forward(
     def units_major(a, dtype):  # [B, n] -> [H, 64, Bp]
         return common.pad_to(a.astype(dtype), (Bp, N)).T.reshape(H, UNITS, Bp)
 
-    u = common.pad_to(gate_rows(U), (GATES, H, UNITS, N)).reshape(GATES, H, UNITS, H, UNITS)
+    u = common.pad_to(gate_rows(U), (GATES, H, UNITS, N))
     y = _forward_call(
         common.pad_to(xs.astype(_bf16), (T, Bp, MP)),
-        jnp.swapaxes(u, 2, 3).astype(_bf16),
+        u.astype(_bf16),
         common.pad_to(gate_rows(W), (GATES, H, UNITS, MP)).astype(_bf16),
         common.pad_to(b.reshape(GATES, n).astype(_f32), (GATES, N)).reshape(GATES, H, UNITS),
-        units_major(h0 if mask is None else h0 * mask, _bf16),
+        units_major(h0 if mask is None else h0 * mask, _bf16).reshape(N, Bp),
         units_major(c0, _f32),
         common.pad_to(lens, (Bp,)),
         None if mask is None else units_major(mask, _f32),
