@@ -14,7 +14,6 @@ import kernel_registers as kr
 import numpy as np
 import pytest
 from helpers import normal, random_params
-from jax._src.lib.mlir import ir
 from pallas_checks import assert_close, deadline, lower_for_cuda
 
 from rhnzoo import cells
@@ -107,23 +106,7 @@ def test_lowers_for_an_h100(bt):
 def mosaic_module(lowering) -> bytes:
     """The serialised Mosaic GPU module of the lowered kernel (its one ``mosaic_gpu_v2``
     custom call), for :func:`kernel_registers.ptxas_counts`."""
-    found = []
-
-    def walk(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    attrs = inner.operation.attributes
-                    if (
-                        inner.operation.name == "stablehlo.custom_call"
-                        and ir.StringAttr(attrs["call_target_name"]).value == "mosaic_gpu_v2"
-                    ):
-                        config = ir.DictAttr(attrs["mhlo.backend_config"])
-                        found.append(ir.StringAttr(config["module"]).value_bytes)
-                    walk(inner.operation)
-
-    walk(lowering.compiler_ir("stablehlo").operation)
-    (module,) = found
+    ((_, module),) = kr.mosaic_modules(lowering)
     return module
 
 
