@@ -1,4 +1,4 @@
-"""The persistent LSTM kernel (rhnzoo.cells.gated_pallas) per size and compiler setting,
+"""The persistent LSTM kernel (rhnzoo.cells.kernels.gated) per size and compiler setting,
 for ``measure.sh kernel`` (issue 57): at n = 64, 100, 128 and B = 32, 100, 300 (does a
 second CTA cost anything?), the forward unroll and its value_and_grad (the backward: the
 difference), min of 5 after a warm-up, beside the fused scan in bfloat16 (unroll 8);
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rhnzoo import cells
-from rhnzoo.cells import gated_fused, gated_pallas
+from rhnzoo.cells import gated_fused
+from rhnzoo.cells.kernels import Options, gated, persistent
 
 from pallas_probe import best  # beside this script: min of `reps` timed calls after a warm-up
 
@@ -35,7 +36,7 @@ from pallas_probe import best  # beside this script: min of `reps` timed calls a
 def compiler(approx_math=False, no_barriers=False):
     """The kernels traced inside use these Mosaic GPU compiler settings."""
     original = plgpu.CompilerParams
-    gated_pallas._APPROX_MATH = approx_math
+    persistent.APPROX_MATH = approx_math  # read when a kernel is traced
     if no_barriers:
         plgpu.CompilerParams = lambda **kw: dataclasses.replace(
             original(**kw), unsafe_no_auto_barriers=True
@@ -44,7 +45,7 @@ def compiler(approx_math=False, no_barriers=False):
         yield
     finally:
         plgpu.CompilerParams = original
-        gated_pallas._APPROX_MATH = False
+        persistent.APPROX_MATH = False
 
 
 def problem(n, B, T, m=1, seed=0):
@@ -79,9 +80,8 @@ def main():
     args = ap.parse_args()
     dev = jax.devices()[0]
     bf = jnp.bfloat16
-    pallas = lambda c, p, h, x: gated_pallas.unroll(
-        c, p, h, x, outputs=False, interpret=args.interpret or None
-    )
+    opts = Options(outputs=False, interpret=args.interpret or None)
+    pallas = lambda c, p, h, x: gated.unroll(c, p, h, x, None, opts)
     if args.stand_in:
         pallas = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32, outputs=False)
     fused = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=bf, outputs=False)

@@ -1,4 +1,4 @@
-"""Times the persistent LSTM kernels of rhnzoo.cells.gated_pallas on their own, at the
+"""Times the persistent LSTM kernels of rhnzoo.cells.kernels.gated on their own, at the
 P-MNIST shape (1 -> 100, B 100, T 784: N = 128, two CTAs) and at n = 64: the forward
 kernel, the backward kernel, the whole unroll forward and its value_and_grad, beside
 the fused scan in bfloat16 (unroll 8), and the kernels again with ``approx_math``.
@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo import cells
-from rhnzoo.cells import gated_fused, gated_pallas
+from rhnzoo.cells import gated_fused
+from rhnzoo.cells.kernels import Options, gated, persistent
 
 
 def best(fn, *args, reps=5):
@@ -30,14 +31,12 @@ def best(fn, *args, reps=5):
 def main():
     dev = jax.devices()[0]
     for n, B, T, m in [(100, 100, 784, 1), (64, 100, 784, 1)]:
-        N, MP = gated_pallas._padded(n, m)
+        N, MP = persistent.padded(n, m)
         Bp = -(-B // 64) * 64
         k = jax.random.split(jax.random.PRNGKey(0), 8)
         bf, f32 = jnp.bfloat16, jnp.float32
         fwd = jax.jit(
-            lambda *a: gated_pallas._forward_call(
-                *a, step=gated_pallas._lstm_step(), interpret=False
-            )
+            lambda *a: persistent.forward_call(*a, step=gated.lstm_step(), interpret=False)
         )
         H = N // 64
         fargs = (
@@ -49,9 +48,7 @@ def main():
             (jnp.zeros((H, Bp, 64), f32),),
             jnp.full((Bp,), T, jnp.int32),
         )
-        bwd = jax.jit(
-            lambda *a: gated_pallas._backward_call(a[0], a[1], None, *a[2:], interpret=False)
-        )
+        bwd = jax.jit(lambda *a: gated.backward_call(a[0], a[1], None, *a[2:], interpret=False))
         bargs = (
             jax.random.uniform(k[3], (T, 5, Bp, N)).astype(bf),
             jax.random.uniform(k[4], (T, Bp, N)),
@@ -72,7 +69,7 @@ def main():
 
             return jax.jit(jax.value_and_grad(f))
 
-        pallas = lambda p, c, x: gated_pallas.unroll(cell, p, c, x, outputs=False)
+        pallas = lambda p, c, x: gated.unroll(cell, p, c, x, None, Options(outputs=False))
         fused = lambda p, c, x: gated_fused.unroll(cell, p, c, x, dtype=bf, outputs=False)
         figures = {
             "forward_kernel": (fwd, fargs),
@@ -96,7 +93,7 @@ def main():
                 )
             ]
         for approx, name in runs:
-            gated_pallas._APPROX_MATH = approx  # read when a kernel is traced
+            persistent.APPROX_MATH = approx  # read when a kernel is traced
             fn, args = figures[name]
             fn = jax.jit(lambda *a, _f=fn.__wrapped__: _f(*a))  # a new function: traced anew
             try:
@@ -112,7 +109,7 @@ def main():
                 n=n, B=B, T=T, m=m, approx_math=approx, device=dev.device_kind, jax=jax.__version__
             )
             print(json.dumps(rec), flush=True)
-        gated_pallas._APPROX_MATH = False
+        persistent.APPROX_MATH = False
 
 
 if __name__ == "__main__":
