@@ -45,6 +45,7 @@ CASES = {
     "n64_bt64_masked": (64, 9, 3, 3, 64, [3, 1, 2] * 3, True),
     "n128_bt64_two_ctas_masked": (128, 70, 16, 3, 64, [3, 1, 2, 0, 3] * 14, True),
     "n64_bt16_wide_input": (64, 6, 40, 3, 16, None, False),  # m -> 64: a 128-byte swizzle
+    "n5_bt16_long_sequence": (5, 4, 2, 33, 16, [33, 17, 1, 32], True),  # x_t's buffers cycle
 }
 
 
@@ -167,3 +168,13 @@ def test_bad_input_is_refused():
     _, big, h, c, x, _ = setup(130, 3, 2, 2, False)
     with pytest.raises(ValueError, match="n=130"):
         call(x, big["W"], big["U"], big["b"], h, c, None, None)
+
+
+def test_empty_sequence_or_batch():
+    """T = 0 or B = 0: an empty float32 y of shape [T, B, n], no kernel launched."""
+    _, params, h0, c0, xs, _ = setup(8, 3, 2, 2, False)
+    W, U, b = params["W"], params["U"], params["b"]
+    y = swap_ab.lstm_forward(xs[:0], W, U, b, h0, c0, None, None, bt=16, interpret=True)
+    assert y.shape == (0, 3, 8) and y.dtype == jnp.float32
+    y = swap_ab.lstm_forward(xs[:, :0], W, U, b, h0[:0], c0[:0], None, None, bt=32, interpret=True)
+    assert y.shape == (2, 0, 8) and y.dtype == jnp.float32

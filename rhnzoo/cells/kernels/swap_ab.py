@@ -238,7 +238,8 @@ def lstm_forward(
       interpret: run in Pallas's GPU interpret mode (the CPU); False: compiled.
 
     Returns:
-      ``y [T, B, n]`` float32: h_t on real steps, zeros on padded ones.
+      ``y [T, B, n]`` float32: h_t on real steps, zeros on padded ones (T = 0 or B = 0:
+      empty, no kernel launched).
 
     Raises:
       ValueError: ``xs`` not ``[T, B, m]``; W, U, b, h0, c0, lens or mask of other
@@ -266,6 +267,8 @@ def lstm_forward(
             f"and {smem_bytes(n, m, bt) if 0 < n <= 128 else '?'} bytes of shared memory "
             f"within {common.SMEM_LIMIT - 1024}"
         )
+    if T == 0 or B == 0:  # nothing to run
+        return jnp.zeros((T, B, n), _f32)
     N, MP = padded(n, m)
     H, Bp = N // UNITS, -(-B // bt) * bt
     lens = jnp.full((B,), T, jnp.int32) if lens is None else jnp.asarray(lens, jnp.int32)
