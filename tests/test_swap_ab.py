@@ -14,7 +14,7 @@ import kernel_registers as kr
 import numpy as np
 import pytest
 from helpers import normal, random_params
-from pallas_checks import assert_close, deadline, lower_for_cuda
+from pallas_checks import assert_close, assert_no_races, deadline, lower_for_cuda
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
@@ -77,6 +77,25 @@ def test_outputs_match_the_reference(case):
         padded = np.arange(T)[:, None] >= np.asarray(lens)[None, :]
         assert padded.any()
         np.testing.assert_array_equal(np.asarray(y)[padded], 0.0)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the race detector is the interpreter's")
+@pytest.mark.parametrize("n, bt", [(100, 16), pytest.param(64, 32, marks=pytest.mark.slow)])
+def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, bt):
+    """The interpreter's race detector watches every shared-memory access of the kernel
+    (the warpgroups' loads and stores of h^T and the output tile, x_t's TMA refills, the
+    wgmma operands) over two CTAs and four steps, with lengths and the mask: none may
+    race."""
+    B, T = bt + 3, 4
+    _, params, h0, c0, xs, mask = setup(n, B, 3, T, True)
+    lens = jnp.asarray(np.arange(B) % (T + 1), jnp.int32)
+    assert_no_races(
+        monkeypatch,
+        capfd,
+        lambda: swap_ab.lstm_forward(
+            xs, params["W"], params["U"], params["b"], h0, c0, lens, mask, bt=bt, interpret=True
+        ),
+    )
 
 
 def lowered(n, bt, masked, B=100, m=1, T=8):
