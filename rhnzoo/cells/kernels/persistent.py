@@ -81,14 +81,17 @@ class Padding:
 
     @property
     def N(self) -> int:
+        """Hidden size padded: 64 or 128."""
         return padded(self.n, self.m)[0]
 
     @property
     def MP(self) -> int:
+        """Input width padded to a multiple of 16."""
         return padded(self.n, self.m)[1]
 
     @property
     def Bp(self) -> int:
+        """Batch rows padded to whole CTA tiles of :data:`ROWS`."""
         return -(-self.B // ROWS) * ROWS
 
     def rows(self, a: Array | None, dtype=_f32) -> Array | None:
