@@ -30,8 +30,8 @@ FAST = {"lstm_n64", "rhn_hsg_bt16"}
 
 
 @functools.cache
-def _modules(name):  # the lowering gives every kernel; each test compiles its own
-    return kr.kernel_modules(name)
+def _counts(name):  # one lowering and one ptxas child for all of a configuration's kernels
+    return kr.ptxas_counts(kr.kernel_modules(name))
 
 
 def _params():
@@ -55,7 +55,7 @@ def test_no_spills(name, which, record_property):
     why = kr.missing_tools()
     if why:
         pytest.skip(why)
-    counts, log = kr.ptxas_counts({which: _modules(name)[which]})[which]
+    counts, log = _counts(name)[which]
     record_property("registers", counts.registers)
     print(f"{name} {which} ({kr.ARCH}, {kr.ptxas_version()}): {counts}")
     assert counts.registers <= 255
