@@ -318,14 +318,16 @@ def _kernel_weights(R, b, hsg, Np):
     return RT, bk, (w, common.pad_to(b_G[None, None], (1, 1, Np)).astype(_f32))
 
 
-def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
+def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool, padded=False):
     """The forward recurrence by the kernels, feature-major and unpadded in and out (as
     :mod:`rhnzoo.cells.rhn_fused`'s): ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n,
     B]``. Returns ``((s_T, ys [T, n, B]), saved)``, ``saved`` in the fused scan's layout
     (:func:`rhnzoo.cells.rhn_fused.unroll_backward`): with ``loop`` each micro-layer's
     arrays separate (lists of L ``[T, n, B]``), else stacked ``[T, L, n, B]`` (a
-    ``lax.scan`` over micro-layers 2..L, compile time independent of L). Either way each
-    kernel reads its micro-layer's weights from the one stack by index."""
+    ``lax.scan`` over micro-layers 2..L, compile time independent of L); with ``padded``
+    as the kernels wrote them, ``[..., Np, Bp]`` (for :func:`_backward`: no copy out and
+    back). Either way each kernel reads its micro-layer's weights from the one stack by
+    index."""
     n, B = s0.shape
     T, L = x_proj.shape[0], R.shape[0]
     Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
@@ -371,7 +373,7 @@ def _run(R, b, hsg, s0, x_proj, mask, *, loop: bool, bt: int, interpret: bool):
     def cut(a):  # the padding off
         return a[..., :n, :B]
 
-    return (cut(s_T), cut(ys)), jax.tree.map(cut, saved)
+    return (cut(s_T), cut(ys)), saved if padded else jax.tree.map(cut, saved)
 
 
 def _backward_weights(R, Np):
@@ -396,11 +398,13 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
     time and micro-layer loops, each micro-layer l > 1's ``ds_{l-1}`` and ``dz_{l-1}`` one
     :data:`_RHN_BACKWARD` kernel, micro-layer 1's ``ds_0`` one :data:`_RHN_BACKWARD_FIRST`
     kernel; micro-layer L's dz, HSG's gate backward (eqs. 5-6) and the time-step boundary
-    in XLA. Feature-major and unpadded in and out, as :func:`_run`'s ``saved``: ``mask [n,
-    B]``, ``cotangents`` = ``(ds_T [n, B], dys [T, n, B])``. Returns ``(ds_0 [n, B], dZ,
-    dz_G)``: every micro-layer's dz (bf16; with ``loop`` a list of L ``[T, 2n, B]``, else
-    ``[T, L, 2n, B]``) and HSG's gate pre-activation cotangent ``[T, n, B]`` f32 (None
-    without HSG)."""
+    in XLA. Feature-major: ``mask [n, B]``, ``saved`` as :func:`_run` returns it with
+    ``padded`` (``[..., Np, Bp]``), ``cotangents`` = ``(ds_T [n, B], dys [T, n, B])``.
+    Returns ``(ds_0 [n, B], dZ, dz_G)``, the last two padded: every micro-layer's dz (bf16,
+    H rows then T rows; with ``loop`` a list of L ``[T, 2Np, Bp]``, else ``[T, L, 2Np,
+    Bp]``) and HSG's gate pre-activation cotangent ``[T, Np, Bp]`` f32 (None without
+    HSG). Padded units and batch columns get zero cotangents (zero weights, mask and
+    output cotangents there)."""
     n, B = mask.shape
     L = R.shape[0]
     Np, Bp = -(-n // ROWS) * ROWS, -(-B // bt) * bt
@@ -410,8 +414,6 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
 
     Rk, m = _backward_weights(R, Np), pad(mask.astype(_f32))
     S, H, Tg, s_l, g = saved
-    S, H, Tg = (list(map(pad, a)) if loop else pad(a) for a in (S, H, Tg))
-    s_l, g = pad(s_l), None if hsg is None else pad(g)
     if hsg is not None:
         W_R, W_F = (common.pad_to(w, (Np, Np)).astype(_bf16) for w in hsg[:2])
     call = functools.partial(_layer_call, b=None, bt=bt, interpret=interpret)
@@ -454,38 +456,44 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
         return ds + ds_direct, (dZ, dz_g)
 
     ds_T, dys = map(pad, cotangents)
+    g = None if hsg is None else g
     ds_0, (dZ, dz_g) = lax.scan(step, ds_T, (dys, S, H, Tg, s_l, g), reverse=True)
-
-    def cut(a):  # [..., N rows of a kind, Bp] -> unpadded
-        return a[..., :n, :B]
-
-    def cut_dz(a):  # [..., 2 Np, Bp] -> [..., 2n, B]
-        a = cut(a.reshape(*a.shape[:-2], 2, Np, Bp))
-        return a.reshape(*a.shape[:-3], 2 * n, B)
-
-    dZ = list(map(cut_dz, dZ)) if loop else cut_dz(dZ)
-    return cut(ds_0), dZ, None if dz_g is None else cut(dz_g)
+    return ds_0[:n, :B], dZ, dz_g
 
 
-def _weight_gradients(S, dZ, dz_g, saved, mask, loop):
-    """The cotangents of ``(R, b, hsg)`` and of ``x_proj`` from the backward kernels'
-    dz: one GEMM per micro-layer over all T x B positions (bf16 inputs, f32
-    accumulation), as :func:`rhnzoo.cells.rhn_fused.unroll_backward` forms them."""
+def _weight_gradients(S, dZ, dz_g, s_l, mask, loop):
+    """The cotangents of ``(R, b, hsg)`` and of ``x_proj`` from :func:`_backward`'s padded
+    dz and dz_G and the padded saved states ``S`` and ``s_l``: one GEMM per micro-layer
+    over all T x Bp positions (bf16 inputs, f32 accumulation; padded columns hold zero
+    dz), as :func:`rhnzoo.cells.rhn_fused.unroll_backward` forms them; db sums the bf16
+    dz in float32. Returns them unpadded (``mask [n, B]`` gives n and B)."""
+    n, B = mask.shape
+    Np, Bp = s_l.shape[-2:]
+    m = common.pad_to(mask.astype(_f32), (Np, Bp))
 
     def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
         return fastmath.einsum("t...ib,t...jb->...ij", a, dz, _bf16)
 
-    if loop:  # per-layer lists of [T, n, B] / [T, 2n, B]
-        dR = jnp.stack([sum_outer(s * mask, dz) for s, dz in zip(S, dZ)])
+    def gates(a):  # [..., 2Np] (H | T) -> [..., 2n]
+        return a.reshape(*a.shape[:-1], 2, Np)[..., :n].reshape(*a.shape[:-1], 2 * n)
+
+    if loop:  # per-layer lists of [T, Np, Bp] / [T, 2Np, Bp]
+        dR = jnp.stack([sum_outer(s * m, dz) for s, dz in zip(S, dZ)])
         db = jnp.stack([dz.astype(_f32).sum(axis=(0, 2)) for dz in dZ])
         dz_first, s_prev = dZ[0], S[0]
-    else:  # [T, L, n, B] / [T, L, 2n, B]
-        dR, db = sum_outer(S * mask, dZ), dZ.astype(_f32).sum(axis=(0, 3))
+    else:  # [T, L, Np, Bp] / [T, L, 2Np, Bp]
+        dR, db = sum_outer(S * m, dZ), dZ.astype(_f32).sum(axis=(0, 3))
         dz_first, s_prev = dZ[:, 0], S[:, 0]
     d_hsg = None
     if dz_g is not None:
-        d_hsg = (sum_outer(s_prev, dz_g), sum_outer(saved[3], dz_g), dz_g.sum(axis=(0, 2)))
-    return dR, db, d_hsg, dz_first.astype(_f32)
+        d_hsg = (
+            sum_outer(s_prev, dz_g)[:n, :n],
+            sum_outer(s_l, dz_g)[:n, :n],
+            dz_g.sum(axis=(0, 2))[:n],
+        )
+    T = dz_first.shape[0]
+    dx_proj = dz_first.reshape(T, 2, Np, Bp)[:, :, :n, :B].reshape(T, 2 * n, B)
+    return gates(dR[:, :n]), gates(db), d_hsg, dx_proj.astype(_f32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
@@ -495,8 +503,9 @@ def _unroll(R, b, hsg, s0, x_proj, mask, loop, bt, interpret, kernel_backward):
 
 
 def _unroll_fwd(R, b, hsg, s0, x_proj, mask, loop, bt, interpret, kernel_backward):
-    del kernel_backward
-    out, saved = _run(R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret)
+    out, saved = _run(
+        R, b, hsg, s0, x_proj, mask, loop=loop, bt=bt, interpret=interpret, padded=kernel_backward
+    )
     return out, (R, b, hsg, x_proj, mask, saved)
 
 
@@ -509,7 +518,7 @@ def _unroll_bwd(loop, bt, interpret, kernel_backward, res, cotangents):
     ds_0, dZ, dz_g = _backward(
         R, hsg, mask, saved, cotangents, loop=loop, bt=bt, interpret=interpret
     )
-    dR, db, d_hsg, dx_proj = _weight_gradients(saved[0], dZ, dz_g, saved, mask, loop)
+    dR, db, d_hsg, dx_proj = _weight_gradients(saved[0], dZ, dz_g, saved[3], mask, loop)
     return dR, db, d_hsg, ds_0, dx_proj, jnp.zeros_like(mask)
 
 
