@@ -18,7 +18,7 @@ from pallas_checks import assert_close, assert_no_races, deadline, lower_for_cud
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
-from rhnzoo.cells.kernels import common, swap_ab
+from rhnzoo.cells.kernels import common, persistent, swap_ab
 
 pytestmark = pytest.mark.pallas
 
@@ -121,6 +121,41 @@ def test_lowers_for_an_h100(bt):
     assert swap_ab.fits(100, 1, bt)
     for masked in (False, True):
         assert "mosaic_gpu" in lowered(100, bt, masked).as_text()
+
+
+def stacked_seeds(n, B, m, T):
+    """Two seeds' parameters, carries and masks stacked (``a``, ``0.8 a``) and one
+    seed's inputs."""
+    _, params, h0, c0, xs, mask = setup(n, B, m, T, True)
+    return jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, h0, c0, mask)), xs
+
+
+def seed_forward(xs, lens, bt, interpret):
+    """``(params, h0, c0, mask) -> y`` of one seed."""
+    return lambda p, h, c, mask: swap_ab.lstm_forward(
+        xs, p["W"], p["U"], p["b"], h, c, lens, mask, bt=bt, interpret=interpret
+    )
+
+
+def test_stacked_seeds_one_at_a_time():
+    """Under ``jax.vmap`` over two seeds' weights, carries and masks, wrapped in
+    :func:`~rhnzoo.cells.kernels.persistent.one_at_a_time` (the docstring's advice): each
+    seed's own y, bit for bit; and at n = 100 (two warpgroups) the mapped kernel lowers
+    for ``cuda``, where unwrapped it does not (a sixth TMA dimension)."""
+    seeds, xs = stacked_seeds(8, 5, 3, 3)
+    one = persistent.one_at_a_time(seed_forward(xs, jnp.asarray([3, 0, 2, 1, 3]), 16, True))
+    with deadline(300):
+        got = jax.vmap(one)(*seeds)
+        for k in range(2):
+            want = one(*jax.tree.map(lambda a, k=k: a[k], seeds))
+            np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want))
+    seeds, xs = stacked_seeds(100, 40, 1, 3)
+    forward = seed_forward(xs, jnp.full((40,), 3), 16, False)
+    stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), seeds)
+    mapped = lower_for_cuda(jax.vmap(persistent.one_at_a_time(forward)), *stacked)
+    assert "mosaic_gpu" in mapped.as_text()
+    with pytest.raises(ValueError, match="striding up to 5 dimensions"):
+        lower_for_cuda(jax.vmap(forward), *stacked)
 
 
 def mosaic_module(lowering) -> bytes:

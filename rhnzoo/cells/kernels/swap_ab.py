@@ -225,6 +225,11 @@ def lstm_forward(
 ) -> Array:
     """The LSTM's outputs over ``xs`` by the swap-AB persistent kernel (module docstring).
 
+    Under ``jax.vmap`` (stacked seeds) wrap it in
+    :func:`rhnzoo.cells.kernels.persistent.one_at_a_time`: ``pallas_call``'s batching rule
+    adds a dimension to the kernel's TMA copies, past the five an H100 takes (a lowering
+    error; lowered for ``cuda`` with the wrapper).
+
     Args:
       xs: ``[T, B, m]`` float32 inputs, time-major.
       W: ``[m, 4n]``, U: ``[n, 4n]``, b: ``[4n]`` float32, the blocks i | f | o | c̃ as in
