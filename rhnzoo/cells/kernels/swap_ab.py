@@ -3,7 +3,8 @@ a batch tile on its N, so that a small batch spreads over more SMs (issue 59, "m
 per step").
 
 The persistent forward of :mod:`rhnzoo.cells.kernels.gated` puts 64 batch rows on
-wgmma's M: P-MNIST's batch of 100 (n = 128) runs on 2 CTAs of an H100's 132 SMs. Here
+wgmma's M: P-MNIST's batch of 100 (n = 100, padded to 128) runs on 2 CTAs of an H100's
+132 SMs. Here
 the recurrence is feature-major, as the RHN's micro-layer kernel
 (:mod:`rhnzoo.cells.kernels.rhn`), and each step of the LSTM (Wang & Tian 2016, eq. 1)
 is the swapped product
@@ -33,7 +34,8 @@ CTAs at Bt = 16. Each CTA loops over all T steps:
 * **swizzles**: U^T's blocks take the swizzle of the ``[64, Bt]`` bfloat16 operand h^T
   (32, 64 or 128 bytes at Bt = 16, 32, 64): a 128-byte swizzled tile beside a 32- or
   64-byte swizzled one in a ``wgmma`` fails JAX 0.11.2's layout inference (an
-  ``AssertionError``), as in the RHN's kernel. W^T's blocks and x_t, whose common minor
+  ``AssertionError`` in ``_check_unsatisfiable_divisibility_constraints``), as in the
+  RHN's kernel. W^T's blocks and x_t, whose common minor
   dimension is the input width, both take MP's swizzle (m padded to MP = 16, 32 or a
   multiple of 64): one accumulator takes products of both swizzles (lowered for
   ``cuda`` at every Bt).
@@ -43,10 +45,11 @@ shared memory, c in registers) and output zeros; padded batch columns have lengt
 padded units zero weights (they stay zero). Precision: the project's bfloat16 policy
 (bfloat16 matmul inputs, float32 accumulation, gates, state and output).
 
-Only the forward: the LSTM's custom VJP in :mod:`~rhnzoo.cells.kernels.gated` recomputes
-the gates from y, so gradients follow from a correct y (the lead wires this kernel in as
-an option). Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's limit.
-Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding
+Only the forward, not yet called by the LSTM's unroll: the custom VJP of
+:mod:`~rhnzoo.cells.kernels.gated` recomputes the gates from y, so its gradients follow
+from a correct y. Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's
+limit. Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding and with the
+fused scan in bfloat16 (the same rounding points) to float32 rounding
 (tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each Bt).
 Registers (ptxas, sm_90a, counted on the CPU; docs/runs/kernels/swap_ab_forward.md): at
 N = 128 with the mask 126 a thread at Bt = 16, 194 at Bt = 32, no spills; at Bt = 64 all
