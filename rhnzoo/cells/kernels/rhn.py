@@ -35,9 +35,10 @@ elementwise launches after it, per micro-layer and time step, a launch-bound rec
   and the epilogue g = σ(z + b_G), ŝ_t = s_L + g (ŝ_{t-1} - s_L).
 
 **Gradients**: a ``jax.custom_vjp``; the forward runs the kernels and saves every
-micro-layer's input state, h and T (and HSG's gate) in exactly the layout of the fused
-scan's forward. The backward pass (eqs. 6-8 differentiated, :func:`_backward`) runs the
-micro-layers in reverse, one kernel each, as the forward does:
+micro-layer's input state, h and T (and HSG's gate) in the layout of the fused scan's
+forward, padded as the kernels wrote them (``[..., Np, Bp]``). The backward pass (eqs.
+6-8 differentiated, :func:`_backward`) runs the micro-layers in reverse, one kernel
+each, as the forward does:
 
 * **micro-layer l's backward kernel** takes dz_l (bf16, ``[2N, Bp]``: the H and T rows'
   pre-activation cotangents, written by kernel l+1) as its GEMM operand against R_l's H
@@ -57,9 +58,10 @@ micro-layers in reverse, one kernel each, as the forward does:
   kernels' bf16 dz (db sums them in float32), as the fused scan forms them.
 
 ``kernel_backward=False`` runs the fused scan's hand-written backward in XLA instead
-(:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs). Values and
-every gradient agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding either way
-(tests/test_rhn_pallas.py, GPU interpret mode on the CPU; lowered for ``cuda``).
+(:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs; the saved
+arrays cut to n and B for it). Values and every gradient agree with
+:func:`rhnzoo.cells.unroll` to bfloat16 rounding either way (tests/test_rhn_pallas.py,
+GPU interpret mode on the CPU; lowered for ``cuda``).
 
 Precision: the project's bfloat16 policy (``dtype=jnp.bfloat16`` only): bfloat16 GEMM
 inputs, float32 accumulation, state, gates and parameters.
