@@ -473,11 +473,7 @@ def _lstm_bwd(outputs, interpret, skip, res, cotangents):
     kernel_skips = None
     if skip:
         t0, _, alpha = skips
-        kernel_skips = (
-            sizes.lens(t0),
-            alpha.astype(_f32).reshape(1),
-            sizes.rows(daT),
-        )
+        kernel_skips = (sizes.lens(t0), alpha.astype(_f32).reshape(1), sizes.rows(daT))
     call = functools.partial(backward_call, skip=skip, interpret=interpret)
     DH, dZ16, dc0 = persistent.one_at_a_time(call)(
         coef,
