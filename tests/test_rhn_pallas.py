@@ -349,7 +349,8 @@ def test_the_train_step_calls_a_backward_kernel_per_micro_layer(depth, hsg):
     """At the ``ptb_sota`` shape (hidden 830, batch 20) the compiled train step's
     backward, lowered for ``cuda``, calls a kernel per micro-layer (depth 3: three call
     sites; depth 12: the layer scan's and micro-layer 1's) and copies no micro-layer's
-    weights out of either stack (R_l^T's, R_l's: each kernel indexes it)."""
+    weights out of either stack (R_l^T's, R_l's) nor, in the layer scan, its saved tiles
+    out of theirs: each kernel indexes them."""
     cell = cells.RHN(830, depth)
     cell = cells.HSG(cell) if hsg else cell
     z, f32 = jax.ShapeDtypeStruct, jnp.float32
@@ -375,3 +376,9 @@ def test_the_train_step_calls_a_backward_kernel_per_micro_layer(depth, hsg):
     # A micro-layer's weights: a bf16 [832, 832] block of a kernel stack or an f32 R_l; the
     # padded float32 gradients [832, 832] of HSG's W_R, W_F are cut once per call.
     assert not [line for line in slices if "832x832xbf16" in line or "830x1660" in line]
+    # Nor, in the layer scan, a micro-layer's saved h, T, s ([832, 32] tiles of the step's
+    # [12, 832, 32] stacks): the backward kernels read them by index too.
+    stacks = [
+        line for line in slices if re.search(r"dynamic_slice.*tensor<1[12]x832x32xf32>", line)
+    ]
+    assert not stacks

@@ -216,12 +216,16 @@ def _layer_call(layer, w, ops, b, tiles, *, kind: _Kind, bt: int, interpret: boo
     (R_l^T's H and T rows; W_R^T and W_F^T; R_l's H and T columns, each [N, N]); ``ops
     [P, K, Bp]`` bf16, the GEMM operands (the masked state; ŝ and s_L; dz_l's H and T
     rows); ``b [Lw, A, N]`` f32, one bias row per accumulator, or None (``kind.bias``
-    False); ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``. N and K multiples
-    of 64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N, Bp]``) and,
-    where ``kind.n_next``, the next GEMM operand ``[n_next N, Bp]`` bf16 (its row blocks
+    False); ``tiles``: the epilogue's float32 inputs, each ``[N, Bp]``, or a pair
+    ``(stack [Lt, N, Bp], offset)`` read at micro-layer ``layer + offset`` (by index, as
+    the weights: no copy of a micro-layer's tile out of the stack). N and K multiples of
+    64, Bp of ``bt``. Returns the epilogue's float32 outputs (each ``[N, Bp]``) and, where
+    ``kind.n_next``, the next GEMM operand ``[n_next N, Bp]`` bf16 (its row blocks
     stacked)."""
     pl, plgpu = common.plgpu()
     pairs, epilogue, n_out, n_next, bias = kind
+    offsets = [t[1] if isinstance(t, tuple) else None for t in tiles]
+    tiles = [t[0] if isinstance(t, tuple) else t for t in tiles]
     _, G, N, K = w.shape
     P, _, Bp = ops.shape
     A, E = len(pairs), len(tiles)
@@ -236,10 +240,11 @@ def _layer_call(layer, w, ops, b, tiles, *, kind: _Kind, bt: int, interpret: boo
         rows = pl.ds(pl.multiple_of(lax.axis_index("m") * ROWS, ROWS), ROWS)
         j = lax.axis_index("b")
         cols = pl.ds(pl.multiple_of(j * bt, bt), bt)
-        # The epilogue's inputs arrive while the GEMM runs.
-        for e in range(E):
-            plgpu.copy_gmem_to_smem(tile_refs[e].at[rows, cols], tile_s.at[e], bar.at[e])
         layer = layer_ref[0]
+        # The epilogue's inputs arrive while the GEMM runs.
+        for e, (ref, offset) in enumerate(zip(tile_refs, offsets)):
+            ref = ref if offset is None else ref.at[layer + offset]
+            plgpu.copy_gmem_to_smem(ref.at[rows, cols], tile_s.at[e], bar.at[e])
         if bias:
             plgpu.copy_gmem_to_smem(b_ref.at[layer, :, rows], b_s, bar.at[E])
         i = lax.axis_index("m")
@@ -445,16 +450,17 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
                 dZ[l - 1] = dz
         else:
 
-            def layer(carry, xs):
-                l, *tiles = xs
-                ds, dz = layer_backward(l[None], *carry, (tiles[0], m, *tiles[1:]))
+            def layer(carry, l):  # T_l, and micro-layer l-1's h, T, s, by index
+                tiles = ((T_t, 0), m, (H_t, -1), (T_t, -1), (S_t, -1))
+                ds, dz = layer_backward(l[None], *carry, tiles)
                 return (ds, dz), dz
 
-            xs = (jnp.arange(1, L, dtype=jnp.int32), T_t[1:], H_t[:-1], T_t[:-1], S_t[:-1])
             dz_top = dz
-            (ds, dz), dZ = lax.scan(layer, (ds, dz), xs, reverse=True)  # dZ[l] = dz_l, l < L - 1
+            ls = jnp.arange(1, L, dtype=jnp.int32)
+            (ds, dz), dZ = lax.scan(layer, (ds, dz), ls, reverse=True)  # dZ[l] = dz_l, l < L - 1
             dZ = jnp.concatenate([dZ, dz_top[None]])
-        (ds,) = layer_backward(jnp.zeros((1,), jnp.int32), ds, dz, (T_t[0], m))
+        first = (T_t[0] if loop else (T_t, 0), m)
+        (ds,) = layer_backward(jnp.zeros((1,), jnp.int32), ds, dz, first)
         return ds + ds_direct, (dZ, dz_g)
 
     ds_T, dys = map(pad, cotangents)
