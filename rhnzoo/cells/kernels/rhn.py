@@ -439,7 +439,7 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
             ds_direct = ds_hat * g_t + fastmath.dot(W_R, dz_g, _bf16)
         dz = _pre_activation_cotangents(ds, H_t[L - 1], T_t[L - 1], S_t[L - 1])
         if loop:
-            dZ = [dz] * L
+            dZ = [None] * (L - 1) + [dz]
             for l in range(L - 1, 0, -1):
                 ds, dz = layer_backward(
                     jnp.full((1,), l, jnp.int32),
@@ -464,7 +464,7 @@ def _backward(R, hsg, mask, saved, cotangents, *, loop: bool, bt: int, interpret
         return ds + ds_direct, (dZ, dz_g)
 
     ds_T, dys = map(pad, cotangents)
-    g = None if hsg is None else g
+    g = None if hsg is None else g  # without HSG g is s_L again: not sliced twice
     ds_0, (dZ, dz_g) = lax.scan(step, ds_T, (dys, S, H, Tg, s_l, g), reverse=True)
     return ds_0[:n, :B], dZ, dz_g
 
