@@ -13,7 +13,8 @@ where a step's values cross between them. This module holds:
   every array a kernel takes), :func:`forward_smem_bytes`;
 * **the forward kernel** of every persistent cell, :func:`forward_call`, a cell being a
   :class:`Step` (its blocks and a step function written against the kernel's ``product``
-  and ``restage``), and :func:`forward`, the same on unpadded arrays;
+  and ``restage``), :func:`forward`, the same on unpadded arrays, and :func:`input_slot`,
+  its per-step double-buffered x_t prefetch (:mod:`~rhnzoo.cells.kernels.swap_ab`'s too);
 * **the backward harness** both backward kernels are built from: :func:`load_u` (U's
   blocks into shared memory by TMA), :func:`backward_smem` (U and the staged dz),
   :func:`staged_products` (one CTA barrier, then each warpgroup's units of ``sum_k dz_k
@@ -165,6 +166,25 @@ class Step:
     no_u: tuple = ()
 
 
+def input_slot(pl, plgpu, x_ref, x_s, bar_x, t, tile, wg):
+    """Inside a persistent kernel's time loop, at step ``t``: the slot ``t mod 2`` of the
+    double-buffered ``x_s [2, ...]`` that holds x_t = ``x_ref[t, tile]`` (``x_ref [T,
+    ...]``), once its TMA copy has arrived at ``bar_x[slot]``; warpgroup 0 (``wg``) then
+    starts the copy of x_{t+1} into the other slot, arriving at ``bar_x[1 - slot]``. Every
+    warpgroup must be done with step t - 1's products, which read that slot (past the
+    step's last CTA barrier); x_0's copy, into slot 0, is the caller's, before the loop.
+    The forward kernels' per-step prefetch (:func:`forward_call` and
+    :mod:`~rhnzoo.cells.kernels.swap_ab`'s)."""
+    slot = lax.rem(t, 2)
+    plgpu.barrier_wait(bar_x.at[slot])
+
+    @pl.when((t + 1 < x_ref.shape[0]) & (wg == 0))
+    def _prefetch():
+        plgpu.copy_gmem_to_smem(x_ref.at[t + 1, tile], x_s.at[1 - slot], bar_x.at[1 - slot])
+
+    return slot
+
+
 def forward_call(
     x, u, w, b, h0, carry0, lens, mask=None, skips=None, *, step: Step, interpret: bool
 ):
@@ -245,13 +265,8 @@ def forward_call(
             t0_v = plgpu.load(sk_s[0], layout=L.reduce(1))
 
         def step_t(t, carry):
-            slot = lax.rem(t, 2)
-            plgpu.barrier_wait(bar_x.at[slot])
-
             # Every warpgroup's products of step t - 1 are done (they passed bar_step).
-            @pl.when((t + 1 < T) & (wg == 0))
-            def _prefetch():
-                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, rows], x_s.at[1 - slot], bar_x.at[1 - slot])
+            slot = input_slot(pl, plgpu, x_ref, x_s, bar_x, t, rows, wg)
 
             def product(blocks):
                 def run(*accs):

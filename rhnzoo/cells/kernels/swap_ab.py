@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import common, persistent
 
 Array = jax.Array
 
@@ -146,13 +146,8 @@ def _forward_call(x, u, w, b, h0, c0, lens, mask, *, bt: int, interpret: bool):
         c = plgpu.load(y_s.at[wg], layout=lay)  # c0^T of this warpgroup's units
 
         def step_t(t, c):
-            slot = lax.rem(t, 2)
-            plgpu.barrier_wait(bar_x.at[slot])
-
             # Every warpgroup's products of step t - 1 are done (they passed bar_step).
-            @pl.when((t + 1 < T) & (wg == 0))
-            def _prefetch():
-                plgpu.copy_gmem_to_smem(x_ref.at[t + 1, cols], x_s.at[1 - slot], bar_x.at[1 - slot])
+            slot = persistent.input_slot(pl, plgpu, x_ref, x_s, bar_x, t, cols, wg)
 
             def gemm(*accs):  # z_k^T = W_k^T x_t^T + U_k^T (h_{t-1} m)^T, the wg's units
                 for k, acc in enumerate(accs):
