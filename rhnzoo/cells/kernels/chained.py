@@ -453,14 +453,16 @@ def unroll(
 
     Raises:
       ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
-        exceed one CTA's shared memory (a wide input), or the GRU's parameters not the
-        cell's (:func:`rhnzoo.cells.lstm.check_params`).
+        exceed one CTA's shared memory (a wide input), the GRU's parameters not the
+        cell's (:func:`rhnzoo.cells.lstm.check_params`), or an ``opts.batch_tile`` (the
+        swap-AB forward is the LSTM's).
     """
     if not supports(cell):
         raise ValueError(
             f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
             "size <= 128 whose matrices fit one CTA's shared memory only"
         )
+    common.refuse_batch_tile(opts, cell)
     if isinstance(cell, GRU):
         check_params(cell, params, xs.shape[-1])
     lens = persistent.step_lengths(xs, lengths)

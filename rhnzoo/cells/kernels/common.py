@@ -5,6 +5,7 @@ padding) and :class:`Options`, the one options record every backend's ``unroll``
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 import jax
@@ -13,6 +14,8 @@ import jax.numpy as jnp
 Array = jax.Array
 
 SMEM_LIMIT = 232_448  # bytes of shared memory one CTA may use on an H100 (sm_90)
+# Bt, the batch columns per CTA of a kernel with the batch on wgmma's N (swap-AB)
+BATCH_TILES = (16, 32, 64)
 
 
 def plgpu():
@@ -61,14 +64,25 @@ class Options:
         carry); the RHN's kernel forms its outputs anyway (its carry is its output).
       interpret: run the kernels in Pallas's GPU interpret mode (the CPU); None: where
         JAX's default backend is the CPU (:meth:`interpreted`), compiled on a GPU.
+      batch_tile: None: the persistent kernels' layout (64 batch rows per CTA on wgmma's
+        M); Bt = 16, 32 or 64: the LSTM's forward by the swap-AB kernel
+        (:mod:`~rhnzoo.cells.kernels.swap_ab`: Bt batch columns per CTA on wgmma's N, so
+        a small batch spreads over more SMs; issue 59), its backward as with None. Only
+        a plain :class:`~rhnzoo.cells.LSTM` runs it: the gated and chained backends
+        refuse it for their other cells (ValueError); the RHN's kernels take their own
+        ``batch_tile`` (:func:`rhnzoo.cells.kernels.rhn.unroll`). Never set by the
+        dispatcher nor ``auto``: not yet timed on a GPU (docs/runs/gpu/kernel_probe.py's
+        ``pallas_bt16``, ``pallas_bt32``).
 
     Raises:
-      ValueError: a ``dtype`` other than bfloat16.
+      ValueError: a ``dtype`` other than bfloat16; a ``batch_tile`` other than None and
+        :data:`BATCH_TILES`.
     """
 
     dtype: Any = jnp.bfloat16
     outputs: bool = True
     interpret: bool | None = None
+    batch_tile: int | None = None
 
     def __post_init__(self):
         try:
@@ -83,6 +97,17 @@ class Options:
         object.__setattr__(self, "outputs", bool(self.outputs))
         if self.interpret is not None:
             object.__setattr__(self, "interpret", bool(self.interpret))
+        if self.batch_tile is not None:
+            try:
+                bt = operator.index(self.batch_tile)
+            except TypeError:
+                bt = None
+            if bt not in BATCH_TILES:
+                raise ValueError(
+                    f"batch_tile must be None or one of {BATCH_TILES} (the swap-AB forward's "
+                    f"batch columns per CTA), got {self.batch_tile!r}"
+                )
+            object.__setattr__(self, "batch_tile", bt)
 
     def interpreted(self) -> bool:
         """Whether the kernels run in interpret mode: ``interpret``, or (None) whether JAX's
@@ -90,6 +115,16 @@ class Options:
         if self.interpret is None:
             return jax.default_backend() == "cpu"
         return self.interpret
+
+
+def refuse_batch_tile(opts: Options, cell: Any) -> None:
+    """For a backend's ``unroll`` whose ``cell`` the swap-AB forward does not run (any
+    but a plain LSTM): raises ValueError if ``opts.batch_tile`` is set."""
+    if opts.batch_tile is not None:
+        raise ValueError(
+            f"batch_tile={opts.batch_tile}: the swap-AB forward runs a plain LSTM only, not "
+            f"{cell!r} (batch_tile=None runs its kernels)"
+        )
 
 
 # The options an ``unroll`` takes when given none: bfloat16, outputs, interpret on the CPU.

@@ -69,6 +69,14 @@ are full at N = 128): on the grid dh_t += da and da is reset, and where the step
 da += α dh_t. dα and the initial anchor's cotangent are formed outside from the kernel's
 dh_t.
 
+The LSTM's forward has a second kernel, chosen by ``Options(batch_tile=Bt)`` (Bt = 16,
+32 or 64) only: :mod:`~rhnzoo.cells.kernels.swap_ab`'s, the gates on wgmma's M and Bt
+batch columns per CTA on its N (P-MNIST's batch of 100 on 7 CTAs at Bt = 16 instead of
+2). The backward is the same (it recomputes the gates from y). SC-LSTM and the GRU
+refuse a ``batch_tile`` (ValueError), as do sizes the swap-AB kernel does not fit
+(:func:`~rhnzoo.cells.kernels.swap_ab.fits`); it is not picked by :func:`fits`
+(``auto``) until a GPU times it.
+
 Supported: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.SCLSTM` and the
 reset-after :class:`~rhnzoo.cells.GRU`, with ``lengths`` (:func:`rhnzoo.cells.unroll`'s
 semantics: padded steps keep the carry and output zeros) and the recurrent dropout mask
@@ -86,7 +94,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common, persistent
+from rhnzoo.cells.kernels import common, persistent, swap_ab
 from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
 from rhnzoo.cells.kernels.persistent import HALF, QUARTER, ROWS, Padding, Step
 from rhnzoo.cells.lstm import (
@@ -135,7 +143,9 @@ def fits(
     runs (:func:`supports`)
     but its backward kernel made the train step slower than the fused scan's on an
     H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
-    dispatcher's signature (any batch is padded to 64-row tiles)."""
+    dispatcher's signature (any batch is padded to 64-row tiles). The swap-AB forward
+    (``Options(batch_tile=...)``) plays no part: ``auto`` never runs it until a GPU has
+    timed it (docs/runs/gpu/kernel_probe.py)."""
     del batch
     if type(cell) is not LSTM or not supports(cell) or cell.hidden_size > 64:
         return False
@@ -407,9 +417,9 @@ def _recompute(W, U, b, xs, h0, c0, H, valid, mask):
     return H_prev, i, f, o, g, C
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _lstm(outputs: bool, interpret: bool, skip: int, W, U, b, h0, c0, xs, lens, mask, skips):
-    return _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _lstm(outputs: bool, interpret: bool, skip: int, bt, W, U, b, h0, c0, xs, lens, mask, skips):
+    return _lstm_fwd(outputs, interpret, skip, bt, W, U, b, h0, c0, xs, lens, mask, skips)[0]
 
 
 def _anchors(H, a0, on):
@@ -428,24 +438,30 @@ def _grid(skip, t0, T, valid):
     return valid & on, valid & skipped
 
 
-def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
+def _lstm_fwd(outputs, interpret, skip, bt, W, U, b, h0, c0, xs, lens, mask, skips):
+    """The forward kernel (``bt`` None: 64 rows per CTA; Bt: the swap-AB forward of a
+    plain LSTM, ``skip`` 0), then the gates and c recomputed from its y for the backward."""
     T = xs.shape[0]
     n = U.shape[0]
     N = Padding.of(xs, n).N
     carry0, kernel_skips = ((c0, skips[1]), (skips[0], skips[2])) if skip else ((c0,), None)
-    y = persistent.forward(
-        xs,
-        _blocks(U, n, N),
-        _blocks(W, n, N),
-        b.reshape(4, n),
-        h0,
-        carry0,
-        lens,
-        mask,
-        kernel_skips,
-        step=lstm_step(skip),
-        interpret=interpret,
-    )
+    if bt is not None:
+        swapped = functools.partial(swap_ab.lstm_forward, bt=bt, interpret=interpret)
+        y = persistent.one_at_a_time(swapped)(xs, W, U, b, h0, c0, lens, mask)
+    else:
+        y = persistent.forward(
+            xs,
+            _blocks(U, n, N),
+            _blocks(W, n, N),
+            b.reshape(4, n),
+            h0,
+            carry0,
+            lens,
+            mask,
+            kernel_skips,
+            step=lstm_step(skip),
+            interpret=interpret,
+        )
     H = persistent.carries(y, h0, lens)
     valid = persistent.valid_steps(T, lens)[..., 0]
     H_prev, i, f, o, g, C = _recompute(W, U, b, xs, h0, c0, H, valid, mask)
@@ -458,7 +474,8 @@ def _lstm_fwd(outputs, interpret, skip, W, U, b, h0, c0, xs, lens, mask, skips):
     return out, (W, U, b, xs, h0, c0, lens, mask, skips, H_prev, i, f, o, g, C, A_prev)
 
 
-def _lstm_bwd(outputs, interpret, skip, res, cotangents):
+def _lstm_bwd(outputs, interpret, skip, bt, res, cotangents):
+    del bt  # the same backward after either forward kernel
     W, U, b, xs, h0, c0, lens, mask, skips, H_prev, i, f, o, g, C, A_prev = res
     (dhT, dcT, daT), dys = cotangents
     n = U.shape[0]
@@ -623,7 +640,8 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U, and is treated as a constant (zero gradient), as in the fused scans.
       opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16; ``outputs``
-        False: ``ys`` None, the classifier reads the final carry; ``interpret``).
+        False: ``ys`` None, the classifier reads the final carry; ``interpret``;
+        ``batch_tile`` Bt: the LSTM's forward by the swap-AB kernel, module docstring).
       lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
         output zeros).
 
@@ -631,8 +649,11 @@ def unroll(
       ``(carry_T, ys [T, B, n] float32 or None)``.
 
     Raises:
-      ValueError: for a cell without a kernel (see :func:`supports`) or parameters that
-        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
+      ValueError: for a cell without a kernel (see :func:`supports`), parameters that
+        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), an
+        ``opts.batch_tile`` for a cell other than a plain LSTM, or for sizes the swap-AB
+        kernel does not take (:func:`rhnzoo.cells.kernels.swap_ab.fits`: its shared
+        memory; e.g. n > 64 with Bt 64 and m > 16).
     """
     if not supports(cell):
         raise ValueError(
@@ -640,6 +661,8 @@ def unroll(
             "GRU with hidden size <= 128 only"
         )
     check_params(cell, params, xs.shape[-1])
+    if type(cell) is not LSTM:
+        common.refuse_batch_tile(opts, cell)
     outputs, interpret = opts.outputs, opts.interpreted()
     lens = persistent.step_lengths(xs, lengths)
     if type(cell) is GRU:
@@ -663,6 +686,7 @@ def unroll(
         outputs,
         interpret,
         skip,
+        opts.batch_tile,
         params["W"],
         params["U"],
         params["b"],

@@ -45,13 +45,14 @@ shared memory, c in registers) and output zeros; padded batch columns have lengt
 padded units zero weights (they stay zero). Precision: the project's bfloat16 policy
 (bfloat16 matmul inputs, float32 accumulation, gates, state and output).
 
-Only the forward, not yet called by the LSTM's unroll: the custom VJP of
-:mod:`~rhnzoo.cells.kernels.gated` recomputes the gates from y, so its gradients follow
-from a correct y. Shared memory: :func:`smem_bytes`; :func:`fits` checks one CTA's
-limit. Values agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding (1.5e-2 of
-the largest output) and with the fused scan in bfloat16, the same rounding points, to
-2e-3 (about 2e-6 seen) (tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered
-for ``cuda`` at each Bt).
+Only the forward: :func:`rhnzoo.cells.kernels.gated.unroll` runs it for a plain LSTM
+given ``Options(batch_tile=Bt)`` (never by ``auto``: not timed on a GPU), and its custom
+VJP recomputes the gates from y, so the gradients follow from a correct y. Shared
+memory: :func:`smem_bytes`; :func:`fits` checks one CTA's limit. Values agree with
+:func:`rhnzoo.cells.unroll` to bfloat16 rounding (1.5e-2 of the largest output) and with
+the fused scan in bfloat16, the same rounding points, to 2e-3 (about 2e-6 seen)
+(tests/test_swap_ab.py, GPU interpret mode on the CPU; lowered for ``cuda`` at each
+Bt).
 Registers (ptxas, sm_90a, counted on the CPU; docs/runs/kernels/swap_ab_forward.md): at
 N = 128 with the mask 126 a thread at Bt = 16, 194 at Bt = 32, no spills; at Bt = 64 all
 255 and 36-40 bytes spilled (four ``[64, 64]`` float32 accumulators, c and the mask: 32
@@ -72,7 +73,7 @@ Array = jax.Array
 
 UNITS = 64  # hidden units per warpgroup: one wgmma M tile (one gate of 64 units)
 GATES = 4  # i | f | o | c̃, the order of rhnzoo.cells.LSTM's parameters
-BATCH_TILES = (16, 32, 64)  # Bt, the batch columns per CTA (wgmma's N)
+BATCH_TILES = common.BATCH_TILES  # Bt, the batch columns per CTA (wgmma's N): 16, 32, 64
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 
 
