@@ -1,5 +1,5 @@
 """Checks shared by the tests of the Pallas kernels (test_gated_pallas.py,
-test_chained_pallas.py, test_rhn_pallas.py, test_kernels_x64.py)."""
+test_chained_pallas.py, test_rhn_pallas.py, test_swap_ab.py, test_kernels_x64.py)."""
 
 import contextlib
 import signal

@@ -2,7 +2,8 @@
 every backend of ``BACKENDS`` has the protocol's signature, each cell has at most one
 backend, ``Options`` is validated once, and the persistent kernels' padding and
 weight-gradient epilogue compute what their docstrings say. (The kernels' values and
-gradients: test_gated_pallas.py, test_chained_pallas.py, test_rhn_pallas.py.)"""
+gradients: test_gated_pallas.py, test_chained_pallas.py, test_rhn_pallas.py,
+test_swap_ab.py.)"""
 
 import dataclasses
 import inspect
@@ -68,6 +69,19 @@ def test_options_are_validated_once():
         opts.outputs = False
     assert opts.interpreted() == (jax.default_backend() == "cpu")
     assert kernels.Options(interpret=False).interpreted() is False
+
+
+def test_batch_tile_is_none_or_a_swap_ab_tile():
+    """``batch_tile`` (the LSTM's swap-AB forward): None by default, 16, 32 or 64 as an
+    int (a NumPy integer taken as one); anything else a ValueError naming the tiles."""
+    assert kernels.Options().batch_tile is None
+    for bt in (16, 32, 64):
+        assert kernels.Options(batch_tile=bt).batch_tile == bt
+    tile = kernels.Options(batch_tile=np.int64(32)).batch_tile
+    assert tile == 32 and type(tile) is int
+    for bad in (0, 8, 48, 128, -16, 16.0, "16", True):
+        with pytest.raises(ValueError, match=r"batch_tile must be None or one of \(16, 32, 64\)"):
+            kernels.Options(batch_tile=bad)
 
 
 def test_padding_of_the_persistent_kernels():

@@ -3,10 +3,14 @@ reference scan (lax.scan, float32) and the fused scan in bfloat16: outputs y at 
 sizes 64 and 128 (and padded ones), batch tiles 16 and 32 (and 64), with lengths, a
 recurrent dropout mask and odd batches; the kernel lowered for ``cuda`` at each batch
 tile; its registers and spills counted by ptxas on the CPU (tests/kernel_registers.py);
-its size checks and bad input refused.
+its size checks and bad input refused. And the LSTM's unroll with
+``Options(batch_tile=Bt)`` (rhnzoo.cells.kernels.gated: this forward, the persistent
+backward): the loss and every gradient against the reference scan, its train step
+lowered for ``cuda``, a batch tile refused by the cells it does not run.
 
 On the CPU the kernel runs in Pallas's GPU interpret mode, every run under a timeout
-(the interpreter hangs, rather than fails, on a barrier never completed)."""
+(the interpreter hangs, rather than fails, on a barrier never completed); on a GPU
+backend (measure.sh's ``pallas`` part) the same tests run it compiled."""
 
 import jax
 import jax.numpy as jnp
@@ -14,13 +18,23 @@ import kernel_registers as kr
 import numpy as np
 import pytest
 from helpers import normal, random_params
-from pallas_checks import assert_close, assert_no_races, deadline, lower_for_cuda
+from pallas_checks import (
+    assert_close,
+    assert_matches_reference,
+    assert_no_races,
+    deadline,
+    kernel_reference_fused,
+    lower_for_cuda,
+    lower_stacked_for_cuda,
+    value_and_grads,
+)
 
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
-from rhnzoo.cells.kernels import common, persistent, swap_ab
+from rhnzoo.cells.kernels import Options, chained, common, gated, persistent, swap_ab
 
 pytestmark = pytest.mark.pallas
+INTERPRET = jax.default_backend() == "cpu"  # the kernel's GPU interpret mode on the CPU
 
 
 def setup(n, B, m, T, masked, seed=0):
@@ -60,7 +74,16 @@ def test_outputs_match_the_reference(case):
     lens = None if lengths is None else jnp.asarray(lengths, jnp.int32)
     with deadline(300):
         y = swap_ab.lstm_forward(
-            xs, params["W"], params["U"], params["b"], h0, c0, lens, mask, bt=bt, interpret=True
+            xs,
+            params["W"],
+            params["U"],
+            params["b"],
+            h0,
+            c0,
+            lens,
+            mask,
+            bt=bt,
+            interpret=INTERPRET,
         )
         y = jax.block_until_ready(y)
     assert y.shape == (T, B, n) and y.dtype == jnp.float32
@@ -143,7 +166,7 @@ def test_stacked_seeds_one_at_a_time():
     seed's own y, bit for bit; and at n = 100 (two warpgroups) the mapped kernel lowers
     for ``cuda``, where unwrapped it does not (a sixth TMA dimension)."""
     seeds, xs = stacked_seeds(8, 5, 3, 3)
-    one = persistent.one_at_a_time(seed_forward(xs, jnp.asarray([3, 0, 2, 1, 3]), 16, True))
+    one = persistent.one_at_a_time(seed_forward(xs, jnp.asarray([3, 0, 2, 1, 3]), 16, INTERPRET))
     with deadline(300):
         got = jax.vmap(one)(*seeds)
         for k in range(2):
@@ -232,3 +255,117 @@ def test_empty_sequence_or_batch():
     assert y.shape == (0, 3, 8) and y.dtype == jnp.float32
     y = swap_ab.lstm_forward(xs[:, :0], W, U, b, h0[:0], c0[:0], None, None, bt=32, interpret=True)
     assert y.shape == (2, 0, 8) and y.dtype == jnp.float32
+
+
+# ------------------------------------------- the LSTM's unroll with Options(batch_tile=Bt)
+
+UNROLL_CASES = {
+    # name: (n, B, m, T, batch tile, lengths, dropout mask, outputs)
+    "n5_bt16_odd_batch_lengths_masked": (5, 5, 3, 5, 16, [5, 0, 2, 4, 1], True, True),
+    "n100_bt32_two_ctas_lengths_masked": (100, 37, 1, 4, 32, [4, 1, 0] * 12 + [3], True, True),
+    "n64_bt64_lengths_no_outputs": (64, 9, 3, 3, 64, [3, 1, 2] * 3, False, False),
+}
+FAST_UNROLL = {"n5_bt16_odd_batch_lengths_masked"}  # the rest: slow to interpret
+
+
+@pytest.fixture
+def forward_kernels(monkeypatch):
+    """``{'swap_ab': k, 'persistent': k}``: how often the LSTM's unroll called each
+    forward kernel's wrapper (:func:`swap_ab.lstm_forward`, :func:`persistent.forward`)."""
+    calls = {"swap_ab": 0, "persistent": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(swap_ab, "lstm_forward", counted("swap_ab", swap_ab.lstm_forward))
+    monkeypatch.setattr(persistent, "forward", counted("persistent", persistent.forward))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=() if c in FAST_UNROLL else pytest.mark.slow) for c in UNROLL_CASES],
+)
+def test_lstm_unroll_with_a_batch_tile_matches_the_reference(case, forward_kernels):
+    """``gated.unroll`` with ``Options(batch_tile=Bt)`` runs this forward (not the 64-row
+    one) and the persistent backward: the loss and every gradient (W, U, b, h0, c0, xs),
+    with lengths and a mask or without outputs, agree with the reference scan to bfloat16
+    rounding and with the fused bfloat16 scan as the 64-row kernels do
+    (:func:`pallas_checks.assert_matches_reference`, test_gated_pallas.py's bounds)."""
+    n, B, m, T, bt, lengths, masked, outputs = UNROLL_CASES[case]
+    cell, params, h0, c0, xs, mask = setup(n, B, m, T, masked)
+    target = normal(jax.random.PRNGKey(9), (T, B, n))
+    lens = jnp.asarray(lengths, jnp.int32)
+    opts = Options(outputs=outputs, batch_tile=bt)
+    got, ref, fused = kernel_reference_fused(
+        lambda p, c, x: gated.unroll(cell, p, c, x, mask, opts, lengths=lens),
+        cell,
+        params,
+        cells.LSTMState(h0, c0),
+        xs,
+        target,
+        mask,
+        lens,
+        outputs=outputs,
+    )
+    assert forward_kernels == {"swap_ab": 1, "persistent": 0}
+    assert_matches_reference(got, ref, fused)
+
+
+def test_train_step_with_a_batch_tile_lowers_for_an_h100(forward_kernels):
+    """The train step (the loss and every gradient through ``gated.unroll``,
+    ``Options(batch_tile=16)``, compiled) at P-MNIST's shape (n = 100, B = 100, m = 1)
+    with the mask lowers for ``cuda`` as two Mosaic GPU kernels, this forward and the
+    persistent backward; two stacked seeds under ``jax.vmap`` lower too (the forward
+    launched one seed at a time)."""
+    n, B, m, T = 100, 100, 1, 8
+    cell, params, h0, c0, xs, mask = setup(n, B, m, T, True)
+    target = normal(jax.random.PRNGKey(9), (T, B, n))
+    opts = Options(interpret=False, batch_tile=16)
+    unroll = lambda p, c, x: gated.unroll(cell, p, c, x, mask, opts)
+    step = lower_for_cuda(
+        lambda p, c, x: value_and_grads(unroll, p, c, x, target),
+        params,
+        cells.LSTMState(h0, c0),
+        xs,
+    )
+    assert [backward for backward, _ in kr.mosaic_modules(step)] == [False, True]
+    assert forward_kernels == {"swap_ab": 1, "persistent": 0}
+    lower_stacked_for_cuda(unroll, params, cells.LSTMState(h0, c0), xs, target)
+    assert forward_kernels["persistent"] == 0  # (custom_vmap traces swap_ab's twice)
+
+
+def test_a_batch_tile_is_refused_where_no_swap_ab_forward_runs():
+    """``Options(batch_tile=16)`` for SC-LSTM, the reset-after GRU (gated backend), the
+    RRN and Cho's GRU (chained backend) raises ValueError naming the plain LSTM; an
+    LSTM whose sizes :func:`swap_ab.fits` rejects (n = 128, m = 17 at Bt 64) raises its
+    ValueError; no kernel runs."""
+    opts = Options(batch_tile=16)
+    B, m = 3, 2
+    xs = jnp.ones((2, B, m))
+    for cell, backend in (
+        (cells.SCLSTM(8, skip=2), gated),
+        (cells.GRU(8, reset_after=True), gated),
+        (cells.RRN(8, depth=2), chained),
+        (cells.GRU(8), chained),
+    ):
+        params = cell.init(jax.random.PRNGKey(0), m)
+        with pytest.raises(
+            ValueError, match="batch_tile=16: the swap-AB forward runs a plain LSTM"
+        ):
+            backend.unroll(cell, params, cell.initial_carry(B), xs, None, opts)
+    cell = cells.LSTM(128)
+    x = jnp.ones((2, B, 17))
+    with pytest.raises(ValueError, match="no swap-AB LSTM kernel for n=128, m=17, bt=64"):
+        gated.unroll(
+            cell,
+            cell.init(jax.random.PRNGKey(0), 17),
+            cell.initial_carry(B),
+            x,
+            None,
+            Options(batch_tile=64),
+        )
