@@ -302,12 +302,17 @@ def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(imag
     if part.startswith("pallas"):  # finding 6: the bench first, then the tests, each timed
         names = [line.split(":")[0] for line in steps]
         assert names == ["bench", "probe", "tests"], steps
-        assert "test_gated_pallas.py" in (out / "pallas-pytest.log").read_text()
+        collected = (out / "pallas-pytest.log").read_text()
+        assert "test_gated_pallas.py" in collected and "test_swap_ab.py" in collected
     if part.startswith("kernel"):
         figures = [json.loads(x)["figure"] for x in (out / "kernel.jsonl").read_text().splitlines()]
         assert {
             "pallas_forward",
             "pallas_value_and_grad",
+            "pallas_bt16_value_and_grad",  # the swap-AB forward (issue 59)
+            "pallas_bt32_value_and_grad",
+            "error_pallas_bt16",
+            "error_pallas_bt32",
             "error_pallas_approx_math",
             "error_pallas_no_auto_barriers",
             "error_fused_bf16",

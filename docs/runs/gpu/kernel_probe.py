@@ -1,17 +1,22 @@
 """The persistent LSTM kernel (rhnzoo.cells.kernels.gated) per size and compiler setting,
 for ``measure.sh kernel`` (issue 57): at n = 64, 100, 128 and B = 32, 100, 300 (does a
 second CTA cost anything?), the forward unroll and its value_and_grad (the backward: the
-difference), min of 5 after a warm-up, beside the fused scan in bfloat16 (unroll 8);
-and at one size the loss and gradient of each variant (``approx_math``, Pallas barrier
-elision ``unsafe_no_auto_barriers``, the fused bfloat16 scan) against the float32
-reference scan (max relative error). One JSON line per figure on stdout; a figure that
-fails is a line with ``error`` (the others go on).
+difference), min of 5 after a warm-up, of ``pallas`` (64 batch rows per CTA) and of
+``pallas_bt16`` / ``pallas_bt32`` (``Options(batch_tile=16 / 32)``: the swap-AB forward
+of rhnzoo.cells.kernels.swap_ab, Bt batch columns per CTA, the same backward; issue 59's
+"more SMs per step"), beside the fused scan in bfloat16 (unroll 8); and at one size the
+loss and gradient of each variant (``approx_math``, Pallas barrier elision
+``unsafe_no_auto_barriers``, the swap-AB forward at Bt 16 and 32, the fused bfloat16
+scan) against the float32 reference scan (max relative error). One JSON line per figure
+on stdout; a figure that fails is a line with ``error`` (the others go on).
 
   python docs/runs/gpu/kernel_probe.py [--n=64,100,128] [--batch=32,100,300] [--length=784]
                                        [--variants] [--interpret] [--reps=5]
 
-``--interpret``: Pallas's interpreter (slow); ``--stand_in``: the float32 fused scan in the
-kernel's place (measure.sh's CPU dry run: the script's figures without a kernel). Run from
+``--interpret``: Pallas's interpreter (slow); ``--stand_in``: the float32 fused scan in
+every kernel candidate's place (measure.sh's CPU dry run: the script's figures without a
+kernel). The compiler settings (``approx_math``, barrier elision) reach the 64-row
+kernels only: the swap-AB forward is built without them. Run from
 the repository root; ptxas's registers and spills come from measure.sh's
 ``MOSAIC_GPU_DUMP_PTXAS`` / ``MOSAIC_GPU_DUMP_TO`` around it.
 """
@@ -80,10 +85,19 @@ def main():
     args = ap.parse_args()
     dev = jax.devices()[0]
     bf = jnp.bfloat16
-    opts = Options(outputs=False, interpret=args.interpret or None)
-    pallas = lambda c, p, h, x: gated.unroll(c, p, h, x, None, opts)
-    if args.stand_in:
-        pallas = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32, outputs=False)
+
+    def kernels(batch_tile=None):
+        """The LSTM's kernels (``batch_tile`` Bt: with the swap-AB forward), or the
+        stand-in."""
+        if args.stand_in:
+            return lambda c, p, h, x: gated_fused.unroll(
+                c, p, h, x, dtype=jnp.float32, outputs=False
+            )
+        opts = Options(outputs=False, interpret=args.interpret or None, batch_tile=batch_tile)
+        return lambda c, p, h, x: gated.unroll(c, p, h, x, None, opts)
+
+    pallas, swap_ab = kernels(), {bt: kernels(bt) for bt in (16, 32)}
+    candidates = [("pallas", pallas)] + [(f"pallas_bt{bt}", u) for bt, u in swap_ab.items()]
     fused = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=bf, outputs=False)
     reference = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=jnp.float32, outputs=False)
     base = dict(T=args.length, device=dev.device_kind, jax=jax.__version__, stand_in=args.stand_in)
@@ -94,7 +108,7 @@ def main():
     for n in args.n:
         for B in args.batch:
             cell, params, carry, xs = problem(n, B, args.length)
-            for name, unroll in (("pallas", pallas), ("fused_bf16", fused)):
+            for name, unroll in (*candidates, ("fused_bf16", fused)):
                 f = loss_fn(unroll, cell, carry)
                 for what, fn in (
                     ("forward", jax.jit(f)),
@@ -118,6 +132,7 @@ def main():
         ("pallas", pallas, {}),
         ("pallas_approx_math", pallas, {"approx_math": True}),
         ("pallas_no_auto_barriers", pallas, {"no_barriers": True}),
+        *((name, unroll, {}) for name, unroll in candidates[1:]),
         ("fused_bf16", fused, {}),
     ]
     for name, unroll, settings in variants:

@@ -17,7 +17,8 @@
 #   pallas-quick  the same in ~5 min: P-MNIST, LSTM, GRU, SC-LSTM, RRN, min of 2
 #   seeds         issue 47: K seeds in one step (bench.seeds); seeds-quick: P-MNIST, ~2 min
 #   kernel        issue 57: the LSTM kernel at n = 64, 100, 128 and B = 32, 100, 300, forward
-#                 and value_and_grad beside the fused bf16 scan; approx_math and barrier
+#                 and value_and_grad (64-row tiles, and the swap-AB forward at batch tiles
+#                 16 and 32: issue 59) beside the fused bf16 scan; approx_math and barrier
 #                 elision against the float32 reference (kernel_probe.py); ptxas registers
 #                 and spill bytes per kernel (MOSAIC_GPU_DUMP_PTXAS / MOSAIC_GPU_DUMP_TO);
 #                 the P-MNIST and IMDB train steps against cuDNN fp16 / fp32 / TF32 in the
@@ -181,7 +182,8 @@ PY
     cut -c1-200 "$OUT/pallas-probe.jsonl"
     [ -n "$dry" ] && co=(--co) || co=()
     step tests "$t_test" python -m pytest -q -p no:cacheprovider -rfE "${co[@]}" \
-      tests/test_gated_pallas.py tests/test_chained_pallas.py > "$OUT/pallas-pytest.log" 2>&1
+      tests/test_gated_pallas.py tests/test_chained_pallas.py tests/test_swap_ab.py \
+      > "$OUT/pallas-pytest.log" 2>&1
     tail -3 "$OUT/pallas-pytest.log" ;;
   seeds|seeds-quick)
     # Issue 47: K seeds as a batch dimension of one train step (bench.seeds), K = 1, 2, 4, 8
