@@ -32,7 +32,6 @@ counts of every configuration in :data:`CONFIGS`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import shutil
@@ -301,7 +300,7 @@ def kernel_modules(name: str, T: int = 12, B: int | None = None) -> dict[str, by
     if family == "rhn_hsg":
         from rhnzoo.cells.kernels import rhn
 
-        unroll = functools.partial(rhn.unroll, batch_tile=bt)
+        unroll = rhn.unroll
     elif family in ("rrn2", "rrn3", "cho_gru"):
         from rhnzoo.cells.kernels import chained
 
@@ -312,7 +311,8 @@ def kernel_modules(name: str, T: int = 12, B: int | None = None) -> dict[str, by
         unroll = gated.unroll
 
     def loss(params, carry, xs, mask):
-        opts = Options(outputs=outputs, interpret=False)
+        tile = bt if family == "rhn_hsg" else None  # the RHN's kernels: swap-AB, tile Bt
+        opts = Options(outputs=outputs, interpret=False, batch_tile=tile)
         final, ys = unroll(cell, params, carry, xs, mask, opts)
         total = sum(jnp.sum(leaf) for leaf in jax.tree.leaves(final) if leaf.dtype == jnp.float32)
         return total + (jnp.sum(ys) if outputs else 0.0)

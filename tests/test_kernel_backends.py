@@ -138,3 +138,17 @@ def test_weight_gradients_are_the_matmuls_over_all_positions():
         direct=jnp.full((B, n), 0.5),
     )
     np.testing.assert_array_equal(dh0[:, 0], [2.5, 7.0, 2.5, 7.0, 2.5])
+
+
+def test_only_the_rhn_has_an_xla_backward():
+    """``kernel_backward=False`` (the RHN's fused XLA backward): coerced to a bool; the
+    persistent kernels, whose backward is a kernel only, refuse it before running one."""
+    assert kernels.Options().kernel_backward is True
+    assert kernels.Options(kernel_backward=0).kernel_backward is False
+    opts = kernels.Options(kernel_backward=False)
+    B, m = 3, 2
+    xs = jnp.ones((2, B, m))
+    for cell in (cells.LSTM(8), cells.GRU(8, reset_after=True), cells.RRN(8, depth=2)):
+        params = cell.init(jax.random.PRNGKey(0), m)
+        with pytest.raises(ValueError, match="kernel_backward=False: the persistent kernels"):
+            kernels.backend_of(cell).unroll(cell, params, cell.initial_carry(B), xs, None, opts)

@@ -80,7 +80,7 @@ def test_values_and_gradients_match_the_reference(case):
     cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
     mask = dropout_mask(B, n) if masked else None
     got, ref, fused = kernel_reference_fused(
-        lambda p, c, x: rhn.unroll(cell, p, c, x, mask, batch_tile=bt),
+        lambda p, c, x: rhn.unroll(cell, p, c, x, mask, Options(batch_tile=bt)),
         cell,
         params,
         carry,
@@ -233,8 +233,8 @@ def test_refuses_what_it_does_not_compute():
         unroll(cell, params, carry, xs[..., :2])
     with pytest.raises(ValueError, match=r"xs must be \[T, B, m\]"):
         unroll(cell, params, carry, xs[0])
-    with pytest.raises(ValueError, match="batch_tile must be 16, 32 or 64"):
-        unroll(cell, params, carry, xs, batch_tile=48)
+    with pytest.raises(ValueError, match="batch_tile must be None or one of"):
+        unroll(cell, params, carry, xs, None, Options(batch_tile=48))
     assert rhn.supports(cell) and rhn.supports(cells.HSG(cell))
     assert not rhn.supports(uncoupled) and not rhn.supports(cells.HSG(uncoupled))
     assert not rhn.supports(cells.LSTM(5))
@@ -330,7 +330,8 @@ def test_backward_kernels_are_the_default_and_the_xla_backward_matches_the_refer
     mask = dropout_mask(B, n) if masked else None
 
     def kernel(**backward):
-        return lambda p, c, x: rhn.unroll(cell, p, c, x, mask, batch_tile=bt, **backward)
+        opts = Options(batch_tile=bt, **backward)
+        return lambda p, c, x: rhn.unroll(cell, p, c, x, mask, opts)
 
     def launches(**backward):
         unroll = kernel(**backward)

@@ -64,15 +64,18 @@ class Options:
         carry); the RHN's kernel forms its outputs anyway (its carry is its output).
       interpret: run the kernels in Pallas's GPU interpret mode (the CPU); None: where
         JAX's default backend is the CPU (:meth:`interpreted`), compiled on a GPU.
-      batch_tile: None: the persistent kernels' layout (64 batch rows per CTA on wgmma's
-        M); Bt = 16, 32 or 64: the LSTM's forward by the swap-AB kernel
-        (:mod:`~rhnzoo.cells.kernels.swap_ab`: Bt batch columns per CTA on wgmma's N, so
-        a small batch spreads over more SMs; issue 59), its backward as with None. Only
-        a plain :class:`~rhnzoo.cells.LSTM` runs it: the gated and chained backends
-        refuse it for their other cells (ValueError); the RHN's kernels take their own
-        ``batch_tile`` (:func:`rhnzoo.cells.kernels.rhn.unroll`). Never set by the
-        dispatcher nor ``auto``: not yet timed on a GPU (docs/runs/gpu/kernel_probe.py's
-        ``pallas_bt16``, ``pallas_bt32``).
+      batch_tile: Bt, the batch columns per CTA on wgmma's N of a swap-AB kernel (gates
+        on M), 16, 32 or 64. The RHN's micro-layer kernels are always swap-AB (None:
+        :func:`rhnzoo.cells.kernels.rhn.default_batch_tile` of B). The persistent kernels:
+        None is their 64-row layout (batch rows on wgmma's M); a Bt runs the LSTM's forward
+        by :mod:`~rhnzoo.cells.kernels.swap_ab` (a small batch spread over more SMs; issue
+        59), its backward as with None; only a plain :class:`~rhnzoo.cells.LSTM` runs it
+        (the other persistent cells: ValueError). Never set by the dispatcher nor ``auto``:
+        not yet timed on a GPU (docs/runs/gpu/kernel_probe.py's ``pallas_bt16``, ``_bt32``).
+      kernel_backward: the RHN's backward pass by its backward micro-layer kernels (the
+        default); False: the fused scan's hand-written backward in XLA
+        (:func:`rhnzoo.cells.rhn_fused.unroll_backward`). The persistent kernels have only a
+        kernel backward (False: ValueError).
 
     Raises:
       ValueError: a ``dtype`` other than bfloat16; a ``batch_tile`` other than None and
@@ -83,6 +86,7 @@ class Options:
     outputs: bool = True
     interpret: bool | None = None
     batch_tile: int | None = None
+    kernel_backward: bool = True
 
     def __post_init__(self):
         try:
@@ -108,6 +112,7 @@ class Options:
                     f"batch columns per CTA), got {self.batch_tile!r}"
                 )
             object.__setattr__(self, "batch_tile", bt)
+        object.__setattr__(self, "kernel_backward", bool(self.kernel_backward))
 
     def interpreted(self) -> bool:
         """Whether the kernels run in interpret mode: ``interpret``, or (None) whether JAX's
@@ -118,12 +123,24 @@ class Options:
 
 
 def refuse_batch_tile(opts: Options, cell: Any) -> None:
-    """For a backend's ``unroll`` whose ``cell`` the swap-AB forward does not run (any
-    but a plain LSTM): raises ValueError if ``opts.batch_tile`` is set."""
+    """For a persistent backend's ``unroll`` whose ``cell`` the swap-AB forward does not
+    run (any but a plain LSTM): raises ValueError if ``opts.batch_tile`` is set, or if
+    ``opts.kernel_backward`` is False (the persistent kernels have no XLA backward)."""
     if opts.batch_tile is not None:
         raise ValueError(
             f"batch_tile={opts.batch_tile}: the swap-AB forward runs a plain LSTM only, not "
             f"{cell!r} (batch_tile=None runs its kernels)"
+        )
+    refuse_xla_backward(opts, cell)
+
+
+def refuse_xla_backward(opts: Options, cell: Any) -> None:
+    """Raises ValueError if ``opts.kernel_backward`` is False for a persistent kernel's
+    ``cell`` (its backward is a kernel only)."""
+    if not opts.kernel_backward:
+        raise ValueError(
+            f"kernel_backward=False: the persistent kernels of {cell!r} have no XLA backward "
+            "(the RHN's kernels only)"
         )
 
 

@@ -663,6 +663,7 @@ def unroll(
     check_params(cell, params, xs.shape[-1])
     if type(cell) is not LSTM:
         common.refuse_batch_tile(opts, cell)
+    common.refuse_xla_backward(opts, cell)
     outputs, interpret = opts.outputs, opts.interpreted()
     lens = persistent.step_lengths(xs, lengths)
     if type(cell) is GRU:

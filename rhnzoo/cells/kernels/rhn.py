@@ -57,7 +57,7 @@ each, as the forward does:
   the weight gradients, one GEMM per micro-layer over all T x B positions from the
   kernels' bf16 dz (db sums them in float32), as the fused scan forms them.
 
-``kernel_backward=False`` runs the fused scan's hand-written backward in XLA instead
+``Options(kernel_backward=False)`` runs the fused scan's hand-written backward in XLA instead
 (:func:`rhnzoo.cells.rhn_fused.unroll_backward`, bfloat16 matmul inputs; the saved
 arrays cut to n and B for it). Values and every gradient agree with
 :func:`rhnzoo.cells.unroll` to bfloat16 rounding either way (tests/test_rhn_pallas.py,
@@ -542,8 +542,6 @@ def unroll(
     opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
-    batch_tile: int | None = None,
-    kernel_backward: bool = True,
 ) -> tuple[Array, Array | None]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
@@ -557,16 +555,16 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies the state entering
         every micro-layer's GEMM (not the highway update), as in the fused scan, and is a
         constant (zero gradient).
-      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16, the only
-        precision the kernel has; ``outputs`` False: ``ys`` None; ``interpret``).
+      opts: the :class:`~rhnzoo.cells.kernels.common.Options`: bfloat16, the only
+        precision the kernel has; ``outputs`` False: ``ys`` None; ``interpret``;
+        ``batch_tile`` Bt, batch columns per CTA (the wgmma N), 16, 32 or 64 (each lowers
+        for an H100; which is fastest is not measured), None: :func:`default_batch_tile`
+        of B; ``kernel_backward`` (default True) the backward pass's micro-layers by the
+        backward kernels (:func:`_backward`: one kernel per micro-layer and time step, as
+        the forward), False: the fused scan's backward in XLA.
       lengths: optional ``[B]`` int real steps per row: every step runs, a row's final
         carry is its output at its last real step and padded outputs are zeros
         (:func:`rhnzoo.cells.rhn_fused.with_lengths`).
-      batch_tile: Bt, batch columns per CTA (the wgmma N): 16, 32 or 64 (each lowers for
-        an H100; which is fastest is not measured); None: :func:`default_batch_tile` of B.
-      kernel_backward: run the backward pass's micro-layers by the backward kernels
-        (default; :func:`_backward`: one kernel per micro-layer and time step, as the
-        forward); False: the fused scan's backward in XLA.
 
     Returns:
       ``(carry [B, n], ys [T, B, n] or None)`` float32: the final state and every step's
@@ -575,12 +573,10 @@ def unroll(
     Raises:
       ValueError: for a cell other than a coupled RHN or HSG(RHN); ``xs`` not ``[T, B,
         m]``, a ``carry`` or ``mask`` not ``[B, n]``, or parameters whose shapes are not
-        the cell's for input width m; a ``batch_tile`` other than 16, 32 or 64.
+        the cell's for input width m.
     """
     if not supports(cell):
         raise ValueError(f"the RHN micro-layer kernel runs a coupled RHN or HSG(RHN), got {cell!r}")
-    if batch_tile not in (None, 16, 32, 64):
-        raise ValueError(f"batch_tile must be 16, 32 or 64, got {batch_tile!r}")
     hsg = None
     if isinstance(cell, HSG):
         hsg = (params["W_R"], params["W_F"], params["b_G"])
@@ -607,7 +603,7 @@ def unroll(
     # The projection of all T steps in one GEMM, its backward under the same rule.
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], _bf16), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
-    bt = batch_tile or default_batch_tile(B)
+    bt = opts.batch_tile or default_batch_tile(B)
     s_T, ys = _unroll(
         params["R"],
         params["b"],
@@ -618,6 +614,6 @@ def unroll(
         loop,
         bt,
         opts.interpreted(),
-        bool(kernel_backward),
+        opts.kernel_backward,
     )
     return rhn_fused.with_lengths(carry, s_T.T, jnp.swapaxes(ys, 1, 2), lengths, opts.outputs)
