@@ -16,7 +16,9 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
   is Wang & Tian's HRL).
 * :mod:`rhnzoo.cells.scan`: the one scan dispatcher every model calls,
   ``scan.unroll(cell, ..., impl='auto'|'reference'|'fused'|'pallas')`` and the rule for
-  ``auto`` (``scan.resolve``).
+  ``auto`` (``scan.resolve``); :mod:`rhnzoo.cells.kernels`: its ``pallas`` backends, the
+  Mosaic GPU kernels (persistent LSTM / GRU / SC-LSTM / RRN kernels, the RHN's micro-layer
+  kernels), one ``Backend`` protocol and one ``Options`` record.
 * :mod:`rhnzoo.cells.registry`: every cell by name, ``make(name, hidden_size, **kwargs)``
   (``NAMES``; ``hsg_<name>`` wraps one in HSG), the one registry every task uses.
 """
