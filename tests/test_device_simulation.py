@@ -140,7 +140,10 @@ def _assert_table(text: str, dest: pathlib.Path, metric: str) -> None:
     scale = 100.0 if metric.endswith("_acc") else 1.0
     for row in rows:
         base, cell = row.split(" | ")[0].strip("| "), row.split(" | ")[1]
-        assert cell.startswith(f"{sum(values[base]) / len(values[base]) * scale:.2f}"), row
+        mean = sum(values[base]) / len(values[base]) * scale
+        # The table rounds to 2 decimals; a mean on a rounding boundary (x.xx5) may round
+        # either way by the order of its float operations, so: within half a unit.
+        assert abs(float(cell.split()[0]) - mean) <= 0.005 + 1e-9, (row, mean)
 
 
 def _windows() -> list[str]:
