@@ -38,22 +38,21 @@ from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as lm_training
 from rhnzoo.configs import lm as lm_configs
-from rhnzoo.tasks import rrl
+from rhnzoo.configs import highway as highway_configs
+from rhnzoo.tasks import highway, rrl
 
 # name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
 # vocabulary: 20,000 words, reviews of 400), ptb_sota, and tiny ones for the tests.
+CONFIG_PMNIST = dict(
+    dataset="pmnist",
+    **rrl_presets.PAPER_SIZES["pmnist"],
+    batch_size=100,
+    vocab=None,
+    classes=10,
+    input=1,
+)
 CONFIGS: dict[str, tuple[str, dict]] = {
-    "pmnist": (
-        "classifier",
-        dict(
-            dataset="pmnist",
-            **rrl_presets.PAPER_SIZES["pmnist"],
-            batch_size=100,
-            vocab=None,
-            classes=10,
-            input=1,
-        ),
-    ),
+    "pmnist": ("classifier", CONFIG_PMNIST),
     "imdb": (
         "classifier",
         dict(
@@ -81,6 +80,15 @@ CONFIGS: dict[str, tuple[str, dict]] = {
         ),
     ),
     "tiny_lm": ("lm", LM_CONFIGS["tiny"]),
+    # P-MNIST at Table 2's size and batch (32 per seed): the harvest's P-MNIST runs.
+    "pmnist_b32": ("classifier", dict(dict(CONFIG_PMNIST), batch_size=32)),
+    # The highway report's nets on MNIST (batch 128): the harvest's CPU chunks.
+    **{
+        f"highway_{kind}_d{depth}": ("highway", dict(kind=kind, depth=depth))
+        for kind in ("plain", "highway")
+        for depth in (10, 100)
+    },
+    "tiny_highway": ("highway", dict(kind="highway", depth=3)),
 }
 
 FLAGS = flags.FLAGS
@@ -155,6 +163,30 @@ def lm_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     return lm_training.make_train_step(model, cfg, tx), make
 
 
+def highway_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
+    """``(step, make)`` as :func:`classifier_problem`, of the highway report's net
+    (``kind``, ``depth``; the config's width, learning rate and batch of 128) on MNIST's
+    shapes: the batch is uint8 images ``[N, 784]`` (N = 8 batches, random), their labels
+    and the step's indices."""
+    cfg = highway_configs.get_config(kind=c["kind"], depth=c["depth"]).narrow()
+    net = cfg.net()
+    tx, _ = highway.make_optimizer(cfg, cfg.lr)
+    B, n = cfg.batch_size, 8 * cfg.batch_size
+
+    def make(seed: int):
+        rng = np.random.default_rng(seed)
+        images = rng.integers(0, 256, (n, net.input_size), dtype=np.uint8)
+        labels = rng.integers(0, net.num_classes, n).astype(np.int32)
+        idx = rng.permutation(n)[:B].astype(np.int32)
+        state = highway.init_state(net, tx, jax.random.PRNGKey(seed))
+        return state, jax.tree.map(jnp.asarray, (images, labels, idx))
+
+    return highway.make_train_step(net, tx), make
+
+
+PROBLEMS = {"classifier": classifier_problem, "lm": lm_problem, "highway": highway_problem}
+
+
 def stacked(make: Callable[[int], tuple[Any, Any]], k: int) -> tuple[Any, Any, jax.Array]:
     """K seeds' states, batches and step keys, stacked on a leading axis."""
     states, batches = zip(*(make(s) for s in range(k)))
@@ -173,7 +205,7 @@ def compile_step(step: Step, k: int | None, state, batch, key):
 def bench(name: str, ks: list[int], rounds: int) -> dict:
     """Compiles and times configuration ``name`` at every K of ``ks`` (one JSON record)."""
     task, c = CONFIGS[name]
-    step, make = (classifier_problem if task == "classifier" else lm_problem)(c)
+    step, make = PROBLEMS[task](c)
     result: dict[str, Any] = {
         "config": name,
         "task": task,
