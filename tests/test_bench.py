@@ -450,7 +450,7 @@ def test_rnn_bench_imports_neither_torch_nor_pallas_mosaic_gpu():
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny_classifier", pytest.param("tiny_lm", marks=pytest.mark.slow)]
+    "name", ["tiny_classifier", "tiny_highway", pytest.param("tiny_lm", marks=pytest.mark.slow)]
 )
 def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
     """rhnzoo.bench.seeds: the stacked step of 3 seeds (vmap over states, batches, keys)
