@@ -458,7 +458,7 @@ def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
     from rhnzoo.bench import seeds
 
     task, c = seeds.CONFIGS[name]
-    step, make = (seeds.classifier_problem if task == "classifier" else seeds.lm_problem)(c)
+    step, make = seeds.PROBLEMS[task](c)
     state, batch, keys = seeds.stacked(make, 3)
     new, sums = jax.jit(jax.vmap(step))(state, batch, keys)
     for k in range(3):
