@@ -16,7 +16,7 @@ import pytest
 
 from rhnzoo import cells, evaluation
 from rhnzoo.cells import scan
-from rhnzoo.cells.kernels import gated as gated_pallas
+from rhnzoo.cells.kernels import verified
 from rhnzoo.cells.scan import ScanImpl
 from rhnzoo.tasks import highway, lm, polyphonic, rrl
 from rhnzoo.configs import rrl as rrl_configs
@@ -41,21 +41,13 @@ def lower_for_tpu(fn, *args):
 
 @pytest.fixture
 def kernel_fits_any_gpu(monkeypatch):
-    """``gated_pallas.fits`` as on an H100 (compute capability 9.0) wherever the platform
-    asked for is a GPU: so ``auto`` would pick the LSTM kernel if the platform said GPU."""
-    fits = gated_pallas.fits
-
-    def on_any_gpu(cell, batch, dtype, backend=None, **kw):
-        if (backend or jax.default_backend()) not in ("gpu", "cuda"):
-            return False
-        return fits(cell, batch, dtype, "cpu", **kw) or (
-            type(cell) is cells.LSTM
-            and cell.hidden_size <= 64
-            and dtype is not None
-            and jnp.dtype(dtype) == jnp.bfloat16
-        )
-
-    monkeypatch.setattr(gated_pallas, "fits", on_any_gpu)
+    """A stand-in H100 (device kind and compute capability 9.0) and a verified record that
+    lists every kernel at every shape (``verified.fits`` true): ``kernels.gated.fits``
+    then holds wherever its own conditions do and the platform asked for is a GPU, so
+    ``auto`` would pick the LSTM kernel if the platform said GPU."""
+    monkeypatch.setattr(verified, "fits", lambda *a, **k: True)
+    with verified.stand_in(verified.H100, "9.0"):
+        yield
 
 
 def test_auto_resolves_for_the_named_platform_and_never_a_gpu_kernel_on_a_tpu(kernel_fits_any_gpu):

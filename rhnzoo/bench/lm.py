@@ -102,44 +102,48 @@ Array = jax.Array
 CONFIGS = LM_CONFIGS  # the shapes, shared with rhnzoo.bench.seeds
 RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
-flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
-flags.DEFINE_enum(
-    "scan_impl",
-    "fused",
-    ["fused", "reference", "pallas"],
-    "rhnzoo's time scan (pallas: the RHN micro-layer kernel, with --dtype=bfloat16).",
-)
-flags.DEFINE_enum(
-    "dtype",
-    "float32",
-    ["float32", "bfloat16"],
-    "Matmul input dtype (float32: at --matmul_precision).",
-)
-flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
-flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
-flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
-flags.DEFINE_enum(
-    "layer_loop",
-    "auto",
-    ["auto", "python", "scan"],
-    "rhnzoo's RHN micro-layers in the fused train step (rhn_fused.unroll's "
-    "layer_loop): 'python', per-layer weights sliced once outside the time scan; "
-    "'scan', a lax.scan over the stacked weights (XLA:CPU copies R_l out of the "
-    "stack per micro-layer and step); 'auto', python up to depth "
-    "rhn_fused.LOOP_LAYERS_UP_TO, scan above. Recorded as resolved.",
-)
-flags.DEFINE_boolean("peer", True, "Also time the plain-JAX peer step, alternating.")
-flags.DEFINE_enum(
-    "peer_layers",
-    "python",
-    ["python", "scan"],
-    "The peer's loop over micro-layers: Python for loop or lax.scan.",
-)
-flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
-flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
-flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
-cli.define_precision_flag()
-flags.adopt_module_key_flags(cli)
+def define_flags() -> None:
+    """The script's flags, defined at its start only: importing this module defines none,
+    so the library's modules import side by side (each benchmark names its own
+    ``--configs``)."""
+    flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
+    flags.DEFINE_enum(
+        "scan_impl",
+        "fused",
+        ["fused", "reference", "pallas"],
+        "rhnzoo's time scan (pallas: the RHN micro-layer kernel, with --dtype=bfloat16).",
+    )
+    flags.DEFINE_enum(
+        "dtype",
+        "float32",
+        ["float32", "bfloat16"],
+        "Matmul input dtype (float32: at --matmul_precision).",
+    )
+    flags.DEFINE_boolean("remat", False, "Rematerialise time steps in rhnzoo's backward pass.")
+    flags.DEFINE_integer("num_steps", None, "Override the BPTT window length.")
+    flags.DEFINE_integer("unroll", 1, "Time steps per scan iteration (rhnzoo).")
+    flags.DEFINE_enum(
+        "layer_loop",
+        "auto",
+        ["auto", "python", "scan"],
+        "rhnzoo's RHN micro-layers in the fused train step (rhn_fused.unroll's "
+        "layer_loop): 'python', per-layer weights sliced once outside the time scan; "
+        "'scan', a lax.scan over the stacked weights (XLA:CPU copies R_l out of the "
+        "stack per micro-layer and step); 'auto', python up to depth "
+        "rhn_fused.LOOP_LAYERS_UP_TO, scan above. Recorded as resolved.",
+    )
+    flags.DEFINE_boolean("peer", True, "Also time the plain-JAX peer step, alternating.")
+    flags.DEFINE_enum(
+        "peer_layers",
+        "python",
+        ["python", "scan"],
+        "The peer's loop over micro-layers: Python for loop or lax.scan.",
+    )
+    flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
+    flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
+    flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
+    cli.define_precision_flag()
+    flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
@@ -498,4 +502,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -141,43 +141,47 @@ TORCH_CELLS = ("lstm", "gru", "gru_ra")  # PyTorch has no SC-LSTM or RRN
 TORCH_RTOL = {"torch_fp32": 1e-3, "torch_tf32": 5e-2, "torch_bf16": 5e-2, "torch_fp16": 5e-2}
 PALLAS_RTOL = 5e-2
 
-flags.DEFINE_list("configs", ["imdb_cpu", "pmnist"], f"Shapes, of {list(CONFIGS)}.")
-flags.DEFINE_list("cells", list(CELLS), "Cells.")
-flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
-flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
-flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
-flags.DEFINE_list(
-    "unroll",
-    [],
-    "Also time rhnzoo's fused scan with these unroll=k (time steps "
-    "per scan iteration, forward and backward), e.g. 2,4,8.",
-)
-flags.DEFINE_boolean(
-    "pallas",
-    False,
-    "Also time rhnzoo's persistent Pallas kernel "
-    "(rhnzoo.cells.kernels.gated, bfloat16) where it supports the cell, on a GPU.",
-)
-flags.DEFINE_boolean(
-    "torch",
-    False,
-    "Also time torch.nn.LSTM / nn.GRU (cuDNN) in float32, TF32, "
-    "bfloat16 and float16 (LSTM and GRU; skipped with a reason where torch or "
-    "CUDA is absent).",
-)
-flags.DEFINE_string(
-    "torch_device",
-    "cuda",
-    "Device of the torch peers (cpu: check their code without a GPU; not cuDNN's times).",
-)
-flags.DEFINE_boolean(
-    "torch_profile",
-    False,
-    "With --torch: after all timings, one JSON line "
-    "per torch peer with its five longest GPU kernels (torch.profiler).",
-)
-cli.define_precision_flag()
-flags.adopt_module_key_flags(cli)
+def define_flags() -> None:
+    """The script's flags, defined at its start only: importing this module defines none,
+    so the library's modules import side by side (each benchmark names its own
+    ``--configs``)."""
+    flags.DEFINE_list("configs", ["imdb_cpu", "pmnist"], f"Shapes, of {list(CONFIGS)}.")
+    flags.DEFINE_list("cells", list(CELLS), "Cells.")
+    flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
+    flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
+    flags.DEFINE_integer("repeats", 1, "Timings per candidate per round.")
+    flags.DEFINE_list(
+        "unroll",
+        [],
+        "Also time rhnzoo's fused scan with these unroll=k (time steps "
+        "per scan iteration, forward and backward), e.g. 2,4,8.",
+    )
+    flags.DEFINE_boolean(
+        "pallas",
+        False,
+        "Also time rhnzoo's persistent Pallas kernel "
+        "(rhnzoo.cells.kernels.gated, bfloat16) where it supports the cell, on a GPU.",
+    )
+    flags.DEFINE_boolean(
+        "torch",
+        False,
+        "Also time torch.nn.LSTM / nn.GRU (cuDNN) in float32, TF32, "
+        "bfloat16 and float16 (LSTM and GRU; skipped with a reason where torch or "
+        "CUDA is absent).",
+    )
+    flags.DEFINE_string(
+        "torch_device",
+        "cuda",
+        "Device of the torch peers (cpu: check their code without a GPU; not cuDNN's times).",
+    )
+    flags.DEFINE_boolean(
+        "torch_profile",
+        False,
+        "With --torch: after all timings, one JSON line "
+        "per torch peer with its five longest GPU kernels (torch.profiler).",
+    )
+    cli.define_precision_flag()
+    flags.adopt_module_key_flags(cli)
 FLAGS = flags.FLAGS
 
 
@@ -852,4 +856,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

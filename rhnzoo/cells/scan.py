@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import base, gated_fused, kernels, rhn_fused
+from rhnzoo.cells.kernels import verified
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -170,11 +171,17 @@ def resolve(
     ``auto`` and the figures behind it"):
 
     1. ``pallas`` where the cell's backend (:func:`~rhnzoo.cells.kernels.backend_of`)
-       ``fits(cell, batch, dtype, backend)``, a known ``batch`` and no ``remat``: the
-       gated backend's ``fits`` is a GPU of compute capability 9.0, an LSTM with hidden
-       size <= 64 whose shapes fit one CTA's shared memory, and bfloat16 matmul inputs;
-       the chained (RRN, Cho's GRU) and RHN backends' are False until those kernels are
-       timed; a ``Parallel`` has no backend of its own. Never chosen on a CPU or a TPU.
+       ``fits(cell, batch, dtype, backend)``, a known ``batch`` and no ``remat``. Every
+       backend's ``fits`` needs an entry of the verified record
+       (:func:`rhnzoo.cells.kernels.verified.verified`): a GPU window measured this
+       kernel source (its digest), on this device kind, at this cell, hidden size, batch,
+       input width and dtype, its errors checked and its train step faster than the fused
+       scan's. Besides, the gated backend's ``fits`` is a GPU of compute capability 9.0,
+       an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
+       bfloat16 matmul inputs; the chained (RRN, Cho's GRU) and RHN backends' a cell they
+       run, bfloat16 and compute capability 9.0. The record is empty today, so ``auto``
+       never picks ``pallas`` until a kernel window fills it. A ``Parallel`` has no
+       backend of its own. Never chosen on a CPU or a TPU.
     2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
        has remat: the RHN's; the gated cells then take ``reference``).
     3. ``reference`` otherwise (every other cell: DT-RNN, DT(S)-RNN, an uncoupled RHN,
@@ -189,6 +196,11 @@ def resolve(
         backend unless :func:`for_platform` set another).
       remat: recompute time steps in the backward pass.
       input_size: m, the input width, for the kernels' ``fits`` (None: its default).
+
+    ``pallas`` asked for on a GPU platform (``'gpu'``, ``'cuda'``) with a known ``batch``
+    and no entry of the verified record for it logs one absl WARNING line per kernel
+    and device kind naming it as not yet checked there, and runs it; on the CPU (Pallas's
+    interpret mode, the tests' path) it logs nothing.
 
     Raises:
       ValueError: (one line naming the cell and its implementations) an unknown
@@ -253,7 +265,28 @@ def resolve(
             f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
             f"computes in the inputs' dtype); {name}'s scans: {listed}"
         )
+    if impl is ScanImpl.PALLAS and where() in GPU_PLATFORMS:
+        _warn_unchecked(cell, batch, dtype, input_size)
     return impl
+
+
+# The platforms on which a kernel runs compiled: the record's device kinds are GPUs'.
+GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def _warn_unchecked(cell: Any, batch: int | None, dtype: Any, input_size: int | None) -> None:
+    """One absl WARNING line per kernel (backend, cell kind) and device kind that the
+    verified record does not list for this shape
+    (:func:`rhnzoo.cells.kernels.verified.warn_unchecked`); a ``Parallel``'s parts each;
+    nothing while ``batch`` is unknown (a config's check: the call that runs it knows)."""
+    if isinstance(cell, Parallel):
+        for part in cell.cells:
+            _warn_unchecked(part, batch, dtype, input_size)
+        return
+    family = kernels.backend_of(cell)
+    if family is not None and batch is not None:
+        size = {} if input_size is None else {"input_size": input_size}
+        verified.warn_unchecked(family, cell, batch, dtype, **size)
 
 
 def unroll(

@@ -11,6 +11,8 @@
   GRU (a second product that waits on the first).
 * :mod:`~rhnzoo.cells.kernels.rhn`: one fused GEMM-and-highway kernel per micro-layer for
   the coupled RHN and HSG(RHN).
+* :mod:`~rhnzoo.cells.kernels.verified`: the record of the kernel configurations a GPU
+  has verified (``verified.json``, package data), without which no backend ``fits``.
 
 The three cell-family modules are **backends**: each implements :class:`Backend`
 (``supports``, ``fits``, ``unroll``) and takes one :class:`Options` record.
@@ -50,8 +52,9 @@ class Backend(Protocol):
     ) -> bool:
         """Whether ``scan_impl='auto'`` may pick these kernels for ``cell`` at ``batch``
         rows, matmul input ``dtype``, platform ``backend`` (None: JAX's default) and
-        input width ``input_size``: only where they were measured faster than the fused
-        scan (docs/speed.md)."""
+        input width ``input_size``: only where the verified record lists them
+        (:func:`rhnzoo.cells.kernels.verified.verified`: this source's digest, this
+        device kind, errors checked, faster than the fused scan; docs/speed.md)."""
         ...
 
     def unroll(

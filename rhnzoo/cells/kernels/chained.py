@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common, persistent
+from rhnzoo.cells.kernels import common, persistent, verified
 from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
 from rhnzoo.cells.kernels.persistent import HALF, QUARTER, ROWS, Padding, Step
 from rhnzoo.cells.lstm import GRU, check_params, gru_coefficients
@@ -173,12 +173,24 @@ def supports(cell: Any) -> bool:
 def fits(
     cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
 ) -> bool:
-    """Whether ``auto`` may pick these kernels: never yet. They have not been timed on a
-    GPU (``docs/runs/gpu/measure.sh pallas`` times them); until they are measured faster
-    than the fused scan, ``auto`` leaves these cells to it. The signature is
+    """Whether ``auto`` may pick these kernels: a cell they run (:func:`supports`) whose
+    kernels fit one CTA's shared memory for this ``input_size``, bfloat16 matmul inputs,
+    a GPU (``backend`` None: JAX's default backend) of compute capability 9.0 (wgmma),
+    **and** an entry of the verified record
+    (:func:`rhnzoo.cells.kernels.verified.verified`: this source's digest, this device
+    kind, this cell, n, K, ``batch``, ``input_size`` and dtype, errors checked, faster
+    than the fused scan). No GPU has timed them (the record is empty), so ``auto`` leaves
+    these cells to the fused scan. The signature is
     :func:`rhnzoo.cells.kernels.gated.fits`'s."""
-    del cell, batch, dtype, backend, input_size
-    return False
+    if not supports(cell) or not _fits(cell, input_size):
+        return False
+    if dtype is None or jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):
+        return False
+    if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+        return False
+    if verified.device().compute_capability != "9.0":
+        return False
+    return verified.fits("chained", cell, batch, dtype, input_size=input_size)
 
 
 # ------------------------------------------------------------------------------ kernels

@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.kernels import common, persistent, swap_ab
+from rhnzoo.cells.kernels import common, persistent, swap_ab, verified
 from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
 from rhnzoo.cells.kernels.persistent import HALF, QUARTER, ROWS, Padding, Step
 from rhnzoo.cells.lstm import (
@@ -136,30 +136,29 @@ def smem_bytes(n: int, m: int) -> tuple[int, int]:
 def fits(
     cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
 ) -> bool:
-    """Whether ``auto`` may pick the kernel: where it was measured faster than the fused
-    scan. That is an LSTM with hidden size n <= 64, bfloat16 matmul inputs (``dtype``),
-    a GPU of compute capability 9.0 (``backend`` None: JAX's default device), and both
-    kernels within one CTA's shared memory for this ``input_size``. At 64 < n <= 128 the kernel
-    runs (:func:`supports`)
-    but its backward kernel made the train step slower than the fused scan's on an
-    H100 (docs/speed.md), so ``auto`` leaves it there. ``batch`` is accepted for the
-    dispatcher's signature (any batch is padded to 64-row tiles). The swap-AB forward
-    (``Options(batch_tile=...)``) plays no part: ``auto`` never runs it until a GPU has
-    timed it (docs/runs/gpu/kernel_probe.py)."""
-    del batch
+    """Whether ``auto`` may pick the kernel: an LSTM with hidden size n <= 64, bfloat16
+    matmul inputs (``dtype``), a GPU of compute capability 9.0 (``backend`` None: JAX's
+    default backend; the device: :func:`~rhnzoo.cells.kernels.verified.device`), both
+    kernels within one CTA's shared memory for this ``input_size``, **and** an entry of
+    the verified record (:func:`rhnzoo.cells.kernels.verified.verified`: this source's
+    digest, this device kind, this cell, n, ``batch``, ``input_size`` and dtype, errors
+    checked, faster than the fused scan). The record is empty today, so this is False
+    everywhere until a kernel window fills it. At 64 < n <= 128 the kernel runs
+    (:func:`supports`) but its backward kernel made the train step slower than the fused
+    scan's on an H100 (docs/speed.md, old code), so ``auto`` leaves it there. The swap-AB
+    forward (``Options(batch_tile=...)``) plays no part: ``auto`` runs the default
+    kernels only."""
     if type(cell) is not LSTM or not supports(cell) or cell.hidden_size > 64:
         return False
     if dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
         return False
     if (backend or jax.default_backend()) not in ("gpu", "cuda"):
         return False
-    try:
-        cc = getattr(jax.devices()[0], "compute_capability", None)
-    except RuntimeError:
+    if verified.device().compute_capability != "9.0":
         return False
-    if cc != "9.0":
+    if max(smem_bytes(cell.hidden_size, input_size)) + 1024 > common.SMEM_LIMIT:
         return False
-    return max(smem_bytes(cell.hidden_size, input_size)) + 1024 <= common.SMEM_LIMIT
+    return verified.fits("gated", cell, batch, dtype, input_size=input_size)
 
 
 # ------------------------------------------------------------------------------ kernels

@@ -90,7 +90,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from rhnzoo.cells import fastmath, rhn_fused
-from rhnzoo.cells.kernels import common
+from rhnzoo.cells.kernels import common, verified
 from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -112,10 +112,20 @@ def supports(cell: Any) -> bool:
 def fits(
     cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size: int = 1
 ) -> bool:
-    """Whether ``auto`` may pick the kernel: never, until it is timed on a GPU (``auto``
-    keeps the fused scan for the RHN). The arguments are the dispatcher's signature."""
-    del cell, batch, dtype, backend, input_size
-    return False
+    """Whether ``auto`` may pick the kernels: a coupled RHN or HSG(RHN)
+    (:func:`supports`), bfloat16 matmul inputs, a GPU (``backend`` None: JAX's default
+    backend) of compute capability 9.0 (wgmma), **and** an entry of the verified record
+    (:func:`rhnzoo.cells.kernels.verified.verified`: this source's digest, this device
+    kind, this cell, n, L, ``batch``, ``input_size`` and dtype, errors checked, faster
+    than the fused scan). No GPU has timed them (the record is empty), so ``auto`` keeps
+    the fused scan for the RHN. The arguments are the dispatcher's signature."""
+    if not supports(cell) or dtype is None or jnp.dtype(dtype) != jnp.dtype(_bf16):
+        return False
+    if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+        return False
+    if verified.device().compute_capability != "9.0":
+        return False
+    return verified.fits("rhn", cell, batch, dtype, input_size=input_size)
 
 
 def default_batch_tile(batch: int) -> int:
