@@ -6,6 +6,10 @@
 * :mod:`rhnzoo.models.highway`: feed-forward highway and plain layer stacks and the
   fully connected ``FeedForwardNet`` (Srivastava et al. 2015).
 * :mod:`rhnzoo.models.classifier`: sequence classifier (Wang & Tian 2016).
+* :mod:`rhnzoo.models.generate`: step-wise inference and text generation with a
+  language model (greedy, sampled: temperature, top-k).
+* :mod:`rhnzoo.models.export`: a trained model's forward as a ``jax.export`` artifact
+  that runs without rhnzoo.
 
 :func:`num_params` counts the parameters of any of them (or of a params pytree).
 """

@@ -137,12 +137,45 @@ class LanguageModel:
         return carry, ys
 
     def logits(self, params: Params, ys: Array) -> Array:
-        """``ys [..., n] -> [..., V]`` unnormalised log-probabilities."""
+        """``ys [..., n] -> [..., V]`` unnormalised log-probabilities: float32 (bfloat16
+        matmul inputs with ``dtype='bfloat16'``), or the inputs' own dtype where it is
+        wider (float64 parameters under ``jax.enable_x64``)."""
         w = self.softmax_weights(params)
+        if self.dtype == "float32":  # the inputs' own precision, float32 or wider
+            return jnp.dot(ys, w) + params["softmax_b"]
         logits = jnp.dot(
             ys.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32
         )
         return logits + params["softmax_b"]
+
+    def forward(self, params: Params, carry: Any, tokens: Array) -> tuple[Array, Any]:
+        """The teacher-forced window forward of evaluation (no dropout): ``tokens [B, T]``
+        int -> ``(logits [B, T, V], carry)``, the logits at position t those of the
+        token after ``tokens[:, t]``; :meth:`hidden` then :meth:`logits`.
+
+        ``carry`` is :meth:`initial_carry` (B) or a previous call's; float32 logits
+        (float64 with float64 parameters under ``jax.enable_x64``)."""
+        carry, ys = self.hidden(params, carry, tokens)
+        return jnp.swapaxes(self.logits(params, ys), 0, 1), carry
+
+    def step(self, params: Params, carry: Any, tokens: Array) -> tuple[Array, Any]:
+        """One time step of the trained model, for generation: ``tokens [B]`` int (the
+        latest token of each row) -> ``(logits [B, V], carry)``, the next token's logits
+        and the new carry.
+
+        The same code as training and evaluation: :meth:`forward` over a window of one
+        step (the cell's ``step`` through :func:`rhnzoo.cells.scan.unroll` with this
+        model's ``scan_impl``), so stepping through a sequence gives the teacher-forced
+        logits of :meth:`forward` at every position. ``carry``: :meth:`initial_carry`
+        (B) or the previous step's.
+
+        Raises:
+          ValueError: if ``tokens`` is not one-dimensional.
+        """
+        if jnp.ndim(tokens) != 1:
+            raise ValueError(f"step takes tokens [B], got shape {jnp.shape(tokens)}")
+        logits, carry = self.forward(params, carry, tokens[:, None])
+        return logits[:, 0], carry
 
     def nll(
         self,
