@@ -249,9 +249,15 @@ class Config:
         their defaults, lists become tuples where the default is a tuple.
 
         Raises:
-          ValueError: with ``strict``, keys that are not fields (one line naming
-            them); any check failure.
+          ValueError: ``values`` is no mapping (a ``config.json`` holding a JSON list);
+            with ``strict``, keys that are not fields (one line naming them); any check
+            failure.
         """
+        if not isinstance(values, Mapping):
+            raise ValueError(
+                f"{cls.__name__} is read from a JSON object of settings by name, "
+                f"got a {type(values).__name__}"
+            )
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if strict:
             _refuse_unknown(cls, values)

@@ -188,6 +188,16 @@ def test_the_round_trip_through_config_json(cls):
     assert config.conflicts(on_disk) == []
 
 
+def test_a_config_json_that_is_no_object_is_one_line(cls):
+    """Issue 73, item 1: a ``config.json`` of valid JSON that is no object (``[1, 2, 3]``)
+    is one ValueError line in every task's ``from_dict`` (the LM's read ``.get`` of a
+    list: AttributeError) and in ``conflicts``, not a traceback."""
+    for value in ([1, 2, 3], "x", 3, None):
+        with pytest.raises(ValueError, match=f"^{cls.__name__} is read from a JSON object"):
+            cls.from_dict(value)
+        assert _plain(cls).conflicts(value)[0].startswith("settings this version refuses")
+
+
 def test_a_config_json_from_before_any_one_field_resumes_at_its_default(cls):
     config = _plain(cls)
     on_disk = json.loads(json.dumps(config_lib.strict(config.to_dict())))

@@ -241,6 +241,51 @@ def test_the_cli_gives_one_error_line_for_a_bad_window_and_a_missing_out(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_the_cli_refuses_a_deadline_that_never_comes_and_names_a_broken_archive(tmp_path):
+    # Issue 73, item 3: --deadline_s=nan passed ``<= 0`` and inf waited for ever (no
+    # deadline to keep the window's archives); a cut-short or corrupt .tar.gz was a
+    # tarfile.ReadError traceback. Each is one line, and nothing is written.
+    whole = _archive(tmp_path / "whole", INFO) / f"{INFO['chunk']}.tar.gz"
+    data = whole.read_bytes()
+    broken = {"cut": data[: len(data) // 2], "garbage": b"not a tarball\n" * 20, "empty": b""}
+    for name, content in broken.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{INFO['chunk']}.tar.gz").write_bytes(content)
+    before = sorted(tmp_path.rglob("*"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("OUT", None)
+    cases = [
+        *(
+            (["run", "rrl-pmnist-lstm", f"--deadline_s={v}"], "must be a finite number > 0")
+            for v in ("nan", "inf", "-inf", "0")
+        ),
+        *(
+            (
+                ["record", str(tmp_path / name), "--records", str(tmp_path / "records")],
+                f"{tmp_path / name / INFO['chunk']}.tar.gz: cut short or corrupt",
+            )
+            for name in broken
+        ),
+    ]
+    for args, says in cases:
+        p = subprocess.run(
+            [sys.executable, "-m", "rhnzoo.studies.harvest", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        shown = f"{args}: exit {p.returncode}\n{p.stderr}"
+        assert p.returncode == 1 and p.stderr.splitlines() == [f"error: {p.stderr[7:-1]}"], shown
+        assert says in p.stderr, shown
+    assert sorted(tmp_path.rglob("*")) == before
+    for v in (float("nan"), float("inf")):  # the function refuses it too, before anything
+        with pytest.raises(harvest.HarvestError, match="must be a finite number > 0"):
+            harvest.run("rrl-pmnist-lstm", tmp_path / "out", deadline_s=v, root=tmp_path)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_the_gpu_queue_holds_table_3_only_and_refuses_a_window_sized_past_its_deadline(
     tmp_path,
 ):

@@ -10,6 +10,8 @@
   shows the traceback instead. :func:`run_app` makes flag errors one line too.
 * :func:`initialize_distributed`: ``jax.distributed.initialize`` from a config's
   :class:`~rhnzoo.config.DistributedSettings`.
+* :func:`note_interpreted_kernels`: one ``warning:`` line on stderr for
+  ``--scan_impl=pallas`` on a CPU (the GPU kernels interpreted: their tests' path).
 * :func:`check_fits`: one line, before anything is written, for a model whose
   parameters and optimizer state cannot fit a device's memory.
 * :func:`define_precision_flag`: ``--matmul_precision`` for scripts without a config
@@ -188,6 +190,23 @@ def initialize_distributed(cfg: config_lib.DistributedSettings, log=print) -> No
     except (RuntimeError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ValueError(f"--distributed: jax.distributed.initialize failed: {first}") from None
+
+
+def note_interpreted_kernels(scan_impl: str) -> None:
+    """``--scan_impl=pallas`` where JAX's backend is the CPU: one ``warning:`` line on
+    stderr (process 0's) that the GPU kernels run in Pallas's interpret mode, the
+    kernels' test path, orders of magnitude slower than ``fused`` (a 16-unit depth-1
+    model had not finished 3 steps in 300 s). Call after :func:`initialize_distributed`
+    (it asks JAX for its backend)."""
+    if scan_impl != "pallas" or jax.default_backend() != "cpu" or jax.process_index() != 0:
+        return
+    print(
+        "warning: --scan_impl=pallas on a CPU runs the GPU kernels in Pallas's interpret "
+        "mode, the kernels' test path: orders of magnitude slower than --scan_impl=fused "
+        "or reference (meant for a GPU)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _wait_for_port(address: str, timeout: float) -> None:

@@ -54,6 +54,10 @@ def main(argv) -> None:
     if any(d < 1 for d in depths):
         sys.exit(f"error: depths must be >= 1, got {depths}")
     root = pathlib.Path(FLAGS.root)
+    blocked = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # before any run starts (a run's failed.json went under it)
+        where = "is a file" if blocked == root else f"is under {blocked}, a file"
+        sys.exit(f"error: --root={root} {where}; the sweep's root is a directory of workdirs")
 
     if FLAGS.table:
         if extra:
@@ -132,6 +136,7 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     del extra
     jobs, seeds = runner.from_flags()
     configs = run_configs(depths, root, seeds)
+    cli.note_interpreted_kernels(configs[0][1].scan_impl)
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         lm.check_fits(max((c for _, c in configs), key=lambda c: c.depth))  # the largest
     first = configs[0][1]

@@ -75,6 +75,7 @@ def run_study() -> None:
 
     jobs, _ = runner.from_flags()
     config = config_from_flags()
+    cli.note_interpreted_kernels(config.scan_impl)
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         check_fits(config)
     data = load_jsb(config.data_dir, download=config.download, verify=config.verify_data)

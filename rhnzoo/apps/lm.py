@@ -109,6 +109,7 @@ def run(dataset: str | None = None, load_corpus: Callable[..., Any] | None = Non
     """
     cfg = config(dataset)
     cli.initialize_distributed(cfg)
+    cli.note_interpreted_kernels(cfg.scan_impl)
     check_fits(cfg)
     load = load_corpus or data.DATASETS[cfg.dataset].load
     corpus = load(cfg.data_dir, download=cfg.download, verify=cfg.verify_data)

@@ -66,9 +66,10 @@ def config() -> RRLConfig:
     ``--dataset`` (:func:`rhnzoo.configs.rrl.get_config`), the flags given over them.
 
     Raises:
-      ValueError: (one line) a bad setting; ``--table`` with ``--study`` (each is a run
-        of its own); ``--buckets`` given past the distinct padded lengths ``--max_len``
-        has (:meth:`~rhnzoo.configs.rrl.TrainConfig.bucket_lengths`: the rest would do
+      ValueError: (one line) a bad setting; an ``--embeddings`` file that is not there;
+        ``--table`` with ``--study`` (each is a run of its own); ``--buckets`` given past
+        the distinct padded lengths ``--max_len`` has
+        (:meth:`~rhnzoo.configs.rrl.TrainConfig.bucket_lengths`: the rest would do
         nothing).
     """
     if FLAGS.table and FLAGS.study:
@@ -77,6 +78,13 @@ def config() -> RRLConfig:
             "own table) are separate runs: give one"
         )
     cfg = cli.config_from_flags(presets.get_config, _NAMES)
+    spec = cfg.embeddings
+    if spec not in (None, "word2vec", "random") and not pathlib.Path(spec).is_file():
+        why = "is a directory" if pathlib.Path(spec).is_dir() else "no such file"
+        raise ValueError(  # before the data set is read (IMDB: 20 s)
+            f"--embeddings={spec}: {why}; give 'word2vec' (trained on the training split), "
+            "'random' or a word2vec file"
+        )
     lengths = cfg.bucket_lengths()
     if FLAGS["buckets"].present and cfg.buckets > len(lengths):
         raise ValueError(
@@ -121,6 +129,7 @@ def experiment() -> None:
         base, FLAGS.models if FLAGS.table else [base.model], FLAGS.study
     )  # every run checked: one line
     cli.initialize_distributed(base)
+    cli.note_interpreted_kernels(base.scan_impl)
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         for c in configs.values():
             check_fits(c)

@@ -184,6 +184,8 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
         is read: a cell setting its cell lacks is read as its default (runs before the
         check recorded every cell's preset ``depth``, e.g. an LSTM's 3), so such a
         workdir resumes and a stray value given to the constructor is still refused."""
+        if not isinstance(values, Mapping):
+            return super().from_dict(values, strict=strict)  # refused there, one line
         cell = values.get("cell", _FIELDS["cell"].default)
         if cell in cells.registry.NAMES:
             own = cells.options(cell)

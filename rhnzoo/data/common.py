@@ -311,22 +311,90 @@ def import_tfds():
 
 @contextlib.contextmanager
 def _absl_quiet():
-    """absl's logger (which TFDS logs to) silent for the block, as it was after it."""
+    """absl's logger (which TFDS logs to) and urllib3's (its download's ``Retrying (...)``
+    warnings, offline) silent for the block, as they were after it."""
+    import logging as pylogging
+
     from absl import logging
 
-    logger = logging.get_absl_logger()
-    level = logger.level
-    logger.setLevel(60)  # above CRITICAL (50)
+    loggers = [logging.get_absl_logger(), pylogging.getLogger("urllib3")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(60)  # above CRITICAL (50)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _tfds_prepared(name: str, data_dir: str | os.PathLike) -> bool:
     """Whether TFDS's `data_dir` holds a prepared version of `name` (a
     ``dataset_info.json`` under ``data_dir/name/[config/]version``)."""
     return any((pathlib.Path(data_dir) / name).rglob("dataset_info.json"))
+
+
+# The host TFDS downloads from first (its GCS mirror of prepared sets, and most sets'
+# files): a name that does not resolve means no network, and TFDS's download would
+# retry for minutes before failing.
+TFDS_HOST = "storage.googleapis.com"
+
+
+def _offline(host: str = TFDS_HOST, timeout: float = 5.0) -> str | None:
+    """Why ``host`` cannot be reached, when that is certain at once: its name does not
+    resolve (no network, no DNS); None where it resolves, the look-up takes longer than
+    ``timeout`` seconds, or a proxy is set (the proxy resolves names)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    import socket
+    import threading
+
+    found: list[str | None] = []
+
+    def look_up():
+        try:
+            socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+            found.append(None)
+        except socket.gaierror as e:
+            found.append(f"{host} does not resolve: {e.strerror or e}")
+        except OSError:
+            found.append(None)
+
+    thread = threading.Thread(target=look_up, name="rhnzoo-tfds-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return found[0] if found else None
+
+
+def _tfds_root(tfds, data_dir: str | os.PathLike | None) -> pathlib.Path:
+    """TFDS's data directory: ``data_dir``, else ``$TFDS_DATA_DIR``, else TFDS's default
+    (``~/tensorflow_datasets``)."""
+    if data_dir is not None:
+        return pathlib.Path(data_dir)
+    try:
+        default = tfds.core.constants.DATA_DIR
+    except AttributeError:
+        default = "~/tensorflow_datasets"
+    return pathlib.Path(os.environ.get("TFDS_DATA_DIR") or default).expanduser()
+
+
+@contextlib.contextmanager
+def _removed_on_failure(root: pathlib.Path, name: str) -> Iterator[None]:
+    """What a failed TFDS download of ``name`` made in its data directory ``root``
+    removed when the block raises: ``root/name`` and ``root/downloads`` where they were
+    not there before (partial files, empty folders), and ``root`` itself where it was
+    not there before and is then empty."""
+    existed = root.is_dir()
+    before = {p.name for p in root.iterdir()} if existed else set()
+    try:
+        yield
+    except BaseException:
+        for made in (name, "downloads"):
+            if made not in before and (root / made).is_dir():
+                shutil.rmtree(root / made, ignore_errors=True)
+        if not existed and root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+        raise
 
 
 def tfds_examples(
@@ -341,18 +409,39 @@ def tfds_examples(
     where TensorFlow is installed, ``tfds build NAME --file_format=array_record``.
     `download` is ``tfds.data_source``'s: False (``--nodownload``) reads only a set
     already prepared in `data_dir`, and one that is not fails at once, with nothing
-    fetched or written (True: TFDS downloads and prepares a missing set first, which
-    retries for minutes without a network).
+    fetched or written. True: TFDS downloads and prepares a missing set first, which
+    without a network retried for minutes; so where TFDS's host does not resolve
+    (:func:`_offline`) TFDS is asked without downloading, which fails at once if it has
+    no such set, and a download that fails leaves none of the folders it made
+    (:func:`_removed_on_failure`); its urllib3 retry warnings are muted as its own log
+    lines are, and the error line names ``--nodownload``.
 
     Returns: (list of example dicts of NumPy values, ``FeaturesDict``).
     Raises: DataError (one line) if tensorflow-datasets is missing or TFDS fails.
     """
     tfds = import_tfds()
+    root = _tfds_root(tfds, data_dir)
+    folder = name.split(":")[0].split("/")[0]  # "name[/config][:version]"
+    fetches = download and not _tfds_prepared(folder, root)
+    offline = _offline() if fetches else None
     try:
-        with _absl_quiet():  # e.g. "W... has no dataset_info.json": the failure is our line
-            source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+        # e.g. "W... has no dataset_info.json", urllib3's retries: the failure is our line
+        with (
+            _absl_quiet(),
+            _removed_on_failure(root, folder) if fetches else contextlib.nullcontext(),
+        ):
+            # offline, only what TFDS has (fails at once; downloading retried for minutes)
+            fetch = download and offline is None
+            source = tfds.data_source(name, split=split, data_dir=data_dir, download=fetch)
         return [source[i] for i in range(len(source))], source.dataset_info.features
     except Exception as e:  # noqa: BLE001 - any TFDS failure becomes one line
+        if offline is not None:
+            raise DataError(
+                f"TFDS {name!r} is not prepared in {root} and cannot be downloaded: no "
+                f"network ({offline}); prepare it where there is one (tfds build {name} "
+                f"--data_dir={root} --file_format=array_record, which needs TensorFlow), and "
+                "pass --nodownload to read only a prepared set, failing at once without one"
+            ) from None
         if not download and data_dir is not None and not _tfds_prepared(name, data_dir):
             raise DataError(  # TFDS's own message then speaks of a set prepared as tfrecord
                 f"TFDS {name!r} is not prepared in {data_dir} (--nodownload: nothing is "
@@ -362,11 +451,16 @@ def tfds_examples(
         message = " ".join(f"{type(e).__name__}: {e}".split())
         flag = "" if download else ", download=False"
         where = f"in {data_dir}" if data_dir is not None else "in TFDS's data directory"
+        fetched = (  # the download failed: --nodownload is the quick way to that answer
+            "; --nodownload reads only a prepared set, and fails at once without one"
+            if fetches
+            else ""
+        )
         raise DataError(
             f"tfds.data_source({name!r}, split={split!r}{flag}) failed ({message}); TFDS "
             f"needs the set prepared as array_record {where}"
             f"{'' if download else ' (--nodownload: nothing is fetched)'} (preparing needs "
-            f"TensorFlow: tfds build {name} --file_format=array_record)"
+            f"TensorFlow: tfds build {name} --file_format=array_record){fetched}"
         ) from None
 
 

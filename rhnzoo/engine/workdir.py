@@ -83,13 +83,42 @@ def read_json(path: PathLike) -> Any:
         raise ValueError(f"{path} is unreadable ({_one_line(e)})") from None
 
 
+def settings_object(path: PathLike, value: Any) -> dict[str, Any]:
+    """``value``, read from the config file ``path``, if it is a JSON object (the settings
+    by name); else ValueError, one line naming the file (``[1, 2, 3]`` is valid JSON and
+    no config)."""
+    if not isinstance(value, dict):
+        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(value), "a number"
+        )
+        raise ValueError(f"{path} is unreadable (a JSON object of settings expected, got {kind})")
+    return value
+
+
 def read_config(workdir: PathLike) -> dict[str, Any]:
     """The run's settings, ``<workdir>/config.json``. Raises ValueError (one line, with
-    the path) if it is missing or not readable JSON."""
-    config = read_json(pathlib.Path(workdir) / "config.json")
+    the path) if it is missing, not readable JSON or not a JSON object."""
+    path = pathlib.Path(workdir) / "config.json"
+    config = read_json(path)
     if config is None:
         raise ValueError(f"{workdir} has no config.json; is it an rhnzoo training workdir?")
-    return config
+    return settings_object(path, config)
+
+
+def recorded_settings(workdir: PathLike) -> dict[str, Any] | None:
+    """The settings ``<workdir>/config.json`` records for a run to resume (None: no such
+    file). Raises ValueError (one line naming the file, ``use another --workdir``) where
+    it is unreadable or not a JSON object; a trainer checks this before it makes its
+    ``.lock``, so such a workdir is refused with nothing written."""
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return settings_object(path, json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        why = str(e) if str(e).startswith(f"{path} is unreadable") else None
+        why = why or f"{path} is unreadable ({_one_line(e)})"
+        raise ValueError(f"{why}; use another --workdir") from None
 
 
 def prepare_workdir(
@@ -122,10 +151,7 @@ def prepare_workdir(
     path = workdir / "config.json"
     writes = not check_only and jax.process_index() == 0
     if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} is unreadable ({_one_line(e)}); use another --workdir")
+        old = recorded_settings(workdir)
         diff = config.conflicts(old)
         if not diff:
             if writes and old != strict(config.to_dict()):

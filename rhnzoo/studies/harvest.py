@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -49,6 +50,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GPU_RECORDS = ROOT / "docs" / "runs" / "gpu"
@@ -553,7 +555,9 @@ def run(
     it on: the runs save).
     Writes into ``out`` only ``<window>.tar.gz``, ``<window>.partial.tar.gz`` (cut, and
     its work folder compressed fits :data:`PARTIAL_LIMIT`) and ``summary.json``;
-    returns the summary. ``smoke_steps``: :func:`experiment_command`'s."""
+    returns the summary. ``smoke_steps``: :func:`experiment_command`'s.
+    HarvestError: ``deadline_s`` not finite and > 0 (NaN or inf waited for ever)."""
+    _check_deadline(deadline_s)
     stage = root / (stage_name(chunk_of(name)) if name else STAGE_NAME)
     window = _read_json(stage / "window.json") or {}
     name = name or window.get("window")
@@ -601,6 +605,14 @@ def run(
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary))
     return summary
+
+
+def _check_deadline(deadline_s: float | None) -> None:
+    """HarvestError unless ``deadline_s`` is None or a finite number of seconds > 0: NaN
+    passed ``<= 0`` and ``Popen.wait(timeout=nan)`` (or inf) waits for ever, which
+    defeats the deadline that keeps a window's archives."""
+    if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
+        raise HarvestError(f"--deadline_s={deadline_s:g}: must be a finite number > 0")
 
 
 def _work_folder(work: pathlib.Path, carried: pathlib.Path, smoke: bool) -> dict | None:
@@ -778,11 +790,18 @@ def record(
         infos = []
         for archive in archives:
             unpacked = pathlib.Path(tmp) / archive.name.removesuffix(".tar.gz")
-            with tarfile.open(archive) as tar:
-                tar.extractall(unpacked, filter="data")
-            work = next(unpacked.iterdir())
-            info = _read_json(work / "harvest.json")
-            if info is None or info.get("chunk") not in CHUNKS:
+            try:
+                with tarfile.open(archive) as tar:
+                    tar.extractall(unpacked, filter="data")
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+                why = (str(e).strip().splitlines() or [""])[0]
+                raise HarvestError(
+                    f"{archive}: cut short or corrupt, not a readable .tar.gz "
+                    f"({type(e).__name__}: {why})"
+                ) from None
+            work = next(unpacked.iterdir(), None) if unpacked.is_dir() else None
+            info = _read_json(work / "harvest.json") if work is not None else None
+            if not isinstance(info, dict) or info.get("chunk") not in CHUNKS:
                 raise HarvestError(f"{archive}: not a window archive (no harvest.json)")
             if bool(info["smoke"]) != smoke:
                 raise HarvestError(
@@ -948,8 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "prepare":
             prepare(args.window, args.smoke, on="cpu" if args.cpu else "gpu")
         elif args.what == "run":
-            if args.deadline_s is not None and args.deadline_s <= 0:
-                raise HarvestError(f"--deadline_s={args.deadline_s:g}: must be > 0")
+            _check_deadline(args.deadline_s)
             if args.smoke_steps is not None and not (args.smoke and args.smoke_steps > 0):
                 raise HarvestError("--smoke_steps: a positive number, with --smoke")
             run(

@@ -213,7 +213,9 @@ def run_experiment(
         in this process).
     """
     say = log or (lambda line: None)
+    sweep.check_root(root)  # before anything is trained or written (table.md)
     root = pathlib.Path(root) / f"study_{study}" if study else pathlib.Path(root)
+    sweep.check_root(root)
     several = bool(table or study)
     tabled = several or seeds > 1  # a table to show
     seeded = {

@@ -164,6 +164,22 @@ def seed_runs(
     ]
 
 
+def check_root(root: PathLike) -> None:
+    """Refuses (ValueError, one line) a sweep's root that is no folder of workdirs: one
+    holding a ``config.json`` is a single run's workdir or a study's root (a JSB study's
+    ``config.json``, ``results.jsonl`` and ``trials/``; any task's), where this sweep's
+    workdirs would be written beside another run's records, as a single run's workdir
+    holding another task's run is refused (:func:`rhnzoo.engine.workdir.prepare_workdir`)."""
+    root = pathlib.Path(root)
+    if (root / "config.json").is_file():
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())
+        shown = ", ".join(n for n in held if not n.startswith("."))
+        raise ValueError(
+            f"{root} is a run's workdir or a study's root (it holds {shown}), not a folder "
+            "of this experiment's workdirs; use another one"
+        )
+
+
 def run_all(
     runs: Sequence[Run],
     root: PathLike,
@@ -194,8 +210,9 @@ def run_all(
       that failed; its ``failed.json`` says why).
 
     Raises:
-      ValueError: duplicate names, or an existing workdir holding other settings
-        (checked for every run before the first one trains); ``jobs.only`` not a run.
+      ValueError: duplicate names, a root that is a run's or a study's workdir
+        (:func:`check_root`), or an existing workdir holding other settings (checked
+        for every run before the first one trains); ``jobs.only`` not a run.
       Whatever a run's ``train`` raises in this process (``Interrupted`` on a signal,
         ...); with ``jobs.n > 1``, ``Interrupted`` once every child has stopped.
       SystemExit: in a child (``jobs.only``), status 0 after its run.
@@ -204,6 +221,7 @@ def run_all(
         raise ValueError(f"on_divergence must be 'stop' or 'raise', got {on_divergence!r}")
     jobs = jobs or Jobs()
     root = pathlib.Path(root)
+    check_root(root)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate run names in {names}")
@@ -500,7 +518,7 @@ def collect(root: PathLike, names: Sequence[str]) -> dict[str, dict[str, Any] | 
             out[name] = None
             continue
         out[name] = {
-            "config": workdir_lib.read_json(config),
+            "config": workdir_lib.read_config(wd) if config.is_file() else None,
             "results": workdir_lib.read_json(results),
             "history": workdir_lib.read_metrics(wd) if config.is_file() else [],
             "failed": None if results.is_file() else workdir_lib.read_json(failed),
