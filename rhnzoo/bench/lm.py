@@ -80,7 +80,8 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from rhnzoo import data, dropout, evaluation, precision
+from rhnzoo import data, dropout, precision
+from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.apps import cli
 from rhnzoo.bench import (
     LM_CONFIGS,
@@ -101,6 +102,7 @@ Array = jax.Array
 
 CONFIGS = LM_CONFIGS  # the shapes, shared with rhnzoo.bench.seeds
 RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
+
 
 def define_flags() -> None:
     """The script's flags, defined at its start only: importing this module defines none,
@@ -140,10 +142,16 @@ def define_flags() -> None:
         "The peer's loop over micro-layers: Python for loop or lax.scan.",
     )
     flags.DEFINE_integer("steps", 10, "Most timed rounds (one step each); 0: compile only.")
-    flags.DEFINE_float("budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds).")
-    flags.DEFINE_integer("eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip.")
+    flags.DEFINE_float(
+        "budget_s", 120.0, "Seconds of timed rounds per configuration (>= 3 rounds)."
+    )
+    flags.DEFINE_integer(
+        "eval_tokens", 2000, "Tokens for the evaluation-speed measurement; 0: skip."
+    )
     cli.define_precision_flag()
     flags.adopt_module_key_flags(cli)
+
+
 FLAGS = flags.FLAGS
 
 
@@ -459,7 +467,7 @@ def bench(
         )
 
     if eval_tokens:
-        evaluate = evaluation.Evaluator(model)
+        evaluate = functools.partial(lm_analysis.stream_nll, model)
         params = boxes["rhnzoo"][0]["params"]
         for b in (1, c["batch"]):
             toks = tokens[: max(eval_tokens, 2 * b)]

@@ -141,6 +141,7 @@ TORCH_CELLS = ("lstm", "gru", "gru_ra")  # PyTorch has no SC-LSTM or RRN
 TORCH_RTOL = {"torch_fp32": 1e-3, "torch_tf32": 5e-2, "torch_bf16": 5e-2, "torch_fp16": 5e-2}
 PALLAS_RTOL = 5e-2
 
+
 def define_flags() -> None:
     """The script's flags, defined at its start only: importing this module defines none,
     so the library's modules import side by side (each benchmark names its own
@@ -182,6 +183,8 @@ def define_flags() -> None:
     )
     cli.define_precision_flag()
     flags.adopt_module_key_flags(cli)
+
+
 FLAGS = flags.FLAGS
 
 
