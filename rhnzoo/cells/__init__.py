@@ -14,6 +14,10 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
 * :mod:`rhnzoo.cells.residual`: ``RRN``, the recurrent residual network, and
   ``Parallel``, cells side by side with averaged outputs (``Parallel((LSTM(n), RRN(n)))``
   is Wang & Tian's HRL).
+* :mod:`rhnzoo.cells.bidirectional`: ``Bidirectional``, a forward and a backward cell
+  over padded batches, each row reversed within its own length (``reverse_within``).
+  Episode resets inside the scan: ``unroll(..., resets=[T, B] bool)`` (and the
+  dispatcher's), or ``reset_before_step`` in a scan of your own.
 * :mod:`rhnzoo.cells.scan`: the one scan dispatcher every model calls,
   ``scan.unroll(cell, ..., impl='auto'|'reference'|'fused'|'pallas')`` and the rule for
   ``auto`` (``scan.resolve``); :mod:`rhnzoo.cells.kernels`: its ``pallas`` backends, the
@@ -23,7 +27,16 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
   (``NAMES``; ``hsg_<name>`` wraps one in HSG), the one registry every task uses.
 """
 
-from rhnzoo.cells.base import Carry, Cell, Params, check_positive, keep_state_after_end, unroll
+from rhnzoo.cells.base import (
+    Carry,
+    Cell,
+    Params,
+    check_positive,
+    keep_state_after_end,
+    reset_before_step,
+    unroll,
+)
+from rhnzoo.cells.bidirectional import Bidirectional, reverse_within
 from rhnzoo.cells.deep_transition import DTRNN, DTSRNN
 from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM, LSTMState, SCLSTMState
 from rhnzoo.cells.residual import RRN, Parallel
@@ -36,7 +49,10 @@ __all__ = [
     "Params",
     "check_positive",
     "keep_state_after_end",
+    "reset_before_step",
     "unroll",
+    "Bidirectional",
+    "reverse_within",
     "RHN",
     "HSG",
     "DTRNN",

@@ -19,7 +19,9 @@ the state, ``[B, n]``), sampled once per minibatch and shared by all time steps
 (see :mod:`rhnzoo.dropout`); ``None`` means no dropout (evaluation).
 
 Every leaf of a carry has the batch as its leading axis, so that variable-length
-batches can freeze finished rows (:func:`keep_state_after_end`).
+batches can freeze finished rows (:func:`keep_state_after_end`) and episodes can restart
+a row from its initial carry inside the scan (:func:`reset_before_step`,
+``unroll(..., resets=...)``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def unroll(
     remat: bool = False,
     project_per_step: bool = False,
     save_matmuls: bool = False,
+    resets: Array | None = None,
 ) -> tuple[Carry, Array]:
     """Runs ``cell`` over a time-major sequence with ``jax.lax.scan``.
 
@@ -85,9 +88,20 @@ def unroll(
       save_matmuls: run every step under :func:`save_matmuls_only` (the backward pass
         keeps the matmul outputs and recomputes the elementwise gates); ignored with
         ``remat``. The cells' ``step`` functions are plain: this is where a scan opts in.
+      resets: optional ``[T, B]`` bool episode starts: where ``resets[t, b]`` is True,
+        row b's carry is replaced by row b of the initial ``carry`` (this call's
+        argument, e.g. zeros from ``cell.initial_carry``, or any per-row state the caller
+        passes) before step t runs, so each episode runs exactly as if unrolled on its
+        own from ``carry`` (values and gradients: a reset cuts the gradient path to the
+        steps before it; the initial carry receives the gradient of every episode that
+        starts from it). With ``lengths``, resets on padded steps are ignored (padded
+        steps keep the carry). An SC-LSTM's step counter restarts too.
 
     Returns:
       ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
+
+    Raises:
+      ValueError: ``resets`` not a ``[T, B]`` bool array (:func:`check_resets`).
     """
     step = functools.partial(cell.step, params, mask=mask)
     if project_per_step:
@@ -96,9 +110,17 @@ def unroll(
         inputs = xs
     else:
         inputs = cell.project_inputs(params, xs)
+    if resets is not None:
+        resets = check_resets(resets, xs)
     if lengths is not None:
         step = keep_state_after_end(step)
-        inputs = (inputs, jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
+        valid = jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :]
+        inputs = (inputs, valid)
+        if resets is not None:
+            resets = resets & valid
+    if resets is not None:
+        step = reset_before_step(step, carry)
+        inputs = (inputs, resets)
     if remat:
         step = jax.checkpoint(step)
     elif save_matmuls:
@@ -125,6 +147,48 @@ def keep_state_after_end(step):
         return jax.tree.map(pick, new, carry), pick(y, jnp.zeros_like(y))
 
     return masked
+
+
+def reset_before_step(step, initial: Carry):
+    """Wraps ``step(carry, x_t) -> (carry, y_t)`` for episode resets inside a scan.
+
+    The wrapped step takes ``(carry, (x_t, reset_t))`` with ``reset_t [B]`` bool: rows
+    where ``reset_t`` is True continue from their row of ``initial`` (a carry of the
+    cell, every leaf ``[B, ...]``) instead of ``carry``, before the step runs. Use it in
+    your own ``lax.scan`` as :func:`unroll` does for ``resets``::
+
+      step = reset_before_step(functools.partial(cell.step, params), carry0)
+      carry, ys = jax.lax.scan(step, carry0, (cell.project_inputs(params, xs), resets))
+    """
+
+    def restarted(carry, inputs):
+        x_t, reset = inputs
+
+        def pick(a, b):
+            r = reset.reshape(reset.shape + (1,) * (a.ndim - reset.ndim))
+            return jnp.where(r, a, b)
+
+        return step(jax.tree.map(pick, initial, carry), x_t)
+
+    return restarted
+
+
+def check_resets(resets: Any, xs: Array) -> Array:
+    """``resets`` as a ``[T, B]`` bool array for the inputs ``xs [T, B, ...]``.
+
+    Raises:
+      ValueError: (one line) if ``resets`` is not a bool array of shape ``[T, B]``.
+    """
+    T, B = xs.shape[:2]
+    resets = jnp.asarray(resets)
+    shape, dtype = tuple(resets.shape), resets.dtype
+    if shape != (T, B) or dtype != jnp.bool_:
+        raise ValueError(
+            f"resets must be a [T, B] = [{T}, {B}] bool array (True: the row restarts "
+            f"from its initial carry before that step), got shape {list(shape)} "
+            f"dtype {dtype}"
+        )
+    return resets
 
 
 def save_matmuls_only(fn):

@@ -34,7 +34,10 @@ are the saved states h_{t-1}, shifted by one step).
 
 Variable-length batches follow :func:`rhnzoo.cells.unroll`'s ``lengths`` semantics
 exactly: padded steps keep the carry and output zeros (their cotangents pass through
-unchanged and contribute nothing to the weight gradients). The recurrent dropout mask
+unchanged and contribute nothing to the weight gradients). So do episode resets
+(``resets``): at a marked step the forward scan restarts the row from its initial carry,
+and the reverse scan sends the cotangent of the carry entering that step to the initial
+carry's instead of the previous step's. The recurrent dropout mask
 is a constant here: it receives a zero gradient.
 
 Options: ``project_per_step`` (default True) computes W x_t inside the scan (for 1-wide
@@ -54,7 +57,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells import fastmath
+from rhnzoo.cells import base, fastmath
 from rhnzoo.cells.lstm import (
     GRU,
     LSTM,
@@ -412,6 +415,12 @@ def _keep_padded(valid, new, old):
     return jax.tree.map(lambda a, b: jnp.where(valid[None, :], a, b), new, old)
 
 
+def _restart(reset, carry0, carry):
+    """Rows (columns) where ``reset [B]`` is True take ``carry0``'s column: an episode
+    starts (``unroll(..., resets=...)``)."""
+    return jax.tree.map(lambda a, b: jnp.where(reset[None, :], a, b), carry0, carry)
+
+
 def _first(carry):
     """h, the first leaf of a carry (LSTM / SC-LSTM state tuples included): the cells'
     output."""
@@ -430,6 +439,8 @@ def _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask):
 
     def step(carry, inputs):
         x_t, aux_t = inputs
+        if "reset" in aux_t:  # the step runs from the initial carry where an episode starts
+            carry = _restart(aux_t["reset"], carry0, carry)
         xp = x_t if W is None else _project_step(WT, x_t, kern.dtype)
         new, y, saved = kern.forward(p, carry, xp, aux_t, mask)
         v = aux_t.get("valid")
@@ -485,19 +496,26 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
     chunks = lambda tree: jax.tree.map(lambda a: a.reshape((T // chunk, chunk) + a.shape[1:]), tree)
 
     def step(carry, inputs):  # dz is written into the chunk's [k n, chunk, B] buffer
-        dcarry, dZ = carry
+        dcarry, dZ, dcarry0 = carry
         t, inputs = inputs
         dprev, dz, extra = _backward_step(kern, p, mask, dcarry, *inputs)
-        return (dprev, jax.lax.dynamic_update_slice_in_dim(dZ, dz[:, None], t, axis=1)), extra
+        reset = inputs[2].get("reset")
+        if reset is not None:  # an episode's start: its carry's cotangent goes to carry0's
+            keep = lambda a, b: jnp.where(reset[None, :], a, b)
+            zero = jax.tree.map(jnp.zeros_like, dprev)
+            dcarry0 = jax.tree.map(jnp.add, dcarry0, jax.tree.map(keep, dprev, zero))
+            dprev = jax.tree.map(keep, zero, dprev)
+        dZ = jax.lax.dynamic_update_slice_in_dim(dZ, dz[:, None], t, axis=1)
+        return (dprev, dZ, dcarry0), extra
 
     def chunk_step(carry, inputs):
         # dZ_buf: the previous chunk's dz buffer, every column of which this chunk
         # overwrites (carried rather than zero-filled anew per chunk).
-        dcarry, dw, dW, dZ_buf = carry
+        dcarry, dw, dW, dZ_buf, dcarry0 = carry
         dys_c, saved_c, aux_c, xs_c = inputs
-        (dcarry, dZ_buf), extra = jax.lax.scan(
+        (dcarry, dZ_buf, dcarry0), extra = jax.lax.scan(
             step,
-            (dcarry, dZ_buf),
+            (dcarry, dZ_buf, dcarry0),
             (jnp.arange(chunk), (dys_c, saved_c, aux_c)),
             reverse=True,
             unroll=unroll,
@@ -507,20 +525,24 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
         dZx = dZ if kn == kx else dZ[:kx]  # xp's cotangent
         if W is None:  # the projection was done before the scan: its cotangent is dZx
             dZx_buf = dZ_buf if kn == kx else dZ_buf[:kx]
-            return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dZx_buf, 0, 1)
+            return (dcarry, dw, dW, dZ_buf, dcarry0), jnp.swapaxes(dZx_buf, 0, 1)
         dW = dW + _outer_sum(xs_c, dZx, kern.dtype).astype(W.dtype)
         dx = _dot(Wc, dZx, kern.dtype).astype(xs_c.dtype).reshape(-1, chunk, B)
-        return (dcarry, dw, dW, dZ_buf), jnp.swapaxes(dx, 0, 1)
+        return (dcarry, dw, dW, dZ_buf, dcarry0), jnp.swapaxes(dx, 0, 1)
 
     zeros = (
         dcarry_T,
         jax.tree.map(jnp.zeros_like, w),
         None if W is None else jnp.zeros_like(W),
         jnp.zeros((kn, chunk, B), saved["h"].dtype),
+        # the initial carry's cotangent from episodes that start from it (resets)
+        jax.tree.map(jnp.zeros_like, dcarry_T) if "reset" in aux else None,
     )
-    (dcarry0, dw, dW, _), dxs = jax.lax.scan(
+    (dcarry0, dw, dW, _, d_restarts), dxs = jax.lax.scan(
         chunk_step, zeros, chunks((dys, saved, aux, None if W is None else xs)), reverse=True
     )
+    if d_restarts is not None:
+        dcarry0 = jax.tree.map(jnp.add, dcarry0, d_restarts)
     dmask = None if mask is None else jnp.zeros_like(mask)
     return dw, dW, dcarry0, dxs.reshape((T,) + dxs.shape[2:]), None, dmask
 
@@ -577,6 +599,7 @@ def unroll(
     dtype: Any = None,
     weight_grad_chunk: int | None = None,
     outputs: bool = True,
+    resets: Array | None = None,
 ) -> tuple[Any, Array | None]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
 
@@ -610,6 +633,11 @@ def unroll(
         writing them and the backward pass reading their (zero) cotangents; for a
         caller that reads the final carry only (a classifier, with
         :func:`output_of`).
+      resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
+        its row of the initial ``carry`` before the step runs (as
+        :func:`rhnzoo.cells.unroll`; padded steps ignore it; the SC-LSTM's step counter
+        restarts too). The backward pass sends the cotangent of the carry entering a
+        restarted step to the initial carry's.
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`; ``(carry, None)`` with
@@ -617,9 +645,12 @@ def unroll(
 
     Raises:
       ValueError: for a cell without a fused path (see :func:`supports`), a
-        ``weight_grad_chunk`` that does not divide T, or (LSTM, SC-LSTM, GRU) parameters
-        that are not the cell's (:func:`rhnzoo.cells.lstm.check_params`).
+        ``weight_grad_chunk`` that does not divide T, (LSTM, SC-LSTM, GRU) parameters
+        that are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), or ``resets``
+        that are not a ``[T, B]`` bool array.
     """
+    if resets is not None:
+        resets = base.check_resets(resets, xs)
     kw = dict(
         lengths=lengths,
         unroll=unroll,
@@ -627,6 +658,7 @@ def unroll(
         dtype=dtype,
         weight_grad_chunk=weight_grad_chunk,
         outputs=outputs,
+        resets=resets,
     )
     if isinstance(cell, Parallel):
         outs = [
@@ -645,12 +677,20 @@ def unroll(
     w = {k: v.astype(cdt) for k, v in params.items() if k != "W"}
     xs = xs.astype(cdt)
     aux = {}
+    steps = jnp.arange(T, dtype=jnp.int32)[:, None]
     if lengths is not None:
-        aux["valid"] = jnp.arange(T)[:, None] < jnp.asarray(lengths)[None, :]
+        aux["valid"] = steps < jnp.asarray(lengths)[None, :]
+    if resets is not None:
+        # With resets the scan writes its outputs (the state entering a step is no longer
+        # the previous step's output): every step counts as real where no lengths are given.
+        aux.setdefault("valid", jnp.ones(resets.shape, bool))
+        aux["reset"] = resets & aux["valid"]
     if isinstance(cell, SCLSTM):
         kern = _LSTMKernel(n, dtype, skip=True, learn_alpha=cell.learn_alpha)
         # τ - 1 of every row at every step; padded steps (after the row's end) are masked.
-        t = carry.t[None, :] + jnp.arange(T, dtype=carry.t.dtype)[:, None]
+        # With resets, the steps since the row's last episode start (its counter restarts).
+        start = 0 if resets is None else jax.lax.cummax(jnp.where(aux["reset"], steps, 0), axis=0)
+        t = carry.t[None, :] + (steps - start).astype(carry.t.dtype)
         on_grid = t % cell.skip == 0
         if lengths is not None:
             on_grid = on_grid & aux["valid"]
@@ -689,13 +729,19 @@ def unroll(
             f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}"
         )
     carry_T, ys = _scan(kern, unroll, chunk, outputs, w, W, carry0, x_in, aux, mask_fm)
-    if outputs and lengths is None:  # ys holds h_{t-1}: shift it by one step
+    if outputs and "valid" not in aux:  # ys holds h_{t-1}: shift it by one step
         ys = jnp.concatenate([ys[1:], _first(carry_T)[None]])
     carry_T = jax.tree.map(lambda a: a[:, :B].T, carry_T)
     ys = jnp.swapaxes(ys[..., :B], 1, 2) if outputs else None
     if isinstance(cell, SCLSTM):
-        steps = T if lengths is None else jnp.sum(aux["valid"][:, :B], axis=0).astype(carry.t.dtype)
-        carry_T = SCLSTMState(*carry_T, carry.t + steps)
+        if resets is not None:  # the real steps from the row's last episode start on
+            valid = aux["valid"][:, :B]
+            last = jnp.max(jnp.where(aux["reset"][:, :B], steps, 0), axis=0)
+            taken = jnp.sum(valid & (steps >= last[None, :]), axis=0).astype(carry.t.dtype)
+            carry_T = SCLSTMState(*carry_T, carry.t + taken)
+        else:
+            taken = T if lengths is None else jnp.sum(aux["valid"][:, :B], axis=0)
+            carry_T = SCLSTMState(*carry_T, carry.t + jnp.asarray(taken).astype(carry.t.dtype))
     elif isinstance(cell, LSTM):
         carry_T = type(carry)(*carry_T)
     return carry_T, ys

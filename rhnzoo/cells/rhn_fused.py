@@ -25,7 +25,9 @@ issue 17 rounds 3 and 7).
 Options: ``remat=True`` saves only the per-step carries and recomputes a step's
 micro-layers in the backward pass (memory O(T B n) instead of O(T L B n));
 ``dtype=jnp.bfloat16`` runs the matmuls in bfloat16 with float32 accumulation,
-keeping parameters and the recurrent state in float32.
+keeping parameters and the recurrent state in float32; ``resets`` restarts rows from the
+initial state at marked steps (episodes), the reverse scan routing those steps' state
+cotangents to the initial state's.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import fastmath
+from rhnzoo.cells.base import check_resets
 from rhnzoo.cells.rhn import HSG, RHN
 
 Array = jax.Array
@@ -154,48 +157,67 @@ def _weights(R, b, hsg, loop):
     return R, RT, bT, hsgT, None if hsg is None else hsg[:2]
 
 
-def _run(R, b, hsg, s0, x_proj, mask, *, remat, unroll, dtype, loop):
+def _run(R, b, hsg, s0, x_proj, mask, resets, *, remat, unroll, dtype, loop):
     _, RT, bT, hsgT, _ = _weights(R, b, hsg, loop)
 
-    def step(s, xp):
+    def step(s, inputs):
+        xp, reset = inputs
+        if reset is not None:  # an episode starts: the step runs from the initial state
+            s = jnp.where(reset[None, :], s0, s)
         s_new, saved = _forward_step(RT, bT, hsgT, s, xp, mask, dtype)
         return s_new, (s_new, s if remat else saved)
 
-    s_T, (ys, saved) = jax.lax.scan(step, s0, x_proj, unroll=unroll)
+    s_T, (ys, saved) = jax.lax.scan(step, s0, (x_proj, resets), unroll=unroll)
     return (s_T, ys), saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _unroll(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
-    """Feature-major: ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n, B]``; returns
-    ``(s_T [n, B], ys [T, n, B])``."""
-    return _run(R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype, loop=loop)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _unroll(R, b, hsg, s0, x_proj, mask, resets, remat, unroll, dtype, loop):
+    """Feature-major: ``s0 [n, B]``, ``x_proj [T, 2n, B]``, ``mask [n, B]``, ``resets
+    [T, B]`` bool or None; returns ``(s_T [n, B], ys [T, n, B])``."""
+    return _run(
+        R, b, hsg, s0, x_proj, mask, resets, remat=remat, unroll=unroll, dtype=dtype, loop=loop
+    )[0]
 
 
-def _unroll_fwd(R, b, hsg, s0, x_proj, mask, remat, unroll, dtype, loop):
+def _unroll_fwd(R, b, hsg, s0, x_proj, mask, resets, remat, unroll, dtype, loop):
     out, saved = _run(
-        R, b, hsg, s0, x_proj, mask, remat=remat, unroll=unroll, dtype=dtype, loop=loop
+        R, b, hsg, s0, x_proj, mask, resets, remat=remat, unroll=unroll, dtype=dtype, loop=loop
     )
-    return out, (R, b, hsg, x_proj, mask, saved)
+    return out, (R, b, hsg, x_proj, mask, saved, resets)
 
 
 def _unroll_bwd(remat, unroll, dtype, loop, res, cotangents):
-    R, b, hsg, x_proj, mask, saved = res
+    return _backward(remat, unroll, dtype, loop, res, cotangents) + (None,)  # resets: none
+
+
+def _backward(remat, unroll, dtype, loop, res, cotangents):
+    """The cotangents of ``(R, b, hsg, s0, x_proj, mask)``; ``res`` = ``(R, b, hsg,
+    x_proj, mask, saved[, resets])``."""
+    R, b, hsg, x_proj, mask, saved = res[:6]
+    resets = res[6] if len(res) > 6 else None
     ds_T, dys = cotangents
     Rl, RT, bT, hsgT, hsgW = _weights(R, b, hsg, loop)
     one = _runtime_one(mask) if loop else 1.0  # a layer scan computes each ds once anyway
 
-    def step(ds_hat, inputs):
-        dy, xp, saved_t = inputs
+    def step(carry, inputs):
+        ds_hat, ds0_restarts = carry
+        dy, xp, saved_t, reset = inputs
         if remat:
             saved_t = _forward_step(RT, bT, hsgT, saved_t, xp, mask, dtype)[1]
         ds_prev, dZ, dzg = _backward_step(Rl, hsgW, ds_hat + dy, saved_t, mask, dtype, one)
+        if reset is not None:  # an episode's start: its state's cotangent goes to s0's
+            ds0_restarts = ds0_restarts + jnp.where(reset[None, :], ds_prev, 0.0)
+            ds_prev = jnp.where(reset[None, :], 0.0, ds_prev)
         s_in, s_prev, s_l = saved_t[0], saved_t[0][0], saved_t[3]
-        return ds_prev, (dZ, dzg, s_in, s_prev, s_l)
+        return (ds_prev, ds0_restarts), (dZ, dzg, s_in, s_prev, s_l)
 
-    ds0, (dZ, dzg, S, s_prev, s_l) = jax.lax.scan(
-        step, ds_T, (dys, x_proj, saved), reverse=True, unroll=unroll
+    restarts0 = None if resets is None else jnp.zeros_like(ds_T)
+    (ds0, ds0_restarts), (dZ, dzg, S, s_prev, s_l) = jax.lax.scan(
+        step, (ds_T, restarts0), (dys, x_proj, saved, resets), reverse=True, unroll=unroll
     )
+    if ds0_restarts is not None:
+        ds0 = ds0 + ds0_restarts
 
     # Weight gradients: one matmul per micro-layer over all T x B positions.
     def sum_outer(a, dz):  # sum_{t, b} a[t, ..., i, b] dz[t, ..., j, b] -> [..., i, j]
@@ -227,7 +249,7 @@ def unroll_backward(R, b, hsg, x_proj, mask, saved, cotangents, *, dtype, loop, 
     HSG gate g, each ``[T, n, B]`` (without HSG, g is s_L again); ``cotangents`` =
     ``(ds_T [n, B], dys [T, n, B])``. ``dtype``: the matmul input dtype. Returns the
     cotangents of ``(R, b, hsg, s0 [n, B], x_proj, mask)`` (the mask's zero)."""
-    return _unroll_bwd(False, unroll, dtype, loop, (R, b, hsg, x_proj, mask, saved), cotangents)
+    return _backward(False, unroll, dtype, loop, (R, b, hsg, x_proj, mask, saved), cotangents)
 
 
 def unroll(
@@ -241,6 +263,7 @@ def unroll(
     remat: bool = False,
     dtype: Any = jnp.float32,
     layer_loop: str | None = None,
+    resets: Array | None = None,
 ) -> tuple[Array, Array]:
     """Drop-in replacement for :func:`rhnzoo.cells.unroll` for RHN and HSG(RHN).
 
@@ -260,13 +283,17 @@ def unroll(
         ``'python'`` (a loop over per-layer weights sliced once per call: faster steps
         at moderate depth, compile time growing with L); ``None`` (default):
         ``'python'`` up to depth :data:`LOOP_LAYERS_UP_TO`, ``'scan'`` above.
+      resets: optional ``[T, B]`` bool episode starts: where True, the row's state is
+        its row of the initial ``carry`` before the step runs (as
+        :func:`rhnzoo.cells.unroll`; this scan has no ``lengths``: the dispatcher
+        applies them, :func:`with_lengths`).
 
     Returns:
       ``(carry [B, n], ys [T, B, n])`` float32.
 
     Raises:
-      ValueError: for an uncoupled RHN or any other cell, or an unknown
-        ``layer_loop``.
+      ValueError: for an uncoupled RHN or any other cell, an unknown ``layer_loop``,
+        or ``resets`` that are not a ``[T, B]`` bool array.
     """
     hsg = None
     if isinstance(cell, HSG):
@@ -280,8 +307,10 @@ def unroll(
     # The projection's backward under the same rule (bfloat16 inputs where the forward's are).
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
+    if resets is not None:
+        resets = check_resets(resets, xs)
     s_T, ys = _unroll(
-        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, remat, unroll, dtype, loop
+        params["R"], params["b"], hsg, carry.T, x_proj, mask.T, resets, remat, unroll, dtype, loop
     )
     return s_T.T, jnp.swapaxes(ys, 1, 2)
 

@@ -305,6 +305,7 @@ def unroll(
     project_per_step: bool | None = None,
     save_matmuls: bool = False,
     interpret: Any = None,
+    resets: Array | None = None,
 ) -> tuple[Any, Array | None]:
     """Runs ``cell`` over ``xs`` with the implementation :func:`resolve` picks; the one
     call every model makes.
@@ -335,17 +336,39 @@ def unroll(
         (ignored by the others, whose backward passes are written by hand).
       interpret: passed to the pallas kernel (its GPU interpret mode; None: where
         :func:`platform` is the CPU).
+      resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
+        its row of the initial ``carry`` before the step runs
+        (:func:`rhnzoo.cells.unroll`); the reference and fused scans. ``auto`` then
+        never picks the pallas kernels, which have no resets.
 
     Returns:
       ``(carry, ys [T, B, n])``, or ``(carry, None)`` with ``outputs=False``.
 
     Raises:
       ValueError: what :func:`resolve` raises; with ``pallas`` a ``dtype`` other than
-        bfloat16 (:class:`~rhnzoo.cells.kernels.Options`).
+        bfloat16 (:class:`~rhnzoo.cells.kernels.Options`); ``resets`` that are not a
+        ``[T, B]`` bool array, or ``resets`` with ``impl='pallas'``.
     """
     which = resolve(
         impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat, input_size=xs.shape[-1]
     )
+    if resets is not None:
+        resets = base.check_resets(resets, xs)
+        if which is ScanImpl.PALLAS and ScanImpl(impl) is ScanImpl.AUTO:  # the next best
+            have = implementations(cell)
+            which = resolve(
+                ScanImpl.FUSED if ScanImpl.FUSED in have else ScanImpl.REFERENCE,
+                cell,
+                batch=xs.shape[1],
+                dtype=dtype,
+                remat=remat,
+                input_size=xs.shape[-1],
+            )
+        elif which is ScanImpl.PALLAS:
+            raise ValueError(
+                f"resets need the reference or fused scan: the pallas kernels of "
+                f"{describe(cell)} have no resets (scan_impl='fused' or 'auto')"
+            )
     if which is ScanImpl.REFERENCE:
         carry, ys = base.unroll(
             cell,
@@ -358,6 +381,7 @@ def unroll(
             remat=remat,
             project_per_step=bool(project_per_step),
             save_matmuls=save_matmuls,
+            resets=resets,
         )
         return carry, ys if outputs else None
     if which is ScanImpl.PALLAS:
@@ -380,8 +404,13 @@ def unroll(
             project_per_step=per_step,
             dtype=dtype,
             outputs=outputs,
+            resets=resets,
         )
-    run = functools.partial(rhn_fused.unroll, unroll=unroll or 1, remat=remat, dtype=dtype)
+    if resets is not None and lengths is not None:  # padded steps ignore resets
+        resets = resets & (jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
+    run = functools.partial(
+        rhn_fused.unroll, unroll=unroll or 1, remat=remat, dtype=dtype, resets=resets
+    )
     return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
 
 

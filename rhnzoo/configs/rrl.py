@@ -130,6 +130,7 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     rrn_recurrent_init: str = setting("uniform", "RRN U_k init.", choices=("uniform", "orthogonal"))
     rrn_f_bias: float = setting(0.0, "Initial bias of the RRN's last F layer (paper: 0).")
     skip: int = setting(20, "SC-LSTM skip length L (eq. 5).", low=1)
+    bidirectional: bool = setting(False, "A forward and a backward layer (cells.Bidirectional).")
     gru_reset_after: bool = setting(
         False,
         "GRU: reset gate after the recurrent matmul, "
@@ -238,6 +239,7 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
             drop=self.drop,
             input_drop=self.input_drop,
             init_scale=self.init_scale,
+            bidirectional=self.bidirectional,
             **self._scan(),
         )
 

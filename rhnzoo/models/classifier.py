@@ -4,7 +4,9 @@ state -> dropout -> softmax regression (Wang & Tian, EMNLP 2016, sec. 4).
 Any cell of :mod:`rhnzoo.cells` fits: LSTM, GRU, RRN, SC-LSTM, ``Parallel`` (HRL), RHN,
 ... The representation of a sequence is the cell's output at the sequence's last real
 step (for ``Parallel`` the mean of its cells' hidden states, eq. 7); padded steps do not
-change the state (``cells.unroll(..., lengths=...)``).
+change the state (``cells.unroll(..., lengths=...)``). With ``bidirectional`` the layer is
+:class:`rhnzoo.cells.Bidirectional` of two such cells and the representation the forward
+cell's output at the last real step beside the backward cell's after reading step 0.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class SequenceClassifier:
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
         float32. bfloat16 needs the fused or pallas scan.
+      bidirectional: a :class:`~rhnzoo.cells.Bidirectional` layer (a forward and a
+        backward copy of ``cell``, parameters ``params['cell'] = {'forward': ...,
+        'backward': ...}``), each row's backward pass from its last real step; the
+        representation ``[B, 2n]`` is both directions' final outputs side by side.
 
     Raises:
       ValueError: for num_classes < 2, input_size < 1, vocab_size < 2, a drop
@@ -83,6 +89,7 @@ class SequenceClassifier:
     project_per_step: bool | None = None
     scan_impl: str | None = "auto"
     dtype: str = "float32"
+    bidirectional: bool = False
 
     def __post_init__(self):
         if self.num_classes < 2:
@@ -110,13 +117,19 @@ class SequenceClassifier:
             input_size=self.input_size,
         )
 
+    def layer(self) -> Any:
+        """The recurrent layer: ``cell``, or ``Bidirectional(cell)`` with ``bidirectional``."""
+        return cells.Bidirectional(self.cell) if self.bidirectional else self.cell
+
     def init(self, key: Array) -> Params:
-        """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32."""
+        """``{'cell': ..., 'W_out': [n, C], 'b_out': [C]}`` (+ ``'embed': [V, m]``), float32
+        (``W_out [2n, C]`` with ``bidirectional``)."""
         ke, kc, ko = jax.random.split(key, 3)
         u = lambda k, shape: cells.base.uniform(k, shape, self.init_scale)
+        layer = self.layer()
         params = {
-            "cell": self.cell.init(kc, self.input_size),
-            "W_out": u(ko, (self.cell.hidden_size, self.num_classes)),
+            "cell": layer.init(kc, self.input_size),
+            "W_out": u(ko, (layer.hidden_size, self.num_classes)),
             "b_out": jnp.zeros((self.num_classes,), jnp.float32),
         }
         if self.vocab_size is not None:
@@ -126,7 +139,7 @@ class SequenceClassifier:
     def features(
         self, params: Params, inputs: Array, lengths: Array, key: Array | None = None
     ) -> Array:
-        """The sequence representations ``[B, n]``.
+        """The sequence representations ``[B, n]`` (``[B, 2n]`` with ``bidirectional``).
 
         Args:
           inputs: ``[B, T]`` int token ids (``vocab_size`` set) or ``[B, T, m]`` float.
@@ -140,6 +153,8 @@ class SequenceClassifier:
         if key is not None and self.input_drop:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
+        if self.bidirectional:
+            return self._bidirectional_features(params, xs, lengths)
         carry = self.cell.initial_carry(batch, xs.dtype)
         impl = self.resolved_scan(batch)
         reference = impl is scan.ScanImpl.REFERENCE
@@ -179,6 +194,37 @@ class SequenceClassifier:
                 outputs=False,
             )
             last = scan.output_of(self.cell, carry)
+        return jnp.where((lengths > 0)[:, None], last, 0.0)
+
+    def _bidirectional_features(self, params: Params, xs: Array, lengths: Array) -> Array:
+        """``[B, 2n]``: the forward cell's output at each row's last real step beside the
+        backward cell's after reading step 0 (zeros for an empty row)."""
+        layer, batch, n = self.layer(), xs.shape[1], self.cell.hidden_size
+        impl = self.resolved_scan(batch)
+        reference = impl is scan.ScanImpl.REFERENCE
+        per_step = self.project_per_step
+        if per_step is None:
+            per_step = not reference or self.input_size <= 8
+        run = dict(
+            impl=impl,
+            lengths=lengths,
+            unroll=self.unroll,
+            remat=self.remat,
+            project_per_step=per_step,
+        )
+        carry = layer.initial_carry(batch, xs.dtype)
+        if reference:
+            _, ys = layer.unroll(params["cell"], carry, xs, save_matmuls=True, **run)
+            forward = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch), :n]
+            last = jnp.concatenate([forward, ys[0, :, n:]], axis=-1)
+        else:
+            dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
+            (c_f, c_b), _ = layer.unroll(
+                params["cell"], carry, xs, dtype=dtype, outputs=False, **run
+            )
+            last = jnp.concatenate(
+                [scan.output_of(self.cell, c_f), scan.output_of(self.cell, c_b)], axis=-1
+            )
         return jnp.where((lengths > 0)[:, None], last, 0.0)
 
     def logits(
