@@ -16,14 +16,18 @@
 #                 Pallas tests compiled on the GPU
 #   pallas-quick  the same in ~5 min: P-MNIST, LSTM, GRU, SC-LSTM, RRN, min of 2
 #   seeds         issue 47: K seeds in one step (bench.seeds); seeds-quick: P-MNIST, ~2 min
-#   kernel        issue 57: the LSTM kernel at n = 64, 100, 128 and B = 32, 100, 300, forward
-#                 and value_and_grad (64-row tiles, and the swap-AB forward at batch tiles
-#                 16 and 32: issue 59) beside the fused bf16 scan; approx_math and barrier
-#                 elision against the float32 reference (kernel_probe.py); ptxas registers
-#                 and spill bytes per kernel (MOSAIC_GPU_DUMP_PTXAS / MOSAIC_GPU_DUMP_TO);
-#                 the P-MNIST and IMDB train steps against cuDNN fp16 / fp32 / TF32 in the
-#                 same process, with torch's kernels (profiler: names, calls, time)
-#   kernel-quick  the same in ~4 min: n = 64, 128 at B = 100; P-MNIST
+#   kernels       issue 68: the kernel window, ~8.3 min, ordered by what it tells, each
+#                 section under its own timeout: (a) the P-MNIST LSTM (1 -> 100, B 100,
+#                 T 784): forward and value_and_grad of the default kernels, swap-AB at
+#                 batch tiles 16 / 32 and the fused bf16 scan, then the error of each
+#                 variant (default, approx_math, barrier elision, Bt 16 / 32, fused)
+#                 against the float32 reference (kernel_probe.py); (b) the device's own
+#                 ptxas counts beside docs/runs/kernels/ (kernel_ptxas.py); (c) the
+#                 compiled correctness tests ordered by risk (kernel_order.py, -v); (d) the
+#                 RHN kernels at ptb_sota and depth 40 + HSG beside the fused bf16 scan
+#                 (kernel_probe.py --rhn). Its *.jsonl lines carry backend, cell, sizes,
+#                 dtype, options, digest and device kind: `python -m
+#                 rhnzoo.cells.kernels.record $OUT` makes them record entries
 #
 # Each part runs its benchmark first, then its tests, each step under its own timeout
 # (a timeout in the tests never loses the benchmark), and leaves at most 8 files in $OUT
@@ -37,8 +41,8 @@ dry=
 if [ "${1:-}" = --dry ]; then dry=1; shift; fi
 part="${1:-}"
 case "$part" in
-  suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernel|kernel-quick) ;;
-  *) echo "error: usage: bash docs/runs/gpu/measure.sh [--dry] suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernel|kernel-quick" >&2
+  suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernels) ;;
+  *) echo "error: usage: bash docs/runs/gpu/measure.sh [--dry] suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernels" >&2
      exit 1 ;;
 esac
 OUT="${OUT:-/tmp/rhnzoo-gpu-out}"
@@ -50,7 +54,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ "$part" = suite ] && export XLA_PYTHON_CLIENT_PREALLOCATE=false  # 8 workers, one GPU
 {
   date -u; echo "part: $part${dry:+ (dry)}"
-  git rev-parse HEAD 2>/dev/null || echo "commit: (no git)"
+  git rev-parse HEAD 2>/dev/null || echo "${RHNZOO_COMMIT:-commit: (no git)}"  # the call may name it
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: none"
   python -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
   echo "XLA_FLAGS=${XLA_FLAGS:-}"
@@ -206,36 +210,67 @@ for line in open(sys.argv[1]):
           "(ms per seed, K seeds' step / K steps)")
 PY
     ;;
-  kernel|kernel-quick)
-    if [ "$part" = kernel ]; then
-      sizes=(--n=64,100,128 --batch=32,100,300 --length=784) t_probe=300
-      configs=pmnist,imdb t_bench=180 prof=--torch_profile
+  kernels)
+    # Issue 68 item 3: the kernel window, each section under its own timeout (a slow one
+    # cannot eat the rest; the sum with start-up stays under 8.5 min), every figure
+    # written as it comes (a cut keeps what ran). Dry: tiny shapes, the float32 fused
+    # scan in the kernels' place (kernel_probe.py --stand_in: lines marked stand_in, which
+    # never verify anything), the kernels lowered for cuda (kernel_ptxas.py --dry), the
+    # tests collected in their order.
+    if [ -n "$dry" ]; then
+      lstm=(--n=8 --batch=4 --length=2 --stand_in --reps=1)
+      rhn=(--rhn_n=8 --rhn_batch=4 --rhn_length=2 --stand_in --reps=1)
+      ptx=(--dry --configs=lstm_n64,rhn_hsg_bt16) co=(--co -qq)  # -v -qq: node ids, in order
     else
-      sizes=(--n=64,128 --batch=100 --length=784) t_probe=150 configs=pmnist t_bench=90 prof=
+      lstm=() rhn=() ptx=(--deadline_s=60) co=()
     fi
-    tdev=() pallas=--pallas
-    if [ -n "$dry" ]; then  # no kernel on a CPU (the interpreter takes minutes): a stand-in
-      sizes=(--n=8 --batch=4 --length=2 --stand_in --reps=1) configs=tiny
-      tdev=(--torch_device=cpu) pallas=
-    fi
-    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.is_available())" >> "$OUT/env.txt" 2>&1
-    step probe "$t_probe" env MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO="$scratch/mosaic" \
-      python docs/runs/gpu/kernel_probe.py "${sizes[@]}" --variants \
-      > "$OUT/kernel.jsonl" 2> "$OUT/kernel.log"
-    # ptxas -v per kernel: registers, spill stores / loads (files named by kernel).
-    { echo "# ptxas output under MOSAIC_GPU_DUMP_PTXAS, per dump file"
-      if [ -d "$scratch/mosaic" ]; then
-        grep -rH -E "registers|spill|Compiling entry" "$scratch/mosaic" | sed "s|$scratch/mosaic/||"
-      else
-        echo "(no dumps: no Mosaic GPU kernel was compiled)"
-      fi
-      grep -E "ptxas|registers|spill" "$OUT/kernel.log" || true
-    } 2>&1 | head -c 4000000 > "$OUT/kernel-ptxas.txt"
-    cut -c1-200 "$OUT/kernel.jsonl"; head -20 "$OUT/kernel-ptxas.txt"
-    # The train steps against cuDNN (fp16 / fp32 / TF32) in the same process.
-    step bench "$t_bench" python -m rhnzoo.bench.rnn --configs=$configs --cells=lstm $pallas \
-      --torch "${tdev[@]}" $prof --bfloat16 --unroll=8 --rounds=2 \
-      > "$OUT/rnn.jsonl" 2> "$OUT/rnn.log"
-    rnn_summary "$OUT/rnn.jsonl" ;;
+    kernel_summary() {
+      python - "$@" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        err = ""
+        if "grad_rel_err" in r:
+            err = f" loss err {r['loss_rel_err']:.2e}, worst grad err {max(r['grad_rel_err'].values()):.2e}"
+        what = r.get("error", f"{r.get('ms')} ms (compile {r.get('compile_s')} s){err}")
+        print(f"{r['cell']} n={r['n']} L={r['depth']} B={r['B']} T={r['T']} {r['figure']}: {what}"[:240])
+PY
+    }
+    # (a) P-MNIST: default kernels, swap-AB Bt 16 / 32, fused bf16; then the variants' errors
+    step "(a) P-MNIST kernels" 120 python docs/runs/gpu/kernel_probe.py "${lstm[@]}" --variants \
+      > "$OUT/kernels.jsonl" 2> "$OUT/kernels.log"
+    kernel_summary "$OUT/kernels.jsonl"
+    # (b) ptxas on the device, beside docs/runs/kernels/
+    step "(b) ptxas" 90 python docs/runs/gpu/kernel_ptxas.py "${ptx[@]}" \
+      > "$OUT/kernels-ptxas.txt" 2>&1
+    grep -E "^# |differs" "$OUT/kernels-ptxas.txt" | head -12
+    # (c) the compiled correctness tests, riskiest first; -u: a cut keeps every name so far
+    step "(c) tests" 170 env PYTHONPATH="$PWD/docs/runs/gpu:$PYTHONPATH" python -u -m pytest -v \
+      -p no:cacheprovider -p kernel_order -o console_output_style=times -rfE "${co[@]}" \
+      tests/test_swap_ab.py tests/test_rhn_pallas.py tests/test_gated_pallas.py \
+      tests/test_chained_pallas.py > "$OUT/kernels-pytest.log" 2>&1
+    grep -cE " PASSED" "$OUT/kernels-pytest.log" | sed 's/^/passed: /'
+    grep -E " (FAILED|ERROR)" "$OUT/kernels-pytest.log" | head -10
+    tail -2 "$OUT/kernels-pytest.log"
+    # (d) the RHN kernels at ptb_sota and depth 40 + HSG beside the fused bf16 scan
+    step "(d) RHN kernels" 100 python docs/runs/gpu/kernel_probe.py --no_lstm \
+      --rhn=ptb_sota,ptb_d40_hsg "${rhn[@]}" > "$OUT/kernels-rhn.jsonl" 2>> "$OUT/kernels.log"
+    kernel_summary "$OUT/kernels-rhn.jsonl"
+    # what the record would take from this window (nothing is written here)
+    python -m rhnzoo.cells.kernels.record "$OUT" --dry 2>&1 | python -c "
+import json, sys
+text = sys.stdin.read()
+try:
+    entries = json.loads(text)
+except ValueError:
+    print('record:', text[-500:]); sys.exit()
+for e in entries:
+    print('entry', e['backend'], e['cell'], e['hidden_size'], e['batch'], e['options'],
+          e['kernel_ms'], 'vs fused', e['fused_ms'], 'errors', e['value_error'], e['grad_error'],
+          'stand_in' if e['stand_in'] else '')
+print(len(entries), 'entries')" ;;
 esac

@@ -8,8 +8,10 @@ reads the window's folder (``env.txt`` and its ``*.jsonl`` figure lines:
 and digest is replaced); ``--dry`` prints them and writes nothing. Figure lines that
 carry no ``digest`` are recorded with this checkout's digests only when the checkout is
 the window's commit (``env.txt``) with the kernels' source files unmodified; otherwise
-the command refuses (exit 1, one ``error:`` line). Run from the repository root, then
-commit ``verified.json`` and update docs/speed.md's Kernel status table.
+the command refuses (exit 1, one ``error:`` line). A dry run's entries (``stand_in``:
+``measure.sh --dry``, no kernel ran) are printed by ``--dry`` and never written. Run from
+the repository root, then commit ``verified.json`` and update docs/speed.md's Kernel
+status table.
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(verified.dumps(new), end="")
         return 0
     path = Path(verified.__file__).with_name(verified.RECORD)
+    dry = [e for e in new if e.stand_in]
+    new = [e for e in new if not e.stand_in]
+    if dry:  # a dry run's (measure.sh --dry): no kernel ran, nothing to record
+        print(f"{len(dry)} entries of a dry run (stand_in: no kernel ran): not recorded")
+    if not new:
+        return 0
     path.write_text(verified.dumps(verified.merge(verified.parse(path.read_text()), new)))
     good = sum(verified.checked(e) for e in new)
     print(f"{len(new)} entries ({good} verify their kernel) into {path}")

@@ -495,7 +495,8 @@ def entries_from_lines(
             times = next(((ms(k), ms(f)) for k, f in pairs if ms(k) and ms(f)), None)
             if times is None:
                 continue
-            first = next(line for line in (*pairs[0], check) if line is not None)
+            # the kernel's own lines first: the fused scan's carry the shape, not the kernel
+            first = next(line for line in (pairs[0][0], check, pairs[0][1]) if line is not None)
             found = first.get("digest") or (digests or {}).get(backend)
             if not found:
                 raise ValueError(
