@@ -2,22 +2,22 @@
 (scalar sums), how a split is cut into batches, and how sums become metrics.
 
 * Classification (highway nets, sequence classifiers): :func:`xent_sums` of a batch,
-  :func:`padded_slices` of a split, :func:`add_up`, :func:`means`,
-  :func:`evaluate` in batches; the highway nets' :func:`inputs` and
+  :func:`padded_slices` of a split; the highway nets' :func:`inputs` and
   :func:`highway_sums`, and :func:`split_data` (their train / valid / test splits).
 * Language models (Zilly et al. 2017's protocol): :func:`eval_windows` of a token
-  stream, :func:`window_sums` (one window, the state carried across windows),
-  :data:`METRICS`, and :class:`Evaluator` (a whole stream, window by window).
+  stream, :func:`window_sums` (one window, the state carried across windows) and
+  :data:`METRICS`.
 
-The engine's validation loop (:mod:`rhnzoo.engine.evaluate`) sums the same steps; these
-functions import nothing above the models, so analysis reuses them without a trainer.
+The one evaluation loop, the engine's (:func:`rhnzoo.engine.evaluate.evaluate`), sums
+these steps over a split's batches for training, analysis and the benchmarks alike; these
+functions import nothing above the models.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -55,56 +55,6 @@ def padded_slices(arrays: Sequence[np.ndarray], batch_size: int, starts=None):
             np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a for a in part
         ]
         yield (*part, weights)
-
-
-def add_up(sums: Iterable[Any]) -> Any:
-    """The element-wise sum of a stream of equal pytrees (of device arrays)."""
-    totals = None
-    for s in sums:
-        totals = s if totals is None else jax.tree.map(jnp.add, totals, s)
-    return totals
-
-
-def means(totals: dict[str, Any]) -> dict[str, float]:
-    """``{'loss', 'accuracy', 'count'}`` from summed :func:`xent_sums`."""
-    totals = {k: float(v) for k, v in totals.items()}
-    return {
-        "loss": totals["loss"] / totals["count"],
-        "accuracy": totals["correct"] / totals["count"],
-        "count": int(totals["count"]),
-    }
-
-
-def evaluate(
-    sums_fn: Callable[..., dict[str, Array]],
-    params: Any,
-    arrays: tuple[np.ndarray, ...],
-    batch_size: int,
-    track: Callable | None = None,
-    desc: str = "",
-    place: Callable[[Any], Any] | None = None,
-) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of ``params`` over a dataset, in batches.
-
-    Args:
-      sums_fn: jit-compiled ``sums_fn(params, *batch_arrays, weights) -> xent_sums``.
-      arrays: the dataset, each ``[N, ...]`` (e.g. ``(images, labels)``); the last
-        batch is zero-padded with weight 0, so every call has one shape.
-      batch_size: rows per call.
-      track: a progress/signal iterator (the engine's ``track``), if any.
-      place: puts a batch's arrays on the devices (e.g. rows split over a mesh); None:
-        default placement.
-
-    Returns:
-      ``{'loss': mean CE (nats), 'accuracy': fraction correct, 'count': N}``.
-    """
-    n = len(arrays[0])
-    starts = range(0, n, batch_size)
-    if track is not None:
-        starts = track(starts, total=-(-n // batch_size), desc=desc)
-    place = place or (lambda b: b)
-    totals = add_up(sums_fn(params, *place(b)) for b in padded_slices(arrays, batch_size, starts))
-    return means(totals)
 
 
 def inputs(images: Array) -> Array:
@@ -201,39 +151,3 @@ def window_sums(model, params, window, carry) -> tuple[dict[str, Array], Any]:
     chunk = eval_time_chunk(x.shape[1], x.shape[0], model.vocab_size)
     nll, carry = model.nll(params, carry, x, y, None, w, time_chunk=chunk)
     return {"loss": nll, "count": jnp.sum(w)}, carry
-
-
-def _window(model, params, carry, total, x, y, w):
-    """:func:`window_sums` with the NLL added to ``total`` (device float32)."""
-    sums, carry = window_sums(model, params, (x, y, w), carry)
-    return carry, total + sums["loss"]
-
-
-class Evaluator:
-    """``evaluate(params, tokens, batch_size, num_steps, track=None) -> (nll_sum, count)``.
-
-    One jit-compiled call per window of ``num_steps`` (:func:`window_sums`, the state
-    carried across windows, at most two in flight), so a long evaluation shows progress
-    and stops promptly on a signal when given the engine's ``track``; no dropout. Nats
-    per symbol are ``nll_sum / count``; :data:`METRICS` turns them into the metric.
-
-    ``place``: puts a window's rows (and the carry) on the devices, e.g. split over a
-    mesh with zero-weight rows appended (:func:`rhnzoo.engine.sharding.put_rows`); None:
-    default placement.
-    """
-
-    def __init__(self, model, place: Callable[[Any], Any] | None = None):
-        self.model, self.place = model, place or (lambda a: a)
-        window = functools.partial(_window, model)
-        self._window = jax.jit(window)
-
-    def __call__(self, params, tokens, batch_size, num_steps, track=None):
-        x, y, w = eval_windows(tokens, batch_size, num_steps)
-        carry, total = self.place(self.model.initial_carry(batch_size)), np.zeros((), np.float32)
-        indices = range(len(x)) if track is None else track(range(len(x)), total=len(x))
-        for i in indices:
-            previous = total
-            carry, total = self._window(params, carry, total, *self.place((x[i], y[i], w[i])))
-            jax.block_until_ready(previous)
-        count = float(w.sum())
-        return float(total), count

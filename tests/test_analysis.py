@@ -21,7 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import analysis, data, dropout, evaluation
+from rhnzoo import analysis, data, dropout
+from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
 from rhnzoo.configs import lm as lm_configs
@@ -200,12 +201,12 @@ def test_lesion_equals_removing_the_micro_layer(run, loaded):
     params = perturbed(params, scale=0.3)
     tokens = corpus.train[:800]
     result = analysis.lesion_layers(model, params, tokens, batch_size=4, num_steps=50)
-    base, count = evaluation.Evaluator(model)(params, tokens, 4, 50)
+    base, count = lm_analysis.stream_nll(model, params, tokens, 4, 50)
     assert result.num_tokens == count == 4 * (200 - 1)
     assert result.base_nll == pytest.approx(base / count, rel=1e-6)
     for layer in range(DEPTH):
         small_model, small_params = bypassed(model, params, layer)
-        nll, _ = evaluation.Evaluator(small_model)(small_params, tokens, 4, 50)
+        nll, _ = lm_analysis.stream_nll(small_model, small_params, tokens, 4, 50)
         assert result.nll[layer] == pytest.approx(nll / count, rel=1e-6), layer
         assert abs(result.delta_nll[layer]) > 1e-3, "the lesion must change the loss"
     np.testing.assert_allclose(result.ppl, np.exp(result.nll))
@@ -237,7 +238,7 @@ def test_mc_dropout(run, loaded):
     model, params, _ = loaded
     tokens = corpus.test[:300]
     # K = 1 with all rates 0 is the deterministic batch-1 perplexity.
-    nll, count = evaluation.Evaluator(model)(params, tokens, 1, 50)
+    nll, count = lm_analysis.stream_nll(model, params, tokens, 1, 50)
     deterministic = np.exp(nll / count)
     mc0 = analysis.mc_dropout_perplexity(model, params, tokens, dropout.Rates(), 1, num_steps=50)
     assert mc0.num_tokens == count == 299

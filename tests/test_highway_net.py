@@ -16,6 +16,8 @@ from rhnzoo.analysis import highway as analysis
 from rhnzoo.models.highway import INITS, FeedForwardNet, Highway, Plain
 from rhnzoo.studies import highway as highway_study
 from rhnzoo import evaluation
+from rhnzoo.engine import evaluate
+from rhnzoo.tasks import classify
 from rhnzoo.tasks import highway as hw
 from rhnzoo.configs import highway as highway_configs
 
@@ -348,7 +350,10 @@ def test_depth10_highway_learns_real_mnist():
     )
     net = cfg.net()
     assert net == FeedForwardNet("highway", 10, 50, transform_bias=-2.0)
-    at_init = hw.evaluate(net, net.init(jax.random.key(0)), splits["valid"])["loss"]
+    batches = classify.eval_batches({"valid": splits["valid"]}, 1000)("valid", False)
+    totals = evaluate.evaluate(hw.eval_step(net), net.init(jax.random.key(0)), batches)
+    sums = evaluate.seed_rows(totals)[0]
+    at_init = sums["loss"] / sums["count"]
     out = hw.train_and_evaluate(cfg, splits, log=None)
     curve = [r["train_xent"] for r in out.history]
     assert at_init > 2.0 and len(curve) == 3 and curve[-1] < 0.4 and curve[-1] < curve[0], curve

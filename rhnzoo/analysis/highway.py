@@ -43,6 +43,7 @@ from rhnzoo.analysis import flow
 from rhnzoo.analysis.lm import LESION_BIAS, LesionResult, Track, lesion_snapshots
 from rhnzoo.models.highway import FeedForwardNet
 from rhnzoo.configs import highway as highway_configs
+from rhnzoo.engine import evaluate as engine_evaluate
 from rhnzoo.engine import workdir as workdir_lib
 
 Array = jax.Array
@@ -130,13 +131,25 @@ def _stats_fn(net: FeedForwardNet):
     return jax.jit(f)
 
 
+def split_batches(arrays: tuple[np.ndarray, ...], batch_size: int) -> engine_evaluate.Batches:
+    """The batches ``(*parts, weights)`` of ``arrays`` (:func:`rhnzoo.evaluation.padded_slices`,
+    the last one zero-padded with weight 0) for the engine's evaluation loop."""
+    n = -(-len(arrays[0]) // batch_size)
+    return engine_evaluate.Batches(
+        n, lambda i: next(evaluation.padded_slices(arrays, batch_size, [i * batch_size]))
+    )
+
+
 @functools.lru_cache(maxsize=8)
-def _gate_sum_fn(net: FeedForwardNet):
-    def f(params, images, weights):
+def _gate_step(net: FeedForwardNet):
+    """``eval_step(params, (images, weights))``: the weighted sum of the gates, ``[L, n]``."""
+
+    def f(params, batch):
+        images, weights = batch
         gates = net.apply_with_stats(params, evaluation.inputs(images))[1]["gates"]
         return jnp.einsum("lbn,b->ln", gates, weights)
 
-    return jax.jit(f)
+    return f
 
 
 def gate_statistics(
@@ -170,12 +183,8 @@ def gate_statistics(
     images = np.asarray(images)
     if not 0 <= sample < len(images):
         raise ValueError(f"sample must be in [0, {len(images)}), got {sample}")
-    sum_fn = _gate_sum_fn(net)
-    starts = range(0, len(images), batch_size)
-    if track is not None:
-        starts = track(starts, total=len(starts))
-    batches = evaluation.padded_slices((images,), batch_size, starts)
-    total = evaluation.add_up(sum_fn(params, *b) for b in batches)
+    batches = split_batches((images,), batch_size)
+    total = engine_evaluate.evaluate(_gate_step(net), params, batches, track=track)
     one = _stats_fn(net)(params, images[sample : sample + 1])
     n = net.width
     return GateStats(
@@ -251,12 +260,18 @@ def lesioned_logits(net: FeedForwardNet, params: Params, layer: int | Array, x: 
 
 
 @functools.lru_cache(maxsize=8)
-def _lesioned_sums_fn(net: FeedForwardNet):
-    def f(params, layer, images, labels, weights):
+def _lesioned_step(net: FeedForwardNet):
+    """``eval_step((params, layer), (images, labels, weights)) -> xent_sums`` of ``net``
+    with ``layer`` lesioned (:func:`lesioned_logits`; None: intact)."""
+
+    def f(params_layer, batch):
+        (params, layer), (images, labels, weights) = params_layer, batch
+        if layer is None:
+            return evaluation.highway_sums(net, params, batch)
         logits = lesioned_logits(net, params, layer, evaluation.inputs(images))
         return evaluation.xent_sums(logits, labels, weights)
 
-    return jax.jit(f)
+    return f
 
 
 def iter_highway_lesions(
@@ -276,20 +291,15 @@ def iter_highway_lesions(
     Raises:
       Interrupted: from ``track``, on a signal (between batches).
     """
-    fn = _lesioned_sums_fn(net)
+    step, batches = _lesioned_step(net), split_batches(split, batch_size)
 
     def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
-        if layer is None:
-            result = evaluation.evaluate(
-                evaluation.highway_sums_fn(net), params, split, batch_size, sub
-            )
-        else:
-            sums_fn = functools.partial(lambda l, p, x, y, w: fn(p, l, x, y, w), jnp.int32(layer))
-            result = evaluation.evaluate(sums_fn, params, split, batch_size, sub)
-        return result["loss"], result["count"]
+        lesion = None if layer is None else jnp.int32(layer)
+        totals = engine_evaluate.evaluate(step, (params, lesion), batches, track=sub)
+        sums = engine_evaluate.seed_rows(totals)[0]
+        return sums["loss"] / sums["count"], int(sums["count"])
 
-    batches = -(-len(split[0]) // batch_size)
-    return lesion_snapshots(evaluate, net.depth - 1, batches, track=track)
+    return lesion_snapshots(evaluate, net.depth - 1, len(batches), track=track)
 
 
 def highway_lesions(

@@ -42,6 +42,7 @@ from rhnzoo import cells, dropout
 from rhnzoo.models import lm
 from rhnzoo import evaluation
 from rhnzoo.configs import lm as lm_configs
+from rhnzoo.engine import evaluate as engine_evaluate
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.engine.signals import Track  # track(iterable, total=None, desc='') -> iterator
 
@@ -65,6 +66,7 @@ __all__ = [
     "MCPass",
     "mc_dropout_perplexity",
     "shared_bar",
+    "stream_nll",
 ]
 
 # config.json keys forwarded to lm.language_model when present (cell options only when
@@ -74,6 +76,40 @@ _MODEL_KEYS = ("tied", "init_scale", "hsg_init_bias", "unroll")
 # Bias that closes a transform gate: sigmoid(-1e4 + anything moderate) is exactly
 # 0.0 in float32, so the lesioned micro-layer passes its input through unchanged.
 LESION_BIAS = -1e4
+
+
+@functools.lru_cache(maxsize=16)
+def _window_step(model: lm.LanguageModel):
+    """The ``eval_step`` of ``model``'s windows (:func:`rhnzoo.evaluation.window_sums`):
+    one function object per model, so its evaluations share one compilation."""
+    return functools.partial(evaluation.window_sums, model)
+
+
+def stream_nll(
+    model: lm.LanguageModel,
+    params: Params,
+    tokens: np.ndarray,
+    batch_size: int,
+    num_steps: int,
+    track: Track | None = None,
+) -> tuple[float, float]:
+    """``(nll_sum, count)`` of the token stream ``tokens`` without dropout: the engine's
+    evaluation loop (:func:`rhnzoo.engine.evaluate.evaluate`: one jit-compiled call per
+    window, at most two in flight, a signal check per window with ``track``) over the
+    windows of ``num_steps`` (:func:`rhnzoo.evaluation.eval_windows`), ``batch_size`` rows,
+    the state carried across windows. Nats per symbol are ``nll_sum / count``;
+    :data:`rhnzoo.evaluation.METRICS` turns them into the metric."""
+    x, y, w = evaluation.eval_windows(np.asarray(tokens), batch_size, num_steps)
+    batches = engine_evaluate.Batches(len(x), lambda i: (x[i], y[i], w[i]))
+    totals = engine_evaluate.evaluate(
+        _window_step(model),
+        params,
+        batches,
+        model.initial_carry(batch_size),
+        carried=True,
+        track=track,
+    )
+    return float(totals["loss"]), float(w.sum())
 
 
 @contextlib.contextmanager
@@ -435,11 +471,10 @@ def iter_lesions(
     rhn, *_ = _rhn_parts(model, params)
     tokens = np.asarray(tokens)
     windows = len(evaluation.eval_windows(tokens, batch_size, num_steps)[0])
-    evaluator = evaluation.Evaluator(model)
 
     def evaluate(layer: int | None, sub: Track | None) -> tuple[float, int]:
         p = params if layer is None else lesion_params(model, params, layer, bias)
-        total, count = evaluator(p, tokens, batch_size, num_steps, sub)
+        total, count = stream_nll(model, p, tokens, batch_size, num_steps, sub)
         return total / count, int(count)
 
     return lesion_snapshots(evaluate, rhn.depth, windows, track=track)
@@ -457,9 +492,9 @@ def lesion_layers(
 ) -> LesionResult:
     """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
 
-    Evaluation is :class:`rhnzoo.evaluation.Evaluator` (no dropout, ``batch_size``
-    rows, carry across windows of ``num_steps``), compiled once and reused for
-    the intact and the L lesioned parameter sets.
+    Evaluation is :func:`stream_nll` (no dropout, ``batch_size`` rows, carry across
+    windows of ``num_steps``), compiled once and reused for the intact and the L
+    lesioned parameter sets.
 
     Args:
       model, params: RHN or HSG(RHN) language model and its parameters.

@@ -843,7 +843,9 @@ def _deterministic(model, params, label, out, opts, phases, stream) -> None:
         unit="windows",
     ) as track:
         t0 = time.perf_counter()
-        nll, count = evaluation.Evaluator(model)(params, stream, batch, opts.eval_num_steps, track)
+        nll, count = lm_analysis.stream_nll(
+            model, params, stream, batch, opts.eval_num_steps, track
+        )
         seconds = time.perf_counter() - t0
         ppl = evaluation.METRICS["ppl"](nll / count)
         phases.results["deterministic"] = {"ppl": ppl, "seconds": seconds}

@@ -1,6 +1,6 @@
 """The engine's compiled train step: the task's step with the engine's step count and
-per-step key, for one seed or K seeds stacked (:func:`rhnzoo.engine.stacking.stacked_step`),
-jit-compiled with the state donated."""
+per-step key, for the seeds' layout (:mod:`rhnzoo.engine.stacking`: one seed, or K seeds
+stacked and the step ``jax.vmap``-ped), jit-compiled with the state donated."""
 
 from __future__ import annotations
 
@@ -11,18 +11,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rhnzoo.engine import stacking
+from rhnzoo.engine.stacking import One, Stacked
 
 Array = jax.Array
 
 
-def engine_step(train_step, state, batch, run_key):
+def engine_step(layout: One | Stacked, train_step, batch_axes, state, batch, run_keys, active):
     """The task's step with the engine's step count and per-step key ``fold_in(run_key,
-    step)``; module-level with ``train_step`` static, so runs of the same task step (a
-    random search) share one compiled function."""
-    key = jax.random.fold_in(run_key, state["step"])
-    task_state, sums = train_step(state["task"], batch, key)
-    return {"step": state["step"] + 1, "task": task_state}, sums
+    step)``, over the layout's seeds (K stacked: ``jax.vmap``-ped over the leading seed
+    axis of the task state, the run keys and, ``batch_axes``, the batch; a seed whose
+    ``active`` entry is False keeps its state, it stopped). Module-level with the layout,
+    ``train_step`` and ``batch_axes`` static, so runs of the same task step (a random
+    search) share one compiled function."""
+
+    def one(task_state, seed_batch, run_key):
+        return train_step(task_state, seed_batch, jax.random.fold_in(run_key, state["step"]))
+
+    new, sums = layout.vmap(one, in_axes=(0, batch_axes, 0))(state["task"], batch, run_keys)
+    return {"step": state["step"] + 1, "task": layout.keep(active, new, state["task"])}, sums
 
 
 def scalar_like(tree: Any) -> Array:
@@ -34,27 +40,15 @@ def scalar_like(tree: Any) -> Array:
     return jnp.zeros((), jnp.int32)
 
 
-def compile_step(train_step, batch_axes, state, batch, run_key, seeds: int | None = None):
+def compile_step(layout: One | Stacked, train_step, batch_axes, state, batch, run_key, active):
     """``(step_fn, sums_shape)``: ``step_fn(state, batch, run_key, active) -> (state, sums)``
-    jit-compiled with ``state`` donated and its shardings kept (``seeds``: K stacked seeds,
-    ``active`` ``[K]`` bool, the seeds that still train; else ``active`` is ignored), and
-    the shapes of its sums (from ``state``, ``batch`` and ``run_key`` like the run's)."""
+    (:func:`engine_step` of ``layout``) jit-compiled with ``state`` donated and its
+    shardings kept, and the shapes of its sums (from ``state``, ``batch``, ``run_key`` and
+    ``active``, the layout's mask, like the run's)."""
     shardings = jax.tree.map(lambda a: a.sharding, state)
-    if seeds is None:
-        jitted = jax.jit(
-            engine_step, static_argnums=0, donate_argnums=1, out_shardings=(shardings, None)
-        )
-        fn = lambda state, batch, key, active: jitted(train_step, state, batch, key)
-        one = functools.partial(engine_step, train_step)
-        return fn, jax.eval_shape(one, state, batch, run_key)[1]
     jitted = jax.jit(
-        stacking.stacked_step,
-        static_argnums=(0, 1),
-        donate_argnums=2,
-        out_shardings=(shardings, None),
+        engine_step, static_argnums=(0, 1, 2), donate_argnums=3, out_shardings=(shardings, None)
     )
-    many = functools.partial(stacking.stacked_step, train_step, batch_axes)
-    mask = jnp.ones(seeds, bool)
-    return functools.partial(jitted, train_step, batch_axes), jax.eval_shape(
-        many, state, batch, run_key, mask
-    )[1]
+    program = functools.partial(engine_step, layout, train_step, batch_axes)
+    sums_shape = jax.eval_shape(program, state, batch, run_key, active)[1]
+    return functools.partial(jitted, layout, train_step, batch_axes), sums_shape

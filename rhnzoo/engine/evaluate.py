@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rhnzoo.engine import stacking
+
 
 @dataclasses.dataclass(frozen=True)
 class Report:
@@ -91,20 +93,21 @@ def _one(eval_step, carried, params, batch, carry):
     return eval_step(params, batch, carry) if carried else (eval_step(params, batch), None)
 
 
-def _seeds(eval_step, carried, params, batch, carry):
-    one = lambda pc: _one(eval_step, carried, pc[0], batch, pc[1])
-    return jax.lax.map(one, (params, carry))
+def _sums(layout, eval_step, carried, params, batch, carry):
+    """The layout's seeds' sums of ``batch`` and carries (K stacked: ``jax.lax.map`` over
+    the seed axis of the parameters and carry)."""
+    return layout.map(lambda pc: _one(eval_step, carried, pc[0], batch, pc[1]), (params, carry))
 
 
-def _added(step, eval_step, carried, params, batch, carry, totals):
-    """``step``'s sums added to ``totals`` in the same program (no eager op per batch)."""
-    sums, carry = step(eval_step, carried, params, batch, carry)
+def _added(layout, eval_step, carried, params, batch, carry, totals):
+    """:func:`_sums` added to ``totals`` in the same program (no eager op per batch)."""
+    sums, carry = _sums(layout, eval_step, carried, params, batch, carry)
     return jax.tree.map(jnp.add, totals, sums), carry
 
 
-# Module-level, the task's step static: runs of one task's step share one compilation.
-_one_jit = jax.jit(functools.partial(_added, _one), static_argnums=(0, 1))
-_seeds_jit = jax.jit(functools.partial(_added, _seeds), static_argnums=(0, 1))
+# Module-level, the layout and the task's step static: runs of one task's step share one
+# compilation.
+_added_jit = jax.jit(_added, static_argnums=(0, 1, 2))
 
 
 def evaluate(
@@ -121,6 +124,9 @@ def evaluate(
     with ``seeds`` = K, each ``[K]``: K stacked seeds' parameters, ``carry`` the initial
     carry of one seed, given to each).
 
+    The one evaluation loop of the package: the engine's validation and final evaluation,
+    the analyses and the benchmarks sum their splits here.
+
     ``carried``: ``eval_step(params, batch, carry) -> (sums, carry)``, the carry passed
     from batch to batch; else ``eval_step(params, batch) -> sums``. ``track``: the engine's
     progress/signal iterator (raises :class:`rhnzoo.engine.signals.Interrupted`).
@@ -128,12 +134,12 @@ def evaluate(
     """
     if len(batches) == 0:
         raise ValueError("an evaluation split without batches")
-    if seeds is not None and carried:
-        carry = jax.tree.map(lambda a: jnp.stack([a] * seeds), carry)
-    step = functools.partial(_one if seeds is None else _seeds, eval_step, carried)
+    layout = stacking.layout(seeds)
+    carry = layout.repeat(carry)
+    step = functools.partial(_sums, layout, eval_step, carried)
     shapes = jax.eval_shape(lambda p, b, c: step(p, b, c)[0], params, batches[0], carry)
     totals = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    fn = functools.partial(_one_jit if seeds is None else _seeds_jit, eval_step, carried)
+    fn = functools.partial(_added_jit, layout, eval_step, carried)
     items = batches if track is None else track(batches, total=len(batches))
     for batch in items:
         previous = totals
@@ -142,12 +148,10 @@ def evaluate(
     return totals
 
 
-def seed_rows(totals: Mapping[str, Any], seeds: int | None) -> list[dict[str, float]]:
-    """Host floats of :func:`evaluate`'s totals: one dict, or one per stacked seed."""
-    totals = jax.device_get(dict(totals))
-    if seeds is None:
-        return [{k: float(v) for k, v in totals.items()}]
-    return [{k: float(v[i]) for k, v in totals.items()} for i in range(seeds)]
+def seed_rows(totals: Mapping[str, Any], seeds: int | None = None) -> list[dict[str, float]]:
+    """Host floats of :func:`evaluate`'s totals: one dict per seed (one for ``seeds`` None)."""
+    layout, totals = stacking.layout(seeds), jax.device_get(dict(totals))
+    return [{k: float(layout.row(v, i)) for k, v in totals.items()} for i in range(layout.k)]
 
 
 def valid_loss(sums: Mapping[str, float]) -> dict[str, float]:
@@ -169,7 +173,7 @@ def splits(
     iterator (its ``desc`` set to the split's name).
     """
     report, carried = task.report, task.eval_carry is not None
-    rows: list[dict[str, Any]] = [{} for _ in range(seeds or 1)]
+    rows: list[dict[str, Any]] = [{} for _ in range(stacking.layout(seeds).k)]
     for i, split in enumerate(report.final if final else report.validation):
         start = time.perf_counter()
         carry = task.eval_carry(split, final) if carried else None

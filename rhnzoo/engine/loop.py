@@ -20,11 +20,13 @@ its batches and hands them to :func:`run` as a :class:`Task`
   time (:mod:`rhnzoo.engine.progress`);
 * the validation after every epoch and the final evaluation of the best parameters,
   written to ``results.json``: the task's ``eval_step`` summed over its
-  ``eval_batches`` (:mod:`rhnzoo.engine.evaluate`, :mod:`rhnzoo.engine.ending`).
+  ``eval_batches`` (:mod:`rhnzoo.engine.evaluate`).
 
 :func:`run` with ``seeds=K`` trains K seeds of one config as one program by the same
-loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped
-(:mod:`rhnzoo.engine.stacking`), each seed with its own records, verdicts and workdir.
+loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped, each seed
+with its own records, verdicts and workdir. The loop is written once against the seeds'
+layout (:mod:`rhnzoo.engine.stacking`: one seed is its K = 1 case, every operation the
+identity), chosen once with the compiled programs.
 
 Exact resume: the step's PRNG key is ``fold_in(run_key, step)``, batch k of epoch e
 is ``task.train_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step,
@@ -36,30 +38,31 @@ moment and resumed writes the same outputs as an uninterrupted one (up to timing
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from rhnzoo import precision
-from rhnzoo.config import RunSettings
-from rhnzoo.engine import compiled, progress, signals, stacking
-from rhnzoo.engine.ending import Ending
-from rhnzoo.engine.seeds import Seed
-from rhnzoo.engine.task import RunResult, Task
+from rhnzoo.config import RunSettings, seed_name
+from rhnzoo.engine import compiled, evaluate, progress, signals, stacking
 from rhnzoo.engine.progress import TrainingDiverged
+from rhnzoo.engine.seeds import Seed
 from rhnzoo.engine.signals import (
+    Interrupted,
+    Track,
     catch_signals,
     release_signals,
     stop_requested,
+    track,
 )
-from rhnzoo.config import seed_name
-from rhnzoo.engine.workdir import Checkpoints, MetricsLog
+from rhnzoo.engine.task import RunResult, Task
+from rhnzoo.engine.workdir import Checkpoints, MetricsLog, write_json
 
 Array = jax.Array
 State = Any
@@ -67,22 +70,24 @@ Params = Any
 PathLike = str | os.PathLike
 
 
-class _Run(Ending):
-    """One run's state and the steps of :func:`run` (start-up, the loop, the end): one
-    seed, or K seeds stacked along a leading axis of the state (:func:`run`'s ``seeds``)."""
+class _Run:
+    """One run's state and the steps of :func:`run` (start-up, the loop, an epoch's end,
+    the end): its seeds in ``layout`` (one seed, or K stacked along a leading axis of the
+    state, :func:`run`'s ``seeds``)."""
 
     def __init__(
         self,
         task: Task,
         seeds: list[Seed],
+        layout: stacking.One | stacking.Stacked,
         latest: Checkpoints | None,
         say,
         primary: bool,
         on_divergence: str,
     ):
-        self.task, self.seeds, self.latest, self.say = task, seeds, latest, say
+        self.task, self.seeds, self.layout, self.latest, self.say = task, seeds, layout, latest, say
         self.report = task.report
-        self.cfg, self.stacked = seeds[0].config, len(seeds) > 1
+        self.cfg = seeds[0].config
         self.primary, self.on_divergence, self.spe = primary, on_divergence, task.steps_per_epoch
         self.total = self.cfg.total_steps(self.spe)
         self.epochs = -(-self.total // self.spe)  # of this run, the last one maybe partial
@@ -103,8 +108,8 @@ class _Run(Ending):
         """Initial (or restored) state, the compiled step, the metrics logs, the first lines."""
         keys = [jax.random.split(jax.random.PRNGKey(s.config.seed)) for s in self.seeds]
         states = [self.task.init_state(init_key) for init_key, _ in keys]
-        task_state = stacking.stack(states) if self.stacked else states[0]
-        self.run_key = stacking.stack([k for _, k in keys]) if self.stacked else keys[0][1]
+        task_state = self.layout.stack(states)
+        self.run_key = self.layout.stack([k for _, k in keys])
         state = {"step": compiled.scalar_like(task_state), "task": task_state}
         sums_shape = self.compile(state)
         self.state = self.restore(
@@ -122,54 +127,53 @@ class _Run(Ending):
             )
             # Lines past the checkpoint (at step 0: all of an earlier try's) are cut.
             seed.metrics.cut_back(step, int(seed.meta["validated"]))
-            seed.report = progress.Report(seed.metrics, seed.say, self.report, self.spe)
+            seed.report = progress.Journal(seed.metrics, seed.say, self.report, self.spe)
         self.set_mask()
         if step:
-            where = self.latest.workdir if self.stacked else self.seeds[0].workdir
-            self.say(f"resumed {where} at step {step}")
+            self.say(f"resumed {self.latest.workdir} at step {step}")
         self.params_count = sum(np.size(a) for a in jax.tree.leaves(task_state["params"]))
         self.params_count //= len(self.seeds)
         self.say(
             f"{self.params_count:,} parameters, {self.spe:,} steps per epoch, "
-            f"{self.total:,} steps in this run"
-            + (f", {len(self.seeds)} seeds stacked" if self.stacked else "")
+            f"{self.total:,} steps in this run" + self.layout.shown
         )
         self.pending: collections.deque = collections.deque()  # dispatched, sums not read
         self.t_start, self.elapsed0 = progress.now(), float(self.seeds[0].meta["elapsed"])
         self.pace = progress.Pace()
-        self.estimate = progress.Estimate(self.pace, self.total, self.spe, self.say)
+        self.estimate = progress.Forecast(self.pace, self.total, self.spe, self.say)
 
     def compile(self, state: State) -> Any:
         """Sets ``step_fn``, the jitted engine step; returns the shapes of its sums."""
-        seeds = len(self.seeds) if self.stacked else None
         fn, sums_shape = compiled.compile_step(
-            self.task.train_step, self.task.batch_axes, state, self.batch(0, 0), self.run_key, seeds
+            self.layout,
+            self.task.train_step,
+            self.task.batch_axes,
+            state,
+            self.batch(0, 0),
+            self.run_key,
+            self.layout.mask([True] * len(self.seeds)),
         )
         self.step_fn = lambda state, batch, key: fn(state, batch, key, self.mask)
         return sums_shape
 
     def batch(self, epoch: int, index: int) -> Any:
         """Batch ``index`` of ``epoch``: each seed's, stacked (:attr:`Task.batch_axes`)."""
-        get = self.task.train_batch
-        if not self.stacked:
-            return get(self.cfg.seed, epoch, index)
-        batches = [get(s.config.seed, epoch, index) for s in self.seeds]
-        return stacking.stack(batches, self.task.batch_axes)
+        batches = [self.task.train_batch(s.config.seed, epoch, index) for s in self.seeds]
+        return self.layout.stack(batches, self.task.batch_axes)
 
     def set_mask(self) -> None:
         """The stacked step's ``active`` argument: which seeds still train."""
-        self.mask = jnp.asarray([s.active for s in self.seeds]) if self.stacked else None
+        self.mask = self.layout.mask([s.active for s in self.seeds])
 
     def restore(self, state: State, metas: list[dict]) -> State:
         """The latest readable checkpoint's state (and each seed's bookkeeping), else ``state``."""
         if self.latest is None:
             return state
-        like = {"state": state, "meta": metas if self.stacked else metas[0]}
+        like = {"state": state, "meta": self.layout.pack(metas)}
         restored = self.latest.restore_latest(like, self.say)
         if restored is None:
             return state
-        metas = restored["meta"] if self.stacked else [restored["meta"]]
-        for seed, meta in zip(self.seeds, metas, strict=True):
+        for seed, meta in zip(self.seeds, self.layout.unpack(restored["meta"]), strict=True):
             seed.meta = seed.book.meta = meta
         return restored["state"]
 
@@ -292,11 +296,11 @@ class _Run(Ending):
         units_key = self.report.throughput_key or "count"
         while len(self.pending) > keep:
             at, sums = self.pending.popleft()
-            sums = jax.device_get(sums) if self.stacked else sums
+            sums = jax.device_get(sums)
             units = []
             for seed in self.active:
                 try:
-                    values = seed.book.add(at, stacking.row(sums, seed.k) if self.stacked else sums)
+                    values = seed.book.add(at, self.layout.row(sums, seed.k))
                 except TrainingDiverged as e:
                     self.diverged(seed, e)
                     continue
@@ -307,10 +311,164 @@ class _Run(Ending):
         if self.latest is not None:
             elapsed = np.array(self.elapsed0 + progress.now() - self.t_start)
             metas = [dict(s.meta, elapsed=elapsed) for s in self.seeds]
-            self.latest.save(at, {"state": self.state, "meta": metas if self.stacked else metas[0]})
+            self.latest.save(at, {"state": self.state, "meta": self.layout.pack(metas)})
             self.last_saved = at
             for seed in self.seeds:
                 seed.book.last_saved = at
+
+    # ------------------------------------------------------------ patience, divergence
+
+    def out_of_patience(self, seed: Seed) -> bool:
+        """At an epoch's start: whether ``select`` has not improved for ``patience`` epochs."""
+        best_epoch = -(-int(seed.meta["best_step"]) // self.spe)
+        if self.step // self.spe - best_epoch < self.cfg.patience:
+            return False
+        seed.say(
+            f"early stopping: {self.report.select} has not improved for "
+            f"{self.cfg.patience} epochs (best at epoch {best_epoch})"
+        )
+        return True
+
+    def diverged(self, seed: Seed, e: TrainingDiverged) -> None:
+        """``seed`` diverged: raised again (``on_divergence='raise'``), or the seed stops."""
+        if self.on_divergence != "stop":
+            raise e
+        seed.say(f"stopped: {e}")
+        if len(self.active) == 1:
+            self.close_bar()
+        self.finish(seed, "diverged", str(e))
+
+    # --------------------------------------------------------------- an epoch's end
+
+    def end_of_epoch(self) -> None:
+        """Validate -> (if better) best checkpoint -> metrics record, for each seed ->
+        latest checkpoint (timed: :meth:`Pace.epoch_end`) -> the revised estimate."""
+        self.close_bar()
+        self.drain()
+        at, started, per_step = self.step, progress.now(), self.pace.seconds_per_step("epoch")
+        rate = self.pace.take("epoch")
+        sums = {seed.k: seed.book.take("epoch") for seed in self.active}  # before validation
+        valids = self.validate(at)
+        for seed in self.active:
+            valid = valids[seed.k]
+            if not self.valid_loss_checked(seed, valid, at):
+                continue  # it diverged
+            self.keep_if_best(seed, valid[self.report.select], at)
+            seed.report.epoch(
+                at, sums[seed.k], rate, valid, self.elapsed0 + progress.now() - self.t_start
+            )
+            seed.meta["validated"] = np.array(at)
+        if self.active:
+            self.save(at)
+        self.pace.take("window")  # the next epoch's steps start a new log window
+        self.pace.epoch_end(progress.now() - started, per_step)
+        self.estimate.revise(at, per_step)
+
+    def epoch_of(self, at: int) -> int:
+        """The 1-based epoch that step count ``at`` (>= 1) falls in."""
+        return (at - 1) // self.spe + 1
+
+    def params(self, seed: Seed) -> Params:
+        params = self.state["task"]["params"]
+        return self.layout.row(params, seed.k)
+
+    def validate(self, at: int) -> dict[int, dict[str, float]]:
+        """The validation of each training seed (saved and stopped on a signal): K stacked
+        seeds at once (:func:`rhnzoo.engine.evaluate.splits`)."""
+        track = self.tracker("valid")
+        try:
+            rows = evaluate.splits(
+                self.task,
+                self.state["task"]["params"],
+                final=False,
+                seeds=self.layout.seeds,
+                track=track,
+            )
+            return {seed.k: rows[seed.k] for seed in self.active}
+        except Interrupted as e:
+            self.save(at)
+            raise self.stopped(e.signum, "during validation", at) from None
+
+    def valid_loss_checked(self, seed: Seed, valid: Mapping[str, float], at: int) -> bool:
+        """Whether ``seed``'s validation loss passes the divergence check (else it stops)."""
+        if "valid_loss" in valid:
+            try:
+                seed.book.check(
+                    f"validation loss after epoch {self.epoch_of(at)}", valid["valid_loss"], at
+                )
+            except TrainingDiverged as e:
+                self.diverged(seed, e)
+                return False
+        return True
+
+    def keep_if_best(self, seed: Seed, value: float, at: int) -> None:
+        """The best checkpoint (a host copy in memory) if ``value`` is the best so far."""
+        meta = seed.meta
+        if value > meta["best"] if self.report.higher_is_better else value < meta["best"]:
+            if seed.ckpt is not None:
+                seed.ckpt.save_best(at, self.params(seed))
+            else:
+                seed.best_params = jax.device_get(self.params(seed))
+            meta["best"], meta["best_step"] = np.array(value), np.array(at)
+
+    def tracker(self, desc: str) -> Track:
+        """:func:`track` for the task's evaluations: bars on process 0 when ``progress``."""
+        return functools.partial(track, desc=desc, progress=self.cfg.progress and self.primary)
+
+    # ------------------------------------------------------------------------ the end
+
+    def stopped(self, signum: int, where: str, at: int | None = None) -> Interrupted:
+        at = self.step if at is None else at
+        saved = (
+            "nothing saved"
+            if self.latest is None
+            else (
+                f"checkpoint saved at step {at} in {self.latest.latest.directory}; rerun with the "
+                "same --workdir to resume"
+            )
+        )
+        message = f"stopped by signal {signum} {where} at step {at}; {saved}"
+        self.say(message)
+        return Interrupted(signum, message)
+
+    def finish(self, seed: Seed, stopped: str, diverged: str | None = None) -> None:
+        """The final evaluation of ``seed``'s best parameters -> results.json, the final
+        line and ``seed.result``; a seed stopped early no longer trains."""
+        task, params, record = self.task, self.params(seed), seed.done or {}
+        step, best_step = (
+            record.get("step", self.step),
+            record.get("best_step", int(seed.meta["best_step"])),
+        )
+        best = seed.best_params if seed.ckpt is None else seed.ckpt.restore_best(best_step, params)
+        if best is None:
+            best, best_step = (None, -1) if diverged else (params, step)
+        results = {
+            "step": step,
+            "best_step": best_step,
+            f"best_{task.report.select}": record.get(
+                f"best_{task.report.select}", float(seed.meta["best"])
+            ),
+            "parameters": self.params_count,
+            "stopped": stopped,
+        }
+        if diverged:
+            results["diverged"] = diverged
+        if best is not None:
+            try:
+                track = self.tracker("final")
+                results.update(task.report.final_settings)
+                results.update(evaluate.splits(task, best, final=True, track=track)[0])
+            except Interrupted as e:
+                raise self.stopped(e.signum, "during the final evaluation") from None
+        # Shown again by an "already finished" rerun.
+        results["final"] = progress.final_line(results, task.report.final_label)
+        if seed.workdir is not None and self.primary:
+            write_json(seed.workdir / "results.json", results)
+        seed.say(results["final"])
+        history = [r for r in seed.metrics.records if r["kind"] == "epoch"]
+        host_best = None if best is None else jax.device_get(best)
+        seed.result = RunResult(results, history, host_best, diverged is not None)
+        self.set_mask()
 
 
 def run(
@@ -391,14 +549,14 @@ def _run(
     """:func:`run` of one config, or of K seeds' configs stacked."""
     primary = jax.process_index() == 0  # prints and writes files in a multi-process run
     say = log if log is not None and primary else (lambda line: None)
-    stacked = len(configs) > 1
+    layout = stacking.layout(len(configs) if len(configs) > 1 else None)  # K = 1: one seed
     root = None if workdir is None else pathlib.Path(workdir).absolute()
     seeds = [
         Seed(
             k,
             c,
             None if root is None else root.with_name(seed_name(root.name, k)),
-            (lambda line, s=c.seed: say(f"[seed {s}] {line}")) if stacked else say,
+            layout.voice(say, c.seed),
         )
         for k, c in enumerate(configs)
     ]
@@ -412,13 +570,9 @@ def _run(
             return [s.already_finished(task) for s in seeds]
         if root is not None:
             for seed in seeds:
-                seed.open(primary, stacked)
-            latest = (
-                stacking.open_stack(root / stacking.STACKED, configs, primary, say)
-                if stacked
-                else seeds[0].ckpt
-            )
-        r = _Run(task, seeds, latest, say, primary, on_divergence)
+                seed.open(primary, layout.own_latest)
+            latest = layout.latest(seeds, root, configs, primary, say)
+        r = _Run(task, seeds, layout, latest, say, primary, on_divergence)
         with precision.context(
             configs[0].matmul_precision
         ):  # every step and evaluation traced here
@@ -439,7 +593,6 @@ def _run(
     finally:
         for seed in seeds:
             seed.close()
-        if stacked and latest is not None:
-            latest.close()
+        layout.close(latest)
         if installed_here:
             release_signals()

@@ -274,7 +274,7 @@ class Every:
             self.action(step)
 
 
-class Estimate:
+class Forecast:
     """The whole run's estimated time from this process's :class:`Pace`, printed with
     ``say``: once as soon as :data:`ESTIMATE_STEPS` steps after the warm-up are timed
     (:meth:`first`), and once revised after this process's first epoch with timed steps,
@@ -336,8 +336,8 @@ class Estimate:
         return per_step * (self.total - at) + ends
 
 
-class Report:
-    """The run's records (``metrics``, a :class:`rhnzoo.engine.workdir.MetricsLog`) and
+class Journal:
+    """A seed's records (``metrics``, a :class:`rhnzoo.engine.workdir.MetricsLog`) and
     printed lines (``say``): every ``log_every`` steps (:meth:`train`) and at each epoch's
     end (:meth:`epoch`), in the words of ``words`` (the task's
     :class:`rhnzoo.engine.evaluate.Report`: its ``train_metrics``, ``unit`` and

@@ -18,6 +18,7 @@ from rhnzoo.engine.workdir import (
     WorkdirLock,
     finished_results,
     prepare_workdir,
+    recorded_settings,
     read_metrics,
     restore_params,
 )
@@ -60,14 +61,13 @@ class Seed:
             "diverged" in self.done,
         )
 
-    def open(self, primary: bool, stacked: bool) -> None:
-        """The workdir locked and prepared for training, its checkpoints opened (stacked:
-        the best ones only)."""
+    def open(self, primary: bool, latest: bool) -> None:
+        """The workdir locked and prepared for training, its checkpoints opened (not
+        ``latest``, stacked seeds: the best ones only)."""
         if self.workdir is not None:
+            recorded_settings(self.workdir)  # an unreadable one: refused before the .lock
             self.lock = WorkdirLock(self.workdir, warn=self.say) if primary else None
-            self.ckpt = open_workdir(
-                self.workdir, self.config, primary, self.say, latest=not stacked
-            )
+            self.ckpt = open_workdir(self.workdir, self.config, primary, self.say, latest=latest)
 
     def fresh_meta(self, report, sums_shape: Any, divergence_factor: float) -> dict:
         """A new run's bookkeeping of this seed (checkpointed with the state); sets its

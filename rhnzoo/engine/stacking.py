@@ -1,33 +1,25 @@
-"""K seeds of one run as one program, for :func:`rhnzoo.engine.run`'s ``seeds``:
-the step ``jax.vmap``-ped over a leading seed axis of the state, batches stacked along it,
-each seed's config, and the stacked state's checkpoints (``<workdir>/stacked/``)."""
+"""The seeds' layout: one seed (:class:`One`, every operation the identity) or K seeds of
+one run as one program (:class:`Stacked`: states, keys and batches on a leading seed axis,
+the step ``jax.vmap``-ped over it, the evaluation ``jax.lax.map``-ped); each seed's config,
+and the stacked state's checkpoints (``<workdir>/stacked/``).
+
+The engine's code is written once for K seeds against a layout; the one place where one
+seed or K stacked is decided is :func:`layout`, where the compiled programs are chosen.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rhnzoo.config import RunSettings
-from rhnzoo.config import seed_name
+from rhnzoo.config import RunSettings, seed_name
 from rhnzoo.engine.workdir import Checkpoints, read_json, write_json
-
-
-def stacked_step(train_step, batch_axes, state, batch, run_keys, active):
-    """:func:`rhnzoo.engine`'s step of K seeds at once: the task's step ``jax.vmap``-ped over the
-    leading seed axis of the task state, the run keys and (``batch_axes``) the batch; a
-    seed whose ``active`` entry is False keeps its state (it stopped)."""
-
-    def one(task_state, seed_batch, run_key):
-        return train_step(task_state, seed_batch, jax.random.fold_in(run_key, state["step"]))
-
-    new, sums = jax.vmap(one, in_axes=(0, batch_axes, 0))(state["task"], batch, run_keys)
-    keep = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
-    return {"step": state["step"] + 1, "task": jax.tree.map(keep, new, state["task"])}, sums
 
 
 def stack(trees: Sequence[Any], axes: Any = 0) -> Any:
@@ -76,6 +68,122 @@ def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> Ru
 
 
 STACKED = "stacked"  # the stacked seeds' checkpoints, in the first seed's workdir
+
+
+@dataclasses.dataclass(frozen=True)
+class One:
+    """One seed, unstacked: the K = 1 layout, every operation the identity (hashable: a
+    static argument of the compiled programs)."""
+
+    k = 1  # the number of seeds
+    seeds = None  # :func:`rhnzoo.engine.evaluate.evaluate`'s ``seeds``
+    shown = ""  # what the run's first line says of its seeds
+
+    def stack(self, trees: Sequence[Any], axes: Any = 0) -> Any:
+        return trees[0]
+
+    def row(self, tree: Any, k: int) -> Any:
+        return tree
+
+    def pack(self, metas: list[dict]) -> Any:
+        """The seeds' bookkeeping as checkpointed with the state."""
+        return metas[0]
+
+    def unpack(self, meta: Any) -> list[dict]:
+        return [meta]
+
+    def repeat(self, tree: Any) -> Any:
+        """``tree`` given to each seed (an evaluation's initial carry)."""
+        return tree
+
+    def mask(self, active: Sequence[bool]) -> Any:
+        """The compiled step's ``active`` argument (the seeds that still train)."""
+        return None
+
+    def vmap(self, fn: Callable, in_axes: Any) -> Callable:
+        return fn
+
+    def map(self, fn: Callable, xs: Any) -> Any:
+        return fn(xs)
+
+    def keep(self, active: Any, new: Any, old: Any) -> Any:
+        """``new``, except the seeds no longer ``active`` keep ``old``."""
+        return new
+
+    def voice(self, say: Callable[[str], None], seed: int) -> Callable[[str], None]:
+        """A seed's printed lines."""
+        return say
+
+    def latest(self, seeds: Sequence[Any], root: pathlib.Path, configs, primary, say):
+        """The checkpoints of the run's states: the seed's own (:class:`rhnzoo.engine.seeds.Seed`
+        opened with ``latest=``:attr:`own_latest`)."""
+        return seeds[0].ckpt
+
+    own_latest = True  # each seed's workdir checkpoints its states
+
+    def close(self, latest: Checkpoints | None) -> None:
+        """Closes :meth:`latest`'s checkpoints (a seed's own: the seed closes them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacked:
+    """``k`` seeds stacked on a leading axis of the states, keys, batches and sums."""
+
+    k: int
+
+    @property
+    def seeds(self) -> int:
+        return self.k
+
+    @property
+    def shown(self) -> str:
+        return f", {self.k} seeds stacked"
+
+    def stack(self, trees: Sequence[Any], axes: Any = 0) -> Any:
+        return stack(trees, axes)
+
+    def row(self, tree: Any, k: int) -> Any:
+        return row(tree, k)
+
+    def pack(self, metas: list[dict]) -> Any:
+        return metas
+
+    def unpack(self, meta: Any) -> list[dict]:
+        return meta
+
+    def repeat(self, tree: Any) -> Any:
+        return jax.tree.map(lambda a: jnp.stack([a] * self.k), tree)
+
+    def mask(self, active: Sequence[bool]) -> Any:
+        return jnp.asarray(active)
+
+    def vmap(self, fn: Callable, in_axes: Any) -> Callable:
+        return jax.vmap(fn, in_axes=in_axes)
+
+    def map(self, fn: Callable, xs: Any) -> Any:
+        return jax.lax.map(fn, xs)
+
+    def keep(self, active: Any, new: Any, old: Any) -> Any:
+        where = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
+        return jax.tree.map(where, new, old)
+
+    def voice(self, say: Callable[[str], None], seed: int) -> Callable[[str], None]:
+        return lambda line: say(f"[seed {seed}] {line}")
+
+    def latest(self, seeds: Sequence[Any], root: pathlib.Path, configs, primary, say):
+        return open_stack(root / STACKED, configs, primary, say)
+
+    own_latest = False  # the stacked states are checkpointed together
+
+    def close(self, latest: Checkpoints | None) -> None:
+        if latest is not None:
+            latest.close()
+
+
+def layout(seeds: int | None) -> One | Stacked:
+    """The seeds' layout: None, one seed (:class:`One`); K, K seeds stacked (:class:`Stacked`).
+    The one place where one seed or K stacked is decided."""
+    return One() if seeds is None else Stacked(seeds)
 
 
 def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool, say) -> Checkpoints:

@@ -48,7 +48,6 @@ __all__ = [
     "forward",
     "make_train_step",
     "eval_step",
-    "evaluate",
     "init_state",
     "train_and_evaluate",
 ]
@@ -87,20 +86,6 @@ def eval_step(net: FeedForwardNet):
     """The engine's ``eval_step(params, (images, labels, weights)) -> xent_sums`` of
     ``net``: one function object per net, so the runs of a sweep share its compilation."""
     return functools.partial(evaluation.highway_sums, net)
-
-
-def evaluate(
-    net: FeedForwardNet,
-    params: Params,
-    split: Split,
-    batch_size: int = 1000,
-    track=None,
-    desc: str = "",
-) -> dict[str, float]:
-    """Mean cross-entropy (nats) and accuracy of ``params`` on ``split``:
-    ``{'loss', 'accuracy', 'count'}`` (:func:`rhnzoo.evaluation.evaluate`)."""
-    sums_fn = evaluation.highway_sums_fn(net)
-    return evaluation.evaluate(sums_fn, params, split, batch_size, track, desc)
 
 
 def init_state(net: FeedForwardNet, tx: optax.GradientTransformation, key: Array) -> dict:

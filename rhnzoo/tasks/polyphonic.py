@@ -91,37 +91,6 @@ def _eval_step(model: PianoRollModel):
     return functools.partial(eval_sums, model)
 
 
-_nll_sums_jit = jax.jit(nll_sums, static_argnums=0)
-
-
-def evaluate(
-    model: PianoRollModel,
-    params: Params,
-    seqs: Sequence[np.ndarray],
-    *,
-    length: int | None = None,
-    batch_size: int | None = None,
-) -> float:
-    """NLL per time step (nats) of ``seqs`` (rolls ``[T_i, 88]``): the next-step NLL summed
-    over all Σ (T_i - 1) predictions, divided by their number.
-
-    Batches of ``batch_size`` sequences (default: all of them) are padded to ``length``
-    (default: the longest); fixing both lets several splits share one compiled shape.
-
-    Raises: ValueError if no sequence has two or more frames, or length/batch_size too small.
-    """
-    length = max(s.shape[0] for s in seqs) if length is None else length
-    batch_size = len(seqs) if batch_size is None else batch_size
-    total, count = 0.0, 0.0
-    for i in range(0, len(seqs), batch_size):
-        x, mask = pad_batch(seqs[i : i + batch_size], length, batch_size)
-        t, c = _nll_sums_jit(model, params, jnp.asarray(x), jnp.asarray(mask))
-        total, count = total + np.asarray(t, np.float64), count + float(np.ravel(c)[0])
-    if count == 0:
-        raise ValueError("no predictions: every sequence has fewer than two frames")
-    return float(total / count)
-
-
 # ------------------------------------------------------------------------ the task
 
 
