@@ -27,6 +27,7 @@ Set before JAX is imported, in the environment, so that subprocesses inherit the
 import atexit
 import json
 import os
+import pathlib
 import resource
 import shutil
 import tempfile
@@ -70,6 +71,47 @@ import pytest  # noqa: E402
 pytest_plugins = ["map_limit"]  # JAX's caches emptied before XLA:CPU runs out of mappings
 
 from rhnzoo.data import common as data_common  # noqa: E402
+
+
+# Costliest first: the committed per-test time table ``tests/durations.json`` ({nodeid:
+# CPU-s}, made by ``tests/durations.py`` from a ``RHNZOO_TEST_TIMES`` log) orders the test
+# files by their summed cost, so an xdist worker never starts a costly file last; a file
+# keeps its own order (its module- and class-scoped fixtures are set up once) and files
+# not in the table run last, in collection order. Deterministic: every xdist worker
+# collects the same order.
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    try:
+        with open(DURATIONS) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        return
+    cost: dict[str, float] = {}
+    for nodeid, seconds in table.items():
+        path = nodeid.split("::")[0]
+        cost[path] = cost.get(path, 0.0) + float(seconds)
+    # A test's path relative to the rootdir, as the table's node ids have it.
+    order = {path: rank for rank, path in enumerate(sorted(cost, key=lambda p: -cost[p]))}
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+    items.sort(
+        key=lambda item: (
+            order.get(path := item.nodeid.split("::")[0], len(order)),
+            first[path],
+        )
+    )
+
+
+@pytest.fixture(scope="session")
+def generated_ptb(tmp_path_factory) -> "pathlib.Path":
+    """``<tmp>/ptb``: the generated PTB of ``tests/corpus.py`` (its parent as
+    ``RHNZOO_DATA``), written once a session (each xdist worker its own); read only."""
+    import corpus
+
+    return corpus.write_ptb(tmp_path_factory.mktemp("generated-data") / "ptb")
 
 
 @pytest.fixture

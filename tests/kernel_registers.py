@@ -165,7 +165,11 @@ def plugin_path() -> Path | None:
 
 def fetch() -> Path:
     """Downloads the jaxlib's ``jax-cuda13-pjrt`` wheel (pip) and unpacks it into the
-    cache (module docstring); returns the plugin's path."""
+    cache (module docstring); returns the plugin's path. A plugin already there (any
+    place :func:`plugin_path` looks) is returned at once: nothing is downloaded (the
+    cache directory is named by the jaxlib version, so a new jaxlib fetches its own)."""
+    if (found := plugin_path()) is not None and found.exists():
+        return found
     import jaxlib
 
     dest = _cache_dir()

@@ -24,10 +24,11 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))  # tools/
 
 from test_device_simulation import ROOT, device_call, image_tree, read_only_copy
 
-from rhnzoo.studies import harvest
+from tools import harvest
 
 
 def simulate(name: str, tree: pathlib.Path, tmp: pathlib.Path) -> dict:
@@ -67,7 +68,7 @@ def simulate(name: str, tree: pathlib.Path, tmp: pathlib.Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("windows", nargs="*", help="default: every window of the queue")
-    parser.add_argument("--out", default=str(harvest.RECORDS / "simulation.md"))
+    parser.add_argument("--out", default=str(harvest.RECORDS["gpu"] / "simulation.md"))
     args = parser.parse_args()
     names = args.windows or list(harvest.CHUNKS)
     commit = subprocess.run(
@@ -78,7 +79,16 @@ def main() -> int:
         check=False,
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", "rhnzoo", "experiments"],
+        [
+            "git",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            "rhnzoo",
+            "experiments",
+            "tools",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -98,7 +108,7 @@ def main() -> int:
         "",
         (
             f"`python tests/simulate_queue.py`, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}"
-            f" UTC, commit {commit}{' (with uncommitted changes to the package)' if dirty else ''},"
+            f" UTC, commit {commit}{' (with uncommitted changes to the package or the tools)' if dirty else ''},"
             f" {platform.node()} ({os.cpu_count()} cores, shared), under nice."
         ),
         "Each window: `prepare --smoke`, the device command in the image's environment, the",

@@ -14,9 +14,9 @@ it points into ``tmp_path`` and where it reads data the data directory does not 
 and nothing is downloaded, so a row the script fails to refuse stops at the data (with
 another message) instead of training; a row about a value only data can refute reads a
 tiny made-up PTB in ``{tmp}/data`` (:data:`TINY_PTB`). After the run ``tmp_path`` must
-hold exactly what the row made there beforehand (nothing, the tiny PTB, or an analysis
-workdir's corrupt ``config.json``). absl's ``--help`` (exit 1 by design) is no bad input
-and not here.
+hold exactly what the row made there beforehand (nothing, the tiny PTB, a workdir whose
+``config.json`` is corrupt or no JSON object, a file, a study's root). absl's ``--help``
+(exit 1 by design) is no bad input and not here.
 
 Placeholders in a row's arguments: ``{tmp}`` (the test's ``tmp_path``) and ``{port}``
 (a free TCP port on localhost, for a coordinator nobody runs).
@@ -37,6 +37,7 @@ import sys
 import pytest
 from absl import flags, logging
 
+from corpus import write_ptb
 from rhnzoo.apps import analyze, cli, highway, jsb, lm, rrl
 from rhnzoo.engine import signals
 
@@ -51,10 +52,18 @@ BASE = {
     "highway.py": ("--workdir={tmp}/run", *NO_DATA),
     "sweep.py": ("--root={tmp}/sweep",),
     "analyze.py": (),
+    "generate.py": (),
+    "export.py": (),
 }
 FLOW = ("--flow", "--out={tmp}/flow")  # analyze.py without a run: its options checked first
 # analyze.py's workdir whose config.json is corrupt (made before the run).
 CORRUPT = "corrupt/config.json"
+# A workdir whose config.json is valid JSON but no object of settings (made before the run).
+LISTED = "listed/config.json"
+# A regular file (made before the run) where a directory belongs.
+A_FILE = "afile"
+# A jsb.py study's root (made before the run): its config.json, results.jsonl, trials/.
+STUDY = "jsb_study"
 
 # A tiny made-up PTB (made in {tmp}/data before the row runs): for values only data refute.
 TINY_PTB = "--data_dir={tmp}/data --noverify_data --preset=small"
@@ -68,6 +77,8 @@ IN_A_PROCESS = {
     "highway.py": "--seeds=2",
     "sweep.py": "--dry_run -- --bogus=1",
     "analyze.py": f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}",
+    "generate.py": f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}",
+    "export.py": "--workdir={tmp}/none",
 }
 # The script's main, as its ``if __name__ == "__main__"`` passes it to cli.run_app.
 MAIN = {"highway.py": lambda g: g["highway"].main, "sweep.py": lambda g: g["depth_sweep"].main}
@@ -152,6 +163,15 @@ CASES = [
         "-- --unroll=0 --data_dir=/nonexistent --nodownload",
         "--unroll must be >= 1, got 0",
     ),
+    # ------------------------------------------- generate.py, export.py (issue 71)
+    ("generate.py", "--workdir={tmp}/none foo", "unexpected arguments foo"),
+    ("generate.py", "", "--workdir is required"),
+    ("generate.py", "--workdir={tmp}/none", "has no config.json"),
+    ("generate.py", f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}", "config.json is unreadable"),
+    ("generate.py", "--workdir={tmp}/none --num_tokens=0", "--num_tokens=0: 0 is not a positive"),
+    ("export.py", "--bogus=1", "Unknown command line flag 'bogus'"),
+    ("export.py", "", "--workdir is required"),
+    ("export.py", "--workdir={tmp}/none", "has no config.json"),
     # ---------------------------------------------------------------- analyze.py
     ("analyze.py", "--workdir={tmp}/none foo", "unexpected arguments foo"),
     ("analyze.py", "--bogus=1", "Unknown command line flag 'bogus'"),
@@ -260,6 +280,38 @@ CASES = [
         "--dataset=agnews --data_source=tfds --data_dir={tmp}/tfds",
         "TFDS 'ag_news_subset' is not prepared in {tmp}/tfds (--nodownload",
     ),
+    # issue 73, item 1: a config.json that is valid JSON but no object of settings
+    (
+        "ptb.py",
+        f"--workdir={{tmp}}/{LISTED.split('/')[0]} {TINY_PTB}",
+        f"{{tmp}}/{LISTED} is unreadable (a JSON object of settings expected, got a list)",
+    ),
+    (
+        "analyze.py",
+        f"--workdir={{tmp}}/{LISTED.split('/')[0]}",
+        f"{{tmp}}/{LISTED} is unreadable (a JSON object of settings expected, got a list)",
+    ),
+    # issue 73, item 2: a sweep's --root that is a file, refused before any run starts
+    ("sweep.py", f"--root={{tmp}}/{A_FILE} --dry_run", f"--root={{tmp}}/{A_FILE} is a file;"),
+    (
+        "sweep.py",
+        f"--root={{tmp}}/{A_FILE} -- --max_steps=1 {TINY_PTB}",
+        f"--root={{tmp}}/{A_FILE} is a file; the sweep's root is a directory of workdirs",
+    ),
+    ("sweep.py", f"--root={{tmp}}/{A_FILE}/sub --table", f"is under {{tmp}}/{A_FILE}, a file"),
+    # issue 73, item 4: another task's study root is no folder of this script's runs
+    *(
+        (
+            "rrl.py",
+            f"--workdir={{tmp}}/{STUDY}{more}",
+            f"{{tmp}}/{STUDY} is a run's workdir or a study's root (it holds config.json, "
+            "results.jsonl, trials/), not a folder of this experiment's workdirs",
+        )
+        for more in ("", " --table", " --study=rrn --model=rrn")
+    ),
+    # issue 73, item 7: an --embeddings file checked with the flags, before IMDB is read
+    ("rrl.py", "--embeddings=/no/such/file", "--embeddings=/no/such/file: no such file; give"),
+    ("rrl.py", "--embeddings={tmp}", "--embeddings={tmp}: is a directory"),
 ]
 # Options of analyze.py checked without a run: --flow --out (nothing to read first).
 _ANALYZE_OPTIONS = (
@@ -317,12 +369,17 @@ def _prepare(tmp_path: pathlib.Path, args: str) -> tuple[list[str], dict[str, st
     if CORRUPT.split("/")[0] in args:
         (tmp_path / CORRUPT).parent.mkdir()
         (tmp_path / CORRUPT).write_text("{")
+    if f"{{tmp}}/{STUDY}" in args:
+        (tmp_path / STUDY / "trials" / "rhn_d1_t0").mkdir(parents=True)
+        (tmp_path / STUDY / "config.json").write_text('{"archs": ["rhn"], "depths": [1]}')
+        (tmp_path / STUDY / "results.jsonl").write_text('{"valid_nll": 8.5}\n')
+    if f"{{tmp}}/{A_FILE}" in args:
+        (tmp_path / A_FILE).write_text("not a directory\n")
+    if LISTED.split("/")[0] in args:
+        (tmp_path / LISTED).parent.mkdir()
+        (tmp_path / LISTED).write_text("[1, 2, 3]")
     if TINY_PTB in args:
-        (tmp_path / "data").mkdir()
-        words = [f"w{i % 50}" for i in range(3000)]
-        for split, n in (("train", 2000), ("valid", 500), ("test", 500)):
-            lines = [" ".join(words[i : i + 20]) for i in range(0, n, 20)]
-            (tmp_path / "data" / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
+        write_ptb(tmp_path / "data")  # tests/corpus.py
     return _tree(tmp_path), {"tmp": str(tmp_path), "port": str(_free_port())}
 
 
@@ -462,6 +519,35 @@ def test_script_flags_leave_the_global_flags_as_they_were(monkeypatch, tmp_path)
     assert logging.get_verbosity() == verbosity
 
 
+@pytest.mark.parametrize("script", ["ptb.py", "rrl.py", "jsb.py", "sweep.py"])
+def test_pallas_on_a_cpu_says_it_interprets_the_kernels(tmp_path, monkeypatch, capfd, script):
+    """Issue 73, item 5: ``--scan_impl=pallas`` on a CPU runs the GPU kernels in Pallas's
+    interpret mode (a 16-unit depth-1 model had not finished 3 steps in 300 s): one
+    ``warning:`` line on stderr says so before the data are read (here: none, so the run
+    then stops at the data with its one error line)."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the notice is the CPU's")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RHNZOO_DATA", "/nonexistent")
+    monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
+    args = "-- --scan_impl=pallas --data_dir=/nonexistent --nodownload"
+    # a model the kernels take: rrl.py's LSTM at n <= 128, jsb.py's LSTM (not a DT-RNN)
+    args += {"rrl.py": " --hidden_size=16", "jsb.py": " --archs=lstm"}.get(script, "")
+    argv = _argv(script, args if script == "sweep.py" else args.removeprefix("-- "))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    end = run_in_process(script, argv, monkeypatch)
+    err = capfd.readouterr().err
+    assert end is not None and str(end.code).startswith("error: "), (end, err)
+    assert err.splitlines() == [
+        "warning: --scan_impl=pallas on a CPU runs the GPU kernels in Pallas's interpret "
+        "mode, the kernels' test path: orders of magnitude slower than --scan_impl=fused "
+        "or reference (meant for a GPU)"
+    ], err
+    assert _tree(tmp_path) == []
+
+
 # ------------------------------------------- issue 62, item 5: library log lines on stderr
 
 
@@ -503,9 +589,99 @@ def test_tfds_failures_are_our_line_alone(monkeypatch, caplog):
         raise FileNotFoundError(f"{name} is not prepared in {data_dir}")
 
     monkeypatch.setattr(tfds, "data_source", data_source)
+    monkeypatch.setattr(common, "_offline", lambda: None)  # as online: TFDS is asked
     with caplog.at_level(pylogging.DEBUG), pytest.raises(common.DataError, match="not prepared"):
         common.tfds_examples("mnist", "train", "/nowhere")
     assert caplog.records == []
+
+
+def _fake_tfds(monkeypatch, data_source):
+    """``common.import_tfds`` returning a stand-in whose ``data_source`` is the given one
+    (tensorflow-datasets need not be installed)."""
+    from rhnzoo.data import common
+
+    fake = type("tfds", (), {"data_source": staticmethod(data_source)})
+    monkeypatch.setattr(common, "import_tfds", lambda: fake)
+
+
+def test_tfds_download_offline_fails_at_once_naming_nodownload(monkeypatch, tmp_path):
+    """Issue 73, item 6: ``--data_source=tfds`` without ``--nodownload`` and no network:
+    TFDS retried for 210 s, printing urllib3's retries. Where TFDS's host does not
+    resolve, TFDS is asked for the set without downloading (it may have it elsewhere;
+    here it has not: at once), nothing is made in its data directory, and the line
+    names ``--nodownload``."""
+    from rhnzoo.data import common
+
+    calls = []
+
+    def data_source(name, *, split, data_dir, download):
+        calls.append((name, download))
+        raise FileNotFoundError(f"{name} is not prepared")
+
+    _fake_tfds(monkeypatch, data_source)
+    reason = "storage.googleapis.com does not resolve: Name or service not known"
+    monkeypatch.setattr(common, "_offline", lambda: reason)
+    with pytest.raises(common.DataError) as e:
+        common.tfds_examples("mnist", "train", tmp_path / "tfds", download=True)
+    line = str(e.value)
+    assert line.startswith(f"TFDS 'mnist' is not prepared in {tmp_path / 'tfds'} and cannot be")
+    assert f"no network ({reason})" in line and "--nodownload" in line and "\n" not in line
+    assert calls == [("mnist", False)] and _tree(tmp_path) == []
+
+
+def test_a_failed_tfds_download_is_quiet_and_leaves_no_folders(monkeypatch, tmp_path, caplog):
+    """Issue 73, item 6: a TFDS download that fails (the network gone after the name
+    resolved): urllib3's ``Retrying (...)`` warnings do not reach the user, the folders
+    the attempt made in TFDS's data directory are removed (what was there stays), and
+    the one line names ``--nodownload``."""
+    import logging as pylogging
+
+    from rhnzoo.data import common
+
+    def data_source(name, *, split, data_dir, download):
+        root = pathlib.Path(data_dir)
+        (root / name / "incomplete.X_3.0.1").mkdir(parents=True)
+        (root / "downloads" / name).mkdir(parents=True)
+        (root / "downloads" / name / "train.gz.tmp.1").write_bytes(b"")
+        pylogging.getLogger("urllib3.connectionpool").warning("Retrying (Retry(total=4))")
+        raise ConnectionError("Failed to resolve 'storage.googleapis.com'")
+
+    _fake_tfds(monkeypatch, data_source)
+    monkeypatch.setattr(common, "_offline", lambda: None)
+    (tmp_path / "kept" / "cifar100").mkdir(parents=True)  # a data directory already in use
+    before = _tree(tmp_path)
+    for root in (tmp_path / "new", tmp_path / "kept"):
+        with caplog.at_level(pylogging.DEBUG), pytest.raises(common.DataError) as e:
+            common.tfds_examples("mnist", "train", root, download=True)
+        line = str(e.value)
+        assert line.startswith("tfds.data_source('mnist', split='train') failed (ConnectionError")
+        assert line.endswith(
+            "--nodownload reads only a prepared set, and fails at once without one"
+        )
+        assert caplog.records == []
+        assert _tree(tmp_path) == before
+
+
+def test_tfds_offline_is_a_name_that_does_not_resolve(monkeypatch):
+    """The quick offline test (issue 73, item 6): TFDS's host not resolving is offline;
+    a name that resolves, or a proxy (which resolves names itself), is not."""
+    import socket
+
+    from rhnzoo.data import common
+
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+    def fails(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", fails)
+    assert common._offline() == "storage.googleapis.com does not resolve: Name or service not known"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert common._offline() is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [])
+    assert common._offline() is None
 
 
 @pytest.mark.parametrize("download", [False, True])

@@ -470,25 +470,5 @@ def test_k_seeds_in_one_vmapped_step_give_each_seed_its_own_step(name):
     assert not np.allclose(np.asarray(sums["loss"])[0], np.asarray(sums["loss"])[1])
 
 
-@pytest.mark.slow  # the benchmark CLIs' smokes run in CI; the fast tier: the stacked step above
-def test_the_seeds_benchmark_writes_one_record_per_configuration():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rhnzoo.bench.seeds",
-            "--configs=tiny_lm",
-            "--seeds=1,2",
-            "--rounds=1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    record = json.loads(out.stdout.strip().splitlines()[-1])
-    assert record["config"] == "tiny_lm" and record["single_step_ms_min"] > 0
-    for k in (1, 2):
-        assert record[f"k{k}_ms_per_seed"] == pytest.approx(record[f"k{k}_step_ms_min"] / k)
-        assert record[f"k{k}_steps_ratio"] > 0
+# bench.seeds' CLI (one record a configuration): tests/test_device_simulation.py's dry
+# seeds part, which runs it (issue 69: its smoke lives there only).

@@ -17,11 +17,18 @@ import tarfile
 
 import pytest
 
-from rhnzoo.studies import harvest
+from rhnzoo.cells.kernels import verified
+from tools import harvest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
 BLOCKED = ("gensim", "tensorflow_datasets", "tensorboardX")
+# What device_call passes of this environment: the suite's compilation cache (conftest.py).
+COMPILE_CACHE = (
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+)
 
 # Put into the copy's root (on the command's PYTHONPATH): the image's missing packages
 # fail to import, and the editable install of this checkout is not seen.
@@ -62,7 +69,10 @@ def device_call(
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
     """Runs ``call["command"]`` as the device would: from ``tree``, ``$OUT`` = ``out``
-    (empty), a bare environment (no RHNZOO_DATA, no XDG caches, an empty HOME)."""
+    (empty), a bare environment (no RHNZOO_DATA, no XDG caches, an empty HOME), but for
+    the suite's compilation cache (tests/conftest.py's ``JAX_COMPILATION_CACHE_*``
+    settings: where compiled programs are kept, not what runs; XLA's optimisation level
+    stays the image's default, so its programs are cached apart from the suite's)."""
     assert len(call["command"]) < harvest.COMMAND_LIMIT
     out.mkdir()
     home.mkdir(exist_ok=True)
@@ -73,6 +83,7 @@ def device_call(
         "JAX_PLATFORMS": "cpu",
         "LANG": "C.UTF-8",
         "TMPDIR": str(home),
+        **{k: v for k, v in os.environ.items() if k in COMPILE_CACHE},
     }
     return subprocess.run(
         ["bash", "-c", call["command"]],
@@ -242,8 +253,13 @@ PARTS = {  # part: the files it leaves in $OUT besides env.txt
     },
     "seeds": {"seeds.jsonl", "seeds.log"},
     "seeds-quick": {"seeds.jsonl", "seeds.log"},
-    "kernel": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
-    "kernel-quick": {"kernel.jsonl", "kernel.log", "kernel-ptxas.txt", "rnn.jsonl", "rnn.log"},
+    "kernels": {  # issue 68 item 3: the kernel window (at most 7 files back, env.txt too)
+        "kernels.jsonl",
+        "kernels.log",
+        "kernels-ptxas.txt",
+        "kernels-pytest.log",
+        "kernels-rhn.jsonl",
+    },
 }
 EMPTY_OK = {
     "rnn.log",
@@ -252,14 +268,14 @@ EMPTY_OK = {
     "pallas.log",
     "pallas-probe.log",
     "seeds.log",
-    "kernel.log",
+    "kernels.log",
 }  # stderr: empty where nothing went wrong
 
 
 # A quick part shares its full part's branch of measure.sh, and --dry sets the same tiny
 # shapes in both: dry, they differ only in time limits (and --torch_profile, which
 # profiles nothing without a GPU). The full part's dry run checks the branch.
-QUICK = {"pallas-quick": "pallas", "seeds-quick": "seeds", "kernel-quick": "kernel"}
+QUICK = {"pallas-quick": "pallas", "seeds-quick": "seeds"}
 
 
 @pytest.fixture(scope="module")
@@ -307,20 +323,79 @@ def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(imag
         assert names == ["bench", "probe", "tests"], steps
         collected = (out / "pallas-pytest.log").read_text()
         assert "test_gated_pallas.py" in collected and "test_swap_ab.py" in collected
-    if part.startswith("kernel"):
-        figures = [json.loads(x)["figure"] for x in (out / "kernel.jsonl").read_text().splitlines()]
+    if part.startswith("seeds"):  # bench.seeds' CLI: one record a configuration (issue 69:
+        # its smoke lives here only; the stacked step itself: tests/test_bench.py)
+        records = [
+            json.loads(x) for x in (out / "seeds.jsonl").read_text().splitlines() if x[:1] == "{"
+        ]
+        assert [r["config"] for r in records] == ["tiny_classifier"], records
+        for r in records:
+            assert r["single_step_ms_min"] > 0
+            for k in (1, 2):
+                assert r[f"k{k}_ms_per_seed"] == pytest.approx(r[f"k{k}_step_ms_min"] / k)
+                assert r[f"k{k}_steps_ratio"] > 0
+    if part == "kernels":  # issue 68 item 3: the sections in order, each under its timeout
+        names = [line.split(":")[0] for line in steps]
+        assert names == ["(a) P-MNIST kernels", "(b) ptxas", "(c) tests", "(d) RHN kernels"]
+        lines = [json.loads(x) for x in (out / "kernels.jsonl").read_text().splitlines()]
         assert {
             "pallas_forward",
             "pallas_value_and_grad",
             "pallas_bt16_value_and_grad",  # the swap-AB forward (issue 59)
             "pallas_bt32_value_and_grad",
+            "fused_bf16_value_and_grad",
+            "error_pallas",
             "error_pallas_bt16",
             "error_pallas_bt32",
             "error_pallas_approx_math",
             "error_pallas_no_auto_barriers",
             "error_fused_bf16",
-        } <= set(figures)
-        assert "ptxas" in (out / "kernel-ptxas.txt").read_text()
+        } <= {r["figure"] for r in lines}
+        rhn = [json.loads(x) for x in (out / "kernels-rhn.jsonl").read_text().splitlines()]
+        assert {(r["cell"], r["depth"]) for r in rhn} == {("RHN", 10), ("HSG(RHN)", 40)}
+        for r in lines + rhn:  # what the record needs, and no failed figure
+            assert "error" not in r, r
+            assert r["stand_in"] and r["device"] == "cpu" and r["ms"] > 0
+            assert r["digest"] == verified.digest(r["backend"]), r
+        ptxas = (out / "kernels-ptxas.txt").read_text()
+        assert "| lstm_n64 | forward |" in ptxas and "| rhn_hsg_bt16 | backward_first |" in ptxas
+        tests = (out / "kernels-pytest.log").read_text().splitlines()
+        first = [t for t in tests if t.startswith("tests/")][:2]  # riskiest first
+        assert first == [
+            "tests/test_swap_ab.py::test_outputs_match_the_reference[n100_bt16_pmnist_like_lengths]",
+            "tests/test_swap_ab.py::test_outputs_match_the_reference[n128_bt32_two_ctas_lengths_masked]",
+        ]  # fmt: skip
+        # The record from what comes back (a read-only copy), in the image: every figure
+        # an entry, all a dry run's, so none verifies, and the record stays empty.
+        back = read_only_copy(out, tmp_path / "back")
+        record = f"PYTHONPATH=$PWD python -m rhnzoo.cells.kernels.record {back}"
+        proc = device_call(
+            image,
+            {"command": f"{record} --dry", "timeout_s": 300},
+            tmp_path / "out-record-dry",
+            tmp_path / "home",
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        entries = verified.parse(proc.stdout)
+        assert {(e.backend, e.cell, tuple(e.options.items())) for e in entries} == {
+            ("gated", "LSTM", ()),
+            ("gated", "LSTM", (("batch_tile", 16),)),
+            ("gated", "LSTM", (("batch_tile", 32),)),
+            ("gated", "LSTM", (("approx_math", True),)),
+            ("gated", "LSTM", (("no_auto_barriers", True),)),
+            ("rhn", "RHN", ()),
+            ("rhn", "HSG(RHN)", ()),
+        }
+        assert all(e.stand_in and not verified.checked(e) for e in entries)
+        assert all(e.value_error is not None and e.device_kind == "cpu" for e in entries)
+        proc = device_call(
+            image,
+            {"command": record, "timeout_s": 300},
+            tmp_path / "out-record",
+            tmp_path / "home",
+        )
+        assert proc.returncode == 0 and "not recorded" in proc.stdout, proc.stdout + proc.stderr
+        assert verified.parse((image / "rhnzoo/cells/kernels/verified.json").read_text()) == []
 
 
 @pytest.mark.slow

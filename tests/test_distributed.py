@@ -5,7 +5,8 @@
 sharded over the processes, parameters replicated, evaluation on arrays spread over both
 processes. The losses, validation and test perplexities must equal those of one process
 with the same global batch (up to float reduction order). The same for the sequence
-classifier (``experiments/rrl.py``, P-MNIST in generated idx files).
+classifier (``experiments/rrl.py``, P-MNIST in generated idx files). The language model
+reads the generated PTB of ``tests/corpus.py``: the contract is the sharding, not the data.
 """
 
 import json
@@ -16,11 +17,11 @@ import subprocess
 import sys
 
 import pytest
+from corpus import flags as on
 from helpers import write_random_mnist
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ptb.py"
-PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
 RUN = [
     "--hidden_size=16",
     "--depth=2",
@@ -89,13 +90,9 @@ def one_and_two_processes(script, args, workdir):
     ]
 
 
-@pytest.mark.skipif(
-    not (PTB_DIR / "ptb.train.txt").exists(),
-    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
-)
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
-    first, second = one_and_two_processes(SCRIPT, RUN, tmp_path)
+def test_two_processes_train_like_one(tmp_path, generated_ptb):
+    first, second = one_and_two_processes(SCRIPT, [*RUN, *on(generated_ptb)], tmp_path)
     assert any(l.startswith("final") for l in first) and second == []
 
     a, b = records(tmp_path / "one"), records(tmp_path / "two")

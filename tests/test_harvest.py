@@ -1,6 +1,7 @@
-"""The GPU harvest (``rhnzoo.studies.harvest``, issues 47 and 57): its queue, what a window
-carries and prints, the device command, ``record``'s rules. The windows themselves, run
-as the device runs them, are tests/test_device_simulation.py's."""
+"""The harvest (``tools.harvest``, issues 47, 57, 68 and 70): its queue (a table: each
+chunk's composition and size as columns), what a window carries and prints, the device
+command, ``record``'s rules, which GPU window comes next. The windows themselves, run as
+the device runs them, are tests/test_device_simulation.py's."""
 
 import json
 import os
@@ -8,20 +9,29 @@ import pathlib
 import subprocess
 import sys
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
-from rhnzoo.studies import harvest
+from rhnzoo.cells.kernels import verified
+from tools import harvest
+from tools.harvest import chunks as queue_table
+from tools.harvest import stage as staging
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
 
 
+RRL_MODELS = ("lstm", "gru", "rrn", "sc_lstm_i", "sc_lstm_p", "hrl", "lstm_gru")
+
+
 def test_the_committed_queue_lists_every_chunk_once_with_its_state():
     lines = harvest.QUEUE.read_text().splitlines()
     assert tuple(lines[0].split("\t")) == harvest.QUEUE_HEADER
+    assert all(len(line.split("\t")) == len(harvest.QUEUE_HEADER) for line in lines)
     names = [line.split("\t")[0] for line in lines[1:]]
-    assert names == list(harvest.CHUNKS)
+    assert names == list(harvest.CHUNKS) and len(set(names)) == len(names) == 38
+    assert harvest.QUEUE.is_relative_to(ROOT / "docs" / "runs")  # a record, not code
     for row in harvest.read_queue():
         assert row["state"] in ("pending", "done", "partial"), row
         if row["state"] != "pending":  # a run chunk names its date, device and commit
@@ -87,7 +97,7 @@ def test_prepare_stages_the_data_and_prints_the_device_call_that_runs(tmp_path, 
     lines = capsys.readouterr().out.splitlines()
     assert json.loads(lines[-1]) == call
     assert call == {
-        "command": "PYTHONPATH=$PWD python -m rhnzoo.studies.harvest run rrl-pmnist-lstm",
+        "command": "PYTHONPATH=$PWD python -m tools.harvest run rrl-pmnist-lstm",
         "carry": [".harvest"],
         "timeout_s": 600,
     }
@@ -105,7 +115,7 @@ def test_prepare_fails_before_touching_the_stage(tmp_path, monkeypatch):
     stage = tmp_path / ".harvest"
     (stage / "data").mkdir(parents=True)
     (stage / "window.json").write_text("earlier\n")
-    monkeypatch.setattr(harvest, "TRAVEL_LIMIT", 2**20)  # the tree alone is more
+    monkeypatch.setattr(staging, "TRAVEL_LIMIT", 2**20)  # the tree alone is more
     with pytest.raises(harvest.HarvestError, match="would travel"):
         harvest.prepare("rrl-pmnist-lstm", root=tmp_path, records=tmp_path / "records")
     monkeypatch.setenv("RHNZOO_DATA", str(tmp_path / "none"))
@@ -230,7 +240,8 @@ def test_the_cli_gives_one_error_line_for_a_bad_window_and_a_missing_out(tmp_pat
         (["record", str(tmp_path)], "no window archive"),
     ):
         p = subprocess.run(
-            [sys.executable, "-m", "rhnzoo.studies.harvest", *args],
+            [sys.executable, "-m", "tools.harvest", *args],
+            check=False,
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -269,7 +280,8 @@ def test_the_cli_refuses_a_deadline_that_never_comes_and_names_a_broken_archive(
     ]
     for args, says in cases:
         p = subprocess.run(
-            [sys.executable, "-m", "rhnzoo.studies.harvest", *args],
+            [sys.executable, "-m", "tools.harvest", *args],
+            check=False,
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -300,8 +312,9 @@ def test_the_gpu_queue_holds_table_3_only_and_refuses_a_window_sized_past_its_de
     for table in ("highway_mnist_paper", "jsb_paper"):
         assert {c.device for c in harvest.CHUNKS.values() if c.table == table} == {"cpu"}
     imdb = [m for c in gpu if c.table == "rrl_imdb_paper" for m in c.flags[3][9:].split(",")]
-    assert len(gpu) - 7 == 3 and sorted(imdb) == sorted(harvest.RRL_MODELS)
-    unstacked = 3 * harvest.PMNIST_STEPS * harvest.PMNIST_STEP_MS["lstm"] / 1000
+    assert len(gpu) - 7 == 3 and sorted(imdb) == sorted(RRL_MODELS)
+    # 15,940 steps (10 epochs of 1,594 at batch 32) x the B 100 LSTM step, 13.3 ms (H100)
+    unstacked = 3 * 15_940 * 13.3 / 1000
     assert unstacked > harvest.DEADLINE_S  # why the seeds are stacked
     queue = tmp_path / "queue.tsv"
     harvest.write_queue(harvest.read_queue(queue), queue)
@@ -331,9 +344,148 @@ def test_the_cpu_queue_runs_seed_0_at_every_depth_then_jsb_then_the_other_seeds(
     assert cpu[: len(seed0)] == seed0 and cpu[len(seed0) : len(seed0) + len(jsb)] == jsb
     assert [n.split("-")[3] for n in seed0[::2]] == ["d10", "d20", "d50", "d100"]
     d100 = harvest.CHUNKS["highway-mnist-highway-d100-s0"]
-    # 156,000 steps of the measured 9.568 ms step, x the loaded-core factor
-    assert d100.minutes == pytest.approx(156_000 * 9.568e-3 / 60 * harvest.HIGHWAY_LOADED, abs=0.05)
+    # 156,000 steps of the measured 9.568 ms step, x the loaded-core factor 6.5
+    assert d100.minutes == pytest.approx(156_000 * 9.568e-3 / 60 * 6.5, abs=0.05)
     assert d100.minutes * 60 > harvest.CPU_LIMIT_S
     queue = tmp_path / "queue.tsv"
     harvest.write_queue(harvest.read_queue(queue), queue)
     assert harvest.check_size(d100.name, queue) == d100.minutes
+
+
+def test_the_queue_s_composition_and_sizes_are_a_data_edit(tmp_path):
+    # Issue 70: re-sizing, re-ordering or re-composing a chunk is an edit of the table,
+    # not of code: the chunks, their order and sizes, and what runs are the rows'.
+    lines = harvest.QUEUE.read_text().splitlines()
+    head, rows = lines[0], lines[1:]
+    cols = head.split("\t")
+    edited = []
+    for line in [rows[3], *rows[:3], *rows[4:]]:  # rrl-pmnist-lstm first
+        fields = dict(zip(cols, line.split("\t")))
+        if fields["chunk"] == "rrl-pmnist-lstm":
+            fields |= {"estimate": "3.5", "flags": fields["flags"] + " --skip=20"}
+        edited.append("\t".join(fields[c] for c in cols))
+    queue = tmp_path / "queue.tsv"
+    queue.write_text("\n".join([head, *edited]) + "\n")
+    found = harvest.read_chunks(queue)
+    assert next(iter(found)) == "rrl-pmnist-lstm" == harvest.next_pending(queue)
+    assert harvest.check_size("rrl-pmnist-lstm", queue) == 3.5
+    cmd = harvest.experiment_command(found["rrl-pmnist-lstm"], tmp_path, False)
+    assert "--skip=20" in cmd and cmd[1] == "experiments/rrl.py"
+    queue.write_text(head + "\n" + rows[0].replace("\tgpu\t", "\tgpu?\t", 1) + "\n")
+    with pytest.raises(harvest.HarvestError, match="on='gpu\\?'"):
+        harvest.read_chunks(queue)
+
+
+def test_a_cpu_chunk_is_recorded_apart_from_the_gpu_windows(tmp_path, monkeypatch):
+    # Issue 68 item 4: CPU chunks' records lived under docs/runs/gpu/ and read as GPU
+    # windows. A CPU chunk's table is under docs/runs/cpu/harvest/, a GPU window's under
+    # docs/runs/gpu/harvest/.
+    assert harvest.records_dir(harvest.CHUNKS["jsb-d1"]) == ROOT / "docs/runs/cpu/harvest"
+    assert harvest.records_dir(harvest.CHUNKS["rrl-imdb-w1"]) == ROOT / "docs/runs/gpu/harvest"
+    monkeypatch.setitem(queue_table.RECORDS, "cpu", tmp_path / "cpu")
+    monkeypatch.setitem(queue_table.RECORDS, "gpu", tmp_path / "gpu")
+    info = INFO | {"chunk": "highway-mnist-plain-d50-s0", "table": "highway_mnist_paper"}
+    harvest.record(_archive(tmp_path / "out", info | {"smoke": False}), queue=tmp_path / "q.tsv")
+    assert (tmp_path / "cpu/highway_mnist_paper/highway-mnist-plain-d50-s0.json").is_file()
+    assert not (tmp_path / "gpu").exists()
+
+
+def _env(folder: pathlib.Path, stamp: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "call1-env.txt").write_text(f"{stamp}\ncommit\nGPU 0: NVIDIA H100\n")
+
+
+# A verified record holding every backend's current digest (what a kernel window leaves).
+MEASURED = [SimpleNamespace(backend=b, digest=verified.digest(b)) for b in verified.SOURCES]
+
+
+def _window_record(gpu: pathlib.Path, table: str, chunk: str, **info) -> None:
+    (gpu / "harvest" / table).mkdir(parents=True, exist_ok=True)
+    record = {"chunk": chunk, "table": table, "smoke": False, "device": "NVIDIA H100"} | info
+    (gpu / "harvest" / table / f"{chunk}.json").write_text(json.dumps(record))
+
+
+def test_the_next_window_alternates_between_the_harvest_and_the_kernels(tmp_path):
+    # Issue 68 item 4: which window is next is a command. A measurement window newest:
+    # the harvest's next pending GPU window; a harvest window newest: the kernels; CPU
+    # chunks' records never count. (Every kernel measured in its present form: below.)
+    gpu, queue = tmp_path / "gpu", tmp_path / "queue.tsv"
+    harvest.write_queue(harvest.read_queue(queue), queue)  # a fresh queue: all pending
+    _env(gpu / "2026-11-27", "Fri Nov 27 03:25:36 AM UTC 2026")
+    step = harvest.next_window(gpu, queue, MEASURED)
+    assert (step["window"], step["name"]) == ("harvest", "rrl-imdb-w1"), step
+    assert step["call"] == {
+        "command": "PYTHONPATH=$PWD python -m tools.harvest run rrl-imdb-w1",
+        "carry": [".harvest"],
+        "timeout_s": 600,
+    }
+    assert step["before"] == "python -m tools.harvest prepare rrl-imdb-w1"
+    assert "2026-11-27" in step["why"]
+    # The harvest ran w1 (a window record, newer): the kernels next.
+    _window_record(
+        gpu, "rrl_imdb_paper", "rrl-imdb-w1", date="2026-12-07", ended="2026-12-07T10:00:00+00:00"
+    )
+    rows = harvest.read_queue(queue)
+    rows[0]["state"] = "done"
+    harvest.write_queue(rows, queue)
+    step = harvest.next_window(gpu, queue, MEASURED)
+    assert step["window"] == "kernels" and step["call"] == harvest.KERNEL_CALL
+    assert step["call"] == {
+        "command": "bash docs/runs/gpu/measure.sh kernels",
+        "carry": [],
+        "timeout_s": 600,
+    }
+    # CPU chunks' records, newer, never count: one left in the GPU folder (its chunk is a
+    # CPU one), one that ran on a CPU, and smoke records.
+    _window_record(gpu, "jsb_paper", "jsb-d4", date="2026-12-09", device="CPU: AMD EPYC")
+    _window_record(gpu, "rrl_pmnist_paper", "rrl-pmnist-lstm", date="2026-12-09", device="CPU")
+    _window_record(gpu, "rrl_imdb_paper", "rrl-imdb-w2", date="2026-12-09", smoke=True)
+    assert harvest.next_window(gpu, queue, MEASURED)["window"] == "kernels"
+    # A measurement window after it (a dated folder, its env.txt's time): the harvest's
+    # next pending window, w2 (the queue says which).
+    _env(gpu / "2026-12-07", "Mon Dec  7 11:02:03 AM UTC 2026")
+    step = harvest.next_window(gpu, queue, MEASURED)
+    assert (step["window"], step["name"]) == ("harvest", "rrl-imdb-w2"), step
+    # The same day without times: the harvest record is taken as the newer (kernels).
+    (gpu / "2026-12-07" / "call1-env.txt").unlink()
+    assert harvest.next_window(gpu, queue, MEASURED)["window"] == "kernels"
+    # Every GPU window done: the kernels.
+    harvest.write_queue([r | {"state": "done"} for r in harvest.read_queue(queue)], queue)
+    (gpu / "harvest").rename(tmp_path / "away")
+    step = harvest.next_window(gpu, queue, MEASURED)
+    assert step["window"] == "kernels" and "no harvest window is pending" in step["why"]
+
+
+def test_kernels_no_window_measured_in_their_present_form_come_first(tmp_path):
+    """While the verified record holds no entry for a backend's current source digest,
+    the kernels are measured before the harvest (auto runs no unchecked kernel)."""
+    gpu, queue = tmp_path / "gpu", tmp_path / "queue.tsv"
+    harvest.write_queue(harvest.read_queue(queue), queue)
+    _env(gpu / "2026-11-27", "Fri Nov 27 03:25:36 AM UTC 2026")  # a measurement newest
+    step = harvest.next_window(gpu, queue, [])
+    assert step["window"] == "kernels" and "gated, chained, rhn" in step["why"], step
+    stale = [SimpleNamespace(backend=b, digest="0" * 64) for b in verified.SOURCES]
+    assert harvest.next_window(gpu, queue, stale)["window"] == "kernels"
+    step = harvest.next_window(gpu, queue, MEASURED[1:])  # one backend still unmeasured
+    assert step["window"] == "kernels" and "gated" in step["why"]
+    assert harvest.next_window(gpu, queue, MEASURED)["window"] == "harvest"
+
+
+def test_the_next_command_prints_the_window_and_its_exact_call_last():
+    p = subprocess.run(
+        [sys.executable, "-m", "tools.harvest", "next"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    step = json.loads(p.stdout.splitlines()[-1])
+    assert step == harvest.next_window()
+    assert step["window"] in ("harvest", "kernels") and step["call"]["timeout_s"] == 600
+    assert f"the device call: {json.dumps(step['call'])}" in p.stdout
+    # The kernels' call names a part measure.sh has.
+    measure = (ROOT / "docs/runs/gpu/measure.sh").read_text()
+    usage = measure.split("usage: bash docs/runs/gpu/measure.sh [--dry] ")[1].split('"')[0]
+    assert harvest.KERNEL_CALL["command"].rsplit(" ", 1)[1] in usage.split("|")

@@ -7,7 +7,9 @@ machinery and each task's config classes and presets), the evaluation shared by 
 and analysis (sums of a batch, batches of a split), the run engine, analysis (reads
 workdirs, never a trainer), the tasks, the studies (a paper's runs and tables), the
 applications (``rhnzoo/apps``: each paper's flags and body), the benchmarks;
-``experiments/*.py`` stand on top.
+``experiments/*.py`` stand on top. Beside the package, the project's own tools
+(``tools/``: the harvest, the renderer) are the top floor: a tool may import rhnzoo,
+rhnzoo never imports a tool (issue 70).
 """
 
 import ast
@@ -27,6 +29,8 @@ LAYERS = (
     ("bench",),
 )
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+TOOLS = len(LAYERS)  # tools/: above every floor of the package
+SCANNED = ("rhnzoo", "tools")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -40,12 +44,13 @@ def is_module(name: str) -> bool:
 
 
 def imports(path: pathlib.Path) -> set[str]:
-    """The rhnzoo modules (or packages) that ``path`` imports, anywhere in the file."""
+    """The rhnzoo and tools modules (or packages) that ``path`` imports, anywhere in the
+    file."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("rhnzoo.")}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rhnzoo"):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in SCANNED}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in SCANNED:
             for a in node.names:  # ``from rhnzoo.data import text``: the module text
                 sub = f"{node.module}.{a.name}"
                 found.add(sub if is_module(sub) else node.module)
@@ -53,17 +58,35 @@ def imports(path: pathlib.Path) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in sorted((ROOT / "rhnzoo").rglob("*.py"))}
+    return {
+        module_name(p): imports(p) for top in SCANNED for p in sorted((ROOT / top).rglob("*.py"))
+    }
 
 
 def layer(module: str) -> int | None:
     parts = module.split(".")
+    if parts[0] == "tools":
+        return TOOLS
     return RANK.get(parts[1]) if len(parts) > 1 else None
 
 
 def test_every_part_of_the_package_has_a_layer():
-    parts = {module.split(".")[1] for module in graph() if "." in module}
+    parts = {m.split(".")[1] for m in graph() if m.startswith("rhnzoo.")}
     assert parts == set(RANK), "give a new part of rhnzoo its layer in LAYERS"
+
+
+def test_the_tools_stand_on_the_package_and_the_package_never_imports_a_tool():
+    modules = graph()
+    assert {"tools.harvest.chunks", "tools.harvest.__main__", "tools.render"} <= set(modules)
+    assert any(b.startswith("rhnzoo") for b in modules["tools.harvest.records"])
+    into_tools = [
+        f"{a} -> {b}"
+        for a, targets in modules.items()
+        if a.startswith("rhnzoo")
+        for b in targets
+        if b.split(".")[0] == "tools"
+    ]
+    assert not into_tools, into_tools
 
 
 def test_no_import_runs_upward():

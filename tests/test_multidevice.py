@@ -1,4 +1,8 @@
-"""Data-parallel training on 8 (virtual CPU) devices, a TPU v2-8's count, matches 1 device."""
+"""Data-parallel training on 8 (virtual CPU) devices, a TPU v2-8's count, matches 1 device.
+
+The language model reads the generated PTB of ``tests/corpus.py`` (the contract is the
+sharding, not the data): 4,000 training and 800 validation and test words, the slices
+of the real PTB these runs read before."""
 
 import os
 import pathlib
@@ -7,8 +11,7 @@ import sys
 import textwrap
 
 import pytest
-
-PTB_DIR = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb"
+from corpus import flags as on
 
 
 def eight_devices_env() -> dict:
@@ -25,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     from rhnzoo.configs import lm as lm_configs
     from rhnzoo.engine import sharding, workdir
     assert jax.device_count() == 8, jax.devices()
-    corpus = data.load_ptb(sys.argv[1])
+    corpus = data.load_ptb(sys.argv[1], verify=False)
     corpus = data.Corpus(corpus.train[:4000], corpus.valid[:800], corpus.test[:800], corpus.vocab)
     meshes, by_rows = [], sharding.by_rows
     sharding.by_rows = lambda mesh: meshes.append(mesh.size) or by_rows(mesh)  # rows split over
@@ -55,19 +58,18 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(
-    not (PTB_DIR / "ptb.train.txt").exists(),
-    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
-)
 @pytest.mark.slow
 def test_eight_devices_match_one(tmp_path):
     import json
 
     import numpy as np
 
+    from corpus import write_ptb
+
+    ptb = write_ptb(tmp_path / "ptb", train=4000, valid=800, test=800)
     env = eight_devices_env()
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(PTB_DIR), str(tmp_path)],
+        [sys.executable, "-c", SCRIPT, str(ptb), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -86,11 +88,7 @@ def test_eight_devices_match_one(tmp_path):
     assert one["run"]["test_ppl"] == pytest.approx(eight["run"]["test_ppl"], rel=1e-4)
 
 
-@pytest.mark.skipif(
-    not (PTB_DIR / "ptb.train.txt").exists(),
-    reason=f"real PTB files not found in {PTB_DIR} (set RHNZOO_DATA)",
-)
-def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
+def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path, generated_ptb):
     env = eight_devices_env()
     script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "ptb.py"
     proc = subprocess.run(
@@ -101,6 +99,7 @@ def test_a_batch_the_devices_do_not_divide_is_one_error_line(tmp_path):
             "--batch_size=12",
             "--max_steps=1",
             f"--workdir={tmp_path / 'w'}",
+            *on(generated_ptb),
         ],
         env=env,
         capture_output=True,

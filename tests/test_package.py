@@ -2,6 +2,7 @@
 outside the checkout, in one process (issue 70)."""
 
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -29,10 +30,20 @@ assert not failed, failed
 @pytest.mark.slow  # builds a wheel (setuptools, no isolation: no download)
 def test_the_wheel_imports_every_module_in_one_process_outside_the_checkout(tmp_path):
     pytest.importorskip("setuptools")
-    dist = tmp_path / "dist"
+    # Built from a copy of what git sees (tracked and untracked-not-ignored files): an
+    # in-tree build would pack stale modules left in the checkout's build/lib/.
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    for rel in filter(None, listed.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(dist), str(ROOT)],
+         "-w", str(dist), str(src)],
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     (wheel,) = dist.glob("rhnzoo-*.whl")
@@ -41,7 +52,9 @@ def test_the_wheel_imports_every_module_in_one_process_outside_the_checkout(tmp_
         names = z.namelist()
         z.extractall(site)
     assert "rhnzoo/cells/kernels/verified.json" in names  # package data travels
-    assert not any(n.startswith(("tests/", "experiments/", "docs/")) for n in names)
+    assert not any(n.startswith(("tests/", "experiments/", "docs/", "tools/")) for n in names)
+    # The project's own tools live beside the package (issue 70), not in the wheel.
+    assert not {"rhnzoo/studies/harvest.py", "rhnzoo/bench/render.py"} & set(names)
     proc = subprocess.run(
         [sys.executable, "-c", IMPORT_ALL, str(site)],
         cwd=tmp_path,

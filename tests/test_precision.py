@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from helpers import normal, random_params
 from jax.experimental import rnn as jax_rnn
-from test_ptb_experiment import TINY, needs_ptb, ptb
+from corpus import flags as on
+from test_ptb_experiment import TINY, ptb
 
 from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
@@ -245,23 +246,23 @@ def test_a_bad_precision_flag_is_one_line_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@needs_ptb
-def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path):
+def test_a_run_records_its_precision_and_an_earlier_workdir_resumes(tmp_path, generated_ptb):
     """config.json holds the precision (here the suite's $JAX_DEFAULT_MATMUL_PRECISION,
     the flag's default); a workdir written before the setting resumes at the setting's
     default, JAX's precision where the config is made (here ``highest``, any name of it),
     records it, and refuses another with one line."""
     workdir = tmp_path / "w"
-    first = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
+    tiny = [*TINY, *on(generated_ptb)]  # the generated PTB: tests/corpus.py
+    first = ptb(*tiny, "--max_steps=1", f"--workdir={workdir}")
     assert first.returncode == 0, first.stderr
     config = json.loads((workdir / "config.json").read_text())
     assert config["matmul_precision"] == "highest"
     del config["matmul_precision"]
     (workdir / "config.json").write_text(json.dumps(config))
-    second = ptb(*TINY, "--max_steps=2", "--matmul_precision=float32", f"--workdir={workdir}")
+    second = ptb(*tiny, "--max_steps=2", "--matmul_precision=float32", f"--workdir={workdir}")
     assert second.returncode == 0 and f"resumed {workdir} at step 1" in second.stdout, second.stderr
     assert json.loads((workdir / "config.json").read_text())["matmul_precision"] == "highest"
-    third = ptb(*TINY, "--max_steps=3", "--matmul_precision=bfloat16", f"--workdir={workdir}")
+    third = ptb(*tiny, "--max_steps=3", "--matmul_precision=bfloat16", f"--workdir={workdir}")
     lines = third.stderr.strip().splitlines()
     assert third.returncode == 1 and len(lines) == 1, third.stderr
     assert "matmul_precision='highest' there vs 'default'" in lines[0]

@@ -1,4 +1,9 @@
-"""experiments/ptb.py as a user runs it: the headline command, bad flags, SIGTERM."""
+"""experiments/ptb.py as a user runs it: the headline command, bad flags, SIGTERM.
+
+The headline command and the blow-up's chance level (PTB's vocabulary) read the real PTB;
+the rest, whose contract is the script's behaviour, not the data, the generated PTB of
+``tests/corpus.py`` (the ``generated_ptb`` fixture), so they also run without the data.
+"""
 
 import functools
 import json
@@ -8,6 +13,7 @@ import sys
 
 import pytest
 
+from corpus import flags as on
 from helpers import DATA, ROOT, needs_data, run_script
 
 SCRIPT = ROOT / "experiments" / "ptb.py"
@@ -27,13 +33,12 @@ TINY = [
 ptb = functools.partial(run_script, "ptb.py")
 
 
-@needs_ptb
 @pytest.mark.slow  # the fast tier: tests/test_bad_inputs.py's --eval_batch_size row
-def test_a_batch_larger_than_the_data_fails_fast_with_one_line(tmp_path):
+def test_a_batch_larger_than_the_data_fails_fast_with_one_line(tmp_path, generated_ptb):
     """Refuted by the data only (flag values alone: tests/test_bad_inputs.py's table and
     tests/test_config_contract.py)."""
     flag, message = "--batch_size=600000", "batch"
-    result = ptb(*TINY, flag, f"--workdir={tmp_path / 'w'}")
+    result = ptb(*TINY, *on(generated_ptb), flag, f"--workdir={tmp_path / 'w'}")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -59,11 +64,11 @@ def test_missing_data_names_the_files(tmp_path):
 
 
 @pytest.mark.slow
-@needs_ptb
-def test_incompatible_workdir_fails_before_work(tmp_path):
-    first = ptb(*TINY, "--max_steps=2", f"--workdir={tmp_path / 'w'}")
+def test_incompatible_workdir_fails_before_work(tmp_path, generated_ptb):
+    tiny = [*TINY, *on(generated_ptb)]
+    first = ptb(*tiny, "--max_steps=2", f"--workdir={tmp_path / 'w'}")
     assert first.returncode == 0, first.stderr
-    second = ptb(*TINY, "--max_steps=2", "--depth=3", f"--workdir={tmp_path / 'w'}")
+    second = ptb(*tiny, "--max_steps=2", "--depth=3", f"--workdir={tmp_path / 'w'}")
     assert second.returncode != 0
     assert second.stderr.strip().splitlines() == [second.stderr.strip()]
     assert "incompatible" in second.stderr and "depth=2 there vs 3" in second.stderr
@@ -113,8 +118,7 @@ def test_headline_command_depth40_hsg_runs_on_real_ptb(tmp_path):
 
 
 @pytest.mark.slow
-@needs_ptb
-def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path, generated_ptb):
     """Waits for the first training-loss line (no sleeping past compilation), then SIGTERM."""
     workdir = tmp_path / "w"
     proc = subprocess.Popen(
@@ -122,6 +126,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
             sys.executable,
             str(SCRIPT),
             *TINY,
+            *on(generated_ptb),
             "--max_steps=100000",
             "--log_every=1",
             f"--workdir={workdir}",
@@ -141,28 +146,28 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert last.startswith("stopped by signal 15 in training at step ") and err.strip() == "", err
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert saved and max(saved) > 0 and f"at step {max(saved)};" in last
-    resumed = ptb(*TINY, f"--max_steps={max(saved) + 2}", f"--workdir={workdir}")
+    resumed = ptb(
+        *TINY, *on(generated_ptb), f"--max_steps={max(saved) + 2}", f"--workdir={workdir}"
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"step {max(saved) + 2:7d}" in resumed.stdout
 
 
-@needs_ptb
-def test_unusable_workdir_is_one_line(tmp_path):
+def test_unusable_workdir_is_one_line(tmp_path, generated_ptb):
     (tmp_path / "file").write_text("not a directory")
     for workdir, message in [
         (tmp_path / "file", "exists and is not a directory"),
         (tmp_path / "file" / "sub", "cannot create workdir"),
     ]:
-        result = ptb(*TINY, "--max_steps=1", f"--workdir={workdir}")
+        result = ptb(*TINY, *on(generated_ptb), "--max_steps=1", f"--workdir={workdir}")
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
 
 
 @pytest.mark.slow
-@needs_ptb
-def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
+def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path, generated_ptb):
     tiny = [a for a in TINY if not a.startswith("--eval_batch_size")]
-    result = ptb(*tiny, "--max_steps=3", f"--workdir={tmp_path / 'w'}")
+    result = ptb(*tiny, *on(generated_ptb), "--max_steps=3", f"--workdir={tmp_path / 'w'}")
     assert result.returncode == 0, result.stderr
     final = [l for l in result.stdout.splitlines() if l.startswith("final")]
     assert final and "eval batch 4, batched because the run was cut short" in final[0]
@@ -170,7 +175,6 @@ def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
     assert results["eval_batch_size"] == 4 and results["eval_protocol"] == "batched"
 
 
-@needs_ptb
 @pytest.mark.parametrize(
     "flags_,bias",
     [
@@ -179,22 +183,21 @@ def test_a_run_cut_short_evaluates_batched_and_says_so(tmp_path):
         pytest.param(["--hsg", "--init_bias=-1.0"], -1.0, marks=pytest.mark.slow),
     ],
 )
-def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, flags_, bias):
+def test_hsg_runs_use_the_papers_rhn_gate_bias(tmp_path, generated_ptb, flags_, bias):
     """Shoham & Permuter: "An initial bias of -2.5 was used for both the RHN and the HSG gates"."""
-    result = ptb(*TINY, *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
+    result = ptb(*TINY, *on(generated_ptb), *flags_, "--max_steps=1", f"--workdir={tmp_path / 'w'}")
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     assert config["init_bias"] == bias and config["hsg_init_bias"] == -2.5
 
 
 @pytest.mark.slow
-@needs_ptb
-def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
+def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path, generated_ptb):
     """--cell picks any cell of the registry (reference scan); --hsg wraps it; the run's
     config names it and analysis.load_run rebuilds that model."""
     from rhnzoo import analysis, cells
 
-    tiny = [a for a in TINY if a != "--depth=2"]
+    tiny = [*(a for a in TINY if a != "--depth=2"), *on(generated_ptb)]
     result = ptb(*tiny, "--cell=gru", "--hsg", "--max_steps=2", f"--workdir={tmp_path / 'w'}")
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "w" / "config.json").read_text())
@@ -205,7 +208,8 @@ def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path):
     )
     from rhnzoo.analysis import report
 
-    numbers = report.analyze(tmp_path / "w", tmp_path / "a", report.Options(max_eval_tokens=200))
+    options = report.Options(max_eval_tokens=200, verify=False)  # the generated files
+    numbers = report.analyze(tmp_path / "w", tmp_path / "a", options)
     assert numbers["model"] == "GRU+HSG" and numbers["dataset"] == "ptb"
     assert (tmp_path / "a" / "analysis.json").is_file()
     for flags_, message in [

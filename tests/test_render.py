@@ -1,4 +1,4 @@
-"""Tables rendered from records (``rhnzoo.bench.render``, issue 61 part 4): the committed
+"""Tables rendered from records (``tools.render``, issue 61 part 4): the committed
 docs hold exactly what their records give, and a table follows its record."""
 
 import json
@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from rhnzoo.bench import render
+from tools import render
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 SEEDS = DOCS / "runs/seeds/cpu_e97986c.jsonl"
@@ -17,7 +17,7 @@ def test_every_rendered_table_in_the_docs_is_its_records():
     assert DOCS / "speed.md" in pages  # the K-seeds table
     for page in pages:
         assert render.render(page) == page.read_text(), (
-            f"{page.name}: a table differs from its record; run python -m rhnzoo.bench.render"
+            f"{page.name}: a table differs from its record; run python -m tools.render"
         )
 
 

@@ -245,7 +245,7 @@ def test_subset_is_a_fixed_sample_of_the_training_split():
 
 
 def test_eval_subset_is_a_fixed_sample_of_dev_and_test_and_what_the_run_evaluates():
-    # Smoke windows (rhnzoo.studies.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
+    # Smoke windows (tools.harvest) evaluate 160 sequences, not all 19,000 of P-MNIST.
     split = lambda n, k: sequences.Split(
         [np.full(2, i, np.int32) for i in range(n)], (np.arange(n) + k) % 2
     )

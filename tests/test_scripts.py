@@ -41,6 +41,8 @@ OWN_FLAGS = {
         "--matmul_precision",
     ],
     "analyze.py": ["--workdir", "--mc_samples", "--flow"],
+    "generate.py": ["--workdir", "--num_tokens", "--prompt", "--temperature", "--top_k", "--seed"],
+    "export.py": ["--workdir", "--out", "--platforms"],
     "sweep.py": ["--depths", "--root", "--table"],
 }
 

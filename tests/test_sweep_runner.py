@@ -150,15 +150,13 @@ def test_children_s_estimate_is_divided_by_the_jobs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path):
-    """experiments/sweep.py on the runner: two tiny PTB runs, then a rerun that trains nothing."""
-    import os
+def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path, generated_ptb):
+    """experiments/sweep.py on the runner: two tiny PTB runs (the generated PTB of
+    tests/corpus.py), then a rerun that trains nothing."""
     import pathlib
     import subprocess
     import sys
 
-    if not (pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent")) / "ptb").is_dir():
-        pytest.skip("real PTB files not found (set RHNZOO_DATA)")
     root = pathlib.Path(__file__).resolve().parents[1]
     cmd = [
         sys.executable,
@@ -173,6 +171,8 @@ def test_hsg_depth_sweep_runs_in_process_and_skips_finished_runs(tmp_path):
         "--noprogress",
         "--eval_batch_size=20",
         "--eval_num_steps=200",
+        f"--data_dir={generated_ptb}",
+        "--noverify_data",
     ]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     assert first.returncode == 0, first.stderr[-3000:]

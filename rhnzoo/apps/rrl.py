@@ -135,7 +135,8 @@ def experiment() -> None:
             check_fits(c)
     primary = jax.process_index() == 0  # prints; the engine writes the files from it alone
     preset = base.preset or "custom"
-    root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}")
+    bi = "_bi" if base.bidirectional else ""  # beside the unidirectional runs, not in them
+    root = pathlib.Path(base.workdir or f"runs/rrl_{base.dataset}_{preset}{bi}")
     title = f"{base.dataset}, preset {preset}" + (f", {seeds} seeds" if seeds > 1 else "")
     text = rrl_table3.run_experiment(
         configs,

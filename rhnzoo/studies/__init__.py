@@ -8,6 +8,7 @@ above the tasks (:mod:`rhnzoo.tasks`) and below the applications (:mod:`rhnzoo.a
 * :mod:`rhnzoo.studies.jsb`: the JSB Chorales random search (Zilly et al., Fig. 4).
 * :mod:`rhnzoo.studies.hsg_depth`: the HSG depth sweep (Shoham & Permuter, Table 1).
 * :mod:`rhnzoo.studies.highway`: the highway / plain depth sweep (Srivastava et al.).
-* :mod:`rhnzoo.studies.harvest`: the papers' tables at their own sizes, filled in GPU
-  windows.
+
+The harvest that fills the papers' tables at their own sizes in borrowed GPU windows and
+CPU chunks is a tool of the project, not of the package: ``tools/harvest/``.
 """

@@ -1,7 +1,8 @@
-r"""Tables in the docs rendered from the records under ``docs/runs/`` (issue 61 part 4).
+r"""Tables in the docs rendered from the records under ``docs/runs/`` (issue 61 part 4): a
+tool of the project, beside the package (issue 70).
 
-  python -m rhnzoo.bench.render            # rewrite every rendered table in docs/*.md
-  python -m rhnzoo.bench.render --check    # exit 1 if a committed table differs from its record
+  python -m tools.render            # rewrite every rendered table in docs/*.md
+  python -m tools.render --check    # exit 1 if a committed table differs from its record
 
 A rendered table sits between two HTML comments in a page, the first naming its kind and
 its record (a JSON-lines file, relative to the page)::
@@ -31,7 +32,7 @@ SEED_SHAPES = {
     "ptb_sota": "`ptb_sota` (RHN 830 x 10, B 20, T 35)",
 }
 SEED_KS = (1, 2, 4, 8)
-_BLOCK = re.compile(r"(<!-- render: (\S+) (\S+) -->\n)(.*?)(<!-- /render -->)", re.S)
+_BLOCK = re.compile(r"(<!-- render: (\S+) (\S+) -->\n)(.*?)(<!-- /render -->)", re.DOTALL)
 
 
 def seeds_table(records: list[dict]) -> str:
@@ -78,7 +79,7 @@ def render(page: pathlib.Path) -> str:
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv[1:]
-    docs = pathlib.Path(__file__).resolve().parents[2] / "docs"
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
     stale = []
     for page in sorted(docs.glob("*.md")):
         text = page.read_text()
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> int:
     if check and stale:
         print(
             f"error: tables differ from their records in {', '.join(stale)} "
-            "(python -m rhnzoo.bench.render)",
+            "(python -m tools.render)",
             file=sys.stderr,
         )
         return 1
