@@ -109,14 +109,9 @@ def test_the_lm_steps_lower_for_a_tpu(cell, dtype, kernel_fits_any_gpu):
         lm.make_train_step(model, cfg, tx), state, (rows, jax.ShapeDtypeStruct((), jnp.int32)), KEY
     )
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    window = (tokens, tokens, jax.ShapeDtypeStruct((B, T), jnp.float32))
     lower_for_tpu(
-        functools.partial(evaluation._window, model),
-        state["params"],
-        state["carry"],
-        jax.ShapeDtypeStruct((), jnp.float32),
-        tokens,
-        tokens,
-        jax.ShapeDtypeStruct((B, T), jnp.float32),
+        functools.partial(evaluation.window_sums, model), state["params"], window, state["carry"]
     )
 
 
