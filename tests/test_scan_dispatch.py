@@ -115,10 +115,11 @@ def test_every_cell_under_every_scan_matches_the_reference(name, impl, lengths):
     [pytest.param(n, marks=() if n in FAST - {"hsg_rhn"} else pytest.mark.slow) for n in FUSED],
 )
 def test_fused_final_output_without_the_output_stack_matches_the_reference(name):
-    """What the classifier reads: ``outputs=False`` and ``output_of`` of the final carry
-    give each row's output at its last real step, with the reference scan's gradients
-    (float64; the RHN's fused scan has no lengths of its own: the dispatcher reads its
-    carry from the output at the last real step)."""
+    """What the classifier reads: ``outputs="last"`` gives each row's output at its last
+    real step (zeros for an empty row) with the reference scan's gradients, from the fused
+    scan (no output stack: ``output_of`` of the final carry) and from the reference one
+    (gathered from its outputs) alike (float64; the RHN's fused scan has no lengths of its
+    own: the dispatcher reads its carry from the output at the last real step)."""
     cell = build(name)
     idx = (np.maximum(LENGTHS - 1, 0), np.arange(B))
     real = LENGTHS > 0
@@ -127,21 +128,25 @@ def test_fused_final_output_without_the_output_stack_matches_the_reference(name)
         ys = cells.unroll(cell, params, carry, xs, lengths=LENGTHS)[1]
         return jnp.where(real[:, None], ys[idx], 0.0)
 
-    def run(params, carry, xs):
-        carry, ys = scan.unroll(
-            cell, params, carry, xs, impl="fused", lengths=LENGTHS, outputs=False
+    def run(impl, params, carry, xs):
+        carry, last = scan.unroll(
+            cell, params, carry, xs, impl=impl, lengths=LENGTHS, outputs="last"
         )
-        assert ys is None
-        return jnp.where(real[:, None], scan.output_of(cell, carry), 0.0)
+        assert last.shape == (B, N)
+        return last
 
     with jax.enable_x64(True):
         params, carry, xs, _, _ = setup(cell, seed=1)
         w = normal(jax.random.PRNGKey(7), (B, N), jnp.float64)
-        assert_trees_close(run(params, carry, xs), ref(params, carry, xs), **FLOAT64)
         grad = lambda f: jax.grad(
             lambda *a: jnp.sum(jnp.sin(f(*a)) * w), argnums=(0, 1, 2), allow_int=True
         )(params, carry, xs)
-        assert_trees_close(grad(run), grad(ref), **FLOAT64)
+        for impl in ("fused", "reference"):
+            last = functools.partial(run, impl)
+            assert_trees_close(last(params, carry, xs), ref(params, carry, xs), **FLOAT64)
+            assert_trees_close(grad(last), grad(ref), **FLOAT64)
+    with pytest.raises(ValueError, match="outputs must be True, False or 'last'"):
+        scan.unroll(cell, params, carry, xs, impl="fused", outputs="all")
 
 
 # The reference branch passes every cell on alike: one cell with a fused scan, one

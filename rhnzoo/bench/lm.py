@@ -67,10 +67,10 @@ rhnzoo's hand-written recurrent backward runs its matmuls in bfloat16 too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -93,10 +93,10 @@ from rhnzoo.bench import (
     stepper,
 )
 from rhnzoo.cells import rhn_fused
-from rhnzoo.models import lm
-from rhnzoo.tasks import lm as train
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import step
+from rhnzoo.models import lm
+from rhnzoo.tasks import lm as train
 
 Array = jax.Array
 
@@ -399,15 +399,11 @@ def bench(
         **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
         **host_info(),
     }
-    up_to = rhn_fused.LOOP_LAYERS_UP_TO  # read when the step is traced
-    if layer_loop != "auto":
-        rhn_fused.LOOP_LAYERS_UP_TO = sys.maxsize if layer_loop == "python" else 0
-    try:
-        compiled, result["compile_s"] = _compile(
-            train.make_train_step(model, cfg, tx), state, batch, key
-        )
-    finally:
-        rhn_fused.LOOP_LAYERS_UP_TO = up_to
+    if layer_loop != "auto":  # the fused scan's backend option, through the model
+        model = dataclasses.replace(model, layer_loop=layer_loop)
+    compiled, result["compile_s"] = _compile(
+        train.make_train_step(model, cfg, tx), state, batch, key
+    )
     result.update(memory_estimate(compiled))
     candidates, boxes = {}, {}
     candidates["rhnzoo"], boxes["rhnzoo"] = stepper(compiled, state, batch, key)

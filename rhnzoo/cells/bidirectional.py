@@ -159,7 +159,7 @@ class Bidirectional:
         *,
         lengths: Array | None = None,
         impl: str = "auto",
-        outputs: bool = True,
+        outputs: bool | str = True,
         **scan_options: Any,
     ) -> tuple[tuple[Carry, Carry], Array | None]:
         """Runs both directions over a padded batch.
@@ -177,8 +177,9 @@ class Bidirectional:
             A row of length 0 keeps both initial carries and outputs zeros.
           impl: the scan of both directions, one of
             :data:`rhnzoo.cells.scan.CHOICES` (:func:`rhnzoo.cells.scan.unroll`).
-          outputs: False: no outputs (``(carries, None)``), e.g. for a classifier that
-            reads the final carries only (:func:`rhnzoo.cells.scan.output_of`).
+          outputs: False: no outputs (``(carries, None)``); ``"last"``: ``[B,
+            hidden_size]``, the forward output at each row's last real step beside (or
+            plus) the backward output after reading step 0, as a classifier reads it.
           **scan_options: passed to :func:`rhnzoo.cells.scan.unroll` for both directions
             (``dtype``, ``unroll``, ``remat``, ``project_per_step``, ``save_matmuls``,
             ``interpret``).
@@ -187,7 +188,8 @@ class Bidirectional:
           ``((forward carry, backward carry), ys)``: the forward carry after each row's
           last real step, the backward carry after reading step 0, and ``ys [T, B,
           hidden_size]`` (the forward output at step t beside, or plus, the backward
-          output at step t; zero at padded steps), or None with ``outputs=False``.
+          output at step t; zero at padded steps), None with ``outputs=False``, or ``[B,
+          hidden_size]`` with ``outputs="last"``.
 
         Raises:
           ValueError: (one line) ``lengths`` not ``[B]`` int in [0, T], a ``mask`` that
@@ -214,7 +216,8 @@ class Bidirectional:
         )
         if not outputs:
             return (carry_f, carry_b), None
-        ys_b = reverse_within(ys_b, lengths)
+        if outputs != "last":  # "last": the backward's last real step is after step 0
+            ys_b = reverse_within(ys_b, lengths)
         if self.merge == "sum":
             return (carry_f, carry_b), ys_f + ys_b
         return (carry_f, carry_b), jnp.concatenate([ys_f, ys_b], axis=-1)

@@ -217,7 +217,7 @@ def resolve(
     bf16 = _bfloat16(dtype)
     # The platform only where a choice needs it: asking JAX starts its backend, which a
     # config's check (batch None) must not do before jax.distributed.initialize.
-    where = lambda: backend or platform()  # noqa: E731
+    where = lambda: backend or platform()
     if impl is ScanImpl.AUTO:
         size = {} if input_size is None else {"input_size": input_size}
         family = kernels.backend_of(cell)  # None for a Parallel: auto picks cell by cell
@@ -301,11 +301,12 @@ def unroll(
     dtype: Any = None,
     unroll: int | None = None,
     remat: bool = False,
-    outputs: bool = True,
+    outputs: bool | str = True,
     project_per_step: bool | None = None,
     save_matmuls: bool = False,
     interpret: Any = None,
     resets: Array | None = None,
+    layer_loop: str | None = None,
 ) -> tuple[Any, Array | None]:
     """Runs ``cell`` over ``xs`` with the implementation :func:`resolve` picks; the one
     call every model makes.
@@ -327,8 +328,11 @@ def unroll(
         :func:`platform` for the gated ones); the pallas kernel has its own loop and
         ignores it.
       remat: recompute time steps in the backward pass (reference, RHN fused).
-      outputs: False: return ``(carry, None)``; the gated scans then write no outputs
-        (read the last output with :func:`output_of`).
+      outputs: True: every step's output; False: return ``(carry, None)`` (the gated
+        scans then write no outputs); ``"last"``: each row's output at its last real step,
+        ``[B, n]`` (zeros for a row of length 0), from every implementation: the
+        reference scan gathers it from its outputs, the others read it from the final
+        carry (:func:`output_of`) and write no output stack.
       project_per_step: compute the input projection inside the time scan; None: the
         reference scan's default (False) and the gated fused scan's (True); the RHN and
         pallas scans have their own and ignore it.
@@ -336,13 +340,17 @@ def unroll(
         (ignored by the others, whose backward passes are written by hand).
       interpret: passed to the pallas kernel (its GPU interpret mode; None: where
         :func:`platform` is the CPU).
+      layer_loop: a backend option of the RHN's fused scan, how a step runs its
+        micro-layers (:func:`rhnzoo.cells.rhn_fused.unroll`'s; None: by depth); the other
+        scans ignore it.
       resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
         its row of the initial ``carry`` before the step runs
         (:func:`rhnzoo.cells.unroll`); the reference and fused scans. ``auto`` then
         never picks the pallas kernels, which have no resets.
 
     Returns:
-      ``(carry, ys [T, B, n])``, or ``(carry, None)`` with ``outputs=False``.
+      ``(carry, ys [T, B, n])``, ``(carry, None)`` with ``outputs=False``, or ``(carry,
+      last [B, n])`` with ``outputs="last"``.
 
     Raises:
       ValueError: what :func:`resolve` raises; with ``pallas`` a ``dtype`` other than
@@ -369,6 +377,26 @@ def unroll(
                 f"resets need the reference or fused scan: the pallas kernels of "
                 f"{describe(cell)} have no resets (scan_impl='fused' or 'auto')"
             )
+    if outputs == "last":
+        return _last_outputs(
+            which,
+            cell,
+            params,
+            carry,
+            xs,
+            mask,
+            lengths=lengths,
+            dtype=dtype,
+            unroll=unroll,
+            remat=remat,
+            project_per_step=project_per_step,
+            save_matmuls=save_matmuls,
+            interpret=interpret,
+            resets=resets,
+            layer_loop=layer_loop,
+        )
+    if outputs not in (True, False):
+        raise ValueError(f"outputs must be True, False or 'last', got {outputs!r}")
     if which is ScanImpl.REFERENCE:
         carry, ys = base.unroll(
             cell,
@@ -409,9 +437,32 @@ def unroll(
     if resets is not None and lengths is not None:  # padded steps ignore resets
         resets = resets & (jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
     run = functools.partial(
-        rhn_fused.unroll, unroll=unroll or 1, remat=remat, dtype=dtype, resets=resets
+        rhn_fused.unroll,
+        unroll=unroll or 1,
+        remat=remat,
+        dtype=dtype,
+        resets=resets,
+        layer_loop=layer_loop,
     )
     return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
+
+
+def _last_outputs(which, cell, params, carry, xs, mask, *, lengths, **run):
+    """:func:`unroll` with ``outputs="last"``: ``(carry, last [B, n])``, each row's output
+    at its last real step (zeros for a row of length 0). The reference scan's carry need
+    not hold its output (a DT-RNN's does not), so it gathers from its outputs; the fused
+    and pallas scans stop each row's carry at its last real step, whose output it holds."""
+    T, B = xs.shape[:2]
+    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths)
+    if which is ScanImpl.REFERENCE:
+        carry, ys = unroll(cell, params, carry, xs, mask, impl=which, lengths=lengths, **run)
+        last = ys[jnp.maximum(lens - 1, 0), jnp.arange(B)]
+    else:
+        carry, _ = unroll(
+            cell, params, carry, xs, mask, impl=which, lengths=lengths, outputs=False, **run
+        )
+        last = output_of(cell, carry)
+    return carry, jnp.where((lens > 0)[:, None], last, 0.0)
 
 
 def _pallas(cell, params, carry, xs, mask, opts, *, lengths):

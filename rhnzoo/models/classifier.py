@@ -12,6 +12,7 @@ cell's output at the last real step beside the backward cell's after reading ste
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -153,79 +154,26 @@ class SequenceClassifier:
         if key is not None and self.input_drop:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
-        if self.bidirectional:
-            return self._bidirectional_features(params, xs, lengths)
-        carry = self.cell.initial_carry(batch, xs.dtype)
+        layer = self.layer()
+        run = layer.unroll if self.bidirectional else functools.partial(scan.unroll, self.cell)
         impl = self.resolved_scan(batch)
-        reference = impl is scan.ScanImpl.REFERENCE
         per_step = self.project_per_step
         if per_step is None:  # measured faster: always in the fused scan, narrow inputs otherwise
-            per_step = not reference or self.input_size <= 8
-        # The bfloat16 scans take jnp.bfloat16; float32 is None: the inputs' own dtype.
-        dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
-        if reference:
-            _, ys = scan.unroll(
-                self.cell,
-                params["cell"],
-                carry,
-                xs,
-                impl=impl,
-                lengths=lengths,
-                unroll=self.unroll,
-                remat=self.remat,
-                project_per_step=per_step,
-                save_matmuls=True,
-            )
-            last = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch)]
-        else:
-            # Each row's carry stops at its last real step, and its output is in it: the
-            # gated scans write no [T, B, n] output stack, nor read its (zero) cotangent.
-            carry, _ = scan.unroll(
-                self.cell,
-                params["cell"],
-                carry,
-                xs,
-                impl=impl,
-                lengths=lengths,
-                unroll=self.unroll,
-                remat=self.remat,
-                project_per_step=per_step,
-                dtype=dtype,
-                outputs=False,
-            )
-            last = scan.output_of(self.cell, carry)
-        return jnp.where((lengths > 0)[:, None], last, 0.0)
-
-    def _bidirectional_features(self, params: Params, xs: Array, lengths: Array) -> Array:
-        """``[B, 2n]``: the forward cell's output at each row's last real step beside the
-        backward cell's after reading step 0 (zeros for an empty row)."""
-        layer, batch, n = self.layer(), xs.shape[1], self.cell.hidden_size
-        impl = self.resolved_scan(batch)
-        reference = impl is scan.ScanImpl.REFERENCE
-        per_step = self.project_per_step
-        if per_step is None:
-            per_step = not reference or self.input_size <= 8
-        run = dict(
+            per_step = impl is not scan.ScanImpl.REFERENCE or self.input_size <= 8
+        _, last = run(
+            params["cell"],
+            layer.initial_carry(batch, xs.dtype),
+            xs,
             impl=impl,
             lengths=lengths,
             unroll=self.unroll,
             remat=self.remat,
             project_per_step=per_step,
+            save_matmuls=True,  # the reference scan's (the others write their backward)
+            dtype=jnp.bfloat16 if self.dtype == "bfloat16" else None,
+            outputs="last",  # the gated scans then write no [T, B, n] output stack
         )
-        carry = layer.initial_carry(batch, xs.dtype)
-        if reference:
-            _, ys = layer.unroll(params["cell"], carry, xs, save_matmuls=True, **run)
-            forward = ys[jnp.maximum(lengths - 1, 0), jnp.arange(batch), :n]
-            last = jnp.concatenate([forward, ys[0, :, n:]], axis=-1)
-        else:
-            dtype = jnp.bfloat16 if self.dtype == "bfloat16" else None
-            (c_f, c_b), _ = layer.unroll(
-                params["cell"], carry, xs, dtype=dtype, outputs=False, **run
-            )
-            last = jnp.concatenate(
-                [scan.output_of(self.cell, c_f), scan.output_of(self.cell, c_b)], axis=-1
-            )
-        return jnp.where((lengths > 0)[:, None], last, 0.0)
+        return last
 
     def logits(
         self, params: Params, inputs: Array, lengths: Array, key: Array | None = None

@@ -43,6 +43,8 @@ class LanguageModel:
         reference scan and the RHN's fused one).
       dtype: matmul input dtype, ``'float32'`` or ``'bfloat16'`` (float32
         parameters, state and accumulation); bfloat16 needs the fused or pallas scan.
+      layer_loop: the RHN fused scan's backend option (:func:`rhnzoo.cells.scan.unroll`'s
+        ``layer_loop``): ``'python'``, ``'scan'`` or None (by depth); others ignore it.
 
     Raises:
       ValueError: if ``tied`` and ``embed_size != cell.hidden_size``, for an
@@ -59,6 +61,7 @@ class LanguageModel:
     scan_impl: str = "reference"
     remat: bool = False
     dtype: str = "float32"
+    layer_loop: str | None = None
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -131,6 +134,7 @@ class LanguageModel:
             unroll=self.unroll,
             remat=self.remat,
             dtype=self.dtype,
+            layer_loop=self.layer_loop,
         )
         if masks is not None:
             ys = ys * masks["o"][None]
