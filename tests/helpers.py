@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from rhnzoo.cells.base import flat_draw
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RHNZOO_DATA", "/nonexistent"))
 
@@ -43,39 +41,76 @@ def needs_data(subdir: str, *files: str, what: str):
     )
 
 
-def normal(key, shape, dtype=jnp.float32):
-    """``jax.random.normal(key, shape, dtype)``: the same numbers, drawn flat (faster to
-    compile: ``rhnzoo.cells.base.flat_draw``)."""
-    return flat_draw(jax.random.normal, key, shape, dtype=dtype)
+KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)  # a raw PRNG key's shape, for jax.eval_shape
 
 
-def random_params(params, key, scale=0.5):
-    """Replaces every leaf by random values, so biases and gates are not at their init."""
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(
-        tree, [normal(k, l.shape, l.dtype) * scale for k, l in zip(keys, leaves)]
-    )
+def rng_of(seed) -> np.random.Generator:
+    """A NumPy generator from ``seed``: an int, a ``jax.random`` key (its key data, raw
+    or typed) or a generator itself (returned as is)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, (int, np.integer)):
+        return np.random.default_rng(int(seed))
+    if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        seed = jax.random.key_data(seed)
+    return np.random.default_rng(np.asarray(seed, np.uint32).ravel().tolist())
+
+
+def as_jax(a, dtype=None):
+    """``a`` (NumPy) as a jax array of ``dtype`` (None: its own), converted on the host (a
+    ``jnp.asarray(a, dtype)`` with another dtype compiles a conversion program)."""
+    return jnp.asarray(np.asarray(a, None if dtype is None else np.dtype(dtype)))
+
+
+def normal(seed, shape, dtype=jnp.float32, scale=1.0):
+    """``scale`` times standard normal numbers of ``shape`` and ``dtype``, drawn with
+    NumPy (:func:`rng_of` ``seed``): no program is compiled for a draw."""
+    return as_jax(scale * rng_of(seed).standard_normal(shape), dtype)
+
+
+def dropout_mask(seed, shape, keep, dtype=jnp.float32):
+    """A variational dropout mask (1 / keep where kept, probability ``keep``, else 0),
+    drawn with NumPy."""
+    return as_jax((rng_of(seed).random(shape) < keep) / keep, dtype)
+
+
+def shapes(init, *args):
+    """The ``jax.ShapeDtypeStruct`` tree of ``init(key, *args)`` (a cell's or a model's
+    ``init``): its parameters' shapes, nothing computed."""
+    return jax.eval_shape(lambda key: init(key, *args), KEY)
+
+
+def filled(structs, value=0.0):
+    """Arrays of ``structs``' shapes and dtypes (a tree of arrays or ``ShapeDtypeStruct``)
+    filled with ``value``, made on the host (nothing compiled)."""
+    return jax.tree.map(lambda s: as_jax(np.full(s.shape, value), s.dtype), structs)
+
+
+def random_params(params, seed, scale=0.5):
+    """Every leaf of ``params`` (arrays or :func:`shapes`' structs: only shapes and dtypes
+    are read) replaced by ``scale`` times standard normal numbers (NumPy, :func:`rng_of`
+    ``seed``), so biases and gates are not at their init."""
+    rng = rng_of(seed)
+    return jax.tree.map(lambda l: normal(rng, l.shape, l.dtype, scale), params)
 
 
 def random_problem(cell, *, T, B, m, n, dtype, seed=0):
     """``(params, carry, xs [T, B, m], mask [B, n], target [T, B, n])`` for a scan test:
     random (not initial) parameters and carry, inputs, a dropout mask (keep 0.8, scaled)
-    and a target; an integer carry leaf (the SC-LSTM step counter) a random phase per row."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
-    params = jax.tree.map(lambda a: a.astype(dtype), random_params(cell.init(keys[0], m), keys[1]))
-    xs = normal(keys[2], (T, B, m), dtype)
+    and a target; an integer carry leaf (the SC-LSTM step counter) a random phase per row.
+    Drawn with NumPy, the shapes from ``jax.eval_shape``: nothing compiled."""
+    rng = rng_of(seed)
+    params = jax.tree.map(lambda l: normal(rng, l.shape, dtype, 0.5), shapes(cell.init, m))
+    xs = normal(rng, (T, B, m), dtype)
 
-    def rand(a, k):
+    def rand(a):
         if jnp.issubdtype(a.dtype, jnp.integer):
-            return jax.random.randint(k, a.shape, 0, 5)
-        return 0.5 * normal(k, a.shape, dtype)
+            return as_jax(rng.integers(0, 5, a.shape), a.dtype)
+        return normal(rng, a.shape, dtype, 0.5)
 
-    leaves, tree = jax.tree.flatten(cell.initial_carry(B, dtype))
-    carry_keys = jax.random.split(keys[3], len(leaves))
-    carry = jax.tree.unflatten(tree, [rand(a, k) for a, k in zip(leaves, carry_keys)])
-    mask = (jax.random.bernoulli(keys[4], 0.8, (B, n)) / 0.8).astype(dtype)
-    return params, carry, xs, mask, normal(keys[5], (T, B, n), dtype)
+    carry = jax.tree.map(rand, jax.eval_shape(lambda: cell.initial_carry(B, dtype)))
+    mask = dropout_mask(rng, (B, n), 0.8, dtype)
+    return params, carry, xs, mask, normal(rng, (T, B, n), dtype)
 
 
 def np_tree(t):
@@ -184,13 +219,13 @@ def check_unroll_gradient(cell, input_size=3):
     of 2 random inputs with a recurrent dropout mask (keep 0.8)."""
     n = cell.hidden_size
     with jax.enable_x64(True):
+        rng = rng_of(1)
         params = jax.tree.map(
-            lambda a: a.astype(jnp.float64),
-            random_params(cell.init(jax.random.PRNGKey(0), input_size), jax.random.PRNGKey(1)),
+            lambda l: normal(rng, l.shape, jnp.float64, 0.5), shapes(cell.init, input_size)
         )
-        xs = normal(jax.random.PRNGKey(2), (4, 2, input_size), jnp.float64)
-        mask = (jax.random.bernoulli(jax.random.PRNGKey(3), 0.8, (2, n)) / 0.8).astype(jnp.float64)
-        target = normal(jax.random.PRNGKey(4), (4, 2, n), jnp.float64)
+        xs = normal(2, (4, 2, input_size), jnp.float64)
+        mask = dropout_mask(3, (2, n), 0.8, jnp.float64)
+        target = normal(4, (4, 2, n), jnp.float64)
 
         check_gradient_by_finite_differences(
             unroll_loss(cell, xs, mask, target), params, directions=5

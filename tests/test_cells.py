@@ -4,7 +4,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import check_unroll_gradient, normal, np_tree, random_params, scan_by_hand
+from helpers import (
+    as_jax,
+    check_unroll_gradient,
+    dropout_mask,
+    normal,
+    np_tree,
+    random_params,
+    scan_by_hand,
+    shapes,
+)
 
 from rhnzoo import cells, dropout
 
@@ -50,14 +59,13 @@ def test_step_matches_numpy(depth, coupled, hsg):
     cell = cells.RHN(n, depth, coupled=coupled)
     if hsg:
         cell = cells.HSG(cell)
-    key = jax.random.PRNGKey(depth + 10 * coupled + 100 * hsg)
-    kp, kx, ks, km = jax.random.split(key, 4)
-    params = random_params(cell.init(kp, m), kp)
-    xs = normal(kx, (T, B, m))
-    s0 = normal(ks, (B, n))
-    mask = jax.random.bernoulli(km, 0.7, (B, n)) / 0.7
+    rng = np.random.default_rng(depth + 10 * coupled + 100 * hsg)  # NumPy draws
+    params = random_params(shapes(cell.init, m), rng)
+    xs = normal(rng, (T, B, m))
+    s0 = normal(rng, (B, n))
+    mask = dropout_mask(rng, (B, n), 0.7)
 
-    carry, ys = cells.unroll(cell, params, s0, xs, mask)
+    carry, ys = jax.jit(lambda *a: cells.unroll(cell, *a))(params, s0, xs, mask)
 
     p = np_tree(params)
     s = np.asarray(s0, np.float64)
@@ -105,12 +113,13 @@ def test_hsg_closed_gate_is_bare_rhn():
     """b_G -> -inf makes g = 0, so ŝ_t = s_L,t: HSG(RHN) reduces to the RHN."""
     rhn = cells.RHN(6, 3)
     hsg = cells.HSG(rhn)
-    params = random_params(hsg.init(jax.random.PRNGKey(1), 4), jax.random.PRNGKey(2))
-    params["b_G"] = jnp.full_like(params["b_G"], -1e4)
-    xs = normal(jax.random.PRNGKey(3), (5, 2, 4))
-    s0 = jnp.ones((2, 6))
-    _, ys_hsg = cells.unroll(hsg, params, s0, xs)
-    _, ys_rhn = cells.unroll(rhn, params["cell"], s0, xs)
+    params = random_params(shapes(hsg.init, 4), 2)
+    params["b_G"] = as_jax(np.full(params["b_G"].shape, -1e4, np.float32))
+    xs = normal(3, (5, 2, 4))
+    s0 = as_jax(np.ones((2, 6), np.float32))
+    ys_hsg, ys_rhn = jax.jit(  # one program
+        lambda p, s0, xs: (cells.unroll(hsg, p, s0, xs)[1], cells.unroll(rhn, p["cell"], s0, xs)[1])
+    )(params, s0, xs)
     np.testing.assert_allclose(ys_hsg, ys_rhn, rtol=1e-6, atol=1e-6)
 
 
@@ -127,7 +136,7 @@ def test_cell_in_user_written_scan_under_jit(make):
     """A user's own lax.scan with nothing else from rhnzoo than the cell."""
     cell = make()
     params = cell.init(jax.random.PRNGKey(0), 3)
-    xs = normal(jax.random.PRNGKey(1), (7, 2, 3))
+    xs = normal(1, (7, 2, 3))
     carry, ys = scan_by_hand(cell, params, xs)
     assert ys.shape == (7, 2, 8) and carry.shape == (2, 8)
     ref_carry, ref_ys = cells.unroll(cell, params, cell.initial_carry(2), xs)
@@ -150,10 +159,16 @@ def test_invalid_depth_and_size():
 
 def test_step_with_gates_returns_every_micro_layer():
     cell = cells.RHN(5, 4)
-    params = random_params(cell.init(jax.random.PRNGKey(0), 3), jax.random.PRNGKey(1))
-    s0 = normal(jax.random.PRNGKey(2), (2, 5))
-    x_proj = cell.project_inputs(params, normal(jax.random.PRNGKey(3), (2, 3)))
-    s, ts = cell.step_with_gates(params, s0, x_proj)
+    params = random_params(shapes(cell.init, 3), 1)
+    s0 = normal(2, (2, 5))
+    x_proj = normal(3, (2, 3))
+
+    @jax.jit  # one program
+    def run(params, s0, x):
+        x_proj = cell.project_inputs(params, x)
+        return x_proj, *cell.step_with_gates(params, s0, x_proj)
+
+    x_proj, s, ts = run(params, s0, x_proj)
     assert ts.shape == (4, 2, 5)
     # Recompute each micro-layer's T gate from the NumPy transcription's pre-activation.
     p = np_tree(params)

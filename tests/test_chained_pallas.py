@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import normal, random_params
+from helpers import as_jax, dropout_mask, filled, normal, random_params, shapes
 from pallas_checks import (
     assert_close,
     assert_matches_reference,
@@ -37,21 +37,22 @@ def make(kind, n, depth=2, activation="sigmoid"):
 
 
 def setup(n, B, m, T, depth=2, activation="sigmoid", seed=0, kind="rrn"):
-    """The cell, random (not initial) parameters and carry, inputs and a target."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    """The cell, random (not initial) parameters and carry, inputs and a target: NumPy
+    draws (nothing compiled), the parameters' shapes from ``jax.eval_shape``."""
+    rng = np.random.default_rng(seed)
     cell = make(kind, n, depth, activation)
-    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
+    params = random_params(shapes(cell.init, m), rng, scale=0.3)
     return (
         cell,
         params,
-        0.5 * normal(keys[2], (B, n)),
-        normal(keys[3], (T, B, m)),
-        normal(keys[4], (T, B, n)),
+        normal(rng, (B, n), scale=0.5),
+        normal(rng, (T, B, m)),
+        normal(rng, (T, B, n)),
     )
 
 
-def dropout_mask(B, n, seed=7):
-    return jax.random.bernoulli(jax.random.PRNGKey(seed), 0.75, (B, n)) / 0.75
+def recurrent_mask(B, n, seed=7):  # keep 0.75, scaled by 1 / 0.75 (NumPy)
+    return dropout_mask(seed, (B, n), 0.75)
 
 
 CASES = {
@@ -94,8 +95,8 @@ pytestmark = pytest.mark.pallas
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, K, act, lengths, masked, outputs = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, K, act or "sigmoid", kind=kind)
-    lens = None if lengths is None else jnp.asarray(lengths)
-    mask = dropout_mask(B, n) if masked else None
+    lens = None if lengths is None else as_jax(lengths)
+    mask = recurrent_mask(B, n) if masked else None
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: chained_pallas.unroll(
             cell, p, c, x, mask, Options(outputs=outputs), lengths=lens
@@ -119,7 +120,7 @@ def test_values_and_gradients_match_the_reference(case):
 @pytest.mark.slow
 def test_outputs_false_reads_the_final_carry():
     cell, params, carry, xs, target = setup(5, 4, 3, 6, seed=1)
-    lens = jnp.asarray([6, 0, 3, 5])
+    lens = as_jax([6, 0, 3, 5], jnp.int32)
     got, ref, _ = kernel_reference_fused(
         lambda p, c, x: chained_pallas.unroll(
             cell, p, c, x, None, Options(outputs=False), lengths=lens
@@ -133,7 +134,10 @@ def test_outputs_false_reads_the_final_carry():
         outputs=False,
         fused=False,
     )
-    assert chained_pallas.unroll(cell, params, carry, xs, None, Options(outputs=False))[1] is None
+    without_outputs = lambda p, c, x: chained_pallas.unroll(
+        cell, p, c, x, None, Options(outputs=False)
+    )
+    assert jax.eval_shape(without_outputs, params, carry, xs)[1] is None
     assert_matches_reference(got, ref)
 
 
@@ -147,18 +151,22 @@ def test_parallel_cells_through_the_dispatcher_run_each_part_by_its_kernels(name
     n, B, m, T = 5, 4, 3, 5
     cell = cells.make(name, n)
     assert scan.implementations(cell)[-1] is ScanImpl.PALLAS
-    keys = jax.random.split(jax.random.PRNGKey(3), 5)
-    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
-    carry = jax.tree.map(lambda a: a + 0.3, cell.initial_carry(B))
-    xs, target = normal(keys[2], (T, B, m)), normal(keys[3], (T, B, n))
-    lens, mask = jnp.asarray([5, 0, 2, 4]), dropout_mask(B, n)
+    rng = np.random.default_rng(3)
+    params = random_params(shapes(cell.init, m), rng, scale=0.3)
+    carry = filled(jax.eval_shape(lambda: cell.initial_carry(B)), 0.3)
+    xs, target = normal(rng, (T, B, m)), normal(rng, (T, B, n))
+    lens, mask = as_jax([5, 0, 2, 4], jnp.int32), recurrent_mask(B, n)
     run = lambda impl, **kw: (
         lambda p, c, x: scan.unroll(cell, p, c, x, mask, impl=impl, lengths=lens, **kw)
     )
-    with deadline(300):
-        got = value_and_grads(run("pallas", dtype=jnp.bfloat16), params, carry, xs, target)
-    fused = value_and_grads(run("fused", dtype=jnp.bfloat16), params, carry, xs, target)
-    ref = value_and_grads(run("reference"), params, carry, xs, target)
+    args = (params, carry, xs, target)
+    with deadline(300):  # the kernels eagerly; the two scans in one jit-compiled program
+        got = value_and_grads(run("pallas", dtype=jnp.bfloat16), *args)
+    fused, ref = jax.jit(
+        lambda *a: [
+            value_and_grads(u, *a) for u in (run("fused", dtype=jnp.bfloat16), run("reference"))
+        ]
+    )(*args)
     assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
     assert_close(got[1], fused[1], rtol=1.5e-2)
     assert_close(got[1], ref[1], rtol=2e-2)
@@ -171,8 +179,8 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     own values and gradients, and the vmapped value and gradient lower for ``cuda``."""
     B, n = 4, 5
     cell, params, carry, xs, target = setup(n, B, 3, 5, seed=2, kind=kind)
-    masks = jnp.stack([dropout_mask(B, n, 3), dropout_mask(B, n, 4)])
-    lens = jnp.asarray([5, 2, 0, 4])
+    masks = as_jax(np.stack([np.asarray(recurrent_mask(B, n, s)) for s in (3, 4)]))
+    lens = as_jax([5, 2, 0, 4], jnp.int32)
     with deadline(300):
         assert_stacked_seeds_equal_each_seed(
             lambda p, c, x, mask: chained_pallas.unroll(cell, p, c, x, mask, lengths=lens),
@@ -203,19 +211,20 @@ def test_refuses_what_it_does_not_compute():
     assert supports(cells.RRN(128, depth=3)) and not supports(cells.RRN(129))
     assert supports(cells.GRU(128)) and not supports(cells.GRU(128, reset_after=True))
     assert not supports(cells.LSTM(8))  # gated_pallas's
+    zeros = lambda shape: filled(jax.ShapeDtypeStruct(shape, jnp.float32))  # made on the host
     deep = cells.RRN(128, depth=4)  # four 128 x 128 matrices and their step inputs: too many
     assert not supports(deep) and ScanImpl.PALLAS not in scan.implementations(deep)
     with pytest.raises(ValueError, match="no Pallas kernel"):
         chained_pallas.unroll(
-            deep, deep.init(jax.random.PRNGKey(0), 1), jnp.zeros((4, 128)), jnp.zeros((2, 4, 1))
+            deep, filled(shapes(deep.init, 1), 0.1), zeros((4, 128)), zeros((2, 4, 1))
         )
     wide = cells.RRN(128, depth=3)  # fits with a 1-wide input, not a 64-wide one
     with pytest.raises(ValueError, match="shared memory at input width 64"):
         chained_pallas.unroll(
             wide,
-            wide.init(jax.random.PRNGKey(0), 64),
-            jnp.zeros((4, 128)),
-            jnp.zeros((2, 4, 64)),
+            filled(shapes(wide.init, 64), 0.1),
+            zeros((4, 128)),
+            zeros((2, 4, 64)),
             None,
             Options(outputs=False),
         )
@@ -326,7 +335,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, kind,
         capfd,
         lambda: value_and_grads(
             lambda p, c, x: chained_pallas.unroll(
-                cell, p, c, x, dropout_mask(4, n), Options(outputs=outputs)
+                cell, p, c, x, recurrent_mask(4, n), Options(outputs=outputs)
             ),
             params,
             carry,

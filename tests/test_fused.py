@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import normal
+from helpers import dropout_mask, normal, random_params, shapes
 
 from rhnzoo import cells
 from rhnzoo.cells import rhn_fused as fused
@@ -17,17 +17,12 @@ def setup(depth, hsg, seed=0, B=3, m=5, n=6, T=7):
     cell = cells.RHN(n, depth)
     if hsg:
         cell = cells.HSG(cell)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    rng = np.random.default_rng(seed)  # NumPy draws: nothing compiled
     # Random (not initial) parameters, so every gate is away from its init value.
-    params = cell.init(keys[0], m)
-    leaves, tree = jax.tree.flatten(params)
-    params = jax.tree.unflatten(
-        tree,
-        [0.5 * normal(k, l.shape) for k, l in zip(jax.random.split(keys[1], len(leaves)), leaves)],
-    )
-    xs = normal(keys[2], (T, B, m))
-    s0 = normal(keys[3], (B, n))
-    mask = jax.random.bernoulli(keys[4], 0.7, (B, n)) / 0.7
+    params = random_params(shapes(cell.init, m), rng, 0.5)
+    xs = normal(rng, (T, B, m))
+    s0 = normal(rng, (B, n))
+    mask = dropout_mask(rng, (B, n), 0.7)
     return cell, params, xs, s0, mask
 
 
@@ -50,19 +45,18 @@ def loss(unroll_fn, cell, params, s0, xs, mask, target):
 def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, remat, layer_loop):
     cell, params, xs, s0, mask = setup(depth, hsg, seed=depth)
     mask = mask if use_mask else None
-    target = normal(jax.random.PRNGKey(9), (xs.shape[0], xs.shape[1], cell.hidden_size))
+    target = normal(9, (xs.shape[0], xs.shape[1], cell.hidden_size))
     ref = lambda *a: cells.unroll(*a)
     fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2, layer_loop=layer_loop)
-    np.testing.assert_allclose(
-        fast(cell, params, s0, xs, mask)[1],
-        ref(cell, params, s0, xs, mask)[1],
-        rtol=1e-5,
-        atol=1e-5,
-    )
-    g_ref = jax.grad(loss, argnums=(2, 3, 4))(ref, cell, params, s0, xs, mask, target)
-    g_fast = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))(
-        fast, cell, params, s0, xs, mask, target
-    )
+
+    @jax.jit  # one program (not one per eager operation of the reference)
+    def run(params, s0, xs, mask, target):
+        grad = lambda f: jax.grad(loss, argnums=(2, 3, 4))(f, cell, params, s0, xs, mask, target)
+        ys = [f(cell, params, s0, xs, mask)[1] for f in (fast, ref)]
+        return ys, grad(ref), grad(fast)
+
+    (y_fast, y_ref), g_ref, g_fast = run(params, s0, xs, mask, target)
+    np.testing.assert_allclose(y_fast, y_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -91,7 +85,7 @@ def test_bfloat16_matmuls_stay_close_to_float32():
     perturb the outputs by about bf16's relative precision (2^-8), not more."""
     cell = cells.HSG(cells.RHN(32, 3))
     params = cell.init(jax.random.PRNGKey(0), 16)
-    xs = normal(jax.random.PRNGKey(1), (20, 4, 16))
+    xs = normal(1, (20, 4, 16))
     s0 = jnp.zeros((4, 32))
     _, y32 = fused.unroll(cell, params, s0, xs)
     _, y16 = fused.unroll(cell, params, s0, xs, dtype=jnp.bfloat16)
@@ -260,7 +254,7 @@ def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer
         cell, params, xs, s0, mask = setup(4, hsg, seed=11)
         params, xs, s0, mask = jax.tree.map(lambda a: a.astype(jnp.float64), (params, xs, s0, mask))
         shape = (*xs.shape[:2], cell.hidden_size)
-        target = normal(jax.random.PRNGKey(9), shape, jnp.float64)
+        target = normal(9, shape, jnp.float64)
         fast = lambda *a: fused.unroll(*a, dtype=None, layer_loop=layer_loop, remat=remat)
         ys = fast(cell, params, s0, xs, mask)[1]
         assert ys.dtype == jnp.float64

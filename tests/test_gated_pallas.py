@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import normal, random_params
+from helpers import as_jax, dropout_mask, filled, normal, random_params, shapes
 from pallas_checks import (
     assert_lm_task_agrees,
     assert_matches_reference,
@@ -44,21 +44,22 @@ KINDS = {
 def setup(n, B, m, T, seed=0, kind="lstm"):
     """The cell, random (not initial) parameters and carry, inputs and a target. An
     SC-LSTM's carry is in mid-sequence: each row at its own step count and anchor, α
-    not 1."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 7)
+    not 1. NumPy draws (nothing compiled), the parameters' shapes from ``jax.eval_shape``
+    of the cell's init."""
+    rng = np.random.default_rng(seed)
     cell = KINDS[kind](n)
-    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
-    carry = 0.5 * normal(keys[2], (B, n))
+    params = random_params(shapes(cell.init, m), rng, scale=0.3)
+    carry = normal(rng, (B, n), scale=0.5)
     if kind == "lstm":
-        carry = cells.LSTMState(carry, 0.5 * normal(keys[3], (B, n)))
+        carry = cells.LSTMState(carry, normal(rng, (B, n), scale=0.5))
     if kind.startswith("sc_lstm"):
-        counts = jnp.asarray([0, 2, 5, 1] * (B // 4) + [3] * (B % 4), jnp.int32)
+        counts = as_jax(np.asarray([0, 2, 5, 1] * (B // 4) + [3] * (B % 4), np.int32))
         carry = cells.SCLSTMState(
-            carry, 0.5 * normal(keys[3], (B, n)), 0.5 * normal(keys[6], (B, n)), counts
+            carry, normal(rng, (B, n), scale=0.5), normal(rng, (B, n), scale=0.5), counts
         )
         if cell.learn_alpha:
-            params["alpha"] = jnp.float32(0.7)
-    return cell, params, carry, normal(keys[4], (T, B, m)), normal(keys[5], (T, B, n))
+            params["alpha"] = as_jax(np.float32(0.7))
+    return cell, params, carry, normal(rng, (T, B, m)), normal(rng, (T, B, n))
 
 
 CASES = {
@@ -78,6 +79,18 @@ CASES = {
     "lstm_exact_n128_masked": ("lstm", 128, 3, 3, 3, np.array([3, 1, 2]), True),
     "gru_exact_n128": ("gru", 128, 3, 2, 3, None, False),
     "gru_long_sequence": ("gru", 5, 3, 2, 64, np.array([64, 41, 1]), True),
+}
+
+
+# Loss bounds moved with the NumPy draws (issue 69, both cases in CI's slow tier): at
+# gru_long_sequence the loss nearly cancels (-0.024, a sum of ~1,000 terms of both signs),
+# so 2e-3 of it is no bound (kernel and fused scan both 4.2e-3 off the reference: the
+# bound against the fused scan holds); at lstm_pmnist_like (loss 1.47e4) the kernel is
+# 0.32 off (2e-5 relative), the fused scan 0.072: 4x plus 1e-3 fails, 1e-5 of the loss
+# added holds.
+LOSS_BOUNDS = {
+    "gru_long_sequence": {"loss_atol": 5e-3},
+    "lstm_pmnist_like": {"fused_loss_atol": 0.15},
 }
 
 
@@ -103,10 +116,10 @@ pytestmark = pytest.mark.pallas
 def test_values_and_gradients_match_the_reference(case):
     kind, n, B, m, T, lengths, masked = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, kind=kind)
-    lens = None if lengths is None else jnp.asarray(lengths)
+    lens = None if lengths is None else as_jax(lengths)
     mask = None
     if masked:  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
-        mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
+        mask = dropout_mask(7, (B, n), 0.75)
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
         cell,
@@ -123,7 +136,7 @@ def test_values_and_gradients_match_the_reference(case):
         assert abs(a - r) <= 4 * abs(f - r) + 1e-3 * abs(r)
     # The loss to bfloat16 rounding of the reference, and as close as the fused scan's
     # bfloat16 mode is (the same precision policy); every other gradient to 1.5e-2.
-    assert_matches_reference(got, ref, fused)
+    assert_matches_reference(got, ref, fused, **LOSS_BOUNDS.get(case, {}))
 
 
 @pytest.mark.slow
@@ -133,11 +146,11 @@ def test_outputs_false_reads_the_final_carry(kind):
     (SC-LSTM's step counts exactly: each row's advances by its length)."""
     _, n, B, m, T, lengths, _ = CASES["lstm_padded_rows"]
     cell, params, carry, xs, target = setup(n, B, m, T, seed=1, kind=kind)
-    lens = jnp.asarray(lengths)
+    lens = as_jax(lengths)
     final = gated_pallas.unroll(
         cell, params, carry, xs, None, Options(outputs=False), lengths=lens
     )[0]
-    want = cells.unroll(cell, params, carry, xs, lengths=lens)[0]
+    want = jax.jit(lambda p, c, x: cells.unroll(cell, p, c, x, lengths=lens)[0])(params, carry, xs)
     assert type(final) is type(want)
     if kind != "lstm":
         np.testing.assert_array_equal(final.t, want.t)
@@ -154,7 +167,10 @@ def test_outputs_false_reads_the_final_carry(kind):
         outputs=False,
         fused=False,
     )
-    assert gated_pallas.unroll(cell, params, carry, xs, None, Options(outputs=False))[1] is None
+    without_outputs = lambda p, c, x: gated_pallas.unroll(
+        cell, p, c, x, None, Options(outputs=False)
+    )
+    assert jax.eval_shape(without_outputs, params, carry, xs)[1] is None
     assert_matches_reference(got, ref)
 
 
@@ -167,8 +183,8 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100(kind):
     sixth TMA dimension: "Async copies only support striding up to 5 dimensions")."""
     _, n, B, m, T, lengths, _ = CASES["lstm_masked"]
     cell, params, carry, xs, target = setup(n, B, m, T, seed=2, kind=kind)
-    masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, B, n)) / 0.75
-    lens = jnp.asarray(lengths)
+    masks = dropout_mask(3, (2, B, n), 0.75)
+    lens = as_jax(lengths)
     with deadline(300):
         assert_stacked_seeds_equal_each_seed(
             lambda p, c, x, mask: gated_pallas.unroll(cell, p, c, x, mask, lengths=lens),
@@ -194,7 +210,7 @@ def test_refuses_what_it_does_not_compute():
         gated_pallas.unroll(cell, params, carry, xs, None, Options(dtype=jnp.float32))
     gru = cells.GRU(5)  # Cho et al.'s: chained_pallas's kernels, not these
     with pytest.raises(ValueError, match="no Pallas kernel"):
-        gated_pallas.unroll(gru, gru.init(jax.random.PRNGKey(0), 3), jnp.zeros((4, 5)), xs)
+        gated_pallas.unroll(gru, filled(shapes(gru.init, 3), 0.1), as_jax(np.zeros((4, 5))), xs)
     assert gated_pallas.supports(cells.LSTM(128)) and not gated_pallas.supports(cells.LSTM(129))
     assert gated_pallas.supports(cells.GRU(128, reset_after=True))
     assert not gated_pallas.supports(gru) and gated_pallas.supports(cells.SCLSTM(128, skip=2))
@@ -260,10 +276,10 @@ def test_the_classifier_task_runs_the_kernel(model, reset_after):
         cfg.replace(scan_impl=impl).classifier(3, vocab_size=11) for impl in ("pallas", "fused")
     ]
     assert models[0].resolved_scan(4) is ScanImpl.PALLAS
-    params = random_params(models[1].init(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.3)
+    params = random_params(shapes(models[1].init), 1, 0.3)
     rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, 11, (4, 6)), jnp.int32)
-    lengths, labels = jnp.asarray([6, 0, 3, 5]), jnp.asarray([0, 1, 2, 1])
+    tokens = as_jax(rng.integers(0, 11, (4, 6)), jnp.int32)
+    lengths, labels = as_jax([6, 0, 3, 5], jnp.int32), as_jax([0, 1, 2, 1], jnp.int32)
 
     def loss_of(model, params):
         logits = model.logits(params, tokens, lengths, jax.random.PRNGKey(3))
@@ -378,7 +394,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(
     kernels (threads' loads and stores, TMA copies, wgmma operands): none may race. It
     reports a removed ``commit_smem`` before a TMA refill (checked by hand)."""
     cell, params, carry, xs, target = setup(n, 4, 3, 3, kind=kind)
-    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (4, n)) / 0.75
+    mask = dropout_mask(7, (4, n), 0.75)
     assert_no_races(
         monkeypatch,
         capfd,

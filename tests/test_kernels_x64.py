@@ -8,9 +8,11 @@ One small case per kernel, in GPU interpret mode on the CPU, under a timeout."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import test_chained_pallas
 import test_gated_pallas
+from helpers import as_jax
 from pallas_checks import assert_matches_reference, kernel_reference_fused
 
 from rhnzoo.cells.kernels import chained as chained_pallas
@@ -39,7 +41,8 @@ def test_kernel_under_x64_matches_the_reference(name):
     with jax.enable_x64(True):
         assert jnp.arange(1).dtype == jnp.int64  # x64 really on
         cell, params, carry, xs, target = setup(N, B, M, T, kind=kind)
-        lengths = jnp.asarray([T, 0, 2, 3])
+        lengths = as_jax(np.asarray([T, 0, 2, 3]))  # int64 under x64
+        assert lengths.dtype == jnp.int64
         kernel = lambda p, c, x: module.unroll(cell, p, c, x, lengths=lengths)
         final, ys = kernel(params, carry, xs)
         assert ys.dtype == jnp.float32

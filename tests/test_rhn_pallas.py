@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import kernel_registers as kr
 import numpy as np
 import pytest
-from helpers import normal, random_params
+from helpers import as_jax, dropout_mask, normal, random_params, shapes
 from pallas_checks import (
     assert_lm_task_agrees,
     assert_matches_reference,
@@ -41,17 +41,18 @@ bf16 = jnp.bfloat16
 def setup(n, B, m, T, depth, hsg, seed=0):
     """The cell, random (not initial) parameters and state, inputs and a target. The
     weights' scale shrinks as 1 / sqrt(n) above n = 8, so that pre-activations (and the
-    bfloat16 rounding of what multiplies them) stay the same size at any width."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    bfloat16 rounding of what multiplies them) stay the same size at any width. NumPy
+    draws (nothing compiled), the parameters' shapes from ``jax.eval_shape``."""
+    rng = np.random.default_rng(seed)
     cell = cells.RHN(n, depth)
     cell = cells.HSG(cell) if hsg else cell
-    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3 * min(1.0, (8 / n) ** 0.5))
-    carry = 0.5 * normal(keys[2], (B, n))
-    return cell, params, carry, normal(keys[3], (T, B, m)), normal(keys[4], (T, B, n))
+    params = random_params(shapes(cell.init, m), rng, scale=0.3 * min(1.0, (8 / n) ** 0.5))
+    carry = normal(rng, (B, n), scale=0.5)
+    return cell, params, carry, normal(rng, (T, B, m)), normal(rng, (T, B, n))
 
 
-def dropout_mask(B, n):  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
-    return jax.random.bernoulli(jax.random.PRNGKey(7), 0.75, (B, n)) / 0.75
+def recurrent_mask(B, n, seed=7):  # variational recurrent dropout: keep 0.75, scaled by 1 / 0.75
+    return dropout_mask(seed, (B, n), 0.75)
 
 
 CASES = {
@@ -78,7 +79,7 @@ FAST = {"rhn_depth3_masked"}  # the fast tier: one case; the rest in CI
 def test_values_and_gradients_match_the_reference(case):
     n, B, m, T, depth, hsg, masked, bt = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
-    mask = dropout_mask(B, n) if masked else None
+    mask = recurrent_mask(B, n) if masked else None
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: rhn.unroll(cell, p, c, x, mask, Options(batch_tile=bt)),
         cell,
@@ -100,7 +101,7 @@ def test_the_dispatcher_runs_it_with_lengths_and_auto_keeps_the_fused_scan():
     reference scan's; ``auto`` still picks the fused scan for the RHN, on a GPU too (no
     GPU timing of the kernel yet)."""
     cell, params, carry, xs, target = setup(5, 4, 3, 4, 2, True, seed=1)
-    lens, mask = jnp.asarray([4, 0, 2, 3]), dropout_mask(4, 5)
+    lens, mask = as_jax([4, 0, 2, 3], jnp.int32), recurrent_mask(4, 5)
     assert scan.resolve("pallas", cell, batch=4, dtype=bf16, backend="cpu") is ScanImpl.PALLAS
     for backend in ("gpu", "cpu"):
         assert scan.resolve("auto", cell, batch=20, dtype=bf16, backend=backend) is ScanImpl.FUSED
@@ -129,7 +130,7 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100():
     backward's reductions in another order); the vmapped value and gradient at the
     ``ptb_sota`` shape lower for ``cuda`` (the kernels' TMA copies gain a dimension)."""
     cell, params, carry, xs, target = setup(5, 4, 3, 3, 2, True, seed=2)
-    masks = jax.random.bernoulli(jax.random.PRNGKey(3), 0.75, (2, 4, 5)) / 0.75
+    masks = dropout_mask(3, (2, 4, 5), 0.75)
     with deadline(300):
         assert_stacked_seeds_equal_each_seed(
             lambda p, c, x, mask: rhn.unroll(cell, p, c, x, mask),
@@ -146,8 +147,8 @@ def test_stacked_seeds_under_vmap_equal_each_seed_and_lower_for_an_h100():
         lambda p, c, x: rhn.unroll(cell, p, c, x, None, Options(interpret=False)),
         jax.eval_shape(lambda: cell.init(jax.random.PRNGKey(0), 830)),
         z((20, 830), jnp.float32),
-        jnp.zeros((4, 20, 830)),
-        jnp.zeros((4, 20, 830)),
+        as_jax(np.zeros((4, 20, 830), np.float32)),
+        as_jax(np.zeros((4, 20, 830), np.float32)),
     )
 
 
@@ -218,21 +219,22 @@ def test_under_x64_matches_the_reference(depth):
 def test_refuses_what_it_does_not_compute():
     cell, params, carry, xs, _ = setup(5, 4, 3, 2, 2, False)
     unroll = rhn.unroll
+    host = lambda a, index: as_jax(np.asarray(a)[index])  # sliced on the host
     with pytest.raises(ValueError, match="bfloat16"):
         unroll(cell, params, carry, xs, None, Options(dtype=jnp.float32))
     uncoupled = cells.RHN(5, 2, coupled=False)
     with pytest.raises(ValueError, match="coupled RHN or HSG"):
-        unroll(uncoupled, uncoupled.init(jax.random.PRNGKey(0), 3), carry, xs)
+        unroll(uncoupled, random_params(shapes(uncoupled.init, 3), 0), carry, xs)
     with pytest.raises(ValueError, match="coupled RHN or HSG"):
         unroll(cells.LSTM(5), params, carry, xs)
     with pytest.raises(ValueError, match=r"carry \(3, 5\) \(want \(4, 5\)\)"):
-        unroll(cell, params, carry[:3], xs)
+        unroll(cell, params, host(carry, np.s_[:3]), xs)
     with pytest.raises(ValueError, match=r"mask \(4, 6\)"):
-        unroll(cell, params, carry, xs, jnp.ones((4, 6)))
+        unroll(cell, params, carry, xs, as_jax(np.ones((4, 6), np.float32)))
     with pytest.raises(ValueError, match=r"W \(3, 10\) \(want \(2, 10\)\)"):
-        unroll(cell, params, carry, xs[..., :2])
+        unroll(cell, params, carry, host(xs, np.s_[..., :2]))
     with pytest.raises(ValueError, match=r"xs must be \[T, B, m\]"):
-        unroll(cell, params, carry, xs[0])
+        unroll(cell, params, carry, host(xs, 0))
     with pytest.raises(ValueError, match="batch_tile must be None or one of"):
         unroll(cell, params, carry, xs, None, Options(batch_tile=48))
     assert rhn.supports(cell) and rhn.supports(cells.HSG(cell))
@@ -297,7 +299,11 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd):
         monkeypatch,
         capfd,
         lambda: value_and_grads(
-            lambda p, c, x: rhn.unroll(cell, p, c, x, dropout_mask(B, n)), params, carry, xs, target
+            lambda p, c, x: rhn.unroll(cell, p, c, x, recurrent_mask(B, n)),
+            params,
+            carry,
+            xs,
+            target,
         ),
     )
 
@@ -327,7 +333,7 @@ def test_backward_kernels_are_the_default_and_the_xla_backward_matches_the_refer
     bfloat16 rounding."""
     n, B, m, T, depth, hsg, masked, bt = CASES[case]
     cell, params, carry, xs, target = setup(n, B, m, T, depth, hsg)
-    mask = dropout_mask(B, n) if masked else None
+    mask = recurrent_mask(B, n) if masked else None
 
     def kernel(**backward):
         opts = Options(batch_tile=bt, **backward)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import kernel_registers as kr
 import numpy as np
 import pytest
-from helpers import normal, random_params
+from helpers import as_jax, dropout_mask, filled, normal, random_params, shapes
 from pallas_checks import (
     assert_close,
     assert_matches_reference,
@@ -39,13 +39,15 @@ INTERPRET = jax.default_backend() == "cpu"  # the kernel's GPU interpret mode on
 
 def setup(n, B, m, T, masked, seed=0):
     """The LSTM's random (not initial) parameters, carry and inputs, and a dropout mask
-    (keep 0.75, scaled by 1 / 0.75) or None."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    (keep 0.75, scaled by 1 / 0.75) or None: NumPy draws (nothing compiled), the
+    parameters' shapes from ``jax.eval_shape`` of the cell's init."""
+    rng = np.random.default_rng(seed)
     cell = cells.LSTM(n)
-    params = random_params(cell.init(keys[0], m), keys[1], scale=0.3)
-    h0, c0 = 0.5 * normal(keys[2], (B, n)), 0.5 * normal(keys[3], (B, n))
-    mask = jax.random.bernoulli(keys[5], 0.75, (B, n)) / 0.75 if masked else None
-    return cell, params, h0, c0, normal(keys[4], (T, B, m)), mask
+    params = random_params(shapes(cell.init, m), rng, scale=0.3)
+    h0, c0 = normal(rng, (B, n), scale=0.5), normal(rng, (B, n), scale=0.5)
+    xs = normal(rng, (T, B, m))
+    mask = dropout_mask(rng, (B, n), 0.75) if masked else None
+    return cell, params, h0, c0, xs, mask
 
 
 CASES = {
@@ -67,12 +69,15 @@ CASES = {
 def test_outputs_match_the_reference(case):
     """y of every step agrees with the reference scan to bfloat16 rounding, and with the
     fused scan in bfloat16 (the same rounding points: x, W, h m and U rounded to
-    bfloat16, float32 accumulation) more tightly; padded steps output zeros."""
+    bfloat16, float32 accumulation) more tightly; padded steps output zeros. (The
+    reference and the fused scan: one jit-compiled program.)"""
     n, B, m, T, bt, lengths, masked = CASES[case]
     cell, params, h0, c0, xs, mask = setup(n, B, m, T, masked)
-    xs = xs * min(1.0, (3 / m) ** 0.5)  # pre-activations of the same size at any input width
-    lens = None if lengths is None else jnp.asarray(lengths, jnp.int32)
-    with deadline(300):
+    # pre-activations of the same size at any input width (scaled on the host)
+    xs = as_jax(np.asarray(xs) * np.float32(min(1.0, (3 / m) ** 0.5)))
+    lens = None if lengths is None else as_jax(lengths, jnp.int32)
+
+    with deadline(300):  # the kernel eagerly (see pallas_checks.py), under a deadline
         y = swap_ab.lstm_forward(
             xs,
             params["W"],
@@ -86,14 +91,20 @@ def test_outputs_match_the_reference(case):
             interpret=INTERPRET,
         )
         y = jax.block_until_ready(y)
+
+    @jax.jit
+    def reference_and_fused(params, h0, c0, xs):
+        carry = cells.LSTMState(h0, c0)
+        _, ref = cells.unroll(cell, params, carry, xs, mask, lengths=lens)
+        # The projection before the scan: x W with bfloat16 inputs at m = 1 too, as the
+        # kernel's (per step, the fused scan takes a 1-wide input's outer product in float32).
+        _, fused = gated_fused.unroll(
+            cell, params, carry, xs, mask, lengths=lens, dtype=jnp.bfloat16, project_per_step=False
+        )
+        return ref, fused
+
+    ref, fused = reference_and_fused(params, h0, c0, xs)
     assert y.shape == (T, B, n) and y.dtype == jnp.float32
-    carry = cells.LSTMState(h0, c0)
-    _, ref = cells.unroll(cell, params, carry, xs, mask, lengths=lens)
-    # The projection before the scan: x W with bfloat16 inputs at m = 1 too, as the kernel's
-    # (per step, the fused scan takes a 1-wide input's outer product in float32).
-    _, fused = gated_fused.unroll(
-        cell, params, carry, xs, mask, lengths=lens, dtype=jnp.bfloat16, project_per_step=False
-    )
     assert_close(y, ref, rtol=1.5e-2)
     assert_close(y, fused, rtol=2e-3)
     if lens is not None:
@@ -111,7 +122,7 @@ def test_no_races_between_threads_tma_and_tensor_cores(monkeypatch, capfd, n, bt
     race."""
     B, T = bt + 3, 4
     _, params, h0, c0, xs, mask = setup(n, B, 3, T, True)
-    lens = jnp.asarray(np.arange(B) % (T + 1), jnp.int32)
+    lens = as_jax(np.arange(B) % (T + 1), jnp.int32)
     assert_no_races(
         monkeypatch,
         capfd,
@@ -147,10 +158,11 @@ def test_lowers_for_an_h100(bt):
 
 
 def stacked_seeds(n, B, m, T):
-    """Two seeds' parameters, carries and masks stacked (``a``, ``0.8 a``) and one
-    seed's inputs."""
+    """Two seeds' parameters, carries and masks stacked (``a``, ``0.8 a``, float32, in
+    NumPy) and one seed's inputs."""
     _, params, h0, c0, xs, mask = setup(n, B, m, T, True)
-    return jax.tree.map(lambda a: jnp.stack([a, 0.8 * a]), (params, h0, c0, mask)), xs
+    stack = lambda a: as_jax(np.stack([np.asarray(a), np.float32(0.8) * np.asarray(a)]))
+    return jax.tree.map(stack, (params, h0, c0, mask)), xs
 
 
 def seed_forward(xs, lens, bt, interpret):
@@ -166,14 +178,15 @@ def test_stacked_seeds_one_at_a_time():
     seed's own y, bit for bit; and at n = 100 (two warpgroups) the mapped kernel lowers
     for ``cuda``, where unwrapped it does not (a sixth TMA dimension)."""
     seeds, xs = stacked_seeds(8, 5, 3, 3)
-    one = persistent.one_at_a_time(seed_forward(xs, jnp.asarray([3, 0, 2, 1, 3]), 16, INTERPRET))
+    lens = as_jax(np.asarray([3, 0, 2, 1, 3], np.int32))
+    one = persistent.one_at_a_time(seed_forward(xs, lens, 16, INTERPRET))
     with deadline(300):
         got = jax.vmap(one)(*seeds)
         for k in range(2):
-            want = one(*jax.tree.map(lambda a, k=k: a[k], seeds))
+            want = one(*jax.tree.map(lambda a, k=k: as_jax(np.asarray(a)[k]), seeds))
             np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want))
     seeds, xs = stacked_seeds(100, 40, 1, 3)
-    forward = seed_forward(xs, jnp.full((40,), 3), 16, False)
+    forward = seed_forward(xs, as_jax(np.full((40,), 3, np.int32)), 16, False)
     stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), seeds)
     mapped = lower_for_cuda(jax.vmap(persistent.one_at_a_time(forward)), *stacked)
     assert "mosaic_gpu" in mapped.as_text()
@@ -226,20 +239,21 @@ def test_fits_one_ctas_shared_memory():
 
 def test_bad_input_is_refused():
     """Shapes that are not an LSTM's, a batch tile other than 16, 32 or 64 and a hidden
-    size over 128 raise ValueError naming the problem."""
+    size over 128 raise ValueError naming the problem. (The bad arrays made on the host.)"""
     _, params, h0, c0, xs, _ = setup(8, 3, 2, 2, False)
     W, U, b = params["W"], params["U"], params["b"]
     call = lambda *a, bt=16: swap_ab.lstm_forward(*a, bt=bt, interpret=True)
+    ones = lambda shape, dtype=jnp.float32: as_jax(np.ones(shape), dtype)
     with pytest.raises(ValueError, match="xs must be"):
-        call(xs[0], W, U, b, h0, c0, None, None)
+        call(as_jax(np.asarray(xs)[0]), W, U, b, h0, c0, None, None)
     with pytest.raises(ValueError, match=r"W \(3, 32\)"):
-        call(xs, jnp.zeros((3, 32)), U, b, h0, c0, None, None)
+        call(xs, ones((3, 32)), U, b, h0, c0, None, None)
     with pytest.raises(ValueError, match="h0"):
-        call(xs, W, U, b, h0[:2], c0, None, None)
+        call(xs, W, U, b, as_jax(np.asarray(h0)[:2]), c0, None, None)
     with pytest.raises(ValueError, match="lens"):
-        call(xs, W, U, b, h0, c0, jnp.ones((4,), jnp.int32), None)
+        call(xs, W, U, b, h0, c0, ones((4,), jnp.int32), None)
     with pytest.raises(ValueError, match="mask"):
-        call(xs, W, U, b, h0, c0, None, jnp.ones((3, 9)))
+        call(xs, W, U, b, h0, c0, None, ones((3, 9)))
     with pytest.raises(ValueError, match="bt=8"):
         call(xs, W, U, b, h0, c0, None, None, bt=8)
     _, big, h, c, x, _ = setup(130, 3, 2, 2, False)
@@ -251,9 +265,13 @@ def test_empty_sequence_or_batch():
     """T = 0 or B = 0: an empty float32 y of shape [T, B, n], no kernel launched."""
     _, params, h0, c0, xs, _ = setup(8, 3, 2, 2, False)
     W, U, b = params["W"], params["U"], params["b"]
-    y = swap_ab.lstm_forward(xs[:0], W, U, b, h0, c0, None, None, bt=16, interpret=True)
+    xs, h0, c0 = np.asarray(xs), np.asarray(h0), np.asarray(c0)  # sliced on the host
+    y = swap_ab.lstm_forward(
+        as_jax(xs[:0]), W, U, b, as_jax(h0), as_jax(c0), None, None, bt=16, interpret=True
+    )
     assert y.shape == (0, 3, 8) and y.dtype == jnp.float32
-    y = swap_ab.lstm_forward(xs[:, :0], W, U, b, h0[:0], c0[:0], None, None, bt=32, interpret=True)
+    empty = [as_jax(a) for a in (xs[:, :0], h0[:0], c0[:0])]
+    y = swap_ab.lstm_forward(empty[0], W, U, b, *empty[1:], None, None, bt=32, interpret=True)
     assert y.shape == (2, 0, 8) and y.dtype == jnp.float32
 
 
@@ -298,8 +316,8 @@ def test_lstm_unroll_with_a_batch_tile_matches_the_reference(case, forward_kerne
     (:func:`pallas_checks.assert_matches_reference`, test_gated_pallas.py's bounds)."""
     n, B, m, T, bt, lengths, masked, outputs = UNROLL_CASES[case]
     cell, params, h0, c0, xs, mask = setup(n, B, m, T, masked)
-    target = normal(jax.random.PRNGKey(9), (T, B, n))
-    lens = jnp.asarray(lengths, jnp.int32)
+    target = normal(9, (T, B, n))
+    lens = as_jax(lengths, jnp.int32)
     opts = Options(outputs=outputs, batch_tile=bt)
     got, ref, fused = kernel_reference_fused(
         lambda p, c, x: gated.unroll(cell, p, c, x, mask, opts, lengths=lens),
@@ -324,7 +342,7 @@ def test_train_step_with_a_batch_tile_lowers_for_an_h100(forward_kernels):
     launched one seed at a time)."""
     n, B, m, T = 100, 100, 1, 8
     cell, params, h0, c0, xs, mask = setup(n, B, m, T, True)
-    target = normal(jax.random.PRNGKey(9), (T, B, n))
+    target = normal(9, (T, B, n))
     opts = Options(interpret=False, batch_tile=16)
     unroll = lambda p, c, x: gated.unroll(cell, p, c, x, mask, opts)
     step = lower_for_cuda(
@@ -346,25 +364,26 @@ def test_a_batch_tile_is_refused_where_no_swap_ab_forward_runs():
     ValueError; no kernel runs."""
     opts = Options(batch_tile=16)
     B, m = 3, 2
-    xs = jnp.ones((2, B, m))
+    xs = filled(jax.ShapeDtypeStruct((2, B, m), jnp.float32), 1.0)
     for cell, backend in (
         (cells.SCLSTM(8, skip=2), gated),
         (cells.GRU(8, reset_after=True), gated),
         (cells.RRN(8, depth=2), chained),
         (cells.GRU(8), chained),
     ):
-        params = cell.init(jax.random.PRNGKey(0), m)
+        params = filled(shapes(cell.init, m), 0.1)  # only the shapes are read
+        carry = filled(jax.eval_shape(lambda cell=cell: cell.initial_carry(B)))
         with pytest.raises(
             ValueError, match="batch_tile=16: the swap-AB forward runs a plain LSTM"
         ):
-            backend.unroll(cell, params, cell.initial_carry(B), xs, None, opts)
+            backend.unroll(cell, params, carry, xs, None, opts)
     cell = cells.LSTM(128)
-    x = jnp.ones((2, B, 17))
+    x = filled(jax.ShapeDtypeStruct((2, B, 17), jnp.float32), 1.0)
     with pytest.raises(ValueError, match="no swap-AB LSTM kernel for n=128, m=17, bt=64"):
         gated.unroll(
             cell,
-            cell.init(jax.random.PRNGKey(0), 17),
-            cell.initial_carry(B),
+            filled(shapes(cell.init, 17), 0.1),
+            filled(jax.eval_shape(lambda: cell.initial_carry(B))),
             x,
             None,
             Options(batch_tile=64),
