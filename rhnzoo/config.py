@@ -61,7 +61,7 @@ def setting(
       resumable: True where a resumed run may take another value (length, reporting,
         an implementation of the same function); False: structural, a resumed run
         with another value is refused. A subclass may change a field's rule without
-        declaring it again (:attr:`Config.STRUCTURAL`, :attr:`Config.RESUMABLE`).
+        declaring it again (:attr:`Config.STRUCTURAL`).
 
     Every field is a flag of the scripts unless its class names it in
     :attr:`Config.NOT_FLAGS` (the one way to keep a field off the command line).
@@ -185,7 +185,6 @@ class Config:
         bases' (the union over the classes).
       STRUCTURAL: class-level, fields declared resumable that this class makes
         structural (e.g. a study whose finished trials are never trained again).
-      RESUMABLE: class-level, fields declared structural that this class makes resumable.
 
     Raises (on construction):
       ValueError: one line naming the flag, for a value of another type or out of range.
@@ -193,7 +192,6 @@ class Config:
 
     NOT_FLAGS: ClassVar[frozenset[str]] = frozenset()
     STRUCTURAL: ClassVar[frozenset[str]] = frozenset()
-    RESUMABLE: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self):
         kinds = _kinds(type(self))
@@ -236,11 +234,9 @@ class Config:
     @classmethod
     def resumable(cls, name: str) -> bool:
         """Whether field ``name`` may change when a run resumes: its :func:`setting`'s
-        rule, unless the class says otherwise (:attr:`STRUCTURAL`, :attr:`RESUMABLE`)."""
+        rule, unless the class makes it structural (:attr:`STRUCTURAL`)."""
         if name in _class_names(cls, "STRUCTURAL"):
             return False
-        if name in _class_names(cls, "RESUMABLE"):
-            return True
         return meta({f.name: f for f in dataclasses.fields(cls)}[name])["resumable"]
 
     @classmethod

@@ -11,7 +11,7 @@ refuses 2.5 and True, a ``float`` field True, a ``bool`` field 1, a ``str`` fiel
 refused; the config survives ``config.json`` (strict JSON) unchanged; a ``config.json``
 written before any one field existed resumes, the field at its default; another value
 of a structural field is a conflict naming it and of a resumable one is none (the field's
-rule, or its class's ``STRUCTURAL`` / ``RESUMABLE``); the flags are the fields but the
+rule, or its class's ``STRUCTURAL``); the flags are the fields but the
 class's ``NOT_FLAGS``; every flag has its help and the config's default, and a
 ``choices`` string is an enum of exactly those. Rules between fields (``check()``) are
 each task's own tests'.
