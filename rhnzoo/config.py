@@ -350,8 +350,7 @@ class RunSettings(Config):
     """The run engine's settings (:func:`rhnzoo.engine.run`): run length limits,
     reporting, the divergence check, patience and matmul precision. Every task's config
     (whose ``config.json`` is flat) subclasses it and has ``epochs``, the epochs of its
-    full schedule (a field, or a property such as the LM's ``max_max_epoch``);
-    :class:`RunConfig` is the settings alone with an ``epochs`` field.
+    full schedule (a field, or a property such as the LM's ``max_max_epoch``).
 
     Attributes:
       seed: seeds the initialisation and the per-step PRNG keys.
@@ -467,18 +466,6 @@ class RunSettings(Config):
     def cut_short(self, steps_per_epoch: int) -> bool:
         """Whether --max_steps / --max_epochs end the run before its schedule does."""
         return self.total_steps(steps_per_epoch) < self.epochs * steps_per_epoch
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig(RunSettings):
-    """The :class:`RunSettings` alone and ``epochs``, the epochs of the full schedule (>= 1;
-    keyword only): an ad-hoc run's config.
-
-    Raises:
-      ValueError: for a value outside its range (one line naming the flag).
-    """
-
-    epochs: int = dataclasses.field(kw_only=True, metadata={"low": 1, "help": "Epochs."})
 
 
 def seed_name(name: str, k: int) -> str:

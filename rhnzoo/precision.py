@@ -21,7 +21,7 @@ of about 1e-3 where the CPU's has about 1e-7.
 rhnzoo sets no precision of its own: no matmul passes ``precision=`` (the fused scans'
 :func:`rhnzoo.cells.fastmath.dot` and ``einsum`` included, which choose only the input
 dtype), and no library code changes JAX's global config. A run's precision is
-``RunConfig.matmul_precision`` (the experiments' ``--matmul_precision``), applied with
+``RunSettings.matmul_precision`` (the experiments' ``--matmul_precision``), applied with
 :func:`context` around the run's compiled steps and evaluations and recorded in its
 ``config.json``; the benchmarks record the precision in effect in every line.
 

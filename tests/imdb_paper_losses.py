@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
-    from rhnzoo.config import RunConfig
+    from rhnzoo.config import RunSettings
     from rhnzoo.configs import rrl as presets
     from rhnzoo import engine
     from rhnzoo.tasks import rrl
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--models", default=",".join(presets.MODELS))
     parser.add_argument(
-        "--divergence_factor", type=float, default=RunConfig(epochs=1).divergence_factor
+        "--divergence_factor", type=float, default=RunSettings().divergence_factor
     )
     opts = parser.parse_args()
     c = presets.get_config("paper", "imdb")  # experiments/rrl.py --preset=paper's config

@@ -56,7 +56,7 @@ TASKS = {"LMConfig", "RRLConfig", "HighwayConfig", "JSBConfig", "TrialConfig", "
 
 
 def _required(cls) -> dict:
-    """Values for the fields without a default (``RunConfig.epochs``): their ``low`` or 1."""
+    """Values for the fields without a default (e.g. ``epochs``): their ``low`` or 1."""
     return {
         f.name: config_lib.meta(f)["low"] or 1
         for f in dataclasses.fields(cls)

@@ -320,14 +320,14 @@ def test_the_recorded_paper_losses_are_every_table_3_model_unstopped():
     """What the replay below stands on (the live 10-minute run on the real IMDB is an
     experiment, tests/imdb_paper_losses.py, not a test): a curve for every model
     experiments/rrl.py trains, recorded with the check off and none stopped, and the
-    replay's config judging with the default factor of the experiments' RunConfig."""
-    from rhnzoo.config import RunConfig
+    replay's config judging with the default factor of the engine's RunSettings."""
+    from rhnzoo.config import RunSettings
     from rhnzoo.configs import rrl as rrl_configs
 
     assert sorted(IMDB_PAPER_LOSSES["xent"]) == sorted(rrl_configs.MODELS)
     assert IMDB_PAPER_LOSSES["divergence_factor"] == 0
     assert IMDB_PAPER_LOSSES["stopped"] == {model: None for model in rrl_configs.MODELS}
-    assert cfg().divergence_factor == RunConfig(epochs=1).divergence_factor > 0
+    assert cfg().divergence_factor == RunSettings().divergence_factor > 0
 
 
 @pytest.mark.parametrize("model", sorted(IMDB_PAPER_LOSSES["xent"]))

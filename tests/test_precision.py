@@ -26,7 +26,7 @@ from test_ptb_experiment import TINY, ptb
 
 from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
-from rhnzoo.config import RunConfig
+from engine_toy import ToyConfig
 from rhnzoo import engine
 from rhnzoo.engine import workdir as workdir_lib
 
@@ -66,7 +66,7 @@ def test_unknown_names_are_one_line_errors(bad):
         from rhnzoo.configs import jsb as jsb_configs
 
         for make in (
-            lambda: RunConfig(epochs=1, matmul_precision=bad),
+            lambda: ToyConfig(epochs=1, matmul_precision=bad),
             lambda: jsb_configs.PolyphonicConfig(lr=0.1, matmul_precision=bad),
             lambda: jsb_configs.JSBConfig(matmul_precision=bad),
         ):
@@ -116,7 +116,7 @@ def test_the_precision_reaches_the_compiled_matmul():
 
 
 def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
-    """RunConfig.matmul_precision holds while the train step is traced and while the
+    """RunSettings.matmul_precision holds while the train step is traced and while the
     validation and the final evaluation run; JAX's setting is back afterwards; None
     keeps JAX's setting."""
     for setting, expected in [("bfloat16", "default"), (None, "highest")]:
@@ -132,7 +132,7 @@ def test_the_engine_runs_steps_and_evaluations_at_the_run_precision():
             return _batches(split, final)
 
         task = dataclasses.replace(task, train_step=step, eval_batches=eval_batches)
-        cfg = RunConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
+        cfg = ToyConfig(epochs=1, max_steps=3, progress=False, matmul_precision=setting)
         engine.run(task, cfg, None, log=None)
         assert seen == {"step": {expected}, "validate": {expected}, "final": {expected}}
         assert precision.current() == "highest"
