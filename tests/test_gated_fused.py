@@ -401,7 +401,9 @@ def test_classifier_options_are_checked():
     with pytest.raises(ValueError, match="bfloat16"):
         SequenceClassifier(cells.DTRNN(N, 2), 2, 3, dtype="bfloat16")
     assert SequenceClassifier(cells.DTRNN(N, 2), 2, 3).resolved_scan() == "reference"  # auto
-    assert SequenceClassifier(cells.RHN(N, 2), 2, 3, scan_impl=None).resolved_scan() == "fused"
+    assert SequenceClassifier(cells.RHN(N, 2), 2, 3).resolved_scan() == "fused"
+    with pytest.raises(ValueError, match="scan_impl must be one of"):  # no other spelling
+        SequenceClassifier(cells.RHN(N, 2), 2, 3, scan_impl=None)
 
 
 def test_classifier_remat_is_honoured_not_dropped():

@@ -51,8 +51,8 @@ class SequenceClassifier:
         :func:`rhnzoo.cells.unroll`); None: always in the gated fused scan (measured
         faster there, docs/runs/cpu/levers.md), in the reference scan when the input is at
         most 8 wide (P-MNIST); the RHN and pallas scans have their own.
-      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (None: the old
-        spelling of ``'auto'``, the default): ``'fused'`` (hand-written backward pass,
+      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (``'auto'``,
+        the default): ``'fused'`` (hand-written backward pass,
         weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
         SC-LSTM, RRN, Parallel of these, coupled RHN, HSG(RHN)), ``'reference'``
         (:func:`rhnzoo.cells.unroll`, autodiff, each step under ``save_matmuls_only``),
@@ -88,7 +88,7 @@ class SequenceClassifier:
     unroll: int | None = None
     remat: bool = False
     project_per_step: bool | None = None
-    scan_impl: str | None = "auto"
+    scan_impl: str = "auto"
     dtype: str = "float32"
     bidirectional: bool = False
 
@@ -100,8 +100,6 @@ class SequenceClassifier:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         dropout.check_rate("drop", self.drop)
         dropout.check_rate("input_drop", self.input_drop)
-        if self.scan_impl is None:
-            object.__setattr__(self, "scan_impl", "auto")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         self.resolved_scan()  # an unknown scan_impl, or one this cell does not have: one line
