@@ -113,8 +113,15 @@ def test_values_and_gradients_match_the_reference(case):
     # The loss as close to the reference as the fused scan's bfloat16 mode is (the same
     # precision policy; the loss is a sum of terms of both signs, so no relative bound).
     assert abs(float(got[0]) - float(ref[0])) <= 4 * abs(float(fused[0]) - float(ref[0])) + 1e-3
-    assert_close(got[1], ref[1], rtol=2e-2)
+    assert_close(got[1], ref[1], rtol=REF_RTOL.get(case, 2e-2))
     assert_close(got[1], fused[1], rtol=1.5e-2)
+
+
+# The long GRU chain (64 steps) amplifies bfloat16 rounding with the NumPy draws: the fused
+# bfloat16 scan is itself 5-10 % off the float32 reference's gradients (U 6.6 %, b 9.6 %),
+# the kernel as far (6.2 %, 9.2 %) and within 0.6 % of the fused scan, which the bound
+# against the fused scan holds.
+REF_RTOL = {"gru_exact_n64_long_sequence": 0.12}
 
 
 @pytest.mark.slow
