@@ -38,9 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--models", default=",".join(presets.MODELS))
-    parser.add_argument(
-        "--divergence_factor", type=float, default=RunSettings().divergence_factor
-    )
+    parser.add_argument("--divergence_factor", type=float, default=RunSettings().divergence_factor)
     opts = parser.parse_args()
     c = presets.get_config("paper", "imdb")  # experiments/rrl.py --preset=paper's config
     data = rrl.load_data(c)
