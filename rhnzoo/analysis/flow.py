@@ -144,13 +144,7 @@ def largest_singular_value(a: Array) -> np.ndarray:
 
 
 def gradient_norms_through_time(
-    cell: Any,
-    params: Params,
-    carry: Any,
-    xs: Array,
-    *,
-    readout: Array | None = None,
-    seed: int = 0,
+    cell: Any, params: Params, carry: Any, xs: Array, *, readout: Array | None = None, seed: int = 0
 ) -> np.ndarray:
     """``‖∂L_T / ∂s_{T-k}‖`` for k = 0..T: how far back in time a gradient reaches.
 

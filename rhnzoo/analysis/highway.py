@@ -285,8 +285,12 @@ def iter_highway_lesions(
     """:func:`highway_lesions` as it goes (:func:`rhnzoo.analysis.lm.lesion_snapshots`): a
     :class:`LesionResult` after the intact net's evaluation and after each removed layer's.
 
-    With ``track``, one bar over all ``depth x ceil(N / batch_size)`` batches, a signal
-    check before each.
+    Args:
+      net, params: a highway or plain :class:`FeedForwardNet` and its parameters.
+      split: ``(images uint8 [N, m], labels [N])``.
+      batch_size: images per call.
+      track: the engine's tracker: one bar over all ``depth x ceil(N / batch_size)``
+        batches, a signal check before each.
 
     Raises:
       Interrupted: from ``track``, on a signal (between batches).
@@ -303,26 +307,15 @@ def iter_highway_lesions(
 
 
 def highway_lesions(
-    net: FeedForwardNet,
-    params: Params,
-    split: tuple[np.ndarray, np.ndarray],
-    *,
-    batch_size: int = 1000,
-    track: Track | None = None,
+    net: FeedForwardNet, params: Params, split: tuple[np.ndarray, np.ndarray], **options: Any
 ) -> LesionResult:
     """Removes each highway (or plain) layer in turn (:func:`lesioned_logits`) and
     measures the mean cross-entropy on ``split`` (Srivastava et al. Fig. 4: the training
-    set).
+    set): the last result of :func:`iter_highway_lesions` (``options``: its keywords,
+    ``batch_size=1000``, ``track``).
 
     One jit-compiled evaluation, the removed layer a traced argument, serves the
     ``depth - 1`` lesions; the intact net is evaluated the same way.
-
-    Args:
-      net, params: a highway or plain :class:`FeedForwardNet` and its parameters.
-      split: ``(images uint8 [N, m], labels [N])``.
-      batch_size: images per call.
-      track: the engine's tracker: one bar over every batch of the ``depth``
-        evaluations, a signal check before each.
 
     Returns:
       :class:`rhnzoo.analysis.lm.LesionResult`: ``base_nll`` the intact net's and
@@ -333,8 +326,7 @@ def highway_lesions(
       Interrupted: from ``track``, on a signal (keep the finished lesions with
         :func:`iter_highway_lesions`).
     """
-    lesions = iter_highway_lesions(net, params, split, batch_size=batch_size, track=track)
-    return collections.deque(lesions, maxlen=1)[0]
+    return collections.deque(iter_highway_lesions(net, params, split, **options), maxlen=1)[0]
 
 
 # --------------------------------------------------------- activations and gradients

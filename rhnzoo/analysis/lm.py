@@ -460,8 +460,13 @@ def iter_lesions(
     """:func:`lesion_layers` as it goes (:func:`lesion_snapshots`): a :class:`LesionResult`
     after the intact evaluation and after each micro-layer's lesion.
 
-    With ``track``, one bar over all ``(L + 1) x W`` evaluation windows, a signal check
-    before each.
+    Args:
+      model, params: RHN or HSG(RHN) language model and its parameters.
+      tokens: ``[N]`` int token stream (e.g. a slice of the training set).
+      batch_size, num_steps: evaluation rows and window length.
+      bias: the T-gate bias of a lesioned layer (:func:`lesion_params`).
+      track: the engine's tracker: one bar over the ``(L + 1) x W`` windows, a signal
+        check before each.
 
     Raises:
       ValueError: (at the call) for another cell type, or ``tokens`` too short for
@@ -481,49 +486,22 @@ def iter_lesions(
 
 
 def lesion_layers(
-    model: lm.LanguageModel,
-    params: Params,
-    tokens: np.ndarray,
-    *,
-    batch_size: int = 20,
-    num_steps: int = 35,
-    bias: float = LESION_BIAS,
-    track: Track | None = None,
+    model: lm.LanguageModel, params: Params, tokens: np.ndarray, **options: Any
 ) -> LesionResult:
-    """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al. sec. 6).
+    """Lesions each micro-layer in turn and measures the loss on ``tokens`` (Zilly et al.
+    sec. 6): the last :class:`LesionResult` of :func:`iter_lesions` (``options``: its
+    keywords, ``batch_size=20``, ``num_steps=35``, ``bias``, ``track``).
 
     Evaluation is :func:`stream_nll` (no dropout, ``batch_size`` rows, carry across
     windows of ``num_steps``), compiled once and reused for the intact and the L
-    lesioned parameter sets.
-
-    Args:
-      model, params: RHN or HSG(RHN) language model and its parameters.
-      tokens: ``[N]`` int token stream (e.g. a slice of the training set).
-      batch_size, num_steps: evaluation rows and window length.
-      bias: the T-gate bias of a lesioned layer (:func:`lesion_params`).
-      track: the engine's tracker: one bar over the ``(L + 1) x W`` windows, a signal
-        check before each.
-
-    Returns:
-      :class:`LesionResult` (nats/token; perplexities via its properties).
+    lesioned parameter sets. Returns nats/token (perplexities via its properties).
 
     Raises:
-      ValueError: for another cell type, or ``tokens`` too short for ``batch_size``.
+      ValueError: as :func:`iter_lesions`.
       Interrupted: from ``track``, on a signal (the finished lesions are lost; keep
         them with :func:`iter_lesions`).
     """
-    return collections.deque(
-        iter_lesions(
-            model,
-            params,
-            tokens,
-            batch_size=batch_size,
-            num_steps=num_steps,
-            bias=bias,
-            track=track,
-        ),
-        maxlen=1,
-    )[0]
+    return collections.deque(iter_lesions(model, params, tokens, **options), maxlen=1)[0]
 
 
 # ------------------------------------------------------------------------ MC dropout

@@ -39,9 +39,27 @@ __all__ = [
 ]
 
 
-def _save(fig: Figure, path: PathLike) -> pathlib.Path:
+def _figure(figsize: tuple[float, float], dpi: int) -> tuple[Figure, Any]:
+    """A constrained-layout figure of ``figsize`` inches at ``dpi`` and its one axes."""
+    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _panels(
+    rows: int, cols: int, panel_size: tuple[float, float], dpi: int
+) -> tuple[Figure, np.ndarray]:
+    """``(fig, axes [rows, cols])``: a constrained-layout figure of ``panel_size`` panels."""
+    figsize = (cols * panel_size[0], rows * panel_size[1])
+    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _save(fig: Figure, path: PathLike, title: str | None = None) -> pathlib.Path:
     """Writes ``fig`` at its dpi to ``path`` atomically (a hidden temporary file in the same
-    directory, then a rename; the format from the suffix, PNG without one)."""
+    directory, then a rename; the format from the suffix, PNG without one); a ``title``
+    becomes the figure's title (font size 10)."""
+    if title:
+        fig.suptitle(title, fontsize=10)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -125,8 +143,7 @@ def plot_gate_heatmap(
     t_gates = np.asarray(t_gates)
     activity = t_gates[:, :, row, :].mean(-1).T  # [L, T], mean over the n units
     num_steps = activity.shape[1]
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     xlabel = "input token (time step t)" if labels is not None else "time step t"
     _heatmap(
         fig, ax, activity, ylabel="micro-layer l", xlabel=xlabel, colorbar="mean transform gate T"
@@ -160,8 +177,7 @@ def _lesion_figure(
 ) -> Figure:
     delta = result.delta_nll
     layers = np.arange(1, delta.size + 1)
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     bars = ax.bar(layers, delta, color="tab:red")
     ax.bar_label(bars, [f"{p:.0f}" if p < 1e6 else f"{p:.1e}" for p in result.ppl], fontsize=7)
     ax.margins(y=0.12)  # room for the bar labels inside the axes, below the title
@@ -191,8 +207,7 @@ def plot_gate_histogram(
     fraction of values per bin. The PNG is ``figsize * dpi`` pixels.
     """
     values = np.asarray(values).reshape(-1)
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     ax.hist(values, bins=bins, range=(0.0, 1.0), weights=np.full(values.size, 1.0 / values.size))
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("HSG gate g (1: keep previous state, 0: take new RHN state)")
@@ -222,8 +237,7 @@ def plot_learning_curves(
       style: label -> ``Axes.plot`` keywords of its line (e.g. ``{'marker': 'o'}``).
       x: the record field on the x axis, ``'epoch'`` or ``'step'`` (the step count).
     """
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     _curves(ax, curves, key, x, **(style or {}))
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(title or "Learning curves")
@@ -247,8 +261,7 @@ def plot_ppl_vs_depth(
       path: PNG file; the image is ``figsize * dpi`` pixels.
       reference: label -> {depth: perplexity} published numbers (star markers).
     """
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     for label, points in series.items():
         depths = sorted(points)
         ax.plot(depths, [points[d] for d in depths], "o-", label=label)
@@ -291,17 +304,12 @@ def plot_curve_panels(
       path: PNG file; the image is ``(len(panels) * panel_size[0], panel_size[1]) * dpi``.
       key: the record field on the y axis.
     """
-    fig = Figure(
-        figsize=(panel_size[0] * max(len(panels), 1), panel_size[1]), dpi=dpi, layout="constrained"
-    )
-    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
+    fig, (axes,) = _panels(1, max(len(panels), 1), panel_size, dpi)
     for ax, (name, curves) in zip(axes, panels.items()):
         _curves(ax, curves, key, **_KIND_STYLE)
         ax.set_title(name, fontsize=10)
     axes[0].set_ylabel(ylabel or key.replace("_", " "))
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_highway_gates(
@@ -330,12 +338,7 @@ def plot_highway_gates(
         ("sample_t", "T, one example", "viridis", 0.0, 1.0),
         ("sample_output", "block outputs, one example", "coolwarm", None, None),
     ]
-    fig = Figure(
-        figsize=(4 * panel_size[0], panel_size[1] * max(len(rows), 1)),
-        dpi=dpi,
-        layout="constrained",
-    )
-    axes = fig.subplots(max(len(rows), 1), 4, squeeze=False)
+    fig, axes = _panels(max(len(rows), 1), 4, panel_size, dpi)
     for r, (name, stats) in enumerate(rows.items()):
         for c, (field, label, cmap, vmin, vmax) in enumerate(columns):
             matrix = np.asarray(getattr(stats, field))
@@ -354,9 +357,7 @@ def plot_highway_gates(
                 vmax=vmax,
             )
             axes[r, c].set_title(label, fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_lesion_curve(
@@ -377,8 +378,7 @@ def plot_lesion_curve(
         layer l removed; ``base_nll``: intact).
       path: PNG file; the image is ``figsize * dpi`` pixels.
     """
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     values = np.concatenate([np.append(r.nll, r.base_nll) for r in results.values()])
     values = values[np.isfinite(values) & (values > 0)]
     if values.size and values.max() > 10 * values.min():
@@ -428,8 +428,7 @@ def plot_layer_statistics(
         ("variance", "variance of activations", "log"),
         ("grad_norm", "gradient L2 norm", "log"),
     ]
-    fig = Figure(figsize=(3 * panel_size[0], panel_size[1]), dpi=dpi, layout="constrained")
-    axes = fig.subplots(1, 3)
+    fig, (axes,) = _panels(1, 3, panel_size, dpi)
     for ax, (key, label, scale) in zip(axes, panels):
         for name, values in stats.items():
             v = np.asarray(values[key], np.float64)
@@ -438,9 +437,7 @@ def plot_layer_statistics(
         ax.set_xlabel("layer")
         ax.set_title(label, fontsize=10)
     axes[-1].legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_gersgorin(
@@ -462,10 +459,7 @@ def plot_gersgorin(
     """
     from matplotlib.patches import Circle
 
-    fig = Figure(
-        figsize=(figsize_per_panel * len(panels), figsize_per_panel), dpi=dpi, layout="constrained"
-    )
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig, (axes,) = _panels(1, len(panels), (figsize_per_panel, figsize_per_panel), dpi)
     reach = max(
         1.1,
         *(float(np.max(np.abs(p["centres"]) + p["radii"])) * 1.05 for p in panels),
@@ -524,8 +518,7 @@ def _gradient_flow_figure(
 ) -> Figure:
     import matplotlib
 
-    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(figsize, dpi)
     colors = matplotlib.colormaps["tab20"].colors
     for i, (label, norms) in enumerate(curves.items()):
         norms = np.asarray(norms, np.float64)

@@ -16,18 +16,13 @@ for a recurrent run its trained cell's gradient flow and Gersgorin discs
 (:mod:`rhnzoo.analysis.flow`).
 
 Each analysis runs as named phases (:class:`Phases`: e.g. ``gate_heatmap``, ``lesion``,
-``hsg_gate``, ``deterministic``, ``mc_dropout``), each announced by one line, its long
-loops under a progress bar with an ETA (``progress``) and one line with the time left once
-it is known. The JSON file (``analysis.json``, ``flow.json``) is rewritten atomically after
-every phase. A rerun into the same file keeps what an earlier analysis of the same
-checkpoint finished: a phase done there with the same settings and its figures still in
-place is skipped (one line says so; ``redo``: run it again), and the phases this run does
-not reach stay in the file, an interrupted one included (:meth:`Phases.resume`).
-SIGTERM/SIGINT (:func:`rhnzoo.engine.signals.catch_signals`) stops the
-analysis at the next chunk (evaluation window, batch, cell): the file then holds the
-phases done, the stopped one marked ``interrupted`` (with the numbers of its finished
-units: a lesion study's finished lesions, the cell families drawn so far; nothing of an
-unfinished MC-dropout or gate computation), and
+``hsg_gate``, ``deterministic``, ``mc_dropout``; how they are announced, timed, kept from
+an earlier analysis of the same checkpoint (``redo``: run again) and stopped is said
+there), the JSON file (``analysis.json``, ``flow.json``) rewritten atomically after each.
+SIGTERM/SIGINT (:func:`rhnzoo.engine.signals.catch_signals`) stops the analysis at the
+next chunk (evaluation window, batch, cell): the stopped phase is marked ``interrupted``
+with the numbers of its finished units (a lesion study's finished lesions, the cell
+families drawn so far; nothing of an unfinished MC-dropout or gate computation), and
 :class:`~rhnzoo.engine.signals.Interrupted` propagates (exit status 128 + signal in
 ``experiments/analyze.py``).
 """
@@ -825,11 +820,11 @@ def _hsg_gates(model, params, label, out, opts, phases, tokens) -> None:
             "fraction_below_0.1": below,
             "fraction_above_0.9": above,
         }
+        title = f"{label}: HSG gate values ({opts.split})"
         print(
             f"HSG gate over {values.size} values: mean {values.mean():.3f}, "
             f"< 0.1: {below:.1%}, > 0.9: {above:.1%}"
         )
-        title = f"{label}: HSG gate values ({opts.split})"
         phases.wrote(plots.plot_gate_histogram(values, out / "hsg_gates.png", title=title))
 
 

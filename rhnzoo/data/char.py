@@ -16,7 +16,6 @@ every line is one sentence whose characters are separated by single spaces, with
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import zipfile
@@ -24,7 +23,7 @@ import zipfile
 import numpy as np
 
 from rhnzoo.data import common, ptb
-from rhnzoo.data.common import Corpus, DataError
+from rhnzoo.data.common import Corpus, DataDir, DataError
 
 # The reference split (create_enwik8.py / create_text8.py: num_test_chars = 5000000).
 NUM_TEST_SYMBOLS = 5_000_000
@@ -97,10 +96,10 @@ TEXT8_ORIGIN = _zip_origin("text8", TEXT8_URL)
 def _load_byte_corpus(
     origin: common.Origin,
     sha256: dict[str, str],
-    data_dir: str | os.PathLike | None,
-    download: bool,
-    verify: bool,
-    num_test_symbols: int,
+    data_dir: DataDir,
+    download: bool = True,
+    verify: bool = True,
+    num_test_symbols: int = NUM_TEST_SYMBOLS,
 ) -> Corpus:
     (member,) = sha256
     directory = origin.ensure(data_dir, sha256, download=download, verify=verify)
@@ -129,7 +128,7 @@ def _load_byte_corpus(
 
 
 def load_enwik8(
-    data_dir: str | os.PathLike | None = None,
+    data_dir: DataDir = None,
     *,
     download: bool = True,
     verify: bool = True,
@@ -162,19 +161,14 @@ def load_enwik8(
     )
 
 
-def load_text8(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    download: bool = True,
-    verify: bool = True,
-    num_test_symbols: int = NUM_TEST_SYMBOLS,
-) -> Corpus:
+def load_text8(data_dir: DataDir = None, **options) -> Corpus:
     """Load text8: enwik8's text cleaned to the 26 letters a-z and space (10^8 bytes).
 
-    Same protocol as `load_enwik8` (file ``text8`` in
+    Same protocol and keywords (``options``: ``download``, ``verify``,
+    ``num_test_symbols``) as `load_enwik8`: file ``text8`` in
     `resolve_data_dir('text8', data_dir)`, downloaded from ``TEXT8_URL`` =
     ``text8.zip`` (31 MB) when absent, the extracted member cached and
-    sha256-checked; reference 90M / 5M / 5M split).
+    sha256-checked; reference 90M / 5M / 5M split.
 
     Returns:
       Corpus of ``uint8`` id arrays (real data: vocab_size 27, ``vocab[0] == ' '``
@@ -182,9 +176,7 @@ def load_text8(
     Raises:
       DataError: as `load_enwik8`.
     """
-    return _load_byte_corpus(
-        TEXT8_ORIGIN, TEXT8_SHA256, data_dir, download, verify, num_test_symbols
-    )
+    return _load_byte_corpus(TEXT8_ORIGIN, TEXT8_SHA256, data_dir, **options)
 
 
 def _download_ptb_char(tmp: pathlib.Path) -> None:
@@ -208,7 +200,7 @@ def _read_symbols(path: pathlib.Path) -> list[str]:
 
 
 def load_ptb_char(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True
 ) -> Corpus:
     """Load Mikolov's character-level Penn Treebank from `resolve_data_dir('ptb_char', data_dir)`.
 

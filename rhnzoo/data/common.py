@@ -21,6 +21,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 
+# A loader's ``data_dir``: the data set's directory itself (``--data_dir``), or None
+# (`resolve_data_dir`: ``$RHNZOO_DATA/<name>``, else the user cache).
+DataDir = str | os.PathLike | None
+
+
 class DataError(Exception):
     """Missing or corrupt data; the message is one line saying what and how to fix it."""
 
@@ -36,7 +41,7 @@ def check_source(source: str) -> None:
         raise ValueError(f"--data_source must be 'files' or 'tfds', got {source!r}")
 
 
-def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+def resolve_data_dir(name: str, data_dir: DataDir = None) -> pathlib.Path:
     """Directory holding data set `name`'s files: `data_dir` as is, else
     ``$RHNZOO_DATA/<name>``, else ``${XDG_CACHE_HOME:-~/.cache}/rhnzoo/<name>``."""
     if data_dir is not None:
@@ -73,7 +78,7 @@ def _check_sha256(path: pathlib.Path, expected: str) -> None:
 
 def ensure_files(
     name: str,
-    data_dir: str | os.PathLike | None,
+    data_dir: DataDir,
     files: Mapping[str, str | None],
     *,
     download: Callable[[pathlib.Path], None] | None,
@@ -158,7 +163,7 @@ class Origin:
 
     def ensure(
         self,
-        data_dir: str | os.PathLike | None,
+        data_dir: DataDir,
         files: Mapping[str, str | None],
         *,
         download: bool = True,
@@ -174,6 +179,17 @@ class Origin:
             verify=verify,
             offline_hint=self.offline_hint,
         )
+
+
+class Labelled:
+    """The base of the labelled sets (`rhnzoo.data.ImageData`, `rhnzoo.data.TextData`):
+    ``label_names[k]`` names class k."""
+
+    label_names: tuple[str, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.label_names)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -366,7 +382,7 @@ def _offline(host: str = TFDS_HOST, timeout: float = 5.0) -> str | None:
     return found[0] if found else None
 
 
-def _tfds_root(tfds, data_dir: str | os.PathLike | None) -> pathlib.Path:
+def _tfds_root(tfds, data_dir: DataDir) -> pathlib.Path:
     """TFDS's data directory: ``data_dir``, else ``$TFDS_DATA_DIR``, else TFDS's default
     (``~/tensorflow_datasets``)."""
     if data_dir is not None:
@@ -397,9 +413,7 @@ def _removed_on_failure(root: pathlib.Path, name: str) -> Iterator[None]:
         raise
 
 
-def tfds_examples(
-    name: str, split: str, data_dir: str | os.PathLike | None = None, *, download: bool = True
-):
+def tfds_examples(name: str, split: str, data_dir: DataDir = None, *, download: bool = True):
     """All examples of TFDS data set `name`'s `split`, read with ``tfds.data_source``
     (ArrayRecord files, random access, no TensorFlow), and the source's features.
 

@@ -21,11 +21,11 @@ import zlib
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError
+from rhnzoo.data.common import DataDir, DataError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ImageData:
+class ImageData(common.Labelled):
     """A labelled image set: ``uint8`` images ``[N, H, W]`` (grey) or ``[N, H, W, C]``
     (colour), ``int32`` labels ``[N]`` in ``0 .. num_classes - 1``; ``label_names[k]``
     names class k."""
@@ -35,10 +35,6 @@ class ImageData:
     test_images: np.ndarray
     test_labels: np.ndarray
     label_names: tuple[str, ...]
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.label_names)
 
 
 def _image_data(where, train_images, train_labels, test_images, test_labels, label_names):
@@ -127,7 +123,7 @@ MNIST_ORIGIN = common.Origin("mnist", _download_mnist, f"they are at {MNIST_MIRR
 
 
 def load_mnist(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True
 ) -> ImageData:
     """Load MNIST from the idx files in `resolve_data_dir('mnist', data_dir)`.
 
@@ -253,7 +249,7 @@ def _cifar_split(path: pathlib.Path, split: str, raw) -> tuple[np.ndarray, np.nd
 
 
 def load_cifar100(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True
 ) -> ImageData:
     """Load CIFAR-100 (Krizhevsky 2009), python version, fine labels.
 
@@ -298,9 +294,7 @@ def load_cifar100(
 TFDS_IMAGE_SETS = ("mnist", "cifar100")
 
 
-def load_tfds_images(
-    name: str, data_dir: str | os.PathLike | None = None, *, download: bool = True
-) -> ImageData:
+def load_tfds_images(name: str, data_dir: DataDir = None, *, download: bool = True) -> ImageData:
     """Load ``'mnist'`` or ``'cifar100'`` through TensorFlow Datasets (``--data_source=tfds``).
 
     Reads the ``train`` and ``test`` splits with ``tfds.data_source`` (needs the extra

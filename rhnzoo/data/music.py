@@ -12,7 +12,6 @@ time step a tuple of MIDI note numbers (NumPy int64 scalars).
 
 from __future__ import annotations
 
-import os
 import pathlib
 import pickle
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError
+from rhnzoo.data.common import DataDir, DataError
 
 JSB_FILE = "jsb_chorales.pickle"
 JSB_SHA256 = {JSB_FILE: "69dc4c3e52800959ac0ab3b82aa3e5f55285ce64f1705acb3e3a8ef77a5c051c"}
@@ -85,7 +84,7 @@ def _piano_roll(path: pathlib.Path, split: str, index: int, sequence) -> np.ndar
 
 
 def load_jsb(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True
 ) -> dict[str, list[np.ndarray]]:
     """Load JSB Chorales from ``jsb_chorales.pickle`` in `resolve_data_dir('jsb_chorales',
     data_dir)`.

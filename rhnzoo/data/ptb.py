@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import collections
-import os
 import pathlib
 
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import Corpus
+from rhnzoo.data.common import Corpus, DataDir
 
 PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 PTB_SHA256 = {
@@ -49,9 +48,7 @@ def _read_words(path: pathlib.Path) -> list[str]:
     return text.replace("\n", f" {EOS} ").split()
 
 
-def load_ptb(
-    data_dir: str | os.PathLike | None = None, *, download: bool = True, verify: bool = True
-) -> Corpus:
+def load_ptb(data_dir: DataDir = None, *, download: bool = True, verify: bool = True) -> Corpus:
     """Load PTB ``ptb.{train,valid,test}.txt`` from `resolve_data_dir('ptb', data_dir)`.
 
     Each line becomes ``line.split() + ['<eos>']``. The vocabulary is built from

@@ -21,7 +21,6 @@ classifier; :func:`load_dataset` gives any of them as a
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -156,7 +155,7 @@ def get(name: str, task: str | None = None) -> DataSet:
 
 def load(
     name: str,
-    data_dir: str | os.PathLike | None = None,
+    data_dir: common.DataDir = None,
     *,
     download: bool = True,
     verify: bool = True,
@@ -169,7 +168,7 @@ def load(
 def load_dataset(
     name: str,
     *,
-    data_dir: str | os.PathLike | None = None,
+    data_dir: common.DataDir = None,
     download: bool = True,
     verify: bool = True,
     source: str = "files",
@@ -194,28 +193,21 @@ def load_dataset(
     """
     get(name, task="sequences")  # one line for an unknown name
     common.check_source(source)
+    files = dict(download=download, verify=verify)
+    dev = dict(dev_fraction=dev_fraction, dev_seed=dev_seed)
     if name == "pmnist":
-        return sequences.load_pmnist(
-            data_dir,
-            download=download,
-            verify=verify,
-            source=source,
-            permute=permute,
-            dev_fraction=dev_fraction,
-            dev_seed=dev_seed,
-        )
-    opts = dict(coverage=coverage, dev_fraction=dev_fraction, dev_seed=dev_seed)
+        return sequences.load_pmnist(data_dir, source=source, permute=permute, **files, **dev)
     data = (
-        sequences.load_tfds_text(name, data_dir, download=download, **opts)
+        sequences.load_tfds_text(name, data_dir, download=download, coverage=coverage, **dev)
         if source == "tfds"
-        else load(name, data_dir, download=download, verify=verify, **opts)
+        else load(name, data_dir, coverage=coverage, **files, **dev)
     )
     return sequences.from_text(data, dev_fraction, dev_seed)
 
 
 def ensure_files(
     name: str,
-    data_dir: str | os.PathLike | None = None,
+    data_dir: common.DataDir = None,
     *,
     download: bool = True,
     verify: bool = True,

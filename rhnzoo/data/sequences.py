@@ -12,13 +12,12 @@ loader in the registry; :func:`rhnzoo.data.registry.load_dataset` loads any set 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from rhnzoo.data import images, text
-from rhnzoo.data.common import check_source
+from rhnzoo.data.common import DataDir, check_source
 
 # The text sets' names in TensorFlow Datasets (20NG has none).
 TFDS_TEXT_NAMES = {"imdb": "imdb_reviews", "agnews": "ag_news_subset"}
@@ -87,9 +86,7 @@ def from_text(data: text.TextData, dev_fraction: float = 0.15, dev_seed: int = 0
     )
 
 
-def load_tfds_text(
-    name: str, data_dir: str | os.PathLike | None = None, **options
-) -> text.TextData:
+def load_tfds_text(name: str, data_dir: DataDir = None, **options) -> text.TextData:
     """Text set ``name`` (``'imdb'``, ``'agnews'``) from TensorFlow Datasets
     (:func:`rhnzoo.data.text.load_tfds_text`; ``options``: its own). Raises ValueError for
     a set that TFDS does not have."""
@@ -100,7 +97,7 @@ def load_tfds_text(
 
 
 def load_pmnist(
-    data_dir: str | os.PathLike | None = None,
+    data_dir: DataDir = None,
     *,
     download: bool = True,
     verify: bool = True,

@@ -21,7 +21,6 @@ import csv
 import dataclasses
 import io
 import itertools
-import os
 import pathlib
 import re
 import tarfile
@@ -31,13 +30,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from rhnzoo.data import common
-from rhnzoo.data.common import DataError, resolve_data_dir
+from rhnzoo.data.common import DataDir, DataError, resolve_data_dir
 
 PAD, UNK = "<pad>", "<unk>"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TextData:
+class TextData(common.Labelled):
     """A tokenised classification set: `train` / `test` hold one int32 id array ``[T_i]``
     per document (``vocab[id]`` is the word; id 0 ``'<pad>'`` never occurs in a document,
     id 1 is ``'<unk>'``), labels are int32 ``[N]`` in ``0 .. num_classes - 1``."""
@@ -48,10 +47,6 @@ class TextData:
     test_labels: np.ndarray
     vocab: tuple[str, ...]
     label_names: tuple[str, ...]
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.label_names)
 
     @property
     def vocab_size(self) -> int:
@@ -134,15 +129,13 @@ def _text_data(
     tokens: dict[str, list[list[str]]],
     labels: dict[str, Sequence[int]],
     label_names: Sequence[str],
-    coverage: float,
-    dev_fraction: float,
-    dev_seed: int,
+    coverage: float = 0.95,
+    dev_fraction: float = 0.0,
+    dev_seed: int = 0,
 ) -> TextData:
-    """Every loader's last step. `tokens` and `labels` are keyed ``'train'`` / ``'test'``
-    (one token list and one 0-based label per document); the vocabulary is
-    ``build_vocab(docs, coverage)`` over the training documents less those that
-    ``dev_split(len(train), dev_fraction, dev_seed)`` holds out if dev_fraction > 0,
-    and both splits are `encode`d with it."""
+    """Every loader's last step: `tokens` and `labels` (keyed ``'train'`` / ``'test'``, one
+    token list and one 0-based label per document) `encode`d with the vocabulary the
+    module docstring describes."""
     vocab_docs = tokens["train"]
     if dev_fraction:
         keep, _ = dev_split(len(vocab_docs), dev_fraction, dev_seed)
@@ -239,13 +232,7 @@ def imdb_source(directory: pathlib.Path, download: bool, verify: bool) -> pathli
 
 
 def load_imdb(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    download: bool = True,
-    verify: bool = True,
-    coverage: float = 0.95,
-    dev_fraction: float = 0.0,
-    dev_seed: int = 0,
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True, **vocab
 ) -> TextData:
     """Load the IMDB Large Movie Review set (Maas et al., ACL 2011), 50,000 labelled reviews.
 
@@ -262,7 +249,7 @@ def load_imdb(
     order), so neg reviews come first; text is decoded as UTF-8 and `tokenize`d.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
+      vocab: ``coverage=0.95``, ``dev_fraction=0.0``, ``dev_seed=0``, as the module docstring says.
 
     Returns:
       TextData, labels neg = 0, pos = 1. Real data: 25,000 / 25,000 reviews, each
@@ -280,7 +267,7 @@ def load_imdb(
             tokenize(common.decode_text(raw, f"{source}: {name}")) for name, _, raw in items
         ]
         labels[split] = [IMDB_LABELS.index(label) for _, label, _ in items]
-    return _text_data(tokens, labels, IMDB_LABELS, coverage, dev_fraction, dev_seed)
+    return _text_data(tokens, labels, IMDB_LABELS, **vocab)
 
 
 # ---------------------------------------------------------------------------- AG News
@@ -336,13 +323,7 @@ def _read_agnews(path: pathlib.Path) -> tuple[list[list[str]], list[int]]:
 
 
 def load_agnews(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    download: bool = True,
-    verify: bool = True,
-    coverage: float = 0.95,
-    dev_fraction: float = 0.0,
-    dev_seed: int = 0,
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True, **vocab
 ) -> TextData:
     """Load AG News (Zhang, Zhao & LeCun, NIPS 2015): 4 topics, 120,000 / 7,600 articles.
 
@@ -356,7 +337,7 @@ def load_agnews(
     Documents keep the files' order.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
+      vocab: ``coverage=0.95``, ``dev_fraction=0.0``, ``dev_seed=0``, as the module docstring says.
 
     Returns:
       TextData, labels World = 0, Sports = 1, Business = 2, Sci/Tech = 3. Real data:
@@ -369,7 +350,7 @@ def load_agnews(
     tokens, labels = {}, {}
     for split in ("train", "test"):
         tokens[split], labels[split] = _read_agnews(directory / f"{split}.csv")
-    return _text_data(tokens, labels, AGNEWS_LABELS, coverage, dev_fraction, dev_seed)
+    return _text_data(tokens, labels, AGNEWS_LABELS, **vocab)
 
 
 # ---------------------------------------------------------------------- 20 Newsgroups
@@ -409,13 +390,7 @@ def _read_20ng(path: pathlib.Path) -> tuple[list[list[str]], list[str]]:
 
 
 def load_20ng(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    download: bool = True,
-    verify: bool = True,
-    coverage: float = 0.95,
-    dev_fraction: float = 0.0,
-    dev_seed: int = 0,
+    data_dir: DataDir = None, *, download: bool = True, verify: bool = True, **vocab
 ) -> TextData:
     """Load 20 Newsgroups in Cachopo's preprocessed "all-terms" version (the paper's).
 
@@ -428,7 +403,7 @@ def load_20ng(
     Documents keep the files' order.
 
     Args:
-      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
+      vocab: ``coverage=0.95``, ``dev_fraction=0.0``, ``dev_seed=0``, as the module docstring says.
 
     Returns:
       TextData, label_names the newsgroups in sorted order. Real data: 11,293 / 7,528
@@ -450,7 +425,7 @@ def load_20ng(
         )
     index = {g: i for i, g in enumerate(names)}
     labels = {split: [index[g] for g in groups[split]] for split in groups}
-    return _text_data(tokens, labels, names, coverage, dev_fraction, dev_seed)
+    return _text_data(tokens, labels, names, **vocab)
 
 
 # ------------------------------------------------------------------------------- TFDS
@@ -459,13 +434,7 @@ TFDS_TEXT_SETS = ("imdb_reviews", "ag_news_subset")
 
 
 def load_tfds_text(
-    name: str,
-    data_dir: str | os.PathLike | None = None,
-    *,
-    download: bool = True,
-    coverage: float = 0.95,
-    dev_fraction: float = 0.0,
-    dev_seed: int = 0,
+    name: str, data_dir: DataDir = None, *, download: bool = True, **vocab
 ) -> TextData:
     """Load ``'imdb_reviews'`` or ``'ag_news_subset'`` through TensorFlow Datasets.
 
@@ -480,7 +449,7 @@ def load_tfds_text(
     Args:
       download: False (``--nodownload``): a set not prepared in `data_dir` fails at once
         (TFDS neither downloads nor prepares it).
-      coverage, dev_fraction, dev_seed: the vocabulary's, as the module docstring says.
+      vocab: ``coverage=0.95``, ``dev_fraction=0.0``, ``dev_seed=0``, as the module docstring says.
 
     Raises: ValueError for another name; DataError if tensorflow-datasets is not
       installed or TFDS fails.
@@ -502,4 +471,4 @@ def load_tfds_text(
             )
         tokens[split] = [tokenize(d) for d in docs]
         labels[split] = [int(e["label"]) for e in examples]
-    return _text_data(tokens, labels, features["label"].names, coverage, dev_fraction, dev_seed)
+    return _text_data(tokens, labels, features["label"].names, **vocab)

@@ -189,18 +189,11 @@ def decode(
 
 
 def generate(
-    model: LanguageModel,
-    params: Params,
-    prompt: Array,
-    num_tokens: int,
-    *,
-    key: Array | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    greedy: bool = False,
+    model: LanguageModel, params: Params, prompt: Array, num_tokens: int, **options: Any
 ) -> Array:
     """``num_tokens`` tokens after ``prompt [B, P]`` int: :func:`prime` then
-    :func:`decode`. Returns ``[B, num_tokens]`` int32. ``greedy``: argmax decoding
+    :func:`decode` (``options``: its keywords ``key``, ``temperature``, ``top_k``,
+    ``greedy``). Returns ``[B, num_tokens]`` int32. ``greedy``: argmax decoding
     (``key`` unused); else sampling from ``key`` (same key, same tokens) at
     ``temperature``, among the ``top_k`` likeliest tokens (None: all); ``top_k=1`` is
     greedy decoding.
@@ -209,18 +202,7 @@ def generate(
       ValueError: a bad prompt (:func:`prime`), ``num_tokens`` < 1, ``temperature`` <= 0,
         ``top_k`` outside ``[1, V]``, sampling without a key.
     """
-    state = prime(model, params, prompt)
-    tokens, _ = decode(
-        model,
-        params,
-        state,
-        num_tokens,
-        key=key,
-        temperature=temperature,
-        top_k=top_k,
-        greedy=greedy,
-    )
-    return tokens
+    return decode(model, params, prime(model, params, prompt), num_tokens, **options)[0]
 
 
 # ----------------------------------------------------------------------------- text
