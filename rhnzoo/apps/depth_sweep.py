@@ -1,7 +1,9 @@
 """The HSG depth sweep (Shoham & Permuter, Table 1, Fig. 8): ``experiments/sweep.py``'s
 flags and body. The runs, Table 1 and the plots are the study's,
 :mod:`rhnzoo.studies.hsg_depth`: ``--table`` prints the table and writes it to
-``<out>/table.md`` beside the plots; ``--dry_run`` prints each run's ``ptb.py`` command.
+``<out>/table.md`` beside the plots; ``--dry_run`` prints each run's ``ptb.py`` command
+(:func:`ptb_script`: the ``ptb.py`` beside the sweep's own script, so the commands hold
+wherever the scripts lie, not only in a source checkout).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 FLAGS = flags.FLAGS
 # ptb.py flags the sweep sets per run (not accepted after --).
 SWEEP_OWNED = {"depth", "hsg", "nohsg", "workdir"}
-PTB_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "ptb.py"
 TABLE = "table.md"  # --table's markdown, beside the PNGs
 
 
@@ -149,19 +150,27 @@ def experiment(depths: list[int], root: pathlib.Path, extra: list[str]) -> None:
     print(f"done; summarise with: python {sys.argv[0]} --root={root} --table")
 
 
+def ptb_script() -> pathlib.Path:
+    """The ``ptb.py`` script of the sweep's runs: the one beside the running script
+    (``sys.argv[0]``, ``experiments/sweep.py``), as an absolute path. The package's
+    own location plays no part (installed from a wheel it holds no ``experiments/``)."""
+    return pathlib.Path(sys.argv[0]).absolute().with_name("ptb.py")
+
+
 def commands(
     depths: list[int], root: pathlib.Path, extra: list[str], seeds: int = 1, seed: int = 0
 ) -> list[tuple[pathlib.Path, list[str]]]:
     """``(workdir, argv)`` of every run, depth-major, without HSG before with HSG; seed
-    k > 0 of ``seeds`` adds ``--seed=<seed + k>``."""
-    runs = []
+    k > 0 of ``seeds`` adds ``--seed=<seed + k>``. ``argv`` is ``[python, ptb.py, ...]``
+    (:func:`ptb_script`)."""
+    runs, script = [], str(ptb_script())
     for depth in depths:
         for hsg in (False, True):
             for k in range(seeds):
                 workdir = root / seed_name(hsg_depth.workdir_name(depth, hsg), k)
                 argv = [
                     sys.executable,
-                    str(PTB_SCRIPT),
+                    script,
                     f"--depth={depth}",
                     "--hsg" if hsg else "--nohsg",
                     f"--workdir={workdir}",
