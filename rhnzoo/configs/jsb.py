@@ -1,9 +1,11 @@
-"""The configs and presets of the JSB Chorales optimisation study (``experiments/jsb.py``):
-:class:`TrainSettings` (the engine's settings, ``epochs``, ``batch_size``),
-:class:`PolyphonicConfig` (one model's training: those and the SGD hyperparameters),
-:class:`StudySettings` (what every trial of a study shares), :class:`JSBConfig` (the
-study: its flags, its root's ``config.json``), :class:`TrialConfig` (one trial: its
-workdir's ``config.json``) and the study's model (:func:`study_model`).
+"""The configs and presets of the JSB Chorales optimisation study (``experiments/jsb.py``),
+one plain tree on :class:`TrainSettings` (the engine's settings, ``epochs``,
+``batch_size``): :class:`PolyphonicConfig` (one model's training: those and the SGD
+hyperparameters) and its :class:`TrialConfig` (one trial: its workdir's ``config.json``);
+:class:`JSBConfig` (the study: its flags, its root's ``config.json``). What every trial
+of a study shares (:meth:`JSBConfig.shared`) is declared once for both: the
+:class:`TrainSettings`, :func:`width_setting`, ``scan_impl`` and :data:`STUDY_STRUCTURAL`.
+The study's model: :func:`study_model`.
 
 The study is Zilly et al. (2017), sec. 5.1 and Fig. 4: next-step prediction on JSB
 Chorales with RHN, DT-RNN and DT(S)-RNN at recurrence depths 1, 2, 4 and 6, the
@@ -78,38 +80,34 @@ class PolyphonicConfig(TrainSettings):
 
 # ---------------------------------------------------------- the JSB study (Zilly et al.)
 
+# A study's finished trials are never trained again (they keep their results only), so
+# in a study (:class:`JSBConfig`) and its trials (:class:`TrialConfig`) the run settings
+# that shape a trial's result are structural, though a checkpointed run may change them
+# on resume: ``max_steps``, ``max_epochs``, ``patience`` and ``divergence_factor`` (like
+# ``epochs``, ``batch_size``, ``seed`` and ``matmul_precision`` everywhere); a rerun with
+# another value is refused.
+STUDY_STRUCTURAL = frozenset({"max_steps", "max_epochs", "patience", "divergence_factor"})
 
-@dataclasses.dataclass(frozen=True)
-class StudySettings(TrainSettings):
-    """What every trial of a study shares: the :class:`TrainSettings`, ``width`` and the
-    time scan ``scan_impl`` (resumable: every scan computes the same function).
 
-    A study's finished trials are never trained again (they keep their results only),
-    so here the run settings that shape a trial's result are structural, though a
-    checkpointed run may change them on resume: ``max_steps``, ``max_epochs``,
-    ``patience`` and ``divergence_factor`` (like ``epochs``, ``batch_size``, ``seed``
-    and ``matmul_precision`` everywhere); a rerun with another value is refused. Their
-    ``seed`` also draws the hyperparameters.
-
-    Raises:
-      ValueError: (one line naming the flag) a value out of range.
-    """
-
-    STRUCTURAL = frozenset({"max_steps", "max_epochs", "patience", "divergence_factor"})
-
-    width: int = setting(
+def width_setting() -> Any:
+    """The ``width`` field of a study and of its trials (every trial takes its study's):
+    the RHN width that sets each depth's parameter count, an integer >= 1, default 64."""
+    return setting(
         64,
         "RHN width defining the target parameter count at each depth "
         "(the other cells get the width with the nearest count).",
         low=1,
     )
-    scan_impl: str = scan_impl_setting()
 
 
 @dataclasses.dataclass(frozen=True)
-class JSBConfig(StudySettings, DataSettings):
+class JSBConfig(TrainSettings, DataSettings):
     """The JSB Chorales optimisation study (``experiments/jsb.py``, whose flags are these
-    fields); defaults: the full study, presets in :mod:`rhnzoo.configs.jsb`.
+    fields); defaults: the full study, presets in :mod:`rhnzoo.configs.jsb`. Every trial
+    shares the study's :meth:`shared` settings: the :class:`TrainSettings` (their
+    ``seed`` also draws the hyperparameters), ``width`` and the time scan ``scan_impl``
+    (resumable: every scan computes the same function); :data:`STUDY_STRUCTURAL` are
+    structural here.
     :meth:`to_dict` is the study root's ``config.json``; a rerun in the same root is
     refused when a structural setting differs (:meth:`~rhnzoo.config.Config.conflicts`).
 
@@ -125,12 +123,15 @@ class JSBConfig(StudySettings, DataSettings):
         is not an integer >= 1, any other value out of range.
     """
 
+    STRUCTURAL = STUDY_STRUCTURAL
     # The engine's settings a study does not offer: a trial trains in memory (no workdir:
     # no checkpoints, no TensorBoard files) and silently (one line when it is done).
     NOT_FLAGS = frozenset(
         {"preset", "checkpoint_every_steps", "tensorboard", "log_every", "progress"}
     )
 
+    width: int = width_setting()
+    scan_impl: str = scan_impl_setting()
     archs: tuple[str, ...] = setting(
         ("rhn", "dtrnn", "dtsrnn"),
         f"Architectures: any registered cell ({', '.join(cells.ALL_NAMES)}).",
@@ -171,19 +172,31 @@ class JSBConfig(StudySettings, DataSettings):
         for arch in self.archs:  # a scan an architecture does not have: one line, up front
             study_model(arch, 1, 1, scan_impl=self.scan_impl)
 
+    def shared(self) -> dict[str, Any]:
+        """``{field: value}`` of the settings every trial of the study takes: the
+        :class:`TrainSettings` fields, ``width`` and ``scan_impl``."""
+        names = [f.name for f in dataclasses.fields(TrainSettings)] + ["width", "scan_impl"]
+        return {name: getattr(self, name) for name in names}
+
 
 @dataclasses.dataclass(frozen=True)
-class TrialConfig(StudySettings, PolyphonicConfig):
+class TrialConfig(PolyphonicConfig):
     """One trial of the study: an (architecture, depth, trial index), its width and
     parameter count (:func:`rhnzoo.studies.jsb.plan`), its hyperparameters
-    (:func:`rhnzoo.studies.jsb.sample_hparams`) and
-    the study's :class:`StudySettings`; :meth:`to_dict` is its workdir's
-    ``config.json``. Being a :class:`PolyphonicConfig`, it is how its model trains.
+    (:func:`rhnzoo.studies.jsb.sample_hparams`) and the study's
+    :meth:`JSBConfig.shared` settings (``width``, ``scan_impl`` and the
+    :class:`TrainSettings`; :data:`STUDY_STRUCTURAL` structural, as in the study);
+    :meth:`to_dict` is its workdir's ``config.json``. Being a :class:`PolyphonicConfig`,
+    it is how its model trains.
 
     Raises:
       ValueError: (one line) a value out of range (e.g. :class:`PolyphonicConfig`'s).
     """
 
+    STRUCTURAL = STUDY_STRUCTURAL
+
+    width: int = width_setting()
+    scan_impl: str = scan_impl_setting()
     arch: str = setting("rhn", "Registered cell (rhnzoo.cells).", choices=cells.ALL_NAMES)
     depth: int = setting(1, "Recurrence (transition) depth.", low=1)
     trial: int = setting(

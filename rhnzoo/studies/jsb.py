@@ -31,7 +31,7 @@ from rhnzoo.studies import sweep, tables
 from rhnzoo.tasks import polyphonic
 from rhnzoo.configs import jsb as jsb_configs
 from rhnzoo.tasks.polyphonic import TrainResult
-from rhnzoo.configs.jsb import JSBConfig, StudySettings, TrialConfig
+from rhnzoo.configs.jsb import JSBConfig, TrialConfig
 
 # Random search (one draw per trial index, shared by every architecture and depth, so the
 # comparison is paired): learning rate log-uniform in [10^-2.5, 10^0]; momentum 0 (plain
@@ -107,9 +107,9 @@ def plan_lines(sizes: dict, width: int) -> list[str]:
 def trial_configs(config: JSBConfig, sizes: dict) -> list[TrialConfig]:
     """Every trial of the study, trials outermost (a study cut short has every (arch,
     depth) with some trials); ``sizes``: :func:`plan`'s. Each trial takes the study's
-    :class:`~rhnzoo.configs.jsb.StudySettings`, ``progress`` off (it trains silently)."""
-    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(StudySettings)}
-    shared["progress"] = False
+    :meth:`~rhnzoo.configs.jsb.JSBConfig.shared` settings, ``progress`` off (it trains
+    silently)."""
+    shared = {**config.shared(), "progress": False}
     out = []
     for trial in range(config.trials):
         hp = sample_hparams(config.seed, trial)
