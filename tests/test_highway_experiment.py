@@ -318,14 +318,14 @@ CONFIG_0016358 = {
 
 def old_sweep_config(**changes):
     """The HighwayConfig of CONFIG_0016358's command line (the matmul precision its flag's
-    default then, not the test session's ``highest``), with ``changes``."""
+    default then, not the test session's ``highest``; its ``--seeds=2``: :func:`old_runs`),
+    with ``changes``."""
     from rhnzoo.configs.highway import HighwayConfig
 
     settings = {
         "sweep": True,
         "depths": ("3",),
         "plain_lrs": ("3:1e-3",),
-        "seeds": 2,
         "seed": 3,
         "batch_size": 20,
         "valid_size": 40,
@@ -339,6 +339,14 @@ def old_sweep_config(**changes):
         "matmul_precision": "default",
     }
     return HighwayConfig(**{**settings, **changes})
+
+
+def old_runs(**changes):
+    """``{name: config}``: the runs of CONFIG_0016358's sweep (``--seeds=2``), with
+    ``changes`` to its config."""
+    from rhnzoo.studies import highway as highway_study
+
+    return dict(highway_study.runs(old_sweep_config(**changes), seeds=2))
 
 
 def old_workdir(path, **changes):
@@ -355,17 +363,13 @@ def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
     is then rewritten with every field."""
     from rhnzoo.engine.workdir import prepare_workdir
 
-    runs = dict(old_sweep_config().runs())
+    runs = old_runs()
     assert list(runs) == ["plain_d3", "plain_d3_s1", "highway_d3", "highway_d3_s1"]
     run = runs["plain_d3_s1"]
     assert (run.kind, run.depth, run.width, run.lr, run.seed) == ("plain", 3, 71, 0.001, 4)
     wd = old_workdir(tmp_path / "plain_d3_s1")
     assert prepare_workdir(wd, run, check_only=True) == wd
-    more = dict(
-        old_sweep_config(
-            depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"), diagnostics_depth=0
-        ).runs()
-    )
+    more = old_runs(depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"), diagnostics_depth=0)
     assert len(more) == 8 and more["plain_d3_s1"].depths == ("3",)
     prepare_workdir(wd, more["plain_d3_s1"], check_only=True)
     assert json.loads((wd / "config.json").read_text()) == CONFIG_0016358  # only checked
@@ -379,12 +383,12 @@ def test_a_structural_difference_from_an_old_workdir_is_refused(tmp_path):
     from rhnzoo.engine.workdir import prepare_workdir
 
     wd = old_workdir(tmp_path / "plain_d3_s1")
-    runs = dict(old_sweep_config().runs())
+    runs = old_runs()
     for other, shown in (
         (runs["plain_d3_s1"].replace(activation="relu"), "activation='tanh' there vs 'relu'"),
         (runs["plain_d3"], "seed=4 there vs 3"),
         (
-            dict(old_sweep_config(plain_lrs=("3:1e-2",)).runs())["plain_d3_s1"],
+            old_runs(plain_lrs=("3:1e-2",))["plain_d3_s1"],
             "lr=0.001 there vs 0.01",
         ),
         (
@@ -407,7 +411,7 @@ def test_the_net_of_a_runs_config_json_old_or_new():
     assert net_from_config(CONFIG_0016358) == old
     he = net_from_config({**CONFIG_0016358, "init": "he_normal"})
     assert he == dataclasses.replace(old, kernel_init="he_normal")
-    run = dict(old_sweep_config(dataset="cifar100").runs())["highway_d3"]
+    run = old_runs(dataset="cifar100")["highway_d3"]
     assert net_from_config(json.loads(json.dumps(run.to_dict()))) == FeedForwardNet(
         "highway", 3, 50, 3072, 100, "tanh", "glorot_uniform", -4.0
     )
@@ -418,15 +422,12 @@ def test_the_net_of_a_runs_config_json_old_or_new():
 def test_config_round_trip_and_one_line_errors():
     from rhnzoo.configs.highway import HighwayConfig
 
-    cfg = HighwayConfig(kind="plain", depth=20, sweep=True, depths=("10", "20"), seeds=3)
+    cfg = HighwayConfig(kind="plain", depth=20, sweep=True, depths=("10", "20"))
     assert HighwayConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.to_dict()["depths"] == ("10", "20") and cfg.replace(seed=5).seed == 5
     with pytest.raises(ValueError, match="unknown HighwayConfig setting.*: nonsense"):
         HighwayConfig.from_dict({"depth": 10, "nonsense": 1})
     for values, message in (
-        ({"seeds": 2}, "--jobs and --seeds are for --sweep"),
-        ({"jobs": 2}, "--jobs and --seeds are for --sweep"),
-        ({"sweep": True, "depths": ("10", "x")}, "--depths must be integers, got 10,x"),
         ({"kind": "plain", "plain_lrs": ("10-1e-3",)}, "--plain_lrs must be depth:rate pairs"),
         ({"kind": "plain", "depth": 30}, "no plain learning rate for depth 30"),
         ({"kind": "resnet"}, "--kind must be one of highway, plain, got 'resnet'"),
@@ -446,6 +447,53 @@ def test_config_round_trip_and_one_line_errors():
         with pytest.raises(ValueError, match=re.escape(message)) as error:
             HighwayConfig.from_dict(values)
         assert "\n" not in str(error.value)
+
+
+def test_the_study_holds_the_sweeps_runs_and_checks_them():
+    """The sweep's structure is the study's (issue 70): its runs, depth-major, plain
+    before highway, seeds in turn, each narrowed to its net, seed and workdir; the sweep's
+    flags that do not go together are one line naming the flag."""
+    from rhnzoo.configs.highway import HighwayConfig
+    from rhnzoo.studies import highway as highway_study
+
+    cfg = HighwayConfig(sweep=True, depths=("10", "20"), seed=5, workdir="/tmp/s")
+    assert highway_study.plan(cfg) == [
+        ("plain", 10),
+        ("highway", 10),
+        ("plain", 20),
+        ("highway", 20),
+    ]
+    runs = highway_study.runs(cfg, seeds=2)
+    assert [name for name, _ in runs][:4] == [
+        "plain_d10",
+        "plain_d10_s1",
+        "highway_d10",
+        "highway_d10_s1",
+    ]
+    plain = runs[1][1]
+    assert (plain.kind, plain.depth, plain.width, plain.lr, plain.seed) == (
+        "plain",
+        10,
+        71,
+        1e-3,
+        6,
+    )
+    assert (plain.sweep, plain.depths, plain.workdir) == (False, ("10",), "/tmp/s/plain_d10_s1")
+    one = HighwayConfig(kind="plain", depth=20, workdir="/tmp/one")
+    assert highway_study.runs(one) == [("plain_d20", one.narrow())]
+    assert one.narrow().workdir == "/tmp/one" and one.narrow().lr == 1e-3
+    for values, seeds, jobs, message in (
+        ({}, 2, 1, "--jobs and --seeds are for --sweep"),
+        ({}, 1, 2, "--jobs and --seeds are for --sweep"),
+        ({"sweep": True, "depths": ("10", "x")}, 1, 1, "--depths must be integers, got 10,x"),
+        ({"sweep": True, "depths": ("30",)}, 1, 1, "no plain learning rate for depth 30"),
+        ({"sweep": True, "depths": ("1",)}, 1, 1, "depth must be an integer >= 2"),
+        ({"sweep": True, "lr": -1.0}, 1, 1, "--lr must be > 0, got -1.0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)) as error:
+            highway_study.check(HighwayConfig(**values), seeds, jobs)
+        assert "\n" not in str(error.value)
+    highway_study.check(HighwayConfig(sweep=True), 3, 2)
 
 
 def test_presets_hold_the_reproductions_settings():
@@ -476,8 +524,8 @@ def test_presets_hold_the_reproductions_settings():
 
 @pytest.mark.slow  # the fast tier: tests/test_scripts.py's ptb.py --help
 def test_help_lists_one_flag_per_setting_with_its_help():
-    """Every HighwayConfig field is a flag of the script (--seeds and --jobs the runner's),
-    its help the field's; --preset too."""
+    """Every HighwayConfig field is a flag of the script, its help the field's; --preset,
+    and the runner's --seeds, --jobs and --sweep_run too."""
     import dataclasses
 
     from rhnzoo.config import meta
@@ -493,9 +541,9 @@ def test_help_lists_one_flag_per_setting_with_its_help():
             continue
         flag = f"--[no]{f.name}:" if isinstance(f.default, bool) else f"--{f.name}:"
         assert flag in text, f.name
-        if f.name not in ("seeds", "jobs"):
-            assert " ".join(meta(f)["help"].split()[:6]) in text, f.name
+        assert " ".join(meta(f)["help"].split()[:6]) in text, f.name
     assert "--preset: <cpu>:" in text and "--sweep_run:" in text
+    assert "--seeds:" in text and "--jobs:" in text
 
 
 @pytest.mark.slow

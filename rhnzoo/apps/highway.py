@@ -44,10 +44,15 @@ def define_flags() -> None:
 
 
 def config_from_flags(jobs: sweep.Jobs, seeds: int) -> HighwayConfig:
-    """``--preset``'s config with the flags given over it, and the runner's ``jobs`` /
-    ``seeds`` (:func:`rhnzoo.apps.runner.from_flags`). Raises ValueError (one line)
-    for a bad setting."""
-    return cli.config_from_flags(configs.get_config, _NAMES, seeds=seeds, jobs=jobs.n)
+    """``--preset``'s config with the flags given over it, checked with the runner's
+    ``jobs`` / ``seeds`` (:func:`rhnzoo.apps.runner.from_flags`;
+    :func:`rhnzoo.studies.highway.check`). Raises ValueError (one line) for a bad
+    setting."""
+    from rhnzoo.studies import highway as highway_study
+
+    cfg = cli.config_from_flags(configs.get_config, _NAMES)
+    highway_study.check(cfg, seeds, jobs.n)
+    return cfg
 
 
 def main(argv) -> None:
@@ -65,7 +70,7 @@ def experiment() -> None:
     if jobs.n == 1:  # this process trains (with --jobs > 1 each child checks its own)
         check_fits(cfg)
     with precision.context(cfg.matmul_precision):
-        train_and_evaluate(cfg, jobs)
+        train_and_evaluate(cfg, jobs, seeds)
 
 
 def check_fits(cfg: HighwayConfig) -> None:
@@ -74,9 +79,13 @@ def check_fits(cfg: HighwayConfig) -> None:
     device, before the data are read."""
     import jax
 
-    depth = max(int(d) for d in cfg.depths) if cfg.sweep else cfg.depth
+    from rhnzoo.studies import highway as highway_study
+
+    deepest: dict[str, int] = {}
+    for kind, depth in highway_study.plan(cfg):
+        deepest[kind] = max(depth, deepest.get(kind, depth))
     tx, _ = hw.make_optimizer(cfg, 1.0)  # the rate shapes no state
-    for kind in ("plain", "highway") if cfg.sweep else (cfg.kind,):
+    for kind, depth in deepest.items():
         net = cfg.net(kind, depth)
         cli.check_fits(
             lambda net=net: hw.init_state(net, tx, jax.random.PRNGKey(0)),
@@ -92,12 +101,13 @@ def _load(cfg: HighwayConfig):
     return data.load(cfg.dataset, cfg.data_dir, download=cfg.download, verify=cfg.verify_data)
 
 
-def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> None:
+def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None, seeds: int = 1) -> None:
     """Trains one net (``cfg.kind``, ``cfg.depth``; its ``learning_curves.png``
     (:func:`rhnzoo.apps.cli.write_learning_curves`), a highway net's figures after it) or,
-    with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) and the sweep's table and
-    figures; ``jobs``: the sweep's ``--jobs`` (:class:`rhnzoo.studies.sweep.Jobs`). Every
-    setting was checked when ``cfg`` was made, before the data are read."""
+    with ``cfg.sweep``, every ``cfg.depths`` x (plain, highway) with ``seeds`` seeds each
+    and the sweep's table and figures; ``jobs``: the sweep's ``--jobs``
+    (:class:`rhnzoo.studies.sweep.Jobs`). Every setting was checked
+    (:func:`config_from_flags`) before the data are read."""
     images = _load(cfg)
     splits = evaluation.split_data(
         images.train_images,
@@ -108,7 +118,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None) -> No
     )
     classify.steps_per_epoch(len(splits["train"][0]), cfg.batch_size)  # batch fits
     if cfg.sweep:
-        _sweep(cfg, splits, jobs)
+        _sweep(cfg, splits, jobs, seeds)
         return
     run = cfg.narrow()  # its width and learning rate resolved: the run's config.json
     net, workdir = run.net(), run.output_dir()
@@ -137,14 +147,15 @@ def _figures(cfg: HighwayConfig, workdir: pathlib.Path, train_split) -> None:
     report.analyze_highway(workdir, workdir, opts, train_split)
 
 
-def _header(cfg: HighwayConfig, train_s: float) -> str:
-    """``results.md``'s heading: the sweep's settings and machine."""
+def _header(cfg: HighwayConfig, seeds: int, train_s: float) -> str:
+    """``results.md``'s heading: the sweep's settings (``seeds``: seeds per net) and
+    machine."""
     import jax
 
-    last = cfg.seed + cfg.seeds - 1
-    seeds = (
+    last = cfg.seed + seeds - 1
+    shown = (
         f"seed {cfg.seed}"
-        if cfg.seeds == 1
+        if seeds == 1
         else f"seeds {cfg.seed}-{last} (mean ± sd over them; figures: seed {cfg.seed})"
     )
     return (
@@ -153,7 +164,7 @@ def _header(cfg: HighwayConfig, train_s: float) -> str:
         f"{cfg.max_steps}), batch {cfg.batch_size}, SGD momentum {cfg.momentum}, lr decay "
         f"{cfg.lr_decay_rate} every {cfg.lr_decay_steps:,} steps, {cfg.activation}, "
         f"{cfg.init}, T bias {cfg.transform_bias}, validation = last {cfg.valid_size:,} "
-        f"training images, {seeds}, preset {cfg.preset}.\n"
+        f"training images, {shown}, preset {cfg.preset}.\n"
         f"Train CE: mean training cross-entropy over the last epoch (nats); test acc: "
         f"best-validation parameters.\n"
         f"Machine: {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__} "
@@ -161,17 +172,17 @@ def _header(cfg: HighwayConfig, train_s: float) -> str:
     )
 
 
-def _sweep(cfg: HighwayConfig, splits, jobs) -> None:
+def _sweep(cfg: HighwayConfig, splits, jobs, seeds: int) -> None:
     from rhnzoo.studies import highway as highway_study
 
     start = time.time()
-    done = highway_study.sweep(cfg, splits, jobs=jobs)
+    done = highway_study.sweep(cfg, splits, seeds=seeds, jobs=jobs)
     train_s = sum((r["history"][-1]["elapsed_s"] if r["history"] else 0.0) for r in done)
     for path in highway_study.sweep_report(
         cfg.output_dir(),
         done,
         splits["train"],
-        header=_header(cfg, train_s),
+        header=_header(cfg, seeds, train_s),
         dataset=cfg.dataset.upper(),
         heatmap_examples=cfg.heatmap_examples,
         lesion_examples=cfg.lesion_examples,

@@ -1,6 +1,7 @@
 """The highway / plain net experiments' settings (``experiments/highway.py``):
-:class:`HighwayConfig` (every setting of a run or sweep, ``config.json``), its defaults and
-every preset.
+:class:`HighwayConfig` (one net's settings and the flags of the depth sweep,
+``config.json``), its defaults and every preset. The sweep's runs are the study's,
+:mod:`rhnzoo.studies.highway`.
 
 The defaults are the Columbia ECBM4040 reproduction's (Yarali & Kostic, "Highway
 Networks", a reproduction of Srivastava, Greff & Schmidhuber 2015; text in
@@ -34,11 +35,10 @@ Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any
 
 from rhnzoo import data
-from rhnzoo.config import DataSettings, RunSettings, preset_settings, seed_name, setting
+from rhnzoo.config import DataSettings, RunSettings, preset_settings, setting
 from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
 
 HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
@@ -47,28 +47,29 @@ DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer
 
 @dataclasses.dataclass(frozen=True)
 class HighwayConfig(RunSettings, DataSettings):
-    """Every setting of a highway / plain net run or depth sweep, one field each
-    (``experiments/highway.py``'s flags are generated from them, ``--jobs`` and
-    ``--seeds`` are the runner's). The engine's settings come from
-    :class:`~rhnzoo.config.RunSettings` (the run's length: ``epochs``), the data flags
-    from :class:`~rhnzoo.config.DataSettings`; presets: :mod:`rhnzoo.configs.highway`.
-    The config itself is the engine's (:func:`train_and_evaluate`).
+    """The settings of one highway / plain net run, one field each, and the flags of the
+    depth sweep (``sweep``, ``depths``; ``experiments/highway.py``'s flags are generated
+    from the fields, ``--jobs`` and ``--seeds`` are the runner's). The engine's settings
+    come from :class:`~rhnzoo.config.RunSettings` (the run's length: ``epochs``), the data
+    flags from :class:`~rhnzoo.config.DataSettings`; presets:
+    :mod:`rhnzoo.configs.highway`. The config itself is the engine's
+    (:func:`train_and_evaluate`).
 
-    A sweep's config narrows to each of its runs (:meth:`runs`; one net:
-    :meth:`narrow`): the net's kind, depth, width and learning rate resolved, its own
-    seed, no sweep. A run's ``config.json`` is its narrowed config's ``to_dict()``; the
-    sweep-level fields (``sweep``, ``depths``, ``seeds``, ``jobs``, ``plain_lrs``) are
+    A config narrows to its run (:meth:`narrow`): the net's kind, depth, width and
+    learning rate resolved, no sweep; a sweep's runs, each one so narrowed, are
+    :func:`rhnzoo.studies.highway.runs`. A run's ``config.json`` is its narrowed config's
+    ``to_dict()``; the sweep-level fields (``sweep``, ``depths``, ``plain_lrs``) are
     resumable, as the run's own net, rate and seed are the structural ``kind``,
     ``depth``, ``width``, ``lr``, ``seed``.
 
     Raises:
       ValueError: on construction (one line naming the flag, as the script prints it):
-        a value out of range, a plain net without a learning rate, or ``--seeds`` /
-        ``--jobs`` without ``--sweep``.
+        a value out of range, or (not a sweep) a plain net without a learning rate. A
+        sweep's nets (``depths`` x both kinds, their rates) are checked by the study
+        (:func:`rhnzoo.studies.highway.check`), as the script reads its flags.
     """
 
-    # ``--seeds`` and ``--jobs`` are the runner's flags (rhnzoo.apps.runner.define_flags).
-    NOT_FLAGS = frozenset({"preset", "seeds", "jobs"})
+    NOT_FLAGS = frozenset({"preset"})
 
     # the net
     kind: str = setting("highway", "Net.", choices=KINDS)
@@ -118,7 +119,7 @@ class HighwayConfig(RunSettings, DataSettings):
     )
     eval_batch_size: int = setting(1000, "Images per evaluation call.", low=1, resumable=True)
     epochs: int = setting(400, "Training epochs (the papers: 400).", low=1)
-    # the sweep (a run's own net and seed: kind, depth, seed) and the analyses
+    # the sweep (its runs: rhnzoo.studies.highway.runs) and the analyses
     sweep: bool = setting(
         False,
         "Train every --depths x (plain, highway), then write the table and figures.",
@@ -126,15 +127,6 @@ class HighwayConfig(RunSettings, DataSettings):
     )
     depths: tuple[str, ...] = setting(
         ("10", "20", "50", "100"), "Depths of --sweep.", resumable=True
-    )
-    seeds: int = setting(
-        1,
-        "Runs per (kind, depth) of --sweep, seeds --seed ... --seed + seeds - 1.",
-        low=1,
-        resumable=True,
-    )
-    jobs: int = setting(
-        1, "Runs of --sweep at a time (child processes when > 1).", low=1, resumable=True
     )
     analyze: bool = setting(
         True,
@@ -165,27 +157,21 @@ class HighwayConfig(RunSettings, DataSettings):
 
     def check(self) -> None:
         super().check()  # the run settings'
-        if not self.sweep and (self.seeds > 1 or self.jobs > 1):
-            raise ValueError("--jobs and --seeds are for --sweep")
-        for kind, depth in self.plan():  # each net and its learning rate
-            self.net(kind, depth)
-            lr = self.learning_rate(kind, depth)
-            if not lr > 0:
-                raise ValueError(f"--lr must be > 0, got {lr}")
+        if not self.sweep:  # its net and learning rate (a sweep's: the study's check)
+            self.check_net(self.kind, self.depth)
         if not self.momentum < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.diagnostics_depth == 1:
             raise ValueError("--diagnostics_depth must be 0 or >= 2, got 1")
 
-    def plan(self) -> list[tuple[str, int]]:
-        """``[(kind, depth)]``: every ``depths`` x (plain, highway) for a sweep, else
-        ``[(kind, depth)]``. Raises ValueError for a depth that is not an integer."""
-        if not self.sweep:
-            return [(self.kind, self.depth)]
-        try:
-            return [(k, int(d)) for d in self.depths for k in ("plain", "highway")]
-        except ValueError:
-            raise ValueError(f"--depths must be integers, got {','.join(self.depths)}") from None
+    def check_net(self, kind: str, depth: int) -> None:
+        """Raises ValueError (one line naming the flag) unless the ``kind`` net of
+        ``depth`` can be made from these settings (:meth:`net`) and has a learning rate
+        > 0 (:meth:`learning_rate`)."""
+        self.net(kind, depth)
+        lr = self.learning_rate(kind, depth)
+        if not lr > 0:
+            raise ValueError(f"--lr must be > 0, got {lr}")
 
     def plain_rates(self) -> dict[int, float]:
         """``plain_lrs`` as ``{depth: rate}``. Raises ValueError for a malformed pair."""
@@ -232,12 +218,12 @@ class HighwayConfig(RunSettings, DataSettings):
         )
 
     def narrow(
-        self, kind: str | None = None, depth: int | None = None, k: int = 0, **changes: Any
+        self, kind: str | None = None, depth: int | None = None, **changes: Any
     ) -> HighwayConfig:
         """The config of one run: the ``kind`` net of ``depth`` (default: the config's)
-        with its width and learning rate resolved, seed ``seed + k``, no sweep (``depths``
-        its depth, ``seeds`` and ``jobs`` 1); ``changes`` (e.g. ``workdir``) applied.
-        Its ``to_dict()`` is the run's ``config.json``."""
+        with its width and learning rate resolved, no sweep (``depths`` its depth);
+        ``changes`` (e.g. ``seed``, ``workdir``) applied. Its ``to_dict()`` is the run's
+        ``config.json``. Raises ValueError (one line) as :meth:`check_net`."""
         kind = self.kind if kind is None else kind
         depth = self.depth if depth is None else depth
         return self.replace(
@@ -245,26 +231,10 @@ class HighwayConfig(RunSettings, DataSettings):
             depth=depth,
             width=self.net(kind, depth).width,
             lr=self.learning_rate(kind, depth),
-            seed=self.seed + k,
             sweep=False,
             depths=(str(depth),),
-            seeds=1,
-            jobs=1,
             **changes,
         )
-
-    def runs(self) -> list[tuple[str, HighwayConfig]]:
-        """``[(name, config)]``: each run of the :meth:`plan` and seed k < ``seeds``,
-        named ``<kind>_d<depth>`` (``_s<k>`` for k > 0: :func:`rhnzoo.config.seed_name`),
-        its config :meth:`narrow`-ed to it, ``workdir`` ``<output_dir()>/<name>`` for a
-        sweep (one net: the config's)."""
-        out = []
-        for kind, depth in self.plan():
-            for k in range(self.seeds):
-                name = seed_name(f"{kind}_d{depth}", k)
-                own = {"workdir": str(pathlib.Path(self.output_dir()) / name)}
-                out.append((name, self.narrow(kind, depth, k, **(own if self.sweep else {}))))
-        return out
 
     def output_dir(self) -> str:
         """``workdir``, else the default: ``runs/highway_<dataset>_<preset or full>`` for a

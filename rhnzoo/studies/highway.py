@@ -1,7 +1,9 @@
 """The depth sweep of Srivastava et al. (2015, Fig. 1, 2, 4; the ECBM4040 reproduction):
-plain and highway nets at several depths, each run one
+plain and highway nets at several depths, its runs (:func:`plan`, :func:`runs`, checked
+by :func:`check`; the settings of each: a
+:class:`~rhnzoo.configs.highway.HighwayConfig`), each one
 :func:`rhnzoo.tasks.highway.train_and_evaluate` on the multi-run runner
-(:mod:`rhnzoo.studies.sweep`); its table (:func:`sweep_table`) and its report
+(:mod:`rhnzoo.studies.sweep`, :func:`sweep`); its table (:func:`sweep_table`) and its report
 (:func:`sweep_report`: the table, the training curves, the gate heatmaps and lesions of
 each highway net, the plain nets' diagnostics at initialisation), drawn from the
 analyses of :mod:`rhnzoo.analysis.highway`.
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rhnzoo.analysis import plots
+from rhnzoo.config import seed_name
 from rhnzoo.analysis.highway import (
     gate_statistics,
     highway_lesions,
@@ -33,6 +36,49 @@ from rhnzoo.tasks.highway import Split
 from rhnzoo.configs.highway import HighwayConfig
 
 PathLike = str | os.PathLike
+KINDS = ("plain", "highway")  # each depth's runs, in turn
+
+
+def plan(cfg: HighwayConfig) -> list[tuple[str, int]]:
+    """``[(kind, depth)]`` of the nets of ``cfg``: every ``depths`` x :data:`KINDS` for a
+    sweep (``cfg.sweep``), else ``[(cfg.kind, cfg.depth)]``. Raises ValueError (one line)
+    for a depth that is not an integer."""
+    if not cfg.sweep:
+        return [(cfg.kind, cfg.depth)]
+    try:
+        return [(kind, int(d)) for d in cfg.depths for kind in KINDS]
+    except ValueError:
+        raise ValueError(f"--depths must be integers, got {','.join(cfg.depths)}") from None
+
+
+def runs(cfg: HighwayConfig, seeds: int = 1) -> list[tuple[str, HighwayConfig]]:
+    """``[(name, config)]``: each net of the :func:`plan` and seed k < ``seeds``, in turn
+    (rows of seeds, :func:`rhnzoo.studies.sweep.seed_runs`), named ``<kind>_d<depth>``
+    (``_s<k>`` for k > 0: :func:`rhnzoo.config.seed_name`), its config ``cfg``
+    :meth:`~rhnzoo.configs.highway.HighwayConfig.narrow`-ed to it with seed
+    ``cfg.seed + k`` and, for a sweep, ``workdir`` ``<cfg.output_dir()>/<name>`` (one
+    net: the config's). Raises ValueError (one line) for a net out of range or without a
+    learning rate (:meth:`~rhnzoo.configs.highway.HighwayConfig.check_net`)."""
+    out = []
+    for kind, depth in plan(cfg):
+        for k in range(seeds):
+            name = seed_name(f"{kind}_d{depth}", k)
+            own = {"workdir": str(pathlib.Path(cfg.output_dir()) / name)} if cfg.sweep else {}
+            out.append((name, cfg.narrow(kind, depth, seed=cfg.seed + k, **own)))
+    return out
+
+
+def check(cfg: HighwayConfig, seeds: int = 1, jobs: int = 1) -> None:
+    """Refuses what the sweep's flags cannot do together, before any data is read:
+    ``seeds`` (``--seeds``) or ``jobs`` (``--jobs``) > 1 without ``cfg.sweep``, and
+    (:func:`runs`) each net of the sweep out of range or without a learning rate.
+
+    Raises:
+      ValueError: one line naming the flag.
+    """
+    if not cfg.sweep and (seeds > 1 or jobs > 1):
+        raise ValueError("--jobs and --seeds are for --sweep")
+    runs(cfg, seeds)
 
 
 def _train(
@@ -47,7 +93,7 @@ def _train(
     """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (bound with
     :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
     ``cfg`` (:func:`rhnzoo.tasks.highway.train_and_evaluate`; one of
-    :meth:`HighwayConfig.runs`; ``seeds``: K seeds of it stacked) in
+    :func:`runs`; ``seeds``: K seeds of it stacked) in
     ``workdir``; returns its (first seed's) results. With ``quiet`` (and a ``log``) its
     lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.studies.sweep.run_log`)."""
     if quiet and log is not None:
@@ -62,10 +108,11 @@ def sweep(
     cfg: HighwayConfig,
     splits: Mapping[str, Split],
     *,
+    seeds: int = 1,
     log: Callable[[str], None] | None = print,
     jobs: runner.Jobs | None = None,
 ) -> list[dict[str, Any]]:
-    """Trains every run of ``cfg`` (:meth:`HighwayConfig.runs`), each in its own workdir
+    """Trains every run of ``cfg`` and ``seeds`` (:func:`runs`), each in its own workdir
     under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.studies.sweep`):
     one after another in this process, or side by side in child processes (``jobs``).
     Either way each run's lines go to its workdir's ``sweep.log`` and ``log`` gets the
@@ -84,22 +131,23 @@ def sweep(
       failed, or None)}``.
 
     Raises:
-      ValueError: an incompatible workdir; Interrupted: SIGTERM/SIGINT (the current
-      run's state saved); RunError: a file could not be written.
+      ValueError: an incompatible workdir, a bad net (:func:`check`); Interrupted:
+      SIGTERM/SIGINT (the current run's state saved); RunError: a file could not be
+      written.
     """
     root = pathlib.Path(cfg.output_dir())
-    runs, quiet = cfg.runs(), jobs is None or jobs.here
-    plan = runner.seed_runs(
-        runs,
-        cfg.seeds,
+    rows, quiet = runs(cfg, seeds), jobs is None or jobs.here
+    trained = runner.seed_runs(
+        rows,
+        seeds,
         lambda r, k: functools.partial(_train, r, splits, log, quiet=quiet, seeds=k),
         stack=jobs is not None and jobs.stack_seeds,
         size=lambda r: r.epochs * r.net().num_params(),
     )
-    runner.run_all(plan, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
-    done = runner.collect(root, [name for name, _ in runs])
+    runner.run_all(trained, root, log=log, jobs=jobs, on_divergence="stop", quiet=quiet)
+    done = runner.collect(root, [name for name, _ in rows])
     out = []
-    for name, r in runs:
+    for name, r in rows:
         net, found = r.net(), done[name] or {}
         out.append(
             {
