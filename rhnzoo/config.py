@@ -51,7 +51,8 @@ def setting(
     also takes None.
 
     Args:
-      default: the value when not given (immutable: a tuple, not a list).
+      default: the value when not given (immutable: a tuple, not a list; a mapping, e.g.
+        ``{depth: rate}``, is copied for each config).
       help: one or two sentences for ``--help``.
       low: the least value allowed (ints and floats; None passes where the annotation
         takes None); checked on construction.
@@ -74,6 +75,8 @@ def setting(
         "choices": None if choices is None else tuple(choices),
         "resumable": resumable,
     }
+    if isinstance(default, Mapping):  # no dataclass default: each config its own copy
+        return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -252,7 +252,7 @@ def test_in_process_sweep_prints_two_lines_per_run(tmp_path):
     cfg = configs.HighwayConfig(
         sweep=True,
         depths=("3",),
-        plain_lrs=("3:1e-3",),
+        plain_lrs={3: 1e-3},
         max_steps=6,
         batch_size=20,
         log_every=1,
@@ -325,7 +325,7 @@ def old_sweep_config(**changes):
     settings = {
         "sweep": True,
         "depths": ("3",),
-        "plain_lrs": ("3:1e-3",),
+        "plain_lrs": {3: 1e-3},
         "seed": 3,
         "batch_size": 20,
         "valid_size": 40,
@@ -369,7 +369,7 @@ def test_a_workdir_written_before_the_config_class_resumes(tmp_path):
     assert (run.kind, run.depth, run.width, run.lr, run.seed) == ("plain", 3, 71, 0.001, 4)
     wd = old_workdir(tmp_path / "plain_d3_s1")
     assert prepare_workdir(wd, run, check_only=True) == wd
-    more = old_runs(depths=("3", "5"), plain_lrs=("3:1e-3", "5:1e-4"), diagnostics_depth=0)
+    more = old_runs(depths=("3", "5"), plain_lrs={3: 1e-3, 5: 1e-4}, diagnostics_depth=0)
     assert len(more) == 8 and more["plain_d3_s1"].depths == ("3",)
     prepare_workdir(wd, more["plain_d3_s1"], check_only=True)
     assert json.loads((wd / "config.json").read_text()) == CONFIG_0016358  # only checked
@@ -388,7 +388,7 @@ def test_a_structural_difference_from_an_old_workdir_is_refused(tmp_path):
         (runs["plain_d3_s1"].replace(activation="relu"), "activation='tanh' there vs 'relu'"),
         (runs["plain_d3"], "seed=4 there vs 3"),
         (
-            old_runs(plain_lrs=("3:1e-2",))["plain_d3_s1"],
+            old_runs(plain_lrs={3: 1e-2})["plain_d3_s1"],
             "lr=0.001 there vs 0.01",
         ),
         (
@@ -429,6 +429,7 @@ def test_config_round_trip_and_one_line_errors():
         HighwayConfig.from_dict({"depth": 10, "nonsense": 1})
     for values, message in (
         ({"kind": "plain", "plain_lrs": ("10-1e-3",)}, "--plain_lrs must be depth:rate pairs"),
+        ({"plain_lrs": {"x": 1e-3}}, "--plain_lrs must be depth:rate pairs, got {'x': 0.001}"),
         ({"kind": "plain", "depth": 30}, "no plain learning rate for depth 30"),
         ({"kind": "resnet"}, "--kind must be one of highway, plain, got 'resnet'"),
         ({"depth": 1}, "--depth must be >= 2, got 1"),
@@ -447,6 +448,31 @@ def test_config_round_trip_and_one_line_errors():
         with pytest.raises(ValueError, match=re.escape(message)) as error:
             HighwayConfig.from_dict(values)
         assert "\n" not in str(error.value)
+
+
+def test_plain_lrs_is_a_mapping_parsed_once_from_the_flags_pairs():
+    """Issue 70: ``plain_lrs`` is ``{depth: rate}``, parsed from the flag's depth:rate
+    pairs (``--plain_lrs=10:0.1,20:0.05``); config.json holds the mapping (its keys
+    strings) and one written before, the pairs; both read back as the mapping."""
+    from rhnzoo.configs import highway as configs
+    from rhnzoo.configs.highway import HighwayConfig
+
+    assert configs.parse_plain_lrs("10:0.1,20:0.05") == {10: 0.1, 20: 0.05}
+    assert configs.parse_plain_lrs(["10:0.1", "20:5e-2"]) == {10: 0.1, 20: 0.05}
+    assert configs.format_plain_lrs({10: 0.1, 20: 0.05}) == "10:0.1,20:0.05"
+    for bad, shown in (("10-0.1", "['10-0.1']"), (["3:x"], "['3:x']"), ("1:2:3", "['1:2:3']")):
+        with pytest.raises(ValueError, match=re.escape(f"must be depth:rate pairs, got {shown}")):
+            configs.parse_plain_lrs(bad)
+    cfg = HighwayConfig(kind="plain", depth=3, plain_lrs={3: 0.02})
+    assert cfg.learning_rate("plain", 3) == 0.02 and cfg.narrow().lr == 0.02
+    on_disk = json.loads(json.dumps(workdir_lib.strict(cfg.to_dict())))
+    assert on_disk["plain_lrs"] == {"3": 0.02}
+    assert HighwayConfig.from_dict(on_disk) == cfg
+    assert HighwayConfig.from_dict({**on_disk, "plain_lrs": ["3:0.02"]}) == cfg  # before
+    assert cfg.conflicts({**on_disk, "plain_lrs": ["3:1"]}) == []  # resumable
+    assert configs.get_config().plain_lrs == {10: 1e-3, 20: 1e-3, 50: 1e-5, 100: 1e-5}
+    with pytest.raises(ValueError, match=re.escape("in --plain_lrs (3:0.02); pass --lr or add")):
+        cfg.replace(depth=4)
 
 
 def test_the_study_holds_the_sweeps_runs_and_checks_them():

@@ -8,6 +8,7 @@ ECBM4040 reproduction). The flags, generated from
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import platform
@@ -15,6 +16,7 @@ import time
 
 from absl import flags
 
+from rhnzoo import config as config_lib
 from rhnzoo import data, precision
 from rhnzoo.apps import cli, runner
 from rhnzoo.configs import highway as configs
@@ -31,8 +33,16 @@ _NAMES: list[str] = []  # the flags generated from HighwayConfig's fields
 
 def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
-    :class:`HighwayConfig` field, their defaults :func:`rhnzoo.configs.highway.get_config`'s,
+    :class:`HighwayConfig` field, their defaults :func:`rhnzoo.configs.highway.get_config`'s
+    (``--plain_lrs``: its depth:rate pairs, :func:`rhnzoo.configs.highway.format_plain_lrs`),
     ``--preset``; the runner's ``--jobs``, ``--seeds``, ``--sweep_run``."""
+    field = {f.name: f for f in dataclasses.fields(HighwayConfig)}["plain_lrs"]
+    flags.DEFINE_list(
+        "plain_lrs",
+        configs.format_plain_lrs(configs.get_config(None).plain_lrs),
+        config_lib.meta(field)["help"],
+        module_name=__name__,
+    )
     _NAMES.extend(
         cli.define_config_flags(
             configs.get_config(None),
@@ -50,7 +60,10 @@ def config_from_flags(jobs: sweep.Jobs, seeds: int) -> HighwayConfig:
     setting."""
     from rhnzoo.studies import highway as highway_study
 
-    cfg = cli.config_from_flags(configs.get_config, _NAMES)
+    given = {}
+    if FLAGS["plain_lrs"].present:  # {depth: rate}, parsed once here
+        given["plain_lrs"] = configs.parse_plain_lrs(FLAGS.plain_lrs)
+    cfg = cli.config_from_flags(configs.get_config, _NAMES, **given)
     highway_study.check(cfg, seeds, jobs.n)
     return cfg
 

@@ -35,6 +35,7 @@ Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rhnzoo import data
@@ -43,6 +44,34 @@ from rhnzoo.models.highway import ACTIVATIONS, INITS, KINDS, FeedForwardNet
 
 HIGHWAY_LR = 0.1  # the reproduction's learning rate of every highway net
 DEFAULT_WIDTH = {"highway": 50, "plain": 71}  # about 5,000 parameters per layer either way
+PLAIN_LRS = {10: 1e-3, 20: 1e-3, 50: 1e-5, 100: 1e-5}  # the reproduction's plain-net rates
+
+
+def parse_plain_lrs(value: str | Sequence[str] | Mapping[Any, Any]) -> dict[int, float]:
+    """``{depth: rate}`` of ``--plain_lrs``: its depth:rate pairs, comma-separated as the
+    flag spells them (``'10:0.1,20:0.05'``) or one pair an item (a ``config.json``
+    written before ``plain_lrs`` was a mapping), or a mapping (a ``config.json``'s, its
+    keys strings).
+
+    Raises:
+      ValueError: ``--plain_lrs must be depth:rate pairs, got [...]`` (one line) for a
+        pair that is not an integer depth and a number.
+    """
+    shown = value
+    try:
+        if isinstance(value, Mapping):
+            shown, pairs = dict(value), list(value.items())
+        else:
+            shown = value.split(",") if isinstance(value, str) else list(value)
+            pairs = [item.split(":") for item in shown]
+        return {int(depth): float(rate) for depth, rate in pairs}
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"--plain_lrs must be depth:rate pairs, got {shown!r}") from None
+
+
+def format_plain_lrs(rates: Mapping[int, float]) -> str:
+    """``rates`` as ``--plain_lrs`` spells them: ``'10:0.001,20:0.001'``."""
+    return ",".join(f"{depth}:{rate:g}" for depth, rate in rates.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +98,9 @@ class HighwayConfig(RunSettings, DataSettings):
         (:func:`rhnzoo.studies.highway.check`), as the script reads its flags.
     """
 
-    NOT_FLAGS = frozenset({"preset"})
+    # ``--plain_lrs`` is the script's own flag (depth:rate pairs, parse_plain_lrs): a
+    # mapping is no flag type of rhnzoo.apps.cli.define_config_flags.
+    NOT_FLAGS = frozenset({"preset", "plain_lrs"})
 
     # the net
     kind: str = setting("highway", "Net.", choices=KINDS)
@@ -104,8 +135,8 @@ class HighwayConfig(RunSettings, DataSettings):
         f"Initial learning rate (default: {HIGHWAY_LR} for "
         "highway nets, --plain_lrs at the depth for plain nets).",
     )
-    plain_lrs: tuple[str, ...] = setting(
-        ("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5"),
+    plain_lrs: dict[int, float] = setting(
+        PLAIN_LRS,
         "depth:rate pairs, the plain nets' learning rates when --lr is not given.",
         resumable=True,
     )
@@ -155,6 +186,12 @@ class HighwayConfig(RunSettings, DataSettings):
     )
     preset: str | None = setting(None, "The preset's name, recorded.", resumable=True)
 
+    def __post_init__(self):
+        # {depth: rate} whatever it came as (parse_plain_lrs: a config.json's mapping, its
+        # keys strings, or its older depth:rate pairs); its errors: one line
+        object.__setattr__(self, "plain_lrs", parse_plain_lrs(self.plain_lrs))
+        super().__post_init__()
+
     def check(self) -> None:
         super().check()  # the run settings'
         if not self.sweep:  # its net and learning rate (a sweep's: the study's check)
@@ -173,16 +210,6 @@ class HighwayConfig(RunSettings, DataSettings):
         if not lr > 0:
             raise ValueError(f"--lr must be > 0, got {lr}")
 
-    def plain_rates(self) -> dict[int, float]:
-        """``plain_lrs`` as ``{depth: rate}``. Raises ValueError for a malformed pair."""
-        try:
-            pairs = [item.split(":") for item in self.plain_lrs]
-            return {int(d): float(lr) for d, lr in pairs}
-        except ValueError:
-            raise ValueError(
-                f"--plain_lrs must be depth:rate pairs, got {list(self.plain_lrs)}"
-            ) from None
-
     def learning_rate(self, kind: str, depth: int) -> float:
         """The initial learning rate of a ``kind`` net of ``depth``: ``lr`` if given, else
         :data:`HIGHWAY_LR` or the plain rate at the depth. Raises ValueError for a plain
@@ -191,13 +218,12 @@ class HighwayConfig(RunSettings, DataSettings):
             return self.lr
         if kind == "highway":
             return HIGHWAY_LR
-        rates = self.plain_rates()
-        if depth not in rates:
+        if depth not in self.plain_lrs:
             raise ValueError(
                 f"no plain learning rate for depth {depth} in --plain_lrs "
-                f"({','.join(self.plain_lrs)}); pass --lr or add {depth}:rate"
+                f"({format_plain_lrs(self.plain_lrs)}); pass --lr or add {depth}:rate"
             )
-        return rates[depth]
+        return self.plain_lrs[depth]
 
     def net(self, kind: str | None = None, depth: int | None = None) -> FeedForwardNet:
         """The :class:`FeedForwardNet` of ``kind`` and ``depth`` (default: the config's),
@@ -248,9 +274,7 @@ class HighwayConfig(RunSettings, DataSettings):
 
 # Each preset: the settings it changes from the defaults (HighwayConfig's fields).
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(
-        epochs=120, transform_bias=-4.0, plain_lrs=("10:1e-3", "20:1e-3", "50:1e-5", "100:1e-5")
-    ),
+    "cpu": dict(epochs=120, transform_bias=-4.0, plain_lrs=PLAIN_LRS),
 }
 
 
