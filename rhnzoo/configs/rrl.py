@@ -252,30 +252,24 @@ PAPER_SIZES = {
     "20ng": dict(embed_size=500, hidden_size=768, hybrid_embed_size=256, hybrid_hidden_size=512),
     "pmnist": dict(embed_size=1, hidden_size=100, hybrid_hidden_size=80, max_len=784, buckets=1),
 }
+# The long documents' CPU sizes (IMDB reviews, 20NG posts): the last 400 steps of each.
+_CPU_DOCUMENTS = dict(
+    embed_size=64,
+    hidden_size=128,
+    hybrid_hidden_size=96,
+    max_len=400,
+    epochs=10,
+    patience=3,
+    batch_size=32,
+)
 # 2-core CPU, about 7-30 minutes per model (measured times in README / docs/rrl.md):
 # smaller widths than Table 2, the last 400 steps of a review, fewer epochs.
 CPU_SIZES = {
-    "imdb": dict(
-        embed_size=64,
-        hidden_size=128,
-        hybrid_hidden_size=96,
-        max_len=400,
-        epochs=10,
-        patience=3,
-        batch_size=32,
-    ),
+    "imdb": _CPU_DOCUMENTS,
     "agnews": dict(
         embed_size=64, hidden_size=128, hybrid_hidden_size=96, max_len=64, epochs=3, batch_size=64
     ),
-    "20ng": dict(
-        embed_size=64,
-        hidden_size=128,
-        hybrid_hidden_size=96,
-        max_len=400,
-        epochs=10,
-        patience=3,
-        batch_size=32,
-    ),
+    "20ng": _CPU_DOCUMENTS,
     "pmnist": dict(
         embed_size=1,
         hidden_size=64,
