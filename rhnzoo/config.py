@@ -471,12 +471,6 @@ class RunSettings(Config):
         return self.total_steps(steps_per_epoch) < self.epochs * steps_per_epoch
 
 
-def seed_name(name: str, k: int) -> str:
-    """The name (and workdir name) of seed ``k`` (0, 1, ...) of run ``name``: ``name``
-    itself for k = 0, so a run of one seed keeps its workdir, else ``<name>_s<k>``."""
-    return name if k == 0 else f"{name}_s{k}"
-
-
 def preset_settings(presets: Mapping[str, Any], name: str | None) -> Any:
     """``presets[name]``, the settings of preset ``name`` (None: no preset, ``{}``).
 

@@ -18,7 +18,7 @@ from absl import flags
 
 from rhnzoo.apps import cli, lm, runner
 from rhnzoo.engine import workdir as workdir_lib
-from rhnzoo.config import seed_name
+from rhnzoo.engine.stacking import seed_name
 from rhnzoo.studies import hsg_depth, tables
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rhnzoo import precision
-from rhnzoo.config import RunSettings, seed_name
+from rhnzoo.config import RunSettings
 from rhnzoo.engine import compiled, evaluate, progress, signals, stacking
 from rhnzoo.engine.progress import TrainingDiverged
 from rhnzoo.engine.seeds import Seed
@@ -498,7 +498,7 @@ def run(
     and divergence verdict (a seed that stops is evaluated and recorded then and no
     longer changes; the others go on); its ``config.json``, ``metrics.jsonl``,
     ``best/`` and ``results.json``, in ``workdir`` for the first seed and in
-    ``<workdir>_s<k>`` (:func:`seed_name`) for seed k, where single runs and the
+    ``<workdir>_s<k>`` (:func:`~rhnzoo.engine.stacking.seed_name`) for seed k, where single runs and the
     multi-run tables read them. The stacked state is checkpointed in
     ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the
     same ``seeds`` resumes exactly; seeds already finished are carried along untrained.
@@ -555,7 +555,7 @@ def _run(
         Seed(
             k,
             c,
-            None if root is None else root.with_name(seed_name(root.name, k)),
+            None if root is None else root.with_name(stacking.seed_name(root.name, k)),
             layout.voice(say, c.seed),
         )
         for k, c in enumerate(configs)

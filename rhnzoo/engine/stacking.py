@@ -18,8 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rhnzoo.config import RunSettings, seed_name
+from rhnzoo.config import RunSettings
 from rhnzoo.engine.workdir import Checkpoints, read_json, write_json
+
+
+def seed_name(name: str, k: int) -> str:
+    """The name (and workdir name) of seed ``k`` (0, 1, ...) of run ``name``: ``name``
+    itself for k = 0, so a run of one seed keeps its workdir, else ``<name>_s<k>``."""
+    return name if k == 0 else f"{name}_s{k}"
 
 
 def stack(trees: Sequence[Any], axes: Any = 0) -> Any:

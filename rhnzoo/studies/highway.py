@@ -21,19 +21,19 @@ from typing import Any
 import numpy as np
 
 from rhnzoo.analysis import plots
-from rhnzoo.config import seed_name
 from rhnzoo.analysis.highway import (
     gate_statistics,
     highway_lesions,
     load_highway_run,
     plain_diagnostics,
 )
+from rhnzoo.configs.highway import HighwayConfig
 from rhnzoo.engine import workdir as workdir_lib
+from rhnzoo.engine.stacking import seed_name
 from rhnzoo.studies import sweep as runner
 from rhnzoo.studies import tables
 from rhnzoo.tasks import highway as hw
 from rhnzoo.tasks.highway import Split
-from rhnzoo.configs.highway import HighwayConfig
 
 PathLike = str | os.PathLike
 KINDS = ("plain", "highway")  # each depth's runs, in turn

@@ -25,13 +25,13 @@ import numpy as np
 
 from rhnzoo import cells
 from rhnzoo.config import strict
+from rhnzoo.configs import jsb as jsb_configs
+from rhnzoo.configs.jsb import JSBConfig, TrialConfig
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.models import num_params
 from rhnzoo.studies import sweep, tables
 from rhnzoo.tasks import polyphonic
-from rhnzoo.configs import jsb as jsb_configs
 from rhnzoo.tasks.polyphonic import TrainResult
-from rhnzoo.configs.jsb import JSBConfig, TrialConfig
 
 # Random search (one draw per trial index, shared by every architecture and depth, so the
 # comparison is paired): learning rate log-uniform in [10^-2.5, 10^0]; momentum 0 (plain

@@ -13,11 +13,11 @@ import pathlib
 from collections.abc import Callable, Mapping, Sequence
 
 from rhnzoo import cells
+from rhnzoo.configs.rrl import RRLConfig
 from rhnzoo.data.sequences import Dataset
-from rhnzoo.config import seed_name
+from rhnzoo.engine.stacking import seed_name
 from rhnzoo.studies import sweep, tables
 from rhnzoo.tasks import rrl
-from rhnzoo.configs.rrl import RRLConfig
 
 # Wang & Tian 2016, Table 3 (test accuracy, %), ../shared/papers/004_b303ba294415a388.txt.
 PAPER_TABLE3: dict[tuple[str, str], float] = {

@@ -45,7 +45,7 @@ from typing import Any
 from rhnzoo.config import Config
 from rhnzoo.engine import progress, signals, stacking
 from rhnzoo.engine import workdir as workdir_lib
-from rhnzoo.config import seed_name
+from rhnzoo.engine.stacking import seed_name
 
 PathLike = str | pathlib.Path
 LOG = "sweep.log"  # a child's stdout and stderr, in its workdir
