@@ -150,10 +150,46 @@ def test_peer_rejects_unknown_layer_loop():
 
 def test_flops_per_token_ptb_sota():
     # ptb_sota by hand: input 2*830*1660, 10 micro-layers 10*2*830*1660, softmax 2*830*10000.
-    c = bench_lm.CONFIGS["ptb_sota"]
+    c = bench_lm.shape(*bench_lm.config("ptb_sota"))
     assert bench_lm.flops_per_token(c) == 3 * (11 * 2 * 830 * 1660 + 2 * 830 * 10000)
     hsg = dict(c, hsg=True)
     assert bench_lm.flops_per_token(hsg) - bench_lm.flops_per_token(c) == 3 * 4 * 830 * 830
+
+
+def test_lm_configs_are_the_presets_at_the_shapes_of_record():
+    """bench.lm's configurations are rhnzoo.configs.lm's presets (issue 70: no second
+    copy of their sizes), at the shapes, rates and vocabularies the records ran."""
+    rates = {
+        name: (cfg.drop_x, cfg.drop_i, cfg.drop_h, cfg.drop_o)
+        for name in bench_lm.CONFIGS
+        for cfg in [bench_lm.config(name)[0]]
+    }
+    shapes = {name: bench_lm.shape(*bench_lm.config(name)) for name in bench_lm.CONFIGS}
+    row = lambda hidden, depth, hsg, batch, T, vocab, tied: dict(
+        hidden=hidden, depth=depth, hsg=hsg, batch=batch, num_steps=T, vocab=vocab, tied=tied
+    )
+    assert shapes == {
+        "ptb_sota": row(830, 10, False, 20, 35, 10000, True),
+        "ptb_d40_hsg": row(830, 40, True, 20, 35, 10000, True),
+        "enwik8_sota": row(1500, 10, False, 128, 50, 205, False),
+        "cpu_small": row(256, 3, False, 20, 35, 10000, True),
+        "tiny": row(16, 2, True, 4, 6, 50, True),
+    }
+    sota, small = (0.25, 0.75, 0.25, 0.75), (0.1, 0.3, 0.1, 0.3)
+    assert rates == dict(
+        ptb_sota=sota,
+        ptb_d40_hsg=sota,
+        enwik8_sota=(0.1, 0.4, 0.1, 0.4),
+        cpu_small=small,
+        tiny=small,
+    )
+    assert bench_lm.config("cpu_small")[0] == lm_configs.get_config("small")
+    assert bench_lm.config("ptb_d40_hsg")[0].init_bias == lm_configs.HSG_RHN_INIT_BIAS
+    cfg, _ = bench_lm.config("tiny", num_steps=9, scan_impl="fused")  # the entry's 6, replaced
+    assert (cfg.num_steps, cfg.scan_impl, cfg.depth) == (9, "fused", 2)
+    cfg, _ = bench_lm.config("ptb_sota", num_steps=7)
+    rows, window = bench_lm.random_batch(cfg, 11, windows=2, seed=0)
+    assert rows.shape == (20, 2 * 7 + 1) and int(rows.max()) < 11 and int(window) == 1
 
 
 def test_alternate_structure():
@@ -239,7 +275,7 @@ def test_layer_loop_reaches_the_traced_step_and_is_recorded(monkeypatch, layer_l
         ),
     )
     default = rhn_fused.LOOP_LAYERS_UP_TO
-    r = bench_lm.bench("tiny", bench_lm.CONFIGS["tiny"], peer=False, steps=0, layer_loop=layer_loop)
+    r = bench_lm.bench("tiny", peer=False, steps=0, layer_loop=layer_loop)
     assert seen and set(seen) == {per_layer}
     assert r["layer_loop"] == ("python" if per_layer else "scan")
     assert rhn_fused.LOOP_LAYERS_UP_TO == default

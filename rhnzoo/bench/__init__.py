@@ -41,63 +41,6 @@ import jax
 import jax.numpy as jnp
 
 
-# The RHN language model shapes of rhnzoo.bench.lm (--configs) and rhnzoo.bench.seeds.
-LM_CONFIGS = {
-    # The reference code's ptb_sota and enwik8_sota settings, HSG's deepest, the CPU
-    # preset, and a tiny one for tests and smoke runs.
-    "ptb_sota": dict(
-        vocab=10000,
-        hidden=830,
-        depth=10,
-        batch=20,
-        num_steps=35,
-        tied=True,
-        hsg=False,
-        rates=(0.25, 0.75, 0.25, 0.75),
-    ),
-    "ptb_d40_hsg": dict(
-        vocab=10000,
-        hidden=830,
-        depth=40,
-        batch=20,
-        num_steps=35,
-        tied=True,
-        hsg=True,
-        rates=(0.25, 0.75, 0.25, 0.75),
-    ),
-    "enwik8_sota": dict(
-        vocab=205,
-        hidden=1500,
-        depth=10,
-        batch=128,
-        num_steps=50,
-        tied=False,
-        hsg=False,
-        rates=(0.10, 0.40, 0.10, 0.40),
-    ),
-    "cpu_small": dict(
-        vocab=10000,
-        hidden=256,
-        depth=3,
-        batch=20,
-        num_steps=35,
-        tied=True,
-        hsg=False,
-        rates=(0.1, 0.3, 0.1, 0.3),
-    ),
-    "tiny": dict(
-        vocab=50,
-        hidden=16,
-        depth=2,
-        batch=4,
-        num_steps=6,
-        tied=True,
-        hsg=True,
-        rates=(0.1, 0.3, 0.1, 0.3),
-    ),
-}
-
-
 @functools.lru_cache(maxsize=None)
 def _square(dtype_name: str, size: int):
     """A compiled ``a @ a`` (float32 accumulation) and its ``[size, size]`` operand, made once."""

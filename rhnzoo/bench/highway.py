@@ -79,8 +79,11 @@ def define_flags() -> None:
 WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 
 
-class NNXHighwayNet(nnx.Module):
-    """The fully connected highway net written the plain Flax NNX way (Python loop)."""
+class _NNXNet(nnx.Module):
+    """An input layer (``input_size`` -> ``width``, tanh), ``depth - 1`` highway layers
+    (``y = H T + x (1 - T)``, width ``width``, T bias ``transform_bias``; the subclass's
+    :meth:`highway_layers` and :meth:`highway`) and a linear output layer to
+    ``num_classes``, Glorot-uniform weights, created in that order from ``rngs``."""
 
     def __init__(
         self,
@@ -93,23 +96,29 @@ class NNXHighwayNet(nnx.Module):
         rngs: nnx.Rngs,
     ):
         glorot = nnx.initializers.glorot_uniform()
-        linear = lambda m, n, **kw: nnx.Linear(m, n, kernel_init=glorot, rngs=rngs, **kw)
-        self.first = linear(input_size, width)
-        self.h = nnx.List([linear(width, width) for _ in range(depth - 1)])
-        self.t = nnx.List(
-            [
-                linear(width, width, bias_init=nnx.initializers.constant(transform_bias))
-                for _ in range(depth - 1)
-            ]
-        )
-        self.out = linear(width, num_classes)
+        self.first = nnx.Linear(input_size, width, kernel_init=glorot, rngs=rngs)
+        self.highway_layers(depth - 1, width, transform_bias, rngs)
+        self.out = nnx.Linear(width, num_classes, kernel_init=glorot, rngs=rngs)
 
     def __call__(self, x):
-        h = jnp.tanh(self.first(x))
+        return self.out(self.highway(jnp.tanh(self.first(x))))
+
+
+class NNXHighwayNet(_NNXNet):
+    """The fully connected highway net written the plain Flax NNX way (Python loop)."""
+
+    def highway_layers(self, n: int, width: int, transform_bias: float, rngs: nnx.Rngs):
+        glorot = nnx.initializers.glorot_uniform()
+        linear = lambda **kw: nnx.Linear(width, width, kernel_init=glorot, rngs=rngs, **kw)
+        self.h = nnx.List([linear() for _ in range(n)])
+        t_bias = nnx.initializers.constant(transform_bias)
+        self.t = nnx.List([linear(bias_init=t_bias) for _ in range(n)])
+
+    def highway(self, h):
         for H, T in zip(self.h, self.t):
             t = jax.nn.sigmoid(T(h))
             h = jnp.tanh(H(h)) * t + h * (1.0 - t)  # y = H T + x (1 - T)
-        return self.out(h)
+        return h
 
 
 class NNXHighwayBlock(nnx.Module):
@@ -132,38 +141,25 @@ class NNXHighwayBlock(nnx.Module):
         return jnp.tanh(self.h(x)) * t + x * (1.0 - t)
 
 
-class NNXScanHighwayNet(nnx.Module):
+class NNXScanHighwayNet(_NNXNet):
     """The same net the way the Flax guides write deep stacks: ``nnx.vmap`` creates the
     ``depth - 1`` blocks with stacked parameters (``nnx.split_rngs``: one RNG stream per
     layer), ``nnx.scan`` applies them with the activation as the carry."""
 
-    def __init__(
-        self,
-        depth: int,
-        width: int,
-        input_size: int,
-        num_classes: int,
-        transform_bias: float,
-        *,
-        rngs: nnx.Rngs,
-    ):
-        glorot = nnx.initializers.glorot_uniform()
-        self.first = nnx.Linear(input_size, width, kernel_init=glorot, rngs=rngs)
-
-        @nnx.split_rngs(splits=depth - 1)
+    def highway_layers(self, n: int, width: int, transform_bias: float, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=n)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def blocks(rngs):
             return NNXHighwayBlock(width, transform_bias, rngs=rngs)
 
         self.blocks = blocks(rngs)
-        self.out = nnx.Linear(width, num_classes, kernel_init=glorot, rngs=rngs)
 
-    def __call__(self, x):
+    def highway(self, h):
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
         def apply(h, block):
             return block(h)
 
-        return self.out(apply(jnp.tanh(self.first(x)), self.blocks))
+        return apply(h, self.blocks)
 
 
 def _schedule():

@@ -11,7 +11,10 @@ jit-compiled train step (window slicing, dropout masks, forward, backward, weigh
 clipping, SGD update; state donated) of :func:`rhnzoo.tasks.lm.make_train_step`
 and, with ``--peer`` (the default), of :func:`make_peer_step` (the same one step,
 :func:`rhnzoo.engine.step.make_train_step`, of another loss), on random tokens,
-after compilation, on whatever device JAX sees.
+after compilation, on whatever device JAX sees. A configuration (``--configs``,
+:data:`CONFIGS`) is a preset of :mod:`rhnzoo.configs.lm` (:func:`config`: sizes, batch,
+window, dropout rates, initialisation), the flags setting its model's scan, dtype and
+window only.
 
 Method (so that the figures survive a shared, noisy machine):
 
@@ -83,24 +86,38 @@ from absl import app, flags
 from rhnzoo import data, dropout, precision
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.apps import cli
-from rhnzoo.bench import (
-    LM_CONFIGS,
-    alternate,
-    host_info,
-    matmul_peak,
-    memory_estimate,
-    ratios,
-    stepper,
-)
+from rhnzoo.bench import alternate, host_info, matmul_peak, memory_estimate, ratios, stepper
 from rhnzoo.cells import rhn_fused
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import step
-from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
 
 Array = jax.Array
 
-CONFIGS = LM_CONFIGS  # the shapes, shared with rhnzoo.bench.seeds
+# The language models benchmarked (--configs; rhnzoo.bench.seeds' too), by name: the
+# keywords of rhnzoo.configs.lm.get_config (data set, preset, settings), whose config
+# gives the sizes, batch, BPTT window, dropout rates and initialisation (:func:`config`);
+# ``vocab``, a bench-only size of the random tokens, stands in for the data set's.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "ptb_sota": dict(dataset="ptb"),  # the reference code's ptb_sota (LMConfig's defaults)
+    "ptb_d40_hsg": dict(dataset="ptb", depth=40, hsg=True),  # the HSG paper's deepest
+    "enwik8_sota": dict(dataset="enwik8"),  # the reference code's enwik8_sota
+    "cpu_small": dict(dataset="ptb", preset="small"),  # experiments/ptb.py --preset=small
+    # A tiny HSG model for tests and smoke runs: the small preset's rates, tiny sizes.
+    "tiny": dict(
+        dataset="ptb",
+        preset="small",
+        hsg=True,
+        hidden_size=16,
+        depth=2,
+        batch_size=4,
+        num_steps=6,
+        vocab=50,
+    ),
+}
+# The data sets' vocabulary sizes (rhnzoo.data.ptb: 10,000 words; rhnzoo.data.char: 205
+# bytes of enwik8): the range of the random tokens, read from no files.
+VOCAB = {"ptb": 10000, "enwik8": 205}
 RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
 
@@ -153,10 +170,56 @@ def define_flags() -> None:
 
 
 FLAGS = flags.FLAGS
+# The flags that are :func:`bench`'s keywords of the same names.
+OPTIONS = (
+    "num_steps scan_impl dtype remat unroll peer peer_layers steps budget_s eval_tokens layer_loop"
+).split()
+
+
+def config(name: str, **settings: Any) -> tuple[lm_configs.LMConfig, int]:
+    """Configuration ``name`` of :data:`CONFIGS`: ``(cfg, vocab)``, its
+    :func:`rhnzoo.configs.lm.get_config` (the entry's data set, preset and settings, then
+    ``settings``: ``num_steps``, ``scan_impl``...) and the size of its vocabulary (the
+    entry's ``vocab``, else the data set's, :data:`VOCAB`).
+
+    Raises:
+      KeyError: for a name not in :data:`CONFIGS`.
+      ValueError: for a bad setting (one line).
+    """
+    spec = {**CONFIGS[name], **settings}
+    vocab = spec.pop("vocab", None) or VOCAB[spec["dataset"]]
+    return lm_configs.get_config(**spec), vocab
+
+
+def shape(cfg: lm_configs.LMConfig, vocab: int) -> dict[str, Any]:
+    """The model's shape as a record names it: ``hidden``, ``depth``, ``hsg``, ``batch``,
+    ``num_steps``, ``vocab``, ``tied``."""
+    return {
+        "hidden": cfg.hidden_size,
+        "depth": cfg.depth,
+        "hsg": cfg.hsg,
+        "batch": cfg.batch_size,
+        "num_steps": cfg.num_steps,
+        "vocab": vocab,
+        "tied": cfg.tied,
+    }
+
+
+def random_batch(
+    cfg: lm_configs.LMConfig, vocab: int, *, windows: int, seed: int
+) -> tuple[Array, Array]:
+    """A train step's batch ``(rows, 1)`` on random tokens: ``rows [B, windows T + 1]``
+    int32 (B, T: ``cfg``'s batch and window; :func:`rhnzoo.data.batchify` of ``B (windows
+    T + 1)`` ids below ``vocab`` drawn with NumPy ``seed``), window index 1 (the carry
+    kept, as every window after the first)."""
+    B = cfg.batch_size
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, B * (cfg.num_steps * windows + 1), dtype=np.int32)
+    return jnp.asarray(data.batchify(tokens, B)), jnp.int32(1)
 
 
 def flops_per_token(c: dict) -> float:
-    """Training model FLOPs per token (see the module docstring)."""
+    """Training model FLOPs per token (see the module docstring) of :func:`shape` ``c``."""
     n, L, V = c["hidden"], c["depth"], c["vocab"]
     m = n if c["tied"] else min(V, n)
     forward = 2 * m * 2 * n + L * 2 * n * 2 * n + (4 * n * n if c["hsg"] else 0) + 2 * n * V
@@ -302,15 +365,8 @@ def make_peer_step(
     model and its gradient written in plain JAX (:func:`peer_loss`). Wrap it in
     ``jax.jit(..., donate_argnums=0)``.
     """
-    loss = functools.partial(
-        peer_window_loss,
-        cfg=cfg,
-        vocab_size=vocab_size,
-        hsg=hsg,
-        tied=tied,
-        dtype=dtype,
-        layers=layers,
-    )
+    options = {"hsg": hsg, "tied": tied, "dtype": dtype, "layers": layers}
+    loss = functools.partial(peer_window_loss, cfg=cfg, vocab_size=vocab_size, **options)
     return step.make_train_step(loss, tx)
 
 
@@ -330,20 +386,20 @@ def _compile(step, state, batch, key):
     return compiled, time.perf_counter() - t
 
 
-def _layer_loop(layer_loop: str, c: dict, scan_impl: str) -> str | None:
+def _layer_loop(layer_loop: str, depth: int, scan_impl: str) -> str | None:
     """The micro-layer layout the fused RHN step (or the pallas kernels') runs with
-    ``--layer_loop``; None for the reference scan."""
+    ``--layer_loop`` at ``depth``; None for the reference scan."""
     if scan_impl == "reference":
         return None
     if layer_loop == "auto":
-        return "python" if c["depth"] <= rhn_fused.LOOP_LAYERS_UP_TO else "scan"
+        return "python" if depth <= rhn_fused.LOOP_LAYERS_UP_TO else "scan"
     return layer_loop
 
 
 def bench(
     name: str,
-    c: dict,
     *,
+    num_steps: int | None = None,
     scan_impl: str = "fused",
     dtype: str = "float32",
     remat: bool = False,
@@ -355,38 +411,22 @@ def bench(
     eval_tokens: int = 2000,
     layer_loop: str = "auto",
 ) -> dict:
-    """Compiles and times configuration ``c`` (an entry of :data:`CONFIGS`).
+    """Compiles and times configuration ``name`` of :data:`CONFIGS` (:func:`config`, its
+    window ``num_steps`` unless None, the model's ``scan_impl``, ``dtype``, ``remat`` and
+    ``unroll``).
 
     Returns the JSON record (see the module docstring; the flags of the same names
     document the arguments; the matmul precision is the one in effect). ``steps=0``
     returns after compilation.
     """
-    model = lm.rhn_language_model(
-        c["vocab"],
-        c["hidden"],
-        c["depth"],
-        hsg=c["hsg"],
-        tied=c["tied"],
-        scan_impl=scan_impl,
-        remat=remat,
-        dtype=dtype,
-        unroll=unroll,
+    settings = {"num_steps": num_steps} if num_steps else {}
+    cfg, vocab = config(
+        name, scan_impl=scan_impl, dtype=dtype, remat=remat, unroll=unroll, **settings
     )
-    drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = lm_configs.LMConfig(
-        batch_size=c["batch"],
-        num_steps=c["num_steps"],
-        drop_x=drop_x,
-        drop_i=drop_i,
-        drop_h=drop_h,
-        drop_o=drop_o,
-    )
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32)
-    rows = jnp.asarray(data.batchify(tokens, c["batch"]))
-    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], c["num_steps"]))
+    model = cfg.model(vocab)
+    batch, key = random_batch(cfg, vocab, windows=4, seed=0), jax.random.PRNGKey(1)
+    tx = train.make_optimizer(cfg, data.num_windows(batch[0].shape[1], cfg.num_steps))
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
-    batch, key = (rows, jnp.int32(1)), jax.random.PRNGKey(1)
     result: dict[str, Any] = {
         "config": name,
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -395,8 +435,8 @@ def bench(
         "scan_impl": scan_impl,
         "remat": remat,
         "unroll": unroll,
-        "layer_loop": _layer_loop(layer_loop, c, scan_impl),
-        **{k: c[k] for k in ("hidden", "depth", "hsg", "batch", "num_steps", "vocab", "tied")},
+        "layer_loop": _layer_loop(layer_loop, cfg.depth, scan_impl),
+        **shape(cfg, vocab),
         **host_info(),
     }
     if layer_loop != "auto":  # the fused scan's backend option, through the model
@@ -409,13 +449,7 @@ def bench(
     candidates["rhnzoo"], boxes["rhnzoo"] = stepper(compiled, state, batch, key)
     if peer:
         peer_step = make_peer_step(
-            cfg,
-            tx,
-            vocab_size=c["vocab"],
-            hsg=c["hsg"],
-            tied=c["tied"],
-            dtype=dtype,
-            layers=peer_layers,
+            cfg, tx, vocab_size=vocab, hsg=cfg.hsg, tied=cfg.tied, dtype=dtype, layers=peer_layers
         )
         result["peer_layers"] = peer_layers
         peer_state = jax.tree.map(jnp.copy, state)  # its own buffers (both are donated)
@@ -438,7 +472,7 @@ def bench(
     result["loadavg_1m_after"] = _loadavg()
 
     secs, peaks = timing["seconds"], timing["peak_flops_per_s"]
-    fpt, tokens_per_step = flops_per_token(c), c["batch"] * c["num_steps"]
+    fpt, tokens_per_step = flops_per_token(result), cfg.batch_size * cfg.num_steps
     result.update(
         rounds=rounds,
         peak_dtype=jnp.dtype(peak_dtype).name,
@@ -465,7 +499,8 @@ def bench(
     if eval_tokens:
         evaluate = functools.partial(lm_analysis.stream_nll, model)
         params = boxes["rhnzoo"][0]["params"]
-        for b in (1, c["batch"]):
+        tokens = np.asarray(batch[0]).ravel()  # the stream the rows were cut from, whole
+        for b in (1, cfg.batch_size):
             toks = tokens[: max(eval_tokens, 2 * b)]
             evaluate(params, tokens[: 2 * b], b, 100)  # compiles the same [b, 100] window
             t = time.perf_counter()
@@ -483,25 +518,10 @@ def main(argv):
         raise SystemExit(
             f"error: need --steps >= 0 and --budget_s > 0, got {FLAGS.steps}, {FLAGS.budget_s}"
         )
+    options = {k: getattr(FLAGS, k) for k in OPTIONS}
     for name in FLAGS.configs:
-        c = dict(CONFIGS[name])
-        if FLAGS.num_steps:
-            c["num_steps"] = FLAGS.num_steps
         with precision.context(FLAGS.matmul_precision):
-            result = bench(
-                name,
-                c,
-                scan_impl=FLAGS.scan_impl,
-                dtype=FLAGS.dtype,
-                remat=FLAGS.remat,
-                unroll=FLAGS.unroll,
-                peer=FLAGS.peer,
-                peer_layers=FLAGS.peer_layers,
-                steps=FLAGS.steps,
-                budget_s=FLAGS.budget_s,
-                eval_tokens=FLAGS.eval_tokens,
-                layer_loop=FLAGS.layer_loop,
-            )
+            result = bench(name, **options)
         print(json.dumps(result), flush=True)
 
 

@@ -33,55 +33,34 @@ from absl import app, flags
 
 from rhnzoo import data, precision
 from rhnzoo.apps import cli
-from rhnzoo.bench import LM_CONFIGS, alternate, host_info, memory_estimate, stepper
-from rhnzoo.configs import rrl as rrl_presets
-from rhnzoo.models import lm
-from rhnzoo.tasks import lm as lm_training
-from rhnzoo.configs import lm as lm_configs
+from rhnzoo.bench import alternate, host_info, memory_estimate, stepper
+from rhnzoo.bench import lm as bench_lm
 from rhnzoo.configs import highway as highway_configs
+from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.tasks import highway, rrl
+from rhnzoo.tasks import lm as lm_training
 
 # name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
-# vocabulary: 20,000 words, reviews of 400), ptb_sota, and tiny ones for the tests.
-CONFIG_PMNIST = dict(
-    dataset="pmnist",
-    **rrl_presets.PAPER_SIZES["pmnist"],
-    batch_size=100,
-    vocab=None,
-    classes=10,
-    input=1,
+# vocabulary: 20,000 words, reviews of 400; a classifier's classes and input width are
+# its data set's, rhnzoo.data.DATASETS, unless it names its own), the language models
+# of rhnzoo.bench.lm by name, and tiny ones for the tests.
+CONFIG_PMNIST = dict(dataset="pmnist", **rrl_presets.PAPER_SIZES["pmnist"], batch_size=100)
+CONFIG_IMDB = dict(
+    dataset="imdb", **rrl_presets.PAPER_SIZES["imdb"], max_len=400, batch_size=32, vocab=20000
 )
-CONFIGS: dict[str, tuple[str, dict]] = {
+CONFIGS: dict[str, tuple[str, Any]] = {
     "pmnist": ("classifier", CONFIG_PMNIST),
-    "imdb": (
-        "classifier",
-        dict(
-            dataset="imdb",
-            **rrl_presets.PAPER_SIZES["imdb"],
-            max_len=400,
-            batch_size=32,
-            vocab=20000,
-            classes=2,
-            input=None,
-        ),
-    ),
-    "ptb_sota": ("lm", LM_CONFIGS["ptb_sota"]),
+    "imdb": ("classifier", CONFIG_IMDB),
+    "ptb_sota": ("lm", "ptb_sota"),
     "tiny_classifier": (
         "classifier",
         dict(
-            dataset="imdb",
-            embed_size=4,
-            hidden_size=8,
-            max_len=6,
-            batch_size=4,
-            vocab=30,
-            classes=3,
-            input=None,
+            CONFIG_IMDB, embed_size=4, hidden_size=8, max_len=6, batch_size=4, vocab=30, classes=3
         ),
     ),
-    "tiny_lm": ("lm", LM_CONFIGS["tiny"]),
+    "tiny_lm": ("lm", "tiny"),
     # P-MNIST at Table 2's size and batch (32 per seed): the harvest's P-MNIST runs.
-    "pmnist_b32": ("classifier", dict(dict(CONFIG_PMNIST), batch_size=32)),
+    "pmnist_b32": ("classifier", dict(CONFIG_PMNIST, batch_size=32)),
     # The highway report's nets on MNIST (batch 128): the harvest's CPU chunks.
     **{
         f"highway_{kind}_d{depth}": ("highway", dict(kind=kind, depth=depth))
@@ -109,12 +88,15 @@ Step = Callable[[Any, Any, jax.Array], tuple[Any, dict]]
 
 def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     """``(step, make)``: rrl's train step of the LSTM classifier of ``c`` and
-    ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own."""
+    ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own
+    (tokens below ``c['vocab']``, or ``c['vocab']`` None: the data set's features)."""
     keys = ("embed_size", "hidden_size", "max_len", "batch_size")
     config = rrl_presets.RRLConfig(
         model="lstm", dataset=c["dataset"], embeddings="random", **{k: c[k] for k in keys}
     )
-    model = config.classifier(c["classes"], c["input"], c["vocab"])
+    vocab, source = c.get("vocab"), data.DATASETS[c["dataset"]]
+    classes, features = c.get("classes", source.num_classes), source.input_size
+    model = config.classifier(classes, features, vocab)
     tx = config.optimizer()
     B, T = c["batch_size"], c["max_len"]
 
@@ -122,14 +104,14 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
         rng = np.random.default_rng(seed)
         params = model.init(jax.random.PRNGKey(seed))
         inputs = (
-            rng.normal(size=(B, T, c["input"])).astype(np.float32)
-            if c["vocab"] is None
-            else rng.integers(1, c["vocab"], (B, T)).astype(np.int32)
+            rng.normal(size=(B, T, features)).astype(np.float32)
+            if vocab is None
+            else rng.integers(1, vocab, (B, T)).astype(np.int32)
         )
         batch = (
             inputs,
             np.full(B, T, np.int32),
-            rng.integers(0, c["classes"], B).astype(np.int32),
+            rng.integers(0, classes, B).astype(np.int32),
             np.ones(B, np.float32),
         )
         return {"params": params, "opt_state": tx.init(params)}, jax.tree.map(jnp.asarray, batch)
@@ -137,28 +119,18 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
     return rrl.make_train_step(model, tx), make
 
 
-def lm_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
-    """``(step, make)`` as :func:`classifier_problem`, of the RHN language model of ``c``
-    (truncated BPTT: the state holds the carry; the batch is the seed's token rows)."""
-    model = lm.rhn_language_model(c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"], tied=c["tied"])
-    drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = lm_configs.LMConfig(
-        batch_size=c["batch"],
-        num_steps=c["num_steps"],
-        drop_x=drop_x,
-        drop_i=drop_i,
-        drop_h=drop_h,
-        drop_o=drop_o,
-    )
+def lm_problem(name: str) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
+    """``(step, make)`` as :func:`classifier_problem`, of configuration ``name`` of
+    :mod:`rhnzoo.bench.lm` (:func:`rhnzoo.bench.lm.config`; the reference scan) (truncated
+    BPTT: the state holds the carry; the batch is the seed's token rows,
+    :func:`rhnzoo.bench.lm.random_batch`)."""
+    cfg, vocab = bench_lm.config(name, scan_impl="reference")
+    model = cfg.model(vocab)
     tx = lm_training.make_optimizer(cfg, 100)
 
     def make(seed: int):
-        tokens = np.random.default_rng(seed).integers(
-            0, c["vocab"], c["batch"] * (c["num_steps"] * 2 + 1), dtype=np.int32
-        )
-        rows = jnp.asarray(data.batchify(tokens, c["batch"]))
         state = lm_training.init_state(model, cfg, tx, jax.random.PRNGKey(seed))
-        return state, (rows, jnp.int32(1))
+        return state, bench_lm.random_batch(cfg, vocab, windows=2, seed=seed)
 
     return lm_training.make_train_step(model, cfg, tx), make
 
