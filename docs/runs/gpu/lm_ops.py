@@ -16,11 +16,9 @@ import collections
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rhnzoo.bench import lm as bench_lm
-from rhnzoo.models import lm
 from rhnzoo.tasks import lm as train
 from rhnzoo.data import common as data
 
@@ -34,33 +32,20 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
-    c = bench_lm.CONFIGS[args.config]
-    model = lm.rhn_language_model(
-        c["vocab"], c["hidden"], c["depth"], hsg=c["hsg"], tied=c["tied"], dtype=args.dtype
-    )
-    drop_x, drop_i, drop_h, drop_o = c["rates"]
-    cfg = train.LMConfig(
-        batch_size=c["batch"],
-        num_steps=c["num_steps"],
-        drop_x=drop_x,
-        drop_i=drop_i,
-        drop_h=drop_h,
-        drop_o=drop_o,
-    )
-    tokens = np.random.default_rng(0).integers(
-        0, c["vocab"], c["batch"] * (c["num_steps"] * 4 + 1), dtype=np.int32
-    )
-    rows = jnp.asarray(data.batchify(tokens, c["batch"]))
-    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], c["num_steps"]))
+    # The configuration's preset (rhnzoo.bench.lm.config), its model on the reference scan.
+    cfg, vocab = bench_lm.config(args.config, dtype=args.dtype, scan_impl="reference")
+    model = cfg.model(vocab)
+    rows, window = bench_lm.random_batch(cfg, vocab, windows=4, seed=0)
+    tx = train.make_optimizer(cfg, data.num_windows(rows.shape[1], cfg.num_steps))
     state = train.init_state(model, cfg, tx, jax.random.PRNGKey(0))
     step = train.make_train_step(model, cfg, tx)
     compiled = (
         jax.jit(step, donate_argnums=0)
-        .lower(state, (rows, jnp.int32(1)), jax.random.PRNGKey(1))
+        .lower(state, (rows, window), jax.random.PRNGKey(1))
         .compile()
     )
     hlo = compiled.as_text()
-    n = c["hidden"]
+    n = cfg.hidden_size
     # The computations, by name; a while body's, with what it calls (fusions, to_apply),
     # transitively, count as the loop's.
     comps: dict[str, list[str]] = {}
@@ -99,7 +84,7 @@ def main():
                 where = "loop" if computation in bodies else "outside"
                 big.append(f"{opcode:14s} {shape.strip():40s} {where:7s} in {computation}")
     print(
-        f"{args.config} (hidden {n}, depth {c['depth']}, {args.dtype}), "
+        f"{args.config} (hidden {n}, depth {cfg.depth}, {args.dtype}), "
         f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
         f"{len(re.findall(r'body=', hlo))} while loops"
     )
