@@ -368,7 +368,7 @@ def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(imag
         # The record from what comes back (a read-only copy), in the image: every figure
         # an entry, all a dry run's, so none verifies, and the record stays empty.
         back = read_only_copy(out, tmp_path / "back")
-        record = f"PYTHONPATH=$PWD python -m rhnzoo.cells.kernels.record {back}"
+        record = f"PYTHONPATH=$PWD python -m tools.kernel_record {back}"
         proc = device_call(
             image,
             {"command": f"{record} --dry", "timeout_s": 300},

@@ -430,6 +430,9 @@ def test_the_next_window_alternates_between_the_harvest_and_the_kernels(tmp_path
     harvest.write_queue(rows, queue)
     step = harvest.next_window(gpu, queue, MEASURED)
     assert step["window"] == "kernels" and step["call"] == harvest.KERNEL_CALL
+    # after it, here: the record tool (a module of tools/, run from the repository root)
+    assert step["after"].startswith("python -m tools.kernel_record FILES_AT --dry")
+    assert (ROOT / "tools" / "kernel_record.py").is_file()
     assert step["call"] == {
         "command": "bash docs/runs/gpu/measure.sh kernels",
         "carry": [],

@@ -109,7 +109,7 @@ def next_window(
         "name": KERNEL_PART,
         "call": dict(KERNEL_CALL),
         "before": None,
-        "after": "python -m rhnzoo.cells.kernels.record FILES_AT --dry, then without "
+        "after": "python -m tools.kernel_record FILES_AT --dry, then without "
         "--dry (docs/runs/gpu/README.md, the kernel window); the files into "
         "docs/runs/gpu/YYYY-MM-DD/",
     }

@@ -27,7 +27,7 @@
 #                 RHN kernels at ptb_sota and depth 40 + HSG beside the fused bf16 scan
 #                 (kernel_probe.py --rhn). Its *.jsonl lines carry backend, cell, sizes,
 #                 dtype, options, digest and device kind: `python -m
-#                 rhnzoo.cells.kernels.record $OUT` makes them record entries
+#                 tools.kernel_record $OUT` makes them record entries
 #
 # Each part runs its benchmark first, then its tests, each step under its own timeout
 # (a timeout in the tests never loses the benchmark), and leaves at most 8 files in $OUT
@@ -261,7 +261,7 @@ PY
       --rhn=ptb_sota,ptb_d40_hsg "${rhn[@]}" > "$OUT/kernels-rhn.jsonl" 2>> "$OUT/kernels.log"
     kernel_summary "$OUT/kernels-rhn.jsonl"
     # what the record would take from this window (nothing is written here)
-    python -m rhnzoo.cells.kernels.record "$OUT" --dry 2>&1 | python -c "
+    python -m tools.kernel_record "$OUT" --dry 2>&1 | python -c "
 import json, sys
 text = sys.stdin.read()
 try:

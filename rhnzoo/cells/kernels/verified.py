@@ -17,9 +17,10 @@ pick the fused scan everywhere.
 For tests, and for choosing on one host as on another: :func:`stand_in` sets the device
 kind and compute capability the backends see, :func:`using` the record they read.
 
-A window's result files become entries by :func:`entries_from_window`; the command
-``python -m rhnzoo.cells.kernels.record OUT_DIR [--dry]``
-(:mod:`rhnzoo.cells.kernels.record`) appends them to the package's ``verified.json``.
+This module only reads the record. A window's result files become entries, appended to
+the checkout's ``verified.json``, by a tool of the project beside the package (issue 70):
+``python -m tools.kernel_record OUT_DIR [--dry]`` at the repository root
+(``tools/kernel_record.py``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ import hashlib
 import importlib.resources
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -193,19 +192,6 @@ def load() -> list[Entry]:
     if given is not None:
         return list(given)
     return parse(source(RECORD).decode())
-
-
-def dumps(entries: Iterable[Entry]) -> str:
-    """The record's JSON text: one entry a line, ``[]`` when empty."""
-    lines = [json.dumps(e.to_json(), sort_keys=True) for e in entries]
-    return "[]\n" if not lines else "[\n" + ",\n".join(lines) + "\n]\n"
-
-
-def merge(old: Sequence[Entry], new: Sequence[Entry]) -> list[Entry]:
-    """``old`` with ``new`` appended; an old entry of the same :meth:`Entry.key` is
-    replaced by the new one."""
-    keys = {e.key() for e in new}
-    return [e for e in old if e.key() not in keys] + list(new)
 
 
 # ------------------------------------------------------------------------------ device
@@ -387,157 +373,3 @@ def warn_unchecked(
     _WARNED.add(key)
     logging.warning(unchecked_message(backend, cell, kind))
     return True
-
-
-# ------------------------------------------------------------------------------ windows
-
-# kernel_probe.py's candidates (figure prefixes) and the kernel options each ran with.
-CANDIDATES: dict[str, dict[str, Any]] = {
-    "pallas": {},
-    "pallas_bt16": {"batch_tile": 16},
-    "pallas_bt32": {"batch_tile": 32},
-    "pallas_approx_math": {"approx_math": True},
-    "pallas_no_auto_barriers": {"no_auto_barriers": True},
-}
-FUSED = "fused_bf16"  # the fused bfloat16 scan's figures
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def window_date_and_commit(env_text: str) -> tuple[str, str]:
-    """``(YYYY-MM-DD, commit)`` from a window's ``env.txt`` (``date -u``'s line and
-    ``git rev-parse HEAD``'s); ``''`` for what it lacks."""
-    date = commit = ""
-    for line in env_text.splitlines():
-        line = line.strip()
-        if not commit and re.fullmatch(r"[0-9a-f]{40}", line):
-            commit = line
-        iso = re.match(r"(\d{4}-\d{2}-\d{2})(?!\d)", line)
-        unix = re.match(r"\w{3},? +(\w{3}) +(\d{1,2}) .*?(\d{4})$", line)
-        if not date and iso:
-            date = iso.group(1)
-        elif not date and unix and unix.group(1) in _MONTHS:
-            month = _MONTHS.index(unix.group(1)) + 1
-            date = f"{unix.group(3)}-{month:02d}-{int(unix.group(2)):02d}"
-    return date, commit
-
-
-def read_lines(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """The JSON objects of JSON-lines files (lines that are not one: skipped)."""
-    out = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
-
-
-def _worst(errors: Any) -> float | None:
-    if errors is None:
-        return None
-    values = errors.values() if isinstance(errors, Mapping) else [errors]
-    return max(float(v) for v in values)
-
-
-def entries_from_lines(
-    lines: Sequence[Mapping[str, Any]],
-    *,
-    date: str = "",
-    commit: str = "",
-    digests: Mapping[str, str] | None = None,
-) -> list[Entry]:
-    """Record entries from a kernel window's figure lines (docs/runs/gpu/kernel_probe.py's
-    JSON lines): per shape (``n``, ``B``, and ``m``, ``cell``, ``backend`` where a line
-    has them; else 1, ``'LSTM'``, ``'gated'``) and kernel candidate of :data:`CANDIDATES`,
-    the kernel's and the fused scan's value-and-gradient time (``{candidate}_value_and_grad``
-    beside ``fused_bf16_value_and_grad``, else the two ``error_{candidate}`` /
-    ``error_fused_bf16`` lines' ``ms``) and the candidate's errors from its
-    ``error_{candidate}`` line (``loss_rel_err``, the worst of ``grad_rel_err``; None
-    without one). The digest: a line's ``digest``, else ``digests[backend]``. A figure
-    that failed (an ``error`` message) gives no time; a shape without both times, no
-    entry.
-
-    Raises:
-      ValueError: a shape whose lines carry no digest and ``digests`` lacks its backend.
-    """
-    shapes: dict[tuple, dict[str, Mapping[str, Any]]] = {}
-    for line in lines:
-        figure = line.get("figure")
-        if not isinstance(figure, str) or "n" not in line or "B" not in line:
-            continue
-        shape = (
-            line.get("backend", "gated"),
-            line.get("cell", "LSTM"),
-            int(line["n"]),
-            line.get("depth"),
-            int(line.get("m", 1)),
-            int(line["B"]),
-        )
-        shapes.setdefault(shape, {})[figure] = line
-
-    def ms(line):
-        return None if line is None or "error" in line or "ms" not in line else float(line["ms"])
-
-    entries = []
-    for (backend, cell, n, depth, m, B), figures in shapes.items():
-        for candidate, options in CANDIDATES.items():
-            check = figures.get(f"error_{candidate}")
-            pairs = [
-                (
-                    figures.get(f"{candidate}_value_and_grad"),
-                    figures.get(f"{FUSED}_value_and_grad"),
-                ),
-                (check, figures.get(f"error_{FUSED}")),
-            ]
-            times = next(((ms(k), ms(f)) for k, f in pairs if ms(k) and ms(f)), None)
-            if times is None:
-                continue
-            # the kernel's own lines first: the fused scan's carry the shape, not the kernel
-            first = next(line for line in (pairs[0][0], check, pairs[0][1]) if line is not None)
-            found = first.get("digest") or (digests or {}).get(backend)
-            if not found:
-                raise ValueError(
-                    f"the window's {backend} figures carry no kernel digest: pass the "
-                    f"digest of the commit it ran (digests={{'{backend}': ...}})"
-                )
-            ok = check is not None and "error" not in check
-            entries.append(
-                Entry(
-                    backend=backend,
-                    cell=cell,
-                    hidden_size=n,
-                    depth=depth,
-                    input_size=m,
-                    batch=B,
-                    length=first.get("T"),
-                    dtype=first.get("dtype", "bfloat16"),
-                    options=dict(options),
-                    digest=found,
-                    device_kind=str(first.get("device", "")),
-                    date=date,
-                    commit=commit,
-                    value_error=_worst(check.get("loss_rel_err")) if ok else None,
-                    grad_error=_worst(check.get("grad_rel_err")) if ok else None,
-                    kernel_ms=times[0],
-                    fused_ms=times[1],
-                    stand_in=bool(first.get("stand_in", False)),
-                )
-            )
-    return entries
-
-
-def entries_from_window(out_dir: str | Path, *, digests: Mapping[str, str] | None = None):
-    """:func:`entries_from_lines` of a window's folder: every ``*.jsonl`` file in it, the
-    date and commit from its ``env.txt`` (:func:`window_date_and_commit`).
-
-    Raises:
-      ValueError: as :func:`entries_from_lines`.
-    """
-    out = Path(out_dir)
-    env = out / "env.txt"
-    date, commit = window_date_and_commit(env.read_text() if env.exists() else "")
-    lines = read_lines(sorted(out.glob("*.jsonl")))
-    return entries_from_lines(lines, date=date, commit=commit, digests=digests)
