@@ -25,7 +25,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rhnzoo import config as config_lib
 from rhnzoo import engine
 from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.engine import signals, stacking
@@ -44,7 +43,7 @@ def cfg(**kw):
 def seed_dirs(workdir, k=K):
     """The workdirs of a stacked run's seeds: ``workdir``, ``<workdir>_s1``, ..."""
     workdir = pathlib.Path(workdir)
-    return [workdir.with_name(config_lib.seed_name(workdir.name, i)) for i in range(k)]
+    return [workdir.with_name(stacking.seed_name(workdir.name, i)) for i in range(k)]
 
 
 def untimed(record):
