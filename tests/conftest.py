@@ -114,6 +114,36 @@ def generated_ptb(tmp_path_factory) -> "pathlib.Path":
     return corpus.write_ptb(tmp_path_factory.mktemp("generated-data") / "ptb")
 
 
+@pytest.fixture(scope="session")
+def tiny_lm_run(tmp_path_factory):
+    """A 3-step PTB ``small`` run (hidden 8, depth 2) on a generated PTB, trained once a
+    session (each xdist worker its own): ``(workdir, data_dir, corpus)``; read only (the
+    export and generation apps' tests)."""
+    from corpus import write_ptb
+    from rhnzoo import data
+    from rhnzoo.configs import lm as lm_configs
+    from rhnzoo.tasks import lm as lm_training
+
+    tmp = tmp_path_factory.mktemp("tiny-lm")
+    data_dir = write_ptb(tmp / "data", train=1000, valid=200, test=200)
+    corpus = data.load_ptb(data_dir, download=False, verify=False)
+    config = lm_configs.get_config(
+        "small",
+        hidden_size=8,
+        depth=2,
+        batch_size=4,
+        num_steps=10,
+        max_steps=3,
+        eval_batch_size=4,
+        eval_num_steps=20,
+        data_dir=str(data_dir),
+        verify_data=False,
+        progress=False,
+    )
+    lm_training.train_and_evaluate(config, corpus, workdir=tmp / "run", log=None)
+    return tmp / "run", data_dir, corpus
+
+
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     """No RHNZOO_DATA, cache under tmp_path/cache, no network."""

@@ -445,6 +445,16 @@ def run_in_process(script: str, argv: list[str], monkeypatch) -> SystemExit | No
     return None
 
 
+def run_app(script: str, argv, monkeypatch, capfd, tmp_path):
+    """:func:`run_in_process` from ``tmp_path`` without ``RHNZOO_TRACEBACK``:
+    ``(SystemExit or None, stdout, stderr)``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
+    end = run_in_process(script, [str(a) for a in argv], monkeypatch)
+    out, err = capfd.readouterr()
+    return end, out, err
+
+
 def _subprocess_cases():
     return [
         _param(script, args, expected)

@@ -13,13 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from corpus import write_ptb
-from rhnzoo import cells, data
-from rhnzoo.configs import lm as lm_configs
+from rhnzoo import cells
 from rhnzoo.models import export, lm
 from rhnzoo.models.classifier import SequenceClassifier
-from rhnzoo.tasks import lm as lm_training
-from test_bad_inputs import ROOT, run_in_process
+from test_bad_inputs import ROOT, run_app
 
 V, B, T = 11, 3, 7
 
@@ -196,42 +193,12 @@ def test_parameters_of_another_model_are_refused(tmp_path):
 # --------------------------------------------------------------- experiments/export.py
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("export")
-    data_dir = write_ptb(tmp / "data", train=1000, valid=200, test=200)
-    corpus = data.load_ptb(data_dir, download=False, verify=False)
-    config = lm_configs.get_config(
-        "small",
-        hidden_size=8,
-        depth=2,
-        batch_size=4,
-        num_steps=10,
-        max_steps=2,
-        eval_batch_size=4,
-        eval_num_steps=20,
-        data_dir=str(data_dir),
-        verify_data=False,
-        progress=False,
-    )
-    lm_training.train_and_evaluate(config, corpus, workdir=tmp / "run", log=None)
-    return tmp / "run", corpus
-
-
-def export_py(argv, monkeypatch, capfd, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
-    end = run_in_process("export.py", [str(a) for a in argv], monkeypatch)
-    out, err = capfd.readouterr()
-    return end, out, err
-
-
-def test_export_py_writes_a_runs_best_model(trained, monkeypatch, capfd, tmp_path):
+def test_export_py_writes_a_runs_best_model(tiny_lm_run, monkeypatch, capfd, tmp_path):
     from rhnzoo.analysis import lm as lm_analysis
 
-    workdir, corpus = trained
+    workdir, _, corpus = tiny_lm_run
     argv = [f"--workdir={workdir}", f"--out={tmp_path / 'art'}", "--platforms=cpu"]
-    end, out, err = export_py(argv, monkeypatch, capfd, tmp_path)
+    end, out, err = run_app("export.py", argv, monkeypatch, capfd, tmp_path)
     assert end is None, (end, err)
     assert out.startswith(f"exported forward, step of {workdir} to {tmp_path / 'art'} for cpu")
     assert json.loads((tmp_path / "art" / "vocab.json").read_text()) == list(corpus.vocab)
@@ -246,15 +213,17 @@ def test_export_py_writes_a_runs_best_model(trained, monkeypatch, capfd, tmp_pat
 
 
 @pytest.mark.parametrize("what", ["missing", "no checkpoint", "images"])
-def test_export_py_refuses_a_workdir_without_a_model(what, trained, monkeypatch, capfd, tmp_path):
+def test_export_py_refuses_a_workdir_without_a_model(
+    what, tiny_lm_run, monkeypatch, capfd, tmp_path
+):
     workdir = tmp_path / "w"
     if what != "missing":
         workdir.mkdir()
         config = {"dataset": "mnist"} if what == "images" else None
-        text = json.dumps(config) if config else (trained[0] / "config.json").read_text()
+        text = json.dumps(config) if config else (tiny_lm_run[0] / "config.json").read_text()
         (workdir / "config.json").write_text(text)
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    end, out, err = export_py([f"--workdir={workdir}"], monkeypatch, capfd, tmp_path)
+    end, out, err = run_app("export.py", [f"--workdir={workdir}"], monkeypatch, capfd, tmp_path)
     expected = {
         "missing": "has no config.json",
         "no checkpoint": "has no checkpoint",

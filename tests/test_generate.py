@@ -13,12 +13,9 @@ import numpy as np
 import optax
 import pytest
 
-from corpus import write_ptb
-from rhnzoo import data
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.models import generate, lm
-from rhnzoo.tasks import lm as lm_training
-from test_bad_inputs import ROOT, run_in_process
+from test_bad_inputs import ROOT, run_app
 
 V, B, T = 13, 3, 9
 
@@ -190,48 +187,18 @@ def test_text_round_trips_through_the_vocabularies():
 # ------------------------------------------------------------- experiments/generate.py
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 3-step run (hidden 8, depth 2) on the generated PTB: ``(workdir, data_dir, vocab)``."""
-    tmp = tmp_path_factory.mktemp("generate")
-    data_dir = write_ptb(tmp / "data", train=1000, valid=200, test=200)
-    corpus = data.load_ptb(data_dir, download=False, verify=False)
-    config = lm_configs.get_config(
-        "small",
-        hidden_size=8,
-        depth=2,
-        batch_size=4,
-        num_steps=10,
-        max_steps=3,
-        eval_batch_size=4,
-        eval_num_steps=20,
-        data_dir=str(data_dir),
-        verify_data=False,
-        progress=False,
-    )
-    lm_training.train_and_evaluate(config, corpus, workdir=tmp / "run", log=None)
-    return tmp / "run", data_dir, corpus.vocab
-
-
-def generate_py(argv, monkeypatch, capfd, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
-    end = run_in_process("generate.py", [str(a) for a in argv], monkeypatch)
-    out, err = capfd.readouterr()
-    return end, out, err
-
-
-def test_generate_py_prints_text_of_the_runs_vocabulary(trained, monkeypatch, capfd, tmp_path):
-    workdir, _, vocab = trained
+def test_generate_py_prints_text_of_the_runs_vocabulary(tiny_lm_run, monkeypatch, capfd, tmp_path):
+    workdir, _, corpus = tiny_lm_run
+    vocab = corpus.vocab
     argv = [f"--workdir={workdir}", "--num_tokens=150", "--seed=3", "--top_k=20", "--noprogress"]
-    end, out, err = generate_py(argv, monkeypatch, capfd, tmp_path)
+    end, out, err = run_app("generate.py", argv, monkeypatch, capfd, tmp_path)
     assert end is None, (end, err)
     words = out.split()
     assert len(words) + out.count("\n") - 1 >= 150 and set(words) <= set(vocab)
-    again = generate_py(argv, monkeypatch, capfd, tmp_path)[1]
+    again = run_app("generate.py", argv, monkeypatch, capfd, tmp_path)[1]
     assert again == out  # the same seed, the same text
     greedy = [f"--workdir={workdir}", "--greedy", "--prompt=w3 w4", "--num_tokens=5"]
-    end, out, err = generate_py([*greedy, "--samples=2"], monkeypatch, capfd, tmp_path)
+    end, out, err = run_app("generate.py", [*greedy, "--samples=2"], monkeypatch, capfd, tmp_path)
     assert end is None and out.count("--- sample") == 2
     rows = [line for line in out.splitlines() if not line.startswith("---")]
     assert rows[0].startswith("w3 w4") and rows[0] == rows[1]
@@ -239,7 +206,7 @@ def test_generate_py_prints_text_of_the_runs_vocabulary(trained, monkeypatch, ca
 
 @pytest.mark.parametrize("what", ["missing", "empty", "images", "no checkpoint"])
 def test_generate_py_refuses_a_workdir_that_is_no_trained_lm(
-    what, trained, monkeypatch, capfd, tmp_path
+    what, tiny_lm_run, monkeypatch, capfd, tmp_path
 ):
     workdir = tmp_path / "w"
     if what != "missing":
@@ -247,8 +214,8 @@ def test_generate_py_refuses_a_workdir_that_is_no_trained_lm(
     if what == "images":
         (workdir / "config.json").write_text(json.dumps({"dataset": "mnist", "depth": 10}))
     if what == "no checkpoint":
-        (workdir / "config.json").write_text((trained[0] / "config.json").read_text())
-    end, out, err = generate_py([f"--workdir={workdir}"], monkeypatch, capfd, tmp_path)
+        (workdir / "config.json").write_text((tiny_lm_run[0] / "config.json").read_text())
+    end, out, err = run_app("generate.py", [f"--workdir={workdir}"], monkeypatch, capfd, tmp_path)
     expected = {
         "missing": "has no config.json",
         "empty": "has no config.json",
