@@ -13,6 +13,7 @@ from rhnzoo import cells
 from rhnzoo.cells import gated_fused
 from rhnzoo.cells.kernels import common
 from rhnzoo.cells.scan import ScanImpl
+from rhnzoo.cells.scan_options import Options
 from rhnzoo.tasks import lm as lm_training
 
 
@@ -166,7 +167,8 @@ def kernel_reference_fused(
     kwargs = {} if lengths is None else {"lengths": lengths}
     scans = [lambda p, c, x: cells.unroll(cell, p, c, x, mask, lengths=lengths)]
     if fused:
-        scans.append(lambda p, c, x: fused(cell, p, c, x, mask, dtype=jnp.bfloat16, **kwargs))
+        bf16 = Options(dtype=jnp.bfloat16)
+        scans.append(lambda p, c, x: fused(cell, p, c, x, mask, bf16, **kwargs))
     ref, *rest = jax.jit(lambda *a: [value_and_grads(f, *a, outputs) for f in scans])(
         params, carry, xs, target
     )

@@ -11,6 +11,13 @@ from helpers import dropout_mask, normal, random_params, shapes
 from rhnzoo import cells
 from rhnzoo.cells import rhn_fused as fused
 from rhnzoo.models import lm
+from rhnzoo.cells.scan_options import Options
+
+
+def fused_unroll(cell, params, carry, xs, mask=None, *, lengths=None, resets=None, **options):
+    """:func:`rhnzoo.cells.rhn_fused.unroll` with its options record's fields as keywords."""
+    opts = Options(**options)
+    return fused.unroll(cell, params, carry, xs, mask, opts, lengths=lengths, resets=resets)
 
 
 def setup(depth, hsg, seed=0, B=3, m=5, n=6, T=7):
@@ -47,7 +54,7 @@ def test_fused_matches_reference_values_and_gradients(depth, hsg, use_mask, rema
     mask = mask if use_mask else None
     target = normal(9, (xs.shape[0], xs.shape[1], cell.hidden_size))
     ref = lambda *a: cells.unroll(*a)
-    fast = lambda *a: fused.unroll(*a, remat=remat, unroll=2, layer_loop=layer_loop)
+    fast = lambda *a: fused_unroll(*a, remat=remat, unroll=2, layer_loop=layer_loop)
 
     @jax.jit  # one program (not one per eager operation of the reference)
     def run(params, s0, xs, mask, target):
@@ -87,8 +94,8 @@ def test_bfloat16_matmuls_stay_close_to_float32():
     params = cell.init(jax.random.PRNGKey(0), 16)
     xs = normal(1, (20, 4, 16))
     s0 = jnp.zeros((4, 32))
-    _, y32 = fused.unroll(cell, params, s0, xs)
-    _, y16 = fused.unroll(cell, params, s0, xs, dtype=jnp.bfloat16)
+    _, y32 = fused_unroll(cell, params, s0, xs)
+    _, y16 = fused_unroll(cell, params, s0, xs, dtype=jnp.bfloat16)
     assert y16.dtype == jnp.float32
     rel = float(jnp.abs(y16 - y32).max() / jnp.abs(y32).max())
     assert 0 < rel < 2**-6, rel
@@ -120,7 +127,7 @@ def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, laye
     projection multiplied its float32 cotangent by the bfloat16 inputs)."""
     cell, params, xs, s0, mask = setup(3, hsg, n=8)
     f = lambda p, xs: jnp.sum(
-        fused.unroll(cell, p, s0, xs, mask, dtype=jnp.bfloat16, layer_loop=layer_loop, remat=remat)[
+        fused_unroll(cell, p, s0, xs, mask, dtype=jnp.bfloat16, layer_loop=layer_loop, remat=remat)[
             1
         ]
         ** 2
@@ -135,14 +142,14 @@ def test_bfloat16_backward_multiplies_bfloat16_inputs_like_the_forward(hsg, laye
 def test_fused_rejects_unsupported_cells():
     with pytest.raises(ValueError, match="coupled"):
         cell = cells.RHN(4, 2, coupled=False)
-        fused.unroll(
+        fused_unroll(
             cell, cell.init(jax.random.PRNGKey(0), 3), jnp.zeros((2, 4)), jnp.zeros((5, 2, 3))
         )
     with pytest.raises(ValueError, match="bfloat16 needs"):
         lm.rhn_language_model(10, 8, 2, dtype="bfloat16")
     cell = cells.RHN(4, 2)
     with pytest.raises(ValueError, match="layer_loop must be"):
-        fused.unroll(
+        fused_unroll(
             cell,
             cell.init(jax.random.PRNGKey(0), 3),
             jnp.zeros((2, 4)),
@@ -178,7 +185,7 @@ def test_layer_loop_copies_each_weight_matrix_once_per_direction():
     round 8). Counted in the optimized HLO's entry computation, outside the time loops."""
     L, n = 3, 24
     cell, params, xs, s0, mask = setup(L, False, n=n, T=5)
-    ys = lambda p: fused.unroll(cell, p, s0, xs, mask, layer_loop="python")[1]
+    ys = lambda p: fused_unroll(cell, p, s0, xs, mask, layer_loop="python")[1]
     hlo = jax.jit(jax.grad(lambda p: jnp.sum(ys(p) ** 2))).lower(params).compile().as_text()
     entry = hlo[hlo.index("ENTRY") :]
     shape = rf"f32\[(?:{n},{2 * n}|{2 * n},{n})\]"  # one layer's R_l or R_l^T
@@ -230,7 +237,7 @@ def test_hoisted_layer_weights_are_not_copied_per_micro_layer_step():
     shape = rf"f32\[(?:{n},{2 * n}|{2 * n},{n})\]"  # one layer's R_l or R_l^T
 
     def body_copies(layer_loop):
-        f = lambda p: jnp.sum(fused.unroll(cell, p, s0, xs, mask, layer_loop=layer_loop)[1] ** 2)
+        f = lambda p: jnp.sum(fused_unroll(cell, p, s0, xs, mask, layer_loop=layer_loop)[1] ** 2)
         return _while_body_ops(
             jax.jit(jax.value_and_grad(f)).lower(params).compile().as_text(), shape
         )
@@ -255,7 +262,7 @@ def test_float64_values_and_gradients_match_the_reference_to_rounding(hsg, layer
         params, xs, s0, mask = jax.tree.map(lambda a: a.astype(jnp.float64), (params, xs, s0, mask))
         shape = (*xs.shape[:2], cell.hidden_size)
         target = normal(9, shape, jnp.float64)
-        fast = lambda *a: fused.unroll(*a, dtype=None, layer_loop=layer_loop, remat=remat)
+        fast = lambda *a: fused_unroll(*a, dtype=None, layer_loop=layer_loop, remat=remat)
         ys = fast(cell, params, s0, xs, mask)[1]
         assert ys.dtype == jnp.float64
         np.testing.assert_allclose(ys, cells.unroll(cell, params, s0, xs, mask)[1], rtol=1e-12)

@@ -21,6 +21,14 @@ from helpers import (
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused
 from rhnzoo.models.classifier import SequenceClassifier
+from rhnzoo.cells.scan_options import Options
+
+
+def fused_unroll(cell, params, carry, xs, mask=None, *, lengths=None, resets=None, **options):
+    """:func:`rhnzoo.cells.gated_fused.unroll` with its options record's fields as keywords."""
+    opts = Options(**options)
+    return gated_fused.unroll(cell, params, carry, xs, mask, opts, lengths=lengths, resets=resets)
+
 
 B, N, T = 4, 5, 9
 LENGTHS = np.array([9, 0, 4, 7])  # a full row, an empty one, two padded ones
@@ -55,7 +63,7 @@ def compare(cell, m, dtype, *, lengths, use_mask, per_step, tol, chunk=None, bat
     mask = mask if use_mask else None
     ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
     fast = functools.partial(
-        gated_fused.unroll,
+        fused_unroll,
         cell,
         mask=mask,
         lengths=lengths,
@@ -183,7 +191,7 @@ def test_output_of_the_final_carry_is_each_rows_last_output(name):
 
     @jax.jit
     def run(params, carry, xs):
-        carry_T, ys = gated_fused.unroll(cell, params, carry, xs, mask, lengths=LENGTHS)
+        carry_T, ys = fused_unroll(cell, params, carry, xs, mask, lengths=LENGTHS)
         return ys, gated_fused.output_of(cell, carry_T)
 
     ys, out = (np.asarray(a) for a in run(params, carry, xs))
@@ -220,7 +228,7 @@ def test_without_outputs_the_final_carry_and_its_gradients_match_the_reference(n
     cell = CELLS[name]()
     params, carry, xs, mask, _ = setup(cell, 2, jnp.float32)
     ref = functools.partial(cells.unroll, cell, mask=mask, lengths=lengths)
-    fast = functools.partial(gated_fused.unroll, cell, mask=mask, lengths=lengths, outputs=False)
+    fast = functools.partial(fused_unroll, cell, mask=mask, lengths=lengths, outputs=False)
     assert jax.eval_shape(fast, params, carry, xs)[1] is None
 
     def final(unroll, params, carry, xs):  # every float leaf of the final carry
@@ -242,7 +250,7 @@ def test_a_weight_gradient_chunk_must_divide_the_sequence(chunk):
     cell = cells.LSTM(N)
     params, carry, xs, _, _ = setup(cell, 2, jnp.float32)
     with pytest.raises(ValueError, match=f"divisor of the {T} time steps"):
-        gated_fused.unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
+        fused_unroll(cell, params, carry, xs, weight_grad_chunk=chunk)
 
 
 # Two kernels: every fused gradient equals autodiff of the reference scan to float64
@@ -255,7 +263,7 @@ def test_gradient_matches_finite_differences(name):
         params, carry, xs, mask, target = setup(cell, 2, jnp.float64, seed=1)
         f = jax.jit(
             lambda p: loss(
-                functools.partial(gated_fused.unroll, cell, mask=mask, lengths=LENGTHS),
+                functools.partial(fused_unroll, cell, mask=mask, lengths=LENGTHS),
                 p,
                 carry,
                 xs,
@@ -278,7 +286,7 @@ def test_unsupported_cells_raise():
     assert not gated_fused.supports(cells.RHN(N, 2))
     assert not gated_fused.supports(cells.Parallel((cells.LSTM(N), cells.RHN(N, 2))))
     with pytest.raises(ValueError, match="no fused unroll"):
-        gated_fused.unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
+        fused_unroll(cells.RHN(N, 2), {}, jnp.zeros((B, N)), jnp.zeros((T, B, 3)))
 
 
 @pytest.mark.parametrize(
@@ -437,7 +445,7 @@ def test_default_unroll_is_the_backends_measured_one(monkeypatch, backend, lstm,
     for cell, want in [(cells.LSTM(N), lstm), (cells.RRN(N), rrn)]:
         params, carry, xs, _, target = setup(cell, 3, jnp.float32)
         assert gated_fused.default_unroll(cell) == want
-        f = lambda p: loss(functools.partial(gated_fused.unroll, cell), p, carry, xs, target)
+        f = lambda p: loss(functools.partial(fused_unroll, cell), p, carry, xs, target)
         scans = re.findall(
             r"\blength=(\d+)[^\]]*?\breverse=(\w+)[^\]]*?\bunroll=(\d+)",
             str(jax.make_jaxpr(jax.grad(f))(params)),

@@ -25,6 +25,7 @@ def test_every_backend_has_the_protocols_signature():
         assert list(unroll)[:6] == ["cell", "params", "carry", "xs", "mask", "opts"]
         assert unroll["lengths"].kind is inspect.Parameter.KEYWORD_ONLY
         assert unroll["lengths"].default is None
+        assert unroll["resets"].kind is inspect.Parameter.KEYWORD_ONLY
         assert unroll["opts"].default == kernels.Options()
         fits = inspect.signature(backend.fits).parameters
         assert list(fits)[:4] == ["cell", "batch", "dtype", "backend"]
@@ -57,16 +58,28 @@ def test_backend_of_finds_the_one_backend_of_a_cell(name):
 
 
 def test_options_are_validated_once():
+    """One record for every scan backend (rhnzoo.cells.scan_options, re-exported here):
+    dtype None by default (each backend's own; the kernels' bfloat16), any name of a JAX
+    dtype taken as one; the kernels refuse any dtype but bfloat16 before building one."""
+    from rhnzoo.cells import scan_options
+
+    assert kernels.Options is scan_options.Options is kernels.common.Options
     opts = kernels.Options()
-    assert opts.dtype == jnp.dtype(jnp.bfloat16) and opts.outputs and opts.interpret is None
-    assert kernels.Options(dtype="bfloat16") == opts  # a JAX dtype, however it is named
+    assert opts.dtype is None and opts.outputs == "all" and opts.interpret is None
+    bf16 = kernels.Options(dtype="bfloat16")
+    assert bf16 == kernels.Options(dtype=jnp.bfloat16) and bf16.dtype == jnp.dtype(jnp.bfloat16)
     coerced = kernels.Options(outputs=0, interpret=1)
-    assert coerced.outputs is False and coerced.interpret is True
-    for dtype in (jnp.float32, None, "float16", "no such dtype"):
-        with pytest.raises(ValueError, match="bfloat16"):
-            kernels.Options(dtype=dtype)
+    assert coerced.outputs == "none" and coerced.interpret is True
+    assert kernels.Options(outputs=True).outputs == "all"
+    with pytest.raises(ValueError, match="dtype must be None, float32 or bfloat16"):
+        kernels.Options(dtype="no such dtype")
+    cell, B, m = cells.LSTM(8), 3, 2
+    params, xs = cell.init(jax.random.PRNGKey(0), m), jnp.ones((2, B, m))
+    for dtype in (jnp.float32, "float16"):
+        with pytest.raises(ValueError, match="the Pallas kernels compute in bfloat16"):
+            gated.unroll(cell, params, cell.initial_carry(B), xs, None, kernels.Options(dtype))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        opts.outputs = False
+        opts.outputs = "none"
     assert opts.interpreted() == (jax.default_backend() == "cpu")
     assert kernels.Options(interpret=False).interpreted() is False
 

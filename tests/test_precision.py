@@ -26,6 +26,7 @@ from test_ptb_experiment import TINY, ptb
 
 from rhnzoo import cells, precision
 from rhnzoo.cells import gated_fused, rhn_fused
+from rhnzoo.cells.scan_options import Options
 from engine_toy import ToyConfig
 from rhnzoo import engine
 from rhnzoo.engine import workdir as workdir_lib
@@ -203,7 +204,10 @@ def value_and_grads(unroll, args, target):
 
 # The fused scans training runs take (float32, fast tanh / sigmoid, hand-written backward).
 FUSED = {
-    "rhn_hsg": (rhn_problem, functools.partial(rhn_fused.unroll, layer_loop="python")),
+    "rhn_hsg": (
+        rhn_problem,
+        functools.partial(rhn_fused.unroll, opts=Options(layer_loop="python")),
+    ),
     "lstm": (functools.partial(gated_problem, "lstm"), gated_fused.unroll),
     "gru": (functools.partial(gated_problem, "gru"), gated_fused.unroll),
 }

@@ -13,6 +13,7 @@ import pytest
 
 from rhnzoo import cells
 from rhnzoo.cells import base, gated_fused, rhn_fused, scan
+from rhnzoo.cells.kernels import gated
 from rhnzoo.cells.scan import ScanImpl
 
 T, B, M, N = 7, 4, 3, 4
@@ -202,7 +203,7 @@ def test_a_bad_resets_is_one_line(resets, why):
         cell = build(name)
         params = cell.init(jax.random.PRNGKey(0), M)
         carry, xs = cell.initial_carry(B), jnp.zeros((T, B, M))
-        for call in calls + [lambda c, p, k, x, own=own: own(c, p, k, x, resets=resets)]:
+        for call in calls + [lambda c, p, k, x, own=own: own(c, p, k, x, None, resets=resets)]:
             with pytest.raises(ValueError, match=r"resets must be a \[T, B\] = \[7, 4\] bool") as e:
                 call(cell, params, carry, xs)
             assert why.replace("\\", "") in str(e.value) and "\n" not in str(e.value)
@@ -218,14 +219,9 @@ def test_pallas_refuses_resets_and_auto_steps_around_it(monkeypatch):
     with pytest.raises(ValueError, match="pallas kernels of LSTM have no resets") as e:
         scan.unroll(cell, params, carry, xs, impl="pallas", resets=resets)
     assert "\n" not in str(e.value)
-    real = scan.resolve
-    monkeypatch.setattr(
-        scan,
-        "resolve",
-        lambda impl, *a, **k: (
-            ScanImpl.PALLAS if impl in ("auto", ScanImpl.AUTO) else real(impl, *a, **k)
-        ),
-    )
+    monkeypatch.setattr(gated, "fits", lambda *a, **k: True)  # the CPU never picks it
+    assert scan.resolve("auto", cell, batch=B) is ScanImpl.PALLAS
+    assert scan.resolve("auto", cell, batch=B, resets=True) is ScanImpl.FUSED
     got = scan.unroll(cell, params, carry, xs, resets=resets)
     want = scan.unroll(cell, params, carry, xs, impl="fused")
     assert_trees_close(got, want, rtol=0, atol=0)

@@ -5,6 +5,7 @@ in every task, and each task's model under 'fused' against 'reference'. (The pal
 kernel's own tests are in ``tests/test_gated_pallas.py``.)"""
 
 import dataclasses
+import inspect
 import functools
 
 import jax
@@ -145,8 +146,8 @@ def test_fused_final_output_without_the_output_stack_matches_the_reference(name)
             last = functools.partial(run, impl)
             assert_trees_close(last(params, carry, xs), ref(params, carry, xs), **FLOAT64)
             assert_trees_close(grad(last), grad(ref), **FLOAT64)
-    with pytest.raises(ValueError, match="outputs must be True, False or 'last'"):
-        scan.unroll(cell, params, carry, xs, impl="fused", outputs="all")
+    with pytest.raises(ValueError, match="outputs must be 'all', 'last' or 'none'"):
+        scan.unroll(cell, params, carry, xs, impl="fused", outputs="every")
 
 
 # The reference branch passes every cell on alike: one cell with a fused scan, one
@@ -532,3 +533,73 @@ def test_the_lm_dropout_mask_reaches_the_fused_gated_scan():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     plain = model.hidden(params, model.initial_carry(B), tokens, None)[1]
     assert float(jnp.abs(plain - got).max()) > 0.1 * float(jnp.abs(plain).max())
+
+
+# ------------------------------------------------------- one scan contract (issue 70, item 2)
+
+
+def test_every_backend_has_one_unroll_signature():
+    """The six backends (the reference scan, the two fused scans, the three kernel
+    families), in ``auto``'s order of preference, share one ``unroll`` signature and one
+    options record (whose default is the same record everywhere)."""
+    from rhnzoo.cells import gated_fused, kernels, rhn_fused, scan_options
+
+    assert scan.BACKENDS == (*kernels.BACKENDS, gated_fused, rhn_fused, scan.REFERENCE)
+    # names, kinds and defaults (the annotations say each backend's carry)
+    shape = lambda f: [
+        (p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()
+    ]
+    want = shape(scan.REFERENCE.unroll)
+    assert [p[0] for p in want] == "cell params carry xs mask opts lengths resets".split()
+    assert (
+        want[5][2] == scan_options.DEFAULT_OPTIONS and want[6][1] is inspect.Parameter.KEYWORD_ONLY
+    )
+    for backend in scan.BACKENDS:
+        assert shape(backend.unroll) == want, backend
+        assert backend.IMPL in scan.CHOICES and isinstance(backend.REMAT, bool)
+
+
+@pytest.mark.parametrize("name", ["lstm", "hrl", "rhn", "dtrnn"])
+def test_outputs_all_last_and_none_agree_across_backends(name):
+    """``outputs`` "all", "last" and "none" from every backend that runs the cell (bar the
+    kernels: tests/test_*_pallas.py), padded, in float64: the same final carry, "last" the
+    rows' outputs at their last real steps (zeros for the empty row) gathered from "all",
+    "none" None."""
+    cell = build(name)
+    with jax.enable_x64(True):
+        params, carry, xs, mask, _ = setup(cell, seed=3)
+        run = lambda impl, outputs: scan.unroll(
+            cell, params, carry, xs, mask, impl=impl, lengths=LENGTHS, outputs=outputs
+        )
+        ref_carry, ys = run("reference", "all")
+        idx = (np.maximum(LENGTHS - 1, 0), np.arange(B))
+        last = np.where((LENGTHS > 0)[:, None], np.asarray(ys)[idx], 0.0)
+        for impl in [i for i in scan.implementations(cell) if i is not ScanImpl.PALLAS]:
+            for outputs in ("all", "last", "none"):
+                got_carry, got = run(impl, outputs)
+                assert_trees_close(got_carry, ref_carry, **FLOAT64)
+                if outputs == "all":
+                    assert_trees_close(got, ys, **FLOAT64)
+                elif outputs == "last":
+                    assert got.shape == (B, N)
+                    np.testing.assert_allclose(got, last, **FLOAT64)
+                else:
+                    assert got is None
+
+
+def test_the_classifier_makes_one_scan_call():
+    """``SequenceClassifier.features`` runs its layer by one ``scan.unroll`` call with
+    ``outputs="last"``, whichever scan runs (no branch on it), a Bidirectional layer too."""
+    import ast
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(SequenceClassifier.features))
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("unroll")
+    ]
+    assert [ast.unparse(c.func) for c in calls] == ["scan.unroll"]
+    assert "ScanImpl" not in source and "resolved_scan" not in source
+    keywords = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
+    assert keywords["outputs"] == "'last'"

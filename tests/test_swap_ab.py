@@ -98,9 +98,8 @@ def test_outputs_match_the_reference(case):
         _, ref = cells.unroll(cell, params, carry, xs, mask, lengths=lens)
         # The projection before the scan: x W with bfloat16 inputs at m = 1 too, as the
         # kernel's (per step, the fused scan takes a 1-wide input's outer product in float32).
-        _, fused = gated_fused.unroll(
-            cell, params, carry, xs, mask, lengths=lens, dtype=jnp.bfloat16, project_per_step=False
-        )
+        opts = Options(dtype=jnp.bfloat16, project_per_step=False)
+        _, fused = gated_fused.unroll(cell, params, carry, xs, mask, opts, lengths=lens)
         return ref, fused
 
     ref, fused = reference_and_fused(params, h0, c0, xs)

@@ -15,6 +15,14 @@ import pytest
 from rhnzoo import cells
 from rhnzoo.cells import gated_fused, torch_interop
 from rhnzoo.configs import rrl as rrl_configs
+from rhnzoo.cells.scan_options import Options
+
+
+def fused_unroll(cell, params, carry, xs, mask=None, *, lengths=None, resets=None, **options):
+    """:func:`rhnzoo.cells.gated_fused.unroll` with its options record's fields as keywords."""
+    opts = Options(**options)
+    return gated_fused.unroll(cell, params, carry, xs, mask, opts, lengths=lengths, resets=resets)
+
 
 B, M, N, T = 4, 3, 5, 7  # batch, input size, hidden size, steps
 TOL = {"rtol": 1e-10, "atol": 1e-12}
@@ -87,10 +95,8 @@ def torch_gru(xp, sd, xs, h):
 UNROLLS = {
     "reference": lambda cell: functools.partial(cells.unroll, cell),
     "reference_save_matmuls": lambda cell: functools.partial(cells.unroll, cell, save_matmuls=True),
-    "fused": lambda cell: functools.partial(gated_fused.unroll, cell, unroll=2),
-    "fused_projected": lambda cell: functools.partial(
-        gated_fused.unroll, cell, project_per_step=False
-    ),
+    "fused": lambda cell: functools.partial(fused_unroll, cell, unroll=2),
+    "fused_projected": lambda cell: functools.partial(fused_unroll, cell, project_per_step=False),
 }
 
 

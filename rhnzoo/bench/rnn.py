@@ -13,7 +13,8 @@ linear softmax layer, mean cross-entropy, its value and the gradients of every p
 
 * **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
   hand-written backward pass), as the classifier calls it: with ``lengths`` (here all
-  T), the output read from the final carry, ``gated_fused.unroll``'s defaults (the
+  T), ``outputs="last"`` (the output read from the final carry, no output stack),
+  ``gated_fused.unroll``'s defaults otherwise (the
   input projected inside the scan, the weight gradients formed per chunk of up to 16
   steps);
   **rhnzoo_bf16** (``--bfloat16``) the same with bfloat16 matmul inputs;
@@ -33,8 +34,8 @@ linear softmax layer, mean cross-entropy, its value and the gradients of every p
 * **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernels
   (``scan.unroll(..., impl='pallas')``: :mod:`rhnzoo.cells.kernels.gated` for the LSTM and
   reset-after GRU, :mod:`rhnzoo.cells.kernels.chained` for the RRN and Cho's GRU),
-  called as the fused scan is (``lengths``, ``outputs=False``, the output from the final
-  carry) with ``dtype=bfloat16`` (bfloat16 U and matmul inputs, float32 accumulation and
+  called as the fused scan is (``lengths``, ``outputs="last"``, the output from the
+  final carry) with ``dtype=bfloat16`` (bfloat16 U and matmul inputs, float32 accumulation and
   gates). Timed only on a GPU
   and where ``scan.pallas_supports(cell)``; its loss is checked against rhnzoo's to
   ``PALLAS_RTOL`` (``loss_checks``; a mismatch is reported, not fatal). Elsewhere, or
@@ -111,6 +112,7 @@ from rhnzoo import cells, precision
 from rhnzoo.apps import cli
 from rhnzoo.bench import alternate, ratios
 from rhnzoo.cells import gated_fused, scan, torch_interop
+from rhnzoo.cells.scan_options import Options
 
 CONFIGS = {
     # Wang & Tian's IMDB shape (embedding 256 -> LSTM 512, reviews cut to 400 words),
@@ -222,20 +224,12 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unr
     ``reference``."""
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
-    if scan_impl == "fused":  # the final carry holds the last output (every row has T steps)
-        carry, _ = gated_fused.unroll(
-            cell,
-            params["cell"],
-            carry,
-            xs,
-            lengths=jnp.full((B,), T),
-            dtype=dtype,
-            outputs=False,
-            unroll=unroll,
-        )
-        last = gated_fused.output_of(cell, carry)
+    if scan_impl == "fused":  # no output stack: the last output read from the final carry
+        opts = Options(dtype=dtype, outputs="last", unroll=unroll)
+        lengths = jnp.full((B,), T)
+        _, last = gated_fused.unroll(cell, params["cell"], carry, xs, None, opts, lengths=lengths)
     elif scan_impl == "pallas":
-        carry, _ = scan.unroll(
+        _, last = scan.unroll(
             cell,
             params["cell"],
             carry,
@@ -243,9 +237,8 @@ def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unr
             impl="pallas",
             dtype=dtype,
             lengths=jnp.full((B,), T),
-            outputs=False,
+            outputs="last",
         )
-        last = gated_fused.output_of(cell, carry)
     else:
         _, ys = cells.unroll(
             cell, params["cell"], carry, xs, project_per_step=xs.shape[-1] <= 8, save_matmuls=True

@@ -159,7 +159,7 @@ class Bidirectional:
         *,
         lengths: Array | None = None,
         impl: str = "auto",
-        outputs: bool | str = True,
+        outputs: bool | str = "all",
         **scan_options: Any,
     ) -> tuple[tuple[Carry, Carry], Array | None]:
         """Runs both directions over a padded batch.
@@ -177,18 +177,20 @@ class Bidirectional:
             A row of length 0 keeps both initial carries and outputs zeros.
           impl: the scan of both directions, one of
             :data:`rhnzoo.cells.scan.CHOICES` (:func:`rhnzoo.cells.scan.unroll`).
-          outputs: False: no outputs (``(carries, None)``); ``"last"``: ``[B,
-            hidden_size]``, the forward output at each row's last real step beside (or
-            plus) the backward output after reading step 0, as a classifier reads it.
-          **scan_options: passed to :func:`rhnzoo.cells.scan.unroll` for both directions
-            (``dtype``, ``unroll``, ``remat``, ``project_per_step``, ``save_matmuls``,
-            ``interpret``).
+          outputs: ``"all"`` (True); ``"none"`` (False): no outputs (``(carries,
+            None)``); ``"last"``: ``[B, hidden_size]``, the forward output at each row's
+            last real step beside (or plus) the backward output after reading step 0, as
+            a classifier reads it.
+          **scan_options: the other fields of :class:`rhnzoo.cells.scan_options.Options`,
+            passed to :func:`rhnzoo.cells.scan.unroll` for both directions (``dtype``,
+            ``unroll``, ``remat``, ``project_per_step``, ``save_matmuls``, the backend
+            options).
 
         Returns:
           ``((forward carry, backward carry), ys)``: the forward carry after each row's
           last real step, the backward carry after reading step 0, and ``ys [T, B,
           hidden_size]`` (the forward output at step t beside, or plus, the backward
-          output at step t; zero at padded steps), None with ``outputs=False``, or ``[B,
+          output at step t; zero at padded steps), None with ``outputs="none"``, or ``[B,
           hidden_size]`` with ``outputs="last"``.
 
         Raises:
@@ -209,12 +211,13 @@ class Bidirectional:
                 "Bidirectional's mask must be None or (forward mask, backward mask), got "
                 f"{type(mask).__name__}"
             )
+        outputs = {True: "all", False: "none"}.get(outputs, outputs)  # as Options takes them
         run = dict(impl=impl, lengths=lengths, outputs=outputs, **scan_options)
         carry_f, ys_f = scan.unroll(self.forward, params["forward"], carry[0], xs, mask[0], **run)
         carry_b, ys_b = scan.unroll(
             self.backward, params["backward"], carry[1], reverse_within(xs, lengths), mask[1], **run
         )
-        if not outputs:
+        if outputs == "none":
             return (carry_f, carry_b), None
         if outputs != "last":  # "last": the backward's last real step is after step 0
             ys_b = reverse_within(ys_b, lengths)

@@ -40,7 +40,8 @@ and the reverse scan sends the cotangent of the carry entering that step to the 
 carry's instead of the previous step's. The recurrent dropout mask
 is a constant here: it receives a zero gradient.
 
-Options: ``project_per_step`` (default True) computes W x_t inside the scan (for 1-wide
+Options (fields of :class:`rhnzoo.cells.scan_options.Options`, the one record of every
+scan backend): ``project_per_step`` (default True) computes W x_t inside the scan (for 1-wide
 inputs an outer product; no ``[T, B, k n]`` projection is written in the forward pass);
 ``weight_grad_chunk`` sets C (1: a rank-B update per step, as autodiff does);
 ``dtype=jnp.bfloat16`` runs every matmul with bfloat16 inputs and float32 accumulation
@@ -58,6 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from rhnzoo.cells import base, fastmath
+from rhnzoo.cells.scan_options import DEFAULT_OPTIONS, Options, last_real, platform
 from rhnzoo.cells.lstm import (
     GRU,
     LSTM,
@@ -550,6 +552,12 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
+# The backend's place in the dispatcher (rhnzoo.cells.scan): the fused implementation,
+# without remat.
+IMPL = "fused"
+REMAT = False
+
+
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a fused path for ``cell``: LSTM, GRU (Cho et al.'s and
     ``reset_after``), SC-LSTM, RRN, and Parallel of those."""
@@ -558,9 +566,18 @@ def supports(cell: Any) -> bool:
     return isinstance(cell, (LSTM, GRU, SCLSTM, RRN))
 
 
+def fits(
+    cell: Any, batch: int | None, dtype: Any, backend: str | None = None, *, input_size: int = 1
+) -> bool:
+    """Whether ``auto`` may pick this scan: for any cell it runs (:func:`supports`), at any
+    batch, dtype, platform and input width."""
+    return supports(cell)
+
+
 def default_unroll(cell: Any, backend: str | None = None) -> int:
     """The time steps per scan iteration :func:`unroll` takes for ``unroll=None``, by
-    ``backend`` (default: JAX's default backend), as measured:
+    ``backend`` (default: :func:`rhnzoo.cells.scan_options.platform`, JAX's default backend
+    unless :func:`~rhnzoo.cells.scan_options.for_platform` set another), as measured:
 
     * GPU: 8. The loop's per-step kernel launches, not FLOPs, bound these scans there;
       on an H100 unroll 8 made every cell's train step faster than unroll 1
@@ -569,7 +586,7 @@ def default_unroll(cell: Any, backend: str | None = None) -> int:
       where the other cells' were not: docs/runs/cpu/levers.md, issue 17 round 4), 1
       otherwise.
     """
-    if (backend or jax.default_backend()) in ("gpu", "cuda", "rocm"):
+    if (backend or platform()) in ("gpu", "cuda", "rocm"):
         return 8
     return 2 if isinstance(cell, RRN) else 1
 
@@ -592,16 +609,13 @@ def unroll(
     carry: Any,
     xs: Array,
     mask: Array | None = None,
+    opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
-    unroll: int | None = None,
-    project_per_step: bool = True,
-    dtype: Any = None,
-    weight_grad_chunk: int | None = None,
-    outputs: bool = True,
     resets: Array | None = None,
 ) -> tuple[Any, Array | None]:
-    """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells.
+    """Drop-in replacement for :func:`rhnzoo.cells.unroll` for the gated cells; the
+    dispatcher's ``fused`` backend for them (:mod:`rhnzoo.cells.scan`).
 
     Args:
       cell: :class:`~rhnzoo.cells.LSTM`, :class:`~rhnzoo.cells.GRU` (either
@@ -614,25 +628,33 @@ def unroll(
       xs: ``[T, B, m]`` float inputs, time-major.
       mask: ``[B, n]`` recurrent dropout mask or ``None``; treated as a constant (zero
         gradient).
+      opts: the :class:`~rhnzoo.cells.scan_options.Options`:
+
+        * ``dtype``: None (matmuls in the carry's dtype), float32 or bfloat16 (bf16
+          matmul inputs, float32 accumulation; state, parameters and gates stay
+          float32).
+        * ``unroll``: time steps per scan iteration, forward and backward; None:
+          :func:`default_unroll` of :func:`~rhnzoo.cells.scan_options.platform`, measured per
+          backend.
+        * ``outputs``: "all" (``ys [T, B, n]``); "last" (each row's output at its last
+          real step, ``[B, n]``, from the final carry by :func:`output_of`, zeros for a
+          row of length 0) and "none" (None) write no outputs, saving the forward pass
+          writing them and the backward pass reading their (zero) cotangents: for a
+          caller that reads the final output only (a classifier).
+        * ``project_per_step``: compute W^T x_t^T inside the scan, one ``[k n, m] x [m,
+          B]`` matmul per step (an outer product when m = 1; None or True, the default:
+          measured faster, docs/runs/cpu/levers.md), instead of one ``[T, B, k n]``
+          projection before it (False).
+        * ``weight_grad_chunk`` (this scan's backend option): C, the number of
+          consecutive steps whose weight gradients are formed by one matmul over their
+          C x B positions: T (after the whole reverse scan), 1 (a rank-B update per
+          step, as autodiff does) or any divisor of T. ``None`` (default): the largest
+          divisor of T up to 16 with ``project_per_step``, T otherwise (measured:
+          docs/runs/cpu/levers.md).
+        * ``remat``: must be False (the backward pass is written by hand); the other
+          fields have no effect here.
       lengths: optional ``[B]`` int real steps per row: padded steps keep the carry and
         output zeros (as :func:`rhnzoo.cells.unroll`).
-      unroll: time steps per scan iteration, forward and backward; None (default):
-        :func:`default_unroll`, measured per backend.
-      project_per_step: compute W^T x_t^T inside the scan, one ``[k n, m] x [m, B]``
-        matmul per step (an outer product when m = 1; the default: measured faster,
-        docs/runs/cpu/levers.md), instead of one ``[T, B, k n]``
-        projection before it.
-      dtype: ``None`` (matmuls in the carry's dtype) or ``jnp.bfloat16`` (bf16 matmul
-        inputs, float32 accumulation; state, parameters and gates stay float32).
-      weight_grad_chunk: C, the number of consecutive steps whose weight gradients are
-        formed by one matmul over their C x B positions: T (after the whole reverse
-        scan), 1 (a rank-B update per step, as autodiff does) or any divisor of T.
-        ``None`` (default): the largest divisor of T up to 16 with
-        ``project_per_step``, T otherwise (measured: docs/runs/cpu/levers.md).
-      outputs: False: return no outputs (``ys`` is ``None``) and save the forward pass
-        writing them and the backward pass reading their (zero) cotangents; for a
-        caller that reads the final carry only (a classifier, with
-        :func:`output_of`).
       resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
         its row of the initial ``carry`` before the step runs (as
         :func:`rhnzoo.cells.unroll`; padded steps ignore it; the SC-LSTM's step counter
@@ -640,15 +662,55 @@ def unroll(
         restarted step to the initial carry's.
 
     Returns:
-      ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`; ``(carry, None)`` with
-      ``outputs=False``.
+      ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`; ``(carry, last [B,
+      n])`` with ``outputs="last"``; ``(carry, None)`` with ``outputs="none"``.
 
     Raises:
-      ValueError: for a cell without a fused path (see :func:`supports`), a
+      ValueError: for a cell without a fused path (see :func:`supports`), ``remat``, a
         ``weight_grad_chunk`` that does not divide T, (LSTM, SC-LSTM, GRU) parameters
         that are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), or ``resets``
         that are not a ``[T, B]`` bool array.
     """
+    if opts.remat:
+        raise ValueError(
+            f"remat needs the reference scan (scan_impl='reference'): the fused scan of "
+            f"{cell!r} has no remat"
+        )
+    carry_T, ys = _unroll(
+        cell,
+        params,
+        carry,
+        xs,
+        mask,
+        lengths=lengths,
+        unroll=opts.unroll,
+        project_per_step=opts.project_per_step is not False,
+        dtype=opts.dtype,
+        weight_grad_chunk=opts.weight_grad_chunk,
+        outputs=opts.outputs == "all",
+        resets=resets,
+    )
+    if opts.outputs == "last":
+        return carry_T, last_real(output_of(cell, carry_T), lengths)
+    return carry_T, ys
+
+
+def _unroll(
+    cell,
+    params,
+    carry,
+    xs,
+    mask,
+    *,
+    lengths,
+    unroll,
+    project_per_step,
+    dtype,
+    weight_grad_chunk,
+    outputs,
+    resets,
+):
+    """:func:`unroll` with its options as arguments; ``outputs`` a bool."""
     if resets is not None:
         resets = base.check_resets(resets, xs)
     kw = dict(
@@ -661,10 +723,7 @@ def unroll(
         resets=resets,
     )
     if isinstance(cell, Parallel):
-        outs = [
-            globals()["unroll"](c, p, k, xs, mask, **kw)
-            for c, p, k in zip(cell.cells, params, carry)
-        ]
+        outs = [_unroll(c, p, k, xs, mask, **kw) for c, p, k in zip(cell.cells, params, carry)]
         ys = sum(o[1] for o in outs) / len(outs) if outputs else None
         return tuple(o[0] for o in outs), ys
     if not supports(cell):
@@ -704,7 +763,7 @@ def unroll(
     else:
         kern, carry0 = _RRNKernel(n, cell.depth, cell.activation, dtype), carry
     if unroll is None:
-        unroll = default_unroll(cell)
+        unroll = default_unroll(cell, platform())
     # Feature-major inside the scan (see the kernels' comment): [B, n] -> [n, B], the
     # batch padded with inert columns to a multiple of the kernel's lanes (see _pad).
     B, extra = xs.shape[1], -xs.shape[1] % kern.lanes

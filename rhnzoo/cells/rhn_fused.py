@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from rhnzoo.cells import fastmath
 from rhnzoo.cells.base import check_resets
+from rhnzoo.cells.scan_options import DEFAULT_OPTIONS, Options, last_real
 from rhnzoo.cells.rhn import HSG, RHN
 
 Array = jax.Array
@@ -53,6 +54,26 @@ Array = jax.Array
 # micro-layer step; the loop's weights, sliced outside the time scan, leave none in any
 # while body (tests/test_fused.py, depth 12).
 LOOP_LAYERS_UP_TO = 10
+
+# The backend's place in the dispatcher (rhnzoo.cells.scan): the fused implementation,
+# with remat.
+IMPL = "fused"
+REMAT = True
+
+
+def supports(cell: Any) -> bool:
+    """Whether :func:`unroll` runs ``cell``: a coupled :class:`~rhnzoo.cells.RHN`, or
+    :class:`~rhnzoo.cells.HSG` around one."""
+    inner = cell.cell if isinstance(cell, HSG) else cell
+    return isinstance(inner, RHN) and inner.coupled
+
+
+def fits(
+    cell: Any, batch: int | None, dtype: Any, backend: str | None = None, *, input_size: int = 1
+) -> bool:
+    """Whether ``auto`` may pick this scan: for any cell it runs (:func:`supports`), at any
+    batch, dtype, platform and input width."""
+    return supports(cell)
 
 
 # Matmuls: inputs cast to ``dtype`` with float32 accumulation, or with ``dtype=None`` in
@@ -258,14 +279,13 @@ def unroll(
     carry: Array,
     xs: Array,
     mask: Array | None = None,
+    opts: Options = DEFAULT_OPTIONS,
     *,
-    unroll: int = 1,
-    remat: bool = False,
-    dtype: Any = jnp.float32,
-    layer_loop: str | None = None,
+    lengths: Array | None = None,
     resets: Array | None = None,
-) -> tuple[Array, Array]:
-    """Drop-in replacement for :func:`rhnzoo.cells.unroll` for RHN and HSG(RHN).
+) -> tuple[Array, Array | None]:
+    """Drop-in replacement for :func:`rhnzoo.cells.unroll` for RHN and HSG(RHN); the
+    dispatcher's ``fused`` backend for them (:mod:`rhnzoo.cells.scan`).
 
     Args:
       cell: a coupled :class:`~rhnzoo.cells.RHN`, or :class:`~rhnzoo.cells.HSG`
@@ -274,41 +294,71 @@ def unroll(
       carry: ``[B, n]`` float32 initial state.
       xs: ``[T, B, m]`` inputs.
       mask: ``[B, n]`` recurrent dropout mask or ``None``.
-      unroll: time steps per scan iteration.
-      remat: recompute each step's micro-layers in the backward pass.
-      dtype: matmul input dtype (float32 or bfloat16); accumulation is float32. ``None``:
-        the inputs' own dtype throughout (float64 for exact comparisons).
-      layer_loop: how a time step runs its L micro-layers: ``'scan'`` (``lax.scan``
-        over the stacked weights: compiles in about the same time at any depth),
-        ``'python'`` (a loop over per-layer weights sliced once per call: faster steps
-        at moderate depth, compile time growing with L); ``None`` (default):
-        ``'python'`` up to depth :data:`LOOP_LAYERS_UP_TO`, ``'scan'`` above.
+      opts: the :class:`~rhnzoo.cells.scan_options.Options`:
+
+        * ``dtype``: matmul input dtype (float32 or bfloat16); accumulation is float32.
+          None: the inputs' own dtype throughout (float64 for exact comparisons).
+        * ``unroll``: time steps per scan iteration (None: 1).
+        * ``remat``: recompute each step's micro-layers in the backward pass.
+        * ``outputs``: "all" (``ys [T, B, n]``), "last" (each row's output at its last
+          real step, ``[B, n]``: the final carry, zeros for a row of length 0) or
+          "none".
+        * ``layer_loop`` (this scan's backend option): how a time step runs its L
+          micro-layers: ``'scan'`` (``lax.scan`` over the stacked weights: compiles in
+          about the same time at any depth), ``'python'`` (a loop over per-layer weights
+          sliced once per call: faster steps at moderate depth, compile time growing
+          with L); ``None`` (default): ``'python'`` up to depth
+          :data:`LOOP_LAYERS_UP_TO`, ``'scan'`` above.
+
+        The other fields have no effect here.
+      lengths: optional ``[B]`` int real steps per row: every step runs, a row's final
+        carry is its output at its last real step (its initial carry for a row of
+        length 0) and padded outputs are zeros (:func:`with_lengths`; padded inputs must
+        be finite).
       resets: optional ``[T, B]`` bool episode starts: where True, the row's state is
         its row of the initial ``carry`` before the step runs (as
-        :func:`rhnzoo.cells.unroll`; this scan has no ``lengths``: the dispatcher
-        applies them, :func:`with_lengths`).
+        :func:`rhnzoo.cells.unroll`; padded steps ignore them).
 
     Returns:
-      ``(carry [B, n], ys [T, B, n])`` float32.
+      ``(carry [B, n], ys [T, B, n])``; ``(carry, last [B, n])`` with
+      ``outputs="last"``; ``(carry, None)`` with ``outputs="none"``.
 
     Raises:
-      ValueError: for an uncoupled RHN or any other cell, an unknown ``layer_loop``,
-        or ``resets`` that are not a ``[T, B]`` bool array.
+      ValueError: for an uncoupled RHN or any other cell, or ``resets`` that are not a
+        ``[T, B]`` bool array.
     """
+    if resets is not None:
+        resets = check_resets(resets, xs)
+        if lengths is not None:  # padded steps ignore resets
+            resets = resets & (jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
+    carry_T, ys = _unroll_all(
+        cell,
+        params,
+        carry,
+        xs,
+        mask,
+        opts.unroll or 1,
+        opts.remat,
+        opts.dtype,
+        opts.layer_loop,
+        resets,
+    )
+    carry_T, ys = with_lengths(carry, carry_T, ys, lengths, opts.outputs == "all")
+    return carry_T, last_real(carry_T, lengths) if opts.outputs == "last" else ys
+
+
+def _unroll_all(cell, params, carry, xs, mask, unroll, remat, dtype, layer_loop, resets):
+    """Every step of ``xs`` (no lengths): ``(carry [B, n], ys [T, B, n])``."""
     hsg = None
     if isinstance(cell, HSG):
         hsg = (params["W_R"], params["W_F"], params["b_G"])
         cell, params = cell.cell, params["cell"]
     if not isinstance(cell, RHN) or not cell.coupled:
         raise ValueError(f"the fused unroll supports coupled RHN and HSG(RHN) cells, got {cell}")
-    if layer_loop not in (None, "scan", "python"):
-        raise ValueError(f"layer_loop must be 'scan', 'python' or None, got {layer_loop!r}")
     loop = layer_loop == "python" or (layer_loop is None and cell.depth <= LOOP_LAYERS_UP_TO)
     # The projection's backward under the same rule (bfloat16 inputs where the forward's are).
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]
     mask = jnp.ones_like(carry) if mask is None else mask
-    if resets is not None:
-        resets = check_resets(resets, xs)
     s_T, ys = _unroll(
         params["R"], params["b"], hsg, carry.T, x_proj, mask.T, resets, remat, unroll, dtype, loop
     )

@@ -1,11 +1,16 @@
 """One scan dispatcher: every model runs its cell over time through :func:`unroll`.
 
-Three implementations compute the same function (``lengths`` and the recurrent dropout
-mask with :func:`rhnzoo.cells.unroll`'s semantics), and ``auto`` picks one of them by
-one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
+Six **backends** compute the same function (``lengths``, ``resets`` and the recurrent
+dropout mask with :func:`rhnzoo.cells.unroll`'s semantics), each with ``supports(cell)``,
+``fits(cell, batch, dtype, backend, *, input_size)`` and one ``unroll(cell, params,
+carry, xs, mask, opts, *, lengths, resets)`` taking one options record,
+:class:`~rhnzoo.cells.scan_options.Options` (dtype, unroll, remat, ``outputs`` "all" | "last" |
+"none", and backend options). They make up three implementations, :class:`ScanImpl`, and
+``auto`` picks one of them by one rule (:func:`resolve`, walking :data:`BACKENDS` in
+preference order), as recurrentgemma's ``ScanType`` does:
 
-* ``reference``: :func:`rhnzoo.cells.unroll`, the cell's own ``step`` in a ``lax.scan``,
-  differentiated by autodiff; any cell; ``remat``; no bfloat16.
+* ``reference``: :data:`REFERENCE`, :func:`rhnzoo.cells.unroll`, the cell's own ``step``
+  in a ``lax.scan``, differentiated by autodiff; any cell; ``remat``; no bfloat16.
 * ``fused``: the hand-written backward scans, :mod:`rhnzoo.cells.gated_fused` for LSTM,
   GRU, SC-LSTM, RRN and ``Parallel`` of these (HRL, LSTM+GRU), and
   :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
@@ -21,16 +26,12 @@ one rule (:func:`resolve`), as recurrentgemma's ``ScanType`` does:
   micro-layer) for the coupled RHN and HSG(RHN), any size.
 
 The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
-writes, and the ``reference`` implementation here.
+writes, and the ``reference`` backend here wraps it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import enum
-import functools
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 
 from rhnzoo.cells import base, gated_fused, kernels, rhn_fused
 from rhnzoo.cells.kernels import verified
+from rhnzoo.cells.scan_options import DEFAULT_OPTIONS, Options, for_platform, gather_last, platform
 from rhnzoo.cells.residual import Parallel
 from rhnzoo.cells.rhn import HSG, RHN
 
@@ -68,51 +70,85 @@ HELP = (
 )
 
 
-# Where the scans run: None (JAX's default backend) or the platform set by for_platform().
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "rhnzoo_scan_platform", default=None
-)
 # The platforms the persistent kernels (Mosaic GPU) run on: an NVIDIA GPU compiled, the
-# CPU in Pallas's GPU interpret mode.
+# CPU in Pallas's GPU interpret mode. (platform() and for_platform() are
+# rhnzoo.cells.scan_options's: the backends read them too.)
 PALLAS_PLATFORMS = ("gpu", "cuda", "cpu")
 
 
-def platform() -> str:
-    """The platform :func:`resolve` and :func:`unroll` choose for: the one
-    :func:`for_platform` set, else ``jax.default_backend()`` (``'cpu'``, ``'gpu'``,
-    ``'tpu'``)."""
-    return _PLATFORM.get() or jax.default_backend()
+class _Reference:
+    """The ``reference`` backend: :func:`rhnzoo.cells.unroll` (``lax.scan`` of the cell's
+    ``step``, autodiff) under the backends' one ``unroll`` signature."""
+
+    IMPL = "reference"  # the ScanImpl it belongs to
+    REMAT = True  # it has remat
+
+    def supports(self, cell: Any) -> bool:
+        """Every cell."""
+        return True
+
+    def fits(
+        self, cell: Any, batch: int, dtype: Any, backend: str | None = None, *, input_size=1
+    ) -> bool:
+        """Any cell, batch and platform, in the inputs' dtype: not bfloat16."""
+        return not _bfloat16(dtype)
+
+    def unroll(
+        self,
+        cell: Any,
+        params: Any,
+        carry: Any,
+        xs: Array,
+        mask: Array | None = None,
+        opts: Options = DEFAULT_OPTIONS,
+        *,
+        lengths: Array | None = None,
+        resets: Array | None = None,
+    ) -> tuple[Any, Array | None]:
+        """:func:`rhnzoo.cells.unroll` with ``opts``' ``unroll`` (None: 1), ``remat``,
+        ``project_per_step`` (None: False) and ``save_matmuls``, in the inputs' dtype;
+        ``outputs="last"`` gathers each row's output at its last real step from the
+        outputs (:func:`rhnzoo.cells.scan_options.gather_last`: a DT-RNN's carry does not hold
+        its output).
+
+        Raises:
+          ValueError: ``opts.dtype`` bfloat16; what :func:`rhnzoo.cells.unroll` raises.
+        """
+        if opts.bfloat16():
+            raise ValueError(
+                f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
+                f"computes in the inputs' dtype); {describe(cell)}'s scans: "
+                f"{', '.join(implementations(cell))}"
+            )
+        carry, ys = base.unroll(
+            cell,
+            params,
+            carry,
+            xs,
+            mask,
+            lengths=lengths,
+            unroll=opts.unroll or 1,
+            remat=opts.remat,
+            project_per_step=bool(opts.project_per_step),
+            save_matmuls=opts.save_matmuls,
+            resets=resets,
+        )
+        if opts.outputs == "last":
+            return carry, gather_last(ys, lengths)
+        return carry, ys if opts.outputs == "all" else None
 
 
-@contextlib.contextmanager
-def for_platform(name: str) -> Iterator[None]:
-    """Within it, :func:`resolve` (``backend`` None) and :func:`unroll` choose as they
-    would on platform ``name`` (``'tpu'``, ``'gpu'``, ``'cpu'``), whatever this host's
-    backend: for tracing a step to lower for another platform, e.g. on a CPU host::
+REFERENCE = _Reference()
 
-      with scan.for_platform("tpu"):
-          jax.jit(lambda *a: step(*a)).trace(*args).lower(lowering_platforms=("tpu",))
-
-    JAX caches a function's trace by the function and its arguments, not by this
-    setting: trace a function object not traced before (the fresh ``lambda`` above), or
-    an earlier trace for another platform is reused.
-
-    Raises:
-      ValueError: an empty or non-string ``name``.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"for_platform needs a platform name such as 'tpu', got {name!r}")
-    token = _PLATFORM.set(name.lower())
-    try:
-        yield
-    finally:
-        _PLATFORM.reset(token)
+# The backends in the order ``auto`` prefers them (resolve): the kernels where they fit,
+# the fused scans, the reference scan. A Parallel under ``pallas`` runs part by part.
+BACKENDS: tuple[Any, ...] = (*kernels.BACKENDS, gated_fused, rhn_fused, REFERENCE)
 
 
 def rhn_fused_supports(cell: Any) -> bool:
-    """Whether :mod:`rhnzoo.cells.rhn_fused` runs ``cell``: a coupled RHN, or HSG around one."""
-    inner = cell.cell if isinstance(cell, HSG) else cell
-    return isinstance(inner, RHN) and inner.coupled
+    """Whether :mod:`rhnzoo.cells.rhn_fused` runs ``cell``: a coupled RHN, or HSG around one
+    (:func:`rhnzoo.cells.rhn_fused.supports`)."""
+    return rhn_fused.supports(cell)
 
 
 def pallas_supports(cell: Any) -> bool:
@@ -124,14 +160,18 @@ def pallas_supports(cell: Any) -> bool:
     return kernels.backend_of(cell) is not None
 
 
-def _fused_has_remat(cell: Any) -> bool:
-    return rhn_fused_supports(cell)  # gated_fused has no remat
+def backend_for(impl: str | ScanImpl, cell: Any) -> Any:
+    """The backend of :data:`BACKENDS` that runs ``cell`` for the implementation ``impl``
+    (not ``auto``): its first that belongs to ``impl`` and supports ``cell``, or None (a
+    ``Parallel`` under ``pallas``: its parts' kernels, one by one)."""
+    impl = ScanImpl(impl)
+    return next((b for b in BACKENDS if b.IMPL == impl and b.supports(cell)), None)
 
 
 def implementations(cell: Any) -> tuple[ScanImpl, ...]:
     """The implementations that can run ``cell`` (at some size and dtype)."""
     out = [ScanImpl.REFERENCE]
-    if gated_fused.supports(cell) or rhn_fused_supports(cell):
+    if backend_for(ScanImpl.FUSED, cell) is not None:
         out.append(ScanImpl.FUSED)
     if pallas_supports(cell):
         out.append(ScanImpl.PALLAS)
@@ -163,12 +203,14 @@ def resolve(
     backend: str | None = None,
     remat: bool = False,
     input_size: int | None = None,
+    resets: bool = False,
 ) -> ScanImpl:
     """The implementation that runs ``cell``: ``impl`` itself when the cell has it, and
     for ``auto`` the one rule below (never returns ``AUTO``).
 
-    ``auto``, in this order (the measurements behind it: docs/speed.md, "The rule of
-    ``auto`` and the figures behind it"):
+    ``auto`` walks :data:`BACKENDS` in this order and takes the first backend that
+    supports the cell, has ``remat`` where asked and ``fits`` (the measurements behind it:
+    docs/speed.md, "The rule of ``auto`` and the figures behind it"):
 
     1. ``pallas`` where the cell's backend (:func:`~rhnzoo.cells.kernels.backend_of`)
        ``fits(cell, batch, dtype, backend)``, a known ``batch`` and no ``remat``. Every
@@ -196,6 +238,8 @@ def resolve(
         backend unless :func:`for_platform` set another).
       remat: recompute time steps in the backward pass.
       input_size: m, the input width, for the kernels' ``fits`` (None: its default).
+      resets: the call has episode starts (:func:`unroll`'s ``resets``), which the
+        kernels do not have: ``auto`` then skips ``pallas``.
 
     ``pallas`` asked for on a GPU platform (``'gpu'``, ``'cuda'``) with a known ``batch``
     and no entry of the verified record for it logs one absl WARNING line per kernel
@@ -206,7 +250,8 @@ def resolve(
       ValueError: (one line naming the cell and its implementations) an unknown
         ``impl``; an implementation the cell does not have; ``pallas`` on a platform
         other than a GPU or the CPU (:data:`PALLAS_PLATFORMS`: a TPU has no Mosaic GPU);
-        ``remat`` with a scan that has none; bfloat16 with the reference scan.
+        ``remat`` with a scan that has none; bfloat16 with the reference scan;
+        ``resets`` with ``pallas``.
     """
     try:
         impl = ScanImpl(impl)
@@ -214,39 +259,21 @@ def resolve(
         raise ValueError(f"scan_impl must be one of {', '.join(CHOICES)}, got {impl!r}") from None
     have = implementations(cell)
     name, listed = describe(cell), ", ".join(have)
-    bf16 = _bfloat16(dtype)
     # The platform only where a choice needs it: asking JAX starts its backend, which a
     # config's check (batch None) must not do before jax.distributed.initialize.
     where = lambda: backend or platform()
     if impl is ScanImpl.AUTO:
-        size = {} if input_size is None else {"input_size": input_size}
-        family = kernels.backend_of(cell)  # None for a Parallel: auto picks cell by cell
-        if (
-            ScanImpl.PALLAS in have
-            and not remat
-            and batch is not None
-            and family is not None
-            and family.fits(cell, batch, dtype, where(), **size)
-        ):
-            return ScanImpl.PALLAS
-        if ScanImpl.FUSED in have and (not remat or _fused_has_remat(cell)):
-            return ScanImpl.FUSED
-        impl = ScanImpl.REFERENCE
-        if bf16:
+        impl = _auto(cell, batch, dtype, where, remat, input_size, resets)
+        if impl is None:  # the reference scan refused bfloat16
             raise ValueError(
                 f"dtype=bfloat16 needs the fused or pallas scan, which {name} "
                 f"does not have{' with remat' if remat else ''} (its scans: "
                 f"{listed})"
             )
     if impl not in have:
-        why = (
-            ""
-            if impl is not ScanImpl.PALLAS
-            else " (the persistent kernels: LSTM, SC-LSTM, "
-            "either GRU, RRN and Parallel of these, hidden size <= 128 and the weights in "
-            "one CTA's shared memory: the RRN up to depth 3 at n = 128; the micro-layer "
-            "kernel: coupled RHN, HSG(RHN))"
-        )
+        why = ""
+        if impl is ScanImpl.PALLAS:  # what the kernels run, in their own words
+            why = f" ({'; '.join(b.RUNS for b in kernels.BACKENDS)}; and Parallel of these)"
         raise ValueError(f"scan_impl='{impl}' cannot run {name}; its scans: {listed}{why}")
     if impl is ScanImpl.PALLAS and where() not in PALLAS_PLATFORMS:
         raise ValueError(
@@ -254,13 +281,17 @@ def resolve(
             f"platform '{where()}': use scan_impl='fused' (or 'auto', which picks "
             f"it for {name} there)"
         )
-    no_remat = impl is ScanImpl.PALLAS or (impl is ScanImpl.FUSED and not _fused_has_remat(cell))
-    if remat and no_remat:
+    if remat and not all(b.REMAT for b in _backends_of(impl, cell)):
         raise ValueError(
             f"remat needs the reference scan (scan_impl='reference'): the {impl} "
             f"scan of {name} has no remat"
         )
-    if bf16 and impl is ScanImpl.REFERENCE:
+    if resets and impl is ScanImpl.PALLAS:
+        raise ValueError(
+            f"resets need the reference or fused scan: the pallas kernels of "
+            f"{name} have no resets (scan_impl='fused' or 'auto')"
+        )
+    if _bfloat16(dtype) and impl is ScanImpl.REFERENCE:
         raise ValueError(
             f"dtype=bfloat16 needs the fused or pallas scan (scan_impl='reference' "
             f"computes in the inputs' dtype); {name}'s scans: {listed}"
@@ -268,6 +299,31 @@ def resolve(
     if impl is ScanImpl.PALLAS and where() in GPU_PLATFORMS:
         _warn_unchecked(cell, batch, dtype, input_size)
     return impl
+
+
+def _auto(cell, batch, dtype, where, remat, input_size, resets) -> ScanImpl | None:
+    """``auto``'s choice (:func:`resolve`): the implementation of the first backend of
+    :data:`BACKENDS` that supports ``cell``, has remat where asked, and ``fits`` (a
+    kernel: at a known ``batch`` and without ``resets``); None where none does (bfloat16
+    and only the reference scan)."""
+    size = {} if input_size is None else {"input_size": input_size}
+    for b in BACKENDS:
+        if not b.supports(cell) or (remat and not b.REMAT):
+            continue
+        kernel = b.IMPL == ScanImpl.PALLAS
+        if kernel and (batch is None or resets):  # a known batch; no episode starts
+            continue
+        if b.fits(cell, batch, dtype, where() if kernel else None, **size):
+            return ScanImpl(b.IMPL)
+    return None
+
+
+def _backends_of(impl: ScanImpl, cell: Any) -> tuple[Any, ...]:
+    """The backends that run ``cell`` for ``impl``: one, or a ``Parallel``'s parts' kernels
+    under ``pallas``."""
+    if impl is ScanImpl.PALLAS and isinstance(cell, Parallel):
+        return tuple(b for c in cell.cells for b in _backends_of(impl, c))
+    return (backend_for(impl, cell),)
 
 
 # The platforms on which a kernel runs compiled: the record's device kinds are GPUs'.
@@ -298,193 +354,79 @@ def unroll(
     *,
     impl: str | ScanImpl = "auto",
     lengths: Array | None = None,
-    dtype: Any = None,
-    unroll: int | None = None,
-    remat: bool = False,
-    outputs: bool | str = True,
-    project_per_step: bool | None = None,
-    save_matmuls: bool = False,
-    interpret: Any = None,
     resets: Array | None = None,
-    layer_loop: str | None = None,
+    **options: Any,
 ) -> tuple[Any, Array | None]:
-    """Runs ``cell`` over ``xs`` with the implementation :func:`resolve` picks; the one
-    call every model makes.
+    """Runs ``cell`` over ``xs`` by the backend :func:`resolve` picks; the one call every
+    model makes.
 
     Args:
       cell, params, carry, xs, mask: as :func:`rhnzoo.cells.unroll` (``xs [T, B, m]``
-        time-major, ``mask [B, n]`` or None).
-      impl: one of :data:`CHOICES`; resolved with B = ``xs.shape[1]`` and m =
-        ``xs.shape[2]``.
+        time-major, ``mask [B, n]`` or None). A ``cell`` with an ``unroll`` method of its
+        own, a layer such as :class:`~rhnzoo.cells.Bidirectional`, is run by it (which
+        runs both its directions through this function; ``mask`` a pair or None).
+      impl: one of :data:`CHOICES`; resolved with B = ``xs.shape[1]``, m =
+        ``xs.shape[2]`` and the options' ``dtype`` and ``remat``.
       lengths: optional ``[B]`` real steps per row: padded steps keep the carry and
         output zeros. The RHN's fused scan runs every step and reads each row's final
         carry from its output at its last real step (the carry is the output), so its
         padded inputs must be finite.
-      dtype: matmul input dtype: None (the inputs' own, e.g. float64 in tests), float32
-        or bfloat16 (float32 accumulation, state and parameters; fused and pallas only).
-        Passed as given to the fused scans.
-      unroll: time steps per scan iteration; None: each scan's default (1 for the
-        reference and the RHN scan, :func:`rhnzoo.cells.gated_fused.default_unroll` of
-        :func:`platform` for the gated ones); the pallas kernel has its own loop and
-        ignores it.
-      remat: recompute time steps in the backward pass (reference, RHN fused).
-      outputs: True: every step's output; False: return ``(carry, None)`` (the gated
-        scans then write no outputs); ``"last"``: each row's output at its last real step,
-        ``[B, n]`` (zeros for a row of length 0), from every implementation: the
-        reference scan gathers it from its outputs, the others read it from the final
-        carry (:func:`output_of`) and write no output stack.
-      project_per_step: compute the input projection inside the time scan; None: the
-        reference scan's default (False) and the gated fused scan's (True); the RHN and
-        pallas scans have their own and ignore it.
-      save_matmuls: the reference scan's :func:`rhnzoo.cells.base.save_matmuls_only`
-        (ignored by the others, whose backward passes are written by hand).
-      interpret: passed to the pallas kernel (its GPU interpret mode; None: where
-        :func:`platform` is the CPU).
-      layer_loop: a backend option of the RHN's fused scan, how a step runs its
-        micro-layers (:func:`rhnzoo.cells.rhn_fused.unroll`'s; None: by depth); the other
-        scans ignore it.
       resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
         its row of the initial ``carry`` before the step runs
         (:func:`rhnzoo.cells.unroll`); the reference and fused scans. ``auto`` then
         never picks the pallas kernels, which have no resets.
+      **options: the fields of :class:`~rhnzoo.cells.scan_options.Options` (``dtype``,
+        ``unroll``, ``remat``, ``outputs`` "all" | "last" | "none" (True, False),
+        ``project_per_step``, ``save_matmuls``, and the backend options ``layer_loop``,
+        ``weight_grad_chunk``, ``interpret``, ``batch_tile``, ``kernel_backward``), one
+        record for whichever backend runs.
 
     Returns:
-      ``(carry, ys [T, B, n])``, ``(carry, None)`` with ``outputs=False``, or ``(carry,
-      last [B, n])`` with ``outputs="last"``.
+      ``(carry, ys [T, B, n])``; ``(carry, last [B, n])`` with ``outputs="last"``, each
+      row's output at its last real step (zeros for a row of length 0), from every
+      backend; ``(carry, None)`` with ``outputs="none"``.
 
     Raises:
-      ValueError: what :func:`resolve` raises; with ``pallas`` a ``dtype`` other than
-        bfloat16 (:class:`~rhnzoo.cells.kernels.Options`); ``resets`` that are not a
-        ``[T, B]`` bool array, or ``resets`` with ``impl='pallas'``.
+      ValueError: what :func:`resolve` and :class:`~rhnzoo.cells.scan_options.Options` raise;
+        what the backend's ``unroll`` raises; with ``pallas`` a ``dtype`` other than
+        bfloat16 (None too: the kernels' one precision is asked for by name); ``resets``
+        that are not a ``[T, B]`` bool array, or ``resets`` with ``impl='pallas'``.
+      TypeError: a keyword that is no field of :class:`~rhnzoo.cells.scan_options.Options`.
     """
-    which = resolve(
-        impl, cell, batch=xs.shape[1], dtype=dtype, remat=remat, input_size=xs.shape[-1]
-    )
+    if callable(getattr(cell, "unroll", None)):  # a layer with its own time loop
+        extra = {} if resets is None else {"resets": resets}  # Bidirectional refuses them
+        return cell.unroll(params, carry, xs, mask, impl=impl, lengths=lengths, **extra, **options)
+    opts = Options(**options)
     if resets is not None:
         resets = base.check_resets(resets, xs)
-        if which is ScanImpl.PALLAS and ScanImpl(impl) is ScanImpl.AUTO:  # the next best
-            have = implementations(cell)
-            which = resolve(
-                ScanImpl.FUSED if ScanImpl.FUSED in have else ScanImpl.REFERENCE,
-                cell,
-                batch=xs.shape[1],
-                dtype=dtype,
-                remat=remat,
-                input_size=xs.shape[-1],
-            )
-        elif which is ScanImpl.PALLAS:
-            raise ValueError(
-                f"resets need the reference or fused scan: the pallas kernels of "
-                f"{describe(cell)} have no resets (scan_impl='fused' or 'auto')"
-            )
-    if outputs == "last":
-        return _last_outputs(
-            which,
-            cell,
-            params,
-            carry,
-            xs,
-            mask,
-            lengths=lengths,
-            dtype=dtype,
-            unroll=unroll,
-            remat=remat,
-            project_per_step=project_per_step,
-            save_matmuls=save_matmuls,
-            interpret=interpret,
-            resets=resets,
-            layer_loop=layer_loop,
-        )
-    if outputs not in (True, False):
-        raise ValueError(f"outputs must be True, False or 'last', got {outputs!r}")
-    if which is ScanImpl.REFERENCE:
-        carry, ys = base.unroll(
-            cell,
-            params,
-            carry,
-            xs,
-            mask,
-            lengths=lengths,
-            unroll=unroll or 1,
-            remat=remat,
-            project_per_step=bool(project_per_step),
-            save_matmuls=save_matmuls,
-            resets=resets,
-        )
-        return carry, ys if outputs else None
-    if which is ScanImpl.PALLAS:
-        if interpret is None:
-            interpret = platform() == "cpu"
-        opts = kernels.Options(dtype=dtype, outputs=outputs, interpret=interpret)
-        return _pallas(cell, params, carry, xs, mask, opts, lengths=lengths)
-    if gated_fused.supports(cell):
-        per_step = True if project_per_step is None else project_per_step
-        if unroll is None and not isinstance(cell, Parallel):  # a Parallel's parts: their own
-            unroll = gated_fused.default_unroll(cell, platform())
-        return gated_fused.unroll(
-            cell,
-            params,
-            carry,
-            xs,
-            mask,
-            lengths=lengths,
-            unroll=unroll,
-            project_per_step=per_step,
-            dtype=dtype,
-            outputs=outputs,
-            resets=resets,
-        )
-    if resets is not None and lengths is not None:  # padded steps ignore resets
-        resets = resets & (jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :])
-    run = functools.partial(
-        rhn_fused.unroll,
-        unroll=unroll or 1,
-        remat=remat,
-        dtype=dtype,
-        resets=resets,
-        layer_loop=layer_loop,
+    which = resolve(
+        impl,
+        cell,
+        batch=xs.shape[1],
+        dtype=opts.dtype,
+        remat=opts.remat,
+        input_size=xs.shape[-1],
+        resets=resets is not None,
     )
-    return _rhn_scan(run, cell, params, carry, xs, mask, lengths=lengths, outputs=outputs)
+    if which is ScanImpl.PALLAS and opts.dtype is None:  # the kernels' one precision, asked
+        raise ValueError("the Pallas kernels compute in bfloat16 (dtype=jnp.bfloat16), got None")
+    if which is ScanImpl.PALLAS and isinstance(cell, Parallel):
+        return _kernels_by_part(cell, params, carry, xs, mask, opts, lengths=lengths)
+    run = backend_for(which, cell).unroll
+    return run(cell, params, carry, xs, mask, opts, lengths=lengths, resets=resets)
 
 
-def _last_outputs(which, cell, params, carry, xs, mask, *, lengths, **run):
-    """:func:`unroll` with ``outputs="last"``: ``(carry, last [B, n])``, each row's output
-    at its last real step (zeros for a row of length 0). The reference scan's carry need
-    not hold its output (a DT-RNN's does not), so it gathers from its outputs; the fused
-    and pallas scans stop each row's carry at its last real step, whose output it holds."""
-    T, B = xs.shape[:2]
-    lens = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths)
-    if which is ScanImpl.REFERENCE:
-        carry, ys = unroll(cell, params, carry, xs, mask, impl=which, lengths=lengths, **run)
-        last = ys[jnp.maximum(lens - 1, 0), jnp.arange(B)]
-    else:
-        carry, _ = unroll(
-            cell, params, carry, xs, mask, impl=which, lengths=lengths, outputs=False, **run
-        )
-        last = output_of(cell, carry)
-    return carry, jnp.where((lens > 0)[:, None], last, 0.0)
-
-
-def _pallas(cell, params, carry, xs, mask, opts, *, lengths):
-    """The kernels of ``cell``'s backend (:func:`~rhnzoo.cells.kernels.backend_of`); a
-    ``Parallel`` cell part by part (each part's own kernels, the output the mean of
-    theirs, as :class:`~rhnzoo.cells.Parallel` defines it)."""
-    if isinstance(cell, Parallel):
-        parts = [
-            _pallas(c, p, h, xs, mask, opts, lengths=lengths)
-            for c, p, h in zip(cell.cells, params, carry, strict=True)
-        ]
-        ys = [y for _, y in parts]
-        return tuple(h for h, _ in parts), None if ys[0] is None else sum(ys) / len(ys)
-    return kernels.backend_of(cell).unroll(cell, params, carry, xs, mask, opts, lengths=lengths)
-
-
-def _rhn_scan(run, cell, params, carry, xs, mask, *, lengths, outputs):
-    """The RHN's fused scan ``run(cell, params, carry, xs, mask)``
-    (:func:`~rhnzoo.cells.rhn_fused.unroll`) with ``lengths``
-    (:func:`~rhnzoo.cells.rhn_fused.with_lengths`)."""
-    carry_T, ys = run(cell, params, carry, xs, mask)
-    return rhn_fused.with_lengths(carry, carry_T, ys, lengths, outputs)
+def _kernels_by_part(cell, params, carry, xs, mask, opts, *, lengths):
+    """A ``Parallel`` cell under ``pallas``: each part by its own kernels
+    (:func:`~rhnzoo.cells.kernels.backend_of`), the output the mean of theirs, as
+    :class:`~rhnzoo.cells.Parallel` defines it (with ``outputs="last"`` too: each part's
+    output at the row's last real step)."""
+    parts = [
+        kernels.backend_of(c).unroll(c, p, h, xs, mask, opts, lengths=lengths)
+        for c, p, h in zip(cell.cells, params, carry, strict=True)
+    ]
+    ys = [y for _, y in parts]
+    return tuple(h for h, _ in parts), None if ys[0] is None else sum(ys) / len(ys)
 
 
 def output_of(cell: Any, carry: Any) -> Array:
@@ -501,3 +443,22 @@ def output_of(cell: Any, carry: Any) -> Array:
     if gated_fused.supports(cell):
         return gated_fused.output_of(cell, carry)
     raise ValueError(f"no output_of for {describe(cell)}: read its outputs from the scan")
+
+
+class ScannedModel:
+    """The one ``resolved_scan`` of the models (:class:`rhnzoo.models.SequenceClassifier`,
+    :class:`rhnzoo.models.LanguageModel`): a mixin for a model with the fields
+    ``cell``, ``scan_impl``, ``dtype`` and ``remat`` and a ``scan_input_size``, the width
+    m of the inputs its scan runs over."""
+
+    def resolved_scan(self, batch: int | None = None) -> ScanImpl:
+        """The scan that runs a batch of ``batch`` rows (:func:`resolve`; None: any batch,
+        so ``auto`` does not consider ``pallas``)."""
+        return resolve(
+            self.scan_impl,
+            self.cell,
+            batch=batch,
+            dtype=self.dtype,
+            remat=self.remat,
+            input_size=self.scan_input_size,
+        )

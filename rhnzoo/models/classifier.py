@@ -12,7 +12,6 @@ cell's output at the last real step beside the backward cell's after reading ste
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -26,7 +25,7 @@ Params = Any
 
 
 @dataclasses.dataclass(frozen=True)
-class SequenceClassifier:
+class SequenceClassifier(scan.ScannedModel):
     """``logits(params, inputs, lengths) -> [B, C]``.
 
     Attributes:
@@ -59,7 +58,8 @@ class SequenceClassifier:
         ``'pallas'``, or ``'auto'`` (:func:`rhnzoo.cells.scan.resolve`'s rule, at the
         batch of each call). Every scan but the reference one reads each row's output
         from the final carry, which stops at the row's last real step (``lengths``),
-        instead of gathering it from the ``[T, B, n]`` outputs: the gated scans then
+        instead of gathering it from the ``[T, B, n]`` outputs (one ``scan.unroll`` call
+        with ``outputs="last"``, whichever scan runs): the gated scans then
         never write those, nor their cotangent.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
@@ -104,17 +104,10 @@ class SequenceClassifier:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         self.resolved_scan()  # an unknown scan_impl, or one this cell does not have: one line
 
-    def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
-        """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
-        None: any batch, so ``auto`` does not consider ``pallas``)."""
-        return scan.resolve(
-            self.scan_impl,
-            self.cell,
-            batch=batch,
-            dtype=self.dtype,
-            remat=self.remat,
-            input_size=self.input_size,
-        )
+    @property
+    def scan_input_size(self) -> int:
+        """m, the width of the inputs the scan runs over (:meth:`resolved_scan`)."""
+        return self.input_size
 
     def layer(self) -> Any:
         """The recurrent layer: ``cell``, or ``Bidirectional(cell)`` with ``bidirectional``."""
@@ -153,16 +146,15 @@ class SequenceClassifier:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]
         layer = self.layer()
-        run = layer.unroll if self.bidirectional else functools.partial(scan.unroll, self.cell)
-        impl = self.resolved_scan(batch)
         per_step = self.project_per_step
-        if per_step is None:  # measured faster: always in the fused scan, narrow inputs otherwise
-            per_step = impl is not scan.ScanImpl.REFERENCE or self.input_size <= 8
-        _, last = run(
+        if per_step is None and self.input_size <= 8:  # narrow inputs: measured faster
+            per_step = True  # (None: each scan's own default, the fused scan's True)
+        _, last = scan.unroll(
+            layer,
             params["cell"],
             layer.initial_carry(batch, xs.dtype),
             xs,
-            impl=impl,
+            impl=self.scan_impl,
             lengths=lengths,
             unroll=self.unroll,
             remat=self.remat,

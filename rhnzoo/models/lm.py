@@ -23,7 +23,7 @@ Params = Any
 
 
 @dataclasses.dataclass(frozen=True)
-class LanguageModel:
+class LanguageModel(scan.ScannedModel):
     """Next-token model over a vocabulary of ``vocab_size`` symbols.
 
     Attributes:
@@ -73,17 +73,10 @@ class LanguageModel:
                 f"and {self.cell.hidden_size}"
             )
 
-    def resolved_scan(self, batch: int | None = None) -> scan.ScanImpl:
-        """The scan that runs a batch of ``batch`` rows (:func:`rhnzoo.cells.scan.resolve`;
-        None: any batch, so ``auto`` does not consider ``pallas``)."""
-        return scan.resolve(
-            self.scan_impl,
-            self.cell,
-            batch=batch,
-            dtype=self.dtype,
-            remat=self.remat,
-            input_size=self.embed_size,
-        )
+    @property
+    def scan_input_size(self) -> int:
+        """m, the width of the inputs the scan runs over (:meth:`resolved_scan`)."""
+        return self.embed_size
 
     def init(self, key: Array) -> Params:
         """Returns ``{'embed': [V, m], 'cell': ..., 'softmax_b': [V]}`` (+ ``'softmax_w' [n,

@@ -1,7 +1,7 @@
 """The kernels' figures for a kernel window (``measure.sh kernels``, issue 68 item 3): one
 JSON line per figure on stdout, each carrying what
-``python -m rhnzoo.cells.kernels.record OUT_DIR`` needs to make it a record entry
-(:func:`rhnzoo.cells.kernels.verified.entries_from_lines`): ``backend``, ``cell``, ``n``,
+``python -m tools.kernel_record OUT_DIR`` needs to make it a record entry
+(:func:`tools.kernel_record.entries_from_lines`): ``backend``, ``cell``, ``n``,
 ``depth``, ``m``, ``B``, ``T``, ``dtype``, ``options``, ``digest`` (the backend's
 :func:`~rhnzoo.cells.kernels.verified.digest`, of the source that ran), ``device`` (the
 device kind), ``stand_in``, and ``ms`` (min of ``--reps`` timed calls after a warm-up)
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rhnzoo import cells
-from rhnzoo.bench import LM_CONFIGS
+from rhnzoo.bench import lm as bench_lm
 from rhnzoo.cells import gated_fused, rhn_fused
 from rhnzoo.cells.kernels import Options, gated, persistent, rhn, verified
 
@@ -152,16 +152,19 @@ def lstm_loss(unroll, cell, carry):
 
 
 def lstm(args):
+    f32_none = Options(dtype=f32, outputs="none")
+    bf16_none = Options(dtype=bf16, outputs="none")
+
     def kernels(batch_tile=None):
         """The LSTM's kernels (``batch_tile`` Bt: with the swap-AB forward), or the
         stand-in."""
         if args.stand_in:
-            return lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=f32, outputs=False)
-        opts = Options(outputs=False, interpret=args.interpret or None, batch_tile=batch_tile)
+            return lambda c, p, h, x: gated_fused.unroll(c, p, h, x, None, f32_none)
+        opts = Options(outputs="none", interpret=args.interpret or None, batch_tile=batch_tile)
         return lambda c, p, h, x: gated.unroll(c, p, h, x, None, opts)
 
-    fused = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=bf16, outputs=False)
-    reference = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, dtype=f32, outputs=False)
+    fused = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, None, bf16_none)
+    reference = lambda c, p, h, x: gated_fused.unroll(c, p, h, x, None, f32_none)
     candidates = {  # name: (unroll, kernel options)
         "pallas": (kernels(), {}),
         "pallas_bt16": (kernels(16), {"batch_tile": 16}),
@@ -228,7 +231,8 @@ def lstm_variants(args, probe, cell, params, carry, xs, candidates, outs, refere
 
 def rhn_figures(args):
     for name in args.rhn:
-        c = LM_CONFIGS[name]
+        cfg, vocab = bench_lm.config(name)  # the preset (rhnzoo.bench.lm.CONFIGS)
+        c = bench_lm.shape(cfg, vocab)
         n = args.rhn_n or c["hidden"]
         B = args.rhn_batch or c["batch"]
         T = args.rhn_length or c["num_steps"]
@@ -244,7 +248,7 @@ def rhn_figures(args):
         params = cell.init(k[0], m)
         carry = 0.5 * jax.random.normal(k[1], (B, n))
         xs = jax.random.normal(k[2], (T, B, m))
-        keep = 1.0 - c["rates"][2]  # the LM's recurrent dropout (drop_h)
+        keep = 1.0 - cfg.drop_h  # the LM's recurrent dropout
         mask = jax.random.bernoulli(k[3], keep, (B, n)).astype(f32) / keep
 
         def loss(unroll):
@@ -255,12 +259,12 @@ def rhn_figures(args):
             return jax.jit(jax.value_and_grad(f))
 
         if args.stand_in:
-            kernel = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, dtype=f32)
+            kernel = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, Options(dtype=f32))
         else:
             opts = Options(interpret=args.interpret or None)
             kernel = lambda p, h, x: rhn.unroll(cell, p, h, x, mask, opts)
-        fused = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, dtype=bf16)
-        reference = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, dtype=f32)
+        fused = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, Options(dtype=bf16))
+        reference = lambda p, h, x: rhn_fused.unroll(cell, p, h, x, mask, Options(dtype=f32))
         outs = {}
         for label, unroll in (("pallas", kernel), ("fused_bf16", fused)):
             out, rec = probe.time(loss(unroll), params, xs)
@@ -288,7 +292,7 @@ def main():
         "--rhn",
         type=lambda s: [v for v in s.split(",") if v],
         default=[],
-        help=f"RHN configurations, of {', '.join(LM_CONFIGS)}",
+        help=f"RHN configurations, of {', '.join(bench_lm.CONFIGS)}",
     )
     ap.add_argument("--rhn_n", type=int, default=None)
     ap.add_argument("--rhn_batch", type=int, default=None)
@@ -302,7 +306,7 @@ def main():
         "script's figures, no kernel)",
     )
     args = ap.parse_args()
-    unknown = set(args.rhn) - set(LM_CONFIGS)
+    unknown = set(args.rhn) - set(bench_lm.CONFIGS)
     if unknown:
         ap.error(f"unknown --rhn configurations {sorted(unknown)}")
     if not args.no_lstm:

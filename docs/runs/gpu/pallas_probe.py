@@ -69,8 +69,9 @@ def main():
 
             return jax.jit(jax.value_and_grad(f))
 
-        pallas = lambda p, c, x: gated.unroll(cell, p, c, x, None, Options(outputs=False))
-        fused = lambda p, c, x: gated_fused.unroll(cell, p, c, x, dtype=bf, outputs=False)
+        pallas = lambda p, c, x: gated.unroll(cell, p, c, x, None, Options(outputs="none"))
+        bf16_none = Options(dtype=bf, outputs="none")
+        fused = lambda p, c, x: gated_fused.unroll(cell, p, c, x, None, bf16_none)
         figures = {
             "forward_kernel": (fwd, fargs),
             "backward_kernel": (bwd, bargs),

@@ -1,7 +1,9 @@
 """Mosaic GPU kernels of the recurrences (Pallas), the ``pallas`` implementation of
 :mod:`rhnzoo.cells.scan`.
 
-* :mod:`~rhnzoo.cells.kernels.common`: what every kernel shares, and :class:`Options`.
+* :mod:`~rhnzoo.cells.kernels.common`: what every kernel shares, and the checks of
+  :class:`Options` (:class:`rhnzoo.cells.scan_options.Options`, re-exported: the one options
+  record of every scan backend, these and the dispatcher's own).
 * :mod:`~rhnzoo.cells.kernels.persistent`: the persistent kernels' common part (the
   forward kernel of every persistent cell, the backward harness, padding, the
   weight-gradient epilogue).
@@ -15,9 +17,10 @@
   has verified (``verified.json``, package data), without which no backend ``fits``.
 
 The three cell-family modules are **backends**: each implements :class:`Backend`
-(``supports``, ``fits``, ``unroll``) and takes one :class:`Options` record.
-:data:`BACKENDS` lists them; :func:`backend_of` finds a cell's. A cell is run by at most
-one backend (their ``supports`` are disjoint; tested).
+(``supports``, ``fits``, ``unroll``, as do the dispatcher's other three: the reference
+scan and the two fused scans, :data:`rhnzoo.cells.scan.BACKENDS`) and takes one
+:class:`Options` record. :data:`BACKENDS` lists them; :func:`backend_of` finds a cell's. A
+cell is run by at most one kernel backend (their ``supports`` are disjoint; tested).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Protocol
 import jax
 
 from rhnzoo.cells.kernels import chained, gated, rhn
-from rhnzoo.cells.kernels.common import DEFAULT_OPTIONS, Options
+from rhnzoo.cells.scan_options import DEFAULT_OPTIONS, Options
 
 Array = jax.Array
 
@@ -35,7 +38,18 @@ __all__ = ["BACKENDS", "DEFAULT_OPTIONS", "Backend", "Options", "backend_of"]
 
 
 class Backend(Protocol):
-    """A family of kernels the dispatcher (:mod:`rhnzoo.cells.scan`) can run a cell by."""
+    """A backend the dispatcher (:mod:`rhnzoo.cells.scan`) can run a cell by: these kernel
+    families, and the reference and fused scans (:data:`rhnzoo.cells.scan.BACKENDS`).
+
+    Attributes:
+      IMPL: the implementation it belongs to (:class:`rhnzoo.cells.scan.ScanImpl`'s
+        value: ``'pallas'``, ``'fused'`` or ``'reference'``).
+      REMAT: whether it has ``remat``.
+      RUNS: (the kernels) what it runs, in the words of the dispatcher's refusal.
+    """
+
+    IMPL: str
+    REMAT: bool
 
     def supports(self, cell: Any) -> bool:
         """Whether :meth:`unroll` runs ``cell`` at all (at some shape)."""
@@ -50,9 +64,9 @@ class Backend(Protocol):
         *,
         input_size: int = 1,
     ) -> bool:
-        """Whether ``scan_impl='auto'`` may pick these kernels for ``cell`` at ``batch``
-        rows, matmul input ``dtype``, platform ``backend`` (None: JAX's default) and
-        input width ``input_size``: only where the verified record lists them
+        """Whether ``scan_impl='auto'`` may pick it for ``cell`` at ``batch`` rows, matmul
+        input ``dtype``, platform ``backend`` (None: JAX's default) and input width
+        ``input_size``. A kernel family: only where the verified record lists it
         (:func:`rhnzoo.cells.kernels.verified.verified`: this source's digest, this
         device kind, errors checked, faster than the fused scan; docs/speed.md)."""
         ...
@@ -63,20 +77,23 @@ class Backend(Protocol):
         params: Any,
         carry: Any,
         xs: Array,
-        mask: Array | None,
-        opts: Options,
+        mask: Array | None = None,
+        opts: Options = DEFAULT_OPTIONS,
         *,
         lengths: Array | None = None,
+        resets: Array | None = None,
     ) -> tuple[Any, Array | None]:
-        """``cell`` over ``xs [T, B, m]`` float32 from ``carry`` with the recurrent dropout
-        ``mask [B, n]`` (or None) and ``lengths [B]`` int (or None: every row T steps;
-        padded steps keep the carry and output zeros): ``(carry_T, ys [T, B, n] float32,
-        or None where ``opts.outputs`` is False)``, differentiable (values and gradients
-        agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding).
+        """``cell`` over ``xs [T, B, m]`` from ``carry`` with the recurrent dropout ``mask
+        [B, n]`` (or None), ``lengths [B]`` int (or None: every row T steps; padded steps
+        keep the carry and output zeros) and ``resets [T, B]`` bool (or None; the
+        kernels refuse them): ``(carry_T, ys)`` with ``ys`` by ``opts.outputs``: ``[T, B,
+        n]`` ("all"), each row's output at its last real step ``[B, n]`` (zeros for a row
+        of length 0; "last") or None ("none"); differentiable (the kernels' values and
+        gradients agree with :func:`rhnzoo.cells.unroll` to bfloat16 rounding).
 
         Raises:
-          ValueError: for a cell it does not support, or parameters or shapes that are
-            not the cell's.
+          ValueError: for a cell it does not support, options it does not have, or
+            parameters or shapes that are not the cell's.
         """
         ...
 

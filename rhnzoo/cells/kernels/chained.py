@@ -160,6 +160,16 @@ def _fits(cell: Any, m: int) -> bool:
     return max(smem_bytes(cell, m)) + 1024 <= common.SMEM_LIMIT
 
 
+# The backend's place in the dispatcher (rhnzoo.cells.scan): its implementation, no remat,
+# and what it runs, in the words of a refusal.
+IMPL = "pallas"
+REMAT = False
+RUNS = (
+    "the chained persistent kernels: RRN, Cho's GRU, hidden size <= 128 and the "
+    "weights in one CTA's shared memory: the RRN up to depth 3 at n = 128"
+)
+
+
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a kernel for ``cell``: an :class:`~rhnzoo.cells.RRN` or
     Cho et al.'s :class:`~rhnzoo.cells.GRU` (``reset_after=False``) with hidden size at
@@ -441,6 +451,7 @@ def unroll(
     opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
+    resets: Array | None = None,
 ) -> tuple[Array, Array | None]:
     """An RRN or Cho et al.'s GRU over ``xs`` by the persistent kernels; the contract of
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
@@ -455,16 +466,21 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U (the RRN's U_1, the GRU's U; the residual and the GRU's interpolation
         use h_{t-1} itself) and is a constant (zero gradient), as in the fused scans.
-      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16; ``outputs``
-        False: ``ys`` None; ``interpret``).
+      opts: the :class:`~rhnzoo.cells.scan_options.Options` (``dtype`` bfloat16 or None;
+        ``outputs`` "all", "last" or "none"; ``interpret``; the others have no effect
+        here).
       lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
         output zeros).
+      resets: must be None: the kernels have no episode starts.
 
     Returns:
-      ``(h_T [B, n] float32, ys [T, B, n] float32 or None)``.
+      ``(h_T [B, n] float32, ys [T, B, n] float32)``; ``last [B, n]`` for ``ys`` with
+      ``outputs="last"``, None with ``"none"``.
 
     Raises:
-      ValueError: for a cell without a kernel (:func:`supports`), shapes whose kernels
+      ValueError: for a cell without a kernel (:func:`supports`), an ``opts.dtype``
+        other than bfloat16 (or None), ``opts.remat``, ``resets``
+        (:func:`~rhnzoo.cells.kernels.common.check_options`), shapes whose kernels
         exceed one CTA's shared memory (a wide input), the GRU's parameters not the
         cell's (:func:`rhnzoo.cells.lstm.check_params`), or an ``opts.batch_tile`` (the
         swap-AB forward is the LSTM's).
@@ -474,6 +490,7 @@ def unroll(
             f"no Pallas kernel for {cell!r}: an RRN or Cho's GRU with hidden "
             "size <= 128 whose matrices fit one CTA's shared memory only"
         )
+    common.check_options(opts, cell, resets)
     common.refuse_batch_tile(opts, cell)
     if isinstance(cell, GRU):
         check_params(cell, params, xs.shape[-1])
@@ -487,4 +504,6 @@ def unroll(
             f"{common.SMEM_LIMIT}): use scan_impl='fused'"
         )
     W, U, b = _blocks_of(cell, params)
-    return _chain(cell, opts.outputs, opts.interpreted(), W, U, b, carry, xs, lens, mask)
+    outputs = opts.outputs == "all"
+    h, ys = _chain(cell, outputs, opts.interpreted(), W, U, b, carry, xs, lens, mask)
+    return h, common.finish(h, ys, opts, lengths)

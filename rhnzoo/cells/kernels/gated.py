@@ -114,6 +114,13 @@ Array = jax.Array
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 
 
+# The backend's place in the dispatcher (rhnzoo.cells.scan): its implementation, no remat,
+# and what it runs, in the words of a refusal.
+IMPL = "pallas"
+REMAT = False
+RUNS = "the persistent kernels: LSTM, SC-LSTM, reset-after GRU, hidden size <= 128"
+
+
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` has a kernel for ``cell`` at all: an
     :class:`~rhnzoo.cells.LSTM`, an :class:`~rhnzoo.cells.SCLSTM` (I or P) or a
@@ -623,6 +630,7 @@ def unroll(
     opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
+    resets: Array | None = None,
 ) -> tuple[Any, Array | None]:
     """The cell over ``xs`` by the persistent kernels; the contract of
     :func:`rhnzoo.cells.gated_fused.unroll` (values and gradients by the custom VJP).
@@ -638,35 +646,42 @@ def unroll(
       xs: ``[T, B, m]`` float32, time-major.
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies h_{t-1} where it
         enters U, and is treated as a constant (zero gradient), as in the fused scans.
-      opts: the :class:`~rhnzoo.cells.kernels.common.Options` (bfloat16; ``outputs``
-        False: ``ys`` None, the classifier reads the final carry; ``interpret``;
-        ``batch_tile`` Bt: the LSTM's forward by the swap-AB kernel, module docstring).
+      opts: the :class:`~rhnzoo.cells.scan_options.Options` (``dtype`` bfloat16 or None;
+        ``outputs``: "all", "last" (h at each row's last real step, the classifier's) or
+        "none"; ``interpret``; ``batch_tile`` Bt: the LSTM's forward by the swap-AB
+        kernel, module docstring; ``unroll``, ``project_per_step``, ``save_matmuls`` and
+        ``layer_loop`` have no effect here).
       lengths: optional ``[B]`` int real steps per row (padded steps keep the carry and
         output zeros).
+      resets: must be None: the kernels have no episode starts.
 
     Returns:
-      ``(carry_T, ys [T, B, n] float32 or None)``.
+      ``(carry_T, ys [T, B, n] float32)``; ``(carry_T, last [B, n])`` with
+      ``outputs="last"``; ``(carry_T, None)`` with ``"none"``.
 
     Raises:
       ValueError: for a cell without a kernel (see :func:`supports`), parameters that
-        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), an
-        ``opts.batch_tile`` for a cell other than a plain LSTM, or for sizes the swap-AB
-        kernel does not take (:func:`rhnzoo.cells.kernels.swap_ab.fits`: its shared
-        memory; e.g. n > 64 with Bt 64 and m > 16).
+        are not the cell's (:func:`rhnzoo.cells.lstm.check_params`), an ``opts.dtype``
+        other than bfloat16 (or None), ``opts.remat``, ``resets``
+        (:func:`~rhnzoo.cells.kernels.common.check_options`), an ``opts.batch_tile``
+        for a cell other than a plain LSTM, or for sizes the swap-AB kernel does not
+        take (:func:`rhnzoo.cells.kernels.swap_ab.fits`: its shared memory; e.g. n > 64
+        with Bt 64 and m > 16).
     """
     if not supports(cell):
         raise ValueError(
             f"no Pallas kernel for {cell!r}: an LSTM, SC-LSTM or a reset-after "
             "GRU with hidden size <= 128 only"
         )
+    common.check_options(opts, cell, resets)
     check_params(cell, params, xs.shape[-1])
     if type(cell) is not LSTM:
         common.refuse_batch_tile(opts, cell)
     common.refuse_xla_backward(opts, cell)
-    outputs, interpret = opts.outputs, opts.interpreted()
+    outputs, interpret = opts.outputs == "all", opts.interpreted()
     lens = persistent.step_lengths(xs, lengths)
     if type(cell) is GRU:
-        return _gru(
+        h, ys = _gru(
             outputs,
             interpret,
             params["W"],
@@ -678,6 +693,7 @@ def unroll(
             lens,
             mask,
         )
+        return h, common.finish(h, ys, opts, lengths)
     skips, skip = None, 0
     if type(cell) is SCLSTM:
         alpha = params["alpha"] if cell.learn_alpha else jnp.ones((), _f32)
@@ -697,6 +713,7 @@ def unroll(
         mask,
         skips,
     )
+    ys = common.finish(h, ys, opts, lengths)
     if skip:
         return SCLSTMState(h, c, anchor, carry.t + lens.astype(carry.t.dtype)), ys
     return type(carry)(h, c), ys

@@ -102,6 +102,13 @@ _STAGES = 2  # K blocks in flight in the GEMM pipeline
 _bf16, _f32 = jnp.bfloat16, jnp.float32
 
 
+# The backend's place in the dispatcher (rhnzoo.cells.scan): its implementation, no remat,
+# and what it runs, in the words of a refusal.
+IMPL = "pallas"
+REMAT = False
+RUNS = "the micro-layer kernel: coupled RHN, HSG(RHN)"
+
+
 def supports(cell: Any) -> bool:
     """Whether :func:`unroll` runs ``cell``: a coupled :class:`~rhnzoo.cells.RHN`, or
     :class:`~rhnzoo.cells.HSG` around one (any hidden size and depth)."""
@@ -552,6 +559,7 @@ def unroll(
     opts: Options = DEFAULT_OPTIONS,
     *,
     lengths: Array | None = None,
+    resets: Array | None = None,
 ) -> tuple[Array, Array | None]:
     """The coupled RHN or HSG(RHN) over ``xs`` by the micro-layer kernels; the contract
     of :func:`rhnzoo.cells.rhn_fused.unroll` (values, and gradients by its backward pass).
@@ -565,8 +573,10 @@ def unroll(
       mask: ``[B, n]`` recurrent dropout mask or None; it multiplies the state entering
         every micro-layer's GEMM (not the highway update), as in the fused scan, and is a
         constant (zero gradient).
-      opts: the :class:`~rhnzoo.cells.kernels.common.Options`: bfloat16, the only
-        precision the kernel has; ``outputs`` False: ``ys`` None; ``interpret``;
+      opts: the :class:`~rhnzoo.cells.scan_options.Options`: ``dtype`` bfloat16 (or None),
+        the only precision the kernel has; ``outputs`` "all", "last" (the final carry:
+        each row's output at its last real step, zeros for a row of length 0) or "none";
+        ``interpret``;
         ``batch_tile`` Bt, batch columns per CTA (the wgmma N), 16, 32 or 64 (each lowers
         for an H100; which is fastest is not measured), None: :func:`default_batch_tile`
         of B; ``kernel_backward`` (default True) the backward pass's micro-layers by the
@@ -575,18 +585,22 @@ def unroll(
       lengths: optional ``[B]`` int real steps per row: every step runs, a row's final
         carry is its output at its last real step and padded outputs are zeros
         (:func:`rhnzoo.cells.rhn_fused.with_lengths`).
+      resets: must be None: the kernels have no episode starts.
 
     Returns:
-      ``(carry [B, n], ys [T, B, n] or None)`` float32: the final state and every step's
-      output.
+      ``(carry [B, n], ys [T, B, n], last [B, n] or None)`` float32: the final state and
+      every step's output (``opts.outputs``).
 
     Raises:
-      ValueError: for a cell other than a coupled RHN or HSG(RHN); ``xs`` not ``[T, B,
-        m]``, a ``carry`` or ``mask`` not ``[B, n]``, or parameters whose shapes are not
-        the cell's for input width m.
+      ValueError: for a cell other than a coupled RHN or HSG(RHN); an ``opts.dtype``
+        other than bfloat16 (or None), ``opts.remat``, ``resets``
+        (:func:`~rhnzoo.cells.kernels.common.check_options`); ``xs`` not ``[T, B, m]``,
+        a ``carry`` or ``mask`` not ``[B, n]``, or parameters whose shapes are not the
+        cell's for input width m.
     """
     if not supports(cell):
         raise ValueError(f"the RHN micro-layer kernel runs a coupled RHN or HSG(RHN), got {cell!r}")
+    common.check_options(opts, cell, resets)
     hsg = None
     if isinstance(cell, HSG):
         hsg = (params["W_R"], params["W_F"], params["b_G"])
@@ -626,4 +640,6 @@ def unroll(
         opts.interpreted(),
         opts.kernel_backward,
     )
-    return rhn_fused.with_lengths(carry, s_T.T, jnp.swapaxes(ys, 1, 2), lengths, opts.outputs)
+    ys = jnp.swapaxes(ys, 1, 2)
+    carry_T, ys = rhn_fused.with_lengths(carry, s_T.T, ys, lengths, opts.outputs == "all")
+    return carry_T, common.finish(carry_T, ys, opts, lengths)
