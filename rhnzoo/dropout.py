@@ -26,20 +26,9 @@ def check_rate(name: str, rate: float) -> None:
 
 
 def mask(key: Array, shape: tuple[int, ...], rate: float, dtype=jnp.float32) -> Array:
-    """A Bernoulli keep-mask scaled by 1 / (1 - rate).
-
-    Args:
-      key: PRNG key.
-      shape: mask shape, e.g. ``(B, n)``; broadcast over time by the caller.
-      rate: drop probability in [0, 1).
-      dtype: mask dtype.
-
-    Returns:
-      ``shape`` array of 0 and 1 / (1 - rate).
-
-    Raises:
-      ValueError: if rate is outside [0, 1).
-    """
+    """A Bernoulli keep-mask of ``shape`` (e.g. ``(B, n)``; broadcast over time by the
+    caller) and ``dtype``: 0 and 1 / (1 - rate), ``rate`` the drop probability. Raises
+    ValueError unless 0 <= rate < 1."""
     check_rate("rate", rate)
     if rate == 0.0:
         return jnp.ones(shape, dtype)
@@ -48,20 +37,9 @@ def mask(key: Array, shape: tuple[int, ...], rate: float, dtype=jnp.float32) -> 
 
 
 def word_mask(key: Array, tokens: Array, vocab_size: int, rate: float, dtype=jnp.float32) -> Array:
-    """Word (embedding) dropout: one mask per word type per batch row.
-
-    A word that occurs several times in a row of the minibatch is dropped at every
-    occurrence (the reference code's ``noise_x``).
-
-    Args:
-      key: PRNG key.
-      tokens: ``[B, T]`` int token ids.
-      vocab_size: V, number of word types.
-      rate: drop probability in [0, 1).
-
-    Returns:
-      ``[B, T]`` mask of 0 and 1 / (1 - rate).
-    """
+    """Word (embedding) dropout: the ``[B, T]`` :func:`mask` of ``tokens [B, T]`` (ids <
+    ``vocab_size``), one draw per word type per batch row: a word that occurs several times
+    in a row is dropped at every occurrence (the reference code's ``noise_x``)."""
     per_type = mask(key, (tokens.shape[0], vocab_size), rate, dtype)
     return jnp.take_along_axis(per_type, tokens, axis=1)
 

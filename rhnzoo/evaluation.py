@@ -1,16 +1,7 @@
 """The evaluation shared by training and analysis, below both: what a batch contributes
-(scalar sums), how a split is cut into batches, and how sums become metrics.
-
-* Classification (highway nets, sequence classifiers): :func:`xent_sums` of a batch,
-  :func:`padded_slices` of a split; the highway nets' :func:`inputs` and
-  :func:`highway_sums`, and :func:`split_data` (their train / valid / test splits).
-* Language models (Zilly et al. 2017's protocol): :func:`eval_windows` of a token
-  stream, :func:`window_sums` (one window, the state carried across windows) and
-  :data:`METRICS`.
-
-The one evaluation loop, the engine's (:func:`rhnzoo.engine.evaluate.evaluate`), sums
-these steps over a split's batches for training, analysis and the benchmarks alike; these
-functions import nothing above the models.
+(scalar sums), how a split is cut into batches, and how sums become metrics, for the
+classifiers and the language models (Zilly et al. 2017's protocol). The one evaluation
+loop, :func:`rhnzoo.engine.evaluate.evaluate`, sums these steps over a split's batches.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The matmul precision policy: what a float32 matmul computes, chosen in one place.
 
 JAX computes float32 matmuls and convolutions at the precision of
-``jax.default_matmul_precision`` (the config ``jax_default_matmul_precision``, read
-from ``JAX_DEFAULT_MATMUL_PRECISION`` when JAX starts). Unset, each backend runs its
-fastest, which is full float32 only on the CPU:
-
-============  ==========  ========================================  ======================
-level         CPU         NVIDIA GPU                                TPU
-============  ==========  ========================================  ======================
-``default``   float32     TensorFloat-32 inputs (Ampere and newer;  one bfloat16 pass
-                          float32 on older GPUs)
-``high``      float32     TensorFloat-32 inputs (as ``default``)    3 bfloat16 passes
-``highest``   float32     float32                                   6 bfloat16 passes
-============  ==========  ========================================  ======================
-
-Products accumulate in float32 at every level. TensorFloat-32 keeps 11 significant
-bits (float32: 24, bfloat16: 8), so a ``default`` matmul on a GPU has a relative error
-of about 1e-3 where the CPU's has about 1e-7.
+``jax.default_matmul_precision`` (read from ``JAX_DEFAULT_MATMUL_PRECISION`` when JAX
+starts). Unset, each backend runs its fastest, which is full float32 only on the CPU: on
+an NVIDIA GPU ``default`` and ``high`` take TensorFloat-32 inputs (11 significant bits), on
+a TPU 1, 3 or 6 bfloat16 passes; docs/speed.md ("Matmul precision") has the table.
 
 rhnzoo sets no precision of its own: no matmul passes ``precision=`` (the fused scans'
 :func:`rhnzoo.cells.fastmath.dot` and ``einsum`` included, which choose only the input

@@ -1,12 +1,8 @@
 """``experiments/analyze.py``'s flags and body: the analyses of a trained run
 (:func:`rhnzoo.analysis.report.analyze`) or the information-flow figures
-(:func:`rhnzoo.analysis.report.flow_figures`), at the run's recorded matmul precision.
-
-Their phases show progress bars (``--noprogress``: none) and stop on SIGTERM/SIGINT
-between chunks, leaving the JSON file with the phases done; :func:`rhnzoo.apps.cli.main`
-then exits with status 128 + signal. A rerun keeps the phases an earlier analysis of the
-same checkpoint finished with the same settings (``--redo``: runs them again;
-:class:`rhnzoo.analysis.report.Phases`).
+(:func:`rhnzoo.analysis.report.flow_figures`), at the run's recorded matmul precision;
+:class:`rhnzoo.analysis.report.Phases` says how they show progress, stop on a signal and
+resume.
 """
 
 from __future__ import annotations

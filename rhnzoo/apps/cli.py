@@ -1,22 +1,9 @@
-"""absl flags and the main wrapper shared by every experiment in ``experiments/``.
-
-* :func:`define_config_flags`: a script's flags, generated from its config's fields
-  (:func:`rhnzoo.config.setting`: default, help, choices), ``--preset`` among them;
-  :func:`config_from_flags` is the config of the flags given (a preset's values under
-  them, the defaults under both).
-* :func:`main`: what every script's ``main`` runs in: signals caught first, orbax
-  logging quiet, and one ``error: ...`` line (exit 1) for any error a user can
-  cause; exit 128 + N after signal N (the state saved). ``RHNZOO_TRACEBACK=1``
-  shows the traceback instead. :func:`run_app` makes flag errors one line too.
-* :func:`initialize_distributed`: ``jax.distributed.initialize`` from a config's
-  :class:`~rhnzoo.config.DistributedSettings`.
-* :func:`note_interpreted_kernels`: one ``warning:`` line on stderr for
-  ``--scan_impl=pallas`` on a CPU (the GPU kernels interpreted: their tests' path).
-* :func:`check_fits`: one line, before anything is written, for a model whose
-  parameters and optimizer state cannot fit a device's memory.
-* :func:`define_precision_flag`: ``--matmul_precision`` for scripts without a config
-  (the benchmarks).
-* :func:`write_learning_curves`: a finished single run's ``learning_curves.png``.
+"""absl flags and the main wrapper shared by every experiment in ``experiments/``: flags
+generated from a config's fields (:func:`define_config_flags`, :func:`config_from_flags`),
+the main wrapper (:func:`main`: signals, one ``error: ...`` line), flag parsing with one
+line per error (:func:`run_app`), ``--distributed`` (:func:`initialize_distributed`), the
+memory check before a run (:func:`check_fits`) and a run's ``learning_curves.png``
+(:func:`write_learning_curves`).
 """
 
 from __future__ import annotations
@@ -195,9 +182,8 @@ def initialize_distributed(cfg: config_lib.DistributedSettings, log=print) -> No
 def note_interpreted_kernels(scan_impl: str) -> None:
     """``--scan_impl=pallas`` where JAX's backend is the CPU: one ``warning:`` line on
     stderr (process 0's) that the GPU kernels run in Pallas's interpret mode, the
-    kernels' test path, orders of magnitude slower than ``fused`` (a 16-unit depth-1
-    model had not finished 3 steps in 300 s). Call after :func:`initialize_distributed`
-    (it asks JAX for its backend)."""
+    kernels' test path, orders of magnitude slower than ``fused``. Call after
+    :func:`initialize_distributed` (it asks JAX for its backend)."""
     if scan_impl != "pallas" or jax.default_backend() != "cpu" or jax.process_index() != 0:
         return
     print(
@@ -240,23 +226,16 @@ def device_memory(device: jax.Device | None = None) -> tuple[int, str]:
 
 
 def check_fits(state: Callable[[], Any], sizes: str) -> int:
-    """Refuses a model whose training state cannot fit one device: ``state()`` (e.g. the
-    parameters and optimizer state at initialisation, replicated on every device) is
-    traced abstractly (:func:`jax.eval_shape`: nothing allocated) and its bytes compared
-    with :func:`device_memory`. The state is a lower bound of what training holds (no
-    gradients, activations or compiled programs), so a refused run could not have run;
-    one that passes may still run out.
-
-    Args:
-      state: builds the state (called under :func:`jax.eval_shape`).
-      sizes: the settings that size it, for the message (``'--hidden_size=100000,
-        --depth=10'``).
-
-    Returns:
-      The state's bytes.
+    """Refuses a model whose training state cannot fit one device; returns the state's
+    bytes. ``state()`` (e.g. the parameters and optimizer state at initialisation,
+    replicated on every device) is traced abstractly (:func:`jax.eval_shape`: nothing
+    allocated) and its bytes compared with :func:`device_memory`. The state is a lower
+    bound of what training holds (no gradients, activations or compiled programs), so a
+    refused run could not have run; one that passes may still run out.
 
     Raises:
-      ValueError: (one line, naming ``sizes`` and both sizes in GiB) the state alone
+      ValueError: (one line, naming ``sizes``, the settings that size it, e.g.
+        ``'--hidden_size=100000, --depth=10'``, and both sizes in GiB) the state alone
         exceeds the memory.
     """
     shapes = jax.eval_shape(state)
@@ -380,7 +359,10 @@ def run_app(main_fn: Callable[[list[str]], Any], positional: bool = False) -> No
 
 
 def main(fn: Callable[[], Any]) -> Any:
-    """Runs an experiment's body with the shared error, signal and logging handling."""
+    """Runs an experiment's body with the shared error, signal and logging handling:
+    signals caught first, orbax logging quiet, one ``error: ...`` line (exit 1) for any
+    error a user can cause (``RHNZOO_TRACEBACK=1``: the traceback instead), exit 128 + N
+    after signal N (the state saved)."""
     signals.catch_signals()
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO

@@ -104,18 +104,23 @@ def table_command(depths: list[int], root: pathlib.Path) -> None:
         print(f"wrote {path}")
 
 
-def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple[str, LMConfig]]:
-    """``(name, config)`` of every run of the sweep from the flags (each checked: one
-    line for a bad setting), depth-major, without HSG before with HSG, seed-minor."""
-    runs = [
+def runs(depths: list[int], seeds: int) -> list[tuple[int, bool, int, str]]:
+    """``(depth, hsg, k, name)`` of every run of the sweep (seed ``k`` of ``seeds``),
+    depth-major, without HSG before with HSG, seed-minor."""
+    return [
         (d, hsg, k, seed_name(hsg_depth.workdir_name(d, hsg), k))
         for d in depths
         for hsg in (False, True)
         for k in range(seeds)
     ]
+
+
+def run_configs(depths: list[int], root: pathlib.Path, seeds: int) -> list[tuple[str, LMConfig]]:
+    """``(name, config)`` of every run (:func:`runs`) from the flags (each checked: one
+    line for a bad setting)."""
     return [
         (name, lm.config("ptb", depth=d, hsg=hsg, seed=FLAGS.seed + k, workdir=str(root / name)))
-        for d, hsg, k, name in runs
+        for d, hsg, k, name in runs(depths, seeds)
     ]
 
 
@@ -160,22 +165,14 @@ def ptb_script() -> pathlib.Path:
 def commands(
     depths: list[int], root: pathlib.Path, extra: list[str], seeds: int = 1, seed: int = 0
 ) -> list[tuple[pathlib.Path, list[str]]]:
-    """``(workdir, argv)`` of every run, depth-major, without HSG before with HSG; seed
-    k > 0 of ``seeds`` adds ``--seed=<seed + k>``. ``argv`` is ``[python, ptb.py, ...]``
-    (:func:`ptb_script`)."""
-    runs, script = [], str(ptb_script())
-    for depth in depths:
-        for hsg in (False, True):
-            for k in range(seeds):
-                workdir = root / seed_name(hsg_depth.workdir_name(depth, hsg), k)
-                argv = [
-                    sys.executable,
-                    script,
-                    f"--depth={depth}",
-                    "--hsg" if hsg else "--nohsg",
-                    f"--workdir={workdir}",
-                    *extra,
-                    *([f"--seed={seed + k}"] if k else []),
-                ]
-                runs.append((workdir, argv))
-    return runs
+    """``(workdir, argv)`` of every run (:func:`runs`); seed k > 0 of ``seeds`` adds
+    ``--seed=<seed + k>``. ``argv`` is ``[python, ptb.py, ...]`` (:func:`ptb_script`)."""
+    python, script = sys.executable, str(ptb_script())
+    return [
+        (
+            root / name,
+            [python, script, f"--depth={depth}", "--hsg" if hsg else "--nohsg"]
+            + [f"--workdir={root / name}", *extra, *([f"--seed={seed + k}"] if k else [])],
+        )
+        for depth, hsg, k, name in runs(depths, seeds)
+    ]

@@ -1,11 +1,7 @@
-"""``experiments/generate.py``'s flags and body: text from a trained language model.
-
-The model and its best parameters come from the run's workdir
-(:func:`rhnzoo.analysis.lm.load_run`: ``best/``, else the latest checkpoint), its
-vocabulary from the run's data set (``config.json``'s ``dataset`` and ``data_dir``, or
-``--data_dir``; read, never downloaded); the tokens from
-:mod:`rhnzoo.models.generate` (greedy or sampled, at the run's recorded matmul
-precision), drawn in chunks of :data:`CHUNK` tokens under a progress bar, then printed.
+"""``experiments/generate.py``'s flags and body: text from a trained language model
+(:func:`load`), its tokens from :mod:`rhnzoo.models.generate` (greedy or sampled, at the
+run's recorded matmul precision), drawn in chunks of :data:`CHUNK` tokens under a progress
+bar, then printed.
 """
 
 from __future__ import annotations
@@ -51,7 +47,10 @@ def define_flags() -> None:
 
 
 def load(workdir: pathlib.Path, data_dir: str | None = None):
-    """``(model, params, config, vocab)`` of a trained language-model run.
+    """``(model, params, config, vocab)`` of a trained language-model run: its best
+    parameters (:func:`rhnzoo.analysis.lm.load_run`: ``best/``, else the latest checkpoint),
+    its vocabulary from the run's data set (``config.json``'s ``dataset`` and ``data_dir``,
+    or ``data_dir``; read, never downloaded).
 
     Raises:
       ValueError: (one line) a missing or empty workdir (no ``config.json``), a run of

@@ -9,6 +9,7 @@ ECBM4040 reproduction). The flags, generated from
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import platform
@@ -37,19 +38,14 @@ def define_flags() -> None:
     (``--plain_lrs``: its depth:rate pairs, :func:`rhnzoo.configs.highway.format_plain_lrs`),
     ``--preset``; the runner's ``--jobs``, ``--seeds``, ``--sweep_run``."""
     field = {f.name: f for f in dataclasses.fields(HighwayConfig)}["plain_lrs"]
+    defaults = configs.get_config(None)
     flags.DEFINE_list(
         "plain_lrs",
-        configs.format_plain_lrs(configs.get_config(None).plain_lrs),
+        configs.format_plain_lrs(defaults.plain_lrs),
         config_lib.meta(field)["help"],
         module_name=__name__,
     )
-    _NAMES.extend(
-        cli.define_config_flags(
-            configs.get_config(None),
-            list(configs.PRESETS),
-            module_name=__name__,
-        )
-    )
+    _NAMES.extend(cli.define_config_flags(defaults, list(configs.PRESETS), module_name=__name__))
     runner.define_flags()
 
 
@@ -142,20 +138,13 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None, seeds
         _figures(cfg, pathlib.Path(workdir), splits["train"])
 
 
-def _tracker(cfg: HighwayConfig):
-    """The engine's progress bar and signal check for the analyses."""
-    return lambda it, total=None, desc="": signals.track(
-        it, total=total, desc=desc, progress=cfg.progress
-    )
-
-
 def _figures(cfg: HighwayConfig, workdir: pathlib.Path, train_split) -> None:
     from rhnzoo.analysis import report
 
     opts = report.Options(
         heatmap_examples=cfg.heatmap_examples,
         lesion_examples=cfg.lesion_examples,
-        track=_tracker(cfg),
+        track=functools.partial(signals.track, progress=cfg.progress),
     )
     report.analyze_highway(workdir, workdir, opts, train_split)
 
@@ -202,7 +191,7 @@ def _sweep(cfg: HighwayConfig, splits, jobs, seeds: int) -> None:
         diagnostics_depth=cfg.diagnostics_depth,
         num_classes=data.DATASETS[cfg.dataset].num_classes,
         seed=cfg.seed,
-        track=_tracker(cfg),
+        track=functools.partial(signals.track, progress=cfg.progress),
     ):
         print(f"wrote {path}")
     print(f"sweep done in {(time.time() - start) / 60:.1f} min (this invocation)")

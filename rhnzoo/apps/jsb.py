@@ -1,11 +1,6 @@
 """``experiments/jsb.py``'s flags and body: the JSB Chorales optimisation study (Zilly et
 al. 2017, Fig. 4) on :func:`rhnzoo.studies.jsb.study`, then its table
-(``results.md``) and swarm plot (``jsb_swarm.png``).
-
-The flags are :class:`~rhnzoo.configs.jsb.JSBConfig`'s fields (defaults: the
-full study, :func:`rhnzoo.configs.jsb.get_config`), but for the engine's settings that
-do not apply to a trial trained in memory (its ``NOT_FLAGS``), and the runner's
-``--jobs`` / ``--sweep_run`` (:func:`rhnzoo.apps.runner.define_flags`).
+(``results.md``) and swarm plot (``jsb_swarm.png``). The flags: :func:`define_flags`.
 """
 
 from __future__ import annotations
@@ -32,12 +27,9 @@ def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script): one per
     :class:`~rhnzoo.configs.jsb.JSBConfig` field it offers (but its ``NOT_FLAGS``),
     ``--preset``, ``--verify`` (an alias of ``--verify_data``) and the runner's."""
+    defaults = jsb_configs.get_config(None)
     _NAMES.extend(
-        cli.define_config_flags(
-            jsb_configs.get_config(None),
-            list(jsb_configs.PRESETS),
-            module_name=__name__,
-        )
+        cli.define_config_flags(defaults, list(jsb_configs.PRESETS), module_name=__name__)
     )
     flags.DEFINE_alias("verify", "verify_data", module_name=__name__)
     runner.define_flags(seeds=False)  # a random search's trials differ already

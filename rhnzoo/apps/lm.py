@@ -30,12 +30,9 @@ def define_flags(dataset: str, choices: list[str] | None = None) -> None:
     ``dataset``)."""
     if choices:
         flags.DEFINE_enum("dataset", dataset, choices, "Data set.", module_name=__name__)
+    presets = list(lm_configs.presets(dataset))
     _NAMES.extend(
-        cli.define_config_flags(
-            lm_configs.defaults(dataset),
-            list(lm_configs.presets(dataset)),
-            module_name=__name__,
-        )
+        cli.define_config_flags(lm_configs.defaults(dataset), presets, module_name=__name__)
     )
     flags.DEFINE_alias("epochs", "max_max_epoch", module_name=__name__)
 

@@ -41,18 +41,16 @@ def define_flags() -> None:
     flags.DEFINE_boolean(
         "table",
         False,
-        "Train the --models not finished under the root, then "
-        "print the Table 3 layout (--norun_missing: only print).",
+        "Train the --models not finished under the root, then print the Table 3 layout "
+        "(--norun_missing: only print).",
         module_name=__name__,
     )
     flags.DEFINE_enum(
         "study",
         None,
         sorted({s for s, _ in presets.STUDIES}),
-        "A study of what the "
-        "paper leaves open, screened on dev at a reduced budget "
-        "(rhnzoo.configs.rrl.STUDIES): 'rrn' the RRN recipe, 'skip' SC-LSTM's L; "
-        "then its table.",
+        "A study of what the paper leaves open, screened on dev at a reduced budget "
+        "(rhnzoo.configs.rrl.STUDIES): 'rrn' the RRN recipe, 'skip' SC-LSTM's L; then its table.",
         module_name=__name__,
     )
     flags.DEFINE_boolean(

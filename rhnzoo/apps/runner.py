@@ -18,12 +18,10 @@ def define_flags(*, seeds: bool = True) -> None:
     flags.DEFINE_integer(
         "jobs",
         1,
-        "Runs at a time: 1 trains them one after another in "
-        "this process; N > 1 runs each as a child process (this command "
-        "with --sweep_run=<run>), N side by side, each with its share of "
-        f"the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
-        "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output "
-        f"goes to <workdir>/{LOG}.",
+        "Runs at a time: 1 trains them one after another in this process; N > 1 runs each "
+        "as a child process (this command with --sweep_run=<run>), N side by side, each with "
+        f"its share of the CPU cores and {MEMORY_SHARE:g}/N of an accelerator's memory "
+        f"(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); a child's output goes to <workdir>/{LOG}.",
     )
     flags.DEFINE_string(
         "sweep_run", None, "Train this run of the sweep alone (what the children of --jobs do)."
@@ -32,19 +30,16 @@ def define_flags(*, seeds: bool = True) -> None:
         flags.DEFINE_integer(
             "seeds",
             1,
-            "Runs per row, with seeds --seed, --seed+1, ... "
-            "(initialisation, dropout, data order; the dev split stays "
-            "fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
+            "Runs per row, with seeds --seed, --seed+1, ... (initialisation, dropout, data "
+            "order; the dev split stays fixed), in <run>, <run>_s1, ...; tables show mean ± sd "
             "(n).",
         )
         flags.DEFINE_boolean(
             "stack_seeds",
             False,
-            "Train a row's --seeds as one program: "
-            "their states stacked, one vmapped step for all (on an "
-            "accelerator K seeds cost far less than K runs); the same "
-            "workdirs and records; with --jobs, each child trains a "
-            "row's seeds.",
+            "Train a row's --seeds as one program: their states stacked, one vmapped step for "
+            "all (on an accelerator K seeds cost far less than K runs); the same workdirs and "
+            "records; with --jobs, each child trains a row's seeds.",
         )
 
 

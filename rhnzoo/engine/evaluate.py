@@ -1,16 +1,11 @@
 """The engine's evaluation: a task's pure ``eval_step`` summed over a split's batches,
-for one seed or K stacked seeds, and how a run is reported (:class:`Report`).
+for one seed or K stacked seeds (:func:`evaluate`), and how a run is reported
+(:class:`Report`).
 
-A task says what one batch contributes (``eval_step(params, batch) -> sums``, scalar
-sums such as ``{'loss': Σ nats, 'count': units}``; with a carry, ``(params, batch,
-carry) -> (sums, carry)``, e.g. the LM's state across windows) and which batches a split
-has (``eval_batches(split, final)``); :func:`evaluate` owns the loop: the jit-compiled
-step, the sums added up on the device in float32 in batch order, at most two batches in
-flight, progress and signal checks through the engine's ``track``. K stacked seeds are
-evaluated by ``jax.lax.map`` over the seed axis of the parameters (and carry), one seed
-after another in one program, each formed as the unstacked step forms it: on the CPU
-equal bit for bit to a separate run's, so a near-tie picks the same best checkpoint (a
-``jax.vmap`` rounded differently in the 8th digit at some shapes).
+K stacked seeds are evaluated by ``jax.lax.map`` over the seed axis of the parameters (and
+carry), one seed after another in one program, each formed as the unstacked step forms
+it: on the CPU equal bit for bit to a separate run's, so a near-tie picks the same best
+checkpoint (a ``jax.vmap`` rounded differently in the 8th digit at some shapes).
 """
 
 from __future__ import annotations
@@ -122,10 +117,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """The summed ``eval_step`` sums of ``params`` over ``batches`` (device float32 scalars;
     with ``seeds`` = K, each ``[K]``: K stacked seeds' parameters, ``carry`` the initial
-    carry of one seed, given to each).
-
-    The one evaluation loop of the package: the engine's validation and final evaluation,
-    the analyses and the benchmarks sum their splits here.
+    carry of one seed, given to each), added on the device in batch order with at most two
+    batches in flight: the package's one evaluation loop (validation, final evaluation,
+    analyses, benchmarks).
 
     ``carried``: ``eval_step(params, batch, carry) -> (sums, carry)``, the carry passed
     from batch to batch; else ``eval_step(params, batch) -> sums``. ``track``: the engine's

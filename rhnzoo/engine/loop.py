@@ -1,32 +1,16 @@
 """The run engine: one training loop for every rhnzoo experiment.
 
-A task's ``train_and_evaluate`` builds its model, its pure train and evaluation steps and
-its batches and hands them to :func:`run` as a :class:`Task`
-(:mod:`rhnzoo.engine.task`); :func:`run` owns the rest, once for all:
+A task's ``train_and_evaluate`` hands its model's pure steps and batches to :func:`run` as
+a :class:`Task`; :func:`run` owns the rest, once for all: the workdir and its checkpoints
+(:mod:`rhnzoo.engine.workdir`), SIGTERM / SIGINT (:class:`Interrupted`), the matmul
+precision ``config.matmul_precision`` around every compiled step and evaluation,
+divergence (:class:`rhnzoo.engine.progress.LossBook`), the lines, records and estimates
+(:mod:`rhnzoo.engine.progress`), the validation after every epoch and the final evaluation
+of the best parameters (:mod:`rhnzoo.engine.evaluate`). docs/engine.md describes it whole.
 
-* the workdir: ``config.json`` (on resume only a structural setting may not differ),
-  one trainer per workdir (process 0's advisory lock), orbax checkpoints of the whole
-  state (``checkpoints/``, every epoch and every ``checkpoint_every_steps``; ``best/``;
-  an unreadable one moved to ``corrupt/`` and the previous one used), ``metrics.jsonl``
-  (:mod:`rhnzoo.engine.workdir`);
-* SIGTERM / SIGINT: the state is saved and the run stops with one line and
-  :class:`Interrupted` (exit status 128 + signal), also during long evaluations;
-* the matmul precision ``config.matmul_precision`` around every compiled step and
-  evaluation;
-* divergence (:class:`rhnzoo.engine.progress.LossBook`): a non-finite, blown-up or
-  persistently high loss stops the run before anything is saved
-  (:class:`TrainingDiverged`);
-* one line per epoch and every ``log_every`` steps, tqdm bars, the run's estimated
-  time (:mod:`rhnzoo.engine.progress`);
-* the validation after every epoch and the final evaluation of the best parameters,
-  written to ``results.json``: the task's ``eval_step`` summed over its
-  ``eval_batches`` (:mod:`rhnzoo.engine.evaluate`).
-
-:func:`run` with ``seeds=K`` trains K seeds of one config as one program by the same
-loop: the states stacked on a leading seed axis, the step ``jax.vmap``-ped, each seed
-with its own records, verdicts and workdir. The loop is written once against the seeds'
-layout (:mod:`rhnzoo.engine.stacking`: one seed is its K = 1 case, every operation the
-identity), chosen once with the compiled programs.
+The loop is written once against the seeds' layout (:mod:`rhnzoo.engine.stacking`: one
+seed is its K = 1 case, every operation the identity), chosen once with the compiled
+programs.
 
 Exact resume: the step's PRNG key is ``fold_in(run_key, step)``, batch k of epoch e
 is ``task.train_batch(seed, e, k)`` (a pure function), and the checkpoint holds the step,
@@ -419,14 +403,12 @@ class _Run:
 
     def stopped(self, signum: int, where: str, at: int | None = None) -> Interrupted:
         at = self.step if at is None else at
-        saved = (
-            "nothing saved"
-            if self.latest is None
-            else (
+        saved = "nothing saved"
+        if self.latest is not None:
+            saved = (
                 f"checkpoint saved at step {at} in {self.latest.latest.directory}; rerun with the "
                 "same --workdir to resume"
             )
-        )
         message = f"stopped by signal {signum} {where} at step {at}; {saved}"
         self.say(message)
         return Interrupted(signum, message)
@@ -489,21 +471,13 @@ def run(
     checkpoint is evaluated again). A longer ``max_steps`` / ``max_epochs`` extends it.
 
     With ``seeds`` = K, K runs of ``config`` with seeds ``config.seed``, ``+ 1``, ...
-    train as one program: their states stacked along a leading seed axis, the task's
-    step ``jax.vmap``-ped over it and compiled once (:attr:`Task.batch_axes` stacks their
-    batches). Each seed gets what a run of
-    ``config.replace(seed=...)`` in its own workdir gives (to float32 rounding: the
-    vmapped matmuls may sum in another order): its initialisation, dropout keys and data
-    order; its lines (``[seed s] ...``); its validation, best checkpoint, early stopping
-    and divergence verdict (a seed that stops is evaluated and recorded then and no
-    longer changes; the others go on); its ``config.json``, ``metrics.jsonl``,
-    ``best/`` and ``results.json``, in ``workdir`` for the first seed and in
-    ``<workdir>_s<k>`` (:func:`~rhnzoo.engine.stacking.seed_name`) for seed k, where single runs and the
-    multi-run tables read them. The stacked state is checkpointed in
-    ``<workdir>/stacked/`` (:data:`rhnzoo.engine.stacking.STACKED`), so rerunning with the
-    same ``seeds`` resumes exactly; seeds already finished are carried along untrained.
-    The validation evaluates the K seeds at once (:mod:`rhnzoo.engine.evaluate`, equal to
-    a single run's), the final evaluations seed by seed.
+    train as one program: their states stacked along a leading seed axis, the task's step
+    ``jax.vmap``-ped over it (:attr:`Task.batch_axes` stacks their batches). Each seed gets
+    what a run of ``config.replace(seed=...)`` in its own workdir gives (to float32
+    rounding), in ``workdir`` for the first seed and ``<workdir>_s<k>``
+    (:func:`~rhnzoo.engine.stacking.seed_name`) for seed k; the stacked state is
+    checkpointed in ``<workdir>/stacked/``. docs/engine.md ("--jobs / --seeds") says what
+    each seed keeps.
 
     Args:
       task: the experiment's step, batches and evaluation.
@@ -573,9 +547,8 @@ def _run(
                 seed.open(primary, layout.own_latest)
             latest = layout.latest(seeds, root, configs, primary, say)
         r = _Run(task, seeds, layout, latest, say, primary, on_divergence)
-        with precision.context(
-            configs[0].matmul_precision
-        ):  # every step and evaluation traced here
+        # Every step and evaluation is traced here.
+        with precision.context(configs[0].matmul_precision):
             r.start()
             for seed in seeds:
                 if seed.done is not None:

@@ -160,11 +160,9 @@ class LossBook:
             )
 
     def diverged(self, what: str) -> TrainingDiverged:
-        intact = (
-            f"the last good checkpoint (step {self.last_saved}) is intact"
-            if self.last_saved is not None
-            else "no checkpoint was written"
-        )
+        intact = "no checkpoint was written"
+        if self.last_saved is not None:
+            intact = f"the last good checkpoint (step {self.last_saved}) is intact"
         off = "" if what.startswith("non-finite") else " (--divergence_factor=0: no such stop)"
         return TrainingDiverged(f"{what}: the run diverged; {intact}; try a lower --lr{off}")
 
@@ -296,12 +294,9 @@ class Forecast:
         left = self.total - done
         seconds, where = per_step * left, device_name()
         if seconds >= ESTIMATE_MIN_S:
-            big = where == "CPU" and seconds > 6 * 3600
-            hint = (
+            hint = (where == "CPU" and seconds > 6 * 3600) * (
                 "; at this size a GPU/TPU job: the scripts' CPU presets (--preset=small, "
                 "--preset=cpu) fit a CPU"
-                if big
-                else ""
             )
             self.say(
                 f"estimated {duration(seconds)} for the {left:,} steps left ({per_step:.3g} "

@@ -121,6 +121,6 @@ def open_workdir(
 
         multihost_utils.sync_global_devices("rhnzoo workdir ready")
     ckpt = Checkpoints(workdir, latest=latest)
-    for tmp in ckpt.remove_incomplete() if primary else ():
-        say(f"removed {tmp}: a checkpoint save that did not finish")
+    if primary:
+        ckpt.remove_incomplete(say)
     return ckpt

@@ -36,12 +36,8 @@ def _on_signal(signum, frame):
 
 
 def catch_signals() -> None:
-    """Installs the SIGTERM/SIGINT handlers that ask the run to stop (idempotent).
-
-    The experiments call it first thing, so a signal during start-up (data loading,
-    compilation) is remembered and honoured as soon as the engine can save. Only
-    the main thread can install handlers; elsewhere this does nothing.
-    """
+    """Installs the SIGTERM/SIGINT handlers that ask the run to stop (idempotent; only the
+    main thread can install handlers, elsewhere this does nothing)."""
     if _signals["installed"] or not _is_main_thread():
         return
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -62,10 +62,9 @@ def row(tree: Any, k: int) -> Any:
 
 
 def seed_config(config: RunSettings, k: int, workdir: pathlib.Path | None) -> RunSettings:
-    """The config of seed ``k`` of :func:`rhnzoo.engine.run`'s ``seeds``: seed ``config.seed + k``,
-    and a
-    ``workdir`` setting that names the first seed's ``workdir`` renamed to seed k's
-    (:func:`seed_name`), as a run of that seed alone records it."""
+    """The config of seed ``k`` of :func:`rhnzoo.engine.run`'s ``seeds``: seed
+    ``config.seed + k``, and a ``workdir`` setting that names the first seed's ``workdir``
+    renamed to seed k's (:func:`seed_name`), as a run of that seed alone records it."""
     changes = {"seed": config.seed + k}
     own = getattr(config, "workdir", None)
     if k and workdir is not None and own and pathlib.Path(own).absolute() == workdir:
@@ -210,6 +209,6 @@ def open_stack(stack: pathlib.Path, configs: list[RunSettings], primary: bool, s
         stack.mkdir(parents=True, exist_ok=True)
         write_json(path, seeds)
     ckpt = Checkpoints(stack, best=False)
-    for tmp in ckpt.remove_incomplete() if primary else ():
-        say(f"removed {tmp}: a checkpoint save that did not finish")
+    if primary:
+        ckpt.remove_incomplete(say)
     return ckpt

@@ -1,15 +1,8 @@
-"""A run's directory: its files, checkpoints and metrics (used by :mod:`rhnzoo.engine`).
-
-* :func:`prepare_workdir`: create ``config.json``, or check a resumed run's settings;
-* :class:`WorkdirLock`: one trainer per workdir (``fcntl.flock`` on ``<workdir>/.lock``);
-* :class:`Checkpoints`: orbax managers for ``checkpoints/`` (latest three states) and
-  ``best/`` (best-validation parameters); synchronous saves, so a failure (disk full)
-  is one :class:`RunError` line; an unreadable checkpoint is moved to ``corrupt/``
-  with one warning and the previous one is used;
-* :class:`MetricsLog`: ``metrics.jsonl`` and optional TensorBoard event files;
-* :func:`write_json` / :func:`strict`: strict JSON (NaN/inf as null), written atomically;
-* :func:`restore_params`, :func:`read_metrics`, :func:`read_config`, :func:`read_json`:
-  what analyses and tables read back.
+"""A run's directory (used by :mod:`rhnzoo.engine`): ``config.json`` written or checked
+(:func:`prepare_workdir`), one trainer per workdir (:class:`WorkdirLock`), orbax
+checkpoints (:class:`Checkpoints`), ``metrics.jsonl`` (:class:`MetricsLog`), strict JSON
+written atomically (:func:`write_json`), and what analyses and tables read back
+(:func:`restore_params`, :func:`read_metrics`, :func:`read_config`, :func:`read_json`).
 
 Only process 0 writes files in a multi-process run.
 """
@@ -111,14 +104,11 @@ def recorded_settings(workdir: PathLike) -> dict[str, Any] | None:
     it is unreadable or not a JSON object; a trainer checks this before it makes its
     ``.lock``, so such a workdir is refused with nothing written."""
     path = pathlib.Path(workdir) / "config.json"
-    if not path.is_file():
-        return None
     try:
-        return settings_object(path, json.loads(path.read_text()))
-    except (OSError, ValueError) as e:
-        why = str(e) if str(e).startswith(f"{path} is unreadable") else None
-        why = why or f"{path} is unreadable ({_one_line(e)})"
-        raise ValueError(f"{why}; use another --workdir") from None
+        value = read_json(path)
+        return None if value is None else settings_object(path, value)
+    except ValueError as e:
+        raise ValueError(f"{e}; use another --workdir") from None
 
 
 def prepare_workdir(
@@ -181,17 +171,8 @@ def prepare_workdir(
 
 # What a run writes before its first checkpoint: a workdir holding nothing else holds no run.
 _BEFORE_CHECKPOINT = frozenset(
-    {
-        "config.json",
-        ".config.json.tmp",
-        ".lock",
-        "metrics.jsonl",
-        ".metrics.jsonl.tmp",
-        "tensorboard",
-        "checkpoints",
-        "best",
-        "corrupt",
-    }
+    "config.json .config.json.tmp .lock metrics.jsonl .metrics.jsonl.tmp tensorboard "
+    "checkpoints best corrupt".split()
 )
 
 
@@ -305,18 +286,15 @@ class Checkpoints:
     def save_best(self, step: int, params: Params) -> None:
         self._save(self.best, step, params)
 
-    def remove_incomplete(self) -> list[pathlib.Path]:
+    def remove_incomplete(self, say: Callable[[str], None]) -> None:
         """Deletes the temporary directories of saves that never finished (a second signal
-        during a save, a kill); returns them. Call from process 0 alone, under the lock."""
-        found = [
-            p
-            for manager in (self.latest, self.best)
-            if manager is not None
-            for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")
-        ]
-        for tmp in found:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return found
+        during a save, a kill), one line to ``say`` each. Call from process 0 alone, under
+        the lock."""
+        managers = [m for m in (self.latest, self.best) if m is not None]
+        for manager in managers:
+            for tmp in list(pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*")):
+                shutil.rmtree(tmp, ignore_errors=True)
+                say(f"removed {tmp}: a checkpoint save that did not finish")
 
     def restore_latest(self, like: Any, warn: Callable[[str], None]) -> Any | None:
         """The newest readable checkpoint, restored like ``like``, or None.

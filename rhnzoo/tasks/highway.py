@@ -1,18 +1,14 @@
 """Training the fully connected highway and plain nets (Srivastava et al.) on the run engine.
 
 :func:`train_and_evaluate` is the one entry point of a run (the depth sweep,
-:mod:`rhnzoo.studies.highway`, trains each of its runs through it).
-
-The optimiser is the ECBM4040 reproduction's: SGD with momentum 0.9 on the batch's
-mean cross-entropy, the learning rate decayed by 0.96 every 100,000 steps
-(staircase), batches of 128. Images are ``uint8``; the step divides by 255.
-
-Data: the last ``valid_size`` training images (10,000 by default, the usual
-50,000 / 10,000 MNIST split) are held out for validation, which picks the best
-epoch's parameters; the test set is evaluated once, on those (``results.json``).
-The papers' figure of merit, the mean training cross-entropy per epoch
-(Srivastava et al. Fig. 1), is the engine's ``train_xent`` (running mean over the
-epoch's batches, as Keras reports it).
+:mod:`rhnzoo.studies.highway`, trains each of its runs through it). The optimiser is the
+ECBM4040 reproduction's: SGD with momentum on the batch's mean cross-entropy, the learning
+rate decayed in a staircase (:func:`make_optimizer`; the values and their source:
+:mod:`rhnzoo.configs.highway`). The validation set (the last ``valid_size`` training
+images, :func:`rhnzoo.evaluation.split_data`) picks the best epoch's parameters; the test
+set is evaluated once, on those. The papers' figure of merit, the mean training
+cross-entropy per epoch (Srivastava et al. Fig. 1), is the engine's ``train_xent``
+(running mean over the epoch's batches, as Keras reports it).
 
 The whole training split lives on the device; batch k of epoch e is an index
 vector (:func:`rhnzoo.tasks.classify.batch_indices`, a function of the seed,
@@ -43,15 +39,6 @@ Array = jax.Array
 Params = Any
 Split = evaluation.Split
 
-__all__ = [
-    "make_optimizer",
-    "forward",
-    "make_train_step",
-    "eval_step",
-    "init_state",
-    "train_and_evaluate",
-]
-
 
 def make_optimizer(
     cfg: HighwayConfig, lr: float
@@ -71,13 +58,9 @@ def forward(net: FeedForwardNet, params, batch, key):
 
 
 def make_train_step(net: FeedForwardNet, tx: optax.GradientTransformation):
-    """The engine's ``train_step``: ``(state, (images, labels, idx), key) -> (state, sums)``.
-
-    ``images uint8 [N, m]`` and ``labels [N]`` are the device-resident training
-    split, ``idx int [B]`` the batch; the update is on the batch's mean
-    cross-entropy; ``sums`` are :func:`rhnzoo.evaluation.xent_sums` before
-    the update.
-    """
+    """The engine's ``train_step``: ``(state, (images, labels, idx), key) -> (state, sums)``
+    (:func:`forward`'s batch); the update is on the batch's mean cross-entropy; ``sums``
+    are :func:`rhnzoo.evaluation.xent_sums` before the update."""
     return step.make_train_step(classify.xent_loss(functools.partial(forward, net)), tx)
 
 

@@ -105,12 +105,9 @@ def window_loss(
 
 
 def make_train_step(model: LanguageModel, cfg: LMConfig, tx: optax.GradientTransformation):
-    """The LM's ``train_step(state, (rows, window), key) -> (state, sums)``: the one
-    step (:func:`rhnzoo.engine.step.make_train_step`) of :func:`window_loss`.
-
-    The state is :func:`init_state`'s; the engine jit-compiles the step with the state
-    donated; to call it yourself, wrap it in ``jax.jit(..., donate_argnums=0)``.
-    """
+    """The LM's ``train_step(state, (rows, window), key) -> (state, sums)`` on
+    :func:`init_state`'s state: the one step (:func:`rhnzoo.engine.step.make_train_step`,
+    which says how to call it) of :func:`window_loss`."""
     return step.make_train_step(functools.partial(window_loss, model, cfg), tx)
 
 
@@ -197,11 +194,10 @@ def train_and_evaluate(
         exactly (:func:`rhnzoo.engine.run`).
       devices: data parallelism over these (default: all): batch rows are sharded over
         a ``Mesh(("data",))``, parameters replicated.
-      log: receives every printed line; None: silent.
-      on_divergence: ``'raise'`` or ``'stop'`` (:func:`rhnzoo.engine.run`).
+      log, on_divergence, seeds: :func:`rhnzoo.engine.run`'s (``seeds``: K seeds
+        stacked, a list of their results).
       model: a language model of one's own to train by this protocol (default:
         ``config.model(corpus.vocab_size)``; ``config.json`` still records ``config``).
-      seeds: K seeds stacked (:func:`rhnzoo.engine.run`): a list of their results.
 
     Returns:
       The final results (also ``results.json``): ``valid_<metric>``, ``test_<metric>``

@@ -1,18 +1,11 @@
 """Training piano-roll models (JSB Chorales) on the run engine; the JSB optimisation
 study of Zilly et al. (2017, sec. 5.1, Fig. 4) that trains them is
-:mod:`rhnzoo.studies.jsb`.
+:mod:`rhnzoo.studies.jsb`, its settings :mod:`rhnzoo.configs.jsb`.
 
-:func:`train_and_evaluate` is the task's one entry point: it builds the optimizer state,
-the batches and the evaluation and runs the engine's loop. It keeps the study's random
+:func:`train_and_evaluate` is the task's one entry point. It keeps the study's random
 search simple: one call per trial, in memory (no workdir, no checkpoints) unless a
 workdir is given, and every trial of the same model shares one compiled step (the
-hyperparameters live in the optimizer state). Minibatch k of epoch e is the k-th slice of
-a permutation drawn from ``(seed, e)``, padded to the longest training sequence, so every
-step has one shape and a resumed run sees the same batches.
-
-Its settings are :class:`~rhnzoo.configs.jsb.PolyphonicConfig` (the study's trial, a
-:class:`~rhnzoo.configs.jsb.TrialConfig`, is one), beside the study's configs and presets
-in :mod:`rhnzoo.configs.jsb`.
+hyperparameters live in the optimizer state).
 """
 
 from __future__ import annotations
@@ -144,12 +137,12 @@ def train_and_evaluate(
     """Trains ``model`` on ``data['train']`` under ``config`` with clipped SGD, keeping the
     best validation epoch: the task's one entry point.
 
-    Runs on the run engine: each epoch visits the training sequences in an order drawn
-    from ``(seed, epoch)`` (:func:`epoch_order`), in minibatches of ``batch_size`` (the
-    last one padded with empty sequences) padded to the longest training sequence. After
-    each epoch the validation NLL is computed; the test figure reported is the test NLL of
-    the best validation epoch. A non-finite or exploding loss (``divergence_factor``,
-    judged against the chance level 88 log 2) stops the run, reported as diverged.
+    Each epoch visits the training sequences in an order drawn from ``(seed, epoch)``
+    (:func:`epoch_order`), in minibatches of ``batch_size`` (the last one padded with empty
+    sequences) padded to the longest training sequence, so every step has one shape and a
+    resumed run sees the same batches. The test figure reported is the test NLL of the best
+    validation epoch. A non-finite or exploding loss (``divergence_factor``, judged
+    against the chance level 88 log 2) stops the run, reported as diverged.
 
     Args:
       config: the settings (:class:`PolyphonicConfig`, or a subclass such as
@@ -160,12 +153,9 @@ def train_and_evaluate(
         memory).
       model: the model.
       params: initial parameters (default ``model.init``); consumed (donated to the step).
-      log: receives the engine's lines (one per epoch, the training loss every
-        ``log_every`` steps, the final line); None: silent.
-      on_divergence: ``'stop'`` (the run ends, reported as diverged) or ``'raise'``
-        (:class:`rhnzoo.engine.TrainingDiverged`).
-      seeds: K seeds stacked (:func:`rhnzoo.engine.run`; ``workdir`` the
-        first's): a list of their results.
+      log, on_divergence, seeds: :func:`rhnzoo.engine.run`'s (``on_divergence`` by
+        default ``'stop'``: the run ends, reported as diverged; ``seeds``: K seeds
+        stacked, ``workdir`` the first's, a list of their results).
     Returns: TrainResult.
     Raises:
       ValueError: (one line) an incompatible workdir; as :func:`rhnzoo.engine.run`.
