@@ -406,7 +406,7 @@ def test_analysis_stopped_in_its_lesion_phase_keeps_the_phases_done(run, tmp_pat
     workdir, data_dir, corpus = run
     nobest = without_best(workdir, tmp_path)
     out = tmp_path / "out"
-    opts = report.Options(
+    opts = report.AnalysisOptions(
         data_dir=str(data_dir),
         verify=False,
         lesion_tokens=1000,
@@ -466,7 +466,7 @@ def test_a_rerun_keeps_the_phases_done_and_an_interrupted_rerun_merges(run, tmp_
     workdir, data_dir, _ = run
     out = tmp_path / "out"
     calls = []
-    opts = report.Options(
+    opts = report.AnalysisOptions(
         data_dir=str(data_dir),
         verify=False,
         lesion_tokens=400,
@@ -530,7 +530,7 @@ def test_flow_figures_keep_the_families_drawn_and_redo_them_when_asked(
 
     monkeypatch.setattr(report, "FAMILIES", {"GRU": ("gru", {})})
     calls = []
-    opts = report.Options(flow_hidden=3, flow_steps=4, track=recording_track(calls))
+    opts = report.AnalysisOptions(flow_hidden=3, flow_steps=4, track=recording_track(calls))
     first = report.flow_figures(None, tmp_path, opts)
     written = (tmp_path / "flow.json").read_text()
     assert [c[0] for c in calls] == ["gradient_flow"]

@@ -667,7 +667,7 @@ def test_a_plain_single_run_draws_its_learning_curves_and_its_lesions(tmp_path, 
     numbers = report.analyze(
         tmp_path / "w",
         tmp_path / "a",
-        report.Options(lesion_examples=30, progress=False, verify=False),
+        report.AnalysisOptions(lesion_examples=30, progress=False, verify=False),
     )
     assert numbers["phases"]["lesion"]["status"] == "done"
     assert "gate_heatmaps" not in numbers["phases"]  # a plain net has no gates

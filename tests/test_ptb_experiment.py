@@ -208,7 +208,7 @@ def test_any_registered_cell_trains_on_ptb_and_analyze_reads_it(tmp_path, genera
     )
     from rhnzoo.analysis import report
 
-    options = report.Options(max_eval_tokens=200, verify=False)  # the generated files
+    options = report.AnalysisOptions(max_eval_tokens=200, verify=False)  # the generated files
     numbers = report.analyze(tmp_path / "w", tmp_path / "a", options)
     assert numbers["model"] == "GRU+HSG" and numbers["dataset"] == "ptb"
     assert (tmp_path / "a" / "analysis.json").is_file()

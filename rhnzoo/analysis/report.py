@@ -51,7 +51,7 @@ from rhnzoo.engine import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Options(Config):
+class AnalysisOptions(Config):
     """The settings of the analyses (``experiments/analyze.py``'s flags, one field each).
 
     Raises:
@@ -123,11 +123,11 @@ def run_kind(config: dict) -> str:
     return data.DATASETS[name].task
 
 
-def _data_dir(config: dict, opts: Options):
+def _data_dir(config: dict, opts: AnalysisOptions):
     return opts.data_dir or config.get("data_dir")
 
 
-def _settings(opts: Options, *names: str, **more: Any) -> dict[str, Any]:
+def _settings(opts: AnalysisOptions, *names: str, **more: Any) -> dict[str, Any]:
     """The options named (and ``more``) that a phase's numbers depend on (:meth:`Phases.kept`)."""
     return {**{name: getattr(opts, name) for name in names}, **more}
 
@@ -180,7 +180,7 @@ class Phases:
     earlier record and numbers instead of the partial ones.
     """
 
-    def __init__(self, paths: Sequence[pathlib.Path], opts: Options):
+    def __init__(self, paths: Sequence[pathlib.Path], opts: AnalysisOptions):
         self.paths = list(paths)
         self.results: dict[str, Any] = {"complete": False, "phases": {}}
         self._track = opts.track or functools.partial(signals.track, progress=opts.progress)
@@ -374,7 +374,7 @@ def _note_checkpoint(workdir: pathlib.Path, results: dict) -> None:
 # ------------------------------------------------------------------ the run's cell
 
 
-def run_cell(workdir: pathlib.Path, opts: Options, length: int):
+def run_cell(workdir: pathlib.Path, opts: AnalysisOptions, length: int):
     """``(label, cell, init_params, trained_params, xs_trained, xs_init)`` of a recurrent
     run: the cell at initialisation and trained, and the first ``length`` steps of the
     first ``opts.split`` sequence as their inputs ``[T, 1, m]`` (embedded by the trained
@@ -437,7 +437,10 @@ def run_cell(workdir: pathlib.Path, opts: Options, length: int):
 
 
 def flow_figures(
-    workdir: pathlib.Path | None, out: pathlib.Path, opts: Options, phases: Phases | None = None
+    workdir: pathlib.Path | None,
+    out: pathlib.Path,
+    opts: AnalysisOptions,
+    phases: Phases | None = None,
 ) -> dict:
     """gradient_flow.png (and gersgorin.png for a run); returns the numbers.
 
@@ -474,7 +477,7 @@ def flow_figures(
 
 
 def _gradient_flow(
-    out: pathlib.Path, opts: Options, phases: Phases, curves: dict, title: str
+    out: pathlib.Path, opts: AnalysisOptions, phases: Phases, curves: dict, title: str
 ) -> None:
     """Phase ``gradient_flow``: every family of :data:`FAMILIES` at initialisation; adds
     their curves to ``curves`` and draws gradient_flow.png."""
@@ -505,7 +508,7 @@ def _gradient_flow(
 def _run_flow(
     workdir: pathlib.Path,
     out: pathlib.Path,
-    opts: Options,
+    opts: AnalysisOptions,
     phases: Phases,
     curves: dict,
     title: str,
@@ -582,7 +585,7 @@ def _cell_flow(cell, params, seq, steps: int, tokens: int):
 # ------------------------------------------------------------------ the analyses
 
 
-def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
+def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: AnalysisOptions) -> dict:
     """The analysis of the run's kind (see the module docstring) as :class:`Phases`, whose
     numbers go to ``out/analysis.json`` (and ``flow.json`` for a sequence classifier),
     rewritten after every phase; prints and records (``'checkpoint'``) which checkpoint
@@ -613,7 +616,7 @@ def analyze(workdir: pathlib.Path, out: pathlib.Path, opts: Options) -> dict:
 def analyze_highway(
     workdir: pathlib.Path,
     out: pathlib.Path,
-    opts: Options,
+    opts: AnalysisOptions,
     train_split=None,
     phases: Phases | None = None,
 ) -> dict:
@@ -680,7 +683,7 @@ def analyze_highway(
 
 
 def analyze_lm(
-    workdir: pathlib.Path, out: pathlib.Path, opts: Options, phases: Phases | None = None
+    workdir: pathlib.Path, out: pathlib.Path, opts: AnalysisOptions, phases: Phases | None = None
 ) -> dict:
     """Gates, lesions (RHN cells), HSG gates (HSG(RHN)) and MC dropout (any cell).
 

@@ -17,12 +17,12 @@ from rhnzoo.apps import cli
 from rhnzoo.engine import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
-_OPTIONS: list[str] = []  # the flags of report.Options' fields
+_OPTIONS: list[str] = []  # the flags of report.AnalysisOptions' fields
 
 
 def define_flags() -> None:
     """Defines the script's flags (call once, at import of the script); the analyses'
-    defaults are :class:`~rhnzoo.analysis.report.Options`'."""
+    defaults are :class:`~rhnzoo.analysis.report.AnalysisOptions`'."""
     flags.DEFINE_string("workdir", None, "Training workdir (config.json + best/ checkpoint).")
     flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
     flags.DEFINE_boolean(
@@ -31,7 +31,7 @@ def define_flags() -> None:
         "Draw the information-flow figures (gradient_flow.png, "
         "and gersgorin.png for a --workdir) instead of the gate analysis.",
     )
-    _OPTIONS.extend(cli.define_config_flags(report.Options(), module_name=__name__))
+    _OPTIONS.extend(cli.define_config_flags(report.AnalysisOptions(), module_name=__name__))
 
 
 def run() -> None:
@@ -43,7 +43,7 @@ def run() -> None:
     recorded = (
         workdir_lib.read_config(workdir).get("matmul_precision", "default") if workdir else None
     )
-    opts = report.Options(**cli.given(_OPTIONS))  # tracker: signals.track with --progress
+    opts = report.AnalysisOptions(**cli.given(_OPTIONS))  # tracker: signals.track with --progress
     out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
     out.mkdir(parents=True, exist_ok=True)
     with precision.context(recorded):

@@ -141,7 +141,7 @@ def train_and_evaluate(cfg: HighwayConfig, jobs: sweep.Jobs | None = None, seeds
 def _figures(cfg: HighwayConfig, workdir: pathlib.Path, train_split) -> None:
     from rhnzoo.analysis import report
 
-    opts = report.Options(
+    opts = report.AnalysisOptions(
         heatmap_examples=cfg.heatmap_examples,
         lesion_examples=cfg.lesion_examples,
         track=functools.partial(signals.track, progress=cfg.progress),
