@@ -284,8 +284,8 @@ def image(tmp_path_factory):
 
 
 def test_measure_sh_names_every_part():
-    text = (ROOT / "docs/runs/gpu/measure.sh").read_text()
-    usage = text.split("usage: bash docs/runs/gpu/measure.sh [--dry] ")[1].split('"')[0]
+    text = (ROOT / "tools/gpu/measure.sh").read_text()
+    usage = text.split("usage: bash tools/gpu/measure.sh [--dry] ")[1].split('"')[0]
     assert set(usage.split("|")) == set(PARTS)
     for quick, full in QUICK.items():
         assert f"\n  {full}|{quick})\n" in text and PARTS[quick] == PARTS[full], quick
@@ -294,7 +294,7 @@ def test_measure_sh_names_every_part():
 @pytest.mark.slow
 @pytest.mark.parametrize("part", [p for p in PARTS if p not in QUICK])
 def test_a_measure_sh_part_runs_dry_in_the_image_and_leaves_what_comes_back(image, tmp_path, part):
-    call = {"command": f"bash docs/runs/gpu/measure.sh --dry {part}", "timeout_s": 600}
+    call = {"command": f"bash tools/gpu/measure.sh --dry {part}", "timeout_s": 600}
     out = tmp_path / "out"
     proc = device_call(image, call, out, tmp_path / "home")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

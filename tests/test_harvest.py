@@ -434,7 +434,7 @@ def test_the_next_window_alternates_between_the_harvest_and_the_kernels(tmp_path
     assert step["after"].startswith("python -m tools.kernel_record FILES_AT --dry")
     assert (ROOT / "tools" / "kernel_record.py").is_file()
     assert step["call"] == {
-        "command": "bash docs/runs/gpu/measure.sh kernels",
+        "command": "bash tools/gpu/measure.sh kernels",
         "carry": [],
         "timeout_s": 600,
     }
@@ -489,6 +489,6 @@ def test_the_next_command_prints_the_window_and_its_exact_call_last():
     assert step["window"] in ("harvest", "kernels") and step["call"]["timeout_s"] == 600
     assert f"the device call: {json.dumps(step['call'])}" in p.stdout
     # The kernels' call names a part measure.sh has.
-    measure = (ROOT / "docs/runs/gpu/measure.sh").read_text()
-    usage = measure.split("usage: bash docs/runs/gpu/measure.sh [--dry] ")[1].split('"')[0]
+    measure = (ROOT / "tools/gpu/measure.sh").read_text()
+    usage = measure.split("usage: bash tools/gpu/measure.sh [--dry] ")[1].split('"')[0]
     assert harvest.KERNEL_CALL["command"].rsplit(" ", 1)[1] in usage.split("|")

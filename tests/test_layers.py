@@ -8,8 +8,9 @@ and analysis (sums of a batch, batches of a split), the run engine, analysis (re
 workdirs, never a trainer), the tasks, the studies (a paper's runs and tables), the
 applications (``rhnzoo/apps``: each paper's flags and body), the benchmarks;
 ``experiments/*.py`` stand on top. Beside the package, the project's own tools
-(``tools/``: the harvest, the renderer, the kernels' record, ...) are the top floor: a
-tool may import rhnzoo, rhnzoo never imports a tool (issue 70).
+(``tools/``: the harvest, the renderer, the kernels' record, the GPU probes of
+``tools/gpu/``, ...) are the top floor: a tool may import rhnzoo, rhnzoo never imports a
+tool (issue 70).
 """
 
 import ast
@@ -82,8 +83,13 @@ def test_the_tools_stand_on_the_package_and_the_package_never_imports_a_tool():
         "tools.harvest.__main__",
         "tools.render",
         "tools.kernel_record",
+        "tools.gpu.kernel_probe",  # the GPU probes, run by path from tools/gpu/
+        "tools.gpu.kernel_ptxas",
+        "tools.gpu.pallas_probe",
+        "tools.gpu.lm_ops",
     } <= set(modules)
     assert any(b.startswith("rhnzoo") for b in modules["tools.harvest.records"])
+    assert "rhnzoo.cells.kernels.verified" in modules["tools.gpu.kernel_probe"]
     assert "rhnzoo.cells.kernels.verified" in modules["tools.kernel_record"]
     assert "rhnzoo.cells.kernels.record" not in modules  # a tool since issue 70
     into_tools = [

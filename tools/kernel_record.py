@@ -112,7 +112,7 @@ def entries_from_lines(
     commit: str = "",
     digests: Mapping[str, str] | None = None,
 ) -> list[Entry]:
-    """Record entries from a kernel window's figure lines (docs/runs/gpu/kernel_probe.py's
+    """Record entries from a kernel window's figure lines (tools/gpu/kernel_probe.py's
     JSON lines): per shape (``n``, ``B``, and ``m``, ``cell``, ``backend`` where a line
     has them; else 1, ``'LSTM'``, ``'gated'``) and kernel candidate of :data:`CANDIDATES`,
     the kernel's and the fused scan's value-and-gradient time (``{candidate}_value_and_grad``

@@ -82,7 +82,7 @@ class Options:
         spread over more SMs; issue 59), its backward as with None; only a plain
         :class:`~rhnzoo.cells.LSTM` runs it (the other persistent cells: ValueError).
         Never set by the dispatcher nor ``auto``: not yet timed on a GPU
-        (docs/runs/gpu/kernel_probe.py's ``pallas_bt16``, ``_bt32``).
+        (tools/gpu/kernel_probe.py's ``pallas_bt16``, ``_bt32``).
       kernel_backward: the RHN's kernels: the backward pass by its backward micro-layer
         kernels (the default); False: the fused scan's hand-written backward in XLA
         (:func:`rhnzoo.cells.rhn_fused.unroll_backward`). The persistent kernels have

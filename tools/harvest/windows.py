@@ -37,7 +37,7 @@ from tools.harvest.stage import device_command
 # The kernels' measurement window: a measure.sh part, one device call, nothing carried.
 KERNEL_PART = "kernels"  # issue 68 item 3: ~8.3 min, nothing carried
 KERNEL_CALL = {
-    "command": f"bash docs/runs/gpu/measure.sh {KERNEL_PART}",
+    "command": f"bash tools/gpu/measure.sh {KERNEL_PART}",
     "carry": [],
     "timeout_s": TIMEOUT_S,
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements (issues 31, 33, 45, 47, 57), one part per device call (each < 10 min):
 #
-#   bash docs/runs/gpu/measure.sh [--dry] PART
+#   bash tools/gpu/measure.sh [--dry] PART
 #
 #   suite         the fast test suite on the GPU, 8 xdist workers, preallocation off
 #   rnn           bench.rnn: fused / reference / Flax / cuDNN, unroll k
@@ -42,7 +42,7 @@ if [ "${1:-}" = --dry ]; then dry=1; shift; fi
 part="${1:-}"
 case "$part" in
   suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernels) ;;
-  *) echo "error: usage: bash docs/runs/gpu/measure.sh [--dry] suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernels" >&2
+  *) echo "error: usage: bash tools/gpu/measure.sh [--dry] suite|rnn|flags|lm|pallas|pallas-quick|seeds|seeds-quick|kernels" >&2
      exit 1 ;;
 esac
 OUT="${OUT:-/tmp/rhnzoo-gpu-out}"
@@ -142,7 +142,7 @@ case "$part" in
         >> "$OUT/lm.jsonl" 2>> "$OUT/lm.log"
     done
     [ -n "$dry" ] && ops=tiny || ops=ptb_d40_hsg
-    step "op table" 100 python docs/runs/gpu/lm_ops.py --config=$ops > "$OUT/lm-ops.txt" 2>&1
+    step "op table" 100 python tools/gpu/lm_ops.py --config=$ops > "$OUT/lm-ops.txt" 2>&1
     python - "$OUT/lm.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
@@ -177,10 +177,10 @@ PY
     # The kernels on their own (forward, backward, unroll, value_and_grad) beside the fused
     # scan in bfloat16: one JSON line per figure.
     if [ -n "$dry" ]; then
-      step probe "$t_probe" python docs/runs/gpu/kernel_probe.py --n=8 --batch=4 --length=2 \
+      step probe "$t_probe" python tools/gpu/kernel_probe.py --n=8 --batch=4 --length=2 \
         --stand_in --reps=1 > "$OUT/pallas-probe.jsonl" 2> "$OUT/pallas-probe.log"
     else
-      step probe "$t_probe" python docs/runs/gpu/pallas_probe.py $quick \
+      step probe "$t_probe" python tools/gpu/pallas_probe.py $quick \
         > "$OUT/pallas-probe.jsonl" 2> "$OUT/pallas-probe.log"
     fi
     cut -c1-200 "$OUT/pallas-probe.jsonl"
@@ -241,15 +241,15 @@ for path in sys.argv[1:]:
 PY
     }
     # (a) P-MNIST: default kernels, swap-AB Bt 16 / 32, fused bf16; then the variants' errors
-    step "(a) P-MNIST kernels" 120 python docs/runs/gpu/kernel_probe.py "${lstm[@]}" --variants \
+    step "(a) P-MNIST kernels" 120 python tools/gpu/kernel_probe.py "${lstm[@]}" --variants \
       > "$OUT/kernels.jsonl" 2> "$OUT/kernels.log"
     kernel_summary "$OUT/kernels.jsonl"
     # (b) ptxas on the device, beside docs/runs/kernels/
-    step "(b) ptxas" 90 python docs/runs/gpu/kernel_ptxas.py "${ptx[@]}" \
+    step "(b) ptxas" 90 python tools/gpu/kernel_ptxas.py "${ptx[@]}" \
       > "$OUT/kernels-ptxas.txt" 2>&1
     grep -E "^# |differs" "$OUT/kernels-ptxas.txt" | head -12
     # (c) the compiled correctness tests, riskiest first; -u: a cut keeps every name so far
-    step "(c) tests" 170 env PYTHONPATH="$PWD/docs/runs/gpu:$PYTHONPATH" python -u -m pytest -v \
+    step "(c) tests" 170 env PYTHONPATH="$PWD/tools/gpu:$PYTHONPATH" python -u -m pytest -v \
       -p no:cacheprovider -p kernel_order -o console_output_style=times -rfE "${co[@]}" \
       tests/test_swap_ab.py tests/test_rhn_pallas.py tests/test_gated_pallas.py \
       tests/test_chained_pallas.py > "$OUT/kernels-pytest.log" 2>&1
@@ -257,7 +257,7 @@ PY
     grep -E " (FAILED|ERROR)" "$OUT/kernels-pytest.log" | head -10
     tail -2 "$OUT/kernels-pytest.log"
     # (d) the RHN kernels at ptb_sota and depth 40 + HSG beside the fused bf16 scan
-    step "(d) RHN kernels" 100 python docs/runs/gpu/kernel_probe.py --no_lstm \
+    step "(d) RHN kernels" 100 python tools/gpu/kernel_probe.py --no_lstm \
       --rhn=ptb_sota,ptb_d40_hsg "${rhn[@]}" > "$OUT/kernels-rhn.jsonl" 2>> "$OUT/kernels.log"
     kernel_summary "$OUT/kernels-rhn.jsonl"
     # what the record would take from this window (nothing is written here)

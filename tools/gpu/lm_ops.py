@@ -8,7 +8,7 @@ while loops' bodies alone), then every ``copy`` / ``dynamic-slice`` / ``slice`` 
 ``[hidden, 2 hidden]`` (HSG / RHN: H and T fused) or bigger, with the computation it is
 in: one inside the time loop's body per micro-layer is the copy the question is about.
 
-  python docs/runs/gpu/lm_ops.py [--config=ptb_d40_hsg] [--dtype=float32|bfloat16]
+  python tools/gpu/lm_ops.py [--config=ptb_d40_hsg] [--dtype=float32|bfloat16]
 """
 
 import argparse
@@ -85,7 +85,8 @@ def main():
                 big.append(f"{opcode:14s} {shape.strip():40s} {where:7s} in {computation}")
     print(
         f"{args.config} (hidden {n}, depth {cfg.depth}, {args.dtype}), "
-        f"{jax.devices()[0].device_kind}, jax {jax.__version__}: {len(hlo.splitlines())} HLO lines, "
+        f"{jax.devices()[0].device_kind}, jax {jax.__version__}: "
+        f"{len(hlo.splitlines())} HLO lines, "
         f"{len(re.findall(r'body=', hlo))} while loops"
     )
     print("\nops, all computations:")

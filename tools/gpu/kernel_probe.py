@@ -29,7 +29,7 @@ HSG(RHN) at depth 40, with a recurrent dropout mask as the language model runs t
 ``pallas_value_and_grad`` and ``fused_bf16_value_and_grad`` of a loss of every output,
 then ``error_pallas`` / ``error_fused_bf16`` against the float32 reference.
 
-  python docs/runs/gpu/kernel_probe.py [--n=100] [--batch=100] [--length=784] [--variants]
+  python tools/gpu/kernel_probe.py [--n=100] [--batch=100] [--length=784] [--variants]
                                        [--rhn=ptb_sota,ptb_d40_hsg] [--no_lstm]
                                        [--stand_in] [--interpret] [--reps=5]
 

@@ -2,7 +2,7 @@
 correctness cases first, ordered by risk, so that a run cut by its timeout has tested
 what matters most (``pytest -v``: the names that passed are in the log).
 
-  PYTHONPATH=docs/runs/gpu:$PYTHONPATH python -m pytest -p kernel_order -v tests/...
+  PYTHONPATH=tools/gpu:$PYTHONPATH python -m pytest -p kernel_order -v tests/...
 
 Order: one telling case of each family (the swap-AB forward's 32- and 64-byte swizzles at
 batch tiles 16 and 32, the RHN micro-layer kernels over two CTAs and as a layer scan, the

@@ -19,7 +19,7 @@ Elsewhere (``--dry``, the CPU): the configurations are lowered for ``cuda`` only
 kernels each step launches are checked) and, where kernel_registers finds its tools,
 counted by its stand-in pipeline; else the reason is printed.
 
-  python docs/runs/gpu/kernel_ptxas.py [--configs=lstm_n100,...] [--deadline_s=90] [--dry]
+  python tools/gpu/kernel_ptxas.py [--configs=lstm_n100,...] [--deadline_s=90] [--dry]
 
 Prints a Markdown table on stdout. Run from the repository root.
 """
@@ -38,7 +38,7 @@ import time
 
 # The parent and the child share the device with nothing else: neither takes 75 % of it.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kernel_registers as kr  # noqa: E402
