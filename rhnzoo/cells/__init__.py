@@ -19,12 +19,9 @@ drops into a user's own ``jax.lax.scan``; :func:`unroll` does exactly that.
   Episode resets inside the scan: ``unroll(..., resets=[T, B] bool)`` (and the
   dispatcher's), or ``reset_before_step`` in a scan of your own.
 * :mod:`rhnzoo.cells.scan`: the one scan dispatcher every model calls,
-  ``scan.unroll(cell, ..., impl='auto'|'reference'|'fused'|'pallas', **options)`` and the
-  rule for ``auto`` (``scan.resolve``) over six backends with one ``unroll`` signature
-  (the reference scan, the two fused scans, three kernel families) and one options record
-  (:mod:`rhnzoo.cells.scan_options`); :mod:`rhnzoo.cells.kernels`: its ``pallas``
-  backends, the Mosaic GPU kernels (persistent LSTM / GRU / SC-LSTM / RRN kernels, the
-  RHN's micro-layer kernels).
+  ``scan.unroll(cell, ..., impl='auto'|'reference'|'fused'|'pallas', **options)``, and
+  the rule for ``auto`` (``scan.resolve``); :mod:`rhnzoo.cells.kernels`: its ``pallas``
+  backends, the Mosaic GPU kernels.
 * :mod:`rhnzoo.cells.registry`: every cell by name, ``make(name, hidden_size, **kwargs)``
   (``NAMES``; ``hsg_<name>`` wraps one in HSG), the one registry every task uses.
 """

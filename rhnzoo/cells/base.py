@@ -82,12 +82,10 @@ def unroll(
       unroll: time steps per scan iteration (``lax.scan``'s ``unroll``).
       remat: recompute each time step in the backward pass (less memory).
       project_per_step: apply ``cell.project_inputs`` inside the scan, one step at a
-        time, instead of once for all steps. Faster when the input is much narrower
-        than the projection (P-MNIST: 1 pixel -> 4n gate inputs), where projecting
-        first writes (and backpropagates) an array 4n times the input's size.
-      save_matmuls: run every step under :func:`save_matmuls_only` (the backward pass
-        keeps the matmul outputs and recomputes the elementwise gates); ignored with
-        ``remat``. The cells' ``step`` functions are plain: this is where a scan opts in.
+        time, instead of once for all steps (faster for an input much narrower than the
+        projection, P-MNIST's 1 pixel).
+      save_matmuls: run every step under :func:`save_matmuls_only`; ignored with
+        ``remat``.
       resets: optional ``[T, B]`` bool episode starts: where ``resets[t, b]`` is True,
         row b's carry is replaced by row b of the initial ``carry`` (this call's
         argument, e.g. zeros from ``cell.initial_carry``, or any per-row state the caller
@@ -194,13 +192,10 @@ def check_resets(resets: Any, xs: Array) -> Array:
 def save_matmuls_only(fn):
     """``fn`` under ``jax.checkpoint``, saving only matmul outputs for the backward pass.
 
-    ``unroll(..., save_matmuls=True)`` puts every time step under it (the classifier's
-    reference path does): the backward pass recomputes the cheap gate nonlinearities
-    from the saved ``h U`` products instead of reading several stored ``[T, B, n]``
-    residuals back (an LSTM keeps 6n floats per row and step instead of 11n). No effect
-    without differentiation. Measured with single-threaded XLA on CPU, train step: 9-11%
-    faster for LSTM, GRU and RRN at the P-MNIST shape (m = 1, n = 100, B = 100, T = 784,
-    memory-bound), unchanged within noise at the IMDB shape.
+    The backward pass recomputes the cheap gate nonlinearities from the saved ``h U``
+    products instead of reading stored ``[T, B, n]`` residuals back (an LSTM keeps 6n
+    floats per row and step instead of 11n): faster on the CPU at P-MNIST's
+    memory-bound shape. No effect without differentiation.
     """
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
 
@@ -209,9 +204,8 @@ def flat_draw(sample, key: Array, shape: tuple[int, ...], **kwargs: Any) -> Arra
     """``sample(key, shape=shape, **kwargs)`` for a ``jax.random`` sampler (uniform,
     normal, truncated_normal, bernoulli, ...), drawn flat and reshaped.
 
-    The same numbers as the draw in ``shape`` (threefry counts the elements in row-major
-    order either way; tests hold this), but compiled faster for a stacked ``R [L, n, kn]``
-    (figures in docs/runs/cpu/levers.md). rhnzoo draws its parameters and dropout masks through it.
+    The same numbers as the draw in ``shape`` (threefry counts in row-major order; tested),
+    but compiled faster for a stacked ``R [L, n, kn]`` (docs/runs/cpu/levers.md).
     """
     return sample(key, shape=(math.prod(shape),), **kwargs).reshape(shape)
 

@@ -1,18 +1,12 @@
 """Bidirectional layers that are right on padded batches: :class:`Bidirectional` and
 :func:`reverse_within`.
 
-A bidirectional layer runs a forward cell over each row's steps 0..len-1 and a backward
-cell, with parameters of its own, over the same steps in reverse, len-1..0, starting
-from its initial carry at the row's **last real step**, not at the padded end of the
-batch (running the backward cell over the padded batch flipped whole would start each
-short row on padding: the classic bidirectional-padding bug). Each row is reversed
-within its own length (:func:`reverse_within`), both directions run through the one
-scan dispatcher (:func:`rhnzoo.cells.scan.unroll`, any implementation that has the
-cell) with ``lengths``, and the backward outputs are reversed back. This is PyTorch's
-``nn.LSTM(bidirectional=True)`` / ``nn.GRU(bidirectional=True)`` on a
-``PackedSequence``: outputs at padded positions zero, the final carries the forward's
-state after its last real step and the backward's after reading step 0 (tested against
-a NumPy transcription of it for the LSTM and the reset-after GRU).
+The backward cell starts from its initial carry at each row's **last real step**, not
+at the padded end of the batch (flipping the padded batch whole would start each short
+row on padding): each row is reversed within its own length (:func:`reverse_within`),
+both directions run through :func:`rhnzoo.cells.scan.unroll` with ``lengths``, and the
+backward outputs are reversed back. This is PyTorch's ``nn.LSTM(bidirectional=True)`` on
+a ``PackedSequence`` (tested against a NumPy transcription of it).
 """
 
 from __future__ import annotations

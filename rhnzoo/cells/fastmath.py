@@ -1,26 +1,17 @@
 """float32 tanh and logistic sigmoid as rational polynomials, for the fused scans.
 
 XLA:CPU evaluates ``tanh`` and ``logistic`` at several times the cost of the multiplies
-around them (figures in docs/runs/cpu/levers.md). In a recurrent step these nonlinearities are most
-of the elementwise work
-(an LSTM evaluates 5n of them per row and step), so :mod:`rhnzoo.cells.gated_fused` and
-:mod:`rhnzoo.cells.rhn_fused` use these instead: the same [13/6] minimax rational
-approximation of tanh that Eigen (``generic_fast_tanh_float``) and XLA:CPU's own tanh
-use, written with multiplies, adds and one division so that XLA fuses and vectorises
-it with its neighbours (faster than ``jnp.tanh`` in the same scan). Maximum
-absolute error 2.6e-7 over [-12, 12] against float64 tanh, equal to ``jnp.tanh``'s on
-XLA:CPU (tested in ``tests/test_fastmath.py``); the sigmoid is ``(1 + tanh(x / 2)) / 2``
-(absolute error <= 1.5e-7).
+around them (docs/runs/cpu/levers.md), and they are most of a recurrent step's
+elementwise work. Here tanh is Eigen's [13/6] minimax rational approximation
+(``generic_fast_tanh_float``, XLA:CPU's own), written with multiplies, adds and one
+division so that XLA fuses and vectorises it with its neighbours; the sigmoid is
+``(1 + tanh(x / 2)) / 2``. Other dtypes (float64, bfloat16) get the exact functions.
 
-Inputs of any other dtype (float64 for gradient checks, bfloat16) get the exact
-``jnp.tanh`` / ``jax.nn.sigmoid``.
-
-The fused scans' matmuls share one precision rule, here too (:func:`dot`,
-:func:`einsum`): with ``dtype`` set (float32, bfloat16) the inputs are cast to it and
-accumulate in float32; with ``dtype=None`` they stay in their own dtype (float64 in the
-tests' exact comparisons). They pass no ``precision=``: float32 inputs are multiplied at
-the caller's ``jax.default_matmul_precision`` like every other matmul (on GPUs and TPUs
-the default rounds them to TensorFloat-32 / bfloat16; :mod:`rhnzoo.precision`).
+The fused scans' one matmul precision rule (:func:`dot`, :func:`einsum`,
+:func:`project`): with ``dtype`` set (float32, bfloat16) the inputs are cast to it and
+accumulate in float32; with ``dtype=None`` they stay in their own dtype. No
+``precision=``: float32 inputs run at the caller's ``jax.default_matmul_precision``
+(:mod:`rhnzoo.precision`).
 """
 
 from __future__ import annotations
@@ -95,14 +86,12 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
 
 def project(a: jax.Array, w: jax.Array, dtype) -> jax.Array:
     """``a [..., m] @ w [m, k] -> [..., k]`` under the precision rule above (as :func:`dot`),
-    and differentiated under it too. Autodiff's transpose of :func:`dot` multiplies the
-    float32 cotangent by the cast operand, a mixed float32 x bfloat16 product that XLA
-    runs in float32; here the cotangent is cast as well, so with ``dtype=bfloat16`` both
-    backward products (``da = g w^T``, ``dw = a^T g`` summed over the leading axes) take
-    bfloat16 inputs like the forward's, accumulating in float32. The gradients come back
-    in ``a``'s and ``w``'s dtypes. ``w`` must be 2-D. Where nothing is cast (``dtype`` None
-    or the operands' own) it is :func:`dot` under autodiff, whose rounding the runs of
-    record have."""
+    and differentiated under it too: the cotangent is cast as well (autodiff of
+    :func:`dot` would multiply float32 by the cast operand, in float32), so with
+    ``dtype=bfloat16`` both backward products take bfloat16 inputs, accumulating in
+    float32. The gradients come back in ``a``'s and ``w``'s dtypes. ``w`` must be 2-D.
+    Where nothing is cast it is :func:`dot` under autodiff (the runs of record's
+    rounding)."""
     if dtype is None or (jnp.dtype(dtype) == a.dtype and jnp.dtype(dtype) == w.dtype):
         return dot(a, w, dtype)
     return _project(a, w, dtype)

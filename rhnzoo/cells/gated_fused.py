@@ -3,50 +3,24 @@ Parallel) with a hand-written backward pass.
 
 Same mathematics as the cells' ``step`` functions (:mod:`rhnzoo.cells.lstm`,
 :mod:`rhnzoo.cells.residual`) run by :func:`rhnzoo.cells.unroll`, tested against them
-(values and gradients, with and without ``lengths``), but faster to train, as
-:mod:`rhnzoo.cells.rhn_fused` is for the RHN. Under plain autodiff of ``lax.scan``
-every time step adds a rank-B outer product into the recurrent weight gradient
-(``dU += h_{t-1}^T dz_t``), streaming the ``[n, k n]`` accumulator through memory T
-times. Here the forward scan keeps what the backward pass needs (the state entering
-each step and the gate values), the backward scan runs the recurrence once in reverse
-for the state cotangents only and emits the pre-activation gradients dz_t, and the
-weight gradients are formed as large matmuls over many T x B positions at once::
+(values and gradients, with ``lengths`` and ``resets``), but faster to train, as
+:mod:`rhnzoo.cells.rhn_fused` is for the RHN. The forward scan saves each step's
+entering state and gate values; the reverse scan carries only the state cotangents and
+emits the pre-activation gradients dz_t; the weight gradients are large matmuls over
+many T x B positions at once::
 
     dU = sum_t (h_{t-1} m)^T dz_t        one [n, C B] x [C B, k n] matmul per chunk
     db = sum_t sum_b dz_t                one reduction
     dW = sum_t x_t^T dz_t                likewise (or autodiff of x W outside the scan)
 
-where a chunk is C consecutive steps: a divisor of T up to 16 when the input is
-projected in the scan (the default: the chunk's dz stays in cache and no ``[T, B, k n]``
-cotangent is written), C = T (one matmul after the reverse scan) for a projection done
-before the scan. (Wang & Tian 2016, eqs. 1, 3-5 and Cho et al. 2014, eqs. 5-8, and
-the reset-after GRU of PyTorch / cuDNN, ``GRU(reset_after=True)``, differentiated: each
-cell's gate math and derivative coefficients are functions of its module,
-:func:`rhnzoo.cells.lstm.lstm_coefficients` and the like, shared with the Pallas kernels.)
-
-Inside the scans every per-step array is feature-major, ``[features, B]`` (see the
-kernels' comment: the weight matrix on the left of each per-step matmul measured
-faster on CPU; the GRU's and RRN's B is padded to a multiple of 8 columns where
-that is cheap, see ``_pad``); :func:`unroll` takes and returns the usual batch-major
-arrays.
-Without ``lengths`` the forward scan writes no output stack of its own (the outputs
-are the saved states h_{t-1}, shifted by one step).
-
-Variable-length batches follow :func:`rhnzoo.cells.unroll`'s ``lengths`` semantics
-exactly: padded steps keep the carry and output zeros (their cotangents pass through
-unchanged and contribute nothing to the weight gradients). So do episode resets
-(``resets``): at a marked step the forward scan restarts the row from its initial carry,
-and the reverse scan sends the cotangent of the carry entering that step to the initial
-carry's instead of the previous step's. The recurrent dropout mask
-is a constant here: it receives a zero gradient.
-
-Options (fields of :class:`rhnzoo.cells.scan_options.Options`, the one record of every
-scan backend): ``project_per_step`` (default True) computes W x_t inside the scan (for 1-wide
-inputs an outer product; no ``[T, B, k n]`` projection is written in the forward pass);
-``weight_grad_chunk`` sets C (1: a rank-B update per step, as autodiff does);
-``dtype=jnp.bfloat16`` runs every matmul with bfloat16 inputs and float32 accumulation
-(``preferred_element_type``), keeping parameters, state and gate arithmetic in
-float32. The float32 gate nonlinearities are :mod:`rhnzoo.cells.fastmath`'s.
+a chunk being C consecutive steps (``weight_grad_chunk``). The gate math and derivative
+coefficients (Wang & Tian 2016, eqs. 1, 3-5; Cho et al. 2014, eqs. 5-8; the reset-after
+GRU) are the cells' modules' (:func:`rhnzoo.cells.lstm.lstm_coefficients` and the like),
+shared with the Pallas kernels; σ and tanh are :mod:`rhnzoo.cells.fastmath`'s. Inside
+the scans every per-step array is feature-major, ``[features, B]``; :func:`unroll`
+takes and returns batch-major arrays. The recurrent dropout mask is a constant (zero
+gradient). Design and measurements: BUILD_NOTES.md, "Gated fused scans"; docs/speed.md,
+"The fused scans".
 """
 
 from __future__ import annotations
@@ -86,15 +60,10 @@ def _masked(h: Array, mask: Array | None) -> Array:
     return h if mask is None else h * mask
 
 
-# The GRU and RRN scans run a batch of B rows as a multiple of 8 columns (AVX2's
-# float32 vector width; a kernel's ``lanes``) where that adds at most B / 16: each
-# per-step elementwise pass over [features, B] then vectorises without a remainder. The
-# train step's A/Bs at P-MNIST's B = 100 -> 104: the GRU and RRN faster, the LSTM level
-# and the SC-LSTM slower, so those two keep B columns; B = 20 -> 24 level at n = 100 and
-# slower at n = 512: hence the B / 16 bound (figures: docs/runs/cpu/levers.md, issue 17
-# round 5). The extra columns are inert: zero inputs and carry,
-# padding under ``lengths`` (they keep their zero carry), and no cotangent reaches
-# them, so they add nothing to any gradient.
+# The GRU and RRN scans pad B to a multiple of 8 columns (AVX2's float32 width; a
+# kernel's ``lanes``) where that adds at most B / 16, so each elementwise pass vectorises
+# without a remainder (measured: docs/runs/cpu/levers.md; the LSTMs were not faster).
+# The extra columns are inert: zero inputs and carry, and no cotangent reaches them.
 
 
 def _pad(a: Array, extra: int, axis: int) -> Array:
@@ -106,14 +75,10 @@ def _pad(a: Array, extra: int, axis: int) -> Array:
 
 # ------------------------------------------------------------------------------ kernels
 #
-# Inside the fused scan every per-step array is feature-major, ``[features, B]``: the
-# carry is h^T, a step's gate pre-activations are z^T = U^T h^T + W^T x_t^T + b, and the
-# gate blocks are row blocks (contiguous). Putting the weight matrix on the left of
-# each per-step matmul is what makes this layout fast on CPU: XLA:CPU's matmul library
-# re-packs its right-hand operand on every call, and with the batch on the left (h U,
-# as the cells' ``step`` and autodiff compute it) that operand is the whole [n, k n]
-# weight matrix, every step. Measured faster, forward and backward, on the 2-core
-# development machine (docs/runs/cpu/levers.md, issue 17 round 2).
+# Feature-major: the carry is h^T, the pre-activations z^T = U^T h^T + W^T x_t^T + b,
+# the gate blocks contiguous row blocks. Why: XLA:CPU's matmul library re-packs its
+# right-hand operand on every call, which with the batch on the left (h U) is the whole
+# [n, k n] weight matrix, every step (docs/runs/cpu/levers.md).
 #
 # A kernel is a static (hashable) description of one cell's time step:
 #   prepare(w) -> p: the weights as the step uses them (transposed once per call)
@@ -131,9 +96,7 @@ def _pad(a: Array, extra: int, axis: int) -> Array:
 
 def _outer_sum(a: Array, dZ: Array, dtype: Any) -> Array:
     """``sum_{t,b} a[t,:,b] dZ[:,t B + b]^T``: ``[C, i, B] x [j, C B] -> [i, j]``, one
-    matmul contracting all C x B positions. dZ comes from the reverse scan already laid
-    out as ``[j, C B]`` (see :func:`_scan_bwd`); ``a``, the smaller operand, is
-    transposed to ``[i, C B]``."""
+    matmul over all C x B positions (``a``, the smaller operand, is transposed)."""
     a = jnp.swapaxes(a, 0, 1).reshape(a.shape[1], -1)
     out = jax.lax.dot_general(
         _cast(a, dtype),
@@ -145,11 +108,9 @@ def _outer_sum(a: Array, dZ: Array, dtype: Any) -> Array:
 
 
 def _rows(blocks: list[Array]) -> Array:
-    """Row blocks ``[n_i, B]`` -> one ``[sum n_i, B]`` array, each block written in place
-    (``dynamic_update_slice``). A ``jnp.concatenate`` of the same blocks let XLA:CPU fuse
-    their elementwise work into the concatenation, evaluated one output element at a
-    time, unvectorised: several times slower at P-MNIST's shape than written block by
-    block (the trace in docs/runs/cpu/levers.md)."""
+    """Row blocks ``[n_i, B]`` -> one ``[sum n_i, B]`` array, written block by block
+    (``dynamic_update_slice``): XLA:CPU fuses a ``jnp.concatenate``'s elementwise inputs
+    into it unvectorised, several times slower (docs/runs/cpu/levers.md)."""
     out = jnp.zeros((sum(b.shape[0] for b in blocks),) + blocks[0].shape[1:], blocks[0].dtype)
     start = 0
     for b in blocks:
@@ -170,11 +131,10 @@ def _bias(b: Array) -> Array:
 class _LSTMKernel:
     """LSTM (Wang & Tian eq. 1), optionally with SC-LSTM skips (eq. 5).
 
-    Carry ``(h, c)`` or, with skips, ``(h, c, h_anchor)`` (the step counter is turned
-    into the per-step ``aux`` flags ``on_grid`` / ``skipped`` outside the scan).
-    Saved per step: h_{t-1}, c_{t-1} and the gates i, f, o, c̃, each its own [n, B] stack
-    (one [4n, B] stack measured slower: a large zero-fill; docs/runs/cpu/levers.md), and
-    h_anchor when α is learned.
+    Carry ``(h, c)`` or, with skips, ``(h, c, h_anchor)`` (the step counter becomes the
+    ``aux`` flags ``on_grid`` / ``skipped`` outside the scan). Saved per step: h_{t-1},
+    c_{t-1} and i, f, o, c̃, each its own [n, B] stack (one [4n, B] stack measured
+    slower), and h_anchor when α is learned.
     """
 
     n: int
@@ -283,22 +243,12 @@ class _GRUKernel:
 
 @dataclasses.dataclass(frozen=True)
 class _GRUResetAfterKernel:
-    """The reset-after GRU (``GRU(reset_after=True)``: PyTorch's ``nn.GRU``, cuDNN)::
-
-      a = U^T h m                  one [3n, n] x [n, B] matmul per step
-      r | z = σ(xp_rz + a_rz),  g = a_h + b_hn,  h̃ = tanh(xp_h + r ⊙ g)
-      h' = h̃ + z ⊙ (h - h̃)
-
-    (:func:`~rhnzoo.cells.lstm.gru_reset_after_gates`). Backward, with dh the cotangent
-    of h' and the coefficients of :func:`~rhnzoo.cells.lstm.gru_reset_after_coefficients`
-    (dp: the cotangent of a pre-activation)::
-
-      dp_r, dp_z, dp_h, dg = dh ⊙ (dh_dzr, dh_dzz, dh_dzh, dh_dg)
-      dh_prev = z dh + m ⊙ U [dp_r; dp_z; dg]
-
-    xp's cotangent (and b's) is [dp_r; dp_z; dp_h], U's and b_hn's [dp_r; dp_z; dg]:
-    they differ in the last block, so dz carries both, ``[dp_r; dp_z; dp_h; dg]``
-    (``extra_dz_rows`` = n). Saved per step: h_{t-1}, r, z, h̃ and g.
+    """The reset-after GRU (``GRU(reset_after=True)``; one [3n, n] x [n, B] matmul per
+    step): :func:`~rhnzoo.cells.lstm.gru_reset_after_gates` and
+    :class:`~rhnzoo.cells.lstm.GRUResetAfterCoefficients`. xp's (and b's) cotangent is
+    [dz_r; dz_z; dz_h̃], U's and b_hn's [dz_r; dz_z; dg], so dz carries both,
+    ``[dz_r; dz_z; dz_h̃; dg]`` (``extra_dz_rows`` = n). Saved per step: h_{t-1}, r, z,
+    h̃ and g.
     """
 
     n: int
@@ -412,15 +362,9 @@ def _project_step(WT, x_t, dtype):
     return _dot(WT, x_t, dtype).astype(x_t.dtype)
 
 
-def _keep_padded(valid, new, old):
-    """Rows (columns here) whose step is padding keep ``old``."""
-    return jax.tree.map(lambda a, b: jnp.where(valid[None, :], a, b), new, old)
-
-
-def _restart(reset, carry0, carry):
-    """Rows (columns) where ``reset [B]`` is True take ``carry0``'s column: an episode
-    starts (``unroll(..., resets=...)``)."""
-    return jax.tree.map(lambda a, b: jnp.where(reset[None, :], a, b), carry0, carry)
+def _select(cols, a, b):
+    """Per column (a batch row): ``a``'s where ``cols [B]`` is True, else ``b``'s."""
+    return jax.tree.map(lambda x, y: jnp.where(cols[None, :], x, y), a, b)
 
 
 def _first(carry):
@@ -430,11 +374,9 @@ def _first(carry):
 
 
 def _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask):
-    """The forward scan. With padding (``aux['valid']``) the outputs are the steps'
-    outputs y_t (zero on padded steps); without, the scan writes no output stack of its
-    own: the outputs are the saved states entering each step, h_{t-1} (``unroll`` shifts
-    them by one step), one [T, n, B] stack fewer to write. ``outputs=False``: none
-    (``None``), the final carry only."""
+    """The forward scan. With padding (``aux['valid']``) the outputs are y_t (zero on
+    padded steps); without, they are the saved h_{t-1} (``_unroll`` shifts them by one
+    step: one [T, n, B] stack fewer to write). ``outputs=False``: None."""
     p, WT = kern.prepare(w), None
     if W is not None:  # a 1-wide input's outer product stays in the carry's dtype
         WT = (W if W.shape[0] == 1 else _cast(W, kern.dtype)).T
@@ -442,14 +384,14 @@ def _run(kern, unroll, outputs, w, W, carry0, xs, aux, mask):
     def step(carry, inputs):
         x_t, aux_t = inputs
         if "reset" in aux_t:  # the step runs from the initial carry where an episode starts
-            carry = _restart(aux_t["reset"], carry0, carry)
+            carry = _select(aux_t["reset"], carry0, carry)
         xp = x_t if W is None else _project_step(WT, x_t, kern.dtype)
         new, y, saved = kern.forward(p, carry, xp, aux_t, mask)
         v = aux_t.get("valid")
         if v is None:
             return new, (None, saved)
         y = jnp.where(v[None, :], y, 0.0) if outputs else None
-        return _keep_padded(v, new, carry), (y, saved)
+        return _select(v, new, carry), (y, saved)
 
     carry_T, (ys, saved) = jax.lax.scan(step, carry0, (xs, aux), unroll=unroll)
     if not outputs:
@@ -474,7 +416,7 @@ def _backward_step(kern, p, mask, dcarry, dy, saved_t, aux_t):
     v = aux_t.get("valid")
     dprev, dz, extra = kern.backward(p, dcarry, None if v is None else dy, saved_t, aux_t, mask)
     if v is not None:  # padded steps: the carry's cotangent passes through
-        dprev, dz = _keep_padded(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
+        dprev, dz = _select(v, dprev, dcarry), jnp.where(v[None, :], dz, 0.0)
         return dprev, dz, None if extra is None else jnp.where(v, extra, 0.0)
     if dy is not None:  # the cotangent of h_{t-1}, the step's input state
         h = _first(dprev) + dy
@@ -483,12 +425,9 @@ def _backward_step(kern, p, mask, dcarry, dy, saved_t, aux_t):
 
 
 def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
-    """The reverse scan in chunks of ``chunk`` steps: an inner scan runs the recurrence
-    backwards through the chunk and writes its dz into a ``[k n, chunk, B]`` buffer (so
-    that it reads as ``[k n, chunk B]``, the layout the weight-gradient matmul takes
-    without a transposed copy); the chunk's weight gradients are then one matmul over
-    its chunk x B positions. chunk = T: one matmul
-    over all positions after the reverse scan; chunk = 1: a rank-B update per step."""
+    """The reverse scan in chunks of ``chunk`` steps: an inner scan writes the chunk's dz
+    into a ``[k n, chunk, B]`` buffer (read as ``[k n, chunk B]``, the weight-gradient
+    matmul's layout, without a transposed copy), then one matmul per chunk."""
     w, W, xs, aux, mask, saved = res
     dcarry_T, dys = cotangents
     p, (T, _, B) = kern.prepare(w), saved["h"].shape
@@ -503,10 +442,9 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
         dprev, dz, extra = _backward_step(kern, p, mask, dcarry, *inputs)
         reset = inputs[2].get("reset")
         if reset is not None:  # an episode's start: its carry's cotangent goes to carry0's
-            keep = lambda a, b: jnp.where(reset[None, :], a, b)
             zero = jax.tree.map(jnp.zeros_like, dprev)
-            dcarry0 = jax.tree.map(jnp.add, dcarry0, jax.tree.map(keep, dprev, zero))
-            dprev = jax.tree.map(keep, zero, dprev)
+            dcarry0 = jax.tree.map(jnp.add, dcarry0, _select(reset, dprev, zero))
+            dprev = _select(reset, zero, dprev)
         dZ = jax.lax.dynamic_update_slice_in_dim(dZ, dz[:, None], t, axis=1)
         return (dprev, dZ, dcarry0), extra
 
@@ -552,8 +490,7 @@ def _scan_bwd(kern, unroll, chunk, outputs, res, cotangents):
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
-# The backend's place in the dispatcher (rhnzoo.cells.scan): the fused implementation,
-# without remat.
+# The backend's place in the dispatcher (rhnzoo.cells.scan).
 IMPL = "fused"
 REMAT = False
 
@@ -575,17 +512,9 @@ def fits(
 
 
 def default_unroll(cell: Any, backend: str | None = None) -> int:
-    """The time steps per scan iteration :func:`unroll` takes for ``unroll=None``, by
-    ``backend`` (default: :func:`rhnzoo.cells.scan_options.platform`, JAX's default backend
-    unless :func:`~rhnzoo.cells.scan_options.for_platform` set another), as measured:
-
-    * GPU: 8. The loop's per-step kernel launches, not FLOPs, bound these scans there;
-      on an H100 unroll 8 made every cell's train step faster than unroll 1
-      (docs/speed.md, issue 33).
-    * Elsewhere: 2 for the RRN (its step is K small matmuls in a row; faster on the CPU,
-      where the other cells' were not: docs/runs/cpu/levers.md, issue 17 round 4), 1
-      otherwise.
-    """
+    """The time steps per scan iteration :func:`unroll` takes for ``unroll=None`` on
+    ``backend`` (default: :func:`rhnzoo.cells.scan_options.platform`), as measured
+    (docs/speed.md): 8 on a GPU (launch-bound), else 2 for the RRN and 1 otherwise."""
     if (backend or platform()) in ("gpu", "cuda", "rocm"):
         return 8
     return 2 if isinstance(cell, RRN) else 1
@@ -634,23 +563,18 @@ def unroll(
           matmul inputs, float32 accumulation; state, parameters and gates stay
           float32).
         * ``unroll``: time steps per scan iteration, forward and backward; None:
-          :func:`default_unroll` of :func:`~rhnzoo.cells.scan_options.platform`, measured per
-          backend.
+          :func:`default_unroll`.
         * ``outputs``: "all" (``ys [T, B, n]``); "last" (each row's output at its last
           real step, ``[B, n]``, from the final carry by :func:`output_of`, zeros for a
-          row of length 0) and "none" (None) write no outputs, saving the forward pass
-          writing them and the backward pass reading their (zero) cotangents: for a
-          caller that reads the final output only (a classifier).
+          row of length 0) and "none" (None) write no output stack.
         * ``project_per_step``: compute W^T x_t^T inside the scan, one ``[k n, m] x [m,
-          B]`` matmul per step (an outer product when m = 1; None or True, the default:
-          measured faster, docs/runs/cpu/levers.md), instead of one ``[T, B, k n]``
-          projection before it (False).
+          B]`` matmul per step (an outer product when m = 1; None or True, the
+          default), instead of one ``[T, B, k n]`` projection before it (False).
         * ``weight_grad_chunk`` (this scan's backend option): C, the number of
-          consecutive steps whose weight gradients are formed by one matmul over their
-          C x B positions: T (after the whole reverse scan), 1 (a rank-B update per
-          step, as autodiff does) or any divisor of T. ``None`` (default): the largest
-          divisor of T up to 16 with ``project_per_step``, T otherwise (measured:
-          docs/runs/cpu/levers.md).
+          consecutive steps whose weight gradients are one matmul over their C x B
+          positions: T, 1 (a rank-B update per step, as autodiff does) or any divisor of
+          T. ``None`` (default): the largest divisor of T up to 16 with
+          ``project_per_step``, T otherwise.
         * ``remat``: must be False (the backward pass is written by hand); the other
           fields have no effect here.
       lengths: optional ``[B]`` int real steps per row: padded steps keep the carry and
@@ -658,8 +582,7 @@ def unroll(
       resets: optional ``[T, B]`` bool episode starts: where True, the row's carry is
         its row of the initial ``carry`` before the step runs (as
         :func:`rhnzoo.cells.unroll`; padded steps ignore it; the SC-LSTM's step counter
-        restarts too). The backward pass sends the cotangent of the carry entering a
-        restarted step to the initial carry's.
+        restarts too).
 
     Returns:
       ``(carry, ys [T, B, n])``, as :func:`rhnzoo.cells.unroll`; ``(carry, last [B,
@@ -676,54 +599,23 @@ def unroll(
             f"remat needs the reference scan (scan_impl='reference'): the fused scan of "
             f"{cell!r} has no remat"
         )
-    carry_T, ys = _unroll(
-        cell,
-        params,
-        carry,
-        xs,
-        mask,
-        lengths=lengths,
-        unroll=opts.unroll,
-        project_per_step=opts.project_per_step is not False,
-        dtype=opts.dtype,
-        weight_grad_chunk=opts.weight_grad_chunk,
-        outputs=opts.outputs == "all",
-        resets=resets,
-    )
+    carry_T, ys = _unroll(cell, params, carry, xs, mask, opts, lengths, resets)
     if opts.outputs == "last":
         return carry_T, last_real(output_of(cell, carry_T), lengths)
     return carry_T, ys
 
 
-def _unroll(
-    cell,
-    params,
-    carry,
-    xs,
-    mask,
-    *,
-    lengths,
-    unroll,
-    project_per_step,
-    dtype,
-    weight_grad_chunk,
-    outputs,
-    resets,
-):
-    """:func:`unroll` with its options as arguments; ``outputs`` a bool."""
+def _unroll(cell, params, carry, xs, mask, opts, lengths, resets):
+    """:func:`unroll` but ``outputs="last"``, which it runs as "none"."""
     if resets is not None:
         resets = base.check_resets(resets, xs)
-    kw = dict(
-        lengths=lengths,
-        unroll=unroll,
-        project_per_step=project_per_step,
-        dtype=dtype,
-        weight_grad_chunk=weight_grad_chunk,
-        outputs=outputs,
-        resets=resets,
-    )
+    outputs, dtype, unroll = opts.outputs == "all", opts.dtype, opts.unroll
+    project_per_step = opts.project_per_step is not False
     if isinstance(cell, Parallel):
-        outs = [_unroll(c, p, k, xs, mask, **kw) for c, p, k in zip(cell.cells, params, carry)]
+        outs = [
+            _unroll(c, p, k, xs, mask, opts, lengths, resets)
+            for c, p, k in zip(cell.cells, params, carry)
+        ]
         ys = sum(o[1] for o in outs) / len(outs) if outputs else None
         return tuple(o[0] for o in outs), ys
     if not supports(cell):
@@ -764,8 +656,7 @@ def _unroll(
         kern, carry0 = _RRNKernel(n, cell.depth, cell.activation, dtype), carry
     if unroll is None:
         unroll = default_unroll(cell, platform())
-    # Feature-major inside the scan (see the kernels' comment): [B, n] -> [n, B], the
-    # batch padded with inert columns to a multiple of the kernel's lanes (see _pad).
+    # Feature-major: [B, n] -> [n, B], padded with inert columns (see _pad).
     B, extra = xs.shape[1], -xs.shape[1] % kern.lanes
     extra = extra if extra * 16 <= B else 0
     carry0 = jax.tree.map(lambda a: _pad(a.T, extra, 1), carry0)
@@ -780,7 +671,7 @@ def _unroll(
         # no bfloat16 kernel for it)
         x_in = _dot(xs.reshape(-1, xs.shape[-1]), W, dtype).astype(cdt).reshape(T, -1, W.shape[1])
         x_in, W = jnp.swapaxes(x_in, 1, 2), None
-    chunk = weight_grad_chunk
+    chunk = opts.weight_grad_chunk
     if chunk is None:  # measured: docs/runs/cpu/levers.md
         chunk = max(c for c in range(1, 17) if T % c == 0) if project_per_step else T
     elif not (isinstance(chunk, int) and chunk >= 1 and T % chunk == 0):

@@ -4,24 +4,15 @@ Classification", EMNLP 2016) as cells of the :mod:`rhnzoo.cells` protocol: the L
 variant) and the skip-connected LSTM, SC-LSTM (their eq. 5).
 
 All three share one parameter layout (row-vector convention ``x @ W``): ``W [m, k n]``
-input weights, applied to every time step at once in ``project_inputs`` (one large
-matmul outside the recurrence), ``U [n, k n]`` recurrent weights and ``b [k n]``
-biases, the k gate blocks fused into one matrix (the reset-after GRU adds its recurrent
-candidate bias ``b_hn [n]``). The bias is added inside the step,
-where it fuses with the gate nonlinearities; adding it to the ``[T, B, k n]``
-projection instead costs one more pass over that array (the LSTM's forward pass was
-25% slower on CPU that way). Weights are initialised uniform in
-[-init_scale, init_scale] like every other rhnzoo cell; biases are zero, except the
-LSTM forget-gate bias (``forget_bias``). ``step`` is the plain function: a scan that
-wants the backward pass to keep only the matmul outputs opts in with
-``cells.unroll(..., save_matmuls=True)``; :mod:`rhnzoo.cells.gated_fused` is the fast
-unroll with a hand-written backward pass.
+input weights (``project_inputs``: every time step in one matmul), ``U [n, k n]``
+recurrent weights and ``b [k n]`` biases, the k gate blocks fused (the reset-after GRU
+adds ``b_hn [n]``). The bias is added inside the step, where it fuses with the gate
+nonlinearities (adding it to the ``[T, B, k n]`` projection costs one more pass over
+it). :mod:`rhnzoo.cells.gated_fused` is the fast unroll.
 
 Each cell's gate math and derivative coefficients live here once, as pure elementwise
-functions that every implementation calls (the cells' ``step``, the fused scans and the
-Pallas kernels' wrappers, each with its own σ, tanh and layout): :func:`lstm_gates` and
-:func:`lstm_coefficients` (LSTM, SC-LSTM), :func:`gru_reset_after_gates` and
-:func:`gru_reset_after_coefficients`, :func:`gru_coefficients` (Cho et al.'s GRU).
+functions that every implementation calls with its own σ, tanh and layout (the cells'
+``step``, the fused scans, the Pallas kernels' wrappers).
 """
 
 from __future__ import annotations
@@ -77,13 +68,8 @@ def _project(params: Params, xs: Array) -> Array:
 def check_params(cell: Any, params: Params, input_size: int | None = None) -> None:
     """Checks that ``params`` are parameters of ``cell`` (an :class:`LSTM`,
     :class:`SCLSTM` or :class:`GRU`): its keys, and shapes that fit its hidden size
-    (and ``input_size``, m, where given). Shapes only (trace time, no computation); the
-    cells' ``project_inputs`` and ``step`` and the fused and Pallas scans call it.
-
-    The keys carry the convention: ``b_hn`` is the reset-after GRU's alone (PyTorch's
-    ``nn.GRU``, :func:`rhnzoo.cells.torch_interop.gru_from_torch`), so Cho et al.'s
-    ``GRU(n)`` refuses parameters that have it, rather than computing another function
-    of the same weights; and ``alpha`` is SC-LSTM-P's alone.
+    (and ``input_size``, m, where given). Shapes only (trace time). The keys carry the
+    convention: ``b_hn`` is the reset-after GRU's alone, ``alpha`` SC-LSTM-P's.
 
     Raises:
       ValueError: (one line naming the cell and the parameter) a missing or unknown
@@ -215,13 +201,6 @@ class LSTM:
         return LSTMState(h, c), h
 
 
-# The LSTM's gate math, shared by every implementation (the cell's ``step``, the fused
-# scan of :mod:`rhnzoo.cells.gated_fused`, the Pallas kernels' wrappers in
-# :mod:`rhnzoo.cells.kernels.gated`): each passes its own σ and tanh (exact here, a rational
-# polynomial in the fused scan, the one-tanh σ beside the kernels) and its own layout, the
-# gate blocks along ``axis`` ([B, 4n] batch-major, [4n, B] feature-major, [T, B, 4n]).
-
-
 class LSTMGates(NamedTuple):
     """The gates of one LSTM step (Wang & Tian 2016, eq. 1): i, f, o and c̃, each
     ``[..., n]`` (the layout of the pre-activations, one gate block less)."""
@@ -317,9 +296,8 @@ class GRU:
       h̃_t = tanh(W_h x_t + U_h (r_t ⊙ h_{t-1}) + b_h)            (eq. 8)
       h_t = z_t ⊙ h_{t-1} + (1 - z_t) ⊙ h̃_t                      (eq. 7)
 
-    It is the default because it is the GRU of the paper Wang & Tian (2016) cite for
-    their LSTM+GRU baseline (sec. 4, Table 3: Cho et al. 2014), and it changes nothing
-    that existed before the option.
+    The default: the GRU Wang & Tian (2016) cite for their LSTM+GRU baseline (sec. 4,
+    Table 3).
 
     ``reset_after=True``: the variant of cuDNN, ``torch.nn.GRU``, Keras
     (``reset_after=True``) and Flax's ``GRUCell``, the reset gate applied after the
@@ -327,12 +305,9 @@ class GRU:
 
       h̃_t = tanh(W_h x_t + b_h + r_t ⊙ (U_h h_{t-1} + b_hn))
 
-    (r_t, z_t and eq. 7 as above). It is a different function of the same weights (for
-    generic weights the two disagree), with n more parameters; its three recurrent
-    matmuls no longer wait for r_t, so they fuse into one per step. In PyTorch's names
-    (``torch.nn.GRU``, gates r, z, n): W = ``weight_ih_l0``ᵀ, U = ``weight_hh_l0``ᵀ,
-    b = (b_ir + b_hr | b_iz + b_hz | b_in) and b_hn = PyTorch's b_hn;
-    :mod:`rhnzoo.cells.torch_interop` converts.
+    (r_t, z_t and eq. 7 as above): a different function of the same weights, with n
+    more parameters and one fused recurrent matmul per step;
+    :mod:`rhnzoo.cells.torch_interop` converts PyTorch's.
 
     Sign convention: Cho et al.'s original eq. 7, z is the fraction of h_{t-1} kept
     (also PyTorch's and Flax's); Chung et al. (2014) write the same cell with z and
@@ -341,9 +316,7 @@ class GRU:
     Parameters (a dict, float32 from ``init``): ``W [m, 3n]``, ``U [n, 3n]``,
     ``b [3n]``, blocks in the order r | z | h̃, and with ``reset_after`` also
     ``b_hn [n]``; weights uniform in [-init_scale, init_scale], biases zero. Parameter
-    count 3(m n + n² + n), + n with ``reset_after``. Per step: Cho's cell one fused
-    matmul for r and z, then one for h̃ (which needs r first); ``reset_after`` one
-    ``[B, n] x [n, 3n]`` matmul.
+    count 3(m n + n² + n), + n with ``reset_after``.
 
     Carry: h ``[B, n]`` (float32 or float64: ``step`` computes in the carry's dtype);
     output h_t ``[B, n]``. The dropout ``mask`` ([B, n]) multiplies h_{t-1} where it
@@ -407,11 +380,6 @@ class GRU:
             h_tilde = jnp.tanh(x_proj[..., 2 * n :] + (r * h_in) @ U[:, 2 * n :])
         h = h_tilde + z * (carry - h_tilde)
         return h, h
-
-
-# The GRUs' gate math and derivative coefficients, shared as the LSTM's are (above): Cho
-# et al.'s cell by the fused scan and :mod:`rhnzoo.cells.kernels.chained`, the reset-after
-# cell by the cell's ``step``, the fused scan and :mod:`rhnzoo.cells.kernels.gated`.
 
 
 class GRUResetAfterGates(NamedTuple):

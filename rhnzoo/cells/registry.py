@@ -13,9 +13,8 @@ Names (:data:`NAMES`): ``rhn``, ``dtrnn``, ``dtsrnn``, ``lstm``, ``gru``, ``rrn`
 ``sc_lstm_i``, ``sc_lstm_p``, ``hrl`` (``Parallel((LSTM, RRN))``), ``lstm_gru``
 (``Parallel((LSTM, GRU))``). ``hsg_<name>`` (or ``hsg=True``) wraps the cell in the
 Highway State Gate; only cells whose carry is one ``[B, n]`` vector can be wrapped
-(:data:`HSG_NAMES`), the others are refused with one line. (HSG gates the whole
-state it feeds back; for an LSTM that would mean choosing whether c, h or both are
-gated, which is a new model rather than Shoham & Permuter's, so we refuse instead.)
+(:data:`HSG_NAMES`), the others are refused with one line (gating an LSTM's c, h or
+both would be a new model, not Shoham & Permuter's).
 
 Keyword arguments are the cell's own fields (:func:`options` lists them; an unknown
 one is one ``ValueError`` line naming the valid ones); ``hsg_init_bias`` and

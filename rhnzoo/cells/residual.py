@@ -2,9 +2,6 @@
 Sequence Classification", EMNLP 2016) as cells of the :mod:`rhnzoo.cells` protocol:
 the recurrent residual network RRN (eqs. 3-4) and :class:`Parallel`, the combinator
 behind the hybrid residual LSTM, HRL (eqs. 6-7).
-
-:func:`rrn_coefficients` is the RRN's derivative, once, for every implementation that
-writes its backward pass by hand (the fused scan, the Pallas kernel's wrapper).
 """
 
 from __future__ import annotations
@@ -43,13 +40,10 @@ class RRN:
 
     Parameters (a dict, row-vector convention ``x @ W``): ``W [m, K n]`` the K input
     matrices side by side (layer k in columns (k-1)n .. kn), so ``project_inputs`` does
-    all K input projections in one matmul; ``b [K n]`` likewise (added in the step, as
-    in :mod:`rhnzoo.cells.lstm`); ``U [K, n, n]`` stacked so that layers 2..K are one
-    ``lax.scan`` (compile time does not grow with K). Weights uniform in
-    [-init_scale, init_scale], biases zero. Parameter count K(m n + n² + n), i.e. half
-    an LSTM's for K = 2. ``step`` is the plain function (``cells.unroll(...,
-    save_matmuls=True)`` keeps only matmul outputs for the backward pass;
-    :mod:`rhnzoo.cells.gated_fused` has the fast unroll).
+    all K input projections in one matmul; ``b [K n]`` likewise (added in the step);
+    ``U [K, n, n]`` stacked so that layers 2..K are one ``lax.scan`` (compile time does
+    not grow with K). Weights uniform in [-init_scale, init_scale], biases zero.
+    Parameter count K(m n + n² + n), half an LSTM's for K = 2.
 
     Carry: h ``[B, n]``; output h_t. The recurrent dropout ``mask`` ([B, n]) multiplies
     h_{t-1} where it enters U_1; the residual term of eq. 3 uses the undropped h_{t-1}.
@@ -141,9 +135,6 @@ class RRN:
         h = jnp.tanh(carry + y)
         return h, h
 
-
-# The RRN's derivative coefficients, shared by the fused scan (:mod:`rhnzoo.cells.
-# gated_fused`) and the Pallas kernel's wrapper (:mod:`rhnzoo.cells.kernels.chained`).
 
 # σ' as a function of σ's output y, for each inner activation.
 _DERIVATIVES = {"sigmoid": lambda y: y * (1 - y), "tanh": lambda y: 1 - y * y}

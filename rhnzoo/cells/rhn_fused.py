@@ -2,32 +2,17 @@
 
 Same mathematics as :class:`rhnzoo.cells.RHN` (coupled gates) and
 :class:`rhnzoo.cells.HSG` around it, tested against them (values and gradients),
-but faster to train. Under plain autodiff of ``lax.scan`` every time step adds
-a rank-B outer product into each recurrent weight gradient (``dR += s^T dz``):
-B is small (20 for PTB), so the backward pass streams the whole gradient
-accumulator through memory once per step and micro-layer. Here the forward pass
-saves every micro-layer's input state and gate values, the backward scan only
-propagates the state gradient and emits the pre-activation gradients dz, and the
-weight gradients are formed afterwards as one large matmul per micro-layer with
-the contraction over all T x B positions:
+but faster to train. The forward pass saves every micro-layer's input state and gate
+values, the backward scan propagates only the state gradient and emits the
+pre-activation gradients dz, and each recurrent weight gradient is one matmul over all
+T x B positions instead of a rank-B update per step:
 
     dR_l = sum_t (s_l,t * m)^T dz_l,t        (Zilly et al. 2017, eqs. 6-8 differentiated)
 
-Inside the scans every per-step array is feature-major (``[n, B]``, the weight matrix
-on the left of each matmul, as in :mod:`rhnzoo.cells.gated_fused`), the gate
-nonlinearities are :mod:`rhnzoo.cells.fastmath`'s, and at moderate depth the
-micro-layers are a Python loop over per-layer weights (``layer_loop``): together faster
-than the batch-major ``lax.scan`` version's train step at ``ptb_sota``. In that loop each
-micro-layer's saved arrays and dz stay separate stacks over T, and each backward ds and
-dz is computed once (:func:`_runtime_one`), faster again (figures: docs/runs/cpu/levers.md,
-issue 17 rounds 3 and 7).
-
-Options: ``remat=True`` saves only the per-step carries and recomputes a step's
-micro-layers in the backward pass (memory O(T B n) instead of O(T L B n));
-``dtype=jnp.bfloat16`` runs the matmuls in bfloat16 with float32 accumulation,
-keeping parameters and the recurrent state in float32; ``resets`` restarts rows from the
-initial state at marked steps (episodes), the reverse scan routing those steps' state
-cotangents to the initial state's.
+Feature-major inside the scans (as :mod:`rhnzoo.cells.gated_fused`), with
+:mod:`rhnzoo.cells.fastmath`'s nonlinearities; design and measurements: BUILD_NOTES.md,
+"RHN fused scan". ``remat=True`` saves only the per-step carries (memory O(T B n)
+instead of O(T L B n)).
 """
 
 from __future__ import annotations
@@ -46,17 +31,12 @@ from rhnzoo.cells.rhn import HSG, RHN
 Array = jax.Array
 
 # Depths up to which the micro-layers are a Python loop over per-layer weights by
-# default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Why: at
-# depth 10 the loop's train step is faster (the scan copies R_l out of the stack for every
-# micro-layer and time step), at depth 40 it is no faster and compiles slower (figures:
-# docs/runs/cpu/levers.md, issue 17 round 3). In XLA:CPU's optimized HLO those copies are
-# a dynamic-slice loop fusion of R_l^T (forward) and of R_l (backward) in every
-# micro-layer step; the loop's weights, sliced outside the time scan, leave none in any
-# while body (tests/test_fused.py, depth 12).
+# default (``layer_loop=None``); a ``lax.scan`` over the stacked weights above. Why: the
+# scan copies R_l out of the stack every micro-layer and time step (faster loop at depth
+# 10), the loop compiles slower at depth 40 (docs/runs/cpu/levers.md).
 LOOP_LAYERS_UP_TO = 10
 
-# The backend's place in the dispatcher (rhnzoo.cells.scan): the fused implementation,
-# with remat.
+# The backend's place in the dispatcher (rhnzoo.cells.scan).
 IMPL = "fused"
 REMAT = True
 
@@ -76,25 +56,17 @@ def fits(
     return supports(cell)
 
 
-# Matmuls: inputs cast to ``dtype`` with float32 accumulation, or with ``dtype=None`` in
-# their own dtype (float64 in the tests), as in :mod:`rhnzoo.cells.gated_fused`.
-_dot = fastmath.dot
+_dot = fastmath.dot  # the fused scans' one precision rule
 
-
-# Inside the scans every per-step array is feature-major, ``[n, B]`` (the state s^T, the
-# pre-activations z^T = R_l^T (s m)^T + b_l as H | T row blocks), so that the weight
-# matrix is the left operand of every per-step matmul: XLA:CPU's matmul library packs its
-# right-hand operand on every call, which with the batch on the left (s R_l) is the whole
-# [n, 2n] R_l, per micro-layer and time step (see :mod:`rhnzoo.cells.gated_fused` and
-# docs/runs/cpu/levers.md). :func:`unroll` takes and returns batch-major arrays.
+# Feature-major, ``[n, B]``: the state s^T, the pre-activations z^T = R_l^T (s m)^T + b_l
+# as H | T row blocks (the weight matrix on the left: see gated_fused's kernels).
 
 
 def _layer_scan(layer, carry, xs, reverse=False):
     """``lax.scan`` over the micro-layers (outputs stacked, ``[L, ...]``), or a Python loop
-    when the weights (``xs[0]``) are a list of per-layer arrays (sliced once, outside the
-    time scan); the loop's outputs stay lists of L arrays (an output tuple becomes a tuple
-    of lists): stacking them would copy every output once more per time step, and the
-    time scan stacks each layer's output over T as it is."""
+    when the weights (``xs[0]``) are a list of per-layer arrays; the loop's outputs stay
+    lists of L arrays (a tuple of lists): stacking them would copy every output once
+    more per time step."""
     if not isinstance(xs[0], list):
         return jax.lax.scan(layer, carry, xs, reverse=reverse)
     L = len(xs[0])
@@ -128,15 +100,11 @@ def _forward_step(RT, b, hsg, s_hat, xp, m, dtype):
 
 def _runtime_one(mask: Array) -> Array:
     """Exactly 1.0, computed at run time from the (finite, >= 0) dropout mask so that XLA
-    cannot fold it. With the Python layer loop, the backward pass divides each
-    micro-layer's ds and dz by it, which marks those cheap elementwise results as
-    expensive, so XLA:CPU computes each once. Without it, its fusion pass duplicates ds_l
-    into both consumers (the next micro-layer's dz and ds), recursively, and micro-layer
-    l recomputes the chain through layers l+1..L: work quadratic in L per time step
-    (docs/runs/cpu/levers.md, issue 17 round 7); and dz is computed twice, for its matmul
-    and for the saved stack. (A layer scan materialises each ds as its carry: it divides by 1.0.)
-    ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion.
-    float32, so that dividing by it never promotes the state gradient's dtype."""
+    cannot fold it. The Python layer loop's backward divides each micro-layer's ds and dz
+    by it, so XLA:CPU computes each once: otherwise its fusion pass duplicates ds_l into
+    both consumers, recursively (work quadratic in L per time step;
+    ``lax.optimization_barrier`` is removed before fusion). float32, so that dividing by
+    it never promotes the state gradient's dtype."""
     a = mask[0, 0].astype(jnp.float32) + 1.0
     return a / a
 
@@ -170,8 +138,7 @@ def _weights(R, b, hsg, loop):
     HSG's W_R, W_F)``, R and R^T as lists of per-layer arrays when ``loop``."""
     RT = jnp.swapaxes(R, 1, 2)
     if loop:
-        # Slices of the transposed stack compile to one transposing copy per layer (``R[l].T``
-        # to two); tests/test_fused.py, docs/runs/cpu/levers.md (issue 17 round 8).
+        # Slices of the transposed stack: one transposing copy per layer (``R[l].T``: two).
         R, RT = list(R), list(RT)
     bT = b[..., None]
     hsgT = None if hsg is None else (hsg[0].T, hsg[1].T, hsg[2][:, None])

@@ -9,24 +9,14 @@ carry, xs, mask, opts, *, lengths, resets)`` taking one options record,
 ``auto`` picks one of them by one rule (:func:`resolve`, walking :data:`BACKENDS` in
 preference order), as recurrentgemma's ``ScanType`` does:
 
-* ``reference``: :data:`REFERENCE`, :func:`rhnzoo.cells.unroll`, the cell's own ``step``
-  in a ``lax.scan``, differentiated by autodiff; any cell; ``remat``; no bfloat16.
-* ``fused``: the hand-written backward scans, :mod:`rhnzoo.cells.gated_fused` for LSTM,
-  GRU, SC-LSTM, RRN and ``Parallel`` of these (HRL, LSTM+GRU), and
-  :mod:`rhnzoo.cells.rhn_fused` for the coupled RHN and HSG(RHN) (either spelling:
-  ``cells.make('hsg_rhn', ...)`` and ``cells.make('rhn', ..., hsg=True)`` build the same
-  cell); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
-* ``pallas``: the Mosaic GPU kernels of :mod:`rhnzoo.cells.kernels`, each family a
-  :class:`~rhnzoo.cells.kernels.Backend` of :data:`~rhnzoo.cells.kernels.BACKENDS`
-  (:func:`~rhnzoo.cells.kernels.backend_of` finds a cell's): the persistent kernels of
-  :mod:`~rhnzoo.cells.kernels.gated` (LSTM, SC-LSTM, reset-after GRU) and
-  :mod:`~rhnzoo.cells.kernels.chained` (RRN, Cho et al.'s GRU), and ``Parallel`` of these
-  (HRL, LSTM+GRU), each part by its own kernels; hidden size <= 128; bfloat16 only; no
-  ``remat``; and :mod:`~rhnzoo.cells.kernels.rhn` (one fused GEMM-and-highway kernel per
-  micro-layer) for the coupled RHN and HSG(RHN), any size.
-
-The cells' own :func:`rhnzoo.cells.unroll` keeps its signature: it is the scan a user
-writes, and the ``reference`` backend here wraps it.
+* ``reference``: :data:`REFERENCE`, :func:`rhnzoo.cells.unroll` (the cell's own
+  ``step`` in a ``lax.scan``, autodiff); any cell; ``remat``; no bfloat16.
+* ``fused``: the hand-written backward scans, :mod:`rhnzoo.cells.gated_fused` (LSTM,
+  GRU, SC-LSTM, RRN, ``Parallel`` of these) and :mod:`rhnzoo.cells.rhn_fused` (coupled
+  RHN, HSG(RHN)); float32 or bfloat16 matmul inputs; ``remat`` in the RHN's only.
+* ``pallas``: the Mosaic GPU kernel families of :data:`rhnzoo.cells.kernels.BACKENDS`
+  (:func:`~rhnzoo.cells.kernels.backend_of` finds a cell's; a ``Parallel`` runs part by
+  part); bfloat16 only; no ``remat``.
 """
 
 from __future__ import annotations
@@ -55,8 +45,7 @@ class ScanImpl(enum.StrEnum):
     AUTO = "auto"
 
 
-# The values of ``--scan_impl`` / ``scan_impl=``, ``auto`` (every task's default) first;
-# the configs declare the field (rhnzoo.config.scan_impl_setting).
+# The values of ``--scan_impl`` / ``scan_impl=`` (rhnzoo.config.scan_impl_setting).
 CHOICES: tuple[str, ...] = ("auto", "reference", "fused", "pallas")
 DEFAULT = "auto"
 
@@ -70,9 +59,7 @@ HELP = (
 )
 
 
-# The platforms the persistent kernels (Mosaic GPU) run on: an NVIDIA GPU compiled, the
-# CPU in Pallas's GPU interpret mode. (platform() and for_platform() are
-# rhnzoo.cells.scan_options's: the backends read them too.)
+# The platforms the kernels run on: an NVIDIA GPU compiled, the CPU interpreted.
 PALLAS_PLATFORMS = ("gpu", "cuda", "cpu")
 
 
@@ -107,9 +94,7 @@ class _Reference:
     ) -> tuple[Any, Array | None]:
         """:func:`rhnzoo.cells.unroll` with ``opts``' ``unroll`` (None: 1), ``remat``,
         ``project_per_step`` (None: False) and ``save_matmuls``, in the inputs' dtype;
-        ``outputs="last"`` gathers each row's output at its last real step from the
-        outputs (:func:`rhnzoo.cells.scan_options.gather_last`: a DT-RNN's carry does not hold
-        its output).
+        ``outputs="last"`` by :func:`~rhnzoo.cells.scan_options.gather_last`.
 
         Raises:
           ValueError: ``opts.dtype`` bfloat16; what :func:`rhnzoo.cells.unroll` raises.
@@ -140,15 +125,8 @@ class _Reference:
 
 REFERENCE = _Reference()
 
-# The backends in the order ``auto`` prefers them (resolve): the kernels where they fit,
-# the fused scans, the reference scan. A Parallel under ``pallas`` runs part by part.
+# The backends in the order ``auto`` prefers them (resolve).
 BACKENDS: tuple[Any, ...] = (*kernels.BACKENDS, gated_fused, rhn_fused, REFERENCE)
-
-
-def rhn_fused_supports(cell: Any) -> bool:
-    """Whether :mod:`rhnzoo.cells.rhn_fused` runs ``cell``: a coupled RHN, or HSG around one
-    (:func:`rhnzoo.cells.rhn_fused.supports`)."""
-    return rhn_fused.supports(cell)
 
 
 def pallas_supports(cell: Any) -> bool:
@@ -208,26 +186,18 @@ def resolve(
     """The implementation that runs ``cell``: ``impl`` itself when the cell has it, and
     for ``auto`` the one rule below (never returns ``AUTO``).
 
-    ``auto`` walks :data:`BACKENDS` in this order and takes the first backend that
-    supports the cell, has ``remat`` where asked and ``fits`` (the measurements behind it:
-    docs/speed.md, "The rule of ``auto`` and the figures behind it"):
+    ``auto`` walks :data:`BACKENDS` in order and takes the first backend that supports
+    the cell, has ``remat`` where asked and ``fits`` (docs/speed.md, "The rule of
+    ``auto`` and the figures behind it"):
 
-    1. ``pallas`` where the cell's backend (:func:`~rhnzoo.cells.kernels.backend_of`)
-       ``fits(cell, batch, dtype, backend)``, a known ``batch`` and no ``remat``. Every
-       backend's ``fits`` needs an entry of the verified record
-       (:func:`rhnzoo.cells.kernels.verified.verified`): a GPU window measured this
-       kernel source (its digest), on this device kind, at this cell, hidden size, batch,
-       input width and dtype, its errors checked and its train step faster than the fused
-       scan's. Besides, the gated backend's ``fits`` is a GPU of compute capability 9.0,
-       an LSTM with hidden size <= 64 whose shapes fit one CTA's shared memory, and
-       bfloat16 matmul inputs; the chained (RRN, Cho's GRU) and RHN backends' a cell they
-       run, bfloat16 and compute capability 9.0. The record is empty today, so ``auto``
-       never picks ``pallas`` until a kernel window fills it. A ``Parallel`` has no
-       backend of its own. Never chosen on a CPU or a TPU.
-    2. ``fused`` where the cell has a fused scan (and, with ``remat``, where that scan
-       has remat: the RHN's; the gated cells then take ``reference``).
-    3. ``reference`` otherwise (every other cell: DT-RNN, DT(S)-RNN, an uncoupled RHN,
-       HSG around a gated cell); bfloat16 then has no implementation (a ValueError).
+    1. ``pallas`` at a known ``batch``, without ``remat`` or ``resets``, where the cell's
+       kernel backend ``fits``: it needs an entry of the verified record
+       (:func:`rhnzoo.cells.kernels.verified.verified`) for this kernel source, device
+       kind and shape (empty today, so never yet), besides the backend's own conditions.
+       Never on a CPU or a TPU; a ``Parallel`` has no backend of its own.
+    2. ``fused`` where the cell has a fused scan (with ``remat``, the RHN's only).
+    3. ``reference`` otherwise (DT-RNN, DT(S)-RNN, an uncoupled RHN, HSG around a gated
+       cell); bfloat16 then has no implementation (a ValueError).
 
     Args:
       impl: one of :data:`CHOICES` (or a :class:`ScanImpl`).
@@ -241,10 +211,8 @@ def resolve(
       resets: the call has episode starts (:func:`unroll`'s ``resets``), which the
         kernels do not have: ``auto`` then skips ``pallas``.
 
-    ``pallas`` asked for on a GPU platform (``'gpu'``, ``'cuda'``) with a known ``batch``
-    and no entry of the verified record for it logs one absl WARNING line per kernel
-    and device kind naming it as not yet checked there, and runs it; on the CPU (Pallas's
-    interpret mode, the tests' path) it logs nothing.
+    ``pallas`` asked for on a GPU platform with a known ``batch`` and no entry of the
+    verified record logs one absl WARNING line per kernel and device kind, and runs it.
 
     Raises:
       ValueError: (one line naming the cell and its implementations) an unknown
@@ -302,10 +270,8 @@ def resolve(
 
 
 def _auto(cell, batch, dtype, where, remat, input_size, resets) -> ScanImpl | None:
-    """``auto``'s choice (:func:`resolve`): the implementation of the first backend of
-    :data:`BACKENDS` that supports ``cell``, has remat where asked, and ``fits`` (a
-    kernel: at a known ``batch`` and without ``resets``); None where none does (bfloat16
-    and only the reference scan)."""
+    """``auto``'s choice (:func:`resolve`); None where no backend fits (bfloat16 and only
+    the reference scan)."""
     size = {} if input_size is None else {"input_size": input_size}
     for b in BACKENDS:
         if not b.supports(cell) or (remat and not b.REMAT):
@@ -326,15 +292,13 @@ def _backends_of(impl: ScanImpl, cell: Any) -> tuple[Any, ...]:
     return (backend_for(impl, cell),)
 
 
-# The platforms on which a kernel runs compiled: the record's device kinds are GPUs'.
+# The platforms on which a kernel runs compiled.
 GPU_PLATFORMS = ("gpu", "cuda")
 
 
 def _warn_unchecked(cell: Any, batch: int | None, dtype: Any, input_size: int | None) -> None:
-    """One absl WARNING line per kernel (backend, cell kind) and device kind that the
-    verified record does not list for this shape
-    (:func:`rhnzoo.cells.kernels.verified.warn_unchecked`); a ``Parallel``'s parts each;
-    nothing while ``batch`` is unknown (a config's check: the call that runs it knows)."""
+    """:func:`rhnzoo.cells.kernels.verified.warn_unchecked` for ``cell``'s kernel (a
+    ``Parallel``'s parts each); nothing while ``batch`` is unknown."""
     if isinstance(cell, Parallel):
         for part in cell.cells:
             _warn_unchecked(part, batch, dtype, input_size)
@@ -375,11 +339,8 @@ def unroll(
         its row of the initial ``carry`` before the step runs
         (:func:`rhnzoo.cells.unroll`); the reference and fused scans. ``auto`` then
         never picks the pallas kernels, which have no resets.
-      **options: the fields of :class:`~rhnzoo.cells.scan_options.Options` (``dtype``,
-        ``unroll``, ``remat``, ``outputs`` "all" | "last" | "none" (True, False),
-        ``project_per_step``, ``save_matmuls``, and the backend options ``layer_loop``,
-        ``weight_grad_chunk``, ``interpret``, ``batch_tile``, ``kernel_backward``), one
-        record for whichever backend runs.
+      **options: the fields of :class:`~rhnzoo.cells.scan_options.Options`, one record
+        for whichever backend runs.
 
     Returns:
       ``(carry, ys [T, B, n])``; ``(carry, last [B, n])`` with ``outputs="last"``, each
@@ -417,10 +378,8 @@ def unroll(
 
 
 def _kernels_by_part(cell, params, carry, xs, mask, opts, *, lengths):
-    """A ``Parallel`` cell under ``pallas``: each part by its own kernels
-    (:func:`~rhnzoo.cells.kernels.backend_of`), the output the mean of theirs, as
-    :class:`~rhnzoo.cells.Parallel` defines it (with ``outputs="last"`` too: each part's
-    output at the row's last real step)."""
+    """A ``Parallel`` cell under ``pallas``: each part by its own kernels, the output the
+    mean of theirs (with ``outputs="last"`` too)."""
     parts = [
         kernels.backend_of(c).unroll(c, p, h, xs, mask, opts, lengths=lengths)
         for c, p, h in zip(cell.cells, params, carry, strict=True)
@@ -438,7 +397,7 @@ def output_of(cell: Any, carry: Any) -> Array:
     Raises:
       ValueError: for a cell whose output is not read from its carry here.
     """
-    if rhn_fused_supports(cell):
+    if rhn_fused.supports(cell):
         return carry
     if gated_fused.supports(cell):
         return gated_fused.output_of(cell, carry)

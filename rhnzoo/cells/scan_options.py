@@ -2,15 +2,8 @@
 helpers they share: the platform they choose for (:func:`platform`, :func:`for_platform`)
 and each row's output at its last real step (:func:`last_real`, :func:`gather_last`).
 
-Every backend of :mod:`rhnzoo.cells.scan` (the reference scan, the fused scans of
-:mod:`rhnzoo.cells.gated_fused` and :mod:`rhnzoo.cells.rhn_fused`, the kernel families of
-:mod:`rhnzoo.cells.kernels`) has one ``unroll``::
-
-  unroll(cell, params, carry, xs, mask=None, opts=DEFAULT_OPTIONS, *, lengths=None,
-         resets=None) -> (carry, ys [T, B, n] | last [B, n] | None)
-
-taking this record. It imports nothing of rhnzoo's, so the kernels import it without the
-dispatcher.
+Every backend of :mod:`rhnzoo.cells.scan` takes this record in its one ``unroll``. It
+imports nothing of rhnzoo's, so the kernels import it without the dispatcher.
 """
 
 from __future__ import annotations
@@ -42,10 +35,9 @@ class Options:
 
     Attributes:
       dtype: the matmul input dtype, a JAX dtype (any name of one is taken): None, each
-        backend's own (the inputs' dtype for the reference and fused scans, e.g. float64
-        in tests; bfloat16 for the kernels, their only precision); float32; bfloat16
-        (bfloat16 matmul inputs, float32 accumulation, state and parameters: the fused
-        scans and the kernels; the reference scan refuses it).
+        backend's own (the inputs' dtype for the reference and fused scans; the
+        kernels' bfloat16); float32; bfloat16 (bfloat16 matmul inputs, float32
+        accumulation, state and parameters; the reference scan refuses it).
       unroll: time steps per scan iteration; None: each backend's default (1 for the
         reference and the RHN's fused scan, :func:`rhnzoo.cells.gated_fused.default_unroll`
         of :func:`platform` for the gated one); the kernels have their own loop and
@@ -54,15 +46,13 @@ class Options:
         fused one; the others refuse it).
       outputs: ``"all"``: every step's output ``ys [T, B, n]``; ``"last"``: each row's
         output at its last real step ``[B, n]`` (zeros for a row of length 0), from
-        every backend (the reference scan gathers it from its outputs, the others read
-        it from the final carry and write no output stack); ``"none"``: None (the gated
-        scans then write no outputs). True and False are taken as ``"all"`` and
+        every backend; ``"none"``: None. True and False are taken as ``"all"`` and
         ``"none"``.
       project_per_step: compute the input projection inside the time scan; None: the
         backend's default (the reference scan's False, the gated fused scan's True); the
         RHN's scans and the kernels have their own and ignore it.
       save_matmuls: the reference scan's :func:`rhnzoo.cells.base.save_matmuls_only`
-        (ignored by the others, whose backward passes are written by hand).
+        (ignored by the others).
 
     Backend options (the other backends ignore them):
 
@@ -77,12 +67,9 @@ class Options:
       batch_tile: the kernels: Bt, the batch columns per CTA on wgmma's N of a swap-AB
         kernel (gates on M), 16, 32 or 64. The RHN's micro-layer kernels are always
         swap-AB (None: :func:`rhnzoo.cells.kernels.rhn.default_batch_tile` of B). The
-        persistent kernels: None is their 64-row layout (batch rows on wgmma's M); a Bt
-        runs the LSTM's forward by :mod:`~rhnzoo.cells.kernels.swap_ab` (a small batch
-        spread over more SMs; issue 59), its backward as with None; only a plain
-        :class:`~rhnzoo.cells.LSTM` runs it (the other persistent cells: ValueError).
-        Never set by the dispatcher nor ``auto``: not yet timed on a GPU
-        (tools/gpu/kernel_probe.py's ``pallas_bt16``, ``_bt32``).
+        persistent kernels: None is their 64-row layout; a Bt runs the LSTM's forward by
+        :mod:`~rhnzoo.cells.kernels.swap_ab` (only a plain :class:`~rhnzoo.cells.LSTM`;
+        the other persistent cells: ValueError). Never set by ``auto``.
       kernel_backward: the RHN's kernels: the backward pass by its backward micro-layer
         kernels (the default); False: the fused scan's hand-written backward in XLA
         (:func:`rhnzoo.cells.rhn_fused.unroll_backward`). The persistent kernels have
@@ -180,9 +167,8 @@ def platform() -> str:
 @contextlib.contextmanager
 def for_platform(name: str) -> Iterator[None]:
     """Within it, :func:`rhnzoo.cells.scan.resolve` (``backend`` None) and every scan
-    choose as they would on platform ``name`` (``'tpu'``, ``'gpu'``, ``'cpu'``), whatever
-    this host's backend: for tracing a step to lower for another platform, e.g. on a CPU
-    host::
+    choose as they would on platform ``name`` (``'tpu'``, ``'gpu'``, ``'cpu'``): for
+    tracing a step to lower for another platform, e.g. on a CPU host::
 
       with scan.for_platform("tpu"):
           jax.jit(lambda *a: step(*a)).trace(*args).lower(lowering_platforms=("tpu",))

@@ -28,23 +28,17 @@ GRU keeps b_hn apart (``b_hn [n]``).
 Wherever PyTorch's two biases enter a pre-activation only as their sum (every LSTM gate,
 the GRU's r and z) rhnzoo keeps the sum: ``*_from_torch`` adds them, ``*_to_torch`` writes
 the whole bias to ``bias_ih_l0`` and zeros to that part of ``bias_hh_l0``. So
-``*_from_torch(*_to_torch(params))`` returns ``params`` exactly, and
-``*_to_torch(*_from_torch(sd))`` returns the weights, b_in and b_hn exactly and
-``bias_ih_l0 + bias_hh_l0`` exactly: the same function, and ``sd`` itself whenever its
-``bias_hh_l0`` is zero there. In short, torch -> rhnzoo -> torch folds ``bias_hh`` into
-``bias_ih`` where the cell has one bias: the outputs are equal, the state dict is not
-(``load_state_dict`` works; comparing the two state dicts key by key does not).
+``*_from_torch(*_to_torch(params))`` returns ``params`` exactly, while torch -> rhnzoo ->
+torch folds ``bias_hh`` into ``bias_ih`` there: the outputs are equal, the state dict is
+not (``load_state_dict`` works; comparing the two key by key does not).
 
 A module built with ``bias=False`` has no bias keys: ``*_from_torch`` reads zero biases,
 and ``*_to_torch(params, bias=False)`` writes none back (so a strict ``load_state_dict``
 into that module works), refusing biases that are not zero (dropping them would change
 the function).
 
-The parameters carry their convention in their keys: ``gru_from_torch``'s have ``b_hn``,
-which only the reset-after ``GRU(n, reset_after=True)`` takes; Cho et al.'s ``GRU(n)``
-refuses them with a ValueError (as every cell refuses parameters of another hidden or
-input size: :func:`rhnzoo.cells.lstm.check_params`), rather than computing another
-function of the same weights.
+``gru_from_torch``'s parameters have ``b_hn``, which only ``GRU(n, reset_after=True)``
+takes; Cho et al.'s ``GRU(n)`` refuses them (:func:`rhnzoo.cells.lstm.check_params`).
 """
 
 from __future__ import annotations
@@ -177,9 +171,8 @@ def lstm_to_torch(
     """A ``torch.nn.LSTM(m, n, bias=bias)`` state dict from :class:`~rhnzoo.cells.LSTM`
     parameters.
 
-    Round trip: ``lstm_to_torch(lstm_from_torch(sd))`` computes what ``sd`` computes, but
-    has ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring): outputs equal,
-    state dict not.
+    Round trip: ``lstm_to_torch(lstm_from_torch(sd))`` computes what ``sd`` computes,
+    with ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring).
 
     Args:
       params: ``{'W': [m, 4n], 'U': [n, 4n], 'b': [4n]}`` (blocks i | f | o | c̃); an
@@ -222,10 +215,8 @@ def gru_from_torch(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str,
     Returns:
       ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}`` in the input's dtype:
       W = weight_ihᵀ, U = weight_hhᵀ, b = (b_ir + b_hr | b_iz + b_hz | b_in), b_hn =
-      PyTorch's b_hn. These are parameters of :class:`~rhnzoo.cells.GRU` with
-      ``reset_after=True`` only: Cho et al.'s default ``GRU(n)`` computes another
-      function of these weights and refuses them (their ``b_hn`` marks them), with a
-      ValueError naming the cell to use.
+      PyTorch's b_hn: parameters of :class:`~rhnzoo.cells.GRU` with
+      ``reset_after=True`` only (Cho et al.'s default ``GRU(n)`` refuses them).
 
     Raises:
       ValueError: (one line) a missing weight, a wrong shape, or keys of more layers or
@@ -242,9 +233,8 @@ def gru_to_torch(
     """A ``torch.nn.GRU(m, n, bias=bias)`` state dict from ``GRU(n, reset_after=True)``
     parameters.
 
-    Round trip: ``gru_to_torch(gru_from_torch(sd))`` computes what ``sd`` computes, but
-    has r's and z's ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring): outputs
-    equal, state dict not.
+    Round trip: ``gru_to_torch(gru_from_torch(sd))`` computes what ``sd`` computes,
+    with r's and z's ``bias_hh_l0`` folded into ``bias_ih_l0`` (module docstring).
 
     Args:
       params: ``{'W': [m, 3n], 'U': [n, 3n], 'b': [3n], 'b_hn': [n]}`` (blocks r | z | h̃).
