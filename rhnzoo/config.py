@@ -1,13 +1,7 @@
-"""The base of every task's config: a frozen dataclass whose fields are the settings.
-
-A setting is one line: a field declared with :func:`setting`, which carries its default,
-its help text (the script's ``--help``), its simple checks (``low``, ``gt``, ``high``,
-``choices``; its annotated type is checked too) and whether it may change when a run
-resumes. The scripts' flags are
-generated from the fields (:func:`rhnzoo.apps.cli.define_config_flags`); a run's
-``config.json`` is :meth:`Config.to_dict`; a workdir resumes unless a structural field differs
-(:meth:`Config.conflicts`), a field missing from an earlier ``config.json`` counting as
-its default. Presets are ``get_config(preset)`` in ``rhnzoo/configs/<task>.py``.
+"""The base of every task's config: a frozen dataclass whose fields (:func:`setting`) are
+the settings, the flags (:func:`rhnzoo.apps.cli.define_config_flags`) and ``config.json``
+(:meth:`Config.to_dict`; resume rule :meth:`Config.conflicts`). Design: BUILD_NOTES.md,
+"A setting is one line"; presets are ``get_config(preset)`` in ``rhnzoo/configs/<task>.py``.
 """
 
 from __future__ import annotations
@@ -42,30 +36,26 @@ def setting(
     choices: Sequence[Any] | None = None,
     resumable: bool = False,
 ) -> Any:
-    """A config field: ``default``, its ``help`` text, its checks and its resume rule.
+    """A config field: ``default``, its ``help`` text, its checks and its resume rule; a
+    flag of the scripts unless its class names it in :attr:`Config.NOT_FLAGS`.
 
-    Besides these, the field's annotation is checked on construction (:class:`Config`):
-    an ``int`` field takes integers only (not 2.5, not True), a ``float`` field any real
-    number but a bool, a ``bool`` field True or False, a ``str`` field a non-empty string,
-    a ``tuple[int, ...]`` field a tuple (or list, made a tuple) of integers; ``X | None``
-    also takes None.
+    The annotation is checked on construction too: an ``int`` field takes integers only
+    (not 2.5, not True), a ``float`` field any real number but a bool, a ``bool`` field
+    True or False, a ``str`` field a non-empty string, a ``tuple[int, ...]`` field a tuple
+    (or list, made a tuple) of integers; ``X | None`` also takes None.
 
     Args:
       default: the value when not given (immutable: a tuple, not a list; a mapping, e.g.
         ``{depth: rate}``, is copied for each config).
       help: one or two sentences for ``--help``.
-      low: the least value allowed (ints and floats; None passes where the annotation
-        takes None); checked on construction.
+      low: the least value allowed (None passes where the annotation takes None).
       gt: a bound the value must exceed (strictly greater: a rate, a scale > 0).
-      high: the greatest value allowed (likewise).
-      choices: the values allowed; checked on construction and the flag's enum.
+      high: the greatest value allowed.
+      choices: the values allowed (also the flag's enum).
       resumable: True where a resumed run may take another value (length, reporting,
         an implementation of the same function); False: structural, a resumed run
-        with another value is refused. A subclass may change a field's rule without
-        declaring it again (:attr:`Config.STRUCTURAL`).
-
-    Every field is a flag of the scripts unless its class names it in
-    :attr:`Config.NOT_FLAGS` (the one way to keep a field off the command line).
+        with another value is refused (a subclass may make it structural:
+        :attr:`Config.STRUCTURAL`).
     """
     meta = {
         "help": help,
@@ -95,10 +85,8 @@ def meta(f: dataclasses.Field) -> Mapping[str, Any]:
 
 
 def scan_impl_setting() -> Any:
-    """The ``scan_impl`` field of every task's config: default ``'auto'``, the choices and
-    help of :mod:`rhnzoo.cells.scan` (:data:`~rhnzoo.cells.scan.CHOICES`,
-    :data:`~rhnzoo.cells.scan.HELP`), resumable (the implementations compute the same
-    function)."""
+    """The ``scan_impl`` field of every task's config (:mod:`rhnzoo.cells.scan`'s default,
+    help and choices), resumable: the implementations compute the same function."""
     return setting(scan.DEFAULT, scan.HELP, choices=scan.CHOICES, resumable=True)
 
 
@@ -175,12 +163,9 @@ def strict(obj: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A frozen, checked settings record.
-
-    Subclasses declare fields with :func:`setting`; each field's annotated type and its
-    ``low`` / ``gt`` / ``high`` / ``choices`` are checked on construction (and no string
-    may be empty), then :meth:`check` (override it for rules between fields: every such
-    rule lives there), so a config that exists is a valid one.
+    """A frozen, checked settings record: each field's annotated type, its ``low`` / ``gt``
+    / ``high`` / ``choices`` (and no empty string) are checked on construction, then
+    :meth:`check` (the rules between fields), so a config that exists is a valid one.
 
     Attributes:
       NOT_FLAGS: class-level, the fields the scripts do not offer as flags (recorded,
@@ -350,38 +335,14 @@ class DistributedSettings(Config):
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings(Config):
-    """The run engine's settings (:func:`rhnzoo.engine.run`): run length limits,
-    reporting, the divergence check, patience and matmul precision. Every task's config
-    (whose ``config.json`` is flat) subclasses it and has ``epochs``, the epochs of its
-    full schedule (a field, or a property such as the LM's ``max_max_epoch``).
-
-    Attributes:
-      seed: seeds the initialisation and the per-step PRNG keys.
-      max_steps: stop after this many steps in all (None: no limit; else >= 1).
-      max_epochs: stop after this many epochs in all (None: ``epochs``; else >= 1).
-      checkpoint_every_steps: also checkpoint every N steps (0: at epoch ends only).
-      log_every: steps between training-loss lines and records (>= 1).
-      progress: tqdm bars.
-      tensorboard: also write TensorBoard event files (needs ``tensorboardX``).
-      divergence_factor: F, the divergence check's tolerance (0: only a
-        non-finite loss stops the run; else >= 1). A finite training loss counts
-        as diverged when its mean over a window of :data:`DIVERGENCE_WINDOW` (50)
-        steps, judged for every window after the run's first
-        :data:`DIVERGENCE_WARMUP` (20) steps, is more than ln F nats above the
-        lower of the task's chance-level loss (a uniform guess) and the run's best
-        window mean so far: the data then became F times less likely per unit
-        (a perplexity F times the uniform guess's, or F times the run's best).
-        A validation loss from step 70 on is held to the chance level alike. A
-        training or validation loss more than :data:`BLOWUP_NATS` (20) nats above chance
-        stops the run at any step.
-        Default 3 (ln 3 = 1.1 nats): at ``--preset=paper`` on IMDB the σ-RRN's
-        window means stay up to 0.6 nats above chance for 250 steps and train on.
-      patience: early stopping: end training when the validation ``select`` metric
-        has not improved for this many epochs (None: never).
-      matmul_precision: precision of float32 matmuls in training and evaluation
-        (:mod:`rhnzoo.precision`: ``'default'``, ``'high'``, ``'highest'``, JAX's
-        aliases), applied with ``jax.default_matmul_precision``; recorded as a level,
-        None taking JAX's setting where the config is made.
+    """The run engine's settings (:func:`rhnzoo.engine.run`), each described by its help
+    text: run length limits, reporting, the divergence check (``divergence_factor`` F,
+    docs/engine.md "Divergence"; the constants in :mod:`rhnzoo.engine.progress`), patience
+    (epochs without a better validation ``select`` metric) and matmul precision
+    (:mod:`rhnzoo.precision`, recorded as a level: None takes JAX's setting where the
+    config is made). Every task's config (whose ``config.json`` is flat) subclasses it and
+    has ``epochs``, the epochs of its full schedule (a field, or a property such as the
+    LM's ``max_max_epoch``).
 
     Raises:
       ValueError: for a value outside its range (one line naming the flag).

@@ -1,35 +1,22 @@
 """The highway / plain net experiments' settings (``experiments/highway.py``):
-:class:`HighwayConfig` (one net's settings and the flags of the depth sweep,
-``config.json``), its defaults and every preset. The sweep's runs are the study's,
-:mod:`rhnzoo.studies.highway`.
+:class:`HighwayConfig` (one net's settings and the depth sweep's flags, ``config.json``)
+and its presets; the sweep's runs are :mod:`rhnzoo.studies.highway`'s.
 
 The defaults are the Columbia ECBM4040 reproduction's (Yarali & Kostic, "Highway
 Networks", a reproduction of Srivastava, Greff & Schmidhuber 2015; text in
-``shared/papers/001_777c40708440fb61.txt``):
+``shared/papers/001_777c40708440fb61.txt``; the nets in docs/highway.md): 50 units per
+highway layer and 71 per plain layer, "to keep the number of parameters roughly the same";
+for highway nets "the lowest mean cross-entropy loss was achieved using the transform gate
+bias, momentum, learning rate and the decay rate as -4, 0.9, 0.1 and 0.96 (decay step =
+100,000)"; plain nets at the report's per-depth rates (:data:`PLAIN_LRS`), momentum 0.9
+and the same decay, tanh, Glorot uniform; 400 epochs (the report trains its CIFAR-100
+highway net for 400; Srivastava et al.'s exact settings were on a web page that no longer
+exists); for the heatmaps (the report's Fig. 9) T bias -2 on MNIST, -4 on CIFAR-100. The
+batch of 128 is this zoo's choice; the report's text does not state one.
 
-* the nets: a fully connected layer, then 9, 19, 49 or 99 highway or plain layers
-  (``depth`` 10, 20, 50, 100) and a softmax layer; 50 units per highway layer and 71 per
-  plain layer, "to keep the number of parameters roughly the same";
-* highway nets: transform-gate bias -4, momentum 0.9, learning rate 0.1, decayed by 0.96
-  every 100,000 steps ("the lowest mean cross-entropy loss was achieved using the
-  transform gate bias, momentum, learning rate and the decay rate as -4, 0.9, 0.1 and
-  0.96 (decay step = 100,000)");
-* plain nets: learning rate 0.001 at depths 10 and 20, 0.00001 at 50 and 100, momentum
-  0.9 and decay 0.96 every 100,000 steps for all; tanh (the report's choice after its
-  analysis), Glorot uniform initialisation;
-* the heatmaps (the report's Fig. 9, Srivastava et al. Fig. 2): T bias -2 on MNIST, -4
-  on CIFAR-100; T averaged over 10,000 training images;
-* 400 epochs (the report trains its CIFAR-100 highway net for 400; Srivastava et al.'s
-  exact settings were on a web page that no longer exists). The batch of 128 is this
-  zoo's choice; the report's text does not state one.
-
-Presets (``--preset=NAME``; flags given explicitly still win: :func:`get_config`'s
-``overrides``):
-
-* ``cpu``: the whole MNIST sweep (4 depths x 2 kinds, 8 x 120 epochs) on 2 CPU cores in
-  about 35 minutes (36.1 measured, shared cores; results in
-  ``docs/highway.md``): 120 epochs instead of 400, T bias -4 as for the papers' depth
-  curves, the plain rates the reproduction's.
+Presets (``--preset=NAME``; flags given explicitly still win): ``cpu``, the whole MNIST
+sweep (4 depths x 2 kinds, 120 epochs instead of 400) on 2 CPU cores in about 35 minutes
+(docs/highway.md).
 """
 
 from __future__ import annotations
@@ -48,10 +35,9 @@ PLAIN_LRS = {10: 1e-3, 20: 1e-3, 50: 1e-5, 100: 1e-5}  # the reproduction's plai
 
 
 def parse_plain_lrs(value: str | Sequence[str] | Mapping[Any, Any]) -> dict[int, float]:
-    """``{depth: rate}`` of ``--plain_lrs``: its depth:rate pairs, comma-separated as the
-    flag spells them (``'10:0.1,20:0.05'``) or one pair an item (a ``config.json``
-    written before ``plain_lrs`` was a mapping), or a mapping (a ``config.json``'s, its
-    keys strings).
+    """``{depth: rate}`` of ``--plain_lrs``: depth:rate pairs comma-separated
+    (``'10:0.1,20:0.05'``) or one an item (an older ``config.json``), or a mapping (a
+    ``config.json``'s, its keys strings).
 
     Raises:
       ValueError: ``--plain_lrs must be depth:rate pairs, got [...]`` (one line) for a
@@ -77,19 +63,12 @@ def format_plain_lrs(rates: Mapping[int, float]) -> str:
 @dataclasses.dataclass(frozen=True)
 class HighwayConfig(RunSettings, DataSettings):
     """The settings of one highway / plain net run, one field each, and the flags of the
-    depth sweep (``sweep``, ``depths``; ``experiments/highway.py``'s flags are generated
-    from the fields, ``--jobs`` and ``--seeds`` are the runner's). The engine's settings
-    come from :class:`~rhnzoo.config.RunSettings` (the run's length: ``epochs``), the data
-    flags from :class:`~rhnzoo.config.DataSettings`; presets:
-    :mod:`rhnzoo.configs.highway`. The config itself is the engine's
-    (:func:`train_and_evaluate`).
+    depth sweep (``sweep``, ``depths``; ``--jobs`` and ``--seeds`` are the runner's).
 
-    A config narrows to its run (:meth:`narrow`): the net's kind, depth, width and
-    learning rate resolved, no sweep; a sweep's runs, each one so narrowed, are
-    :func:`rhnzoo.studies.highway.runs`. A run's ``config.json`` is its narrowed config's
-    ``to_dict()``; the sweep-level fields (``sweep``, ``depths``, ``plain_lrs``) are
-    resumable, as the run's own net, rate and seed are the structural ``kind``,
-    ``depth``, ``width``, ``lr``, ``seed``.
+    A run's config is :meth:`narrow`-ed (kind, depth, width and learning rate resolved,
+    no sweep; a sweep's runs: :func:`rhnzoo.studies.highway.runs`) and its ``to_dict()`` is
+    the run's ``config.json``: the sweep-level fields (``sweep``, ``depths``,
+    ``plain_lrs``) are resumable, the net's ``kind``, ``depth``, ``width``, ``lr`` structural.
 
     Raises:
       ValueError: on construction (one line naming the flag, as the script prints it):
@@ -187,8 +166,6 @@ class HighwayConfig(RunSettings, DataSettings):
     preset: str | None = setting(None, "The preset's name, recorded.", resumable=True)
 
     def __post_init__(self):
-        # {depth: rate} whatever it came as (parse_plain_lrs: a config.json's mapping, its
-        # keys strings, or its older depth:rate pairs); its errors: one line
         object.__setattr__(self, "plain_lrs", parse_plain_lrs(self.plain_lrs))
         super().__post_init__()
 

@@ -1,20 +1,15 @@
 """The configs and presets of the JSB Chorales optimisation study (``experiments/jsb.py``),
-one plain tree on :class:`TrainSettings` (the engine's settings, ``epochs``,
-``batch_size``): :class:`PolyphonicConfig` (one model's training: those and the SGD
-hyperparameters) and its :class:`TrialConfig` (one trial: its workdir's ``config.json``);
-:class:`JSBConfig` (the study: its flags, its root's ``config.json``). What every trial
-of a study shares (:meth:`JSBConfig.shared`) is declared once for both: the
-:class:`TrainSettings`, :func:`width_setting`, ``scan_impl`` and :data:`STUDY_STRUCTURAL`.
-The study's model: :func:`study_model`.
+all on :class:`TrainSettings`: :class:`PolyphonicConfig` (one model's training) and its
+:class:`TrialConfig` (one trial, its workdir's ``config.json``); :class:`JSBConfig` (the
+study: its flags, its root's ``config.json``). What every trial shares
+(:meth:`JSBConfig.shared`) is declared once for both.
 
 The study is Zilly et al. (2017), sec. 5.1 and Fig. 4: next-step prediction on JSB
 Chorales with RHN, DT-RNN and DT(S)-RNN at recurrence depths 1, 2, 4 and 6, the
 architectures of a depth holding the same number of parameters, each trained with
-random hyperparameter settings; Fig. 4 plots every trial's test NLL. Those are the
-defaults of :class:`JSBConfig` (the full study). The paper
-gives neither the sizes nor the search budget: the full study's width 64, 20 trials of
-40 epochs and batch 16, and the search space (:data:`rhnzoo.studies.jsb.SEARCH_SPACE`)
-are ours.
+random hyperparameter settings (the defaults of :class:`JSBConfig`). The paper gives
+neither the sizes nor the search budget: the width 64, 20 trials of 40 epochs and batch
+16, and the search space (:data:`rhnzoo.studies.jsb.SEARCH_SPACE`) are ours.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ STATIC_INIT = {"init_scale": 0.04, "init_bias": -2.0}
 @dataclasses.dataclass(frozen=True)
 class TrainSettings(RunSettings):
     """How long, and on what batches, a piano-roll model trains: the engine's
-    :class:`~rhnzoo.config.RunSettings` (seed, run limits, reporting, the
-    divergence check, patience, matmul precision), ``epochs`` and ``batch_size``.
-    Defaults: the full JSB study's.
+    :class:`~rhnzoo.config.RunSettings`, ``epochs`` and ``batch_size`` (defaults: the full
+    JSB study's).
 
     Raises:
       ValueError: (one line naming the flag) a value out of range.
@@ -80,18 +74,14 @@ class PolyphonicConfig(TrainSettings):
 
 # ---------------------------------------------------------- the JSB study (Zilly et al.)
 
-# A study's finished trials are never trained again (they keep their results only), so
-# in a study (:class:`JSBConfig`) and its trials (:class:`TrialConfig`) the run settings
-# that shape a trial's result are structural, though a checkpointed run may change them
-# on resume: ``max_steps``, ``max_epochs``, ``patience`` and ``divergence_factor`` (like
-# ``epochs``, ``batch_size``, ``seed`` and ``matmul_precision`` everywhere); a rerun with
-# another value is refused.
+# A study's finished trials are never trained again (they keep their results only), so in
+# a study and its trials the run settings that shape a trial's result are structural,
+# though a checkpointed run may change them on resume.
 STUDY_STRUCTURAL = frozenset({"max_steps", "max_epochs", "patience", "divergence_factor"})
 
 
 def width_setting() -> Any:
-    """The ``width`` field of a study and of its trials (every trial takes its study's):
-    the RHN width that sets each depth's parameter count, an integer >= 1, default 64."""
+    """The ``width`` field of a study and of its trials (every trial takes its study's)."""
     return setting(
         64,
         "RHN width defining the target parameter count at each depth "
@@ -103,20 +93,11 @@ def width_setting() -> Any:
 @dataclasses.dataclass(frozen=True)
 class JSBConfig(TrainSettings, DataSettings):
     """The JSB Chorales optimisation study (``experiments/jsb.py``, whose flags are these
-    fields); defaults: the full study, presets in :mod:`rhnzoo.configs.jsb`. Every trial
-    shares the study's :meth:`shared` settings: the :class:`TrainSettings` (their
-    ``seed`` also draws the hyperparameters), ``width`` and the time scan ``scan_impl``
-    (resumable: every scan computes the same function); :data:`STUDY_STRUCTURAL` are
-    structural here.
-    :meth:`to_dict` is the study root's ``config.json``; a rerun in the same root is
-    refused when a structural setting differs (:meth:`~rhnzoo.config.Config.conflicts`).
-
-    Its extent, ``archs``, ``depths`` and ``trials``, is resumable: a rerun with more
-    trains only the new trials. The engine's ``checkpoint_every_steps``, ``tensorboard``,
-    ``log_every`` and ``progress`` do not apply: a trial trains in memory (no workdir,
-    so no checkpoints or event files) and silently (one line when it is done).
-
-    Once checked, repeated architectures and depths are dropped (the first kept).
+    fields; defaults: the full study). Every trial takes the study's :meth:`shared`
+    settings (``seed`` also draws the hyperparameters); :data:`STUDY_STRUCTURAL` are
+    structural here. :meth:`to_dict` is the study root's ``config.json``. Its extent,
+    ``archs``, ``depths`` and ``trials``, is resumable: a rerun with more trains only the
+    new trials. Repeated architectures and depths are dropped (the first kept).
 
     Raises:
       ValueError: (one line naming the flag) an unknown or no architecture, a depth that
@@ -181,13 +162,10 @@ class JSBConfig(TrainSettings, DataSettings):
 
 @dataclasses.dataclass(frozen=True)
 class TrialConfig(PolyphonicConfig):
-    """One trial of the study: an (architecture, depth, trial index), its width and
-    parameter count (:func:`rhnzoo.studies.jsb.plan`), its hyperparameters
-    (:func:`rhnzoo.studies.jsb.sample_hparams`) and the study's
-    :meth:`JSBConfig.shared` settings (``width``, ``scan_impl`` and the
-    :class:`TrainSettings`; :data:`STUDY_STRUCTURAL` structural, as in the study);
-    :meth:`to_dict` is its workdir's ``config.json``. Being a :class:`PolyphonicConfig`,
-    it is how its model trains.
+    """One trial of the study, and how its model trains: an (architecture, depth, trial
+    index), its width and parameter count (:func:`rhnzoo.studies.jsb.plan`), its
+    hyperparameters (:func:`rhnzoo.studies.jsb.sample_hparams`) and the study's
+    :meth:`JSBConfig.shared` settings; :meth:`to_dict` is its workdir's ``config.json``.
 
     Raises:
       ValueError: (one line) a value out of range (e.g. :class:`PolyphonicConfig`'s).
@@ -228,10 +206,8 @@ class TrialConfig(PolyphonicConfig):
 def study_model(
     arch: str, n: int, depth: int, *, scan_impl: str = "reference", **init: float
 ) -> PianoRollModel:
-    """The study's model: registered cell ``arch`` (:func:`rhnzoo.cells.make`) of width
-    ``n`` and recurrence depth ``depth`` with those settings it takes, ``init``
-    (``init_scale``, ``init_bias``) over :data:`STATIC_INIT`, its time scan
-    ``scan_impl``."""
+    """The study's model: cell ``arch`` of width ``n`` and recurrence depth ``depth``,
+    ``init`` (``init_scale``, ``init_bias``) over :data:`STATIC_INIT` where it takes them."""
     settings = {"depth": depth, **STATIC_INIT, **init}
     return PianoRollModel(
         cells.make(arch, n, **cells.applicable(arch, settings)), scan_impl=scan_impl
@@ -246,9 +222,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(preset: str | None = None, **overrides: Any) -> JSBConfig:
-    """The study's settings: the full study (:class:`JSBConfig`'s defaults), then preset
-    ``preset`` (None: none; :data:`PRESETS`; recorded in the config), then ``overrides``
-    (e.g. the flags given; lists become tuples).
+    """The full study (:class:`JSBConfig`'s defaults), then preset ``preset`` (None: none;
+    recorded), then ``overrides`` (e.g. the flags given; lists become tuples).
 
     Raises:
       ValueError: an unknown preset (one line naming the known ones), an unknown or bad

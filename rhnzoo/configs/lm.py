@@ -1,16 +1,9 @@
-"""The language models' config and presets: :class:`LMConfig` (every setting of a run of
-``experiments/ptb.py``, ``experiments/char.py`` and the depth sweep; its ``config.json``)
-and every named setting.
-
-* word level (PTB): the reference code's ``ptb_sota`` (Zilly et al. 2017,
-  jzilly/RecurrentHighwayNetworks ``rhn_train.py``) is :class:`LMConfig`'s defaults;
-  ``--preset=small`` fits a 2-core CPU;
-* character level (enwik8, text8, PTB-char): the reference ``enwik8_sota`` (=
-  ``text8_sota``, test BPC 1.27) and a ``small`` preset for PTB-char on a 2-core CPU.
-
-:func:`get_config` gives a data set's config with a preset and settings applied (with
-``hsg=True``, the HSG paper's RHN gate bias: :func:`default_init_bias`, the one rule);
-:func:`defaults` and :func:`presets` are what the scripts' flags are defined from.
+"""The language models' config and presets (``experiments/ptb.py``, ``char.py``, the depth
+sweep): :class:`LMConfig`, whose defaults are the reference code's ``ptb_sota`` (Zilly et
+al. 2017, jzilly/RecurrentHighwayNetworks ``rhn_train.py``), on a character-level set
+:data:`ENWIK8_SOTA` (= ``text8_sota``, test BPC 1.27); ``small`` presets fit a 2-core CPU.
+:func:`get_config` applies a preset and settings; :func:`defaults` and :func:`presets`
+define the scripts' flags.
 """
 
 from __future__ import annotations
@@ -44,10 +37,9 @@ WORD_INIT_BIAS, CHAR_INIT_BIAS = -2.0, -4.0
 
 
 def default_init_bias(dataset: str, hsg: bool) -> float:
-    """The RHN transform-gate bias of a run that does not set it: with ``hsg``, the HSG
-    paper's :data:`HSG_RHN_INIT_BIAS` (-2.5; Shoham & Permuter, PTB); else the reference
-    code's, :data:`CHAR_INIT_BIAS` (-4) on a character-level set, :data:`WORD_INIT_BIAS`
-    (-2) on a word-level one. Raises ValueError for an unknown data set."""
+    """The RHN transform-gate bias of a run that does not set it: :data:`HSG_RHN_INIT_BIAS`
+    with ``hsg``, else :data:`CHAR_INIT_BIAS` on a character-level set,
+    :data:`WORD_INIT_BIAS` on a word-level one. Raises ValueError for an unknown data set."""
     if hsg:
         return HSG_RHN_INIT_BIAS
     return CHAR_INIT_BIAS if char_level(dataset) else WORD_INIT_BIAS
@@ -55,12 +47,8 @@ def default_init_bias(dataset: str, hsg: bool) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig(RunSettings, DataSettings, DistributedSettings):
-    """Every setting of a language-model run, one field each (the flags of
-    ``experiments/ptb.py`` / ``char.py`` are generated from them); ``to_dict()`` is the
-    run's ``config.json``. Defaults: the reference code's ``ptb_sota``; the presets are
-    :mod:`rhnzoo.configs.lm`. The engine's settings come from
-    :class:`~rhnzoo.config.RunSettings`, the data and multi-process ones from
-    :class:`~rhnzoo.config.DataSettings` and :class:`~rhnzoo.config.DistributedSettings`.
+    """Every setting of a language-model run, one field each (the scripts' flags;
+    ``to_dict()`` is the run's ``config.json``). Defaults: the reference code's ``ptb_sota``.
 
     ``init_bias`` left out (None) is :func:`default_init_bias` of ``dataset`` and
     ``hsg``, resolved on construction and recorded; :meth:`replace` resolves it again
@@ -180,16 +168,11 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, strict: bool = True) -> LMConfig:
-        """The config of ``values`` (:meth:`Config.from_dict`), as a run's ``config.json``
-        is read: a cell setting its cell lacks is read as its default (runs before the
-        check recorded every cell's preset ``depth``, e.g. an LSTM's 3), so such a
-        workdir resumes and a stray value given to the constructor is still refused."""
-        if not isinstance(values, Mapping):
-            return super().from_dict(values, strict=strict)  # refused there, one line
-        cell = values.get("cell", _FIELDS["cell"].default)
-        if cell in cells.registry.NAMES:
-            own = cells.options(cell)
-            values = {k: v for k, v in values.items() if k not in CELL_KEYS or k in own}
+        """:meth:`Config.from_dict`, but a cell setting its cell lacks is read as its default
+        (older runs recorded every cell's ``depth``, e.g. an LSTM's 3): such a workdir
+        resumes, while a stray value given to the constructor is still refused."""
+        if isinstance(values, Mapping):  # else refused there, one line
+            values = _for_cell(values, values.get("cell", _FIELDS["cell"].default))
         return super().from_dict(values, strict=strict)
 
     def _cell_default(self, key: str) -> Any:
@@ -270,6 +253,13 @@ def learning_rate(count, *, lr: float, lr_decay: float, max_epoch: int, steps_pe
 _FIELDS = {f.name: f for f in dataclasses.fields(LMConfig)}
 
 
+def _for_cell(values: Mapping[str, Any], cell: str) -> Mapping[str, Any]:
+    """``values`` less the cell settings (:data:`CELL_KEYS`) a registered ``cell`` lacks."""
+    if cell not in cells.registry.NAMES:
+        return values
+    return {k: v for k, v in values.items() if k not in CELL_KEYS or k in cells.options(cell)}
+
+
 # The reference code's ``enwik8_sota`` (= ``text8_sota``) configuration.
 ENWIK8_SOTA = dict(
     depth=10,
@@ -331,8 +321,8 @@ CHAR_PRESETS = {
     ),
 }
 # The data set each character-level preset is sized for: ``char.py --preset=small`` alone
-# is PTB-char (the enwik8 defaults of char.py would apply its sizes to a 20x larger set and
-# download it), and the preset with another --dataset is refused (rhnzoo.apps.lm.config).
+# is PTB-char, not enwik8 (20x larger, downloaded); another --dataset is refused
+# (rhnzoo.apps.lm.config).
 CHAR_PRESET_DATASETS = {"small": "ptb_char"}
 
 
@@ -361,17 +351,12 @@ def presets(dataset: str = "ptb") -> dict[str, dict[str, Any]]:
 def get_config(preset: str | None = None, dataset: str = "ptb", **overrides: Any) -> LMConfig:
     """``defaults(dataset)`` with ``preset`` (None: none; named in the config) and then
     ``overrides`` applied. A preset's cell settings (``depth``...) go to the cells that
-    have them (another cell keeps its defaults); an HSG model (``hsg=True``) takes Shoham &
-    Permuter's RHN transform-gate bias, ``init_bias=-2.5``, unless the preset or
-    ``overrides`` set it (:func:`default_init_bias`, the same rule as :class:`LMConfig`'s).
+    have them; ``init_bias`` not set follows :func:`default_init_bias` (-2.5 with ``hsg``).
 
     Example: ``get_config(depth=40, hsg=True)`` is the HSG paper's depth-40 model.
 
     Raises:
       ValueError: an unknown data set or preset, an unknown or bad setting (one line).
     """
-    named = preset_settings(presets(dataset), preset)
-    cell = overrides.get("cell", "rhn")
-    if cell in cells.registry.NAMES:
-        named = {k: v for k, v in named.items() if k not in CELL_KEYS or k in cells.options(cell)}
+    named = _for_cell(preset_settings(presets(dataset), preset), overrides.get("cell", "rhn"))
     return defaults(dataset).replace(preset=preset, **{**named, **overrides})

@@ -39,9 +39,8 @@ ADADELTA_RHO = 0.95
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Config):
     """Optimisation and batching settings of :func:`train_and_evaluate` (an
-    :class:`RRLConfig` is one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm clipping,
-    sequences cut
-    to ``max_len`` steps in ``buckets`` padded lengths.
+    :class:`RRLConfig` is one): Adadelta (rho :data:`ADADELTA_RHO`) after global-norm
+    clipping, sequences cut to ``max_len`` steps in ``buckets`` padded lengths.
 
     Raises:
       ValueError: on construction, for a setting outside its range (one line naming it).
@@ -93,12 +92,7 @@ DATASETS = ("imdb", *(name for name in data.names("sequences") if name != "imdb"
 @dataclasses.dataclass(frozen=True)
 class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
     """One sequence-classification run, one field per setting (the flags of
-    ``experiments/rrl.py`` are generated from them); ``to_dict()`` is its
-    ``config.json``. The defaults are the flags'; the presets are
-    :mod:`rhnzoo.configs.rrl`. Optimisation and batching are :class:`TrainConfig`'s
-    fields, the engine's :class:`~rhnzoo.config.RunSettings`', the data files'
-    and several processes' :class:`~rhnzoo.config.DataSettings` and
-    :class:`~rhnzoo.config.DistributedSettings`.
+    ``experiments/rrl.py``; ``to_dict()`` is its ``config.json``).
 
     Raises:
       ValueError: (one line, on construction) an unknown cell or data set, a bad cell
@@ -199,10 +193,9 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
             raise ValueError(f"--coverage must be a fraction in (0, 1], got {self.coverage}")
 
     def cell(self):
-        """The recurrent layer: :func:`rhnzoo.cells.make` of ``model`` with
-        ``hybrid_hidden_size`` units per cell for the two-cell hybrids
-        (:data:`rhnzoo.cells.registry.PARALLEL_NAMES`), else ``hidden_size``; each
-        setting goes to the cells that have it. Raises ValueError (one line)."""
+        """The recurrent layer: :func:`rhnzoo.cells.make` of ``model``, ``hybrid_hidden_size``
+        units per cell for the two-cell hybrids (:data:`~rhnzoo.cells.registry.PARALLEL_NAMES`),
+        else ``hidden_size``. Raises ValueError (one line)."""
         settings = {
             "depth": self.rrn_depth,
             "activation": self.rrn_activation,

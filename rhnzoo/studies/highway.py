@@ -1,12 +1,7 @@
-"""The depth sweep of Srivastava et al. (2015, Fig. 1, 2, 4; the ECBM4040 reproduction):
-plain and highway nets at several depths, its runs (:func:`plan`, :func:`runs`, checked
-by :func:`check`; the settings of each: a
-:class:`~rhnzoo.configs.highway.HighwayConfig`), each one
-:func:`rhnzoo.tasks.highway.train_and_evaluate` on the multi-run runner
-(:mod:`rhnzoo.studies.sweep`, :func:`sweep`); its table (:func:`sweep_table`) and its report
-(:func:`sweep_report`: the table, the training curves, the gate heatmaps and lesions of
-each highway net, the plain nets' diagnostics at initialisation), drawn from the
-analyses of :mod:`rhnzoo.analysis.highway`.
+"""The depth sweep of Srivastava et al. (2015, Fig. 1, 2, 4; the ECBM4040 reproduction;
+docs/highway.md): plain and highway nets at several depths, its runs (:func:`runs`,
+checked by :func:`check`) trained on the multi-run runner (:func:`sweep`), its table
+(:func:`sweep_table`) and report (:func:`sweep_report`, from :mod:`rhnzoo.analysis.highway`).
 """
 
 from __future__ import annotations
@@ -53,12 +48,10 @@ def plan(cfg: HighwayConfig) -> list[tuple[str, int]]:
 
 def runs(cfg: HighwayConfig, seeds: int = 1) -> list[tuple[str, HighwayConfig]]:
     """``[(name, config)]``: each net of the :func:`plan` and seed k < ``seeds``, in turn
-    (rows of seeds, :func:`rhnzoo.studies.sweep.seed_runs`), named ``<kind>_d<depth>``
-    (``_s<k>`` for k > 0: :func:`rhnzoo.config.seed_name`), its config ``cfg``
-    :meth:`~rhnzoo.configs.highway.HighwayConfig.narrow`-ed to it with seed
-    ``cfg.seed + k`` and, for a sweep, ``workdir`` ``<cfg.output_dir()>/<name>`` (one
-    net: the config's). Raises ValueError (one line) for a net out of range or without a
-    learning rate (:meth:`~rhnzoo.configs.highway.HighwayConfig.check_net`)."""
+    (rows of seeds), named ``<kind>_d<depth>`` (``_s<k>`` for k > 0), its config ``cfg``
+    :meth:`~rhnzoo.configs.highway.HighwayConfig.narrow`-ed to it with seed ``cfg.seed +
+    k`` and, for a sweep, ``workdir`` ``<cfg.output_dir()>/<name>``. Raises ValueError (one
+    line) for a net out of range or without a learning rate."""
     out = []
     for kind, depth in plan(cfg):
         for k in range(seeds):
@@ -90,12 +83,9 @@ def _train(
     quiet: bool = False,
     seeds: int | None = None,
 ) -> dict[str, Any]:
-    """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (bound with
-    :func:`functools.partial` to the first three, ``quiet`` and ``seeds``): trains the run
-    ``cfg`` (:func:`rhnzoo.tasks.highway.train_and_evaluate`; one of
-    :func:`runs`; ``seeds``: K seeds of it stacked) in
-    ``workdir``; returns its (first seed's) results. With ``quiet`` (and a ``log``) its
-    lines go to ``<workdir>/sweep.log`` (:func:`rhnzoo.studies.sweep.run_log`)."""
+    """A sweep's :attr:`rhnzoo.studies.sweep.Run.train` (the first three arguments,
+    ``quiet`` and ``seeds`` bound): ``cfg`` trained in ``workdir`` (``seeds``: K stacked),
+    its (first seed's) results; with ``quiet``, its lines go to its ``sweep.log``."""
     if quiet and log is not None:
         log = runner.run_log(workdir)
     out = hw.train_and_evaluate(
@@ -113,17 +103,9 @@ def sweep(
     jobs: runner.Jobs | None = None,
 ) -> list[dict[str, Any]]:
     """Trains every run of ``cfg`` and ``seeds`` (:func:`runs`), each in its own workdir
-    under ``cfg.output_dir()``, on the multi-run runner (:mod:`rhnzoo.studies.sweep`):
-    one after another in this process, or side by side in child processes (``jobs``).
-    Either way each run's lines go to its workdir's ``sweep.log`` and ``log`` gets the
-    runner's lines: one as each run starts and ends (its final line, the estimated time
-    of the runs left, each run's size its epochs x parameters).
-
-    A finished run says ``already finished`` (the engine), an interrupted one resumes
-    from its checkpoint. A run that diverges stops there and is reported
-    (``results['diverged']``), the sweep goes on (the runner's ``on_divergence='stop'``).
-    Every workdir is checked before the first run starts, so an incompatible one fails
-    the sweep before any training.
+    under ``cfg.output_dir()``, on the multi-run runner (:func:`rhnzoo.studies.sweep.run_all`,
+    ``on_divergence='stop'``; ``jobs``: in child processes). Each run's lines go to its
+    ``sweep.log``, the runner's to ``log`` (each run's size: its epochs x parameters).
 
     Returns:
       Per run: ``{'kind', 'depth', 'width', 'params', 'lr', 'seed', 'workdir',
@@ -290,9 +272,7 @@ def sweep_report(
 def _training_curves(
     first: Iterable[Mapping[str, Any]], root: pathlib.Path, dataset: str
 ) -> list[pathlib.Path]:
-    """``training_curves.png`` (Srivastava et al. Fig. 1) of the ``first`` run of each kind
-    and depth that has epoch records: one panel per depth, plain vs highway; none
-    without any."""
+    """``training_curves.png`` (Fig. 1) of the ``first`` runs with epoch records, if any."""
     panels: dict[str, dict[str, list]] = {}
     for r in sorted(first, key=lambda r: (r["depth"], r["kind"])):
         if r.get("history"):
@@ -318,9 +298,8 @@ def _highway_figures(
     track,
     log,
 ) -> list[pathlib.Path]:
-    """The gate heatmaps (Fig. 2) on ``heatmap_images`` and the lesion curve (Fig. 4) on
-    ``lesion_split`` of the trained highway net in ``workdir``; their numbers go into
-    ``numbers['gates']`` and ``numbers['lesions']`` under the net's depth."""
+    """The gate heatmaps (Fig. 2) and lesion curve (Fig. 4) of the highway net in
+    ``workdir``; their numbers go into ``numbers['gates']`` and ``numbers['lesions']``."""
     net, params, _ = load_highway_run(workdir)
     depth = net.depth
     gates = gate_statistics(net, params, heatmap_images)
@@ -362,10 +341,8 @@ def _plain_figure(
     root: pathlib.Path,
     numbers: dict[str, Any],
 ) -> pathlib.Path:
-    """``plain_diagnostics.png``: the activation statistics and gradient norms of plain
-    nets of ``depth`` at initialisation (:func:`rhnzoo.analysis.highway.plain_diagnostics`
-    on ``split``, initialised from ``seed``); the numbers go into
-    ``numbers['plain_diagnostics']``."""
+    """``plain_diagnostics.png`` (:func:`rhnzoo.analysis.highway.plain_diagnostics`); the
+    numbers go into ``numbers['plain_diagnostics']``."""
     diag = plain_diagnostics(*split, depth=depth, num_classes=num_classes, seed=seed)
     numbers["plain_diagnostics"] = {
         "depth": depth,

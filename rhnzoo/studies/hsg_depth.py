@@ -1,14 +1,10 @@
-"""The HSG depth sweep (Shoham & Permuter, Table 1, Fig. 8): its runs, table and plots.
-
-Each (depth, HSG or not) run is the PTB language model of ``experiments/ptb.py``
-(:func:`rhnzoo.tasks.lm.train_and_evaluate`) in ``<root>/d<depth>_{rhn,hsg}``
-(:func:`workdir_name`; seed k > 0: ``..._s<k>``), trained on the multi-run runner
-(:mod:`rhnzoo.studies.sweep`; in this process or side by side in child processes) by
-:func:`train_all`; :func:`table` lays out Table 1 from the workdirs (:func:`read_runs`;
-only measured cells filled; several seeds: mean ± sd; a run that diverged is named, not
-shown) beside the papers' numbers (:data:`PAPER_TEST_PPL`); :func:`write_plots` draws the
-learning curves (S&P Fig. 6) and perplexity against depth (Fig. 8). The flags and the
-script's body are :mod:`rhnzoo.apps.depth_sweep`'s.
+"""The HSG depth sweep (Shoham & Permuter, Table 1, Fig. 8; docs/hsg.md): each (depth, HSG
+or not) run the PTB language model in ``<root>/d<depth>_{rhn,hsg}`` (seed k > 0:
+``..._s<k>``), trained on the multi-run runner by :func:`train_all`; :func:`table` lays
+out Table 1 from the workdirs (:func:`read_runs`; only measured cells filled; several
+seeds: mean ± sd; a run that diverged is named, not shown) beside the papers' numbers
+(:data:`PAPER_TEST_PPL`); :func:`write_plots` draws the learning curves (S&P Fig. 6) and
+perplexity against depth (Fig. 8). The flags and body: :mod:`rhnzoo.apps.depth_sweep`.
 """
 
 from __future__ import annotations
@@ -60,9 +56,8 @@ def diverged_run(run: dict) -> bool:
 
 
 def table(depths: list[int], runs: list[dict]) -> str:
-    """Table 1 in markdown (see the module docstring; laid out by
-    :func:`rhnzoo.studies.tables.markdown`): finished runs that did not diverge; the runs
-    of one (depth, HSG) with different seeds: mean ± sd (:func:`rhnzoo.studies.tables.mean_sd`)."""
+    """Table 1 in markdown (see the module docstring): finished runs that did not diverge,
+    the seeds of one (depth, HSG) as mean ± sd."""
     cells: dict[tuple[int, bool], dict[Any, dict]] = {}
     for run in runs:
         if run["results"] is None or diverged_run(run):
@@ -153,14 +148,11 @@ def train_all(
     jobs=None,
     seeds: int = 1,
 ) -> list[str]:
-    """Trains ``(name, config)`` runs (checked :class:`~rhnzoo.configs.lm.LMConfig`) in
-    ``root/<name>`` on the runner (``jobs``: :class:`rhnzoo.studies.sweep.Jobs`), the
-    corpus read once (``corpus_loader()``); ``configs`` rows of ``seeds`` seeds
-    (:func:`rhnzoo.studies.sweep.seed_runs`; a row's seeds one program with
-    ``jobs.stack_seeds``). A run that diverges stops there (the
-    runner's ``on_divergence='stop'``: its best parameters evaluated, ``results
-    ['diverged']``) and the sweep goes on; returns the names of the runs that diverged
-    or have no results (a child process that failed)."""
+    """Trains ``(name, config)`` runs, rows of ``seeds`` seeds
+    (:func:`rhnzoo.studies.sweep.seed_runs`), in ``root/<name>`` on the runner
+    (``on_divergence='stop'``; ``jobs``: :class:`rhnzoo.studies.sweep.Jobs`), the corpus
+    read once (``corpus_loader()``); returns the names of the runs that diverged or have
+    no results (a child process that failed)."""
     corpus = corpus_loader()
     runs = sweep.seed_runs(
         configs,
@@ -180,8 +172,8 @@ def _train_run(
     on_divergence: str,
     seeds: int | None = None,
 ) -> dict:
-    """A :attr:`rhnzoo.studies.sweep.Run.train`: ``config`` trained on ``corpus`` in
-    ``workdir`` (``seeds``: K seeds of it stacked; the first one's results)."""
+    """A :attr:`rhnzoo.studies.sweep.Run.train` (``seeds``: K stacked; the first one's
+    results)."""
     from rhnzoo.tasks import lm as lm_training
 
     out = lm_training.train_and_evaluate(

@@ -1,12 +1,7 @@
-"""The JSB Chorales optimisation study of Zilly et al. (2017, sec. 5.1, Fig. 4): a random
-search over SGD hyperparameters for RHN, DT-RNN and DT(S)-RNN at several recurrence
-depths, the architectures of a depth holding the same number of parameters.
-
-Each trial (:class:`~rhnzoo.configs.jsb.TrialConfig`) is one run of the task
-(:func:`rhnzoo.tasks.polyphonic.train_and_evaluate`), in memory, on the multi-run
-runner (:mod:`rhnzoo.studies.sweep`): :func:`study` trains them and returns their rows,
-:func:`study_table` lays them out. The study's settings are
-:class:`~rhnzoo.configs.jsb.JSBConfig` (its presets beside it, :mod:`rhnzoo.configs.jsb`).
+"""The JSB Chorales optimisation study of Zilly et al. (2017, sec. 5.1, Fig. 4; settings
+and the study: :mod:`rhnzoo.configs.jsb`): each trial one run of
+:func:`rhnzoo.tasks.polyphonic.train_and_evaluate`, in memory, on the multi-run runner;
+:func:`study` trains them and returns their rows, :func:`study_table` lays them out.
 """
 
 from __future__ import annotations
@@ -106,9 +101,8 @@ def plan_lines(sizes: dict, width: int) -> list[str]:
 
 def trial_configs(config: JSBConfig, sizes: dict) -> list[TrialConfig]:
     """Every trial of the study, trials outermost (a study cut short has every (arch,
-    depth) with some trials); ``sizes``: :func:`plan`'s. Each trial takes the study's
-    :meth:`~rhnzoo.configs.jsb.JSBConfig.shared` settings, ``progress`` off (it trains
-    silently)."""
+    depth) with some trials); ``sizes``: :func:`plan`'s. Each takes the study's shared
+    settings, ``progress`` off."""
     shared = {**config.shared(), "progress": False}
     out = []
     for trial in range(config.trials):
@@ -158,9 +152,8 @@ def run_trial(trial: TrialConfig, data: dict, *, on_divergence: str = "stop") ->
 
 @dataclasses.dataclass(eq=False)
 class _Progress:
-    """The study's trial lines: ``[done/total]`` counted from the trials' workdirs; with
-    ``estimate`` (a study in this process), the time the trials left take, as the other
-    multi-run scripts say it (:class:`rhnzoo.studies.sweep.Estimate`)."""
+    """The study's trial lines, ``[done/total]`` counted from the trials' workdirs; with
+    ``estimate`` (a study in this process), the time the trials left take."""
 
     trials_dir: pathlib.Path
     names: tuple[str, ...]
@@ -188,8 +181,7 @@ class _Progress:
 
 
 def _study_trial(trial: TrialConfig, data: dict, progress: _Progress, on_divergence: str) -> dict:
-    """A study run's ``compute`` (:func:`rhnzoo.studies.sweep.in_memory`): the trial
-    trained, its line printed, its results."""
+    """A study run's ``compute`` (:func:`rhnzoo.studies.sweep.in_memory`)."""
     r = run_trial(trial, data, on_divergence=on_divergence)
     progress.report(trial, r)
     return {
@@ -218,17 +210,13 @@ def study(
 ) -> list[dict]:
     """The JSB random search on the multi-run runner.
 
-    ``root`` holds the study's ``config.json`` (``config.to_dict()``; a rerun in it is
-    refused when a structural setting differs, a setting its config.json lacks counting
-    as the default) and one workdir per trial, ``root/trials/<arch>_d<depth>_t<trial>``,
-    with its config.json (:class:`~rhnzoo.configs.jsb.TrialConfig`) and results.json.
-    Trials train in memory (no checkpoints): a finished trial is not run again, an interrupted study
-    goes on from the finished ones, a rerun with more trials (archs, depths) trains
-    the new ones only. A trial that diverges stops there (the runner's policy). ``jobs``
-    (:class:`rhnzoo.studies.sweep.Jobs`): trials side by side in child processes (a
-    trial that fails there is left out of the rows). ``log`` gets the planned sizes,
-    one line per trial (in this process: ending with the time the trials left take) and
-    the runner's lines.
+    ``root`` holds the study's ``config.json`` (a rerun in it is refused when a structural
+    setting differs) and one workdir per trial, ``root/trials/<arch>_d<depth>_t<trial>``,
+    with its config.json and results.json. Trials train in memory (no checkpoints): a
+    finished trial is not run again, a rerun with more trials (archs, depths) trains the
+    new ones only. A trial that diverges stops there. ``jobs``: trials side by side in
+    child processes (one that fails there is left out of the rows). ``log`` gets the
+    planned sizes, one line per trial and the runner's lines.
 
     Returns:
       Every finished trial's row, its config and results (also ``root/results.jsonl``);

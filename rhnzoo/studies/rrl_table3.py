@@ -42,9 +42,9 @@ def _train(
     on_divergence: str,
     seeds: int | None = None,
 ) -> dict:
-    """A sweep run's ``train(workdir, on_divergence) -> results`` (with
-    ``functools.partial``): :func:`rhnzoo.tasks.rrl.train_and_evaluate` on ``load()``
-    (``seeds``: K seeds stacked, the first one's results)."""
+    """A sweep run's ``train`` (the first three arguments and ``seeds`` bound):
+    :func:`rhnzoo.tasks.rrl.train_and_evaluate` on ``load()`` (``seeds``: K stacked, the
+    first one's results)."""
     out = rrl.train_and_evaluate(
         config, load(), workdir, on_divergence=on_divergence, log=log, seeds=seeds
     )
@@ -56,13 +56,9 @@ def _train(
 
 def _measured(runs: Sequence[dict | None]) -> list:
     """``[best dev acc %, test acc % (or 'diverged' / 'failed'), epochs, minutes]`` of a
-    row's runs, one per seed (:func:`rhnzoo.studies.sweep.collect`): each seed's best dev
-    accuracy and its test accuracy at that checkpoint; over several seeds the mean ± sd
-    of those measured (:func:`rhnzoo.studies.tables.mean_sd`), the test cell naming the
-    seeds that diverged or failed, epochs and minutes the mean per seed. A run not
-    finished (no results, not failed; or, beside a seed that started, not started) has
-    no test accuracy and the dev cell says so (:func:`_unfinished`). None where nothing
-    is measured (yet)."""
+    row's runs, one per seed: mean ± sd over the seeds measured, the test cell naming the
+    seeds that diverged or failed, epochs and minutes the mean per seed; an unfinished
+    run is marked in the dev cell (:func:`_unfinished`). None where nothing is measured."""
     devs, tests, epochs, minutes, notes, unfinished = [], [], [], [], [], []
     started = any(run is not None for run in runs)
     for run in runs:
@@ -92,9 +88,8 @@ def _measured(runs: Sequence[dict | None]) -> list:
 
 
 def _progress(run: dict | None) -> str:
-    """``'epoch <e> of <epochs>'``: how far an unfinished run of
-    :func:`rhnzoo.studies.sweep.collect` got (its last epoch record; 0 before one);
-    ``'not started'`` for None."""
+    """``'epoch <e> of <epochs>'``, how far an unfinished run got; ``'not started'`` for
+    None."""
     if run is None:
         return "not started"
     hist, config = run.get("history") or [], run.get("config") or {}
@@ -103,9 +98,8 @@ def _progress(run: dict | None) -> str:
 
 
 def _unfinished(dev: str | None, progress: Sequence[str], n: int) -> str | None:
-    """The dev cell ``dev`` of a row of ``n`` runs marked with the ``progress`` of its
-    unfinished ones: ``'79.33 (epoch 1 of 10, unfinished)'`` for one run, ``'... (1 of
-    2 unfinished: epoch 1 of 10)'`` for seeds; ``dev`` itself when every run finished."""
+    """The dev cell ``dev`` of ``n`` runs marked with its unfinished ones' ``progress``:
+    ``'79.33 (epoch 1 of 10, unfinished)'``, for seeds ``'... (1 of 2 unfinished: ...)'``."""
     if not progress:
         return dev
     note = (
@@ -195,15 +189,12 @@ def run_experiment(
 ) -> str | None:
     """What ``experiments/rrl.py`` does: one model, the ``--table`` models, or a study.
 
-    ``configs`` holds every run (name -> config, checked before any data is read:
-    :func:`rhnzoo.configs.rrl.runs`); ``load()`` loads the data set, once, when a run
-    trains. A model trains in ``root/<model>``, a study's setting in
-    ``root/study_<study>/<setting>``; seed k > 0 of either in ``<name>_s<k>`` with
-    seed ``config.seed + k``. With several runs (``table``, ``study`` or ``seeds`` > 1) a
-    diverging one is recorded and the others go on
-    (:func:`rhnzoo.studies.sweep.run_all`). Returns the table (also written to
-    ``root/table.md``) for ``table``, ``study`` or one model's ``seeds`` > 1 (its one row:
-    mean ± sd over the seeds), else None.
+    ``configs`` holds every run (name -> config: :func:`rhnzoo.configs.rrl.runs`);
+    ``load()`` loads the data set, once, when a run trains. A model trains in ``root/<model>``, a
+    study's setting in ``root/study_<study>/<setting>``; seed k > 0 of either in
+    ``<name>_s<k>`` with seed ``config.seed + k``. With several runs a diverging one is
+    recorded and the others go on. Returns the table (also ``root/table.md``) for
+    ``table``, ``study`` or ``seeds`` > 1, else None.
 
     Args:
       log: where progress lines go (None: nowhere; a multi-process run's other

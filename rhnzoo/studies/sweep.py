@@ -1,32 +1,13 @@
-"""The one multi-run runner: named configurations, one workdir each.
+"""The one multi-run runner: named configurations, one workdir each (docs/engine.md, "The
+multi-run runner", "--jobs / --seeds", "Estimates").
 
-Every multi-run experiment (the HSG depth sweep, the highway ``--sweep``, the RRL
-``--table`` and recipe ``--study``, the JSB random search) is a list of :class:`Run`:
-a name (its workdir under the root), the settings that go to ``config.json``, and a
-function that trains in a workdir through :func:`rhnzoo.engine.run` and
-returns its results. :func:`run_all` checks every existing workdir against its settings
-before any training (an incompatible one stops the sweep with one line), then trains
-the runs; what a finished run does (say ``already finished``, extend a run whose length
-grew) is the engine's behaviour, the same as for a single run.
-
-How the runs train is :class:`Jobs` (the scripts' ``--jobs``): one after another in this
-process (the default), or N at a time, each in a child process that is the sweep's own
-command restricted to that run (``--sweep_run=<name>``), so a child does exactly what
-the same run does in-process. Its output goes to ``<workdir>/sweep.log``; this process
-prints one line per run finished, records a run that fails in ``<workdir>/failed.json``
-(the others go on) and passes SIGTERM/SIGINT on to the children, which save their
-checkpoints, then waits for them. In this process, a sweep whose runs log to their
-``sweep.log`` (:func:`run_log`, ``run_all(quiet=True)``) prints the same lines.
-
-Each run-finished line estimates the time the runs left take (:class:`Estimate`): the
-seconds per unit of :attr:`Run.size` of the runs trained from the start so far, times
-the sizes of the runs left, divided by the runs at a time.
-
-Seeds (the scripts' ``--seeds``): seed k of a run trains in :func:`seed_name` (the run's
-own name for k = 0); :func:`seed_runs` makes a sweep's runs from its rows of seeds, one
-run per seed or (``--stack_seeds``) one per row of its seeds trained as one program.
-:func:`collect` reads the workdirs back; the tables are
-:mod:`rhnzoo.studies.tables`, the scripts' runner flags :mod:`rhnzoo.apps.runner`.
+A sweep is a list of :class:`Run`; :func:`run_all` checks every existing workdir before
+any training, then trains the runs in this process or, :class:`Jobs`, N at a time in
+child processes (each the sweep's own command with ``--sweep_run=<name>``, so a child does
+exactly what the same run does in-process; its output in ``<workdir>/sweep.log``, a
+failure in ``<workdir>/failed.json``). :class:`Estimate` says the time the runs left take;
+:func:`seed_runs` makes a sweep's runs from its rows of seeds; :func:`collect` reads the
+workdirs back. Tables: :mod:`rhnzoo.studies.tables`; flags: :mod:`rhnzoo.apps.runner`.
 """
 
 from __future__ import annotations
@@ -66,10 +47,10 @@ class Run:
       size: the run's cost relative to the sweep's other runs (e.g. its steps x its
         parameters), for the runner's estimate of the time left; the default, 1 for
         every run, counts the runs as the same size.
-      seeds: K > 1: the run is K seeds of ``config`` trained as one program (its
-        ``train`` passes ``seeds=K`` to :func:`rhnzoo.engine.run`), seed k in
-        ``<name>`` (k = 0) or :func:`seed_name`, with :func:`rhnzoo.engine.stacking.
-        seed_config`'s config; ``train`` returns the first seed's results.
+      seeds: K > 1: the run is K seeds of ``config`` trained as one program (``train``
+        passes ``seeds=K`` to :func:`rhnzoo.engine.run`), seed k in :func:`seed_name`
+        with :func:`rhnzoo.engine.stacking.seed_config`; ``train`` returns the first
+        seed's results.
     """
 
     name: str
@@ -85,7 +66,7 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Jobs:
-    """How :func:`run_all` trains the runs (:func:`from_flags` makes it from the flags).
+    """How :func:`run_all` trains the runs (from the flags: :func:`rhnzoo.apps.runner.from_flags`).
 
     Attributes:
       n: runs at a time (>= 1). 1: one after another in this process; n > 1: each in
@@ -165,11 +146,9 @@ def seed_runs(
 
 
 def check_root(root: PathLike) -> None:
-    """Refuses (ValueError, one line) a sweep's root that is no folder of workdirs: one
-    holding a ``config.json`` is a single run's workdir or a study's root (a JSB study's
-    ``config.json``, ``results.jsonl`` and ``trials/``; any task's), where this sweep's
-    workdirs would be written beside another run's records, as a single run's workdir
-    holding another task's run is refused (:func:`rhnzoo.engine.workdir.prepare_workdir`)."""
+    """Refuses (ValueError, one line) a sweep's root that holds a ``config.json``: a single
+    run's workdir or a study's root, where this sweep's workdirs would be written beside
+    another run's records."""
     root = pathlib.Path(root)
     if (root / "config.json").is_file():
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())
@@ -195,15 +174,12 @@ def run_all(
     The runner owns the divergence policy: with ``on_divergence='stop'`` (a sweep) a run
     that diverges ends there, its best parameters evaluated and ``results['diverged']``
     set, and the others go on; ``'raise'`` (a script's single run) raises
-    :class:`~rhnzoo.engine.TrainingDiverged`. It counts the runs: ``[i/n]``
-    before each, in turn, and with several runs ``[i/n] <name> done in X min`` after
-    each, with the estimated time of the runs left (one line per run finished with
-    ``jobs``, the run's final line in it).
+    :class:`~rhnzoo.engine.TrainingDiverged`. ``log`` gets ``[i/n]`` before each run and,
+    with several, ``[i/n] <name> done in X min`` and the estimated time left after each.
 
     Args:
-      quiet: the runs trained in this process write their lines to their workdir's
-        ``sweep.log`` (their ``train`` logs to :func:`run_log`), as a child's go: the
-        runner's lines name the file and show each run's final line.
+      quiet: the runs trained in this process log to their ``sweep.log``
+        (:func:`run_log`), as a child's do; the runner's lines show each one's final line.
 
     Returns:
       ``{name: results}`` in the order of ``runs`` (with ``jobs.n > 1``: None for a run
@@ -273,11 +249,10 @@ def _done_line(count: str, name: str, seconds: float, results: Mapping | None, l
 
 
 class Estimate:
-    """The time the runs left take: the seconds per unit of :attr:`Run.size` of the runs
-    trained from the start in this sweep (no ``config.json`` when it began) x the sizes of
-    the runs left, less what the running ones have done, divided by the runs at a time
-    (never less than the longest run left). A run already finished when the sweep began
-    (``results.json``) counts as none left; a resumed one as a whole run."""
+    """The time the runs left take (docs/engine.md, "Estimates"): the seconds per unit of
+    :attr:`Run.size` of the runs trained from the start in this sweep x the sizes of the
+    runs left, less what the running ones have done, divided by the runs at a time (never
+    less than the longest run left)."""
 
     def __init__(self, runs: Sequence[Run], root: pathlib.Path, at_a_time: int = 1):
         self.size = {r.name: float(r.size) for r in runs}
@@ -311,9 +286,8 @@ class Estimate:
 
 
 def run_log(workdir: PathLike) -> Callable[[str], None]:
-    """A run's ``log`` for a quiet sweep in this process (``run_all(quiet=True)``): each
-    line appended to ``<workdir>/sweep.log``, where a child's output goes; a header
-    line first."""
+    """A run's ``log`` for ``run_all(quiet=True)``: each line appended to
+    ``<workdir>/sweep.log``, after a header line."""
     path = pathlib.Path(workdir) / LOG
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -482,11 +456,9 @@ def stop_with_parent() -> None:
 def in_memory(
     compute: Callable[[str], Mapping[str, Any]], config: Config
 ) -> Callable[[pathlib.Path, str], Mapping[str, Any]]:
-    """A :attr:`Run.train` for a run that keeps nothing but its results (a random-search
-    trial trained in memory, no checkpoints): a workdir holding ``results.json`` is
-    finished and its results are returned; otherwise ``compute(on_divergence)`` runs and
-    then ``config.json`` and ``results.json`` are written (a run killed midway leaves
-    nothing and runs again)."""
+    """A :attr:`Run.train` for a run that keeps nothing but its results (trained in memory):
+    a workdir's ``results.json`` if it has one, else ``compute(on_divergence)``, then
+    ``config.json`` and ``results.json`` written (a run killed midway runs again)."""
 
     def train(workdir: pathlib.Path, on_divergence: str) -> Mapping[str, Any]:
         path = pathlib.Path(workdir) / "results.json"
