@@ -1,22 +1,20 @@
 """Benchmarks that survive a noisy machine.
 
-A figure of record here is a *ratio taken in one process*: rhnzoo's step and a
-peer's (the code a user would otherwise write, or Flax's built-in), timed
-alternately, each reported as the minimum (and median) over rounds, the ratio also
-as the median of the rounds' paired ratios, with the device's dense-matmul
-throughput read between rounds so that a figure can be set against the best peak
-seen in the same run. Absolute numbers on a shared machine drift by tens of percent
-within minutes; ratios of interleaved minima drift much less, but under heavy load
-still by up to ~20% between runs (see ``docs/bench_cpu_2core_noisy.jsonl``), so
-quote them as ranges over runs. Every record names the matmul precision it ran at
-(``matmul_precision``; each benchmark's ``--matmul_precision``, :mod:`rhnzoo.precision`):
-on GPUs and TPUs the default rounds float32 matmul inputs to TF32 / bfloat16.
+A figure of record here is a *ratio taken in one process*: rhnzoo's step and a peer's
+(the code a user would otherwise write, or Flax's built-in), timed alternately, each
+reported as the minimum (and median) over rounds, the ratio also as the median of the
+rounds' paired ratios, with the dense-matmul peak read between rounds. Absolute numbers
+on a shared machine drift by tens of percent within minutes; ratios of interleaved minima
+much less, but under heavy load still by up to ~20% between runs
+(``docs/bench_cpu_2core_noisy.jsonl``): quote ranges over runs. Every record names its
+``matmul_precision`` (``--matmul_precision``, :mod:`rhnzoo.precision`).
 
 * :func:`matmul_peak`: best FLOP/s of a large square matmul.
 * :func:`alternate`: time several zero-argument callables in interleaved rounds.
 * :func:`ratios`: one candidate's time over another's from those rounds.
-* :func:`memory_estimate`, :func:`host_info`, :func:`stepper`: a record's compiled
-  memory and machine, and a donated step as a zero-argument callable.
+* :func:`memory_estimate`, :func:`host_info`, :func:`compile_donated`, :func:`stepper`: a
+  record's compiled memory and machine, a donated step compiled and as a zero-argument
+  callable.
 * ``python -m rhnzoo.bench.lm``: the RHN / HSG language-model train step against a
   plain-JAX peer (``python -m rhnzoo.bench`` runs it too);
 * ``python -m rhnzoo.bench.highway``: a depth-100 highway net epoch against Flax NNX (a
@@ -43,7 +41,7 @@ import jax.numpy as jnp
 
 @functools.lru_cache(maxsize=None)
 def _square(dtype_name: str, size: int):
-    """A compiled ``a @ a`` (float32 accumulation) and its ``[size, size]`` operand, made once."""
+    """A compiled ``a @ a`` (float32 accumulation) and its operand, made once."""
     a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.dtype(dtype_name))
     f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     f(a).block_until_ready()
@@ -59,8 +57,7 @@ def matmul_peak(dtype=jnp.float32, size: int | None = None, reps: int = 5) -> fl
       reps: timed repetitions; the fastest one is reported.
 
     Returns:
-      ``2 size**3 / (fastest seconds)``, FLOP/s. The function and operand are
-      compiled and made once per (dtype, size), so repeated reads are cheap.
+      ``2 size**3 / (fastest seconds)``, FLOP/s (compiled once per dtype and size).
     """
     size = size or (2048 if jax.default_backend() == "cpu" else 8192)
     f, a = _square(jnp.dtype(dtype).name, size)
@@ -84,12 +81,10 @@ def alternate(
 ) -> dict[str, Any]:
     """Times ``candidates`` in interleaved rounds: A, B, ..., [peak], B, ..., A, [peak], ...
 
-    Each callable runs one unit of work and returns something to block on (a jax
-    array or pytree); unless ``warmup=False``, each is first called once untimed
-    (warm-up and compilation).
-    Round r times the candidates in their order rotated by r (so that no
-    candidate always runs right after the peak read or after a given rival),
-    each ``repeats`` times in a row, then reads the matmul peak.
+    Each callable runs one unit of work and returns something to block on. Round r times
+    the candidates in their order rotated by r (so that no candidate always runs right
+    after the peak read or a given rival), each ``repeats`` times in a row, then reads
+    the matmul peak.
 
     Args:
       candidates: name -> zero-argument callable.
@@ -98,8 +93,7 @@ def alternate(
       peak_dtype: dtype of the matmul peak read after every round (None: skip).
       peak_size: side of the peak's square matmul (default: :func:`matmul_peak`'s).
       peak_reps: repetitions per peak read (the fastest counts).
-      warmup: call each candidate once untimed before the rounds. Pass False only
-        if the caller has already called each (else round 1 times their compilation).
+      warmup: call each candidate once untimed first (False only if the caller has).
 
     Returns:
       ``{'seconds': {name: {'min', 'median', 'all': [...]}}, 'peak_flops_per_s':
@@ -186,6 +180,14 @@ def host_info() -> dict:
         "jax": jax.__version__,
         "jaxlib": jax.lib.__version__,
     }
+
+
+def compile_donated(step, state, batch, key):
+    """``(compiled, seconds)``: ``step(state, batch, key)`` jitted with the state donated,
+    compiled for these arguments."""
+    t = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=0).lower(state, batch, key).compile()
+    return compiled, time.perf_counter() - t
 
 
 def stepper(compiled, state, batch, key):

@@ -8,31 +8,24 @@ al.: tanh, width 50, Glorot-uniform weights, T bias -4, softmax cross-entropy, S
 with momentum 0.9, batches of 128 gathered on the device from the uint8 training
 split, pixel / 255):
 
-* **rhnzoo**: :class:`rhnzoo.models.highway.FeedForwardNet`, the ``depth - 1``
-  layers' weights stacked and the depth loop a ``lax.scan``, H and T in one matmul
-  per layer; the train step of :mod:`rhnzoo.tasks.highway` under ``jax.jit``
-  (state donated), as the run engine runs it, on the default device as the peers;
-* **nnx**: what a Flax user would write: an ``nnx.Module`` with a Python loop over
-  ``nnx.Linear`` layers (one for H, one for T per highway layer), ``nnx.Optimizer``
-  and an ``nnx.jit`` train step; **nnx_cached**: the same step through
-  ``nnx.cached_partial`` (no module-graph traversal per call), which separates
-  Flax's per-call Python cost from the compiled program's speed;
-* **nnx_scan**: what a competent Flax user writes for a deep stack: one highway block
-  module, its ``depth - 1`` copies created by ``nnx.vmap`` (stacked parameters, split
-  RNG streams) and applied by ``nnx.scan`` (compile time flat in depth, like
-  rhnzoo's); same optimizer and step (**nnx_scan_cached** through
-  ``nnx.cached_partial``).
+* **rhnzoo**: :class:`rhnzoo.models.highway.FeedForwardNet` (layers stacked, the depth
+  loop a ``lax.scan``, H and T in one matmul), the train step of
+  :mod:`rhnzoo.tasks.highway` under ``jax.jit`` (state donated);
+* **nnx**: what a Flax user would write: a Python loop over ``nnx.Linear`` layers (one
+  for H, one for T), ``nnx.Optimizer``, an ``nnx.jit`` step; **nnx_cached**: the same
+  step through ``nnx.cached_partial`` (no module-graph traversal per call), which
+  separates Flax's per-call Python cost from the compiled program's speed;
+* **nnx_scan**: what a competent Flax user writes for a deep stack: one block module,
+  ``depth - 1`` copies made by ``nnx.vmap`` and applied by ``nnx.scan`` (compile time
+  flat in depth); **nnx_scan_cached** through ``nnx.cached_partial``.
 
-An epoch is the 390 steps of the 50,000-image training split (real MNIST when the
-files are found, else random images of the same shape, said in the output). The
-two epochs are timed alternately in one process (:func:`rhnzoo.bench.alternate`,
-minimum and median over ``--rounds``, after an untimed warm-up epoch; each peer's
-ratio to rhnzoo also as the median of the rounds' paired ratios). Compile
-time = time of the first step (tracing, compilation, one step) minus the median
-step time, for each net at each of ``--compile_depths``. Prints one JSON object (with
-``matmul_precision``, the ``--matmul_precision`` it ran at).
-On a 2-core CPU at depth 100 the whole run takes about 8 minutes, most of it the
-NNX net (its compilation of 99 unrolled layers, and its epochs).
+An epoch is the 390 steps of the 50,000-image training split (real MNIST when found,
+else random images, said in the output), timed alternately (:func:`rhnzoo.bench.alternate`
+over ``--rounds``, after a warm-up epoch). The JSON object holds each epoch's min and
+median seconds, each peer's ratios to rhnzoo (minima, medians, paired median), and the
+compile time at each of ``--compile_depths`` (first step minus the median step time),
+with ``matmul_precision``. On a 2-core CPU at depth 100 the whole run takes about 8
+minutes, most of it the NNX net (its compilation of 99 unrolled layers, and its epochs).
 """
 
 from __future__ import annotations
@@ -61,8 +54,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The command line's flags (defined only when run as a script, so that the nets
-    can be imported beside other benchmarks' flags)."""
+    """The script's flags, defined only when run (the nets import beside other flags)."""
     flags.DEFINE_integer("depth", 100, "Depth of the timed epoch.")
     flags.DEFINE_list("compile_depths", ["10", "100"], "Depths whose compile time is measured.")
     flags.DEFINE_integer("rounds", 2, "Timed rounds (one epoch of each per round).")
@@ -80,10 +72,9 @@ WIDTH, BATCH, LR, MOMENTUM, T_BIAS = 50, 128, 0.1, 0.9, -4.0
 
 
 class _NNXNet(nnx.Module):
-    """An input layer (``input_size`` -> ``width``, tanh), ``depth - 1`` highway layers
-    (``y = H T + x (1 - T)``, width ``width``, T bias ``transform_bias``; the subclass's
-    :meth:`highway_layers` and :meth:`highway`) and a linear output layer to
-    ``num_classes``, Glorot-uniform weights, created in that order from ``rngs``."""
+    """Input layer (tanh), ``depth - 1`` highway layers (the subclass's
+    :meth:`highway_layers` and :meth:`highway`), linear output; Glorot-uniform weights
+    created in that order from ``rngs``."""
 
     def __init__(
         self,
@@ -122,8 +113,7 @@ class NNXHighwayNet(_NNXNet):
 
 
 class NNXHighwayBlock(nnx.Module):
-    """One highway layer, y = H T + x (1 - T), as an NNX module (H and T one
-    ``nnx.Linear`` each)."""
+    """One highway layer, y = H T + x (1 - T) (H and T one ``nnx.Linear`` each)."""
 
     def __init__(self, width: int, transform_bias: float, *, rngs: nnx.Rngs):
         glorot = nnx.initializers.glorot_uniform()
@@ -143,8 +133,7 @@ class NNXHighwayBlock(nnx.Module):
 
 class NNXScanHighwayNet(_NNXNet):
     """The same net the way the Flax guides write deep stacks: ``nnx.vmap`` creates the
-    ``depth - 1`` blocks with stacked parameters (``nnx.split_rngs``: one RNG stream per
-    layer), ``nnx.scan`` applies them with the activation as the carry."""
+    blocks (one RNG stream per layer), ``nnx.scan`` applies them."""
 
     def highway_layers(self, n: int, width: int, transform_bias: float, rngs: nnx.Rngs):
         @nnx.split_rngs(splits=n)
@@ -160,10 +149,6 @@ class NNXScanHighwayNet(_NNXNet):
             return block(h)
 
         return apply(h, self.blocks)
-
-
-def _schedule():
-    return optax.exponential_decay(LR, 100_000, 0.96, staircase=True)
 
 
 def data() -> tuple[dict, str]:
@@ -211,15 +196,14 @@ def rhnzoo_epoch(depth: int, splits, steps: int) -> dict:
 
 
 def nnx_epoch(depth: int, splits, steps: int, scan: bool = False) -> dict:
-    """The same for the Flax NNX net: ``{'nnx': epoch, 'nnx_cached': epoch, 'one': step}``;
-    ``nnx_cached`` calls the same step through ``nnx.cached_partial(step, model,
-    optimizer)`` (Flax's remedy for the Python cost of traversing the module graph at
-    every call); both train the same model. ``scan``: :class:`NNXScanHighwayNet`, keys
-    ``nnx_scan`` and ``nnx_scan_cached``."""
+    """The same for the Flax NNX net: ``{'nnx': epoch, 'nnx_cached': epoch, 'one': step}``
+    (``nnx_cached`` through ``nnx.cached_partial``; both train the same model). ``scan``:
+    :class:`NNXScanHighwayNet`, keys ``nnx_scan`` and ``nnx_scan_cached``."""
     x_train, y_train = splits["train"]
     net = NNXScanHighwayNet if scan else NNXHighwayNet
     model = net(depth, WIDTH, 784, 10, T_BIAS, rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, optax.sgd(_schedule(), momentum=MOMENTUM), wrt=nnx.Param)
+    schedule = optax.exponential_decay(LR, 100_000, 0.96, staircase=True)
+    optimizer = nnx.Optimizer(model, optax.sgd(schedule, momentum=MOMENTUM), wrt=nnx.Param)
     images, labels = jnp.asarray(x_train), jnp.asarray(y_train)
 
     @nnx.jit
@@ -287,8 +271,7 @@ def bench(splits, source) -> None:
         "matmul_precision": precision.current(),
     }
     depths = sorted({int(d) for d in FLAGS.compile_depths} | {FLAGS.depth})
-    # Every net compiles once, on its first step (timed); the timed depth's functions
-    # are then reused for the epochs.
+    # Every net compiles once, on its first step (timed); the timed depth's are reused.
     makers = {
         "rhnzoo": rhnzoo_epoch,
         "nnx": nnx_epoch,

@@ -4,68 +4,42 @@ r"""Train-step benchmark of the RHN / HSG language model, against a plain-JAX pe
   python -m rhnzoo.bench.lm --configs=ptb_sota --dtype=bfloat16 --steps=8
   python -m rhnzoo.bench.lm --configs=ptb_d40_hsg --nopeer --remat --num_steps=200 --steps=0
 
-Prints one JSON object per configuration, with the matmul precision it ran at
-(``matmul_precision``: ``--matmul_precision``, :mod:`rhnzoo.precision`; on GPUs and TPUs
-the default rounds float32 matmul inputs to TF32 / bfloat16). What is timed is the full
-jit-compiled train step (window slicing, dropout masks, forward, backward, weight decay,
-clipping, SGD update; state donated) of :func:`rhnzoo.tasks.lm.make_train_step`
-and, with ``--peer`` (the default), of :func:`make_peer_step` (the same one step,
-:func:`rhnzoo.engine.step.make_train_step`, of another loss), on random tokens,
-after compilation, on whatever device JAX sees. A configuration (``--configs``,
-:data:`CONFIGS`) is a preset of :mod:`rhnzoo.configs.lm` (:func:`config`: sizes, batch,
-window, dropout rates, initialisation), the flags setting its model's scan, dtype and
-window only.
+Times the full jit-compiled train step (window slicing, dropout masks, forward, backward,
+weight decay, clipping, SGD update; state donated) of :func:`rhnzoo.tasks.lm.make_train_step`
+and, with ``--peer`` (the default), of :func:`make_peer_step` (the same
+:func:`rhnzoo.engine.step.make_train_step` of another loss), on random tokens, after
+compilation. A configuration (``--configs``, :data:`CONFIGS`) is a preset of
+:mod:`rhnzoo.configs.lm` (:func:`config`); the flags set its scan, dtype and window only.
 
-Method (so that the figures survive a shared, noisy machine):
+Method (:mod:`rhnzoo.bench`; docs/runs/cpu/bench.md#cpu-benchmark-method): one untimed call
+of each step sizes the rounds (``--steps`` at most, no fewer than 3, about ``--budget_s``
+seconds), then :func:`rhnzoo.bench.alternate` with the matmul peak in the run's dtype.
+One JSON object per configuration: ``*_step_ms_min`` / ``_median`` / ``_all``; ``speedup``
+= peer min / rhnzoo min (> 1: rhnzoo is faster), ``speedup_median``,
+``speedup_paired_median``; tokens/s and achieved FLOP/s at the minimum step time; ``mfu``
+over the best peak read in the run (``peak_flops_per_s_max``; ``_min`` shows how far the
+peak moved); compile seconds, memory estimates, evaluation tokens/s, ``matmul_precision``
+and the machine.
 
-* rhnzoo's step and the peer's run alternately in the same process, in rounds
-  (one untimed warm-up call each, which also sizes the rounds; then
-  :func:`rhnzoo.bench.alternate`: per round one timed call each, order rotated
-  every round, then a dense-matmul peak read in the run's dtype).
-  ``*_step_ms_min`` is the fastest call, the least disturbed by other
-  processes; ``*_step_ms_median`` the typical one.
-* ``speedup`` = peer min / rhnzoo min (> 1: rhnzoo is faster); both minima come
-  from the same stretch of time, so the ratio is what survives the noise.
-  ``speedup_median`` is the ratio of the medians, ``speedup_paired_median`` the
-  median over rounds of the ratio of the two calls timed back to back in a round.
-* tokens/s and achieved FLOP/s are taken at the minimum step time; ``mfu`` is the
-  achieved FLOP/s over the BEST peak read in the run (``peak_flops_per_s_max``);
-  ``peak_flops_per_s_min`` shows how far the peak itself moved.
-* The number of rounds is ``--steps``, lowered (to no fewer than 3) so that the
-  timed rounds of a configuration take about ``--budget_s`` seconds, estimated
-  from a first call of each step.
-
-Model FLOPs per token (matmuls only; a multiply-add counts 2; training = 3 x
-forward, as the backward pass does two matmuls per forward matmul):
+Model FLOPs per token (matmuls only; a multiply-add counts 2; training = 3 x forward):
 
     forward = 2 m k n              input projection (k = 2: fused H|T)
             + L 2 n k n            recurrent micro-layers
             + [HSG] 2 (2 n n)      HSG gate (W_R, W_F)
             + 2 n V                softmax
 
-The peer (:func:`peer_loss`, :func:`make_peer_step`) is the RHN / HSG-RHN
-language model as a competent JAX user writes it from the papers (Zilly et al.
-2017, eqs. 6-9, coupled C = 1 - T; Shoham & Permuter, eqs. 5-6), without any of
-rhnzoo's cells or models: embedding lookup; the input projection W x of all time
-steps as one matmul outside the scan, H and T fused in one ``[m, 2n]`` matrix;
-``jax.lax.scan`` over time whose body runs the L micro-layers in a Python ``for``
-loop over per-layer weights (as the reference TensorFlow code does; unrolled at
-trace time; ``--peer_layers=scan`` uses an inner ``lax.scan`` instead), each one
-fused ``[n, 2n]`` matmul with s^[l] = h T + s^[l-1] (1 - T); the HSG gate after
-the last micro-layer; tied (or untied) softmax; the same loss (summed
-cross-entropy / B + weight decay * 0.5 ||theta||^2); gradients by ``jax.grad``
-(autodiff through the scan); the same optax optimizer (global-norm clipping +
-SGD); ``jax.jit`` with the state donated. It reads rhnzoo's parameter pytree and
-training state as they are (``{'embed', 'cell': {'W', 'R' [L, n, 2n], 'b'}, ...}``),
-splitting the stacked recurrent weights per layer once per step outside the time
-scan, and draws its dropout masks with :func:`rhnzoo.dropout.lm_masks` from the
-same key and its weight decay with :func:`rhnzoo.tasks.lm.l2_penalty` (a
-one-line sum over every parameter), so both steps compute the same function
-(tested in ``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every
-matmul's inputs to bfloat16 with float32 accumulation (``preferred_element_type``), as
-rhnzoo's forward pass does; its backward pass is what ``jax.grad`` makes of
-those matmuls (float32 matmuls, as the cotangents are float32), whereas
-rhnzoo's hand-written recurrent backward runs its matmuls in bfloat16 too.
+The peer (:func:`peer_loss`) is the RHN / HSG-RHN language model as a competent JAX user
+writes it from the papers (Zilly et al. 2017, eqs. 6-9, coupled C = 1 - T; Shoham &
+Permuter, eqs. 5-6), without rhnzoo's cells or models: the input projection of all steps
+as one matmul outside a ``jax.lax.scan`` over time, the L micro-layers a Python ``for``
+loop (as the reference TensorFlow code; ``--peer_layers=scan``: an inner ``lax.scan``),
+each one fused ``[n, 2n]`` matmul; the same masks (:func:`rhnzoo.dropout.lm_masks`, same
+key), loss and weight decay (:func:`rhnzoo.tasks.lm.l2_penalty`), optax chain; gradients
+by ``jax.grad``. It reads rhnzoo's parameters and state as they are, so both steps compute
+the same function (``tests/test_bench.py``). With ``--dtype=bfloat16`` it casts every
+matmul's inputs to bfloat16 (float32 accumulation) as rhnzoo's forward does; its backward
+is what ``jax.grad`` makes of that (float32 matmuls), whereas rhnzoo's hand-written
+recurrent backward runs its matmuls in bfloat16 too.
 """
 
 from __future__ import annotations
@@ -86,7 +60,8 @@ from absl import app, flags
 from rhnzoo import data, dropout, precision
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.apps import cli
-from rhnzoo.bench import alternate, host_info, matmul_peak, memory_estimate, ratios, stepper
+from rhnzoo.bench import alternate, compile_donated, host_info, matmul_peak, memory_estimate
+from rhnzoo.bench import ratios, stepper
 from rhnzoo.cells import rhn_fused
 from rhnzoo.configs import lm as lm_configs
 from rhnzoo.engine import step
@@ -94,10 +69,9 @@ from rhnzoo.tasks import lm as train
 
 Array = jax.Array
 
-# The language models benchmarked (--configs; rhnzoo.bench.seeds' too), by name: the
-# keywords of rhnzoo.configs.lm.get_config (data set, preset, settings), whose config
-# gives the sizes, batch, BPTT window, dropout rates and initialisation (:func:`config`);
-# ``vocab``, a bench-only size of the random tokens, stands in for the data set's.
+# The language models benchmarked (also rhnzoo.bench.seeds'), by name: keywords of
+# rhnzoo.configs.lm.get_config (:func:`config`); ``vocab``, a bench-only size of the random
+# tokens, stands in for the data set's.
 CONFIGS: dict[str, dict[str, Any]] = {
     "ptb_sota": dict(dataset="ptb"),  # the reference code's ptb_sota (LMConfig's defaults)
     "ptb_d40_hsg": dict(dataset="ptb", depth=40, hsg=True),  # the HSG paper's deepest
@@ -115,16 +89,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
         vocab=50,
     ),
 }
-# The data sets' vocabulary sizes (rhnzoo.data.ptb: 10,000 words; rhnzoo.data.char: 205
-# bytes of enwik8): the range of the random tokens, read from no files.
+# The data sets' vocabulary sizes (PTB words, enwik8 bytes), read from no files.
 VOCAB = {"ptb": 10000, "enwik8": 205}
 RECORD = ["ptb_sota", "ptb_d40_hsg", "cpu_small"]
 
 
 def define_flags() -> None:
-    """The script's flags, defined at its start only: importing this module defines none,
-    so the library's modules import side by side (each benchmark names its own
-    ``--configs``)."""
+    """The script's flags, defined only when run (each benchmark names its own ``--configs``)."""
     flags.DEFINE_list("configs", RECORD, f"Configurations to run, from {list(CONFIGS)}.")
     flags.DEFINE_enum(
         "scan_impl",
@@ -177,10 +148,9 @@ OPTIONS = (
 
 
 def config(name: str, **settings: Any) -> tuple[lm_configs.LMConfig, int]:
-    """Configuration ``name`` of :data:`CONFIGS`: ``(cfg, vocab)``, its
-    :func:`rhnzoo.configs.lm.get_config` (the entry's data set, preset and settings, then
-    ``settings``: ``num_steps``, ``scan_impl``...) and the size of its vocabulary (the
-    entry's ``vocab``, else the data set's, :data:`VOCAB`).
+    """``(cfg, vocab)`` of configuration ``name`` of :data:`CONFIGS`:
+    :func:`rhnzoo.configs.lm.get_config` of the entry updated by ``settings``, and the
+    entry's ``vocab``, else the data set's (:data:`VOCAB`).
 
     Raises:
       KeyError: for a name not in :data:`CONFIGS`.
@@ -208,10 +178,8 @@ def shape(cfg: lm_configs.LMConfig, vocab: int) -> dict[str, Any]:
 def random_batch(
     cfg: lm_configs.LMConfig, vocab: int, *, windows: int, seed: int
 ) -> tuple[Array, Array]:
-    """A train step's batch ``(rows, 1)`` on random tokens: ``rows [B, windows T + 1]``
-    int32 (B, T: ``cfg``'s batch and window; :func:`rhnzoo.data.batchify` of ``B (windows
-    T + 1)`` ids below ``vocab`` drawn with NumPy ``seed``), window index 1 (the carry
-    kept, as every window after the first)."""
+    """A train step's batch ``(rows, 1)``: ``rows [B, windows T + 1]`` int32 random ids
+    below ``vocab`` (NumPy ``seed``), window index 1 (the carry kept)."""
     B = cfg.batch_size
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, vocab, B * (cfg.num_steps * windows + 1), dtype=np.int32)
@@ -246,18 +214,13 @@ def peer_loss(
     """The plain-JAX RHN / HSG-RHN language-model loss (see the module docstring).
 
     Args:
-      params: rhnzoo's LM parameters: ``embed [V, m]``, ``softmax_b [V]``
-        (+ ``softmax_w [n, V]`` if not tied), ``cell``: ``{'W' [m, 2n], 'R'
-        [L, n, 2n], 'b' [L, 2n]}`` (H | T fused), or for HSG ``{'cell': that,
-        'W_R' [n, n], 'W_F' [n, n], 'b_G' [n]}``; float32.
+      params: rhnzoo's LM parameters (float32; ``cell``: ``{'W' [m, 2n], 'R' [L, n, 2n],
+        'b' [L, 2n]}``, H | T fused, or for HSG ``{'cell': that, 'W_R', 'W_F', 'b_G'}``).
       carry: ``[B, n]`` float32 state entering the window.
       x, y: ``[B, T]`` int32 inputs and targets.
-      masks: :func:`rhnzoo.dropout.lm_masks` (``x [B, T]``, ``i [B, m]``,
-        ``h [B, n]``, ``o [B, n]``).
+      masks: :func:`rhnzoo.dropout.lm_masks`.
       dtype: matmul input dtype, accumulation float32.
-      layers: the loop over micro-layers 2..L inside the time step: ``'python'``
-        (a Python ``for`` loop, unrolled when traced; the default) or ``'scan'``
-        (``jax.lax.scan`` over the stacked weights).
+      layers: the loop over micro-layers 2..L: ``'python'`` (a ``for`` loop) or ``'scan'``.
 
     Returns:
       ``(loss, (nll, carry))``: loss = nll / B + weight_decay * 0.5 ||params||^2,
@@ -266,7 +229,6 @@ def peer_loss(
     Raises:
       ValueError: for an unknown ``layers``.
     """
-
     if layers not in ("python", "scan"):
         raise ValueError(f"layers must be 'python' or 'scan', got {layers!r}")
 
@@ -324,11 +286,9 @@ def peer_window_loss(
     vocab_size: int,
     **options: Any,
 ):
-    """:func:`peer_loss` on window ``batch = (rows, index)``, in the loss contract of
-    :func:`rhnzoo.engine.step.make_train_step` (as :func:`rhnzoo.tasks.lm.window_loss`:
-    the same window, carry zeroed at window 0, masks from ``key`` by
-    :func:`rhnzoo.dropout.lm_masks`); ``options``: :func:`peer_loss`'s ``hsg``, ``tied``,
-    ``dtype``, ``layers``. Returns ``(loss, ({'loss': nll, 'count': B T}, carry))``."""
+    """:func:`peer_loss` on window ``batch = (rows, index)`` in the loss contract of
+    :func:`rhnzoo.engine.step.make_train_step`, as :func:`rhnzoo.tasks.lm.window_loss`:
+    ``(loss, ({'loss': nll, 'count': B T}, carry))``; ``options``: :func:`peer_loss`'s."""
     rows, index = batch
     x, y = train.window(rows, index, cfg.num_steps)
     m, n = params["embed"].shape[1], carry.shape[1]
@@ -356,15 +316,9 @@ def make_peer_step(
     dtype: str = "float32",
     layers: str = "python",
 ):
-    """The peer's ``train_step(state, (rows, window), key) -> (state, sums)``.
-
-    Same contract and state as :func:`rhnzoo.tasks.lm.make_train_step`
-    (``state = {'params', 'opt_state', 'carry'}``, ``rows [B, N] int32``, carry
-    zeroed at window 0, masks from ``key``) and the same step
-    (:func:`rhnzoo.engine.step.make_train_step`: gradient, optax update), with the
-    model and its gradient written in plain JAX (:func:`peer_loss`). Wrap it in
-    ``jax.jit(..., donate_argnums=0)``.
-    """
+    """The peer's ``train_step(state, (rows, window), key) -> (state, sums)``: the contract,
+    state and step of :func:`rhnzoo.tasks.lm.make_train_step` over :func:`peer_loss`. Wrap
+    it in ``jax.jit(..., donate_argnums=0)``."""
     options = {"hsg": hsg, "tied": tied, "dtype": dtype, "layers": layers}
     loss = functools.partial(peer_window_loss, cfg=cfg, vocab_size=vocab_size, **options)
     return step.make_train_step(loss, tx)
@@ -378,12 +332,6 @@ def _loadavg() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
-
-
-def _compile(step, state, batch, key):
-    t = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=0).lower(state, batch, key).compile()
-    return compiled, time.perf_counter() - t
 
 
 def _layer_loop(layer_loop: str, depth: int, scan_impl: str) -> str | None:
@@ -411,14 +359,9 @@ def bench(
     eval_tokens: int = 2000,
     layer_loop: str = "auto",
 ) -> dict:
-    """Compiles and times configuration ``name`` of :data:`CONFIGS` (:func:`config`, its
-    window ``num_steps`` unless None, the model's ``scan_impl``, ``dtype``, ``remat`` and
-    ``unroll``).
-
-    Returns the JSON record (see the module docstring; the flags of the same names
-    document the arguments; the matmul precision is the one in effect). ``steps=0``
-    returns after compilation.
-    """
+    """Compiles and times configuration ``name`` of :data:`CONFIGS`; returns the JSON
+    record (module docstring; arguments: the flags of the same names). ``steps=0`` returns
+    after compilation."""
     settings = {"num_steps": num_steps} if num_steps else {}
     cfg, vocab = config(
         name, scan_impl=scan_impl, dtype=dtype, remat=remat, unroll=unroll, **settings
@@ -441,7 +384,7 @@ def bench(
     }
     if layer_loop != "auto":  # the fused scan's backend option, through the model
         model = dataclasses.replace(model, layer_loop=layer_loop)
-    compiled, result["compile_s"] = _compile(
+    compiled, result["compile_s"] = compile_donated(
         train.make_train_step(model, cfg, tx), state, batch, key
     )
     result.update(memory_estimate(compiled))
@@ -453,7 +396,7 @@ def bench(
         )
         result["peer_layers"] = peer_layers
         peer_state = jax.tree.map(jnp.copy, state)  # its own buffers (both are donated)
-        peer_compiled, result["peer_compile_s"] = _compile(peer_step, peer_state, batch, key)
+        peer_compiled, result["peer_compile_s"] = compile_donated(peer_step, peer_state, batch, key)
         result.update(memory_estimate(peer_compiled, "peer_"))
         candidates["peer"], boxes["peer"] = stepper(peer_compiled, peer_state, batch, key)
     if steps == 0:  # compile only: compile time and the compiler's memory estimate

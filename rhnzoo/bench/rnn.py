@@ -11,83 +11,45 @@ recurrent layer over ``xs [T, B, m]`` float32 (time-major), its last output thro
 linear softmax layer, mean cross-entropy, its value and the gradients of every parameter
 (no optimizer step); the JAX ones as ``jax.value_and_grad`` under ``jax.jit``:
 
-* **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` (the classifier's default, the
-  hand-written backward pass), as the classifier calls it: with ``lengths`` (here all
-  T), ``outputs="last"`` (the output read from the final carry, no output stack),
-  ``gated_fused.unroll``'s defaults otherwise (the
-  input projected inside the scan, the weight gradients formed per chunk of up to 16
-  steps);
-  **rhnzoo_bf16** (``--bfloat16``) the same with bfloat16 matmul inputs;
-* **reference**: :func:`rhnzoo.cells.unroll` (``lax.scan`` + autodiff, every step under
-  ``save_matmuls_only``: the classifier's ``scan_impl='reference'``);
-* **flax** (LSTM and GRU): ``nn.RNN(nn.OptimizedLSTMCell(n))`` with rhnzoo's LSTM
-  weights copied in (the losses are checked to agree before anything is timed), and
-  ``nn.RNN(nn.GRUCell(n))`` with its own initialisation: Flax's GRU applies the reset
-  gate after its recurrent matmul (cuDNN's variant), ours before (Cho et al. 2014), the
-  same FLOPs but not the same function, so the GRU losses are reported, not compared;
-* **jax_cudnn** (LSTM, GPU only): ``jax.experimental.rnn.lstm``, cuDNN's LSTM called
-  from JAX, with rhnzoo's weights packed into cuDNN's flat layout (:func:`cudnn_weights`,
-  checked on any backend against ``jax.experimental.rnn.lstm_ref`` in the tests);
-* **rhnzoo_u{k}** (``--unroll=k,...``): rhnzoo's fused scan with ``unroll=k`` time steps
-  per scan iteration, forward and backward (the default is chosen per backend and cell:
+* **rhnzoo**: :func:`rhnzoo.cells.gated_fused.unroll` as the classifier calls it
+  (``lengths`` all T, ``outputs="last"``, its defaults otherwise); **rhnzoo_bf16**
+  (``--bfloat16``) the same with bfloat16 matmul inputs; **rhnzoo_u{k}**
+  (``--unroll=k,...``) with ``unroll=k`` (default:
   :func:`rhnzoo.cells.gated_fused.default_unroll`);
-* **pallas** (``--pallas``): rhnzoo's persistent Pallas (Mosaic GPU) kernels
-  (``scan.unroll(..., impl='pallas')``: :mod:`rhnzoo.cells.kernels.gated` for the LSTM and
-  reset-after GRU, :mod:`rhnzoo.cells.kernels.chained` for the RRN and Cho's GRU),
-  called as the fused scan is (``lengths``, ``outputs="last"``, the output from the
-  final carry) with ``dtype=bfloat16`` (bfloat16 U and matmul inputs, float32 accumulation and
-  gates). Timed only on a GPU
-  and where ``scan.pallas_supports(cell)``; its loss is checked against rhnzoo's to
-  ``PALLAS_RTOL`` (``loss_checks``; a mismatch is reported, not fatal). Elsewhere, or
-  where the kernel fails to build or run, ``skipped['pallas']`` says why;
+* **reference**: :func:`rhnzoo.cells.unroll` (``lax.scan`` + autodiff under
+  ``save_matmuls_only``: the classifier's ``scan_impl='reference'``);
+* **flax** (LSTM and GRU): ``nn.RNN(nn.OptimizedLSTMCell(n))`` with rhnzoo's LSTM weights
+  copied in (losses checked to agree before timing), and ``nn.RNN(nn.GRUCell(n))`` with
+  its own initialisation (Flax's GRU is the reset-after variant, a different function of
+  the same FLOPs: its loss is reported, not compared);
+* **jax_cudnn** (LSTM, GPU only): ``jax.experimental.rnn.lstm`` with rhnzoo's weights in
+  cuDNN's layout (:func:`cudnn_weights`);
+* **pallas** (``--pallas``, GPU only, where ``scan.pallas_supports(cell)``): the persistent
+  kernels (``scan.unroll(..., impl='pallas')``, :mod:`rhnzoo.cells.kernels.gated` /
+  :mod:`~rhnzoo.cells.kernels.chained`) called as the fused scan, ``dtype=bfloat16``; loss
+  checked against rhnzoo's to ``PALLAS_RTOL``; ``skipped['pallas']`` says why it is absent;
 * **torch_fp32**, **torch_tf32**, **torch_bf16**, **torch_fp16** (``--torch``; LSTM and
-  GRU: PyTorch has no SC-LSTM or RRN): ``torch.nn.LSTM`` / ``torch.nn.GRU`` (cuDNN on a
-  GPU) -> ``nn.Linear`` -> ``F.cross_entropy`` (float32), ``backward()``, every
-  parameter's ``.grad`` set to None before each step; the step ends with
-  ``torch.cuda.synchronize()``, so that :func:`rhnzoo.bench.alternate`'s wall clock
-  covers the device work as ``jax.block_until_ready`` does for the JAX steps. Weights:
-  rhnzoo's LSTM converted by :func:`rhnzoo.cells.torch_interop.lstm_to_torch`; for the GRU
-  (PyTorch's is the reset-after variant) the same W, U, b with b_hn = 0, as
-  ``GRU(n, reset_after=True)`` (:func:`torch_weights`). Their losses are checked
-  (``loss_checks``, reported, not fatal) against ``losses['torch_function_fp32']``, the
-  same function computed by rhnzoo's reference scan at float32 (``highest``).
-  Precision: ``torch_fp32`` float32 with TensorFloat-32 off for cuBLAS and cuDNN's RNN,
-  ``torch_tf32`` on (set through PyTorch's ``fp32_precision`` API, 'ieee' / 'tf32' for
-  ``torch.backends.cuda.matmul`` and ``torch.backends.cudnn.rnn``, onto which the legacy
-  ``allow_tf32`` flags map; those flags where the API is absent; set again before every
-  step since the peers alternate), ``torch_bf16`` / ``torch_fp16`` the modules and inputs
-  converted with ``.to(torch.bfloat16)`` / ``.to(torch.float16)``, not autocast (autocast
-  casts cuDNN's RNN to float16 whatever dtype it is given). By PyTorch's source
-  (``aten/src/ATen/native/cudnn/RNN.cpp``, ``get_algo``) cuDNN runs its persistent
-  small-hidden algorithm for n <= 128 (backward; 192 forward) and its persistent
-  algorithm for larger n in float16 only (n, m multiples of 128, LSTM, B <= 128). On one
-  H100 (docs/runs/gpu/2026-11-27) the small-hidden persistent kernels ran in float32, TF32
-  and float16 but not in bfloat16 (one GEMM launch per step each way). PyTorch 2.11's own
-  default is TF32 in cuDNN's RNN and IEEE in cuBLAS.
-  ``--torch_profile`` records which kernels ran: after all timings, each torch peer's
-  five longest GPU kernels (one extra JSON line per peer, ``"record": "torch_kernels"``).
-  ``--torch_device`` chooses the device (``cpu`` checks the peers' code without a GPU;
-  its times are not cuDNN's).
-  Where torch does not import or has no CUDA, ``skipped`` says so. torch is imported
-  only when a torch peer is built.
+  GRU): ``torch.nn.LSTM`` / ``torch.nn.GRU`` (cuDNN on a GPU) -> ``nn.Linear`` ->
+  ``F.cross_entropy``, ``backward()``, ending in ``torch.cuda.synchronize()``
+  (:func:`torch_step`), weights from :func:`torch_weights`; losses checked against
+  ``losses['torch_function_fp32']`` (rhnzoo's reference scan at ``highest``). TF32 off /
+  on for cuBLAS and cuDNN's RNN (:func:`_set_tf32`), bf16 / fp16 by ``.to(dtype)``, not
+  autocast (which casts cuDNN's RNN to float16 whatever it is given). Which cuDNN kernels
+  run at each precision: docs/runs/gpu/2026-11-27/README.md. ``--torch_profile`` adds,
+  after all timings, one ``"record": "torch_kernels"`` line per torch peer (its five
+  longest GPU kernels); ``--torch_device=cpu`` checks the peers' code without a GPU.
+  ``skipped`` says where torch or CUDA is absent.
 
-Cells: ``lstm``, ``gru`` (Cho et al.'s), ``gru_ra`` (reset-after: PyTorch's and cuDNN's
-function, and the one with a Pallas kernel), ``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn``
-(K = 2, σ). The
-steps are timed with :func:`rhnzoo.bench.alternate` (interleaved rounds, min and median,
-matmul peak between rounds); one JSON line per (cell, shape) gives the times and the
-ratios peer / rhnzoo (> 1: rhnzoo is faster) of the minima, of the medians, and the
-median of the per-round ratios (``paired_median``: each round's pair ran back to back,
-so it is the estimator least moved by load that drifts between rounds), the peer being
-Flax for LSTM and GRU and the reference path for SC-LSTM and RRN. Ratios are named
-``ratio_{a}_over_{b}`` (a's time / b's); with ``--pallas`` / ``--torch`` also every torch
-peer over ``rhnzoo`` (and the bf16 / fp16 ones over ``rhnzoo_bf16``), and the peer,
-``rhnzoo``, ``rhnzoo_bf16`` and every torch peer over ``pallas``. Each line also names
-the device, the backend, the commit (``git rev-parse HEAD``, None outside a checkout),
-the versions (Python, JAX, jaxlib, Flax, optax; torch, its CUDA and cuDNN when a torch
-peer was built) and ``precisions``: each candidate's arithmetic (``fp32``, ``tf32``,
-``bf16``, ``fp16``; JAX's float32 candidates at the matmul precision in effect, TF32
-inputs on a GPU by default).
+Cells: ``lstm``, ``gru`` (Cho et al.'s), ``gru_ra`` (reset-after: PyTorch's and cuDNN's),
+``sc_lstm`` (SC-LSTM-P, L = 20), ``rrn`` (K = 2, σ). Timed with
+:func:`rhnzoo.bench.alternate`; one JSON line per (cell, shape) gives the times and the
+ratios ``ratio_{a}_over_{b}`` (a's time / b's, :func:`rhnzoo.bench.ratios`: of the minima,
+the medians, and ``paired_median``) of the peer (Flax for LSTM and GRU, the reference path
+for SC-LSTM and RRN) over ``rhnzoo``; with ``--pallas`` / ``--torch`` also every torch
+peer over ``rhnzoo`` (bf16 / fp16 ones also over ``rhnzoo_bf16``), and the peer,
+``rhnzoo``, ``rhnzoo_bf16`` and the torch peers over ``pallas``. Each line also names the
+device, backend, commit, versions and ``precisions`` (each candidate's arithmetic:
+``fp32``, ``tf32``, ``bf16``, ``fp16``).
 """
 
 from __future__ import annotations
@@ -137,17 +99,14 @@ TORCH_PEERS = {
     "torch_fp16": ("float16", False),
 }
 TORCH_CELLS = ("lstm", "gru", "gru_ra")  # PyTorch has no SC-LSTM or RRN
-# Relative tolerances of the (non-fatal) loss checks of the new candidates: cuDNN's own
-# reduction order at float32 (as jax_cudnn's check), its rounding at TF32 (2.4 % off at
-# the IMDB shape for jax_cudnn), bfloat16 / float16 over hundreds of steps.
+# Relative tolerances of the (non-fatal) loss checks: cuDNN's reduction order at float32,
+# its rounding at TF32 (2.4 % off at the IMDB shape for jax_cudnn), bf16 / fp16 over T steps.
 TORCH_RTOL = {"torch_fp32": 1e-3, "torch_tf32": 5e-2, "torch_bf16": 5e-2, "torch_fp16": 5e-2}
 PALLAS_RTOL = 5e-2
 
 
 def define_flags() -> None:
-    """The script's flags, defined at its start only: importing this module defines none,
-    so the library's modules import side by side (each benchmark names its own
-    ``--configs``)."""
+    """The script's flags, defined only when run (each benchmark names its own ``--configs``)."""
     flags.DEFINE_list("configs", ["imdb_cpu", "pmnist"], f"Shapes, of {list(CONFIGS)}.")
     flags.DEFINE_list("cells", list(CELLS), "Cells.")
     flags.DEFINE_boolean("bfloat16", False, "Also time rhnzoo with bfloat16 matmul inputs.")
@@ -218,9 +177,7 @@ class FlaxGRUClassifier(nn.Module):
 
 def rhnzoo_logits(cell, params, xs, *, scan_impl: str = "fused", dtype=None, unroll=None):
     """rhnzoo's cell over ``xs [T, B, m]`` -> last output -> linear layer ``[B, classes]``,
-    as the classifier computes it (the reference scan projects inside the scan when m <= 8).
-    ``scan_impl``: ``fused`` (:mod:`~rhnzoo.cells.gated_fused`), ``pallas``
-    (the persistent kernels, called as the fused scan, without ``unroll``) or
+    as the classifier computes it; ``scan_impl``: ``fused``, ``pallas`` (no ``unroll``) or
     ``reference``."""
     T, B = xs.shape[:2]
     carry = cell.initial_carry(B)
@@ -263,15 +220,9 @@ def flax_params(params, n: int):
 
 
 def cudnn_weights(params, m: int, n: int) -> jax.Array:
-    """rhnzoo LSTM params -> the flat weight vector of ``jax.experimental.rnn.lstm``.
-
-    cuDNN's layout for one layer, one direction: ``W_ih [4n, m]``, ``W_hh [4n, n]``,
-    ``b_ih [4n]``, ``b_hh [4n]``, flattened in that order, gates i | f | g | o (g is
-    rhnzoo's c̃); rhnzoo's blocks are i | f | o | c̃ with one bias (``b_hh`` is zero).
-
-    Returns:
-      ``[4n (m + n + 2)]`` float32.
-    """
+    """rhnzoo LSTM params -> the flat ``[4n (m + n + 2)]`` float32 weight vector of
+    ``jax.experimental.rnn.lstm``: ``W_ih [4n, m]``, ``W_hh [4n, n]``, ``b_ih [4n]``,
+    ``b_hh [4n]`` (zero), gates i | f | g | o (rhnzoo's blocks are i | f | o | c̃)."""
     p = params["cell"]
     order = [0, 1, 3, 2]  # cuDNN's i, f, g, o as rhnzoo's block indices
     blocks = lambda a: jnp.concatenate([a[..., k * n : (k + 1) * n] for k in order], -1)
@@ -286,10 +237,9 @@ def cudnn_weights(params, m: int, n: int) -> jax.Array:
 
 
 def cudnn_logits(m: int, n: int, params, xs):
-    """cuDNN's LSTM (``jax.experimental.rnn.lstm``, GPU only) over ``xs [T, B, m]`` ->
-    final h -> the linear layer; ``params = {"lstm": cudnn_weights(...), "out": ...}``;
-    TensorFloat-32 allowed or not as the precision in effect says
-    (:func:`rhnzoo.precision.cudnn_rnn`)."""
+    """cuDNN's LSTM (GPU only) over ``xs [T, B, m]`` -> final h -> the linear layer;
+    ``params = {"lstm": cudnn_weights(...), "out": ...}``; TF32 as
+    :func:`rhnzoo.precision.cudnn_rnn` says."""
     B = xs.shape[1]
     zeros = jnp.zeros((1, B, n), xs.dtype)
     _, h, _ = jax_rnn.lstm(
@@ -331,8 +281,7 @@ def loss_of(logits_fn):
 
 @functools.cache
 def git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the checkout this module lies in, or None (no git, no
-    checkout). Read once per process."""
+    """``git rev-parse HEAD`` of the checkout this module lies in (once per process), or None."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -402,19 +351,15 @@ def pallas_skip_reason(cell, backend: str | None = None) -> str | None:
 
 
 def _pallas_fits(cell, c: dict) -> bool | None:
-    """The ``fits`` of ``cell``'s kernels (:func:`rhnzoo.cells.kernels.backend_of`) for
-    shape ``c`` in bfloat16 (whether ``auto`` would pick them; False for a cell without a
-    backend), None where it cannot say."""
+    """Whether ``auto`` would pick ``cell``'s kernels at shape ``c`` in bfloat16
+    (:func:`rhnzoo.cells.kernels.backend_of`), None where it cannot say."""
     try:
         from rhnzoo.cells import kernels
 
         backend = kernels.backend_of(cell)
         if backend is None:
             return False
-        try:
-            return bool(backend.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))
-        except TypeError:  # a fits() without input_size
-            return bool(backend.fits(cell, c["batch"], jnp.bfloat16))
+        return bool(backend.fits(cell, c["batch"], jnp.bfloat16, input_size=c["input"]))
     except Exception:  # noqa: BLE001 - informative only
         return None
 
@@ -435,8 +380,7 @@ def _import_torch():
 
 
 def torch_skip_reason(cell_name: str, device: str) -> str | None:
-    """Why the torch peers are not timed for ``cell_name`` on ``device``, or None where
-    they are. Imports torch (only here and in :func:`torch_step`)."""
+    """Why the torch peers are not timed for ``cell_name`` on ``device``, or None."""
     if cell_name not in TORCH_CELLS:
         return f"no PyTorch peer for {cell_name} (PyTorch has LSTM and GRU only)"
     torch, why = _import_torch()
@@ -451,17 +395,11 @@ def torch_skip_reason(cell_name: str, device: str) -> str | None:
 
 
 def torch_weights(cell_name: str, params):
-    """The function the torch peer of ``cell_name`` computes, as rhnzoo parameters, and its
-    weights in PyTorch's layout (NumPy; no torch needed).
-
-    Returns:
-      ``(cell, cell_params, state_dict)``: for ``lstm`` rhnzoo's LSTM and its parameters
-      (:func:`~rhnzoo.cells.torch_interop.lstm_to_torch`); for ``gru`` (PyTorch's GRU is
-      the reset-after variant, rhnzoo's default is Cho et al.'s) ``GRU(n,
-      reset_after=True)`` with the same W, U, b and b_hn = 0
-      (:func:`~rhnzoo.cells.torch_interop.gru_to_torch`). ``state_dict`` holds
-      ``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0`` of
-      ``torch.nn.LSTM`` / ``torch.nn.GRU``.
+    """``(cell, cell_params, state_dict)``: the function the torch peer of ``cell_name``
+    computes, as an rhnzoo cell and parameters, and its ``torch.nn.LSTM`` / ``GRU``
+    ``state_dict`` (NumPy, :mod:`rhnzoo.cells.torch_interop`). ``gru``: PyTorch's GRU is
+    the reset-after variant, so ``GRU(n, reset_after=True)`` with the same W, U, b and
+    b_hn = 0.
 
     Raises:
       ValueError: for a cell PyTorch does not have.
@@ -491,11 +429,9 @@ def torch_function_loss(cell_name: str, params, xs, labels) -> float:
 
 
 def _set_tf32(torch, allowed: bool) -> dict:
-    """TensorFloat-32 on or off for cuBLAS matmuls and cuDNN's RNNs: PyTorch's
-    ``fp32_precision`` API ('tf32' / 'ieee') where it has one (2.9+; the legacy
-    ``allow_tf32`` flags map onto it, and mixing the two is an error when read back),
-    else ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``.
-    Returns the settings now in effect."""
+    """TensorFloat-32 on or off for cuBLAS matmuls and cuDNN's RNNs; returns the settings
+    now in effect. PyTorch's ``fp32_precision`` API where it has one (2.9+: the legacy
+    ``allow_tf32`` flags map onto it, and mixing the two is an error when read back)."""
     backends = torch.backends
     rnn = getattr(backends.cudnn, "rnn", None)
     if rnn is not None and hasattr(rnn, "fp32_precision"):
@@ -524,20 +460,9 @@ def torch_step(
     tf32: bool = False,
     device: str = "cuda",
 ):
-    """The torch peer's train step: a zero-argument callable, built here (torch is
-    imported here, not when this module is).
-
-    ``torch.nn.LSTM(m, n)`` / ``torch.nn.GRU(m, n)`` with :func:`torch_weights`'s weights
-    -> its output at the last step -> ``torch.nn.Linear(n, classes)`` with rhnzoo's output
-    layer -> ``F.cross_entropy`` in float32 (mean) -> ``backward()``: the gradients of every
-    parameter (set to None before each step; no optimizer step, as the JAX candidates).
-    Modules and inputs are converted to ``dtype`` (``.to``, not autocast); ``tf32`` sets
-    TensorFloat-32 for cuBLAS and cuDNN's RNN before every step (:func:`_set_tf32`). On a
-    CUDA device the step ends with ``torch.cuda.synchronize()``.
-
-    Returns:
-      ``step()`` -> the loss (a detached 0-d tensor, already computed).
-    """
+    """The torch peer's train step (see the module docstring): ``step()`` -> the loss (a
+    detached 0-d tensor). Gradients set to None before each step; ``tf32`` set before every
+    step (the peers alternate); on a CUDA device the step ends with a synchronize."""
     import torch
 
     _, _, sd = torch_weights(cell_name, params)
@@ -585,14 +510,8 @@ def torch_kernels(step, top: int = 5) -> list[dict]:
     torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
-        us = next(
-            (
-                getattr(e, a)
-                for a in ("self_device_time_total", "self_cuda_time_total")
-                if hasattr(e, a)
-            ),
-            0,
-        )
+        newer = hasattr(e, "self_device_time_total")
+        us = getattr(e, "self_device_time_total" if newer else "self_cuda_time_total", 0)
         if us > 0:
             rows.append({"name": str(e.key)[:160], "calls": int(e.count), "ms": us / 1e3})
     return sorted(rows, key=lambda r: -r["ms"])[:top]
@@ -624,20 +543,12 @@ def bench(
     m, n, C = c["input"], c["hidden"], c["classes"]
     backend = jax.default_backend()
     cell, params, xs, labels = problem(cell_name, c)
-    steps = {
-        "rhnzoo": (loss_of(functools.partial(rhnzoo_logits, cell)), params),
-        "reference": (
-            loss_of(functools.partial(rhnzoo_logits, cell, scan_impl="reference")),
-            params,
-        ),
-    }
+    ours = lambda **kw: loss_of(functools.partial(rhnzoo_logits, cell, **kw))
+    steps = {"rhnzoo": (ours(), params), "reference": (ours(scan_impl="reference"), params)}
     if bfloat16:
-        steps["rhnzoo_bf16"] = (
-            loss_of(functools.partial(rhnzoo_logits, cell, dtype=jnp.bfloat16)),
-            params,
-        )
+        steps["rhnzoo_bf16"] = (ours(dtype=jnp.bfloat16), params)
     for k in unrolls:
-        steps[f"rhnzoo_u{k}"] = (loss_of(functools.partial(rhnzoo_logits, cell, unroll=k)), params)
+        steps[f"rhnzoo_u{k}"] = (ours(unroll=k), params)
     peer = "reference"
     if cell_name == "lstm":
         model = FlaxLSTMClassifier(n, C)
@@ -659,10 +570,11 @@ def bench(
         if k not in ("rhnzoo_bf16", "jax_cudnn")
         and not (k == "flax" and cell_name in ("gru", "gru_ra"))
     ]
-    near = [losses.get("jax_cudnn", losses["rhnzoo"])]  # cuDNN's own reduction order, and
-    # with TensorFloat-32 its own rounding: 2.4 % off XLA's TF32 loss at the IMDB shape's
-    # 400 steps on an H100, where XLA's paths agreed to 2e-6
-    near_rtol = 1e-3 if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST else 5e-2
+    # cuDNN's own reduction order, and under TF32 its own rounding (2.4 % off XLA's TF32
+    # loss at the IMDB shape on an H100, where XLA's paths agreed to 2e-6)
+    near = [losses.get("jax_cudnn", losses["rhnzoo"])]
+    cudnn_fp32 = precision.cudnn_rnn() == jax.lax.Precision.HIGHEST
+    near_rtol = 1e-3 if cudnn_fp32 else 5e-2
     if not (
         np.allclose([losses[k] for k in same], losses["rhnzoo"], rtol=1e-4)
         and np.allclose(near, losses["rhnzoo"], rtol=near_rtol)
@@ -672,9 +584,7 @@ def bench(
     level = jax_precision(backend)
     precisions = {k: "bf16" if k == "rhnzoo_bf16" else level for k in steps}
     if "jax_cudnn" in steps:
-        precisions["jax_cudnn"] = (
-            "fp32" if precision.cudnn_rnn() == jax.lax.Precision.HIGHEST else "tf32"
-        )
+        precisions["jax_cudnn"] = "fp32" if cudnn_fp32 else "tf32"
     skipped, checks, extra = {}, {}, {}
     torch_module = None
 
@@ -687,9 +597,7 @@ def bench(
         if why is None:
             extra["pallas_fits"] = _pallas_fits(cell, c)
             try:
-                f = loss_of(
-                    functools.partial(rhnzoo_logits, cell, scan_impl="pallas", dtype=jnp.bfloat16)
-                )
+                f = ours(scan_impl="pallas", dtype=jnp.bfloat16)
                 losses["pallas"] = float(f(params, xs, labels)[0])
             except Exception as e:  # noqa: BLE001 - a kernel that fails to build or run
                 why = f"failed: {_one_line(e)}"

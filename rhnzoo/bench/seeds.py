@@ -3,20 +3,16 @@ r"""K seeds as a batch dimension of one train step (issue 47): what a second see
   python -m rhnzoo.bench.seeds                                  # pmnist, imdb, ptb_sota
   python -m rhnzoo.bench.seeds --configs=pmnist --seeds=1,2,4,8 --rounds=5
 
-Each configuration's real train step (the classifier's of ``rhnzoo.tasks.rrl`` at
-Wang & Tian's Table 2 sizes, the language model's of ``rhnzoo.tasks.lm`` at
-``ptb_sota``; parameters, optimizer state, dropout key and batch all per seed) is
-compiled once as it is (K = 1) and once per K as ``jax.vmap`` over a leading seed axis of
-K stacked states, batches and keys, its state donated. The candidates are timed in
-interleaved rounds (:func:`rhnzoo.bench.alternate`, min of N). One JSON line per
-configuration: per K the step's ms (min, median), the ms per seed, the ratio of K seeds
-in one step to K separate steps (``k_steps_ratio``: below 1, the stacked step is
-cheaper), and the compiled step's memory estimate (:func:`rhnzoo.bench.memory_estimate`).
-On a launch-bound GPU the extra seeds add arithmetic the device has idle; on this CPU
-they cost about K times one.
-
-The stacked step gives each seed what its own step gives (``tests/test_bench.py``
-checks it to float32 rounding on a tiny configuration).
+Each configuration's real train step (the classifier's of ``rhnzoo.tasks.rrl`` at Wang &
+Tian's Table 2 sizes, the language model's of ``rhnzoo.tasks.lm``, the highway net's of
+``rhnzoo.tasks.highway``; parameters, optimizer state, dropout key and batch all per seed)
+is compiled once as it is (K = 1) and once per K as ``jax.vmap`` over a leading seed axis
+of K stacked states, batches and keys, its state donated, and timed in interleaved rounds
+(:func:`rhnzoo.bench.alternate`, min of N). One JSON line per configuration: per K the
+step's ms (min, median), the ms per seed, ``k{K}_steps_ratio`` (K seeds in one step over K
+separate steps: below 1, the stacked step is cheaper), compile seconds and the memory
+estimate (:func:`rhnzoo.bench.memory_estimate`). Each seed gets what its own step gives
+(``tests/test_bench.py``); figures: docs/speed.md.
 """
 
 from __future__ import annotations
@@ -33,17 +29,15 @@ from absl import app, flags
 
 from rhnzoo import data, precision
 from rhnzoo.apps import cli
-from rhnzoo.bench import alternate, host_info, memory_estimate, stepper
+from rhnzoo.bench import alternate, compile_donated, host_info, memory_estimate, stepper
 from rhnzoo.bench import lm as bench_lm
 from rhnzoo.configs import highway as highway_configs
 from rhnzoo.configs import rrl as rrl_presets
 from rhnzoo.tasks import highway, rrl
 from rhnzoo.tasks import lm as lm_training
 
-# name -> (task, its settings): the P-MNIST and IMDB shapes at Table 2 sizes (IMDB's
-# vocabulary: 20,000 words, reviews of 400; a classifier's classes and input width are
-# its data set's, rhnzoo.data.DATASETS, unless it names its own), the language models
-# of rhnzoo.bench.lm by name, and tiny ones for the tests.
+# name -> (task, its settings): classifiers at Table 2 sizes (classes and input width the
+# data set's unless named), rhnzoo.bench.lm's language models, highway nets, tiny ones.
 CONFIG_PMNIST = dict(dataset="pmnist", **rrl_presets.PAPER_SIZES["pmnist"], batch_size=100)
 CONFIG_IMDB = dict(
     dataset="imdb", **rrl_presets.PAPER_SIZES["imdb"], max_len=400, batch_size=32, vocab=20000
@@ -74,8 +68,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The script's flags (at its start only: importing this module defines none, so the
-    other benchmarks' ``--configs`` can live in the same process, e.g. the tests)."""
+    """The script's flags, defined only when run (each benchmark names its own ``--configs``)."""
     flags.DEFINE_list("configs", ["pmnist", "imdb", "ptb_sota"], f"From {list(CONFIGS)}.")
     flags.DEFINE_list("seeds", ["1", "2", "4", "8"], "K: seeds per step.")
     flags.DEFINE_integer("rounds", 3, "Timed rounds (min of N).")
@@ -88,8 +81,8 @@ Step = Callable[[Any, Any, jax.Array], tuple[Any, dict]]
 
 def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     """``(step, make)``: rrl's train step of the LSTM classifier of ``c`` and
-    ``make(seed) -> (state, batch)``, the seed's initial state and a batch of its own
-    (tokens below ``c['vocab']``, or ``c['vocab']`` None: the data set's features)."""
+    ``make(seed) -> (state, batch)``, the seed's initial state and random batch (tokens
+    below ``c['vocab']``, or with no vocab the data set's features)."""
     keys = ("embed_size", "hidden_size", "max_len", "batch_size")
     config = rrl_presets.RRLConfig(
         model="lstm", dataset=c["dataset"], embeddings="random", **{k: c[k] for k in keys}
@@ -120,10 +113,8 @@ def classifier_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]
 
 
 def lm_problem(name: str) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
-    """``(step, make)`` as :func:`classifier_problem`, of configuration ``name`` of
-    :mod:`rhnzoo.bench.lm` (:func:`rhnzoo.bench.lm.config`; the reference scan) (truncated
-    BPTT: the state holds the carry; the batch is the seed's token rows,
-    :func:`rhnzoo.bench.lm.random_batch`)."""
+    """``(step, make)`` as :func:`classifier_problem`, of :func:`rhnzoo.bench.lm.config`
+    ``name`` with the reference scan (the state holds the carry)."""
     cfg, vocab = bench_lm.config(name, scan_impl="reference")
     model = cfg.model(vocab)
     tx = lm_training.make_optimizer(cfg, 100)
@@ -137,9 +128,8 @@ def lm_problem(name: str) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
 
 def highway_problem(c: dict) -> tuple[Step, Callable[[int], tuple[Any, Any]]]:
     """``(step, make)`` as :func:`classifier_problem`, of the highway report's net
-    (``kind``, ``depth``; the config's width, learning rate and batch of 128) on MNIST's
-    shapes: the batch is uint8 images ``[N, 784]`` (N = 8 batches, random), their labels
-    and the step's indices."""
+    (``kind``, ``depth``) on MNIST's shapes: the batch is 8 batches' random uint8 images
+    ``[N, 784]``, their labels and the step's indices."""
     cfg = highway_configs.get_config(kind=c["kind"], depth=c["depth"]).narrow()
     net = cfg.net()
     tx, _ = highway.make_optimizer(cfg, cfg.lr)
@@ -166,14 +156,6 @@ def stacked(make: Callable[[int], tuple[Any, Any]], k: int) -> tuple[Any, Any, j
     return stack(states), stack(batches), jax.random.split(jax.random.PRNGKey(7), k)
 
 
-def compile_step(step: Step, k: int | None, state, batch, key):
-    """The jitted, donated step (``k`` None) or its ``vmap`` over K seeds, compiled."""
-    fn = step if k is None else jax.vmap(step)
-    t = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=0).lower(state, batch, key).compile()
-    return compiled, time.perf_counter() - t
-
-
 def bench(name: str, ks: list[int], rounds: int) -> dict:
     """Compiles and times configuration ``name`` at every K of ``ks`` (one JSON record)."""
     task, c = CONFIGS[name]
@@ -193,7 +175,8 @@ def bench(name: str, ks: list[int], rounds: int) -> dict:
             key = jax.random.PRNGKey(7)
         else:
             state, batch, key = stacked(make, k)
-        compiled, result[f"{label}_compile_s"] = compile_step(step, k, state, batch, key)
+        fn = step if k is None else jax.vmap(step)
+        compiled, result[f"{label}_compile_s"] = compile_donated(fn, state, batch, key)
         result.update(memory_estimate(compiled, f"{label}_"))
         call, _ = stepper(compiled, state, batch, key)
         jax.block_until_ready(call())  # the warm-up

@@ -40,27 +40,17 @@ class SequenceClassifier(scan.ScannedModel):
         non-recurrent layers" (Zaremba et al. 2014) also covers this layer.
       init_scale: half-width of the uniform initialisation of the embedding and the
         output layer (the cell initialises itself).
-      unroll: time steps per ``lax.scan`` iteration; None: the scan's own default (the
-        gated fused scan's per backend and cell, :func:`rhnzoo.cells.gated_fused.default_unroll`;
-        1 in the reference and the RHN scan). remat: recompute time steps in the backward
-        pass (long sequences); the reference scan and the RHN's fused one have it, the
-        gated fused scan does not, so with remat ``auto`` picks the reference scan for a
-        gated cell.
+      unroll: time steps per ``lax.scan`` iteration; None: the scan's own default
+        (:func:`rhnzoo.cells.gated_fused.default_unroll` for the gated fused scan, else 1).
+      remat: recompute time steps in the backward pass (long sequences); the gated fused
+        scan has no remat, so with it ``auto`` picks the reference scan for a gated cell.
       project_per_step: project the inputs inside the time scan (see
-        :func:`rhnzoo.cells.unroll`); None: always in the gated fused scan (measured
-        faster there, docs/runs/cpu/levers.md), in the reference scan when the input is at
-        most 8 wide (P-MNIST); the RHN and pallas scans have their own.
-      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (``'auto'``,
-        the default): ``'fused'`` (hand-written backward pass,
-        weight gradients as matmuls over many T x B positions at once; LSTM, GRU,
-        SC-LSTM, RRN, Parallel of these, coupled RHN, HSG(RHN)), ``'reference'``
-        (:func:`rhnzoo.cells.unroll`, autodiff, each step under ``save_matmuls_only``),
-        ``'pallas'``, or ``'auto'`` (:func:`rhnzoo.cells.scan.resolve`'s rule, at the
-        batch of each call). Every scan but the reference one reads each row's output
-        from the final carry, which stops at the row's last real step (``lengths``),
-        instead of gathering it from the ``[T, B, n]`` outputs (one ``scan.unroll`` call
-        with ``outputs="last"``, whichever scan runs): the gated scans then
-        never write those, nor their cotangent.
+        :func:`rhnzoo.cells.unroll`); None: the scan's own default, and True in the
+        reference scan when the input is at most 8 wide (P-MNIST).
+      scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES` (default
+        ``'auto'``: :func:`rhnzoo.cells.scan.resolve`'s rule, at the batch of each call),
+        called with ``outputs="last"``: the gated scans then write no ``[T, B, n]``
+        output stack nor its cotangent.
       dtype: ``'float32'`` or ``'bfloat16'``: matmul inputs of the recurrent layer
         (input projection included) in bfloat16 with float32 accumulation
         (``preferred_element_type``); parameters, state, gates and the softmax layer stay
@@ -148,7 +138,7 @@ class SequenceClassifier(scan.ScannedModel):
         layer = self.layer()
         per_step = self.project_per_step
         if per_step is None and self.input_size <= 8:  # narrow inputs: measured faster
-            per_step = True  # (None: each scan's own default, the fused scan's True)
+            per_step = True
         _, last = scan.unroll(
             layer,
             params["cell"],

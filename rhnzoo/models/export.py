@@ -161,13 +161,30 @@ def _write(
     return manifest
 
 
-def _check_params(model: Any, params: Params) -> None:
+def _prepare(model: Any, params: Params):
+    """``(model, treedef, param shapes, (B, T))``: the portable model, the parameters' tree
+    and shapes, the symbolic axes; ValueError for parameters that do not fit the model."""
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     shapes = lambda tree: jax.tree.map(lambda a: tuple(a.shape), tree)
     if jax.tree.structure(expected) != jax.tree.structure(params) or shapes(expected) != shapes(
         params
     ):
         raise ValueError("the parameters do not have the model's structure and shapes")
+    leaves, tree = jax.tree.flatten(params)
+    p_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
+    return _portable(model), tree, p_shapes, jax_export.symbolic_shape("B, T")
+
+
+def _about(model: Any, kind: str, description: dict[str, Any] | None, **sizes: Any) -> dict:
+    """The manifest's ``model`` entry."""
+    return {
+        "kind": kind,
+        **sizes,
+        "hidden_size": model.cell.hidden_size,
+        "cell": scan.describe(model.cell),
+        "scan_impl": model.scan_impl,
+        **(description or {}),
+    }
 
 
 def export_language_model(
@@ -209,54 +226,30 @@ def export_language_model(
     Raises:
       ValueError: parameters that do not fit the model.
     """
-    _check_params(model, params)
-    model = _portable(model)
-    leaves, tree = jax.tree.flatten(params)
-    carry_row = model.initial_carry(1)
-    state_rows, state_tree = jax.tree.flatten(carry_row)
-    b, t = jax_export.symbolic_shape("B, T")
-    p_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
+    model, tree, p_shapes, (b, t) = _prepare(model, params)
+    state_rows, state_tree = jax.tree.flatten(model.initial_carry(1))
     s_shapes = [jax.ShapeDtypeStruct((b,) + a.shape[1:], a.dtype) for a in state_rows]
-    unflat = lambda p, s: (jax.tree.unflatten(tree, p), jax.tree.unflatten(state_tree, s))
-
-    def forward(p, s, tokens):
-        params_, carry = unflat(p, s)
-        logits, carry = model.forward(params_, carry, tokens)
-        return logits, jax.tree.leaves(carry)
-
-    def step(p, s, tokens):
-        params_, carry = unflat(p, s)
-        logits, carry = model.step(params_, carry, tokens)
-        return logits, jax.tree.leaves(carry)
-
-    state_spec = [_spec(["B", *a.shape[1:]], a.dtype) for a in state_rows]
+    state = {"name": "state", "leaves": [_spec(["B", *a.shape[1:]], a.dtype) for a in state_rows]}
     V = model.vocab_size
+
+    def flat(method):  # parameters and state as flat lists of arrays
+        def fn(p, s, tokens):
+            carry = jax.tree.unflatten(state_tree, s)
+            logits, carry = method(jax.tree.unflatten(tree, p), carry, tokens)
+            return logits, jax.tree.leaves(carry)
+
+        return fn
+
     functions = {
-        "forward": (
-            forward,
-            (p_shapes, s_shapes, jax.ShapeDtypeStruct((b, t), jnp.int32)),
-            [{"name": "state", "leaves": state_spec}, {"name": "tokens", **_spec("BT", "int32")}],
-            [{"name": "logits", **_spec("BTV", "float32")}, {"name": "state"}],
-        ),
-        "step": (
-            step,
-            (p_shapes, s_shapes, jax.ShapeDtypeStruct((b,), jnp.int32)),
-            [{"name": "state", "leaves": state_spec}, {"name": "tokens", **_spec("B", "int32")}],
-            [{"name": "logits", **_spec("BV", "float32")}, {"name": "state"}],
-        ),
+        name: (
+            flat(getattr(model, name)),
+            (p_shapes, s_shapes, jax.ShapeDtypeStruct(token_shape, jnp.int32)),
+            [state, {"name": "tokens", **_spec(axes, "int32")}],
+            [{"name": "logits", **_spec([*axes, V], "float32")}, {"name": "state"}],
+        )
+        for name, token_shape, axes in (("forward", (b, t), "BT"), ("step", (b,), "B"))
     }
-    for entry in functions.values():
-        for spec in entry[3]:
-            if "shape" in spec:
-                spec["shape"] = [V if d == "V" else d for d in spec["shape"]]
-    about = {
-        "kind": "language_model",
-        "vocab_size": V,
-        "hidden_size": model.cell.hidden_size,
-        "cell": scan.describe(model.cell),
-        "scan_impl": model.scan_impl,
-        **(description or {}),
-    }
+    about = _about(model, "language_model", description, vocab_size=V)
     return _write(directory, params, functions, about, platforms, state_rows)
 
 
@@ -272,11 +265,7 @@ def export_classifier(
     ``logits(params, inputs, lengths [B] int32) -> [B, C] float32``, ``inputs`` ``[B, T]``
     int32 token ids (a model with ``vocab_size``) or ``[B, T, m]`` float32 features; B
     and T symbolic. Arguments, return and errors as :func:`export_language_model`'s."""
-    _check_params(model, params)
-    model = _portable(model)
-    leaves, tree = jax.tree.flatten(params)
-    b, t = jax_export.symbolic_shape("B, T")
-    p_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
+    model, tree, p_shapes, (b, t) = _prepare(model, params)
     if model.vocab_size is not None:
         x_shape, x_spec = jax.ShapeDtypeStruct((b, t), jnp.int32), _spec("BT", "int32")
     else:
@@ -295,14 +284,12 @@ def export_classifier(
             [{"name": "logits", **_spec(["B", model.num_classes], "float32")}],
         )
     }
-    about = {
-        "kind": "sequence_classifier",
-        "num_classes": model.num_classes,
-        "vocab_size": model.vocab_size,
-        "input_size": model.input_size,
-        "hidden_size": model.cell.hidden_size,
-        "cell": scan.describe(model.cell),
-        "scan_impl": model.scan_impl,
-        **(description or {}),
-    }
+    about = _about(
+        model,
+        "sequence_classifier",
+        description,
+        num_classes=model.num_classes,
+        vocab_size=model.vocab_size,
+        input_size=model.input_size,
+    )
     return _write(directory, params, functions, about, platforms)

@@ -191,12 +191,9 @@ def decode(
 def generate(
     model: LanguageModel, params: Params, prompt: Array, num_tokens: int, **options: Any
 ) -> Array:
-    """``num_tokens`` tokens after ``prompt [B, P]`` int: :func:`prime` then
-    :func:`decode` (``options``: its keywords ``key``, ``temperature``, ``top_k``,
-    ``greedy``). Returns ``[B, num_tokens]`` int32. ``greedy``: argmax decoding
-    (``key`` unused); else sampling from ``key`` (same key, same tokens) at
-    ``temperature``, among the ``top_k`` likeliest tokens (None: all); ``top_k=1`` is
-    greedy decoding.
+    """``num_tokens`` tokens after ``prompt [B, P]`` int: :func:`prime` then :func:`decode`
+    (``options``: ``key``, ``temperature``, ``top_k``, ``greedy``, as :func:`pick`).
+    Returns ``[B, num_tokens]`` int32.
 
     Raises:
       ValueError: a bad prompt (:func:`prime`), ``num_tokens`` < 1, ``temperature`` <= 0,

@@ -8,21 +8,14 @@ Srivastava, Greff & Schmidhuber, "Highway Networks" (arXiv:1505.00387, 2015) and
   y = H * T + x * (1 - T)
 
 and the plain layer of the paper's comparison is ``y = activation(x W + b)``.
-Like the cells of :mod:`rhnzoo.cells`, a layer stack is a frozen dataclass of
-hyperparameters with pure ``init``/``apply`` functions over a params dict. The
-``depth`` layers' weights are stacked (``W [depth, n, k n]``, ``b [depth, k n]``)
-and the depth loop is a ``jax.lax.scan``, so compile time does not grow with
-depth. Weights are He-normal by default (truncated normal, variance 2 / n, the
-fan-in of each layer's matrix) or Glorot-uniform (``kernel_init='glorot_uniform'``:
-U(-a, a), a = sqrt(6 / (n + n)), per n x n block H, T, C, as Keras initialises
-each of a layer's matrices); biases are 0 except the T bias, which starts at
-``init_bias`` (negative: layers start close to identity).
-
-:class:`FeedForwardNet` is the fully connected classifier of the papers' depth
-experiments ("Training Very Deep Networks", sec. 3.1 and Fig. 1; the ECBM4040
-reproduction by Yarali & Kostic 2021): a plain layer from
-the flattened input to the width, ``depth - 1`` highway (or plain) layers, and
-a linear softmax output layer.
+Like the cells of :mod:`rhnzoo.cells`, a layer stack is a frozen dataclass with pure
+``init``/``apply`` functions over a params dict; the ``depth`` layers' weights are
+stacked and the depth loop is a ``jax.lax.scan``, so compile time does not grow with
+depth. Weights are He-normal by default (truncated normal, variance 2 / fan-in) or
+Glorot-uniform (``kernel_init='glorot_uniform'``: U(-a, a), a = sqrt(6 / (n + n)), per
+n x n block H, T, C, as Keras initialises each of a layer's matrices); biases are 0
+except the T bias, ``init_bias`` (negative: layers start close to identity).
+:class:`FeedForwardNet` is the fully connected classifier of the papers' depth experiments.
 """
 
 from __future__ import annotations
@@ -41,9 +34,8 @@ Array = jax.Array
 Params = Any
 
 # Weight initialisers by name: jax.nn.initializers' numbers to the bit (a test holds
-# this), drawn flat (`rhnzoo.cells.base.flat_draw`: faster to compile on the CPU).
-# `shape` is [..., fan_in, fan_out]; leading axes are batch axes: stacked weights are
-# drawn as [depth, k, n, n] (fan-in = fan-out = n), then laid out H|T(|C).
+# this), drawn flat (`flat_draw`: faster to compile on the CPU). `shape` is [..., fan_in,
+# fan_out], leading axes batch axes (stacked weights: [depth, k, n, n], then H|T(|C)).
 
 
 def _he_normal(key: Array, shape: tuple[int, ...]) -> Array:
@@ -200,8 +192,8 @@ KINDS = ("highway", "plain")
 class FeedForwardNet:
     """The fully connected classifier of the papers' depth experiments.
 
-    Srivastava et al., "Training Very Deep Networks", sec. 3.1 (and the ECBM4040
-    reproduction): ``x [B, m] -> logits [B, C]`` with
+    Srivastava et al., "Training Very Deep Networks", sec. 3.1 and Fig. 1 (and the
+    ECBM4040 reproduction by Yarali & Kostic 2021): ``x [B, m] -> logits [B, C]`` with
 
       h_1 = activation(x W_in + b_in)            plain layer, m -> n
       h_l = layer(h_{l-1}),  l = 2 .. depth      highway (eq. 3) or plain, n -> n

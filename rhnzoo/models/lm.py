@@ -34,11 +34,8 @@ class LanguageModel(scan.ScannedModel):
       init_scale: half-width of the uniform initialisation of embedding/softmax.
       unroll: time steps per ``lax.scan`` iteration.
       scan_impl: the time scan, one of :data:`rhnzoo.cells.scan.CHOICES`
-        (:func:`rhnzoo.cells.scan.unroll`): ``'reference'`` (the default here: plain
-        autodiff, any cell), ``'fused'`` (hand-written backward pass: coupled RHN,
-        HSG(RHN), LSTM, GRU, SC-LSTM, RRN, HRL, LSTM+GRU), ``'pallas'`` or ``'auto'``
-        (:func:`rhnzoo.cells.scan.resolve`'s rule, at the batch of each call). They
-        compute the same function.
+        (:func:`rhnzoo.cells.scan.unroll`; default ``'reference'``, plain autodiff, any
+        cell). They compute the same function.
       remat: recompute each time step's activations in the backward pass (the
         reference scan and the RHN's fused one).
       dtype: matmul input dtype, ``'float32'`` or ``'bfloat16'`` (float32
@@ -156,15 +153,12 @@ class LanguageModel(scan.ScannedModel):
         return jnp.swapaxes(self.logits(params, ys), 0, 1), carry
 
     def step(self, params: Params, carry: Any, tokens: Array) -> tuple[Array, Any]:
-        """One time step of the trained model, for generation: ``tokens [B]`` int (the
-        latest token of each row) -> ``(logits [B, V], carry)``, the next token's logits
-        and the new carry.
+        """One time step, for generation: ``tokens [B]`` int (the latest token of each row)
+        -> ``(logits [B, V], carry)``, the next token's logits and the new carry.
 
-        The same code as training and evaluation: :meth:`forward` over a window of one
-        step (the cell's ``step`` through :func:`rhnzoo.cells.scan.unroll` with this
-        model's ``scan_impl``), so stepping through a sequence gives the teacher-forced
-        logits of :meth:`forward` at every position. ``carry``: :meth:`initial_carry`
-        (B) or the previous step's.
+        :meth:`forward` over a window of one step, so stepping through a sequence gives
+        the teacher-forced logits of :meth:`forward` at every position. ``carry``:
+        :meth:`initial_carry` (B) or the previous step's.
 
         Raises:
           ValueError: if ``tokens`` is not one-dimensional.
