@@ -492,3 +492,17 @@ def test_the_next_command_prints_the_window_and_its_exact_call_last():
     measure = (ROOT / "tools/gpu/measure.sh").read_text()
     usage = measure.split("usage: bash tools/gpu/measure.sh [--dry] ")[1].split('"')[0]
     assert harvest.KERNEL_CALL["command"].rsplit(" ", 1)[1] in usage.split("|")
+
+
+def test_a_corrupt_partial_archive_to_resume_is_one_line(tmp_path):
+    # The resuming side of issue 73's item 3: a carried partial archive cut short or
+    # corrupt was a tarfile traceback when the window unpacked it.
+    from tools.harvest import device
+
+    whole = _archive(tmp_path / "whole", INFO) / f"{INFO['chunk']}.tar.gz"
+    for name, content in {"cut": whole.read_bytes()[:100], "garbage": b"no tar\n" * 9}.items():
+        carried = tmp_path / f"{name}.tar.gz"
+        carried.write_bytes(content)
+        with pytest.raises(queue_table.HarvestError, match="cut short or corrupt") as e:
+            device._work_folder(tmp_path / "work", carried, smoke=False)
+        assert str(carried) in str(e.value) and "\n" not in str(e.value)

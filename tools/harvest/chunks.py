@@ -28,6 +28,8 @@ import json
 import os
 import pathlib
 import subprocess
+import tarfile
+import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNS = ROOT / "docs" / "runs"
@@ -53,6 +55,22 @@ STATES = ("pending", "partial", "done")
 
 class HarvestError(Exception):
     """Bad input or a window that cannot be prepared or recorded (one line)."""
+
+
+def unpack(archive: pathlib.Path, dest: pathlib.Path) -> None:
+    """Extracts the ``.tar.gz`` ``archive`` into ``dest`` (tarfile's ``data`` filter).
+
+    Raises:
+      HarvestError: (one line naming it) an archive cut short or corrupt.
+    """
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise HarvestError(
+            f"{archive}: cut short or corrupt, not a readable .tar.gz ({type(e).__name__}: {why})"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)

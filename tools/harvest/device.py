@@ -26,6 +26,7 @@ from tools.harvest.chunks import (
     limit_s,
     read_json,
     stage_name,
+    unpack,
 )
 
 OUT_FILES, OUT_FILE_LIMIT, OUT_LIMIT, OUT_DEPTH = 8, 16 * 2**20, 64 * 2**20, 2
@@ -151,8 +152,7 @@ def _work_folder(work: pathlib.Path, carried: pathlib.Path, smoke: bool) -> dict
     runs.mkdir(parents=True)
     if not carried.is_file():
         return None
-    with tarfile.open(carried) as tar:
-        tar.extractall(work, filter="data")
+    unpack(carried, work)  # HarvestError: cut short or corrupt
     resumed = read_json(work / "harvest.json")
     if resumed is not None and resumed.get("smoke") != smoke:
         shutil.rmtree(work)  # a smoke partial never resumes a paper window, nor back

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import tarfile
 import tempfile
-import zlib
 
 from tools.harvest.chunks import (
     SMOKE_RECORDS,
@@ -17,6 +15,7 @@ from tools.harvest.chunks import (
     read_json,
     read_queue,
     records_dir,
+    unpack,
     write_queue,
 )
 
@@ -46,15 +45,7 @@ def record(
         infos = []
         for archive in archives:
             unpacked = pathlib.Path(tmp) / archive.name.removesuffix(".tar.gz")
-            try:
-                with tarfile.open(archive) as tar:
-                    tar.extractall(unpacked, filter="data")
-            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-                why = (str(e).strip().splitlines() or [""])[0]
-                raise HarvestError(
-                    f"{archive}: cut short or corrupt, not a readable .tar.gz "
-                    f"({type(e).__name__}: {why})"
-                ) from None
+            unpack(archive, unpacked)
             work = next(unpacked.iterdir(), None) if unpacked.is_dir() else None
             info = read_json(work / "harvest.json") if work is not None else None
             if not isinstance(info, dict) or info.get("chunk") not in known:
