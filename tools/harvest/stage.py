@@ -26,7 +26,7 @@ from tools.harvest.chunks import (
 )
 from tools.harvest.device import experiment_command
 
-TRAVEL_LIMIT = 64 * 2**20  # tracked files + .git + carried paths
+TRAVEL_LIMIT = 64 * 2**20  # tracked and untracked-not-ignored files + carried paths
 COMMAND_LIMIT = 2000  # characters of one device command
 
 
@@ -66,7 +66,8 @@ def make_vectors(dataset: str, log=print) -> pathlib.Path:
 
 def travelling_bytes(tree: pathlib.Path = ROOT) -> int:
     """What travels with every device call from ``tree`` besides the carried paths: its
-    tracked and untracked-not-ignored files and its ``.git`` folder."""
+    tracked and untracked-not-ignored files. ``.git`` stays behind (the device tool's
+    limit counts the working tree, and a clone's ``.git`` is 6-16 MB by how it was made)."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
@@ -81,7 +82,7 @@ def travelling_bytes(tree: pathlib.Path = ROOT) -> int:
         p = tree / rel
         if p.is_file() and not p.is_symlink():
             total += p.stat().st_size
-    return total + _bytes(tree / ".git")
+    return total
 
 
 def _bytes(path: pathlib.Path) -> int:
@@ -114,8 +115,8 @@ def prepare(
     ``records``: the chunk's (:func:`~tools.harvest.chunks.records_dir`), with ``smoke``
     :data:`~tools.harvest.chunks.SMOKE_RECORDS`). Everything is checked before
     ``.harvest/`` is touched: a missing data set, vectors that cannot be made, or more
-    than :data:`TRAVEL_LIMIT` bytes travelling (``tree``'s tracked files, ``.git`` and
-    the carried folder) raise HarvestError and leave it as it was."""
+    than :data:`TRAVEL_LIMIT` bytes travelling (``tree``'s tracked and
+    untracked-not-ignored files and the carried folder) raise HarvestError and leave it as it was."""
     name = name or next_pending(queue, on)
     chunk, minutes = chunk_of(name, queue), check_size(name, queue)
     if records is None:
