@@ -322,6 +322,77 @@ def test_a_scan_the_cell_does_not_have_is_one_line(impl, cell, kw, message):
         )
 
 
+def _every_unroll(cell):
+    """``cells.unroll`` and ``scan.unroll`` under each implementation but pallas."""
+    runs = [("cells.unroll", cells.unroll)]
+    for impl in scan.implementations(cell):
+        if impl is not ScanImpl.PALLAS:
+            runs.append((str(impl), functools.partial(scan.unroll, impl=impl)))
+    return runs
+
+
+BAD_INPUTS = [
+    ("xs [T, m]", lambda xs, lens: (xs[:, 0], {}), r"xs must be \[T, B, m\] .*got shape \[7, 3\]"),
+    ("carry of another batch", None, r"batch B = 4 .*got a leaf of shape \[5, 5\]"),
+    ("lengths < 0", lambda xs, lens: (xs, {"lengths": lens - 1}), r"lie in \[0, T\] = \[0, 7\]"),
+    ("lengths > T", lambda xs, lens: (xs, {"lengths": lens + 1}), r"lie in \[0, T\] = \[0, 7\]"),
+    ("float lengths", lambda xs, lens: (xs, {"lengths": lens * 1.0}), r"\[B\] = \[4\] int array"),
+    ("lengths [1]", lambda xs, lens: (xs, {"lengths": lens[:1]}), r"\[B\] = \[4\] int array"),
+]
+
+
+@pytest.mark.parametrize("name", ["rhn", "lstm", "rrn", "dtrnn"])
+@pytest.mark.parametrize("what,bad,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_to_every_unroll_are_one_line_before_any_scan(name, what, bad, message):
+    # Before: a rank-2 xs broadcast over the carry's batch (every row the same), negative
+    # lengths ran as 0 and lengths past T as T, and a carry of another batch failed inside
+    # lax.scan; each scan said it differently or not at all.
+    cell = build(name)
+    params = cell.init(jax.random.PRNGKey(0), M)
+    xs, lens = jnp.ones((T, B, M)), jnp.asarray(LENGTHS)
+    carry = cell.initial_carry(B + 1 if bad is None else B)
+    xs, kw = (xs, {}) if bad is None else bad(xs, lens)
+    for label, run in _every_unroll(cell):
+        with pytest.raises(ValueError, match=message) as e:
+            run(cell, params, carry, xs, **kw)
+        assert "\n" not in str(e.value), label
+
+
+@pytest.mark.parametrize("name", ["rhn", "hsg_rhn", "dtrnn", "dtsrnn", "rrn", "lstm"])
+def test_parameters_of_another_depth_or_input_size_are_refused_by_name(name):
+    # Before: RHN(4, 3) ran RHN(4, 2)'s parameters at depth 2 with no word (its micro-layers
+    # loop over params['R']), as did the DT-RNNs; a wrong input width was a dot_general error.
+    cell = build(name)
+    deeper = cells.make(name, N, **cells.applicable(name, dict(SETTINGS, depth=3)))
+    carry, xs = cell.initial_carry(B), jnp.ones((T, B, M))
+    for params, text in (
+        (deeper.init(jax.random.PRNGKey(0), M), "depth 2"),
+        (cell.init(jax.random.PRNGKey(0), M + 1), f"[{M + 1}, "),
+    ):
+        if name == "lstm" and text == "depth 2":
+            continue  # no depth
+        for label, run in _every_unroll(cell):
+            with pytest.raises(ValueError) as e:
+                run(cell, params, carry, xs)
+            got = str(e.value)
+            assert "parameter '" in got and text in got and "\n" not in got, (label, got)
+
+
+@pytest.mark.parametrize("name", ["rhn", "lstm", "gru", "rrn", "dtrnn"])
+def test_integer_inputs_are_the_numbers_of_their_float_values_under_every_scan(name):
+    # Before: the reference scan's projection cast W to the inputs' dtype, so uint8 pixels
+    # met a W truncated to 0 (every output as for zero inputs), while the fused scan cast
+    # the inputs to float.
+    cell = build(name)
+    params = cell.init(jax.random.PRNGKey(1), M)
+    pixels = jax.random.randint(jax.random.PRNGKey(2), (T, B, M), 0, 3).astype(jnp.uint8)
+    for label, run in _every_unroll(cell):
+        _, got = run(cell, params, cell.initial_carry(B), pixels)
+        _, want = run(cell, params, cell.initial_carry(B), pixels.astype(jnp.float32))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=label)
+        assert np.abs(np.asarray(want)).max() > 0
+
+
 def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
     """``cell='hsg_rhn'`` and ``cell='rhn', hsg=True`` build the same cell, so every
     model resolves them to the same scan, under every choice and with remat."""

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 Params = Any
@@ -99,8 +100,10 @@ def unroll(
       ``(carry, ys)``: the final carry and the outputs ``[T, B, n]``.
 
     Raises:
-      ValueError: ``resets`` not a ``[T, B]`` bool array (:func:`check_resets`).
+      ValueError: what :func:`check_inputs` raises (``xs`` not ``[T, B, m]``, a carry
+        not of batch B, bad ``lengths`` or ``resets``).
     """
+    lengths, resets = check_inputs(carry, xs, lengths, resets)
     step = functools.partial(cell.step, params, mask=mask)
     if project_per_step:
         step_after_projection = step
@@ -108,8 +111,6 @@ def unroll(
         inputs = xs
     else:
         inputs = cell.project_inputs(params, xs)
-    if resets is not None:
-        resets = check_resets(resets, xs)
     if lengths is not None:
         step = keep_state_after_end(step)
         valid = jnp.arange(xs.shape[0])[:, None] < jnp.asarray(lengths)[None, :]
@@ -187,6 +188,102 @@ def check_resets(resets: Any, xs: Array) -> Array:
             f"dtype {dtype}"
         )
     return resets
+
+
+def check_lengths(lengths: Any, T: int, B: int) -> Array | None:
+    """``lengths`` as a ``[B]`` int array of real steps per row, each in [0, T]; None
+    stays None (every row has T real steps).
+
+    The values are checked where they are concrete (not under ``jit``).
+
+    Raises:
+      ValueError: (one line) a shape other than ``[B]``, a non-integer dtype, or a
+        concrete length below 0 or above T.
+    """
+    if lengths is None:
+        return None
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != (B,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(
+            f"lengths must be a [B] = [{B}] int array of real steps per row, got shape "
+            f"{list(lengths.shape)} dtype {lengths.dtype}"
+        )
+    try:
+        values = np.asarray(lengths)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return lengths  # traced: checked by shape only
+    if values.size and (values.min() < 0 or values.max() > T):
+        raise ValueError(
+            f"lengths must lie in [0, T] = [0, {T}], got min {values.min()} max {values.max()}"
+        )
+    return lengths
+
+
+def check_inputs(
+    carry: Carry, xs: Array, lengths: Any = None, resets: Any = None
+) -> tuple[Array | None, Array | None]:
+    """``(lengths, resets)`` checked against ``xs [T, B, m]`` and ``carry`` (shapes at
+    trace time; concrete lengths by value too): what :func:`unroll` and
+    :func:`rhnzoo.cells.scan.unroll` check before they build a scan.
+
+    Raises:
+      ValueError: (one line) ``xs`` not of rank 3 (time-major ``[T, B, m]``), a carry
+        leaf whose leading axis is not B, bad ``lengths`` (:func:`check_lengths`) or
+        ``resets`` (:func:`check_resets`).
+    """
+    shape = tuple(jnp.shape(xs))
+    if len(shape) != 3:
+        raise ValueError(f"xs must be [T, B, m] (time-major), got shape {list(shape)}")
+    T, B = shape[:2]
+    for leaf in jax.tree.leaves(carry):
+        if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != B:
+            raise ValueError(
+                f"every carry leaf must have the batch B = {B} of xs {list(shape)} as its "
+                f"leading axis, got a leaf of shape {list(jnp.shape(leaf))}"
+            )
+    resets = None if resets is None else check_resets(resets, xs)
+    return check_lengths(lengths, T, B), resets
+
+
+def check_param_shapes(cell: Any, params: Params, want: dict[str, tuple], sizes: str = "") -> None:
+    """Checks that ``params`` has exactly the keys of ``want`` and their shapes (``None``
+    in a shape: any size, printed as m). Shapes only (trace time). ``sizes`` ends a shape
+    error's line (``"hidden size 8 and depth 3"``).
+
+    Raises:
+      ValueError: (one line naming ``cell`` and the parameter) params not a dict, a
+        missing or unknown key, or a shape other than ``want``'s.
+    """
+    if not hasattr(params, "keys"):
+        raise ValueError(
+            f"{cell!r}: parameters must be a dict with keys {sorted(want)}, "
+            f"got {type(params).__name__}"
+        )
+    missing, unknown = sorted(set(want) - set(params)), sorted(set(params) - set(want))
+    if missing or unknown:
+        raise ValueError(
+            f"{cell!r}: parameters {sorted(want)} expected; "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"unknown {unknown}" if unknown else "")
+        )
+    for key, shape in want.items():
+        got = tuple(jnp.shape(params[key]))
+        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+            text = ", ".join("m" if w is None else str(w) for w in shape)
+            raise ValueError(
+                f"{cell!r}: parameter '{key}' has shape {list(got)}, expected [{text}]"
+                + (f" for {sizes}" if sizes else "")
+            )
+
+
+def project(xs: Array, W: Array) -> Array:
+    """``xs @ W`` in ``xs``'s floating dtype (W cast to it), or in W's where ``xs`` is
+    not floating (integer or bool inputs, as a data loader gives them, are promoted
+    rather than truncating W)."""
+    if not jnp.issubdtype(xs.dtype, jnp.inexact):
+        xs = xs.astype(W.dtype)
+    return xs @ W.astype(xs.dtype)
 
 
 def save_matmuls_only(fn):

@@ -16,40 +16,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from rhnzoo.cells.base import Array, Carry, Params
+from rhnzoo.cells.base import Array, Carry, Params, check_lengths
 
 MERGES = ("concat", "sum")
-
-
-def check_lengths(lengths: Any, T: int, B: int) -> Array | None:
-    """``lengths`` as a ``[B]`` int array of real steps per row, each in [0, T]; None
-    stays None (every row has T real steps).
-
-    The values are checked where they are concrete (not under ``jit``).
-
-    Raises:
-      ValueError: (one line) a shape other than ``[B]``, a non-integer dtype, or a
-        concrete length below 0 or above T.
-    """
-    if lengths is None:
-        return None
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(
-            f"lengths must be a [B] = [{B}] int array of real steps per row, got shape "
-            f"{list(lengths.shape)} dtype {lengths.dtype}"
-        )
-    try:
-        values = np.asarray(lengths)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return lengths  # traced: checked by shape only
-    if values.size and (values.min() < 0 or values.max() > T):
-        raise ValueError(
-            f"lengths must lie in [0, T] = [0, {T}], got min {values.min()} max {values.max()}"
-        )
-    return lengths
 
 
 def reverse_within(xs: Array, lengths: Array | None = None) -> Array:

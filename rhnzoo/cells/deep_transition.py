@@ -9,7 +9,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells.base import Array, Params, check_positive, uniform
+from rhnzoo.cells.base import (
+    Array,
+    Params,
+    check_param_shapes,
+    check_positive,
+    project,
+    uniform,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +53,28 @@ class _DeepTransitionRNN:
         return jnp.zeros((batch_size, self.hidden_size), dtype)
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
-        """``xs [..., m] -> [..., n]``: W x for all time steps in one matmul."""
-        return xs @ params["W"].astype(xs.dtype)
+        """``xs [..., m] -> [..., n]``: W x for all time steps in one matmul.
+
+        Raises ValueError (one line) if ``params`` are not this cell's for input size m
+        (:meth:`check_params`)."""
+        self.check_params(params, xs.shape[-1])
+        return project(xs, params["W"])
+
+    def check_params(self, params: Params, input_size: int | None = None) -> None:
+        """Raises ValueError (one line) unless ``params`` have :meth:`init`'s keys and
+        shapes for this cell (m = ``input_size`` where given); shapes only."""
+        n, L = self.hidden_size, self.depth
+        want = {"W": (input_size, n), "R": (L, n, n), "b": (L, n)}
+        if self.shortcuts:
+            want["S"] = (L - 1, n, n)
+        check_param_shapes(self, params, want, f"hidden size {n} and depth {L}")
 
     def step(
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
         """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj`` W x_t ``[B, n]`` ->
         ``(h_t, h_t)``, both ``[B, n]`` in the dtype of ``carry``."""
+        self.check_params(params)
         dt = carry.dtype
 
         def dropped(h):

@@ -620,7 +620,9 @@ def _unroll(cell, params, carry, xs, mask, opts, lengths, resets):
         return tuple(o[0] for o in outs), ys
     if not supports(cell):
         raise ValueError(f"no fused unroll for {cell!r}; use rhnzoo.cells.unroll")
-    if not isinstance(cell, RRN):
+    if isinstance(cell, RRN):
+        cell.check_params(params, xs.shape[-1])
+    else:
         check_params(cell, params, xs.shape[-1])
     T = xs.shape[0]
     n = cell.hidden_size

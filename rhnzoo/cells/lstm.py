@@ -25,7 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rhnzoo.cells.base import Array, Params, check_positive, uniform
+from rhnzoo.cells.base import (
+    Array,
+    Params,
+    check_param_shapes,
+    check_positive,
+    project,
+    uniform,
+)
 
 
 class LSTMState(NamedTuple):
@@ -62,7 +69,7 @@ def _init_gated(key: Array, input_size: int, n: int, k: int, init_scale: float) 
 
 def _project(params: Params, xs: Array) -> Array:
     """``xs [..., m] -> [..., k n]``: W x for all time steps in one matmul."""
-    return xs @ params["W"].astype(xs.dtype)
+    return project(xs, params["W"])
 
 
 def check_params(cell: Any, params: Params, input_size: int | None = None) -> None:
@@ -83,12 +90,8 @@ def check_params(cell: Any, params: Params, input_size: int | None = None) -> No
         want["b_hn"] = (n,)
     if isinstance(cell, SCLSTM) and cell.learn_alpha:
         want["alpha"] = ()
-    if not hasattr(params, "keys"):
-        raise ValueError(
-            f"{cell!r}: parameters must be a dict with keys {sorted(want)}, "
-            f"got {type(params).__name__}"
-        )
-    if isinstance(cell, GRU) and (cell.reset_after != ("b_hn" in params)):
+    has_b_hn = hasattr(params, "keys") and "b_hn" in params
+    if isinstance(cell, GRU) and cell.reset_after != has_b_hn:
         if cell.reset_after:
             raise ValueError(
                 f"{cell!r}: no 'b_hn' in the parameters: these are Cho et al.'s "
@@ -100,23 +103,8 @@ def check_params(cell: Any, params: Params, input_size: int | None = None) -> No
             "reset_after=True) (PyTorch's nn.GRU, torch_interop.gru_from_torch), "
             "which computes another function; run them with that cell"
         )
-    missing, unknown = sorted(set(want) - set(params)), sorted(set(params) - set(want))
-    if missing or unknown:
-        raise ValueError(
-            f"{cell!r}: parameters {sorted(want)} expected; "
-            + (f"missing {missing}" if missing else "")
-            + ("; " if missing and unknown else "")
-            + (f"unknown {unknown}" if unknown else "")
-        )
-    for key, shape in want.items():
-        got = tuple(jnp.shape(params[key]))
-        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
-            text = "[m, " + str(k * n) + "]" if shape[:1] == (None,) else str(list(shape))
-            raise ValueError(
-                f"{cell!r}: parameter '{key}' has shape {list(got)}, expected "
-                f"{text} for hidden size {n}"
-                + (f" and input size {input_size}" if key == "W" and input_size else "")
-            )
+    m = f" and input size {input_size}" if input_size else ""
+    check_param_shapes(cell, params, want, f"hidden size {n}{m}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,15 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells.base import Array, Carry, Params, check_positive, uniform
+from rhnzoo.cells.base import (
+    Array,
+    Carry,
+    Params,
+    check_param_shapes,
+    check_positive,
+    project,
+    uniform,
+)
 
 _ACTIVATIONS = {"sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh}
 
@@ -110,14 +118,24 @@ class RRN:
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
         """``xs [..., m] -> [..., K n]``: W_k x of every layer, for all time steps, in one
-        matmul."""
-        return xs @ params["W"].astype(xs.dtype)
+        matmul. Raises ValueError (one line) if ``params`` are not this cell's for input
+        size m (:meth:`check_params`)."""
+        self.check_params(params, xs.shape[-1])
+        return project(xs, params["W"])
+
+    def check_params(self, params: Params, input_size: int | None = None) -> None:
+        """Raises ValueError (one line) unless ``params`` are ``{'W': [m, K n], 'U':
+        [K, n, n], 'b': [K n]}`` for this cell (m = ``input_size`` where given)."""
+        n, K = self.hidden_size, self.depth
+        want = {"W": (input_size, K * n), "U": (K, n, n), "b": (K * n,)}
+        check_param_shapes(self, params, want, f"hidden size {n} and depth {K}")
 
     def step(
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
         """One time step: ``carry`` h_{t-1} ``[B, n]``, ``x_proj [B, K n]`` -> ``(h_t, h_t)``,
         computed in the dtype of ``carry``."""
+        self.check_params(params)
         n, K, dt = self.hidden_size, self.depth, carry.dtype
         act = _ACTIVATIONS[self.activation]
         U = params["U"].astype(dt)

@@ -13,7 +13,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rhnzoo.cells.base import Array, Params, check_positive, uniform
+from rhnzoo.cells.base import (
+    Array,
+    Params,
+    check_param_shapes,
+    check_positive,
+    project,
+    uniform,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +94,20 @@ class RHN:
         return jnp.zeros((batch_size, self.hidden_size), dtype)
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
-        """``xs [..., m] -> [..., k n]``: W x for all time steps in one matmul."""
-        return xs @ params["W"].astype(xs.dtype)
+        """``xs [..., m] -> [..., k n]``: W x for all time steps in one matmul.
+
+        Raises ValueError (one line) if ``params`` are not this cell's for input size m
+        (:meth:`check_params`)."""
+        self.check_params(params, xs.shape[-1])
+        return project(xs, params["W"])
+
+    def check_params(self, params: Params, input_size: int | None = None) -> None:
+        """Raises ValueError (one line) unless ``params`` are ``{'W': [m, k n], 'R':
+        [L, n, k n], 'b': [L, k n]}`` for this cell (m = ``input_size`` where given);
+        shapes only (trace time)."""
+        n, k, L = self.hidden_size, self.num_gates, self.depth
+        want = {"W": (input_size, k * n), "R": (L, n, k * n), "b": (L, k * n)}
+        check_param_shapes(self, params, want, f"hidden size {n} and depth {L}")
 
     def micro_layer(self, s: Array, R: Array, b: Array, mask: Array | None) -> tuple[Array, Array]:
         """One micro-layer: ``s [B, n]`` -> ``(s_next [B, n], T [B, n])`` (eqs. 6-9).
@@ -121,6 +140,7 @@ class RHN:
         Returns ``(s_L [B, n], T [L, B, n])``; used for gate analysis (Zilly et al.,
         section 6). Under ``jit`` the unused gates of ``step`` are dead code.
         """
+        self.check_params(params)
         s, t1 = self.micro_layer(carry, params["R"][0], params["b"][0] + x_proj, mask)
 
         def body(s, layer):

@@ -291,8 +291,9 @@ def unroll(
       ``outputs="last"``; ``(carry, None)`` with ``outputs="none"``.
 
     Raises:
-      ValueError: for an uncoupled RHN or any other cell, or ``resets`` that are not a
-        ``[T, B]`` bool array.
+      ValueError: for an uncoupled RHN or any other cell, parameters not the cell's
+        (:meth:`~rhnzoo.cells.RHN.check_params`), or ``resets`` that are not a ``[T, B]``
+        bool array.
     """
     if resets is not None:
         resets = check_resets(resets, xs)
@@ -322,6 +323,7 @@ def _unroll_all(cell, params, carry, xs, mask, unroll, remat, dtype, layer_loop,
         cell, params = cell.cell, params["cell"]
     if not isinstance(cell, RHN) or not cell.coupled:
         raise ValueError(f"the fused unroll supports coupled RHN and HSG(RHN) cells, got {cell}")
+    cell.check_params(params, xs.shape[-1])
     loop = layer_loop == "python" or (layer_loop is None and cell.depth <= LOOP_LAYERS_UP_TO)
     # The projection's backward under the same rule (bfloat16 inputs where the forward's are).
     x_proj = jnp.swapaxes(fastmath.project(xs, params["W"], dtype), 1, 2)  # [T, 2n, B]

@@ -350,16 +350,17 @@ def unroll(
     Raises:
       ValueError: what :func:`resolve` and :class:`~rhnzoo.cells.scan_options.Options` raise;
         what the backend's ``unroll`` raises; with ``pallas`` a ``dtype`` other than
-        bfloat16 (None too: the kernels' one precision is asked for by name); ``resets``
-        that are not a ``[T, B]`` bool array, or ``resets`` with ``impl='pallas'``.
+        bfloat16 (None too: the kernels' one precision is asked for by name); what
+        :func:`rhnzoo.cells.base.check_inputs` raises (``xs`` not ``[T, B, m]``, a carry
+        not of batch B, ``lengths`` not ``[B]`` int in [0, T], ``resets`` not ``[T, B]``
+        bool); ``resets`` with ``impl='pallas'``.
       TypeError: a keyword that is no field of :class:`~rhnzoo.cells.scan_options.Options`.
     """
     if callable(getattr(cell, "unroll", None)):  # a layer with its own time loop
         extra = {} if resets is None else {"resets": resets}  # Bidirectional refuses them
         return cell.unroll(params, carry, xs, mask, impl=impl, lengths=lengths, **extra, **options)
     opts = Options(**options)
-    if resets is not None:
-        resets = base.check_resets(resets, xs)
+    lengths, resets = base.check_inputs(carry, xs, lengths, resets)
     which = resolve(
         impl,
         cell,

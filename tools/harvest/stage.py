@@ -116,7 +116,8 @@ def prepare(
     :data:`~tools.harvest.chunks.SMOKE_RECORDS`). Everything is checked before
     ``.harvest/`` is touched: a missing data set, vectors that cannot be made, or more
     than :data:`TRAVEL_LIMIT` bytes travelling (``tree``'s tracked and
-    untracked-not-ignored files and the carried folder) raise HarvestError and leave it as it was."""
+    untracked-not-ignored files and the carried folder) raise HarvestError and leave it
+    as it was."""
     name = name or next_pending(queue, on)
     chunk, minutes = chunk_of(name, queue), check_size(name, queue)
     if records is None:
