@@ -155,6 +155,11 @@ def test_invalid_depth_and_size():
         cells.RHN(4, 0)
     with pytest.raises(ValueError, match="hidden_size"):
         cells.RHN(0, 2)
+    with pytest.raises(ValueError, match="hidden_size"):  # before: True built an RHN(1)
+        cells.RHN(True, 2)
+    # before: NumPy integers were refused as "not an integer"
+    params = cells.RHN(np.int64(4), np.int32(2)).init(jax.random.PRNGKey(0), 3)
+    assert params["R"].shape == (2, 4, 8)
 
 
 def test_step_with_gates_returns_every_micro_layer():

@@ -393,6 +393,23 @@ def test_integer_inputs_are_the_numbers_of_their_float_values_under_every_scan(n
         assert np.abs(np.asarray(want)).max() > 0
 
 
+@pytest.mark.parametrize("name", ["lstm", "rhn", "dtrnn"])
+def test_a_sequence_of_no_steps_is_the_initial_carry_under_every_scan(name):
+    # Before: the gated fused scan gave ys [1, B, n] for T = 0, and outputs="last" from the
+    # reference scan raised IndexError.
+    cell = build(name)
+    params, carry = cell.init(jax.random.PRNGKey(0), M), cell.initial_carry(B)
+    carry = jax.tree.map(lambda c: c + 1 if jnp.issubdtype(c.dtype, jnp.floating) else c, carry)
+    for label, run in _every_unroll(cell):
+        for outputs, shape in (("all", (0, B, N)), ("last", (B, N))):
+            kw = {} if label == "cells.unroll" else {"outputs": outputs}
+            if label == "cells.unroll" and outputs == "last":
+                continue
+            got_carry, ys = run(cell, params, carry, jnp.ones((0, B, M)), **kw)
+            assert ys.shape == shape and not np.any(ys), (label, outputs)
+            assert_trees_close(got_carry, carry, rtol=0, atol=0)
+
+
 def test_hsg_rhn_spelled_either_way_is_one_model_with_one_scan():
     """``cell='hsg_rhn'`` and ``cell='rhn', hsg=True`` build the same cell, so every
     model resolves them to the same scan, under every choice and with remat."""

@@ -313,6 +313,7 @@ def uniform(key: Array, shape: tuple[int, ...], scale: float) -> Array:
 
 
 def check_positive(name: str, value: int) -> None:
-    """Raises ValueError unless ``value`` is an integer >= 1."""
-    if not isinstance(value, int) or value < 1:
+    """Raises ValueError unless ``value`` is an integer >= 1 (a Python or NumPy integer;
+    not a bool)."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

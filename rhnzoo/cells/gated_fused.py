@@ -601,7 +601,7 @@ def unroll(
         )
     carry_T, ys = _unroll(cell, params, carry, xs, mask, opts, lengths, resets)
     if opts.outputs == "last":
-        return carry_T, last_real(output_of(cell, carry_T), lengths)
+        return carry_T, last_real(output_of(cell, carry_T), lengths, xs.shape[0])
     return carry_T, ys
 
 
@@ -681,7 +681,7 @@ def _unroll(cell, params, carry, xs, mask, opts, lengths, resets):
             f"weight_grad_chunk must be a divisor of the {T} time steps, got {chunk!r}"
         )
     carry_T, ys = _scan(kern, unroll, chunk, outputs, w, W, carry0, x_in, aux, mask_fm)
-    if outputs and "valid" not in aux:  # ys holds h_{t-1}: shift it by one step
+    if outputs and "valid" not in aux and T:  # ys holds h_{t-1}: shift it by one step
         ys = jnp.concatenate([ys[1:], _first(carry_T)[None]])
     carry_T = jax.tree.map(lambda a: a[:, :B].T, carry_T)
     ys = jnp.swapaxes(ys[..., :B], 1, 2) if outputs else None

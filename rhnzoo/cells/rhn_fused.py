@@ -312,7 +312,7 @@ def unroll(
         resets,
     )
     carry_T, ys = with_lengths(carry, carry_T, ys, lengths, opts.outputs == "all")
-    return carry_T, last_real(carry_T, lengths) if opts.outputs == "last" else ys
+    return carry_T, last_real(carry_T, lengths, xs.shape[0]) if opts.outputs == "last" else ys
 
 
 def _unroll_all(cell, params, carry, xs, mask, unroll, remat, dtype, layer_loop, resets):

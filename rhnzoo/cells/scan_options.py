@@ -98,11 +98,14 @@ class Options:
         set_ = lambda name, value: object.__setattr__(self, name, value)
         if self.dtype is not None:
             try:
-                set_("dtype", jnp.dtype(self.dtype))
+                dtype = jnp.dtype(self.dtype)
             except TypeError:
+                dtype = None
+            if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
                 raise ValueError(
                     f"dtype must be None, float32 or bfloat16 (a JAX dtype), got {self.dtype!r}"
-                ) from None
+                )
+            set_("dtype", dtype)
         u = self.unroll
         if u is not None and (not isinstance(u, int) or isinstance(u, bool) or u < 1):
             raise ValueError(f"unroll must be None or an integer >= 1, got {u!r}")
@@ -189,9 +192,12 @@ def for_platform(name: str) -> Iterator[None]:
         _PLATFORM.reset(token)
 
 
-def last_real(last: Array, lengths: Array | None) -> Array:
+def last_real(last: Array, lengths: Array | None, steps: int | None = None) -> Array:
     """``last [B, n]``, each row's output at its last real step (read from a scan's final
-    carry, which stops there), with the rows of length 0 (``lengths [B]``) zeroed."""
+    carry, which stops there), with the rows of length 0 (``lengths [B]``; every row
+    where the scan had ``steps`` = 0) zeroed."""
+    if steps == 0:
+        return jnp.zeros_like(last)
     if lengths is None:
         return last
     return jnp.where((jnp.asarray(lengths) > 0)[:, None], last, jnp.zeros((), last.dtype))
@@ -200,6 +206,8 @@ def last_real(last: Array, lengths: Array | None) -> Array:
 def gather_last(ys: Array, lengths: Array | None) -> Array:
     """Each row's output at its last real step, ``[B, n]``, gathered from ``ys [T, B,
     n]`` (zeros for a row of length 0; ``lengths`` None: every row T steps)."""
+    if ys.shape[0] == 0:  # no step: every row has length 0
+        return jnp.zeros(ys.shape[1:], ys.dtype)
     if lengths is None:
         return ys[-1]
     lengths = jnp.asarray(lengths)
