@@ -243,3 +243,18 @@ def test_generate_py_exits_1_with_one_line_for_another_tasks_run(tmp_path):
         "generate.py "
         "reads runs of ptb.py or char.py"
     ]
+
+
+def test_a_prompt_id_outside_the_vocabulary_is_one_line(small):
+    model, params, prompt = small
+    bad = lambda i: prompt.at[2, 4].set(i)
+    for i in (-2, V):  # old: id -2 primed as id V - 2 (it wraps), id V as V - 1 (clamped)
+        with pytest.raises(ValueError) as e:
+            generate.prime(model, params, bad(i))
+        assert f"prompt must be ids in [0, {V})" in str(e.value) and "\n" not in str(e.value)
+        with pytest.raises(ValueError, match=r"prompt must be ids in \[0, 13\)"):
+            generate.generate(model, params, bad(i), 2, greedy=True)
+    # Under a caller's jit the ids are traced, not checked: the documented indexing.
+    logits = jax.jit(lambda p: generate.prime(model, params, p).logits)
+    np.testing.assert_array_equal(logits(bad(-2)), logits(bad(V - 2)))
+    np.testing.assert_array_equal(logits(bad(V)), logits(bad(V - 1)))

@@ -399,3 +399,40 @@ def test_sweep_table_shows_the_mean_and_sd_over_seeds():
         f"0.1500 ± {sd(0.2, 0.1):.4f} (n=2)",
         f"96.00 ± {sd(95, 97):.2f}% (n=2) (1 diverged)",
     ]
+
+
+def test_a_stack_takes_an_activation_name_and_refuses_what_is_not_callable():
+    # old: Highway(4, activation="tanh") constructed, then apply raised "'str' object is
+    # not callable"; names and non-callables alike were accepted at construction.
+    x = np.random.default_rng(0).uniform(-1, 1, size=(3, 4)).astype(np.float32)
+    for cls in (Highway, Plain):
+        named = cls(4, 2, activation="tanh")
+        assert named == cls(4, 2, activation=jnp.tanh)
+        p = named.init(jax.random.key(0))
+        h = x.astype(np.float64)
+        for W, b in zip(np.asarray(p["W"], np.float64), np.asarray(p["b"], np.float64)):
+            z = h @ W + b
+            if cls is Highway:  # eq. 3 with tanh H
+                T = np_sigmoid(z[:, 4:])
+                h = np.tanh(z[:, :4]) * T + h * (1.0 - T)
+            else:
+                h = np.tanh(z)
+        np.testing.assert_allclose(named.apply(p, jnp.asarray(x)), h, rtol=1e-5, atol=1e-6)
+    for bad, message in (
+        ("gelu", "activation must be one of tanh, relu, sigmoid; got 'gelu'"),
+        (3, "activation must be a callable or one of tanh, relu, sigmoid"),
+    ):
+        with pytest.raises(ValueError) as e:
+            Highway(4, activation=bad)
+        assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("stack", [Plain(5, 3), Highway(5, 3)])
+def test_a_stack_takes_integer_inputs_as_their_float_values(stack):
+    # Before: each layer cast W to the input's dtype, so uint8 pixels met W truncated to
+    # integers (zeros at this scale), and a Highway stack's scan carry changed dtype.
+    params = random_params(stack.init(jax.random.key(0)), jax.random.key(1))
+    pixels = np.random.default_rng(3).integers(0, 4, size=(6, 5)).astype(np.uint8)
+    want = stack.apply(params, jnp.asarray(pixels, jnp.float32))
+    np.testing.assert_allclose(stack.apply(params, jnp.asarray(pixels)), want, rtol=1e-6)
+    assert np.abs(np.asarray(want)).max() > 0

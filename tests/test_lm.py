@@ -128,3 +128,73 @@ def test_untied_model_and_tying_error():
     assert params["embed"].shape == (5, 5) and params["softmax_w"].shape == (8, 5)
     with pytest.raises(ValueError, match="tying"):
         lm.LanguageModel(cells.RHN(8, 1), 5, 6, tied=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        # old: ZeroDivisionError (T % 0)
+        (dict(time_chunk=0), "time_chunk must be None or an integer >= 1, got 0"),
+        # old: a JAX TypeError from reshape (negative sizes)
+        (dict(time_chunk=-2), "time_chunk must be None or an integer >= 1, got -2"),
+        # old: a JAX TypeError (non-integer shape)
+        (dict(time_chunk=2.0), "time_chunk must be None or an integer >= 1, got 2.0"),
+        # old: [B] weights broadcast silently, as per-row weights
+        (dict(weights=jnp.ones(6)), "weights must be [B, T] = [6, 6] like tokens, got shape [6]"),
+        # old: [B, 1] weights broadcast over time silently
+        (dict(weights=jnp.ones((6, 1))), "weights must be [B, T] = [6, 6]"),
+    ],
+)
+def test_nll_refuses_a_bad_time_chunk_or_weights_shape_in_one_line(kwargs, message):
+    model = small_model()
+    params = model.init(jax.random.PRNGKey(0))
+    tokens = jnp.zeros((6, 6), jnp.int32)
+    with pytest.raises(ValueError) as e:
+        model.nll(params, model.initial_carry(6), tokens, tokens, **kwargs)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: lm.language_model("rhn", 0, 8),  # old: accepted, failed later
+        lambda: lm.rhn_language_model(-3, 8, 1),  # old: accepted; init gave an MLIRError
+        lambda: lm.LanguageModel(cells.RHN(8), 0, 8),  # old: accepted
+    ],
+)
+def test_a_bad_vocab_size_is_refused_at_construction(build):
+    with pytest.raises(ValueError) as e:
+        build()
+    assert "vocab_size must be an integer >= 1" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_out_of_range_ids_are_refused_where_concrete_and_index_as_documented_under_jit():
+    V = 11
+    model = small_model(vocab=V)
+    params = model.init(jax.random.PRNGKey(0))
+    carry = model.initial_carry(2)
+    tokens = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+    bad = lambda a, i: a.at[1, 2].set(i)
+    for call, message in (
+        # old: read as id V - 1
+        (lambda: model.forward(params, carry, bad(tokens, V)), "tokens must be ids in [0, 11)"),
+        # old: read as id V - 2 (negative ids wrap)
+        (lambda: model.step(params, carry, tokens[:, 0].at[1].set(-2)), "got min -2 max 1"),
+        # old: NaN
+        (lambda: model.nll(params, carry, tokens, bad(tokens, V)), "targets must be ids in"),
+        # old: a finite NLL, that of target V - 1
+        (lambda: model.nll(params, carry, tokens, bad(tokens, -1)), "got min -1 max 5"),
+        # old: a JAX TypeError from indexing with floats
+        (lambda: model.hidden(params, carry, tokens * 1.0), "tokens must be integer token ids"),
+    ):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert message in str(e.value) and "\n" not in str(e.value)
+    # Traced ids are not checked (no host transfer under jit): JAX's indexing, as documented.
+    forward = jax.jit(lambda t: model.forward(params, carry, t)[0])
+    np.testing.assert_array_equal(forward(bad(tokens, V)), forward(bad(tokens, V - 1)))
+    np.testing.assert_array_equal(forward(bad(tokens, -2)), forward(bad(tokens, V - 2)))
+    np.testing.assert_array_equal(forward(bad(tokens, -V - 3)), forward(bad(tokens, 0)))
+    nll = jax.jit(lambda y: model.nll(params, carry, tokens, y)[0])
+    np.testing.assert_array_equal(nll(bad(tokens, -1)), nll(bad(tokens, V - 1)))
+    assert np.isnan(nll(bad(tokens, V))) and np.isnan(nll(bad(tokens, -V - 1)))

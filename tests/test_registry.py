@@ -69,6 +69,13 @@ def test_registry_matches_the_cells():
         (lambda: cells.make("hsg_hrl", 8), "HSG needs a cell whose carry is one [B, n]"),
         (lambda: cells.HSG(cells.LSTM(8)), "HSG needs a cell whose carry is one [B, n]"),
         (lambda: cells.make("rhn", 0), "hidden_size must be an integer >= 1"),
+        # The option values by type (old: each of these was accepted and built a cell).
+        (lambda: cells.make("rhn", 4, init_scale="x"), "cell 'rhn': init_scale must be a number"),
+        (lambda: cells.make("rhn", 4, coupled="no"), "coupled must be True or False, got 'no'"),
+        (lambda: cells.make("gru", 4, reset_after=1), "reset_after must be True or False"),
+        (lambda: cells.make("lstm", 4, forget_bias=True), "forget_bias must be a number"),
+        (lambda: cells.make("hsg_rhn", 4, hsg_init_bias="-2"), "hsg_init_bias must be a number"),
+        (lambda: cells.make("hrl", 4, f_bias=None), "cell 'hrl': f_bias must be a number"),
     ],
 )
 def test_registry_errors_are_one_line(make, message):
@@ -154,3 +161,12 @@ def test_a_cell_trains_as_a_sequence_classifier():
     run = rrl.train_and_evaluate(config.replace(batch_size=2), dataset, log=None)
     assert run.results["step"] == 2
     assert all(math.isfinite(run.results[k]) for k in ("dev_xent", "test_xent")), run.results
+
+
+def test_hsg_documents_its_error_and_its_protocol_methods():
+    # old: HSG raised ValueError with no Raises section; init, initial_carry and
+    # project_inputs had no docstring.
+    assert "Raises:" in cells.HSG.__doc__ and "ValueError" in cells.HSG.__doc__
+    for method in ("init", "initial_carry", "project_inputs"):
+        doc = getattr(cells.HSG, method).__doc__
+        assert doc and "[" in doc, method  # a shape, e.g. [B, n]

@@ -26,8 +26,11 @@ A task that holds one set of settings for every cell (``depth``, ``init_scale``,
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from rhnzoo.cells.deep_transition import DTRNN, DTSRNN
 from rhnzoo.cells.lstm import GRU, LSTM, SCLSTM
@@ -84,6 +87,22 @@ HSG_NAMES: tuple[str, ...] = tuple(
 ALL_NAMES: tuple[str, ...] = NAMES + HSG_NAMES
 HSG_OPTIONS = ("hsg_init_bias", "hsg_init_scale")
 
+# The option values make() checks by type, keyed by the cells' field annotations:
+# (test, what the one-line error says). Sizes and choices are the cells' own checks.
+_VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+}
+# option -> its annotation (the same in every cell that has it), HSG's with the prefix.
+_OPTION_TYPES: dict[str, str] = {
+    **{
+        f.name: getattr(f.type, "__name__", f.type)
+        for cls in (RHN, DTRNN, DTSRNN, LSTM, GRU, SCLSTM, RRN)
+        for f in dataclasses.fields(cls)
+    },
+    **{f"hsg_{f.name}": getattr(f.type, "__name__", f.type) for f in dataclasses.fields(HSG)},
+}
+
 
 def _split(name: str) -> tuple[str, bool]:
     """``'hsg_rhn'`` -> ``('rhn', True)``; raises ValueError for an unknown name."""
@@ -121,8 +140,11 @@ def make(name: str, hidden_size: int, *, hsg: bool = False, **kwargs: Any):
       **kwargs: the cell's own settings (:func:`options`).
 
     Raises:
-      ValueError: (one line) an unknown name or keyword, a bad value, or HSG around a
-        cell whose carry is not one ``[B, n]`` vector.
+      ValueError: (one line) an unknown name or keyword; a bad value: a scale or bias
+        (``init_scale``, ``init_bias``, ``forget_bias``, ``f_bias``, ``hsg_init_*``) that
+        is not a real number, a flag (``coupled``, ``reset_after``) that is not a bool, or
+        what the cell's own checks refuse (sizes, choices); HSG around a cell whose carry
+        is not one ``[B, n]`` vector.
     """
     base, prefixed = _split(name)
     hsg = hsg or prefixed
@@ -134,6 +156,10 @@ def make(name: str, hidden_size: int, *, hsg: bool = False, **kwargs: Any):
             f"cell {name!r}{' with hsg' if hsg and not prefixed else ''} takes no "
             f"{', '.join(unknown)}; its options are {', '.join(valid_all)}"
         )
+    for key, value in kwargs.items():
+        test, what = _VALUE_CHECKS.get(_OPTION_TYPES.get(key), (None, None))
+        if test is not None and not test(value):
+            raise ValueError(f"cell {name!r}: {key} must be {what}, got {value!r}")
     hsg_kwargs = {k[4:]: kwargs.pop(k) for k in HSG_OPTIONS if k in kwargs}
     try:
         cell = build(hidden_size, **kwargs)

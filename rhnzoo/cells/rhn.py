@@ -167,6 +167,15 @@ class HSG:
     Parameters: ``{'cell': <wrapped cell's params>, 'W_R': [n, n], 'W_F': [n, n],
     'b_G': [n]}``; weights uniform in [-init_scale, init_scale], b_G = ``init_bias``
     (paper: -2.5, so the gate starts mostly open to the new state).
+
+    Attributes:
+      cell: the wrapped cell (``hidden_size`` n, carry one ``[B, n]`` vector).
+      init_scale: half-width of the uniform initialisation of W_R and W_F.
+      init_bias: initial gate bias b_G.
+
+    Raises:
+      ValueError: (one line) if the cell's carry is not one ``[B, n]`` array (an LSTM's
+        ``(c, h)``, a ``Parallel`` pair).
     """
 
     cell: Any
@@ -185,9 +194,15 @@ class HSG:
 
     @property
     def hidden_size(self) -> int:
+        """n, the wrapped cell's hidden size."""
         return self.cell.hidden_size
 
     def init(self, key: Array, input_size: int) -> Params:
+        """Returns ``{'cell': <the cell's init(key, m)>, 'W_R': [n, n], 'W_F': [n, n],
+        'b_G': [n]}`` (HSG's own parameters float32).
+
+        Raises ValueError (one line) where the wrapped cell's ``init`` does (input_size
+        m < 1 for RHN)."""
         kc, kr, kf = jax.random.split(key, 3)
         n = self.hidden_size
         return {
@@ -198,9 +213,15 @@ class HSG:
         }
 
     def initial_carry(self, batch_size: int, dtype: Any = jnp.float32) -> Array:
+        """Returns the wrapped cell's zero state ``[B, n]`` in ``dtype``."""
         return self.cell.initial_carry(batch_size, dtype)
 
     def project_inputs(self, params: Params, xs: Array) -> Array:
+        """``xs [..., m] -> [..., k]``: the wrapped cell's input projection (``k n`` for
+        RHN), with ``params['cell']``; HSG adds none (its gate reads states only).
+
+        Raises ValueError (one line) where the wrapped cell's ``project_inputs`` does
+        (params not the cell's for input size m)."""
         return self.cell.project_inputs(params["cell"], xs)
 
     def gate(self, params: Params, s_prev: Array, s_new: Array) -> Array:

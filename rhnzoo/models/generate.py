@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rhnzoo.models.lm import LanguageModel
+from rhnzoo.models.lm import LanguageModel, check_token_ids
 
 Array = jax.Array
 Params = Any
@@ -73,7 +73,10 @@ def prime(model: LanguageModel, params: Params, prompt: Array, carry: Any = None
 
     Args:
       model, params: the language model and its parameters.
-      prompt: ``[B, P]`` int token ids, P >= 1 (ids in ``[0, V)``; JAX clamps others).
+      prompt: ``[B, P]`` int token ids, P >= 1, ids in ``[0, V)``: checked where the
+        prompt is concrete; under a caller's ``jit`` JAX's indexing reads an id >= V as
+        V - 1, an id in [-V, 0) as id + V (it wraps), an id below -V as 0
+        (:func:`~rhnzoo.models.lm.check_token_ids`).
       carry: the carry before the prompt (None: :func:`initial_carry`).
 
     Returns:
@@ -81,9 +84,11 @@ def prime(model: LanguageModel, params: Params, prompt: Array, carry: Any = None
       position 0.
 
     Raises:
-      ValueError: a prompt that is not ``[B, P]`` integer ids with P >= 1.
+      ValueError: (one line) a prompt that is not ``[B, P]`` integer ids with P >= 1, or
+        a concrete one with an id outside ``[0, V)``.
     """
     _check_tokens(prompt, "prompt")
+    check_token_ids(prompt, model.vocab_size, "prompt")
     prompt = jnp.asarray(prompt, jnp.int32)
     if carry is None:
         carry = initial_carry(model, params, prompt.shape[0])

@@ -69,13 +69,21 @@ class _Stack:
 
     size: int
     depth: int = 1
-    activation: Callable[[Array], Array] = jax.nn.relu
+    activation: Callable[[Array], Array] | str = jax.nn.relu
     kernel_init: str = "he_normal"
 
     def __post_init__(self):
         check_positive("size", self.size)
         check_positive("depth", self.depth)
         check_choice("kernel_init", self.kernel_init, INITS)
+        if isinstance(self.activation, str):  # a name of ACTIVATIONS: its function
+            check_choice("activation", self.activation, ACTIVATIONS)
+            object.__setattr__(self, "activation", ACTIVATIONS[self.activation])
+        elif not callable(self.activation):
+            raise ValueError(
+                f"activation must be a callable or one of {', '.join(ACTIVATIONS)}; "
+                f"got {self.activation!r}"
+            )
 
     def _init(self, key: Array, biases: list[float]) -> Params:
         """Stacked ``{'W': [depth, n, k n], 'b': [depth, k n]}``; block i of b is biases[i]."""
@@ -89,13 +97,16 @@ class _Stack:
 
     def _scan(self, params: Params, x: Array, outputs: bool = False) -> tuple[Array, Any]:
         """Applies ``self.layer(x, W_l, b_l) -> (x, aux)`` for l = 1..depth (one
-        ``lax.scan``): ``(y, auxs)``, or ``(y, (ys, auxs))`` with every layer's output
-        if ``outputs`` (a trace-time switch: without it nothing else is stacked)."""
+        ``lax.scan``; an integer ``x`` in W's dtype): ``(y, auxs)``, or ``(y, (ys,
+        auxs))`` with every layer's output if ``outputs`` (a trace-time switch: without it
+        nothing else is stacked)."""
 
         def body(x, wb):
             y, aux = self.layer(x, *wb)
             return y, ((y, aux) if outputs else aux)
 
+        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):  # integer pixels: W's dtype
+            x = jnp.asarray(x, params["W"].dtype)
         return jax.lax.scan(body, x, (params["W"], params["b"]))
 
     def apply_with_outputs(self, params: Params, x: Array) -> tuple[Array, tuple[Array, Any]]:
@@ -114,11 +125,14 @@ class Plain(_Stack):
     Attributes:
       size: n, the width of every layer (input and output).
       depth: number of layers (>= 1).
-      activation: elementwise nonlinearity (default ReLU).
+      activation: elementwise nonlinearity ``[..., n] -> [..., n]`` (default ReLU): a
+        callable, or a name of :data:`ACTIVATIONS` (``'tanh'``, ``'relu'``,
+        ``'sigmoid'``), which construction replaces by its function.
       kernel_init: ``'he_normal'`` (default) or ``'glorot_uniform'`` (see the module docstring).
 
     Raises:
-      ValueError: if size < 1, depth < 1 or kernel_init is unknown.
+      ValueError: (one line) if size < 1, depth < 1, kernel_init is unknown, or
+        activation is neither callable nor a name of :data:`ACTIVATIONS`.
     """
 
     def init(self, key: Array) -> Params:
@@ -151,7 +165,8 @@ class Highway(_Stack):
       coupled: use C = 1 - T.
 
     Raises:
-      ValueError: if size < 1, depth < 1 or kernel_init is unknown.
+      ValueError: (one line) as for :class:`Plain`: size < 1, depth < 1, an unknown
+        kernel_init, or an activation neither callable nor a name of :data:`ACTIVATIONS`.
     """
 
     init_bias: float = -2.0

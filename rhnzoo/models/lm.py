@@ -13,13 +13,41 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rhnzoo import cells, dropout
 from rhnzoo.cells import scan
+from rhnzoo.cells.base import check_positive
 
 Array = jax.Array
 Params = Any
+
+
+def check_token_ids(ids: Any, vocab_size: int, what: str = "tokens") -> None:
+    """Checks token ids (an array of any shape) for a vocabulary of ``vocab_size`` symbols:
+    an integer dtype, and every id in ``[0, vocab_size)`` where the ids are concrete.
+
+    Traced ids (under ``jit``, ``vmap``, ``jax.export``) are checked by dtype only, with no
+    host transfer; there JAX's indexing decides: a token id >= V reads the embedding row
+    V - 1, an id in [-V, 0) row id + V (it wraps), an id below -V row 0; a target id in
+    [-V, 0) gives the NLL of target id + V, any other target outside [0, V) a NaN.
+
+    Raises:
+      ValueError: (one line) a non-integer dtype, or a concrete id outside ``[0, V)``.
+    """
+    try:
+        values = np.asarray(ids)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        values = None  # traced: the dtype only
+    dtype = jnp.result_type(ids) if values is None else values.dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{what} must be integer token ids, got dtype {dtype}")
+    if values is not None and values.size and (values.min() < 0 or values.max() >= vocab_size):
+        raise ValueError(
+            f"{what} must be ids in [0, {vocab_size}) (the vocabulary), got min "
+            f"{values.min()} max {values.max()}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +72,10 @@ class LanguageModel(scan.ScannedModel):
         ``layer_loop``): ``'python'``, ``'scan'`` or None (by depth); others ignore it.
 
     Raises:
-      ValueError: if ``tied`` and ``embed_size != cell.hidden_size``, for an
-        unknown ``scan_impl``/``dtype``, or a scan the cell does not have with these
-        settings (:func:`rhnzoo.cells.scan.resolve`; one line).
+      ValueError: (one line) ``vocab_size`` or ``embed_size`` not an integer >= 1, if
+        ``tied`` and ``embed_size != cell.hidden_size``, for an unknown
+        ``scan_impl``/``dtype``, or a scan the cell does not have with these settings
+        (:func:`rhnzoo.cells.scan.resolve`).
     """
 
     cell: Any
@@ -61,6 +90,8 @@ class LanguageModel(scan.ScannedModel):
     layer_loop: str | None = None
 
     def __post_init__(self):
+        check_positive("vocab_size", self.vocab_size)
+        check_positive("embed_size", self.embed_size)
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         self.resolved_scan()  # an unknown scan_impl, or one this cell does not have: one line
@@ -106,10 +137,17 @@ class LanguageModel(scan.ScannedModel):
     def hidden(
         self, params: Params, carry: Any, tokens: Array, masks: dict[str, Array] | None = None
     ) -> tuple[Any, Array]:
-        """Runs the cell over ``tokens [B, T]``; returns ``(carry, ys [T, B, n])``.
+        """Runs the cell over ``tokens [B, T]`` int; returns ``(carry, ys [T, B, n])``.
 
         ``masks`` from :func:`rhnzoo.dropout.lm_masks` (training) or ``None``.
+
+        Raises:
+          ValueError: (one line) ``tokens`` not ``[B, T]``, not integer, or concrete ids
+            outside ``[0, V)`` (traced ids are not checked: :func:`check_token_ids`).
         """
+        if jnp.ndim(tokens) != 2:
+            raise ValueError(f"tokens must be [B, T] ids, got shape {list(jnp.shape(tokens))}")
+        check_token_ids(tokens, self.vocab_size, "tokens")
         xs = params["embed"][tokens.T]  # [T, B, m]
         if masks is not None:
             xs = xs * (masks["x"].T[..., None] * masks["i"][None])
@@ -148,7 +186,11 @@ class LanguageModel(scan.ScannedModel):
         token after ``tokens[:, t]``; :meth:`hidden` then :meth:`logits`.
 
         ``carry`` is :meth:`initial_carry` (B) or a previous call's; float32 logits
-        (float64 with float64 parameters under ``jax.enable_x64``)."""
+        (float64 with float64 parameters under ``jax.enable_x64``).
+
+        Raises:
+          ValueError: what :meth:`hidden` raises (bad ``tokens``, concrete ids outside
+            ``[0, V)``)."""
         carry, ys = self.hidden(params, carry, tokens)
         return jnp.swapaxes(self.logits(params, ys), 0, 1), carry
 
@@ -161,7 +203,8 @@ class LanguageModel(scan.ScannedModel):
         :meth:`initial_carry` (B) or the previous step's.
 
         Raises:
-          ValueError: if ``tokens`` is not one-dimensional.
+          ValueError: if ``tokens`` is not one-dimensional, or :meth:`hidden`'s errors
+            (concrete ids outside ``[0, V)``).
         """
         if jnp.ndim(tokens) != 1:
             raise ValueError(f"step takes tokens [B], got shape {jnp.shape(tokens)}")
@@ -181,19 +224,44 @@ class LanguageModel(scan.ScannedModel):
         """Summed negative log-likelihood (nats) of ``targets [B, T]``.
 
         Args:
-          weights: optional ``[B, T]`` 0/1 weights (padding in evaluation).
-          time_chunk: None: the softmax over all ``[T, B, V]`` positions at once; c (a
-            divisor of T): summed over time chunks of c steps in a ``lax.scan``, so
+          tokens: ``[B, T]`` int input ids in ``[0, V)``.
+          targets: ``[B, T]`` int target ids in ``[0, V)`` (:func:`check_token_ids`).
+          masks: :func:`rhnzoo.dropout.lm_masks` (training) or None.
+          weights: optional ``[B, T]`` float 0/1 weights (padding in evaluation), exactly
+            the shape of ``tokens`` (no broadcasting).
+          time_chunk: None: the softmax over all ``[T, B, V]`` positions at once; an
+            integer c >= 1: summed over time chunks of c steps in a ``lax.scan``, so
             that only ``[c, B, V]`` logits exist at a time (evaluation, see
-            :func:`rhnzoo.evaluation.eval_time_chunk`).
+            :func:`rhnzoo.evaluation.eval_time_chunk`); c must divide T unless c >= T
+            (one chunk).
 
         Returns:
           ``(nll_sum, carry)``: the scalar sum over all B x T positions, and the
           final carry for the next truncated-BPTT window.
 
         Raises:
-          ValueError: if ``time_chunk`` does not divide T.
+          ValueError: (one line, before any computation) ``tokens`` not ``[B, T]``,
+            ``targets`` or ``weights`` of another shape, ``time_chunk`` not None or an
+            integer >= 1, or one below T that does not divide it; non-integer or concrete
+            out-of-range ids (:meth:`hidden`, :func:`check_token_ids`).
         """
+        shape = tuple(jnp.shape(tokens))
+        if len(shape) != 2:
+            raise ValueError(f"tokens must be [B, T] ids, got shape {list(shape)}")
+        for name, a in (("targets", targets), ("weights", weights)):
+            if a is not None and tuple(jnp.shape(a)) != shape:
+                raise ValueError(
+                    f"{name} must be [B, T] = {list(shape)} like tokens, got shape "
+                    f"{list(jnp.shape(a))}"
+                )
+        T = shape[1]
+        if time_chunk is not None:
+            integer = isinstance(time_chunk, (int, np.integer)) and not isinstance(time_chunk, bool)
+            if not integer or time_chunk < 1:
+                raise ValueError(f"time_chunk must be None or an integer >= 1, got {time_chunk!r}")
+            if time_chunk < T and T % time_chunk:
+                raise ValueError(f"time_chunk {time_chunk} does not divide the window's {T} steps")
+        check_token_ids(targets, self.vocab_size, "targets")
         carry, ys = self.hidden(params, carry, tokens, masks)
         w = None if weights is None else weights.T
 
@@ -201,11 +269,8 @@ class LanguageModel(scan.ScannedModel):
             losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(params, y), t)
             return (losses if w is None else losses * w).sum()
 
-        T = ys.shape[0]
         if time_chunk is None or time_chunk >= T:
             return chunk_nll(ys, targets.T, w), carry
-        if T % time_chunk:
-            raise ValueError(f"time_chunk {time_chunk} does not divide the window's {T} steps")
         split = lambda a: a.reshape((T // time_chunk, time_chunk) + a.shape[1:])
         add = lambda total, chunk: (total + chunk_nll(*chunk), None)
         total, _ = jax.lax.scan(
@@ -239,8 +304,11 @@ def language_model(
     vocabularies smaller than the state).
 
     Raises:
-      ValueError: an unknown cell or option, or a bad size (one line).
+      ValueError: (one line, before any computation) an unknown cell or option, a bad
+        option value (:func:`rhnzoo.cells.make`), ``vocab_size`` or ``hidden_size`` not an
+        integer >= 1, or :class:`LanguageModel`'s errors.
     """
+    check_positive("vocab_size", vocab_size)
     wrapped = hsg or cell.startswith("hsg_")
     extra = {"hsg_init_bias": hsg_init_bias} if wrapped else {}
     rnn = cells.make(cell, hidden_size, hsg=hsg, init_scale=init_scale, **extra, **cell_options)
@@ -274,7 +342,8 @@ def rhn_language_model(
     ``remat``, ``dtype``), with its defaults.
 
     Raises:
-      ValueError: if depth < 1 or hidden_size < 1.
+      ValueError: (one line) if vocab_size, hidden_size or depth is not an integer >= 1,
+        or :func:`language_model`'s errors.
     """
     return language_model(
         "rhn",
