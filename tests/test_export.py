@@ -164,6 +164,25 @@ def test_any_batch_and_window_length_in_process(tmp_path):
         np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("cell", ["gru", "rrn"])
+def test_a_gated_fused_scan_exports_with_a_symbolic_batch(cell, tmp_path):
+    # Before: the fused scan padded B to its lanes when -B % 8 * 16 <= B, a comparison
+    # jax.export cannot decide for a symbolic B: GRU, RRN and HRL models did not export.
+    model = lm.language_model(
+        cell, V, 8, scan_impl="fused", **({"depth": 2} if cell == "rrn" else {})
+    )
+    params = random_params(model)
+    export.export_language_model(model, params, tmp_path, platforms=("cpu",))
+    leaves = [np.asarray(a) for a in jax.tree.leaves(params)]
+    forward = jax.export.deserialize(bytearray((tmp_path / "forward.jaxexport").read_bytes()))
+    for b, t in ((1, 1), (9, 4)):
+        tokens = np.random.default_rng(b).integers(0, V, (b, t)).astype(np.int32)
+        carry = model.initial_carry(b)
+        logits, _ = forward.call(leaves, jax.tree.leaves(carry), tokens)
+        want, _ = model.forward(params, carry, jnp.asarray(tokens))
+        np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_lowering_that_fails_falls_back_to_the_cpu(tmp_path, monkeypatch):
     real = jax.export.export
 

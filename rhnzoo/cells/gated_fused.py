@@ -659,7 +659,8 @@ def _unroll(cell, params, carry, xs, mask, opts, lengths, resets):
     if unroll is None:
         unroll = default_unroll(cell, platform())
     # Feature-major: [B, n] -> [n, B], padded with inert columns (see _pad).
-    B, extra = xs.shape[1], -xs.shape[1] % kern.lanes
+    B = xs.shape[1]  # symbolic under jax.export: then unpadded (the padding is for speed)
+    extra = -B % kern.lanes if isinstance(B, int) else 0
     extra = extra if extra * 16 <= B else 0
     carry0 = jax.tree.map(lambda a: _pad(a.T, extra, 1), carry0)
     mask_fm = None if mask is None else _pad(mask.astype(cdt).T, extra, 1)
