@@ -144,6 +144,22 @@ def test_cell_in_user_written_scan_under_jit(make):
     assert float(jnp.abs(ys).sum()) > 0
 
 
+@pytest.mark.parametrize("name", [n for n in cells.ALL_NAMES if n != "hrl"])
+def test_a_step_keeps_its_carrys_dtype_in_a_users_own_scan(name):
+    # Before: RHN, HSG and the DT-RNNs added their float32 bias (and every cell its float32
+    # dropout mask) unconverted, so a bfloat16 carry came back float32 and lax.scan refused.
+    cell = cells.make(name, 8, **cells.applicable(name, {"depth": 2}))
+    params = cell.init(jax.random.PRNGKey(0), 3)
+    x_proj = cell.project_inputs(params, normal(1, (4, 2, 3)).astype(jnp.bfloat16))
+    mask = jnp.ones((2, 8), jnp.float32)
+    step = lambda carry, x_t: cell.step(params, carry, x_t, mask)
+    carry, ys = jax.jit(lambda c, x: jax.lax.scan(step, c, x))(
+        cell.initial_carry(2, jnp.bfloat16), x_proj
+    )
+    assert ys.dtype == jnp.bfloat16
+    assert all(c.dtype in (jnp.bfloat16, jnp.int32) for c in jax.tree.leaves(carry))
+
+
 @pytest.mark.parametrize("hsg", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_gradient_matches_finite_differences(hsg):
     cell = cells.RHN(4, 3, coupled=not hsg)

@@ -78,11 +78,13 @@ class _DeepTransitionRNN:
         dt = carry.dtype
 
         def dropped(h):
-            return h if mask is None else h * mask
+            return h if mask is None else h * mask.astype(dt)
 
         h_prev = dropped(carry)
-        h = jnp.tanh(x_proj + h_prev @ params["R"][0].astype(dt) + params["b"][0])
-        layers = (params["R"][1:].astype(dt), params["b"][1:])
+        h = jnp.tanh(
+            x_proj.astype(dt) + h_prev @ params["R"][0].astype(dt) + params["b"][0].astype(dt)
+        )
+        layers = (params["R"][1:].astype(dt), params["b"][1:].astype(dt))
         if self.shortcuts:
             # S_l h_{t-1} for every layer l >= 2 at once: [L-1, B, n].
             layers += (jnp.einsum("bn,lnk->lbk", h_prev, params["S"].astype(dt)),)

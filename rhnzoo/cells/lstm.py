@@ -181,7 +181,7 @@ class LSTM:
     def _step(self, params, carry, x_proj, mask):
         h, c = carry
         dt = h.dtype
-        h_in = h if mask is None else h * mask
+        h_in = h if mask is None else h * mask.astype(h.dtype)
         z = x_proj.astype(dt) + h_in @ params["U"].astype(dt) + params["b"].astype(dt)
         i, f, o, c_tilde = lstm_gates(z)
         c = f * c + i * c_tilde
@@ -358,7 +358,7 @@ class GRU:
         n, dt = self.hidden_size, carry.dtype
         U = params["U"].astype(dt)
         x_proj = x_proj.astype(dt) + params["b"].astype(dt)
-        h_in = carry if mask is None else carry * mask
+        h_in = carry if mask is None else carry * mask.astype(carry.dtype)
         if self.reset_after:
             hU = h_in @ U  # [B, 3n]: r's and z's recurrent terms and U_h h_{t-1}
             _, z, _, h_tilde = gru_reset_after_gates(x_proj, hU, params["b_hn"].astype(dt))

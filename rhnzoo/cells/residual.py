@@ -142,7 +142,7 @@ class RRN:
         # [B, K n] -> [K, B, n]: layer k's input term W_k x_t + b_k.
         x_proj = x_proj.astype(dt) + params["b"].astype(dt)
         x_layers = jnp.moveaxis(x_proj.reshape(x_proj.shape[:-1] + (K, n)), -2, 0)
-        h_in = carry if mask is None else carry * mask
+        h_in = carry if mask is None else carry * mask.astype(carry.dtype)
         y = act(x_layers[0] + h_in @ U[0])
 
         def layer(y, inputs):

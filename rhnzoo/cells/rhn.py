@@ -115,8 +115,8 @@ class RHN:
         ``b`` is the bias ``[k n]``, with W x_t already added for micro-layer 1.
         """
         n = self.hidden_size
-        s_in = s if mask is None else s * mask
-        z = s_in @ R.astype(s.dtype) + b
+        s_in = s if mask is None else s * mask.astype(s.dtype)
+        z = s_in @ R.astype(s.dtype) + b.astype(s.dtype)
         h = jnp.tanh(z[..., :n])
         t = jax.nn.sigmoid(z[..., n : 2 * n])
         if self.coupled:
@@ -128,7 +128,8 @@ class RHN:
     def step(
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
-        """One time step: ``carry [B, n]``, ``x_proj [B, k n]`` -> ``(s_L, s_L)``."""
+        """One time step: ``carry [B, n]``, ``x_proj [B, k n]`` -> ``(s_L, s_L)``, both in
+        the dtype of ``carry``."""
         s, _ = self.step_with_gates(params, carry, x_proj, mask)
         return s, s
 
@@ -228,13 +229,16 @@ class HSG:
         """The HSG gate g ``[B, n]`` (eq. 6)."""
         dt = s_prev.dtype
         return jax.nn.sigmoid(
-            s_prev @ params["W_R"].astype(dt) + s_new @ params["W_F"].astype(dt) + params["b_G"]
+            s_prev @ params["W_R"].astype(dt)
+            + s_new @ params["W_F"].astype(dt)
+            + params["b_G"].astype(dt)
         )
 
     def step(
         self, params: Params, carry: Array, x_proj: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
-        """One time step: ``carry`` ŝ_{t-1} ``[B, n]`` -> ``(ŝ_t, ŝ_t)``."""
+        """One time step: ``carry`` ŝ_{t-1} ``[B, n]`` -> ``(ŝ_t, ŝ_t)``, in the dtype of
+        ``carry``."""
         s_new, _ = self.cell.step(params["cell"], carry, x_proj, mask)
         g = self.gate(params, carry, s_new)
         s_hat = s_new + g * (carry - s_new)
