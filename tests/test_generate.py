@@ -167,6 +167,13 @@ def test_a_prompt_must_be_a_batch_of_ids(small):
         generate.prime(model, params, jnp.zeros((1, 5)))
     with pytest.raises(ValueError, match=r"step takes tokens \[B\]"):
         model.step(params, model.initial_carry(1), jnp.zeros((1, 1), jnp.int32))
+    # Before: a list prompt raised AttributeError ('list' object has no attribute 'shape').
+    with pytest.raises(ValueError, match=r"prompt must be token ids \[B, P\]"):
+        generate.prime(model, params, [1, 2])
+    got = generate.generate(model, params, [[1, 2]], 3, greedy=True)
+    np.testing.assert_array_equal(
+        got, generate.generate(model, params, jnp.array([[1, 2]]), 3, greedy=True)
+    )
 
 
 def test_text_round_trips_through_the_vocabularies():

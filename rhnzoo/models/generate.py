@@ -62,8 +62,9 @@ def initial_carry(model: LanguageModel, params: Params, batch_size: int) -> Any:
 
 
 def _check_tokens(tokens: Array, what: str) -> None:
-    if jnp.ndim(tokens) != 2 or tokens.shape[1] < 1:
-        raise ValueError(f"{what} must be token ids [B, P] with P >= 1, got {jnp.shape(tokens)}")
+    shape = np.shape(tokens)  # an array, a tracer or a list
+    if len(shape) != 2 or shape[1] < 1:
+        raise ValueError(f"{what} must be token ids [B, P] with P >= 1, got {shape}")
     if not jnp.issubdtype(jnp.asarray(tokens).dtype, jnp.integer):
         raise ValueError(f"{what} must be integer token ids, got {jnp.asarray(tokens).dtype}")
 
