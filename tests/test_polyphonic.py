@@ -450,3 +450,13 @@ def test_study_table_rows():
         "| RHN | 1 | 6 | 1,756 | 1,756 | 3 | 1 | 12.800 | 13.250 | 12.500 |",
         "| DT-RNN | 1 | 9 | 1,762 | 1,756 | 0 | 0 | - | - | - |",
     ]
+
+
+def test_bool_or_integer_piano_rolls_are_their_float_values():
+    # Before: the carry took the frames' dtype, so 0/1 bool or uint8 rolls failed in the scan.
+    model = small_model()
+    params = model.init(jax.random.PRNGKey(0))
+    rolls = np.random.default_rng(4).random((6, 2, 88)) < 0.1
+    want = model.logits(params, jnp.asarray(rolls, jnp.float32))
+    for dtype in (bool, np.uint8):
+        np.testing.assert_allclose(model.logits(params, jnp.asarray(rolls, dtype)), want, rtol=1e-6)

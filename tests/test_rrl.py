@@ -389,3 +389,15 @@ def test_one_model_over_seeds_prints_and_writes_its_mean_and_sd(tmp_path):
     assert row[2:4] == ["81.00 ± 1.41 (n=2)", "76.00 ± 2.83 (n=2)"], row
     assert (tmp_path / "table.md").read_text() == text + "\n"
     assert sum("already finished" in line for line in lines) == 2, lines
+
+
+def test_integer_pixels_are_their_float_values():
+    # Before: the carry took the inputs' dtype, so uint8 pixels failed in the scan.
+    model = SequenceClassifier(cells.LSTM(6), 3, 2)
+    params = model.init(jax.random.PRNGKey(0))
+    pixels = np.random.default_rng(5).integers(0, 4, (2, 7, 2)).astype(np.uint8)
+    lengths = jnp.array([7, 4])
+    want = model.features(params, jnp.asarray(pixels, jnp.float32), lengths)
+    np.testing.assert_allclose(
+        model.features(params, jnp.asarray(pixels), lengths), want, rtol=1e-6
+    )

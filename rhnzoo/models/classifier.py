@@ -124,7 +124,8 @@ class SequenceClassifier(scan.ScannedModel):
         """The sequence representations ``[B, n]`` (``[B, 2n]`` with ``bidirectional``).
 
         Args:
-          inputs: ``[B, T]`` int token ids (``vocab_size`` set) or ``[B, T, m]`` float.
+          inputs: ``[B, T]`` int token ids (``vocab_size`` set) or ``[B, T, m]`` float
+            (integer or bool values, such as pixels, are taken as float32).
           lengths: ``[B]`` int real steps per row (0 allowed: the zero vector).
           key: PRNG key of the input dropout (training); None: no dropout.
         """
@@ -132,6 +133,8 @@ class SequenceClassifier(scan.ScannedModel):
             xs = params["embed"][inputs.T]  # [T, B, m]
         else:
             xs = jnp.swapaxes(inputs, 0, 1)
+            if not jnp.issubdtype(xs.dtype, jnp.inexact):
+                xs = xs.astype(jnp.float32)
         if key is not None and self.input_drop:
             xs = xs * dropout.mask(key, xs.shape, self.input_drop, xs.dtype)
         batch = xs.shape[1]

@@ -69,7 +69,10 @@ class PianoRollModel:
         }
 
     def logits(self, params: Params, x: Array) -> Array:
-        """``x [T, B, 88]`` frames -> ``[T, B, 88]`` logits of the frames t + 1."""
+        """``x [T, B, 88]`` frames (float; 0/1 integers or bools as float32) -> ``[T, B,
+        88]`` logits of the frames t + 1."""
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            x = x.astype(jnp.float32)
         carry = self.cell.initial_carry(x.shape[1], x.dtype)
         _, ys = scan.unroll(self.cell, params["cell"], carry, x, impl=self.scan_impl)
         return ys @ params["W_out"].astype(ys.dtype) + params["b_out"]
