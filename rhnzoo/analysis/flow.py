@@ -12,7 +12,8 @@ differentiates a cell's ``step``, so the same functions serve every cell:
   eq. 2 read ``A = R diag(tanh')``: the paper's ``Rᵀ diag(f')`` with its R, which
   multiplies column vectors, being our ``Rᵀ``. :func:`jacobians_along` gives A at
   every step of a real input sequence.
-* :func:`gersgorin_discs` (centres ``A_ii``, radii ``Σ_{j≠i} |A_ij|``, eqs. 12-14),
+* :func:`gersgorin_discs` (centres ``A_ii``, radii ``Σ_{j≠i} |A_ij|``: the paper's GCT
+  statement, rows of its eq. 10's A; eq. 14 as printed indexes t, y, h by i, not j),
   :func:`eigenvalues`, :func:`spectral_radius`, :func:`largest_singular_value`.
 * :func:`gradient_norms_through_time`: ``‖∂L_T / ∂s_{T-k}‖`` for k = 0..T in one
   backward pass (zero perturbations added to every carry are the inputs
@@ -117,8 +118,8 @@ def jacobians_along(cell: Any, params: Params, carry: Any, xs: Array) -> Array:
 
 
 def gersgorin_discs(a: Array) -> tuple[np.ndarray, np.ndarray]:
-    """Gersgorin discs of the rows of ``a [..., d, d]`` (Zilly et al. eqs. 12-14): every
-    eigenvalue lies in some disc ``|λ - A_ii| <= Σ_{j≠i} |A_ij|``.
+    """Gersgorin discs of the rows of ``a [..., d, d]`` (Zilly et al.'s GCT statement, for
+    eq. 10's A): every eigenvalue lies in some disc ``|λ - A_ii| <= Σ_{j≠i} |A_ij|``.
 
     Returns ``(centres [..., d], radii [..., d])`` as NumPy arrays (centres real).
     """
