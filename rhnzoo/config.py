@@ -90,6 +90,22 @@ def scan_impl_setting() -> Any:
     return setting(scan.DEFAULT, scan.HELP, choices=scan.CHOICES, resumable=True)
 
 
+def check_scan_dtype(scan_impl: str, dtype: str | None) -> None:
+    """Refuses ``scan_impl='pallas'`` without ``dtype='bfloat16'`` (the kernels' one
+    precision) on construction, before a script writes anything; ``dtype`` None: a task
+    without a ``--dtype`` setting (it computes in float32), where pallas is refused.
+
+    Raises:
+      ValueError: (one line naming the flags) for pallas with another dtype.
+    """
+    if scan_impl == "pallas" and dtype != "bfloat16":
+        why = f"got --dtype={dtype}" if dtype else "and this task has no --dtype (float32 only)"
+        raise ValueError(
+            "--scan_impl=pallas needs --dtype=bfloat16 (the Pallas kernels compute in "
+            f"bfloat16), {why}; use --scan_impl=fused or auto"
+        )
+
+
 def _class_names(cls: type, attr: str) -> frozenset[str]:
     """The union of ``attr`` (a set of field names) over ``cls`` and its bases."""
     return frozenset().union(*(vars(c).get(attr, ()) for c in cls.__mro__))

@@ -543,13 +543,19 @@ def test_pallas_on_a_cpu_says_it_interprets_the_kernels(tmp_path, monkeypatch, c
     monkeypatch.setenv("RHNZOO_DATA", "/nonexistent")
     monkeypatch.delenv("RHNZOO_TRACEBACK", raising=False)
     args = "-- --scan_impl=pallas --data_dir=/nonexistent --nodownload"
-    # a model the kernels take: rrl.py's LSTM at n <= 128, jsb.py's LSTM (not a DT-RNN)
+    # a model the kernels take: rrl.py's LSTM at n <= 128, jsb.py's LSTM (not a DT-RNN),
+    # in the kernels' one precision (jsb.py has no --dtype: it refuses pallas up front)
     args += {"rrl.py": " --hidden_size=16", "jsb.py": " --archs=lstm"}.get(script, "")
+    args += "" if script == "jsb.py" else " --dtype=bfloat16"
     argv = _argv(script, args if script == "sweep.py" else args.removeprefix("-- "))
     argv = [a.format(tmp=tmp_path) for a in argv]
     end = run_in_process(script, argv, monkeypatch)
     err = capfd.readouterr().err
     assert end is not None and str(end.code).startswith("error: "), (end, err)
+    if script == "jsb.py":
+        assert "--scan_impl=pallas needs --dtype=bfloat16" in str(end.code) and not err, err
+        assert _tree(tmp_path) == []
+        return
     assert err.splitlines() == [
         "warning: --scan_impl=pallas on a CPU runs the GPU kernels in Pallas's interpret "
         "mode, the kernels' test path: orders of magnitude slower than --scan_impl=fused "
@@ -787,3 +793,88 @@ def test_sweep_table_prints_no_library_log_line(tmp_path):
     )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "| 10 | 70.0 | 68.0 |" in proc.stdout
+
+
+def _checkpointless_run(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A ptb.py workdir with a config.json that rebuilds a model and no checkpoint."""
+    run = tmp_path / "nockpt"
+    run.mkdir()
+    (run / "config.json").write_text('{"dataset": "ptb", "depth": 1, "hidden_size": 8}')
+    return run
+
+
+@pytest.mark.parametrize("script", ["rrl.py", "highway.py"])
+def test_a_sweep_root_that_is_a_file_is_one_error_line(tmp_path, monkeypatch, capfd, script):
+    # Old code: a NotADirectoryError traceback writing <file>/<run>/failed.json.
+    from helpers import write_random_mnist
+
+    (tmp_path / A_FILE).write_text("not a directory\n")
+    args = [*NO_DATA]
+    if script == "highway.py":  # reads its data before the sweep starts
+        mnist = write_random_mnist(tmp_path / "mnist", train=200, test=40)
+        data = [f"--data_dir={mnist}", "--noverify_data", "--nodownload", "--valid_size=40"]
+        args = ["--sweep", "--depths=2", "--lr=0.1", *data]
+    before = _tree(tmp_path)
+    argv = [f"--workdir={tmp_path / A_FILE}", *args, "--max_steps=1"]
+    end, _, err = run_app(script, argv, monkeypatch, capfd, tmp_path)
+    assert end is not None and isinstance(end.code, str), err
+    assert end.code.startswith("error: ") and "exists and is not a directory" in end.code
+    assert len(end.code.splitlines()) == 1 and err == ""
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("script", ["export.py", "analyze.py"])
+@pytest.mark.parametrize("out", [A_FILE, f"{A_FILE}/sub"])
+def test_an_out_that_is_a_file_is_one_error_line(tmp_path, monkeypatch, capfd, script, out):
+    # Old code: analyze.py a FileExistsError / NotADirectoryError traceback from mkdir;
+    # export.py (no checkpoint here) another error line than the --out one.
+    (tmp_path / A_FILE).write_text("not a directory\n")
+    run = _checkpointless_run(tmp_path)
+    before = _tree(tmp_path)
+    argv = [f"--workdir={run}", f"--out={tmp_path / out}"]
+    end, _, err = run_app(script, argv, monkeypatch, capfd, tmp_path)
+    assert end is not None and isinstance(end.code, str), err
+    assert end.code.startswith(f"error: --out={tmp_path / out} "), end.code
+    assert "a file, not a directory" in end.code and len(end.code.splitlines()) == 1
+    assert err == "" and _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("out", ["new", "new/sub"])
+def test_analyze_refused_leaves_no_empty_out(tmp_path, monkeypatch, capfd, out):
+    # Old code: the right error line, but an empty new/ (new/sub/) left behind.
+    run = _checkpointless_run(tmp_path)
+    before = _tree(tmp_path)
+    argv = [f"--workdir={run}", f"--out={tmp_path / out}", "--data_dir=/nonexistent"]
+    end, _, err = run_app("analyze.py", argv, monkeypatch, capfd, tmp_path)
+    assert end is not None and isinstance(end.code, str), err
+    assert end.code.startswith("error: ") and "has no checkpoint" in end.code, end.code
+    assert err == "" and _tree(tmp_path) == before
+
+
+def test_sweep_table_of_another_studys_root_is_one_error_line(tmp_path, monkeypatch, capfd):
+    # Old code: KeyError: 'depth' (an rrl.py study's runs have no depth in config.json).
+    study = tmp_path / "rrl_study"
+    (study / "lstm").mkdir(parents=True)
+    (study / "lstm" / "config.json").write_text('{"dataset": "imdb", "cell": "lstm"}')
+    (study / "lstm" / "results.json").write_text('{"test_accuracy": 0.5}')
+    before = _tree(tmp_path)
+    end, _, err = run_app("sweep.py", [f"--root={study}", "--table"], monkeypatch, capfd, tmp_path)
+    assert end is not None and isinstance(end.code, str), err
+    assert end.code.startswith(f"error: --root={study} is not a depth sweep's root"), end.code
+    assert "lstm" in end.code and len(end.code.splitlines()) == 1
+    assert err == "" and _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("platforms", ["bogus", "cpu,bogus"])
+def test_export_refuses_a_platform_jax_export_does_not_know(
+    tmp_path, monkeypatch, capfd, platforms
+):
+    # Old code: lowered for the CPU alone and wrote an artifact naming the platform.
+    run = _checkpointless_run(tmp_path)
+    before = _tree(tmp_path)
+    argv = [f"--workdir={run}", f"--out={tmp_path / 'new'}", f"--platforms={platforms}"]
+    end, _, err = run_app("export.py", argv, monkeypatch, capfd, tmp_path)
+    assert end is not None and isinstance(end.code, str), err
+    assert end.code.startswith(f"error: --platforms={platforms}: unknown platform"), end.code
+    assert "cpu, cuda, rocm, tpu" in end.code and len(end.code.splitlines()) == 1
+    assert err == "" and _tree(tmp_path) == before

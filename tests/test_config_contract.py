@@ -257,6 +257,31 @@ def test_every_flag_has_its_help_default_and_choices(cls):
             assert fv[name].parser.enum_values == list(m["choices"]), name
 
 
+SCAN_CONFIGS = [c for c in CONFIGS if "scan_impl" in {f.name for f in dataclasses.fields(c)}]
+
+
+@pytest.mark.parametrize("scan_cls", SCAN_CONFIGS, ids=lambda c: c.__name__)
+def test_pallas_without_bfloat16_is_refused_on_construction(scan_cls):
+    """Old: accepted, so ptb.py / rrl.py / jsb.py wrote their workdir before the kernels
+    refused float32. Now one line naming the flags; with a --dtype, bfloat16 is taken."""
+    fields = {f.name for f in dataclasses.fields(scan_cls)}
+    assert {"LMConfig", "RRLConfig", "JSBConfig", "TrialConfig"} <= {
+        c.__name__ for c in SCAN_CONFIGS
+    }
+    base = {**_required(scan_cls), **({"model": "rhn"} if "model" in fields else {})}
+    with pytest.raises(ValueError) as e:
+        scan_cls(**base, scan_impl="pallas")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("--scan_impl=pallas needs")
+    assert "bfloat16" in message
+    if "dtype" in fields:  # both settings: pallas with bfloat16 is a valid config
+        assert scan_cls(**base, scan_impl="pallas", dtype="bfloat16").scan_impl == "pallas"
+        with pytest.raises(ValueError, match="got --dtype=float32"):
+            scan_cls(**base, scan_impl="pallas", dtype="float32")
+    else:
+        assert "has no --dtype" in message
+
+
 def test_the_contract_can_fail():
     """The checks above fail on a field that breaks it: no help, a bound not enforced."""
 

@@ -150,7 +150,7 @@ def test_fake_download_bad_checksum(monkeypatch, tmp_path, clean_env):
     with pytest.raises(data.DataError, match="sha256"):
         data.load_ptb(verify=False)  # downloads are checked regardless of verify
     assert not clean_env.exists()
-    assert list(clean_env.parent.iterdir()) == []
+    assert not (tmp_path / "cache").exists()  # the folders this call made are removed too
 
 
 def test_batchify_layout():
@@ -246,3 +246,18 @@ def test_fetch_members_deletes_the_archive_even_when_a_member_is_missing(monkeyp
     with pytest.raises(tarfile.TarError, match="http://x/simple-examples.tgz has no member"):
         data_common.fetch_members("http://x/simple-examples.tgz", tmp_path / "a.tgz", wanted)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
+
+
+def test_a_failed_download_leaves_no_folders_it_made(monkeypatch, tmp_path, clean_env):
+    """Old: ``directory.parent.mkdir(parents=True)`` before the download, so a failed one
+    left ``nd/`` (and every folder above) behind, empty."""
+
+    def offline(url, dest, timeout=60.0):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(data_common, "fetch", offline)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(data.DataError, match="download failed"):
+        data.load_ptb(tmp_path / "kept" / "nd" / "deeper" / "sub")
+    assert list(tmp_path.iterdir()) == [tmp_path / "kept"]
+    assert list((tmp_path / "kept").iterdir()) == []

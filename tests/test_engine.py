@@ -937,3 +937,32 @@ def test_a_finished_run_is_evaluated_again_with_other_final_settings(tmp_path):
     assert again["best_step"] == first["best_step"]
     assert json.loads((tmp_path / "w" / "results.json").read_text())["k"] == 2
     assert (tmp_path / "w" / "metrics.jsonl").read_text() == metrics  # nothing trained
+
+
+def test_a_study_root_is_refused_as_a_run_workdir_with_nothing_written(tmp_path):
+    """A study's root (no config.json of its own; runs' workdirs or a study table in it)
+    is refused as a single run's workdir, one line, before anything (the .lock included)
+    is created; a run's own workdir inside it still trains."""
+    # The old code trained in the root: config.json, .lock, checkpoints/, results.json.
+    study = tmp_path / "study"
+    for name in ("plain_d2", "highway_d2"):
+        workdir_lib.prepare_workdir(study / name, cfg())
+    (study / "results.md").write_text("| table |\n")
+    before = sorted(p.name for p in study.iterdir())
+    expected = (
+        f"^{study} is a study's root \\(runs highway_d2, plain_d2\\): give a run's own workdir$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        run(study, max_steps=3)
+    with pytest.raises(ValueError, match=expected):  # a study's own root (jsb.py) neither
+        workdir_lib.prepare_workdir(study, cfg())
+    with pytest.raises(ValueError, match=expected):
+        workdir_lib.WorkdirLock(study)
+    assert sorted(p.name for p in study.iterdir()) == before
+    table_only = tmp_path / "table_only"
+    table_only.mkdir()
+    (table_only / "table.md").write_text("| table |\n")
+    with pytest.raises(ValueError, match=r"table_only is a study's root \(it holds table.md\)"):
+        run(table_only, max_steps=3)
+    assert [p.name for p in table_only.iterdir()] == ["table.md"]
+    assert run(study / "plain_d2", max_steps=3).results["step"] == 3

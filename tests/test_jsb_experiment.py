@@ -163,3 +163,24 @@ def test_two_jobs_give_the_trials_of_one_after_another(tmp_path):
     # reference scan agreed to the bit. Cause not found (BUILD_NOTES, known gaps).
     for a, b in zip(par, seq):
         np.testing.assert_allclose([a[k] for k in nll], [b[k] for k in nll], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flag,expected",
+    [
+        # Old: the error line came after the study root's config.json was written.
+        ("--sweep_run=bogus", "--sweep_run=bogus is not a run of this sweep (rhn_d1_t0)"),
+        # Old: accepted; every batch padded to 100,000 rows, killed for memory.
+        ("--batch_size=100000", "--batch_size must be at most "),
+    ],
+)
+def test_a_bad_run_flag_is_one_line_and_writes_nothing(tmp_path, flag, expected):
+    workdir = tmp_path / "w"
+    args = ["--archs=rhn", "--depths=1", "--width=4", "--epochs=1", "--trials=1"]
+    result = jsb(*data_flags(tmp_path), *args, f"--workdir={workdir}", flag)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"error: {expected}"), lines
+    if "batch_size" in flag:
+        assert lines[0].endswith(", the training set's sequences, got 100000")
+    assert not workdir.exists()

@@ -14,6 +14,7 @@ from absl import flags
 from rhnzoo import precision
 from rhnzoo.analysis import report
 from rhnzoo.apps import cli
+from rhnzoo.data.common import removed_if_left_empty
 from rhnzoo.engine import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
@@ -45,8 +46,10 @@ def run() -> None:
     )
     opts = report.AnalysisOptions(**cli.given(_OPTIONS))  # tracker: signals.track with --progress
     out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir
-    out.mkdir(parents=True, exist_ok=True)
-    with precision.context(recorded):
+    cli.check_out(out)
+    # A run refused for its data or checkpoint leaves no empty --out behind.
+    with removed_if_left_empty(out), precision.context(recorded):
+        out.mkdir(parents=True, exist_ok=True)
         if FLAGS.flow:
             report.flow_figures(workdir, out, opts)
         else:

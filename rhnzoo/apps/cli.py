@@ -143,6 +143,17 @@ def config_from_flags(
     return get_config(preset, **fixed, **given(names))
 
 
+def check_out(out: pathlib.Path, flag: str = "--out") -> None:
+    """Refuses (ValueError, one line) an output directory that is a file or lies under
+    one, before anything is written."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is" if path == out else f"lies under {path}, which is"
+                raise ValueError(f"{flag}={out} {what} a file, not a directory")
+            return
+
+
 def initialize_distributed(cfg: config_lib.DistributedSettings, log=print) -> None:
     """``jax.distributed.initialize`` with the ``coordinator_address`` /
     ``num_processes`` / ``process_id`` of ``cfg`` that are set (the rest from the

@@ -82,13 +82,24 @@ def main(argv) -> None:
 def table_command(depths: list[int], root: pathlib.Path) -> None:
     """``--table``: prints the table of the runs under ``root`` (:func:`table`), names
     the unfinished and diverged ones, writes it and the plots to ``--out`` (default:
-    ``root``). Raises ValueError (one line) for a missing or empty ``root`` or an
-    unreadable run, before anything is written."""
+    ``root``). Raises ValueError (one line) for a missing or empty ``root``, one holding
+    runs other than ptb.py's (another study's root) or an unreadable run, before anything
+    is written."""
     if not root.is_dir():
         raise ValueError(f"--root={root} does not exist: no runs to tabulate")
     runs = hsg_depth.read_runs(root)
     if not runs:
         raise ValueError(f"--root={root} holds no run (no <run>/config.json): nothing to tabulate")
+    others = [
+        r["workdir"].name
+        for r in runs
+        if "depth" not in r["config"] or r["config"].get("dataset", "ptb") != "ptb"
+    ]
+    if others:  # e.g. an rrl.py or highway.py study's root
+        raise ValueError(
+            f"--root={root} is not a depth sweep's root (by their config.json, "
+            f"{', '.join(others)} are no ptb.py runs of a depth)"
+        )
     text = hsg_depth.table(depths, runs)
     for run in runs:  # an unreadable metrics.jsonl: one line before anything is written
         workdir_lib.read_metrics(run["workdir"])

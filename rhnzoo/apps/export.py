@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from absl import flags
 
 from rhnzoo import data, precision
+from rhnzoo.apps import cli
 from rhnzoo.analysis import lm as lm_analysis
 from rhnzoo.analysis import report
 from rhnzoo.configs import rrl as rrl_configs
@@ -24,6 +25,8 @@ from rhnzoo.engine import workdir as workdir_lib
 from rhnzoo.models import export
 
 FLAGS = flags.FLAGS
+# The platforms jax.export lowers for (its built-in ones; jax/_src/export/_export.py).
+KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 def define_flags() -> None:
@@ -95,8 +98,16 @@ def run() -> None:
     """The script's body: the flags -> :func:`export_run` -> one line naming the artifact."""
     if not FLAGS.workdir:
         raise ValueError("--workdir is required (a trained ptb.py, char.py or rrl.py run)")
+    unknown = [p for p in FLAGS.platforms if p not in KNOWN_PLATFORMS]
+    if unknown or not FLAGS.platforms:
+        raise ValueError(
+            f"--platforms={','.join(FLAGS.platforms)}: "
+            + (f"unknown platform {', '.join(unknown)}; " if unknown else "none given; ")
+            + f"jax.export lowers for {', '.join(KNOWN_PLATFORMS)}"
+        )
     workdir = pathlib.Path(FLAGS.workdir)
     out = pathlib.Path(FLAGS.out) if FLAGS.out else workdir / "export"
+    cli.check_out(out)
     manifest = export_run(workdir, out, tuple(FLAGS.platforms), FLAGS.data_dir)
     note = f" ({manifest['platforms_note']})" if manifest["platforms_note"] else ""
     print(

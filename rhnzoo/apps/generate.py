@@ -23,6 +23,9 @@ from rhnzoo.models import generate
 
 FLAGS = flags.FLAGS
 CHUNK = 100  # tokens per compiled decode call (one tick of the progress bar)
+# The most --samples: the rows of one batch, each holding the state and a vocabulary's
+# logits per step (10,000 rows of a 10,000-word vocabulary: 400 MB of logits).
+MAX_SAMPLES = 10_000
 
 
 def define_flags() -> None:
@@ -39,7 +42,13 @@ def define_flags() -> None:
     flags.DEFINE_float("temperature", 1.0, "Sampling temperature (> 0).")
     flags.DEFINE_integer("top_k", None, "Sample among the k likeliest tokens (default: all).")
     flags.DEFINE_integer("seed", 0, "Seed of the sampling key.")
-    flags.DEFINE_integer("samples", 1, "Texts to generate (rows of one batch).", lower_bound=1)
+    flags.DEFINE_integer(
+        "samples",
+        1,
+        f"Texts to generate (rows of one batch), at most {MAX_SAMPLES:,}.",
+        lower_bound=1,
+        upper_bound=MAX_SAMPLES,
+    )
     flags.DEFINE_string(
         "data_dir", None, "Where the run's data set is (default: the run's --data_dir)."
     )

@@ -21,6 +21,7 @@ from rhnzoo import cells
 from rhnzoo.config import (
     DataSettings,
     RunSettings,
+    check_scan_dtype,
     preset_settings,
     scan_impl_setting,
     setting,
@@ -150,6 +151,7 @@ class JSBConfig(TrainSettings, DataSettings):
             )
         if not self.depths or min(self.depths) < 1:
             raise ValueError(f"--depths: every depth must be >= 1, got {list(self.depths)}")
+        check_scan_dtype(self.scan_impl, None)  # float32 only: no pallas
         for arch in self.archs:  # a scan an architecture does not have: one line, up front
             study_model(arch, 1, 1, scan_impl=self.scan_impl)
 
@@ -196,6 +198,10 @@ class TrialConfig(PolyphonicConfig):
         STATIC_INIT["init_bias"],
         "Initial transform-gate bias of the trial's initial parameters (cells with one).",
     )
+
+    def check(self) -> None:
+        super().check()
+        check_scan_dtype(self.scan_impl, None)  # float32 only: no pallas
 
     @property
     def name(self) -> str:

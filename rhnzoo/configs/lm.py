@@ -21,6 +21,7 @@ from rhnzoo.config import (
     DataSettings,
     DistributedSettings,
     RunSettings,
+    check_scan_dtype,
     preset_settings,
     scan_impl_setting,
     setting,
@@ -147,6 +148,7 @@ class LMConfig(RunSettings, DataSettings, DistributedSettings):
     def check(self) -> None:
         data.registry.get(self.dataset, task="lm")
         super().check()
+        check_scan_dtype(self.scan_impl, self.dtype)
         for site in "xiho":
             dropout.check_rate(f"--drop_{site}", getattr(self, f"drop_{site}"))
         stray = [

@@ -24,6 +24,7 @@ from rhnzoo.config import (
     DataSettings,
     DistributedSettings,
     RunSettings,
+    check_scan_dtype,
     preset_settings,
     scan_impl_setting,
     setting,
@@ -186,6 +187,7 @@ class RRLConfig(TrainConfig, RunSettings, DataSettings, DistributedSettings):
 
     def check(self) -> None:
         super().check()  # the training and run settings
+        check_scan_dtype(self.scan_impl, self.dtype)
         SequenceClassifier(self.cell(), 2, 1, **self._scan())
         dropout.check_rate("--drop", self.drop)
         dropout.check_rate("--input_drop", self.input_drop)

@@ -114,36 +114,56 @@ def ensure_files(
     missing = [file for file in files if not (directory / file).is_file()]
     if missing:
         reason = "download disabled"
-        if download is not None:
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(
-                prefix=f".{directory.name}.", dir=directory.parent
-            ) as tmp:
-                try:
-                    download(pathlib.Path(tmp))
-                except (OSError, tarfile.TarError) as e:
-                    reason = f"download failed: {e}".replace("\n", " ")
-                else:
-                    for file in missing:
-                        if not (pathlib.Path(tmp) / file).is_file():
-                            raise DataError(f"download did not produce {file}; {offline_hint}")
-                        if files[file] is not None:
-                            _check_sha256(pathlib.Path(tmp) / file, files[file])
-                    directory.mkdir(parents=True, exist_ok=True)
-                    for file in missing:
-                        os.replace(pathlib.Path(tmp) / file, directory / file)
-                    missing = []
-        if missing:
-            raise DataError(
-                f"missing {', '.join(missing)} in {directory} ({reason}); {offline_hint}; "
-                f"put the files there, or pass --data_dir DIR holding them, "
-                f"or set RHNZOO_DATA=DIR with them in DIR/{name}"
-            )
+        # a failed download leaves none of the folders it made (refused: nothing written)
+        with removed_if_left_empty(directory.parent):
+            if download is not None:
+                directory.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(
+                    prefix=f".{directory.name}.", dir=directory.parent
+                ) as tmp:
+                    try:
+                        download(pathlib.Path(tmp))
+                    except (OSError, tarfile.TarError) as e:
+                        reason = f"download failed: {e}".replace("\n", " ")
+                    else:
+                        for file in missing:
+                            if not (pathlib.Path(tmp) / file).is_file():
+                                raise DataError(f"download did not produce {file}; {offline_hint}")
+                            if files[file] is not None:
+                                _check_sha256(pathlib.Path(tmp) / file, files[file])
+                        directory.mkdir(parents=True, exist_ok=True)
+                        for file in missing:
+                            os.replace(pathlib.Path(tmp) / file, directory / file)
+                        missing = []
+            if missing:
+                raise DataError(
+                    f"missing {', '.join(missing)} in {directory} ({reason}); {offline_hint}; "
+                    f"put the files there, or pass --data_dir DIR holding them, "
+                    f"or set RHNZOO_DATA=DIR with them in DIR/{name}"
+                )
     if verify:
         for file, expected in files.items():
             if expected is not None:
                 _check_sha256(directory / file, expected)
     return directory
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(path: pathlib.Path) -> Iterator[None]:
+    """The block; when it raises, ``path`` and the ancestors it lacked before the block
+    are removed where they are still empty folders (a refused call leaves none behind;
+    what the block wrote stays)."""
+    new = []
+    while not path.exists() and path != path.parent:
+        new.append(path)
+        path = path.parent
+    try:
+        yield
+    except BaseException:
+        for folder in new:  # deepest first; a folder holding files stays, and its parents
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 @dataclasses.dataclass(frozen=True)

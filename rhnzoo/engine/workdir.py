@@ -140,6 +140,7 @@ def prepare_workdir(
     workdir = pathlib.Path(workdir).absolute()
     path = workdir / "config.json"
     writes = not check_only and jax.process_index() == 0
+    refuse_study_root(workdir)
     if path.is_file():
         old = recorded_settings(workdir)
         diff = config.conflicts(old)
@@ -185,6 +186,34 @@ def holds_run(workdir: pathlib.Path) -> bool:
     )
 
 
+# What a study writes in its root beside its runs' workdirs.
+_STUDY_TABLES = ("results.md", "table.md", "results.jsonl")
+
+
+def refuse_study_root(workdir: PathLike) -> None:
+    """Refuses (ValueError, one line) a study's root as a run's workdir: a directory with
+    no ``config.json`` of its own that holds a run's workdir (a subfolder with a
+    ``config.json``) or a study's table (``results.md``, ...). Reads only; a trainer
+    checks this before it creates anything (its ``.lock`` included)."""
+    workdir = pathlib.Path(workdir).absolute()
+    if not workdir.is_dir() or (workdir / "config.json").exists():
+        return
+    try:
+        entries = sorted(workdir.iterdir())
+    except OSError:
+        return  # unreadable: creating or writing in it fails with its own line
+    runs = [p.name for p in entries if p.is_dir() and (p / "config.json").is_file()]
+    tables = [p.name for p in entries if p.name in _STUDY_TABLES and p.is_file()]
+    if not runs and not tables:
+        return
+    named = runs or tables
+    shown = ", ".join(named[:4]) + (", ..." if len(named) > 4 else "")
+    raise ValueError(
+        f"{workdir} is a study's root ({'runs' if runs else 'it holds'} {shown}): "
+        "give a run's own workdir"
+    )
+
+
 def _make_dir(workdir: pathlib.Path) -> None:
     if workdir.exists() and not workdir.is_dir():
         raise ValueError(f"workdir {workdir} exists and is not a directory")
@@ -207,6 +236,7 @@ class WorkdirLock:
 
     def __init__(self, workdir: PathLike, warn: Callable[[str], None] | None = None):
         workdir = pathlib.Path(workdir).absolute()
+        refuse_study_root(workdir)  # before anything is created
         _make_dir(workdir)
         try:  # a run must be able to write (os.access says yes to root, so try)
             with tempfile.TemporaryFile(dir=workdir):

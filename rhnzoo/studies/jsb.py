@@ -223,14 +223,16 @@ def study(
       a non-finite NLL is inf.
     Raises:
       ValueError: (one line) ``root`` holds a study with other structural settings, or
-        cannot be written.
+        cannot be written; what :func:`check_study` refuses (nothing written then).
     """
-    root = workdir_lib.prepare_workdir(root, config, log=log)
     sizes = plan(config.archs, config.depths, config.width)
+    trials = trial_configs(config, sizes)
+    names = tuple(t.name for t in trials)
+    check_study(config, data, names, jobs)  # before the root's config.json is written
+    root = workdir_lib.prepare_workdir(root, config, log=log)
     for line in plan_lines(sizes, config.width):
         log(line)
-    trials = trial_configs(config, sizes)
-    progress = _Progress(root / "trials", tuple(t.name for t in trials), time.perf_counter(), log)
+    progress = _Progress(root / "trials", names, time.perf_counter(), log)
     runs = [_study_run(t, data, progress) for t in trials]
     finished = progress.finished()
     if finished:
@@ -244,6 +246,26 @@ def study(
     with open(root / "results.jsonl", "w") as f:
         f.writelines(json.dumps(strict(row)) + "\n" for row in rows)
     return rows
+
+
+def check_study(
+    config: JSBConfig, data: dict, names: tuple[str, ...], jobs: sweep.Jobs | None
+) -> None:
+    """Refuses, before :func:`study` writes anything, a ``--batch_size`` above the
+    training set's number of sequences (every batch is padded to ``batch_size`` rows)
+    and a ``--sweep_run`` (``jobs.only``) that is none of the trials ``names``.
+
+    Raises:
+      ValueError: (one line naming the flag) for either.
+    """
+    n = len(data["train"])
+    if config.batch_size > n:
+        raise ValueError(
+            f"--batch_size must be at most {n}, the training set's sequences, "
+            f"got {config.batch_size}"
+        )
+    if jobs is not None and jobs.only is not None and jobs.only not in names:
+        raise ValueError(f"--sweep_run={jobs.only} is not a run of this sweep ({', '.join(names)})")
 
 
 def _finite(row: dict) -> dict:

@@ -146,10 +146,12 @@ def seed_runs(
 
 
 def check_root(root: PathLike) -> None:
-    """Refuses (ValueError, one line) a sweep's root that holds a ``config.json``: a single
+    """Refuses (ValueError, one line) a sweep's root that holds a ``config.json`` (a single
     run's workdir or a study's root, where this sweep's workdirs would be written beside
-    another run's records."""
+    another run's records), and a root that exists and is no directory (a file)."""
     root = pathlib.Path(root)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root} exists and is not a directory; give a folder for the workdirs")
     if (root / "config.json").is_file():
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())
         shown = ", ".join(n for n in held if not n.startswith("."))
