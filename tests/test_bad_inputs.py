@@ -169,6 +169,12 @@ CASES = [
     ("generate.py", "--workdir={tmp}/none", "has no config.json"),
     ("generate.py", f"--workdir={{tmp}}/{CORRUPT.split('/')[0]}", "config.json is unreadable"),
     ("generate.py", "--workdir={tmp}/none --num_tokens=0", "--num_tokens=0: 0 is not a positive"),
+    # Old: no upper bound; 100,000,000 rows were allocated until memory ran out.
+    (
+        "generate.py",
+        "--workdir={tmp}/none --samples=100000000",
+        "not an integer in the range [1, 10000]",
+    ),
     ("export.py", "--bogus=1", "Unknown command line flag 'bogus'"),
     ("export.py", "", "--workdir is required"),
     ("export.py", "--workdir={tmp}/none", "has no config.json"),
